@@ -1,0 +1,289 @@
+//! The batch buffer pool: a fixed set of slots sized once from the plan's declared sample shape.
+//!
+//! A batch is scheduled only when a slot is free, which is the whole memory cap and backpressure
+//! mechanism. Workers write disjoint sample regions of a slot through raw pointers (the one
+//! `unsafe` surface, kept in this file); an atomic countdown marks the batch complete. A slot
+//! returns to the pool when the [`crate::Batch`] viewing it is dropped. In steady state nothing
+//! here allocates.
+
+use crate::error::{Error, Result};
+use crossbeam_channel::{Receiver, Sender};
+use std::alloc::Layout;
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU32, AtomicU8, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+/// Alignment of every buffer: a cache line, and enough for any element type.
+pub const ALIGN: usize = 64;
+
+/// A zeroed, 64-byte-aligned heap allocation that is written through raw pointers.
+pub(crate) struct RawBuf {
+    ptr: NonNull<u8>,
+    len: usize,
+}
+
+// SAFETY: RawBuf is an owned allocation; concurrent access is coordinated by the pipeline
+// (disjoint sample regions while filling, shared reads after completion).
+unsafe impl Send for RawBuf {}
+// SAFETY: see above; `&RawBuf` only hands out raw pointers and, through unsafe methods whose
+// contracts require disjointness, slices.
+unsafe impl Sync for RawBuf {}
+
+impl RawBuf {
+    pub(crate) fn new(len: usize) -> Result<Self> {
+        let layout = Layout::from_size_align(len.max(1), ALIGN)
+            .map_err(|_| Error::Memory(format!("cannot lay out a buffer of {len} bytes")))?;
+        // SAFETY: the layout has non-zero size.
+        let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
+        let ptr = NonNull::new(ptr).ok_or_else(|| Error::Memory(format!("out of memory allocating {len} bytes")))?;
+        Ok(RawBuf { ptr, len })
+    }
+
+    pub(crate) fn as_ptr(&self) -> *mut u8 {
+        self.ptr.as_ptr()
+    }
+
+    /// # Safety
+    /// No other live reference may overlap `off..off + len` while the slice lives, and the
+    /// range must be in bounds.
+    #[allow(clippy::mut_from_ref)]
+    pub(crate) unsafe fn slice_mut(&self, off: usize, len: usize) -> &mut [u8] {
+        debug_assert!(off + len <= self.len);
+        // SAFETY: in bounds and unaliased per the caller's contract.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr().add(off), len) }
+    }
+
+    /// # Safety
+    /// No writer may be active on `0..len` while the slice lives.
+    pub(crate) unsafe fn slice(&self, len: usize) -> &[u8] {
+        debug_assert!(len <= self.len);
+        // SAFETY: in bounds and not concurrently written per the caller's contract.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), len) }
+    }
+}
+
+impl Drop for RawBuf {
+    fn drop(&mut self) {
+        let layout = Layout::from_size_align(self.len.max(1), ALIGN).expect("layout was valid at allocation");
+        // SAFETY: allocated in `new` with this exact layout, freed once.
+        unsafe { std::alloc::dealloc(self.ptr.as_ptr(), layout) };
+    }
+}
+
+/// Sample status within a slot.
+pub(crate) const PENDING: u8 = 0;
+pub(crate) const OK: u8 = 1;
+pub(crate) const FAILED: u8 = 2;
+
+/// One batch's worth of storage plus its bookkeeping.
+pub(crate) struct Slot {
+    pub(crate) data: RawBuf,
+    labels: RawBuf,
+    pub(crate) sample_bytes: usize,
+    indices: Box<[AtomicU32]>,
+    status: Box<[AtomicU8]>,
+    /// Samples scheduled in the current batch.
+    pub(crate) count: AtomicUsize,
+    /// Samples not yet finished.
+    pub(crate) remaining: AtomicUsize,
+    /// Batch number within the epoch.
+    pub(crate) batch: AtomicUsize,
+    /// Samples delivered after compaction.
+    pub(crate) len: AtomicUsize,
+    /// Failures of the current batch: (dataset index, error).
+    pub(crate) errors: Mutex<Vec<(u32, Error)>>,
+}
+
+impl Slot {
+    fn new(capacity: usize, sample_bytes: usize) -> Result<Self> {
+        Ok(Slot {
+            data: RawBuf::new(capacity * sample_bytes)?,
+            labels: RawBuf::new(capacity * 8)?,
+            sample_bytes,
+            indices: (0..capacity).map(|_| AtomicU32::new(0)).collect(),
+            status: (0..capacity).map(|_| AtomicU8::new(PENDING)).collect(),
+            count: AtomicUsize::new(0),
+            remaining: AtomicUsize::new(0),
+            batch: AtomicUsize::new(0),
+            len: AtomicUsize::new(0),
+            errors: Mutex::new(Vec::new()),
+        })
+    }
+
+    /// Prepares the slot for batch `batch` holding dataset indices `indices`.
+    pub(crate) fn reset(&self, batch: usize, indices: &[u32]) {
+        for (k, &i) in indices.iter().enumerate() {
+            self.indices[k].store(i, Ordering::Relaxed);
+            self.status[k].store(PENDING, Ordering::Relaxed);
+        }
+        self.errors.lock().expect("slot errors lock").clear();
+        self.batch.store(batch, Ordering::Relaxed);
+        self.count.store(indices.len(), Ordering::Relaxed);
+        self.len.store(0, Ordering::Relaxed);
+        self.remaining.store(indices.len(), Ordering::Release);
+    }
+
+    pub(crate) fn index(&self, pos: usize) -> u32 {
+        self.indices[pos].load(Ordering::Relaxed)
+    }
+
+    /// # Safety
+    /// Only the one worker that owns position `pos` of the current batch may call this, and
+    /// only before it marks the position finished.
+    #[allow(clippy::mut_from_ref)]
+    pub(crate) unsafe fn sample_mut(&self, pos: usize) -> &mut [u8] {
+        // SAFETY: positions are disjoint regions, each owned by one worker (caller's contract).
+        unsafe { self.data.slice_mut(pos * self.sample_bytes, self.sample_bytes) }
+    }
+
+    /// Records the outcome of position `pos`; returns `true` if this finished the batch.
+    pub(crate) fn finish(&self, pos: usize, label: Option<i64>) -> bool {
+        match label {
+            Some(l) => {
+                // SAFETY: position `pos` is owned by the caller until `remaining` is decremented
+                // below; each label is 8 bytes at an 8-aligned offset of a 64-aligned buffer.
+                unsafe { self.labels.slice_mut(pos * 8, 8).copy_from_slice(&l.to_ne_bytes()) };
+                self.status[pos].store(OK, Ordering::Relaxed);
+            }
+            None => self.status[pos].store(FAILED, Ordering::Relaxed),
+        }
+        self.remaining.fetch_sub(1, Ordering::AcqRel) == 1
+    }
+
+    /// Called once, by the thread that finished the last position: moves the good samples to
+    /// the front (keeping their order) and records the delivered length.
+    pub(crate) fn compact(&self) {
+        let count = self.count.load(Ordering::Relaxed);
+        let mut out = 0;
+        for pos in 0..count {
+            if self.status[pos].load(Ordering::Relaxed) == OK {
+                if out != pos {
+                    let sb = self.sample_bytes;
+                    // SAFETY: every worker is done with this slot (remaining reached 0 with
+                    // AcqRel ordering), so this thread has exclusive access; ranges are in
+                    // bounds and `ptr::copy` allows overlap.
+                    unsafe {
+                        std::ptr::copy(self.data.as_ptr().add(pos * sb), self.data.as_ptr().add(out * sb), sb);
+                        std::ptr::copy(self.labels.as_ptr().add(pos * 8), self.labels.as_ptr().add(out * 8), 8);
+                    }
+                    self.indices[out].store(self.indices[pos].load(Ordering::Relaxed), Ordering::Relaxed);
+                }
+                out += 1;
+            }
+        }
+        self.len.store(out, Ordering::Release);
+    }
+
+    /// The delivered bytes (valid once the batch is complete).
+    pub(crate) fn data(&self) -> &[u8] {
+        let n = self.len.load(Ordering::Acquire) * self.sample_bytes;
+        // SAFETY: called only on completed batches, which no worker writes any more.
+        unsafe { self.data.slice(n) }
+    }
+
+    pub(crate) fn labels(&self) -> &[i64] {
+        let n = self.len.load(Ordering::Acquire);
+        // SAFETY: completed batch (no writers); the labels buffer is 64-aligned and holds
+        // `capacity` initialised (zeroed or written) i64 values, n <= capacity.
+        unsafe { std::slice::from_raw_parts(self.labels.as_ptr().cast::<i64>(), n) }
+    }
+
+    pub(crate) fn indices(&self) -> impl Iterator<Item = u32> + '_ {
+        let n = self.len.load(Ordering::Acquire);
+        self.indices[..n].iter().map(|a| a.load(Ordering::Relaxed))
+    }
+}
+
+/// A fixed pool of batch slots.
+pub struct BufferPool {
+    pub(crate) free_tx: Sender<Arc<Slot>>,
+    pub(crate) free_rx: Receiver<Arc<Slot>>,
+    slots: usize,
+    batch_bytes: usize,
+    pub(crate) held: Arc<AtomicUsize>,
+}
+
+impl std::fmt::Debug for BufferPool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BufferPool").field("slots", &self.slots).field("batch_bytes", &self.batch_bytes).finish()
+    }
+}
+
+impl BufferPool {
+    /// How many slots of `batch_bytes` fit: `wanted`, capped by `memory_limit`.
+    pub fn plan(wanted: usize, batch_bytes: usize, memory_limit: Option<u64>) -> Result<usize> {
+        match memory_limit {
+            None => Ok(wanted),
+            Some(limit) => {
+                let fit = (limit / batch_bytes.max(1) as u64) as usize;
+                if fit == 0 {
+                    Err(Error::Memory(format!(
+                        "memory_limit of {limit} bytes cannot hold one batch of {batch_bytes} bytes; raise memory_limit or lower batch_size"
+                    )))
+                } else {
+                    Ok(wanted.min(fit))
+                }
+            }
+        }
+    }
+
+    /// Allocates `slots` slots of `capacity` samples of `sample_bytes` each.
+    pub fn new(slots: usize, capacity: usize, sample_bytes: usize) -> Result<Self> {
+        let (free_tx, free_rx) = crossbeam_channel::bounded(slots);
+        for _ in 0..slots {
+            free_tx.send(Arc::new(Slot::new(capacity, sample_bytes)?)).expect("pool channel has room");
+        }
+        Ok(BufferPool { free_tx, free_rx, slots, batch_bytes: capacity * sample_bytes, held: Arc::default() })
+    }
+
+    /// Number of slots.
+    pub fn slots(&self) -> usize {
+        self.slots
+    }
+
+    /// Bytes of one batch buffer.
+    pub fn batch_bytes(&self) -> usize {
+        self.batch_bytes
+    }
+
+    /// Bytes of all batch buffers together.
+    pub fn total_bytes(&self) -> usize {
+        self.slots * self.batch_bytes
+    }
+
+    /// Batches currently held by the consumer.
+    pub fn held(&self) -> usize {
+        self.held.load(Ordering::Acquire)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn memory_limit_caps_and_errors() {
+        assert_eq!(BufferPool::plan(4, 100, None).unwrap(), 4);
+        assert_eq!(BufferPool::plan(4, 100, Some(250)).unwrap(), 2);
+        let e = BufferPool::plan(4, 100, Some(99)).unwrap_err();
+        assert!(e.to_string().contains("cannot hold one batch"), "{e}");
+    }
+
+    #[test]
+    fn compaction_keeps_order() {
+        let s = Slot::new(4, 2).unwrap();
+        s.reset(0, &[10, 11, 12, 13]);
+        for pos in 0..4 {
+            // SAFETY (test): one thread owns every position.
+            unsafe { s.sample_mut(pos).fill(pos as u8) };
+        }
+        assert!(!s.finish(0, Some(0)));
+        assert!(!s.finish(1, None));
+        assert!(!s.finish(2, Some(2)));
+        assert!(s.finish(3, Some(3)));
+        s.compact();
+        assert_eq!(s.data(), &[0, 0, 2, 2, 3, 3]);
+        assert_eq!(s.labels(), &[0, 2, 3]);
+        assert_eq!(s.indices().collect::<Vec<_>>(), vec![10, 12, 13]);
+    }
+}

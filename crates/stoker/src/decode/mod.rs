@@ -1,0 +1,393 @@
+//! Decoding: encoded bytes to RGB8 pixels, doing only the work the output needs.
+//!
+//! JPEG goes through libjpeg-turbo ([`jpeg`]): the decoder is told the source box the ops will
+//! sample and the output size, then decodes only the rows and (iMCU-aligned) columns around that
+//! box, at the smallest DCT scale (1/8, 1/4, 1/2 or 1) that still covers the output size. PNG goes
+//! through the `png` crate (full decode). Grayscale and CMYK become RGB, alpha is dropped, and the
+//! EXIF orientation of JPEGs is applied unless turned off (to match torchvision's PIL loader,
+//! which ignores it).
+//!
+//! | file | role |
+//! |---|---|
+//! | `jpeg.rs` | safe wrapper over TurboJPEG 3 with cropping and scaling |
+//! | `exif.rs` | EXIF orientation parser |
+
+pub mod exif;
+pub mod jpeg;
+
+use crate::error::{Error, Result};
+use jpeg::{JpegDecoder, JpegHeader};
+use std::path::Path;
+
+/// The container format, sniffed from the first bytes (never from the file name).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Format {
+    /// JPEG (decoded).
+    Jpeg,
+    /// PNG (decoded).
+    Png,
+    /// A known image format that stoker does not decode.
+    Unsupported(&'static str),
+    /// Not an image at all.
+    Unknown,
+}
+
+/// Identifies the format of `data`.
+pub fn sniff(data: &[u8]) -> Format {
+    match data {
+        [0xFF, 0xD8, 0xFF, ..] => Format::Jpeg,
+        [0x89, b'P', b'N', b'G', 0x0D, 0x0A, 0x1A, 0x0A, ..] => Format::Png,
+        [b'B', b'M', ..] => Format::Unsupported("BMP"),
+        [b'G', b'I', b'F', b'8', ..] => Format::Unsupported("GIF"),
+        [b'R', b'I', b'F', b'F', _, _, _, _, b'W', b'E', b'B', b'P', ..] => Format::Unsupported("WebP"),
+        [b'I', b'I', 0x2A, 0x00, ..] | [b'M', b'M', 0x00, 0x2A, ..] => Format::Unsupported("TIFF"),
+        [b'P', b'1'..=b'6', ..] => Format::Unsupported("PNM"),
+        _ => Format::Unknown,
+    }
+}
+
+/// Size and orientation of an image, as the ops will see it (after EXIF orientation).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ImageInfo {
+    /// Width after orientation.
+    pub width: usize,
+    /// Height after orientation.
+    pub height: usize,
+    /// EXIF orientation applied (1 = none).
+    pub orientation: u8,
+    format: Format,
+    header: Option<JpegHeader>,
+}
+
+/// A decoded region: RGB8 rows of `width * 3` bytes, and where the requested source box lies
+/// inside it (in these pixels' coordinates, fractional).
+#[derive(Debug)]
+pub struct Region<'a> {
+    /// RGB8 pixels, `width * height * 3` bytes.
+    pub pixels: &'a [u8],
+    /// Region width.
+    pub width: usize,
+    /// Region height.
+    pub height: usize,
+    /// The requested box `(left, top, width, height)` in region coordinates.
+    pub bbox: [f64; 4],
+    /// DCT scale numerator used (`num/8`).
+    pub scale_num: usize,
+}
+
+/// Decoding options.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DecodeOptions {
+    /// Apply EXIF orientation (JPEG).
+    pub apply_exif: bool,
+    /// Allow DCT-scaled decoding when the output is smaller than the source box.
+    pub dct_scaling: bool,
+    /// Allow decoding only the region around the source box.
+    pub roi: bool,
+}
+
+impl Default for DecodeOptions {
+    fn default() -> Self {
+        DecodeOptions { apply_exif: true, dct_scaling: true, roi: true }
+    }
+}
+
+/// Per-worker decoder with reusable scratch buffers (no allocation per image once warm).
+pub struct Decoder {
+    jpeg: JpegDecoder,
+    opts: DecodeOptions,
+    scratch: Vec<u8>,
+    aux: Vec<u8>,
+    png_dims: (usize, usize),
+}
+
+impl std::fmt::Debug for Decoder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Decoder").field("opts", &self.opts).finish()
+    }
+}
+
+fn ensure(buf: &mut Vec<u8>, n: usize) -> &mut [u8] {
+    if buf.len() < n {
+        buf.resize(n, 0);
+    }
+    &mut buf[..n]
+}
+
+impl Decoder {
+    /// A decoder with options `opts`.
+    pub fn new(opts: DecodeOptions) -> Result<Self> {
+        let jpeg = JpegDecoder::new().map_err(|e| Error::Internal(e.to_string()))?;
+        Ok(Decoder { jpeg, opts, scratch: vec![], aux: vec![], png_dims: (0, 0) })
+    }
+
+    /// The options.
+    pub fn options(&self) -> DecodeOptions {
+        self.opts
+    }
+
+    /// Reads the size (after orientation) of the image in `data`; `path` names it in errors.
+    pub fn info(&mut self, data: &[u8], path: &Path) -> Result<ImageInfo> {
+        match sniff(data) {
+            Format::Jpeg => {
+                let h = self.jpeg.header(data).map_err(|e| Error::decode(path, format!("invalid JPEG: {}", e.message)))?;
+                let orientation =
+                    if self.opts.apply_exif { exif::jpeg_orientation(data).unwrap_or(1) } else { 1 };
+                let (width, height) = if orientation >= 5 { (h.height, h.width) } else { (h.width, h.height) };
+                Ok(ImageInfo { width, height, orientation, format: Format::Jpeg, header: Some(h) })
+            }
+            Format::Png => {
+                let (w, h) = self.decode_png(data, path)?;
+                Ok(ImageInfo { width: w, height: h, orientation: 1, format: Format::Png, header: None })
+            }
+            Format::Unsupported(name) => {
+                Err(Error::decode(path, format!("unsupported image format {name} (stoker decodes JPEG and PNG)")))
+            }
+            Format::Unknown if data.is_empty() => Err(Error::decode(path, "empty file (0 bytes)")),
+            Format::Unknown => Err(Error::decode(
+                path,
+                format!(
+                    "not an image: unrecognised leading bytes {:02x?}",
+                    &data[..data.len().min(8)]
+                ),
+            )),
+        }
+    }
+
+    /// Decodes what is needed to resample the source box `bbox = (left, top, width, height)`
+    /// (in oriented image coordinates) to an output of `out = (width, height)` pixels.
+    pub fn decode<'a>(
+        &'a mut self,
+        data: &[u8],
+        path: &Path,
+        info: &ImageInfo,
+        bbox: [f64; 4],
+        out: (usize, usize),
+    ) -> Result<Region<'a>> {
+        match info.format {
+            Format::Png => {
+                let (w, h) = self.png_dims;
+                Ok(Region { pixels: &self.scratch[..w * h * 3], width: w, height: h, bbox, scale_num: 8 })
+            }
+            Format::Jpeg => self.decode_jpeg(data, path, info, bbox, out),
+            _ => Err(Error::Internal("decode() called on an unsupported format".into())),
+        }
+    }
+
+    fn decode_jpeg<'a>(
+        &'a mut self,
+        data: &[u8],
+        path: &Path,
+        info: &ImageInfo,
+        bbox: [f64; 4],
+        out: (usize, usize),
+    ) -> Result<Region<'a>> {
+        let h = info.header.expect("jpeg info has a header");
+        let [bx, by, bw, bh] = bbox;
+        // Smallest DCT scale whose scaled box still covers the output in both directions.
+        let mut num = 8;
+        if self.opts.dct_scaling && !h.lossless {
+            for n in [1usize, 2, 4] {
+                if bw * n as f64 / 8.0 >= out.0 as f64 && bh * n as f64 / 8.0 >= out.1 as f64 {
+                    num = n;
+                    break;
+                }
+            }
+        }
+        let (sw, sh) = (jpeg::scaled(h.width, num), jpeg::scaled(h.height, num));
+        let channels = if h.is_cmyk() { 4 } else { 3 };
+        let orientation = info.orientation;
+        let err = |e: jpeg::JpegError| Error::decode(path, format!("corrupt JPEG: {}", e.message));
+
+        if orientation != 1 {
+            // Rare: decode the whole (scaled) image, then orient it.
+            self.jpeg_full(data, num, (sw, sh), channels).map_err(err)?;
+            let (ow, oh) = if orientation >= 5 { (sh, sw) } else { (sw, sh) };
+            let src = &self.scratch[..sw * sh * 3];
+            let dst = ensure(&mut self.aux, ow * oh * 3);
+            orient(src, sw, sh, orientation, dst);
+            let (fx, fy) = (ow as f64 / info.width as f64, oh as f64 / info.height as f64);
+            let bbox = [bx * fx, by * fy, bw * fx, bh * fy];
+            return Ok(Region { pixels: &self.aux[..ow * oh * 3], width: ow, height: oh, bbox, scale_num: num });
+        }
+
+        let (fx, fy) = (sw as f64 / h.width as f64, sh as f64 / h.height as f64);
+        let sbox = [bx * fx, by * fy, bw * fx, bh * fy];
+        let (mut x0, mut y0, mut x1, mut y1) = (0usize, 0usize, sw, sh);
+        if self.opts.roi {
+            // Margin: the resampling filter's reach (support 1 for bilinear, times the downscale
+            // factor) plus two pixels, so pixels near the box edge see the same neighbours as in
+            // a full decode.
+            let mx = (sbox[2] / out.0 as f64).max(1.0) + 2.0;
+            let my = (sbox[3] / out.1 as f64).max(1.0) + 2.0;
+            y0 = (sbox[1] - my).floor().max(0.0) as usize;
+            y1 = ((sbox[1] + sbox[3] + my).ceil() as usize).min(sh);
+            if let Some(align) = h.scaled_mcu_width(num) {
+                x0 = (sbox[0] - mx).floor().max(0.0) as usize / align * align;
+                x1 = ((sbox[0] + sbox[2] + mx).ceil() as usize).min(sw);
+            }
+            if y1 <= y0 || x1 <= x0 {
+                (x0, y0, x1, y1) = (0, 0, sw, sh);
+            }
+        }
+        let (rw, rh) = (x1 - x0, y1 - y0);
+        if channels == 4 {
+            let cmyk = ensure(&mut self.aux, rw * rh * 4);
+            decode_tolerant(&mut self.jpeg, data, num, (x0, y0, rw, rh), 4, cmyk).map_err(err)?;
+            let rgb = ensure(&mut self.scratch, rw * rh * 3);
+            cmyk_to_rgb(&self.aux[..rw * rh * 4], rgb);
+        } else {
+            let rgb = ensure(&mut self.scratch, rw * rh * 3);
+            decode_tolerant(&mut self.jpeg, data, num, (x0, y0, rw, rh), 3, rgb).map_err(err)?;
+        }
+        let bbox = [sbox[0] - x0 as f64, sbox[1] - y0 as f64, sbox[2], sbox[3]];
+        Ok(Region { pixels: &self.scratch[..rw * rh * 3], width: rw, height: rh, bbox, scale_num: num })
+    }
+
+    /// Whole image at scale `num/8` into `self.scratch` as RGB.
+    fn jpeg_full(&mut self, data: &[u8], num: usize, (sw, sh): (usize, usize), channels: usize) -> Result<(), jpeg::JpegError> {
+        if channels == 4 {
+            let cmyk = ensure(&mut self.aux, sw * sh * 4);
+            decode_tolerant(&mut self.jpeg, data, num, (0, 0, sw, sh), 4, cmyk)?;
+            let rgb = ensure(&mut self.scratch, sw * sh * 3);
+            cmyk_to_rgb(&self.aux[..sw * sh * 4], rgb);
+        } else {
+            let rgb = ensure(&mut self.scratch, sw * sh * 3);
+            decode_tolerant(&mut self.jpeg, data, num, (0, 0, sw, sh), 3, rgb)?;
+        }
+        Ok(())
+    }
+
+    /// Decodes a whole JPEG or PNG to RGB8 at full size, honouring EXIF orientation per the
+    /// options (a reference path for tests and tools). Returns `(pixels, width, height)`.
+    pub fn decode_full(&mut self, data: &[u8], path: &Path) -> Result<(Vec<u8>, usize, usize)> {
+        let info = self.info(data, path)?;
+        let saved = self.opts;
+        self.opts.dct_scaling = false;
+        self.opts.roi = false;
+        let r = self.decode(data, path, &info, [0.0, 0.0, info.width as f64, info.height as f64], (info.width, info.height));
+        let out = r.map(|r| (r.pixels.to_vec(), r.width, r.height));
+        self.opts = saved;
+        out
+    }
+
+    fn decode_png(&mut self, data: &[u8], path: &Path) -> Result<(usize, usize)> {
+        let perr = |e: png::DecodingError| Error::decode(path, format!("invalid PNG: {e}"));
+        let mut dec = png::Decoder::new(std::io::Cursor::new(data));
+        dec.set_transformations(png::Transformations::EXPAND | png::Transformations::STRIP_16);
+        let mut reader = dec.read_info().map_err(perr)?;
+        let size = reader
+            .output_buffer_size()
+            .ok_or_else(|| Error::decode(path, "PNG too large to decode"))?;
+        let raw = ensure(&mut self.aux, size);
+        let frame = reader.next_frame(raw).map_err(perr)?;
+        let (w, h) = (frame.width as usize, frame.height as usize);
+        let ch = match frame.color_type {
+            png::ColorType::Grayscale => 1,
+            png::ColorType::GrayscaleAlpha => 2,
+            png::ColorType::Rgb => 3,
+            png::ColorType::Rgba => 4,
+            png::ColorType::Indexed => return Err(Error::decode(path, "PNG palette was not expanded")),
+        };
+        if frame.bit_depth != png::BitDepth::Eight {
+            return Err(Error::decode(path, format!("PNG bit depth {:?} not supported", frame.bit_depth)));
+        }
+        let line = frame.line_size;
+        let rgb = ensure(&mut self.scratch, w * h * 3);
+        for y in 0..h {
+            let src = &self.aux[y * line..y * line + w * ch];
+            let dst = &mut rgb[y * w * 3..(y + 1) * w * 3];
+            match ch {
+                3 => dst.copy_from_slice(src),
+                1 | 2 => {
+                    for (d, s) in dst.chunks_exact_mut(3).zip(src.chunks_exact(ch)) {
+                        d.fill(s[0]);
+                    }
+                }
+                _ => {
+                    for (d, s) in dst.chunks_exact_mut(3).zip(src.chunks_exact(4)) {
+                        d.copy_from_slice(&s[..3]);
+                    }
+                }
+            }
+        }
+        self.png_dims = (w, h);
+        Ok((w, h))
+    }
+}
+
+/// Decodes, accepting libjpeg *warnings* (e.g. extraneous bytes) except a premature end of data,
+/// which means the file is truncated. Fatal errors are errors.
+fn decode_tolerant(
+    dec: &mut JpegDecoder,
+    data: &[u8],
+    num: usize,
+    region: (usize, usize, usize, usize),
+    channels: usize,
+    out: &mut [u8],
+) -> Result<(), jpeg::JpegError> {
+    match dec.decode(data, num, region, channels, out) {
+        Err(e) if e.warning && !e.message.contains("Premature end") => Ok(()),
+        Err(e) if e.warning => Err(jpeg::JpegError { message: format!("truncated file ({})", e.message), warning: true }),
+        r => r,
+    }
+}
+
+/// Adobe-style (inverted) CMYK to RGB, as PIL does for Photoshop CMYK JPEGs.
+fn cmyk_to_rgb(cmyk: &[u8], rgb: &mut [u8]) {
+    for (d, s) in rgb.chunks_exact_mut(3).zip(cmyk.chunks_exact(4)) {
+        let k = s[3] as u32;
+        for c in 0..3 {
+            d[c] = ((s[c] as u32 * k + 127) / 255) as u8;
+        }
+    }
+}
+
+/// Applies EXIF orientation `o` to `src` (`w` x `h` RGB8) into `dst`.
+pub fn orient(src: &[u8], w: usize, h: usize, o: u8, dst: &mut [u8]) {
+    let (ow, oh) = if o >= 5 { (h, w) } else { (w, h) };
+    for y in 0..oh {
+        for x in 0..ow {
+            let (row, col) = match o {
+                2 => (y, w - 1 - x),
+                3 => (h - 1 - y, w - 1 - x),
+                4 => (h - 1 - y, x),
+                5 => (x, y),
+                6 => (h - 1 - x, y),
+                7 => (h - 1 - x, w - 1 - y),
+                8 => (x, w - 1 - y),
+                _ => (y, x),
+            };
+            let s = (row * w + col) * 3;
+            let d = (y * ow + x) * 3;
+            dst[d..d + 3].copy_from_slice(&src[s..s + 3]);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sniffs_formats() {
+        assert_eq!(sniff(&[0xFF, 0xD8, 0xFF, 0xE0]), Format::Jpeg);
+        assert_eq!(sniff(b"\x89PNG\r\n\x1a\nxxxx"), Format::Png);
+        assert_eq!(sniff(b"RIFF\0\0\0\0WEBPVP8 "), Format::Unsupported("WebP"));
+        assert_eq!(sniff(b"hello"), Format::Unknown);
+        assert_eq!(sniff(b""), Format::Unknown);
+    }
+
+    #[test]
+    fn orientation_6_rotates_clockwise() {
+        // 2x1 image: red, green -> rotated 90° clockwise becomes 1x2: red on top, green below.
+        let src = [255, 0, 0, 0, 255, 0];
+        let mut dst = [0u8; 6];
+        orient(&src, 2, 1, 6, &mut dst);
+        assert_eq!(dst, [255, 0, 0, 0, 255, 0]);
+        orient(&src, 2, 1, 8, &mut dst);
+        assert_eq!(dst, [0, 255, 0, 255, 0, 0]);
+        orient(&src, 2, 1, 2, &mut dst);
+        assert_eq!(dst, [0, 255, 0, 255, 0, 0]);
+    }
+}

@@ -1,0 +1,611 @@
+//! Ops: the transforms between decoded pixels and a batch slot, described as plain data
+//! ([`TransformSpec`], serde) and compiled into a [`TransformPlan`].
+//!
+//! Two-phase contract: the plan states the output shape and dtype first (so batch buffers are
+//! sized once), then fills one sample's slot in place. The geometric ops are fused: whatever the
+//! op list (`RandomResizedCrop`, or `Resize` + `CenterCrop`), they reduce to one source box that
+//! is resampled once with an antialiased bilinear filter (PIL's / torchvision's `antialias=True`
+//! convolution), and a final pass applies flip, normalisation, dtype and layout while writing
+//! the slot.
+//!
+//! | file | role |
+//! |---|---|
+//! | `geometry.rs` | torchvision's crop sampling, resize sizes, center-crop rounding |
+
+pub mod geometry;
+
+use crate::error::{Error, Result};
+use crate::rng::Rng;
+use fast_image_resize as fr;
+use geometry::{center_crop_axis, resize_shorter, rrc_params};
+
+/// `Resize`'s size argument, as in torchvision.
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(untagged)]
+pub enum ResizeSize {
+    /// An int: the shorter side becomes this, keeping the aspect ratio.
+    Shorter(usize),
+    /// `(height, width)`: exactly this size.
+    Exact([usize; 2]),
+}
+
+/// One transform, named and parameterised like torchvision's.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(tag = "op")]
+pub enum OpSpec {
+    /// `RandomResizedCrop(size, scale, ratio)` with bilinear antialiased resampling.
+    RandomResizedCrop {
+        /// Output `(height, width)`.
+        size: [usize; 2],
+        /// Range of the crop's area fraction.
+        scale: [f64; 2],
+        /// Range of the crop's aspect ratio (width / height).
+        ratio: [f64; 2],
+    },
+    /// `Resize(size)`, bilinear, antialiased.
+    Resize {
+        /// Shorter side, or exact `(height, width)`.
+        size: ResizeSize,
+    },
+    /// `CenterCrop(size)`; pads with zeros when the image is smaller, like torchvision.
+    CenterCrop {
+        /// Output `(height, width)`.
+        size: [usize; 2],
+    },
+    /// `RandomHorizontalFlip(p)`.
+    RandomHorizontalFlip {
+        /// Probability of flipping.
+        p: f64,
+    },
+    /// `Normalize(mean, std)` on values scaled to `[0, 1]` (after `ToTensor`).
+    Normalize {
+        /// Per-channel mean.
+        mean: [f32; 3],
+        /// Per-channel standard deviation.
+        std: [f32; 3],
+    },
+}
+
+/// Element type of the output.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DType {
+    /// Raw 0..255 values.
+    Uint8,
+    /// IEEE half precision, values in `[0,1]` or normalised.
+    Float16,
+    /// Single precision, values in `[0,1]` or normalised.
+    Float32,
+}
+
+impl DType {
+    /// Bytes per element.
+    pub fn size(self) -> usize {
+        match self {
+            DType::Uint8 => 1,
+            DType::Float16 => 2,
+            DType::Float32 => 4,
+        }
+    }
+
+    /// Parses `uint8`, `float16`, `float32` (and the torch-style aliases `half`, `float`).
+    pub fn parse(s: &str) -> Result<Self> {
+        match s.to_ascii_lowercase().as_str() {
+            "uint8" | "u8" => Ok(DType::Uint8),
+            "float16" | "f16" | "half" => Ok(DType::Float16),
+            "float32" | "f32" | "float" => Ok(DType::Float32),
+            _ => Err(Error::config("dtype", format!("unknown dtype {s:?}; allowed: uint8, float16, float32"))),
+        }
+    }
+
+    /// The canonical name.
+    pub fn name(self) -> &'static str {
+        match self {
+            DType::Uint8 => "uint8",
+            DType::Float16 => "float16",
+            DType::Float32 => "float32",
+        }
+    }
+}
+
+/// Memory layout of a batch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub enum Layout {
+    /// Batch, channel, height, width (PyTorch's default).
+    NCHW,
+    /// Batch, height, width, channel.
+    NHWC,
+}
+
+impl Layout {
+    /// Parses `nchw` / `nhwc` (any case).
+    pub fn parse(s: &str) -> Result<Self> {
+        match s.to_ascii_lowercase().as_str() {
+            "nchw" => Ok(Layout::NCHW),
+            "nhwc" => Ok(Layout::NHWC),
+            _ => Err(Error::config("layout", format!("unknown layout {s:?}; allowed: nchw, nhwc"))),
+        }
+    }
+}
+
+/// The ImageNet channel means.
+pub const IMAGENET_MEAN: [f32; 3] = [0.485, 0.456, 0.406];
+/// The ImageNet channel standard deviations.
+pub const IMAGENET_STD: [f32; 3] = [0.229, 0.224, 0.225];
+
+/// A whole transform: ops, output dtype and layout, and whether to honour EXIF orientation.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct TransformSpec {
+    /// The ops, in torchvision order.
+    pub ops: Vec<OpSpec>,
+    /// Output element type.
+    pub dtype: DType,
+    /// Output layout.
+    pub layout: Layout,
+    /// Apply JPEG EXIF orientation (torchvision's PIL loader does not).
+    pub apply_exif: bool,
+}
+
+impl TransformSpec {
+    /// A named preset: `imagenet-train` (RandomResizedCrop 224 + flip) or `imagenet-val`
+    /// (Resize 256 + CenterCrop 224), both normalised with ImageNet statistics to float32 NCHW.
+    pub fn preset(name: &str) -> Result<Self> {
+        let geo = match name {
+            "imagenet-train" => vec![
+                OpSpec::RandomResizedCrop { size: [224, 224], scale: [0.08, 1.0], ratio: [3.0 / 4.0, 4.0 / 3.0] },
+                OpSpec::RandomHorizontalFlip { p: 0.5 },
+            ],
+            "imagenet-val" => vec![
+                OpSpec::Resize { size: ResizeSize::Shorter(256) },
+                OpSpec::CenterCrop { size: [224, 224] },
+            ],
+            _ => {
+                return Err(Error::config(
+                    "preset",
+                    format!("unknown preset {name:?}; allowed: imagenet-train, imagenet-val"),
+                ))
+            }
+        };
+        let mut ops = geo;
+        ops.push(OpSpec::Normalize { mean: IMAGENET_MEAN, std: IMAGENET_STD });
+        Ok(TransformSpec { ops, dtype: DType::Float32, layout: Layout::NCHW, apply_exif: true })
+    }
+
+    /// The same transform with another dtype; `uint8` drops `Normalize` (raw pixels).
+    pub fn with_dtype(mut self, dtype: DType) -> Self {
+        if dtype == DType::Uint8 {
+            self.ops.retain(|o| !matches!(o, OpSpec::Normalize { .. }));
+        }
+        self.dtype = dtype;
+        self
+    }
+}
+
+#[derive(Debug, Clone)]
+enum Geo {
+    Rrc { scale: [f64; 2], ratio: [f64; 2] },
+    ResizeCrop { resize: Option<ResizeSize>, crop: Option<[usize; 2]> },
+}
+
+/// Where one sample's output comes from.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Geometry {
+    /// Source box `(left, top, width, height)` in image pixels.
+    pub bbox: [f64; 4],
+    /// Whether the box is a hard boundary (a crop *then* resize: the filter does not read
+    /// outside it) or a window into a resize of the whole image.
+    pub hard: bool,
+    /// The rectangle of the output the box maps to `(x, y, w, h)`; the rest is zero padding.
+    pub dst: [usize; 4],
+    /// Mirror horizontally.
+    pub flip: bool,
+}
+
+/// A compiled, validated transform.
+#[derive(Debug, Clone)]
+pub struct TransformPlan {
+    spec: TransformSpec,
+    geo: Geo,
+    out_h: usize,
+    out_w: usize,
+    flip_p: f64,
+    /// Per channel, value (0..=255) → output element bits (f32 or f16 bits in the low half).
+    lut: Option<Box<[[f32; 256]; 3]>>,
+}
+
+impl TransformPlan {
+    /// Validates `spec` and prepares it.
+    pub fn compile(spec: &TransformSpec) -> Result<Self> {
+        let mut geo: Option<Geo> = None;
+        let mut out: Option<[usize; 2]> = None;
+        let mut flip_p = 0.0;
+        let mut normalize = None;
+        let mut stage = 0; // 0 geometry, 1 flip seen, 2 normalize seen
+        let bad = |msg: String| Error::config("transforms", msg);
+        for op in &spec.ops {
+            match op {
+                OpSpec::RandomResizedCrop { size, scale, ratio } => {
+                    if geo.is_some() || stage > 0 {
+                        return Err(bad("RandomResizedCrop must be the first and only geometric op".into()));
+                    }
+                    if size[0] == 0 || size[1] == 0 {
+                        return Err(bad(format!("RandomResizedCrop size must be positive, got {size:?}")));
+                    }
+                    if !(scale[0] > 0.0 && scale[0] <= scale[1]) || !(ratio[0] > 0.0 && ratio[0] <= ratio[1]) {
+                        return Err(bad(format!(
+                            "RandomResizedCrop needs 0 < scale[0] <= scale[1] and 0 < ratio[0] <= ratio[1], got scale={scale:?} ratio={ratio:?}"
+                        )));
+                    }
+                    geo = Some(Geo::Rrc { scale: *scale, ratio: *ratio });
+                    out = Some(*size);
+                }
+                OpSpec::Resize { size } => {
+                    if stage > 0 || matches!(geo, Some(Geo::Rrc { .. }) | Some(Geo::ResizeCrop { resize: Some(_), .. }) | Some(Geo::ResizeCrop { crop: Some(_), .. })) {
+                        return Err(bad("Resize must come first (before CenterCrop, flips and Normalize), once".into()));
+                    }
+                    match size {
+                        ResizeSize::Shorter(0) => return Err(bad("Resize size must be positive".into())),
+                        ResizeSize::Exact([h, w]) if *h == 0 || *w == 0 => {
+                            return Err(bad("Resize size must be positive".into()))
+                        }
+                        ResizeSize::Exact(s) => out = Some(*s),
+                        _ => {}
+                    }
+                    geo = Some(Geo::ResizeCrop { resize: Some(*size), crop: None });
+                }
+                OpSpec::CenterCrop { size } => {
+                    if stage > 0 || matches!(geo, Some(Geo::Rrc { .. }) | Some(Geo::ResizeCrop { crop: Some(_), .. })) {
+                        return Err(bad("CenterCrop must follow Resize (or stand alone) and precede flips/Normalize".into()));
+                    }
+                    if size[0] == 0 || size[1] == 0 {
+                        return Err(bad("CenterCrop size must be positive".into()));
+                    }
+                    let resize = match geo {
+                        Some(Geo::ResizeCrop { resize, .. }) => resize,
+                        _ => None,
+                    };
+                    geo = Some(Geo::ResizeCrop { resize, crop: Some(*size) });
+                    out = Some(*size);
+                }
+                OpSpec::RandomHorizontalFlip { p } => {
+                    if stage > 1 {
+                        return Err(bad("RandomHorizontalFlip must precede Normalize".into()));
+                    }
+                    if !(0.0..=1.0).contains(p) {
+                        return Err(bad(format!("RandomHorizontalFlip p must be in [0, 1], got {p}")));
+                    }
+                    flip_p = *p;
+                    stage = 1;
+                }
+                OpSpec::Normalize { mean, std } => {
+                    if stage > 1 {
+                        return Err(bad("Normalize may appear once, last".into()));
+                    }
+                    if std.iter().any(|s| *s == 0.0 || !s.is_finite()) {
+                        return Err(bad(format!("Normalize std must be non-zero, got {std:?}")));
+                    }
+                    normalize = Some((*mean, *std));
+                    stage = 2;
+                }
+            }
+        }
+        let geo = geo.ok_or_else(|| {
+            bad("no geometric op: add RandomResizedCrop, Resize((h, w)) or CenterCrop so every batch has one shape".into())
+        })?;
+        let [out_h, out_w] = out.ok_or_else(|| {
+            bad("Resize(int) alone gives a different size per image: add CenterCrop or use Resize((h, w))".into())
+        })?;
+        if normalize.is_some() && spec.dtype == DType::Uint8 {
+            return Err(Error::config("dtype", "Normalize needs a float dtype (float16/float32), not uint8"));
+        }
+        let lut = if spec.dtype == DType::Uint8 {
+            None
+        } else {
+            let (mean, std) = normalize.unwrap_or(([0.0; 3], [1.0; 3]));
+            let mut t = Box::new([[0f32; 256]; 3]);
+            for c in 0..3 {
+                for v in 0..256 {
+                    t[c][v] = (v as f32 / 255.0 - mean[c]) / std[c];
+                }
+            }
+            Some(t)
+        };
+        Ok(TransformPlan { spec: spec.clone(), geo, out_h, out_w, flip_p, lut })
+    }
+
+    /// The spec this plan was compiled from.
+    pub fn spec(&self) -> &TransformSpec {
+        &self.spec
+    }
+
+    /// Output `(height, width)`.
+    pub fn output_size(&self) -> (usize, usize) {
+        (self.out_h, self.out_w)
+    }
+
+    /// One sample's shape: `[3, H, W]` (NCHW) or `[H, W, 3]` (NHWC).
+    pub fn sample_shape(&self) -> [usize; 3] {
+        match self.spec.layout {
+            Layout::NCHW => [3, self.out_h, self.out_w],
+            Layout::NHWC => [self.out_h, self.out_w, 3],
+        }
+    }
+
+    /// Bytes of one sample in the batch buffer.
+    pub fn sample_bytes(&self) -> usize {
+        self.out_h * self.out_w * 3 * self.spec.dtype.size()
+    }
+
+    /// Decides where sample output comes from for an image of `width` x `height`, drawing
+    /// random choices from `rng` (seeded by seed, epoch and sample index).
+    pub fn geometry(&self, width: usize, height: usize, rng: &mut Rng) -> Geometry {
+        let (ow, oh) = (self.out_w, self.out_h);
+        let mut g = match &self.geo {
+            Geo::Rrc { scale, ratio } => {
+                let b = rrc_params(width, height, *scale, *ratio, rng);
+                Geometry {
+                    bbox: [b.j as f64, b.i as f64, b.w as f64, b.h as f64],
+                    hard: true,
+                    dst: [0, 0, ow, oh],
+                    flip: false,
+                }
+            }
+            Geo::ResizeCrop { resize, crop } => {
+                let (rw, rh) = match resize {
+                    None => (width, height),
+                    Some(ResizeSize::Shorter(s)) => resize_shorter(width, height, *s),
+                    Some(ResizeSize::Exact([h, w])) => (*w, *h),
+                };
+                let (sx, sy) = (width as f64 / rw as f64, height as f64 / rh as f64);
+                match crop {
+                    None => Geometry { bbox: [0.0, 0.0, width as f64, height as f64], hard: false, dst: [0, 0, ow, oh], flip: false },
+                    Some([ch, cw]) => {
+                        let (left, dx, dw) = center_crop_axis(rw, *cw);
+                        let (top, dy, dh) = center_crop_axis(rh, *ch);
+                        Geometry {
+                            bbox: [left as f64 * sx, top as f64 * sy, dw as f64 * sx, dh as f64 * sy],
+                            hard: false,
+                            dst: [dx, dy, dw, dh],
+                            flip: false,
+                        }
+                    }
+                }
+            }
+        };
+        if self.flip_p > 0.0 {
+            g.flip = rng.next_f64() < self.flip_p;
+        }
+        g
+    }
+
+    /// Writes `hwc` (`out_h * out_w * 3` RGB8) into one sample's slot `out` with flip,
+    /// normalisation, dtype and layout applied.
+    pub fn write(&self, hwc: &[u8], flip: bool, out: &mut [u8]) {
+        let (h, w) = (self.out_h, self.out_w);
+        debug_assert_eq!(hwc.len(), h * w * 3);
+        debug_assert_eq!(out.len(), self.sample_bytes());
+        let src_x = |x: usize| if flip { w - 1 - x } else { x };
+        match (self.spec.dtype, self.spec.layout) {
+            (DType::Uint8, Layout::NHWC) => {
+                if !flip {
+                    out.copy_from_slice(hwc);
+                } else {
+                    for y in 0..h {
+                        let row = &hwc[y * w * 3..(y + 1) * w * 3];
+                        let dst = &mut out[y * w * 3..(y + 1) * w * 3];
+                        for (x, d) in dst.chunks_exact_mut(3).enumerate() {
+                            let s = src_x(x) * 3;
+                            d.copy_from_slice(&row[s..s + 3]);
+                        }
+                    }
+                }
+            }
+            (DType::Uint8, Layout::NCHW) => {
+                let plane = h * w;
+                for y in 0..h {
+                    let row = &hwc[y * w * 3..(y + 1) * w * 3];
+                    for x in 0..w {
+                        let s = src_x(x) * 3;
+                        let d = y * w + x;
+                        out[d] = row[s];
+                        out[plane + d] = row[s + 1];
+                        out[2 * plane + d] = row[s + 2];
+                    }
+                }
+            }
+            (DType::Float32, layout) => {
+                let lut = self.lut.as_ref().expect("float plan has a LUT");
+                let out = as_f32_mut(out);
+                write_float(hwc, h, w, flip, layout, out, |c, v| lut[c][v as usize]);
+            }
+            (DType::Float16, layout) => {
+                let lut = self.lut.as_ref().expect("float plan has a LUT");
+                let out = as_u16_mut(out);
+                write_float(hwc, h, w, flip, layout, out, |c, v| half::f16::from_f32(lut[c][v as usize]).to_bits());
+            }
+        }
+    }
+}
+
+#[inline]
+fn write_float<T: Copy>(
+    hwc: &[u8],
+    h: usize,
+    w: usize,
+    flip: bool,
+    layout: Layout,
+    out: &mut [T],
+    f: impl Fn(usize, u8) -> T,
+) {
+    let plane = h * w;
+    for y in 0..h {
+        let row = &hwc[y * w * 3..(y + 1) * w * 3];
+        for x in 0..w {
+            let sx = if flip { w - 1 - x } else { x };
+            let s = &row[sx * 3..sx * 3 + 3];
+            match layout {
+                Layout::NCHW => {
+                    let d = y * w + x;
+                    out[d] = f(0, s[0]);
+                    out[plane + d] = f(1, s[1]);
+                    out[2 * plane + d] = f(2, s[2]);
+                }
+                Layout::NHWC => {
+                    let d = (y * w + x) * 3;
+                    out[d] = f(0, s[0]);
+                    out[d + 1] = f(1, s[1]);
+                    out[d + 2] = f(2, s[2]);
+                }
+            }
+        }
+    }
+}
+
+fn as_f32_mut(b: &mut [u8]) -> &mut [f32] {
+    assert!(b.len() % 4 == 0 && (b.as_ptr() as usize) % std::mem::align_of::<f32>() == 0, "misaligned f32 slot");
+    // SAFETY: length and alignment were checked above; every bit pattern is a valid f32, and the
+    // returned slice borrows `b` mutably for its whole life.
+    unsafe { std::slice::from_raw_parts_mut(b.as_mut_ptr().cast::<f32>(), b.len() / 4) }
+}
+
+fn as_u16_mut(b: &mut [u8]) -> &mut [u16] {
+    assert!(b.len() % 2 == 0 && (b.as_ptr() as usize) % std::mem::align_of::<u16>() == 0, "misaligned f16 slot");
+    // SAFETY: as in `as_f32_mut`, for u16.
+    unsafe { std::slice::from_raw_parts_mut(b.as_mut_ptr().cast::<u16>(), b.len() / 2) }
+}
+
+/// Per-worker resampler with a reusable output scratch.
+pub struct Resampler {
+    resizer: fr::Resizer,
+    hwc: Vec<u8>,
+}
+
+impl std::fmt::Debug for Resampler {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Resampler")
+    }
+}
+
+impl Default for Resampler {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Resampler {
+    /// A new resampler (SIMD chosen at run time).
+    pub fn new() -> Self {
+        Resampler { resizer: fr::Resizer::new(), hwc: vec![] }
+    }
+
+    /// Resamples `bbox` of `src` (`sw` x `sh` RGB8) into the `dst` rectangle of an `ow` x `oh`
+    /// RGB8 image (zero outside it) and returns that image. `hard` keeps the filter inside the
+    /// box (crop, then resize).
+    #[allow(clippy::too_many_arguments)]
+    pub fn resample(
+        &mut self,
+        src: &[u8],
+        sw: usize,
+        sh: usize,
+        bbox: [f64; 4],
+        hard: bool,
+        dst: [usize; 4],
+        ow: usize,
+        oh: usize,
+    ) -> Result<&[u8]> {
+        let n = ow * oh * 3;
+        if self.hwc.len() != n {
+            self.hwc.resize(n, 0);
+        }
+        let [dx, dy, dw, dh] = dst;
+        let full = dx == 0 && dy == 0 && dw == ow && dh == oh;
+        if !full {
+            self.hwc.fill(0);
+        }
+        let e = |e: &dyn std::fmt::Display| Error::Internal(format!("resize: {e}"));
+        let src_img = fr::images::ImageRef::new(sw as u32, sh as u32, src, fr::PixelType::U8x3).map_err(|x| e(&x))?;
+        let alg = fr::ResizeAlg::Convolution(fr::FilterType::Bilinear);
+        let mut dst_img = fr::images::Image::from_slice_u8(ow as u32, oh as u32, &mut self.hwc, fr::PixelType::U8x3).map_err(|x| e(&x))?;
+        let mut dst_view = fr::images::CroppedImageMut::new(&mut dst_img, dx as u32, dy as u32, dw as u32, dh as u32).map_err(|x| e(&x))?;
+        let [bx, by, bw, bh] = bbox;
+        if hard {
+            // Crop to the integer hull of the box first, so the filter cannot read outside it.
+            let l = (bx + 1e-6).floor().max(0.0) as u32;
+            let t = (by + 1e-6).floor().max(0.0) as u32;
+            let r = ((bx + bw - 1e-6).ceil() as u32).min(sw as u32).max(l + 1);
+            let b = ((by + bh - 1e-6).ceil() as u32).min(sh as u32).max(t + 1);
+            let view = fr::images::CroppedImage::new(&src_img, l, t, r - l, b - t).map_err(|x| e(&x))?;
+            let opts = fr::ResizeOptions::new().resize_alg(alg).crop(bx - l as f64, by - t as f64, bw, bh);
+            self.resizer.resize(&view, &mut dst_view, &opts).map_err(|x| e(&x))?;
+        } else {
+            let opts = fr::ResizeOptions::new().resize_alg(alg).crop(bx, by, bw, bh);
+            self.resizer.resize(&src_img, &mut dst_view, &opts).map_err(|x| e(&x))?;
+        }
+        Ok(&self.hwc)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn presets_compile_with_expected_shapes() {
+        for name in ["imagenet-train", "imagenet-val"] {
+            let p = TransformPlan::compile(&TransformSpec::preset(name).unwrap()).unwrap();
+            assert_eq!(p.sample_shape(), [3, 224, 224]);
+            assert_eq!(p.sample_bytes(), 3 * 224 * 224 * 4);
+        }
+        let e = TransformSpec::preset("nope").unwrap_err();
+        assert!(e.to_string().contains("imagenet-train, imagenet-val"), "{e}");
+    }
+
+    #[test]
+    fn invalid_specs_say_why() {
+        let mk = |ops: Vec<OpSpec>, dtype| TransformSpec { ops, dtype, layout: Layout::NCHW, apply_exif: true };
+        let e = TransformPlan::compile(&mk(vec![OpSpec::Resize { size: ResizeSize::Shorter(256) }], DType::Uint8)).unwrap_err();
+        assert!(e.to_string().contains("add CenterCrop"), "{e}");
+        let e = TransformPlan::compile(&mk(
+            vec![OpSpec::CenterCrop { size: [4, 4] }, OpSpec::Normalize { mean: [0.0; 3], std: [1.0; 3] }],
+            DType::Uint8,
+        ))
+        .unwrap_err();
+        assert!(e.to_string().contains("float dtype"), "{e}");
+        let e = TransformPlan::compile(&mk(vec![OpSpec::RandomHorizontalFlip { p: 2.0 }], DType::Uint8)).unwrap_err();
+        assert!(e.to_string().contains("[0, 1]"), "{e}");
+    }
+
+    #[test]
+    fn write_applies_flip_normalize_and_layout() {
+        let spec = TransformSpec {
+            ops: vec![
+                OpSpec::CenterCrop { size: [1, 2] },
+                OpSpec::Normalize { mean: [0.5, 0.5, 0.5], std: [0.5, 0.5, 0.5] },
+            ],
+            dtype: DType::Float32,
+            layout: Layout::NCHW,
+            apply_exif: true,
+        };
+        let p = TransformPlan::compile(&spec).unwrap();
+        let hwc = [0u8, 255, 0, 255, 0, 255];
+        let mut out = vec![0f32; 6];
+        // SAFETY (test): viewing an f32 vector as bytes of the same length.
+        let bytes = unsafe { std::slice::from_raw_parts_mut(out.as_mut_ptr().cast::<u8>(), 24) };
+        p.write(&hwc, true, bytes);
+        // flipped: pixel 0 is (255, 0, 255), pixel 1 is (0, 255, 0); planes R, G, B.
+        assert_eq!(out, vec![1.0, -1.0, -1.0, 1.0, 1.0, -1.0]);
+    }
+
+    #[test]
+    fn center_crop_pads_small_images() {
+        let spec = TransformSpec { ops: vec![OpSpec::CenterCrop { size: [4, 4] }], dtype: DType::Uint8, layout: Layout::NHWC, apply_exif: true };
+        let p = TransformPlan::compile(&spec).unwrap();
+        let g = p.geometry(2, 2, &mut Rng::new(0, 0, 0));
+        assert_eq!(g.dst, [1, 1, 2, 2]);
+        let src = [10u8; 12];
+        let mut r = Resampler::new();
+        let out = r.resample(&src, 2, 2, g.bbox, g.hard, g.dst, 4, 4).unwrap();
+        assert_eq!(&out[..3], &[0, 0, 0]);
+        assert_eq!(&out[(4 + 1) * 3..(4 + 1) * 3 + 3], &[10, 10, 10]);
+    }
+}

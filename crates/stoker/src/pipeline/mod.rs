@@ -1,0 +1,751 @@
+//! The running pipeline: a dispatcher, a small I/O pool and a decode pool joined by bounded
+//! queues, delivering batches in order.
+//!
+//! ```text
+//! dispatcher ──tasks──► I/O threads ──bytes──► decode threads ──done──► consumer (reorders)
+//!     ▲ waits for a free slot                        │ write samples straight into the slot
+//!     └──────────────── slot returns when the Batch is dropped ◄──────────────────┘
+//! ```
+//!
+//! Reads are kept apart from decode so slow storage does not idle the decoders. Shutdown: the
+//! consumer sets a cancel flag and drops its end; every blocking wait either observes the flag
+//! (with a short timeout) or sees its channel disconnect, and `Drop` joins every thread.
+//! A bad sample is skipped (policy `skip`): its batch is delivered *shorter* (the good samples
+//! compacted in order), never with a garbage slot; a batch whose samples all failed is not
+//! delivered. Under policy `raise` the batch holding the first bad sample yields the error and
+//! the iteration ends.
+
+use crate::buffer::{BufferPool, Slot};
+use crate::decode::{DecodeOptions, Decoder};
+use crate::error::{Error, Result};
+use crate::ops::{DType, Layout, Resampler, TransformPlan, TransformSpec};
+use crate::rng::{self, Rng};
+use crate::sampler::{Sampler, SamplerSpec, SamplerState};
+use crate::source::Source;
+use crate::telemetry::{Report, Skipped, Telemetry};
+use crossbeam_channel::{bounded, Receiver, RecvTimeoutError, Sender};
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// What to do with a sample that cannot be read or decoded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ErrorPolicy {
+    /// Skip it, count it, list it in the report (the default).
+    Skip,
+    /// Stop the iteration with its error.
+    Raise,
+}
+
+impl ErrorPolicy {
+    /// Parses `skip` / `raise`.
+    pub fn parse(s: &str) -> Result<Self> {
+        match s {
+            "skip" => Ok(ErrorPolicy::Skip),
+            "raise" => Ok(ErrorPolicy::Raise),
+            _ => Err(Error::config("on_error", format!("unknown policy {s:?}; allowed: skip, raise"))),
+        }
+    }
+}
+
+/// Everything a loader needs besides its source: a plain, serialisable description.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct LoaderConfig {
+    /// Order, sharding and batch size.
+    pub sampler: SamplerSpec,
+    /// The transform.
+    pub transform: TransformSpec,
+    /// Decode threads (`None`: the CPU allowance, or `STOKER_NUM_THREADS`).
+    pub threads: Option<usize>,
+    /// I/O threads (`None`: 2, or fewer with a single decode thread).
+    pub io_threads: Option<usize>,
+    /// Finished batches that may wait ahead of the consumer.
+    pub prefetch: usize,
+    /// Cap on the bytes of all batch buffers together.
+    pub memory_limit: Option<u64>,
+    /// Bad-sample policy.
+    pub on_error: ErrorPolicy,
+    /// Allow DCT-scaled JPEG decoding (on by default; off only to measure it).
+    pub dct_scaling: bool,
+    /// Allow region-of-interest JPEG decoding (on by default; off only to measure it).
+    pub roi: bool,
+}
+
+impl LoaderConfig {
+    /// A configuration with defaults for everything but the batch size and transform.
+    pub fn new(batch_size: usize, transform: TransformSpec) -> Self {
+        LoaderConfig {
+            sampler: SamplerSpec { batch_size, ..SamplerSpec::default() },
+            transform,
+            threads: None,
+            io_threads: None,
+            prefetch: 2,
+            memory_limit: None,
+            on_error: ErrorPolicy::Skip,
+            dct_scaling: true,
+            roi: true,
+        }
+    }
+}
+
+struct Shared {
+    source: Arc<dyn Source>,
+    sampler: Sampler,
+    plan: TransformPlan,
+    pool: BufferPool,
+    telemetry: Telemetry,
+    threads: usize,
+    io_threads: usize,
+    allowance: usize,
+    on_error: ErrorPolicy,
+    decode_opts: DecodeOptions,
+}
+
+/// A batch loader over a [`Source`].
+pub struct Loader {
+    shared: Arc<Shared>,
+    state: Arc<Mutex<SamplerState>>,
+    active: Mutex<Option<Arc<AtomicBool>>>,
+}
+
+impl std::fmt::Debug for Loader {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Loader")
+            .field("samples", &self.shared.source.len())
+            .field("threads", &self.shared.threads)
+            .field("pool", &self.shared.pool)
+            .finish()
+    }
+}
+
+impl Loader {
+    /// Validates `config` against `source` and allocates the buffer pool.
+    pub fn new(source: Arc<dyn Source>, config: LoaderConfig) -> Result<Self> {
+        if source.is_empty() {
+            return Err(Error::Dataset("the dataset has no samples".into()));
+        }
+        let sampler = Sampler::new(source.len(), config.sampler.clone())?;
+        if sampler.num_batches() == 0 {
+            return Err(Error::config(
+                "batch_size",
+                format!(
+                    "{} with drop_last leaves no batch: this rank has only {} samples",
+                    config.sampler.batch_size,
+                    sampler.samples_per_rank()
+                ),
+            ));
+        }
+        let plan = TransformPlan::compile(&config.transform)?;
+        let allowance = crate::cpu::allowance().effective;
+        let threads = match config.threads {
+            Some(0) => return Err(Error::config("threads", "must be at least 1 (or auto)")),
+            Some(n) => n,
+            None => crate::cpu::default_threads(),
+        };
+        let io_threads = match config.io_threads {
+            Some(0) => return Err(Error::config("io_threads", "must be at least 1")),
+            Some(n) => n,
+            None => {
+                if threads == 1 {
+                    1
+                } else {
+                    2
+                }
+            }
+        };
+        if config.prefetch == 0 {
+            return Err(Error::config("prefetch", "must be at least 1"));
+        }
+        let batch_size = config.sampler.batch_size;
+        let batch_bytes = batch_size * plan.sample_bytes();
+        // One batch being filled, `prefetch` ready, one held by the consumer.
+        let slots = BufferPool::plan(config.prefetch + 2, batch_bytes, config.memory_limit)?;
+        let pool = BufferPool::new(slots, batch_size, plan.sample_bytes())?;
+        let state = SamplerState { seed: config.sampler.seed, epoch: 0, next_batch: 0 };
+        let decode_opts =
+            DecodeOptions { apply_exif: config.transform.apply_exif, dct_scaling: config.dct_scaling, roi: config.roi };
+        Ok(Loader {
+            shared: Arc::new(Shared {
+                source,
+                sampler,
+                plan,
+                pool,
+                telemetry: Telemetry::default(),
+                threads,
+                io_threads,
+                allowance,
+                on_error: config.on_error,
+                decode_opts,
+            }),
+            state: Arc::new(Mutex::new(state)),
+            active: Mutex::new(None),
+        })
+    }
+
+    /// Batches per epoch on this rank.
+    pub fn len(&self) -> usize {
+        self.shared.sampler.num_batches()
+    }
+
+    /// Whether an epoch has no batches (never true for a constructed loader).
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Decode threads.
+    pub fn threads(&self) -> usize {
+        self.shared.threads
+    }
+
+    /// I/O threads.
+    pub fn io_threads(&self) -> usize {
+        self.shared.io_threads
+    }
+
+    /// The buffer pool.
+    pub fn pool(&self) -> &BufferPool {
+        &self.shared.pool
+    }
+
+    /// The compiled transform.
+    pub fn plan(&self) -> &TransformPlan {
+        &self.shared.plan
+    }
+
+    /// The sampler.
+    pub fn sampler(&self) -> &Sampler {
+        &self.shared.sampler
+    }
+
+    /// Selects the epoch. Changing it restarts at batch 0; setting the current epoch again keeps
+    /// the position (so a restored state survives the usual `set_epoch` call).
+    pub fn set_epoch(&self, epoch: u64) {
+        let mut s = self.state.lock().expect("state lock");
+        if s.epoch != epoch {
+            s.epoch = epoch;
+            s.next_batch = 0;
+        }
+    }
+
+    /// The resumable state: where the next iteration would start.
+    pub fn state(&self) -> SamplerState {
+        *self.state.lock().expect("state lock")
+    }
+
+    /// Restores a state from [`Loader::state`].
+    pub fn load_state(&self, st: SamplerState) -> Result<()> {
+        if st.seed != self.shared.sampler.spec().seed {
+            return Err(Error::config(
+                "state",
+                format!("seed {} does not match the loader's seed {}", st.seed, self.shared.sampler.spec().seed),
+            ));
+        }
+        if st.next_batch > self.len() {
+            return Err(Error::config("state", format!("next_batch {} exceeds the {} batches per epoch", st.next_batch, self.len())));
+        }
+        *self.state.lock().expect("state lock") = st;
+        Ok(())
+    }
+
+    /// Telemetry since the loader was made (or last reset), with the bottleneck verdict.
+    pub fn report(&self) -> Report {
+        self.shared.telemetry.report(self.shared.threads, self.shared.io_threads, self.shared.allowance)
+    }
+
+    /// Zeroes the telemetry.
+    pub fn reset_report(&self) {
+        self.shared.telemetry.reset();
+    }
+
+    /// Starts iterating from the current state (a finished epoch starts over). Starting a new
+    /// iteration ends any previous one of this loader.
+    pub fn iter(&self) -> Result<EpochIter> {
+        let cancel = Arc::new(AtomicBool::new(false));
+        if let Some(old) = self.active.lock().expect("active lock").replace(cancel.clone()) {
+            old.store(true, Ordering::Release);
+        }
+        let (epoch, start) = {
+            let mut s = self.state.lock().expect("state lock");
+            if s.next_batch >= self.len() {
+                s.next_batch = 0;
+            }
+            (s.epoch, s.next_batch)
+        };
+        EpochIter::start(self.shared.clone(), self.state.clone(), cancel, epoch, start)
+    }
+}
+
+impl Drop for Loader {
+    fn drop(&mut self) {
+        if let Some(c) = self.active.lock().expect("active lock").take() {
+            c.store(true, Ordering::Release);
+        }
+    }
+}
+
+struct Task {
+    slot: Arc<Slot>,
+    pos: usize,
+}
+
+struct Work {
+    task: Task,
+    bytes: Vec<u8>,
+    read: Result<()>,
+}
+
+const POLL: Duration = Duration::from_millis(20);
+
+/// One pass over (the rest of) an epoch; yields batches in order. Dropping it stops and joins
+/// every thread.
+pub struct EpochIter {
+    shared: Arc<Shared>,
+    state: Arc<Mutex<SamplerState>>,
+    cancel: Arc<AtomicBool>,
+    done_rx: Option<Receiver<Arc<Slot>>>,
+    pending: Vec<Option<Arc<Slot>>>,
+    next_batch: usize,
+    end: usize,
+    epoch: u64,
+    threads: Vec<JoinHandle<()>>,
+    last_return: Option<Instant>,
+    finished: bool,
+}
+
+impl std::fmt::Debug for EpochIter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EpochIter").field("epoch", &self.epoch).field("next_batch", &self.next_batch).finish()
+    }
+}
+
+fn spawn(name: String, f: impl FnOnce() + Send + 'static) -> Result<JoinHandle<()>> {
+    std::thread::Builder::new()
+        .name(name)
+        .spawn(f)
+        .map_err(|e| Error::Internal(format!("cannot start a thread: {e}")))
+}
+
+impl EpochIter {
+    fn start(
+        shared: Arc<Shared>,
+        state: Arc<Mutex<SamplerState>>,
+        cancel: Arc<AtomicBool>,
+        epoch: u64,
+        start: usize,
+    ) -> Result<Self> {
+        let order = Arc::new(shared.sampler.epoch_order(epoch));
+        let end = shared.sampler.num_batches();
+        let bs = shared.sampler.spec().batch_size;
+        let (task_tx, task_rx) = bounded::<Task>(bs.max(64));
+        let work_cap = shared.threads * 2;
+        let (work_tx, work_rx) = bounded::<Work>(work_cap);
+        let nbytes = work_cap + shared.threads + shared.io_threads;
+        let (bytes_tx, bytes_rx) = bounded::<Vec<u8>>(nbytes);
+        for _ in 0..nbytes {
+            bytes_tx.send(Vec::new()).expect("room");
+        }
+        let (done_tx, done_rx) = bounded::<Arc<Slot>>(shared.pool.slots());
+        let mut threads = vec![];
+        let mut it = EpochIter {
+            shared: shared.clone(),
+            state,
+            cancel: cancel.clone(),
+            done_rx: Some(done_rx),
+            pending: vec![None; shared.pool.slots()],
+            next_batch: start,
+            end,
+            epoch,
+            threads: vec![],
+            last_return: None,
+            finished: start >= end,
+        };
+
+        {
+            let (sh, cancel, order) = (shared.clone(), cancel.clone(), order.clone());
+            threads.push(spawn("stoker-dispatch".into(), move || dispatch(&sh, &cancel, &order, start, end, task_tx))?);
+        }
+        for k in 0..shared.io_threads {
+            let (sh, cancel, rx, tx, brx) = (shared.clone(), cancel.clone(), task_rx.clone(), work_tx.clone(), bytes_rx.clone());
+            let done = done_tx.clone();
+            threads.push(spawn(format!("stoker-io-{k}"), move || io_loop(&sh, &cancel, rx, tx, brx, done))?);
+        }
+        drop(task_rx);
+        drop(work_tx);
+        for k in 0..shared.threads {
+            let (sh, cancel, rx, btx, done) = (shared.clone(), cancel.clone(), work_rx.clone(), bytes_tx.clone(), done_tx.clone());
+            threads.push(spawn(format!("stoker-decode-{k}"), move || decode_loop(&sh, &cancel, epoch, rx, btx, done))?);
+        }
+        it.threads = threads;
+        shared.telemetry.start();
+        Ok(it)
+    }
+
+    /// The epoch being iterated.
+    pub fn epoch(&self) -> u64 {
+        self.epoch
+    }
+
+    /// Batches left in this pass.
+    pub fn remaining(&self) -> usize {
+        self.end.saturating_sub(self.next_batch)
+    }
+
+    fn shutdown(&mut self) {
+        self.cancel.store(true, Ordering::Release);
+        self.done_rx.take();
+        for p in self.pending.iter_mut() {
+            if let Some(slot) = p.take() {
+                let _ = self.shared.pool.free_tx.send(slot);
+            }
+        }
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+        self.shared.telemetry.stop();
+        self.finished = true;
+    }
+
+    fn wait_for(&mut self, batch: usize) -> Result<Option<Arc<Slot>>> {
+        let n = self.pending.len();
+        if let Some(s) = self.pending[batch % n].take() {
+            return Ok(Some(s));
+        }
+        let rx = self.done_rx.as_ref().expect("live iterator has a receiver");
+        loop {
+            if self.cancel.load(Ordering::Acquire) {
+                return Ok(None);
+            }
+            match rx.recv_timeout(POLL) {
+                Ok(slot) => {
+                    let b = slot.batch.load(Ordering::Relaxed);
+                    if b == batch {
+                        return Ok(Some(slot));
+                    }
+                    self.pending[b % n] = Some(slot);
+                }
+                Err(RecvTimeoutError::Timeout) => {
+                    let pool = &self.shared.pool;
+                    if pool.held() >= pool.slots() {
+                        return Err(Error::Memory(format!(
+                            "all {} batch buffers ({} bytes each) are held by the consumer, so no new batch can be made; \
+                             release batches (drop tensors) sooner or raise memory_limit/prefetch",
+                            pool.slots(),
+                            pool.batch_bytes()
+                        )));
+                    }
+                }
+                Err(RecvTimeoutError::Disconnected) => {
+                    return Err(Error::Internal("worker threads stopped before the epoch ended".into()));
+                }
+            }
+        }
+    }
+}
+
+impl Iterator for EpochIter {
+    type Item = Result<Batch>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        let t0 = Instant::now();
+        if let Some(last) = self.last_return.take() {
+            self.shared.telemetry.consumer.add_busy(t0 - last);
+        }
+        loop {
+            if self.finished {
+                return None;
+            }
+            if self.next_batch >= self.end {
+                self.shutdown();
+                return None;
+            }
+            let slot = match self.wait_for(self.next_batch) {
+                Ok(Some(s)) => s,
+                Ok(None) => {
+                    self.shutdown();
+                    return None;
+                }
+                Err(e) => {
+                    self.shutdown();
+                    return Some(Err(e));
+                }
+            };
+            self.next_batch += 1;
+            self.state.lock().expect("state lock").next_batch = self.next_batch;
+            let first_err = {
+                let mut errs = slot.errors.lock().expect("slot errors lock");
+                if self.shared.on_error == ErrorPolicy::Raise && !errs.is_empty() {
+                    errs.sort_by_key(|(i, _)| *i);
+                    Some(errs.swap_remove(0).1)
+                } else {
+                    None
+                }
+            };
+            if let Some(e) = first_err {
+                let _ = self.shared.pool.free_tx.send(slot);
+                self.shutdown();
+                return Some(Err(e));
+            }
+            let len = slot.len.load(Ordering::Acquire);
+            if len == 0 {
+                let _ = self.shared.pool.free_tx.send(slot);
+                continue;
+            }
+            let now = Instant::now();
+            let tel = &self.shared.telemetry;
+            tel.consumer.add_wait(now - t0);
+            tel.consumer.record(Duration::ZERO);
+            tel.add_samples(len);
+            self.last_return = Some(now);
+            self.shared.pool.held.fetch_add(1, Ordering::AcqRel);
+            let plan = &self.shared.plan;
+            return Some(Ok(Batch {
+                slot: Some(slot),
+                free: self.shared.pool.free_tx.clone(),
+                held: self.shared.pool.held.clone(),
+                sample_shape: plan.sample_shape(),
+                dtype: plan.spec().dtype,
+                layout: plan.spec().layout,
+                epoch: self.epoch,
+            }));
+        }
+    }
+}
+
+impl Drop for EpochIter {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+fn dispatch(sh: &Shared, cancel: &AtomicBool, order: &[u32], start: usize, end: usize, tasks: Sender<Task>) {
+    for b in start..end {
+        let t0 = Instant::now();
+        let slot = loop {
+            if cancel.load(Ordering::Acquire) {
+                return;
+            }
+            match sh.pool.free_rx.recv_timeout(POLL) {
+                Ok(s) => break s,
+                Err(RecvTimeoutError::Timeout) => continue,
+                Err(RecvTimeoutError::Disconnected) => return,
+            }
+        };
+        sh.telemetry.buffers.add_wait(t0.elapsed());
+        if cancel.load(Ordering::Acquire) {
+            let _ = sh.pool.free_tx.send(slot);
+            return;
+        }
+        let idx = sh.sampler.batch(order, b);
+        slot.reset(b, idx);
+        sh.telemetry.buffers.record(Duration::ZERO);
+        for pos in 0..idx.len() {
+            if tasks.send(Task { slot: slot.clone(), pos }).is_err() {
+                return;
+            }
+        }
+    }
+}
+
+/// Marks a task finished; the thread finishing the batch compacts it and hands it on.
+fn complete(sh: &Shared, task: Task, label: Option<i64>, done: &Sender<Arc<Slot>>) {
+    let Task { slot, pos } = task;
+    if slot.finish(pos, label) {
+        slot.compact();
+        if let Err(e) = done.send(slot) {
+            // The consumer is gone: give the buffer straight back to the pool.
+            let _ = sh.pool.free_tx.send(e.into_inner());
+        }
+    }
+}
+
+fn fail(sh: &Shared, task: Task, err: Error, done: &Sender<Arc<Slot>>) {
+    let index = task.slot.index(task.pos);
+    let path = sh.source.describe(index as usize);
+    let err = match err {
+        Error::Decode { reason, .. } => Error::Decode { path: path.clone(), reason },
+        other => other,
+    };
+    sh.telemetry.skip(Skipped { index, path: path.display().to_string(), reason: err.reason() });
+    task.slot.errors.lock().expect("slot errors lock").push((index, err));
+    complete(sh, task, None, done);
+}
+
+fn io_loop(
+    sh: &Shared,
+    cancel: &AtomicBool,
+    tasks: Receiver<Task>,
+    work: Sender<Work>,
+    bytes: Receiver<Vec<u8>>,
+    done: Sender<Arc<Slot>>,
+) {
+    while let Ok(task) = tasks.recv() {
+        if cancel.load(Ordering::Acquire) {
+            complete(sh, task, None, &done);
+            continue;
+        }
+        let t_wait = Instant::now();
+        let Ok(mut buf) = bytes.recv() else {
+            complete(sh, task, None, &done);
+            continue;
+        };
+        let t0 = Instant::now();
+        sh.telemetry.read.add_wait(t0 - t_wait);
+        let read = sh.source.read(task.slot.index(task.pos) as usize, &mut buf);
+        sh.telemetry.read.record(t0.elapsed());
+        if let Err(e) = work.send(Work { task, bytes: buf, read }) {
+            let w = e.into_inner();
+            complete(sh, w.task, None, &done);
+        }
+    }
+}
+
+fn decode_loop(
+    sh: &Shared,
+    cancel: &AtomicBool,
+    epoch: u64,
+    work: Receiver<Work>,
+    bytes: Sender<Vec<u8>>,
+    done: Sender<Arc<Slot>>,
+) {
+    let mut decoder = match Decoder::new(sh.decode_opts) {
+        Ok(d) => d,
+        Err(e) => {
+            // Cannot decode anything: fail every sample that reaches this worker.
+            while let Ok(w) = work.recv() {
+                let _ = bytes.send(w.bytes);
+                fail(sh, w.task, Error::Internal(e.to_string()), &done);
+            }
+            return;
+        }
+    };
+    let mut resampler = Resampler::new();
+    loop {
+        let t_wait = Instant::now();
+        let Ok(w) = work.recv() else { return };
+        sh.telemetry.decode.add_wait(t_wait.elapsed());
+        let Work { task, bytes: buf, read } = w;
+        if cancel.load(Ordering::Acquire) {
+            let _ = bytes.send(buf);
+            complete(sh, task, None, &done);
+            continue;
+        }
+        let result = read.and_then(|_| process(sh, &mut decoder, &mut resampler, epoch, &task, &buf));
+        let _ = bytes.send(buf);
+        match result {
+            Ok(label) => complete(sh, task, Some(label), &done),
+            Err(e) => fail(sh, task, e, &done),
+        }
+    }
+}
+
+fn process(sh: &Shared, dec: &mut Decoder, rs: &mut Resampler, epoch: u64, task: &Task, data: &[u8]) -> Result<i64> {
+    let index = task.slot.index(task.pos) as usize;
+    let t0 = Instant::now();
+    let nopath = Path::new("");
+    let info = dec.info(data, nopath)?;
+    let mut rng = Rng::new(sh.sampler.spec().seed, rng::stream::AUGMENT ^ (epoch << 8), index as u64);
+    let plan = &sh.plan;
+    let g = plan.geometry(info.width, info.height, &mut rng);
+    let (oh, ow) = plan.output_size();
+    let region = dec.decode(data, nopath, &info, g.bbox, (g.dst[2], g.dst[3]))?;
+    let t1 = Instant::now();
+    sh.telemetry.decode.record(t1 - t0);
+    let hwc = rs.resample(region.pixels, region.width, region.height, region.bbox, g.hard, g.dst, ow, oh)?;
+    // SAFETY: this worker owns position `task.pos` of the slot until `complete` is called.
+    let out = unsafe { task.slot.sample_mut(task.pos) };
+    plan.write(hwc, g.flip, out);
+    sh.telemetry.ops.record(t1.elapsed());
+    Ok(sh.source.label(index))
+}
+
+/// A finished batch: a view of one pool buffer. The buffer returns to the pool on drop.
+pub struct Batch {
+    slot: Option<Arc<Slot>>,
+    free: Sender<Arc<Slot>>,
+    held: Arc<std::sync::atomic::AtomicUsize>,
+    sample_shape: [usize; 3],
+    dtype: DType,
+    layout: Layout,
+    epoch: u64,
+}
+
+impl std::fmt::Debug for Batch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Batch").field("index", &self.index()).field("shape", &self.shape()).field("dtype", &self.dtype).finish()
+    }
+}
+
+impl Batch {
+    fn slot(&self) -> &Slot {
+        self.slot.as_ref().expect("live batch has a slot")
+    }
+
+    /// Samples in this batch (shorter than the batch size when samples were skipped, or at
+    /// the end of an epoch without `drop_last`).
+    pub fn len(&self) -> usize {
+        self.slot().len.load(Ordering::Acquire)
+    }
+
+    /// Whether the batch is empty (never, for delivered batches).
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Batch number within the epoch.
+    pub fn index(&self) -> usize {
+        self.slot().batch.load(Ordering::Relaxed)
+    }
+
+    /// The epoch.
+    pub fn epoch(&self) -> u64 {
+        self.epoch
+    }
+
+    /// Shape `[N, C, H, W]` or `[N, H, W, C]`.
+    pub fn shape(&self) -> [usize; 4] {
+        let s = self.sample_shape;
+        [self.len(), s[0], s[1], s[2]]
+    }
+
+    /// Element type.
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    /// Layout.
+    pub fn layout(&self) -> Layout {
+        self.layout
+    }
+
+    /// The batch's bytes (native-endian elements of [`Batch::dtype`]).
+    pub fn data(&self) -> &[u8] {
+        self.slot().data()
+    }
+
+    /// Address of the first byte (stable while the batch lives; for zero-copy hand-off).
+    pub fn data_ptr(&self) -> *const u8 {
+        self.slot().data.as_ptr()
+    }
+
+    /// The labels, one per sample.
+    pub fn labels(&self) -> &[i64] {
+        self.slot().labels()
+    }
+
+    /// The dataset indices of the samples, in batch order.
+    pub fn indices(&self) -> Vec<u32> {
+        self.slot().indices().collect()
+    }
+}
+
+impl Drop for Batch {
+    fn drop(&mut self) {
+        if let Some(slot) = self.slot.take() {
+            self.held.fetch_sub(1, Ordering::AcqRel);
+            let _ = self.free.send(slot);
+        }
+    }
+}

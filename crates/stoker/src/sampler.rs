@@ -1,0 +1,210 @@
+//! The sampler decides the order: a seeded permutation per epoch, sharded by rank, cut into batches.
+//!
+//! Order is a pure function of `(len, spec, epoch)`, so a resumable state is tiny:
+//! [`SamplerState`] `{seed, epoch, next_batch}`. Sharding follows `DistributedSampler`: with
+//! `drop_last` the tail that does not divide evenly among ranks is dropped, otherwise the
+//! permutation is padded by wrapping around, so every rank has the same number of samples and
+//! therefore the same number of batches.
+
+use crate::error::{Error, Result};
+use crate::rng::{self, Rng};
+
+/// How to order and cut the samples.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct SamplerSpec {
+    /// Samples per batch (≥ 1).
+    pub batch_size: usize,
+    /// Shuffle with a seeded permutation each epoch; otherwise dataset order.
+    pub shuffle: bool,
+    /// The seed of every random choice.
+    pub seed: u64,
+    /// Drop the last incomplete batch (and the rank-uneven tail).
+    pub drop_last: bool,
+    /// This process's rank in `0..world_size`.
+    pub rank: usize,
+    /// Number of ranks sharing the dataset.
+    pub world_size: usize,
+}
+
+impl Default for SamplerSpec {
+    fn default() -> Self {
+        SamplerSpec { batch_size: 1, shuffle: false, seed: 0, drop_last: false, rank: 0, world_size: 1 }
+    }
+}
+
+/// Where an iteration stands: restoring it yields exactly the batches that were still to come.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct SamplerState {
+    /// The seed (checked against the loader's on restore).
+    pub seed: u64,
+    /// The epoch.
+    pub epoch: u64,
+    /// The next batch to deliver in that epoch.
+    pub next_batch: usize,
+}
+
+/// A validated sampler over `len` samples.
+#[derive(Debug, Clone)]
+pub struct Sampler {
+    len: usize,
+    spec: SamplerSpec,
+    per_rank: usize,
+}
+
+impl Sampler {
+    /// Validates `spec` for a dataset of `len` samples.
+    pub fn new(len: usize, spec: SamplerSpec) -> Result<Self> {
+        if spec.batch_size == 0 {
+            return Err(Error::config("batch_size", "must be at least 1"));
+        }
+        if spec.world_size == 0 {
+            return Err(Error::config("world_size", "must be at least 1"));
+        }
+        if spec.rank >= spec.world_size {
+            return Err(Error::config(
+                "rank",
+                format!("must be in 0..{} (world_size), got {}", spec.world_size, spec.rank),
+            ));
+        }
+        if len > u32::MAX as usize {
+            return Err(Error::Dataset(format!("{len} samples: at most {} are supported", u32::MAX)));
+        }
+        let per_rank = if spec.drop_last { len / spec.world_size } else { len.div_ceil(spec.world_size) };
+        Ok(Sampler { len, spec, per_rank })
+    }
+
+    /// The spec this sampler was built from.
+    pub fn spec(&self) -> &SamplerSpec {
+        &self.spec
+    }
+
+    /// Samples this rank sees per epoch (before batching).
+    pub fn samples_per_rank(&self) -> usize {
+        self.per_rank
+    }
+
+    /// Batches per epoch on this rank (equal on every rank).
+    pub fn num_batches(&self) -> usize {
+        if self.spec.drop_last {
+            self.per_rank / self.spec.batch_size
+        } else {
+            self.per_rank.div_ceil(self.spec.batch_size)
+        }
+    }
+
+    /// This rank's sample order for `epoch` (only the samples that end up in batches).
+    pub fn epoch_order(&self, epoch: u64) -> Vec<u32> {
+        let mut perm: Vec<u32> = (0..self.len as u32).collect();
+        if self.spec.shuffle {
+            let mut r = Rng::new(self.spec.seed, rng::stream::PERMUTATION, epoch);
+            rng::shuffle(&mut perm, &mut r);
+        }
+        let ws = self.spec.world_size;
+        let total = self.per_rank * ws;
+        let mut mine = Vec::with_capacity(self.per_rank);
+        let mut k = self.spec.rank;
+        while k < total {
+            // Padding wraps around the permutation (only when !drop_last and len % ws != 0).
+            mine.push(perm[k % self.len.max(1)]);
+            k += ws;
+        }
+        let used = self.num_batches() * self.spec.batch_size;
+        mine.truncate(used.min(mine.len()));
+        mine
+    }
+
+    /// The sample indices of batch `b` within an epoch order from [`Sampler::epoch_order`].
+    pub fn batch<'a>(&self, order: &'a [u32], b: usize) -> &'a [u32] {
+        let start = b * self.spec.batch_size;
+        let end = (start + self.spec.batch_size).min(order.len());
+        &order[start.min(end)..end]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn spec(bs: usize, shuffle: bool, drop_last: bool, rank: usize, ws: usize) -> SamplerSpec {
+        SamplerSpec { batch_size: bs, shuffle, seed: 42, drop_last, rank, world_size: ws }
+    }
+
+    #[test]
+    fn bad_arguments_are_named() {
+        let e = Sampler::new(10, spec(0, false, false, 0, 1)).unwrap_err();
+        assert!(e.to_string().contains("batch_size"), "{e}");
+        let e = Sampler::new(10, spec(2, false, false, 3, 2)).unwrap_err();
+        assert!(e.to_string().contains("rank"), "{e}");
+    }
+
+    #[test]
+    fn unshuffled_is_dataset_order() {
+        let s = Sampler::new(10, spec(4, false, false, 0, 1)).unwrap();
+        let o = s.epoch_order(0);
+        assert_eq!(o, (0..10).collect::<Vec<u32>>());
+        assert_eq!(s.num_batches(), 3);
+        assert_eq!(s.batch(&o, 2), &[8, 9]);
+    }
+
+    #[test]
+    fn epochs_differ_and_seeds_repeat() {
+        let s = Sampler::new(100, spec(10, true, false, 0, 1)).unwrap();
+        assert_ne!(s.epoch_order(0), s.epoch_order(1));
+        assert_eq!(s.epoch_order(3), Sampler::new(100, spec(10, true, false, 0, 1)).unwrap().epoch_order(3));
+    }
+
+    proptest! {
+        #[test]
+        fn ranks_cover_every_sample_once(len in 1usize..400, bs in 1usize..17, ws in 1usize..9,
+                                         shuffle: bool, epoch in 0u64..5) {
+            // With world_size * batch_size dividing len, each sample is seen exactly once, with or
+            // without drop_last.
+            let len = (len / (ws * bs)).max(1) * ws * bs;
+            for drop_last in [false, true] {
+                let mut seen = vec![0u32; len];
+                let mut batches = None;
+                for rank in 0..ws {
+                    let s = Sampler::new(len, spec(bs, shuffle, drop_last, rank, ws)).unwrap();
+                    let o = s.epoch_order(epoch);
+                    if let Some(b) = batches { prop_assert_eq!(b, s.num_batches()); }
+                    batches = Some(s.num_batches());
+                    for b in 0..s.num_batches() {
+                        for &i in s.batch(&o, b) { seen[i as usize] += 1; }
+                    }
+                }
+                prop_assert!(seen.iter().all(|&c| c == 1));
+            }
+        }
+
+        #[test]
+        fn uneven_splits_keep_equal_batches(len in 1usize..300, bs in 1usize..17, ws in 1usize..9,
+                                            shuffle: bool) {
+            // Otherwise: drop_last=false sees every sample at least once (padding repeats < ws
+            // samples); drop_last=true sees none twice. Every rank has the same batch count.
+            for drop_last in [false, true] {
+                let mut seen = vec![0u32; len];
+                let mut counts = vec![];
+                for rank in 0..ws {
+                    let s = Sampler::new(len, spec(bs, shuffle, drop_last, rank, ws)).unwrap();
+                    let o = s.epoch_order(1);
+                    counts.push(s.num_batches());
+                    for b in 0..s.num_batches() {
+                        let batch = s.batch(&o, b);
+                        prop_assert!(!batch.is_empty() && batch.len() <= bs);
+                        if drop_last { prop_assert_eq!(batch.len(), bs); }
+                        for &i in batch { seen[i as usize] += 1; }
+                    }
+                }
+                prop_assert!(counts.windows(2).all(|w| w[0] == w[1]));
+                if drop_last {
+                    prop_assert!(seen.iter().all(|&c| c <= 1));
+                } else {
+                    prop_assert!(seen.iter().all(|&c| c >= 1));
+                    let extra: u32 = seen.iter().map(|&c| c - 1).sum();
+                    prop_assert!((extra as usize) < ws);
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,25 @@
+//! Sources know *what* samples exist and read one sample's bytes on demand; they never hold the
+//! bytes of the dataset. Only an index lives in memory (a few bytes per sample).
+
+mod image_folder;
+
+pub use image_folder::{ImageFolder, IMG_EXTENSIONS};
+
+use crate::error::Result;
+use std::path::PathBuf;
+
+/// A random-access collection of encoded samples with integer labels.
+pub trait Source: Send + Sync + 'static {
+    /// Number of samples.
+    fn len(&self) -> usize;
+    /// Whether there are no samples.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// The label of sample `i`.
+    fn label(&self, i: usize) -> i64;
+    /// Reads the encoded bytes of sample `i` into `buf` (cleared first; its capacity is reused).
+    fn read(&self, i: usize, buf: &mut Vec<u8>) -> Result<()>;
+    /// Where sample `i` lives, for error messages and skip reports.
+    fn describe(&self, i: usize) -> PathBuf;
+}

@@ -1,0 +1,324 @@
+//! Cheap always-on counters per stage, and the verdict a user needs: which stage starves the
+//! consumer, and what to change.
+//!
+//! Each stage counts items, busy time (doing its work) and wait time (blocked on its input or
+//! output). The consumer counts the time it waited inside `next()`: the *starvation* fraction,
+//! the single most important number for a training job.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+/// Counters of one stage.
+#[derive(Debug, Default)]
+pub struct StageCounters {
+    items: AtomicU64,
+    busy_ns: AtomicU64,
+    wait_ns: AtomicU64,
+}
+
+impl StageCounters {
+    /// Adds one item that took `busy`.
+    #[inline]
+    pub fn record(&self, busy: Duration) {
+        self.items.fetch_add(1, Ordering::Relaxed);
+        self.busy_ns.fetch_add(busy.as_nanos() as u64, Ordering::Relaxed);
+    }
+
+    /// Adds busy time without an item.
+    #[inline]
+    pub fn add_busy(&self, busy: Duration) {
+        self.busy_ns.fetch_add(busy.as_nanos() as u64, Ordering::Relaxed);
+    }
+
+    /// Adds waiting time.
+    #[inline]
+    pub fn add_wait(&self, wait: Duration) {
+        self.wait_ns.fetch_add(wait.as_nanos() as u64, Ordering::Relaxed);
+    }
+
+    fn snapshot(&self, name: &str, threads: usize, wall: f64) -> StageReport {
+        let busy = self.busy_ns.load(Ordering::Relaxed) as f64 * 1e-9;
+        StageReport {
+            name: name.to_string(),
+            threads,
+            items: self.items.load(Ordering::Relaxed),
+            busy_seconds: busy,
+            wait_seconds: self.wait_ns.load(Ordering::Relaxed) as f64 * 1e-9,
+            utilization: if wall > 0.0 && threads > 0 { busy / (wall * threads as f64) } else { 0.0 },
+        }
+    }
+
+    fn reset(&self) {
+        self.items.store(0, Ordering::Relaxed);
+        self.busy_ns.store(0, Ordering::Relaxed);
+        self.wait_ns.store(0, Ordering::Relaxed);
+    }
+}
+
+/// A sample that was skipped, with its path and reason.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Skipped {
+    /// Dataset index.
+    pub index: u32,
+    /// The file.
+    pub path: String,
+    /// Why it was skipped.
+    pub reason: String,
+}
+
+/// All counters of a loader.
+#[derive(Debug)]
+pub struct Telemetry {
+    /// Reading bytes from storage.
+    pub read: StageCounters,
+    /// Decoding (header, entropy decode, IDCT, colour conversion).
+    pub decode: StageCounters,
+    /// Resampling and writing the slot (flip, normalise, dtype, layout).
+    pub ops: StageCounters,
+    /// The scheduler waiting for a free batch buffer (backpressure).
+    pub buffers: StageCounters,
+    /// The consumer: busy = time between batches, wait = time blocked in `next()`.
+    pub consumer: StageCounters,
+    samples: AtomicU64,
+    skipped: Mutex<Vec<Skipped>>,
+    skipped_total: AtomicU64,
+    started: Mutex<Option<Instant>>,
+    wall_ns: AtomicU64,
+}
+
+/// Cap on the skip list kept in memory (the count is always exact).
+pub const MAX_SKIPPED_LISTED: usize = 10_000;
+
+impl Default for Telemetry {
+    fn default() -> Self {
+        Telemetry {
+            read: StageCounters::default(),
+            decode: StageCounters::default(),
+            ops: StageCounters::default(),
+            buffers: StageCounters::default(),
+            consumer: StageCounters::default(),
+            samples: AtomicU64::new(0),
+            skipped: Mutex::new(Vec::new()),
+            skipped_total: AtomicU64::new(0),
+            started: Mutex::new(None),
+            wall_ns: AtomicU64::new(0),
+        }
+    }
+}
+
+/// One stage in a report.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct StageReport {
+    /// Stage name.
+    pub name: String,
+    /// Threads working in it.
+    pub threads: usize,
+    /// Items processed.
+    pub items: u64,
+    /// Total busy seconds (summed over threads).
+    pub busy_seconds: f64,
+    /// Total waiting seconds (summed over threads).
+    pub wait_seconds: f64,
+    /// busy / (wall * threads).
+    pub utilization: f64,
+}
+
+/// The bottleneck verdict.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Bottleneck {
+    /// `consumer`, `decode`, `ops`, `storage` or `buffers`.
+    pub stage: String,
+    /// What the numbers say.
+    pub reason: String,
+    /// What to change.
+    pub suggestion: String,
+}
+
+/// A telemetry snapshot.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Report {
+    /// Seconds the consumer spent iterating (busy + waiting).
+    pub wall_seconds: f64,
+    /// Samples delivered.
+    pub samples: u64,
+    /// Per-stage counters.
+    pub stages: Vec<StageReport>,
+    /// Fraction of the consumer's time spent waiting for data.
+    pub starvation: f64,
+    /// Which stage limits throughput, and what to do.
+    pub bottleneck: Bottleneck,
+    /// Number of skipped samples.
+    pub skipped_count: u64,
+    /// The skipped samples (at most [`MAX_SKIPPED_LISTED`]).
+    pub skipped: Vec<Skipped>,
+}
+
+impl Telemetry {
+    /// Marks the start of consumption (idempotent until reset).
+    pub fn start(&self) {
+        let mut s = self.started.lock().expect("telemetry lock");
+        if s.is_none() {
+            *s = Some(Instant::now());
+        }
+    }
+
+    /// Marks the end of a consumption period (accumulates wall time).
+    pub fn stop(&self) {
+        if let Some(t) = self.started.lock().expect("telemetry lock").take() {
+            self.wall_ns.fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        }
+    }
+
+    /// Counts delivered samples.
+    pub fn add_samples(&self, n: usize) {
+        self.samples.fetch_add(n as u64, Ordering::Relaxed);
+    }
+
+    /// Records a skipped sample.
+    pub fn skip(&self, s: Skipped) {
+        self.skipped_total.fetch_add(1, Ordering::Relaxed);
+        let mut l = self.skipped.lock().expect("telemetry lock");
+        if l.len() < MAX_SKIPPED_LISTED {
+            l.push(s);
+        }
+    }
+
+    /// Zeroes every counter.
+    pub fn reset(&self) {
+        for s in [&self.read, &self.decode, &self.ops, &self.buffers, &self.consumer] {
+            s.reset();
+        }
+        self.samples.store(0, Ordering::Relaxed);
+        self.skipped.lock().expect("telemetry lock").clear();
+        self.skipped_total.store(0, Ordering::Relaxed);
+        *self.started.lock().expect("telemetry lock") = None;
+        self.wall_ns.store(0, Ordering::Relaxed);
+    }
+
+    /// A snapshot with the bottleneck verdict; `threads`/`io_threads` size the pools.
+    pub fn report(&self, threads: usize, io_threads: usize, allowance: usize) -> Report {
+        let mut wall = self.wall_ns.load(Ordering::Relaxed) as f64 * 1e-9;
+        if let Some(t) = *self.started.lock().expect("telemetry lock") {
+            wall += t.elapsed().as_secs_f64();
+        }
+        let stages = vec![
+            self.read.snapshot("read", io_threads, wall),
+            self.decode.snapshot("decode", threads, wall),
+            self.ops.snapshot("ops", threads, wall),
+            self.buffers.snapshot("buffer wait", 1, wall),
+            self.consumer.snapshot("consumer", 1, wall),
+        ];
+        let c = &stages[4];
+        let starvation = if c.busy_seconds + c.wait_seconds > 0.0 {
+            c.wait_seconds / (c.busy_seconds + c.wait_seconds)
+        } else {
+            0.0
+        };
+        let bottleneck = verdict(&stages, starvation, threads, allowance);
+        Report {
+            wall_seconds: wall,
+            samples: self.samples.load(Ordering::Relaxed),
+            stages,
+            starvation,
+            bottleneck,
+            skipped_count: self.skipped_total.load(Ordering::Relaxed),
+            skipped: self.skipped.lock().expect("telemetry lock").clone(),
+        }
+    }
+}
+
+fn verdict(stages: &[StageReport], starvation: f64, threads: usize, allowance: usize) -> Bottleneck {
+    let (read, decode, ops, buffers) = (&stages[0], &stages[1], &stages[2], &stages[3]);
+    let pct = |x: f64| format!("{:.0}%", x * 100.0);
+    if starvation < 0.05 {
+        return Bottleneck {
+            stage: "consumer".into(),
+            reason: format!("the consumer waited {} of its time for data", pct(starvation)),
+            suggestion: "none: stoker keeps up, the training step (GPU) is the limit".into(),
+        };
+    }
+    let worker_util = decode.utilization + ops.utilization;
+    if read.utilization > 0.7 && worker_util < 0.7 {
+        return Bottleneck {
+            stage: "storage".into(),
+            reason: format!(
+                "reads keep {} I/O threads {} busy while decode threads are only {} busy",
+                read.threads,
+                pct(read.utilization),
+                pct(worker_util)
+            ),
+            suggestion: "raise io_threads, use faster storage, or pack small files into shards".into(),
+        };
+    }
+    if worker_util < 0.5 && buffers.wait_seconds > 0.25 * decode.busy_seconds.max(1e-9) {
+        return Bottleneck {
+            stage: "buffers".into(),
+            reason: "the scheduler often waits for a free batch buffer while workers idle".into(),
+            suggestion: "raise prefetch or memory_limit, or release batches sooner".into(),
+        };
+    }
+    let more = if threads < allowance {
+        format!("raise threads (now {threads}, allowance {allowance})")
+    } else {
+        format!("all {threads} allowed CPUs are used: give the job more CPUs")
+    };
+    if decode.busy_seconds >= ops.busy_seconds {
+        Bottleneck {
+            stage: "decode".into(),
+            reason: format!(
+                "decode-bound: decode takes {} of worker time, threads are {} busy",
+                pct(decode.busy_seconds / (decode.busy_seconds + ops.busy_seconds).max(1e-9)),
+                pct(worker_util)
+            ),
+            suggestion: format!("{more}, or pre-resize images (smaller JPEGs decode faster)"),
+        }
+    } else {
+        Bottleneck {
+            stage: "ops".into(),
+            reason: format!(
+                "ops-bound: resize/normalise take {} of worker time, threads are {} busy",
+                pct(ops.busy_seconds / (decode.busy_seconds + ops.busy_seconds).max(1e-9)),
+                pct(worker_util)
+            ),
+            suggestion: format!("{more}, output uint8 and normalise on the GPU, or pre-resize images"),
+        }
+    }
+}
+
+impl Report {
+    /// A short human summary with the stage table and the verdict.
+    pub fn to_text(&self) -> String {
+        let mut s = String::new();
+        s.push_str(&format!(
+            "{} samples in {:.2} s ({:.1} samples/s); consumer starvation {:.1}%\n",
+            self.samples,
+            self.wall_seconds,
+            if self.wall_seconds > 0.0 { self.samples as f64 / self.wall_seconds } else { 0.0 },
+            self.starvation * 100.0
+        ));
+        s.push_str(&format!("{:<12} {:>7} {:>10} {:>10} {:>10} {:>6}\n", "stage", "threads", "items", "busy s", "wait s", "util"));
+        for st in &self.stages {
+            s.push_str(&format!(
+                "{:<12} {:>7} {:>10} {:>10.2} {:>10.2} {:>5.0}%\n",
+                st.name,
+                st.threads,
+                st.items,
+                st.busy_seconds,
+                st.wait_seconds,
+                st.utilization * 100.0
+            ));
+        }
+        s.push_str(&format!("bottleneck: {} ({})\n  -> {}\n", self.bottleneck.stage, self.bottleneck.reason, self.bottleneck.suggestion));
+        if self.skipped_count > 0 {
+            s.push_str(&format!("skipped {} bad sample(s):\n", self.skipped_count));
+            for k in self.skipped.iter().take(20) {
+                s.push_str(&format!("  {}: {}\n", k.path, k.reason));
+            }
+            if self.skipped_count > 20 {
+                s.push_str(&format!("  ... and {} more\n", self.skipped_count - 20));
+            }
+        }
+        s
+    }
+}
