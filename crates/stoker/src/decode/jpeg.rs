@@ -33,10 +33,20 @@ impl JpegHeader {
         if self.lossless || !(0..7).contains(&self.subsamp) {
             return None;
         }
-        // SAFETY: `tjMCUWidth` is an immutable array of 7 ints exported by libjpeg-turbo, and the
-        // index was checked to be in 0..7 above.
-        let w = unsafe { tj::tjMCUWidth[self.subsamp as usize] } as usize;
+        let w = MCU_WIDTH[self.subsamp as usize];
         Some((w * num).div_ceil(8))
+    }
+}
+
+/// iMCU width per `TJSAMP_*` code (444, 422, 420, GRAY, 440, 411, 441), as in `turbojpeg.h`
+/// (a header-only table, not an exported symbol).
+const MCU_WIDTH: [usize; 7] = [8, 16, 16, 8, 8, 32, 8];
+
+fn gcd(a: usize, b: usize) -> usize {
+    if b == 0 {
+        a
+    } else {
+        gcd(b, a % b)
     }
 }
 
@@ -126,7 +136,9 @@ impl JpegDecoder {
         if out.len() < need {
             return Err(JpegError { message: "output buffer too small".into(), warning: false });
         }
-        let sf = tj::tjscalingfactor { num: num as i32, denom: 8 };
+        // TurboJPEG matches factors exactly against its table of reduced fractions (1/1, 1/2, ...).
+        let g = gcd(num, 8);
+        let sf = tj::tjscalingfactor { num: (num / g) as i32, denom: (8 / g) as i32 };
         // SAFETY: `handle` is valid; the scaling factor is one of n/8, which TurboJPEG supports.
         if unsafe { tj::tj3SetScalingFactor(self.handle, sf) } != 0 {
             return Err(self.error());
