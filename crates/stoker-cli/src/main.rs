@@ -13,7 +13,11 @@ use std::time::Instant;
 use stoker::{DType, ErrorPolicy, ImageFolder, Layout, Loader, LoaderConfig, TransformSpec};
 
 #[derive(Parser)]
-#[command(name = "stoker", version, about = "Keeps GPUs fed: image files to batches on a thread pool, measured.")]
+#[command(
+    name = "stoker",
+    version,
+    about = "Keeps GPUs fed: image files to batches on a thread pool, measured."
+)]
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,
@@ -128,9 +132,13 @@ struct BenchOpts {
 /// Parses `2GiB`, `512MB`, `1.5G`, `1000000` into bytes.
 fn parse_bytes(s: &str) -> Result<u64> {
     let t = s.trim();
-    let split = t.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(t.len());
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
     let (num, unit) = t.split_at(split);
-    let n: f64 = num.parse().with_context(|| format!("--memory-limit: cannot read a number in {s:?}"))?;
+    let n: f64 = num
+        .parse()
+        .with_context(|| format!("--memory-limit: cannot read a number in {s:?}"))?;
     let mult: f64 = match unit.trim().to_ascii_lowercase().as_str() {
         "" | "b" => 1.0,
         "k" | "kb" => 1e3,
@@ -141,7 +149,9 @@ fn parse_bytes(s: &str) -> Result<u64> {
         "gib" => 1024.0 * 1024.0 * 1024.0,
         "t" | "tb" => 1e12,
         "tib" => 1024f64.powi(4),
-        u => bail!("--memory-limit: unknown unit {u:?}; use B, KB, KiB, MB, MiB, GB, GiB, TB or TiB"),
+        u => {
+            bail!("--memory-limit: unknown unit {u:?}; use B, KB, KiB, MB, MiB, GB, GiB, TB or TiB")
+        }
     };
     if n <= 0.0 {
         bail!("--memory-limit: must be positive, got {s:?}");
@@ -151,7 +161,9 @@ fn parse_bytes(s: &str) -> Result<u64> {
 
 fn loader_config(o: &BenchOpts) -> Result<LoaderConfig> {
     let dtype = DType::parse(&o.dtype).map_err(|e| anyhow::anyhow!("--dtype: {e}"))?;
-    let mut transform = TransformSpec::preset(&o.preset).map_err(|e| anyhow::anyhow!("--preset: {e}"))?.with_dtype(dtype);
+    let mut transform = TransformSpec::preset(&o.preset)
+        .map_err(|e| anyhow::anyhow!("--preset: {e}"))?
+        .with_dtype(dtype);
     transform.layout = Layout::parse(&o.layout).map_err(|e| anyhow::anyhow!("--layout: {e}"))?;
     transform.apply_exif = !o.no_exif;
     let mut c = LoaderConfig::new(o.batch_size, transform);
@@ -214,11 +226,17 @@ fn bench(root: &Path, o: &BenchOpts) -> Result<()> {
     let samples = stoker::Source::len(&folder);
     let loader = Loader::new(Arc::new(folder), config)?;
     let total_batches = loader.len() as u64 * o.epochs;
-    let bar = if o.json { ProgressBar::hidden() } else { ProgressBar::new(total_batches) };
+    let bar = if o.json {
+        ProgressBar::hidden()
+    } else {
+        ProgressBar::new(total_batches)
+    };
     bar.set_style(
-        ProgressStyle::with_template("{spinner} epoch {msg} [{bar:30}] {pos}/{len} batches {per_sec} ({eta})")
-            .expect("valid template")
-            .progress_chars("=> "),
+        ProgressStyle::with_template(
+            "{spinner} epoch {msg} [{bar:30}] {pos}/{len} batches {per_sec} ({eta})",
+        )
+        .expect("valid template")
+        .progress_chars("=> "),
     );
     let cpu0 = cpu_seconds();
     let t0 = Instant::now();
@@ -240,7 +258,11 @@ fn bench(root: &Path, o: &BenchOpts) -> Result<()> {
     bar.finish_and_clear();
     let report = loader.report();
     let ips = images as f64 / seconds;
-    let per1000 = if images > 0 { cpu / images as f64 * 1000.0 } else { 0.0 };
+    let per1000 = if images > 0 {
+        cpu / images as f64 * 1000.0
+    } else {
+        0.0
+    };
     let rss = peak_rss_bytes();
     if o.json {
         let out = serde_json::json!({
@@ -294,9 +316,17 @@ fn bench(root: &Path, o: &BenchOpts) -> Result<()> {
 fn write_npy(path: &Path, descr: &str, shape: &[usize], data: &[u8]) -> Result<()> {
     let shape_s = match shape.len() {
         1 => format!("({},)", shape[0]),
-        _ => format!("({})", shape.iter().map(|d| d.to_string()).collect::<Vec<_>>().join(", ")),
+        _ => format!(
+            "({})",
+            shape
+                .iter()
+                .map(|d| d.to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
     };
-    let mut header = format!("{{'descr': '{descr}', 'fortran_order': False, 'shape': {shape_s}, }}");
+    let mut header =
+        format!("{{'descr': '{descr}', 'fortran_order': False, 'shape': {shape_s}, }}");
     let total = 10 + header.len() + 1;
     header.push_str(&" ".repeat((64 - total % 64) % 64));
     header.push('\n');
@@ -309,9 +339,20 @@ fn write_npy(path: &Path, descr: &str, shape: &[usize], data: &[u8]) -> Result<(
 }
 
 #[allow(clippy::too_many_arguments)]
-fn export(root: &Path, out: &Path, preset: &str, dtype: &str, layout: &str, limit: Option<usize>, no_exif: bool, seed: u64) -> Result<()> {
+fn export(
+    root: &Path,
+    out: &Path,
+    preset: &str,
+    dtype: &str,
+    layout: &str,
+    limit: Option<usize>,
+    no_exif: bool,
+    seed: u64,
+) -> Result<()> {
     let dtype = DType::parse(dtype).map_err(|e| anyhow::anyhow!("--dtype: {e}"))?;
-    let mut t = TransformSpec::preset(preset).map_err(|e| anyhow::anyhow!("--preset: {e}"))?.with_dtype(dtype);
+    let mut t = TransformSpec::preset(preset)
+        .map_err(|e| anyhow::anyhow!("--preset: {e}"))?
+        .with_dtype(dtype);
     t.layout = Layout::parse(layout).map_err(|e| anyhow::anyhow!("--layout: {e}"))?;
     t.apply_exif = !no_exif;
     let mut c = LoaderConfig::new(64, t);
@@ -345,10 +386,16 @@ fn export(root: &Path, out: &Path, preset: &str, dtype: &str, layout: &str, limi
     write_npy(out, descr, &[n, shape[0], shape[1], shape[2]], &data)?;
     let lpath = out.with_file_name(format!(
         "{}_labels.npy",
-        out.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default()
+        out.file_stem()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_default()
     ));
     write_npy(&lpath, "<i8", &[n], &labels)?;
-    eprintln!("wrote {n} samples to {} and {}", out.display(), lpath.display());
+    eprintln!(
+        "wrote {n} samples to {} and {}",
+        out.display(),
+        lpath.display()
+    );
     Ok(())
 }
 
@@ -356,7 +403,12 @@ fn run() -> Result<()> {
     let cli = Cli::parse();
     match cli.cmd {
         Cmd::Bench { root, opts } => bench(&root, &opts),
-        Cmd::Demo { out, images, no_bench, opts } => {
+        Cmd::Demo {
+            out,
+            images,
+            no_bench,
+            opts,
+        } => {
             if images == 0 {
                 bail!("--images: must be at least 1");
             }
@@ -394,9 +446,16 @@ fn run() -> Result<()> {
             }
             bench(&root, &o)
         }
-        Cmd::Export { root, out, preset, dtype, layout, limit, no_exif, seed } => {
-            export(&root, &out, &preset, &dtype, &layout, limit, no_exif, seed)
-        }
+        Cmd::Export {
+            root,
+            out,
+            preset,
+            dtype,
+            layout,
+            limit,
+            no_exif,
+            seed,
+        } => export(&root, &out, &preset, &dtype, &layout, limit, no_exif, seed),
     }
 }
 
@@ -436,7 +495,10 @@ mod tests {
         assert_eq!(parse_bytes("2GiB").unwrap(), 2 * 1024 * 1024 * 1024);
         assert_eq!(parse_bytes("512MB").unwrap(), 512_000_000);
         assert_eq!(parse_bytes("1000").unwrap(), 1000);
-        assert!(parse_bytes("12parsecs").unwrap_err().to_string().contains("unknown unit"));
+        assert!(parse_bytes("12parsecs")
+            .unwrap_err()
+            .to_string()
+            .contains("unknown unit"));
         assert!(parse_bytes("-5").is_err());
     }
 }

@@ -10,11 +10,17 @@ use std::path::{Path, PathBuf};
 
 /// The embedded photos: `(class name, encoded bytes)`.
 pub const PHOTOS: &[(&str, &[u8])] = &[
-    ("astronaut", include_bytes!("../assets/photos/astronaut.png")),
+    (
+        "astronaut",
+        include_bytes!("../assets/photos/astronaut.png"),
+    ),
     ("camera", include_bytes!("../assets/photos/camera.png")),
     ("chelsea", include_bytes!("../assets/photos/chelsea.png")),
     ("coffee", include_bytes!("../assets/photos/coffee.png")),
-    ("hubble", include_bytes!("../assets/photos/hubble_deep_field.jpg")),
+    (
+        "hubble",
+        include_bytes!("../assets/photos/hubble_deep_field.jpg"),
+    ),
     ("retina", include_bytes!("../assets/photos/retina.jpg")),
     ("rocket", include_bytes!("../assets/photos/rocket.jpg")),
 ];
@@ -59,7 +65,8 @@ pub fn make_demo(root: &Path, images: usize, seed: u64, threads: usize) -> Resul
         sources.push((name.to_string(), px, w, h));
         std::fs::create_dir_all(root.join(name)).map_err(|e| Error::io(root.join(name), &e))?;
     }
-    std::fs::write(root.join("LICENSE.md"), PHOTOS_LICENSE).map_err(|e| Error::io(root.join("LICENSE.md"), &e))?;
+    std::fs::write(root.join("LICENSE.md"), PHOTOS_LICENSE)
+        .map_err(|e| Error::io(root.join("LICENSE.md"), &e))?;
     let threads = threads.clamp(1, 16);
     let total = std::sync::atomic::AtomicU64::new(0);
     let next = std::sync::atomic::AtomicUsize::new(0);
@@ -86,10 +93,21 @@ pub fn make_demo(root: &Path, images: usize, seed: u64, threads: usize) -> Resul
     if let Some(e) = errors.into_inner().expect("lock").into_iter().next() {
         return Err(e);
     }
-    Ok(DemoSummary { root: root.to_path_buf(), images, classes: PHOTOS.len(), bytes: total.into_inner() })
+    Ok(DemoSummary {
+        root: root.to_path_buf(),
+        images,
+        classes: PHOTOS.len(),
+        bytes: total.into_inner(),
+    })
 }
 
-fn make_one(root: &Path, sources: &[(String, Vec<u8>, usize, usize)], k: usize, seed: u64, rs: &mut Resampler) -> Result<u64> {
+fn make_one(
+    root: &Path,
+    sources: &[(String, Vec<u8>, usize, usize)],
+    k: usize,
+    seed: u64,
+    rs: &mut Resampler,
+) -> Result<u64> {
     let (name, px, w, h) = &sources[k % sources.len()];
     let mut rng = Rng::new(seed, 99, k as u64);
     let (ow, oh) = SIZES[rng.below(SIZES.len() as u64) as usize];
@@ -128,10 +146,22 @@ fn make_one(root: &Path, sources: &[(String, Vec<u8>, usize, usize)], k: usize, 
     let jpeg = if gray {
         let g: Vec<u8> = out.chunks_exact(3).map(|p| p[0]).collect();
         c.set_subsamp(turbojpeg::Subsamp::Gray).map_err(jerr)?;
-        c.compress_to_vec(turbojpeg::Image { pixels: &g[..], width: ow, pitch: ow, height: oh, format: turbojpeg::PixelFormat::GRAY })
+        c.compress_to_vec(turbojpeg::Image {
+            pixels: &g[..],
+            width: ow,
+            pitch: ow,
+            height: oh,
+            format: turbojpeg::PixelFormat::GRAY,
+        })
     } else {
         c.set_subsamp(turbojpeg::Subsamp::Sub2x2).map_err(jerr)?;
-        c.compress_to_vec(turbojpeg::Image { pixels: &out[..], width: ow, pitch: ow * 3, height: oh, format: turbojpeg::PixelFormat::RGB })
+        c.compress_to_vec(turbojpeg::Image {
+            pixels: &out[..],
+            width: ow,
+            pitch: ow * 3,
+            height: oh,
+            format: turbojpeg::PixelFormat::RGB,
+        })
     }
     .map_err(jerr)?;
     let path = root.join(name).join(format!("{name}_{k:06}.jpg"));

@@ -11,13 +11,15 @@
 //! | file | role |
 //! |---|---|
 //! | `geometry.rs` | torchvision's crop sampling, resize sizes, center-crop rounding |
+//! | `resample.rs` | Pillow-compatible antialiased bilinear box resampling, SIMD, allocation-free |
 
 pub mod geometry;
+pub mod resample;
 
 use crate::error::{Error, Result};
 use crate::rng::Rng;
-use fast_image_resize as fr;
 use geometry::{center_crop_axis, resize_shorter, rrc_params};
+use resample::BoxResampler;
 
 /// `Resize`'s size argument, as in torchvision.
 #[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -94,7 +96,10 @@ impl DType {
             "uint8" | "u8" => Ok(DType::Uint8),
             "float16" | "f16" | "half" => Ok(DType::Float16),
             "float32" | "f32" | "float" => Ok(DType::Float32),
-            _ => Err(Error::config("dtype", format!("unknown dtype {s:?}; allowed: uint8, float16, float32"))),
+            _ => Err(Error::config(
+                "dtype",
+                format!("unknown dtype {s:?}; allowed: uint8, float16, float32"),
+            )),
         }
     }
 
@@ -123,7 +128,10 @@ impl Layout {
         match s.to_ascii_lowercase().as_str() {
             "nchw" => Ok(Layout::NCHW),
             "nhwc" => Ok(Layout::NHWC),
-            _ => Err(Error::config("layout", format!("unknown layout {s:?}; allowed: nchw, nhwc"))),
+            _ => Err(Error::config(
+                "layout",
+                format!("unknown layout {s:?}; allowed: nchw, nhwc"),
+            )),
         }
     }
 }
@@ -152,11 +160,17 @@ impl TransformSpec {
     pub fn preset(name: &str) -> Result<Self> {
         let geo = match name {
             "imagenet-train" => vec![
-                OpSpec::RandomResizedCrop { size: [224, 224], scale: [0.08, 1.0], ratio: [3.0 / 4.0, 4.0 / 3.0] },
+                OpSpec::RandomResizedCrop {
+                    size: [224, 224],
+                    scale: [0.08, 1.0],
+                    ratio: [3.0 / 4.0, 4.0 / 3.0],
+                },
                 OpSpec::RandomHorizontalFlip { p: 0.5 },
             ],
             "imagenet-val" => vec![
-                OpSpec::Resize { size: ResizeSize::Shorter(256) },
+                OpSpec::Resize {
+                    size: ResizeSize::Shorter(256),
+                },
                 OpSpec::CenterCrop { size: [224, 224] },
             ],
             _ => {
@@ -167,8 +181,16 @@ impl TransformSpec {
             }
         };
         let mut ops = geo;
-        ops.push(OpSpec::Normalize { mean: IMAGENET_MEAN, std: IMAGENET_STD });
-        Ok(TransformSpec { ops, dtype: DType::Float32, layout: Layout::NCHW, apply_exif: true })
+        ops.push(OpSpec::Normalize {
+            mean: IMAGENET_MEAN,
+            std: IMAGENET_STD,
+        });
+        Ok(TransformSpec {
+            ops,
+            dtype: DType::Float32,
+            layout: Layout::NCHW,
+            apply_exif: true,
+        })
     }
 
     /// The same transform with another dtype; `uint8` drops `Normalize` (raw pixels).
@@ -183,8 +205,14 @@ impl TransformSpec {
 
 #[derive(Debug, Clone)]
 enum Geo {
-    Rrc { scale: [f64; 2], ratio: [f64; 2] },
-    ResizeCrop { resize: Option<ResizeSize>, crop: Option<[usize; 2]> },
+    Rrc {
+        scale: [f64; 2],
+        ratio: [f64; 2],
+    },
+    ResizeCrop {
+        resize: Option<ResizeSize>,
+        crop: Option<[usize; 2]>,
+    },
 }
 
 /// Where one sample's output comes from.
@@ -226,35 +254,69 @@ impl TransformPlan {
             match op {
                 OpSpec::RandomResizedCrop { size, scale, ratio } => {
                     if geo.is_some() || stage > 0 {
-                        return Err(bad("RandomResizedCrop must be the first and only geometric op".into()));
+                        return Err(bad(
+                            "RandomResizedCrop must be the first and only geometric op".into(),
+                        ));
                     }
                     if size[0] == 0 || size[1] == 0 {
-                        return Err(bad(format!("RandomResizedCrop size must be positive, got {size:?}")));
+                        return Err(bad(format!(
+                            "RandomResizedCrop size must be positive, got {size:?}"
+                        )));
                     }
-                    if !(scale[0] > 0.0 && scale[0] <= scale[1]) || !(ratio[0] > 0.0 && ratio[0] <= ratio[1]) {
+                    if !(scale[0] > 0.0
+                        && scale[0] <= scale[1]
+                        && ratio[0] > 0.0
+                        && ratio[0] <= ratio[1])
+                    {
                         return Err(bad(format!(
                             "RandomResizedCrop needs 0 < scale[0] <= scale[1] and 0 < ratio[0] <= ratio[1], got scale={scale:?} ratio={ratio:?}"
                         )));
                     }
-                    geo = Some(Geo::Rrc { scale: *scale, ratio: *ratio });
+                    geo = Some(Geo::Rrc {
+                        scale: *scale,
+                        ratio: *ratio,
+                    });
                     out = Some(*size);
                 }
                 OpSpec::Resize { size } => {
-                    if stage > 0 || matches!(geo, Some(Geo::Rrc { .. }) | Some(Geo::ResizeCrop { resize: Some(_), .. }) | Some(Geo::ResizeCrop { crop: Some(_), .. })) {
-                        return Err(bad("Resize must come first (before CenterCrop, flips and Normalize), once".into()));
+                    if stage > 0
+                        || matches!(
+                            geo,
+                            Some(Geo::Rrc { .. })
+                                | Some(Geo::ResizeCrop {
+                                    resize: Some(_),
+                                    ..
+                                })
+                                | Some(Geo::ResizeCrop { crop: Some(_), .. })
+                        )
+                    {
+                        return Err(bad(
+                            "Resize must come first (before CenterCrop, flips and Normalize), once"
+                                .into(),
+                        ));
                     }
                     match size {
-                        ResizeSize::Shorter(0) => return Err(bad("Resize size must be positive".into())),
+                        ResizeSize::Shorter(0) => {
+                            return Err(bad("Resize size must be positive".into()))
+                        }
                         ResizeSize::Exact([h, w]) if *h == 0 || *w == 0 => {
                             return Err(bad("Resize size must be positive".into()))
                         }
                         ResizeSize::Exact(s) => out = Some(*s),
                         _ => {}
                     }
-                    geo = Some(Geo::ResizeCrop { resize: Some(*size), crop: None });
+                    geo = Some(Geo::ResizeCrop {
+                        resize: Some(*size),
+                        crop: None,
+                    });
                 }
                 OpSpec::CenterCrop { size } => {
-                    if stage > 0 || matches!(geo, Some(Geo::Rrc { .. }) | Some(Geo::ResizeCrop { crop: Some(_), .. })) {
+                    if stage > 0
+                        || matches!(
+                            geo,
+                            Some(Geo::Rrc { .. }) | Some(Geo::ResizeCrop { crop: Some(_), .. })
+                        )
+                    {
                         return Err(bad("CenterCrop must follow Resize (or stand alone) and precede flips/Normalize".into()));
                     }
                     if size[0] == 0 || size[1] == 0 {
@@ -264,7 +326,10 @@ impl TransformPlan {
                         Some(Geo::ResizeCrop { resize, .. }) => resize,
                         _ => None,
                     };
-                    geo = Some(Geo::ResizeCrop { resize, crop: Some(*size) });
+                    geo = Some(Geo::ResizeCrop {
+                        resize,
+                        crop: Some(*size),
+                    });
                     out = Some(*size);
                 }
                 OpSpec::RandomHorizontalFlip { p } => {
@@ -272,7 +337,9 @@ impl TransformPlan {
                         return Err(bad("RandomHorizontalFlip must precede Normalize".into()));
                     }
                     if !(0.0..=1.0).contains(p) {
-                        return Err(bad(format!("RandomHorizontalFlip p must be in [0, 1], got {p}")));
+                        return Err(bad(format!(
+                            "RandomHorizontalFlip p must be in [0, 1], got {p}"
+                        )));
                     }
                     flip_p = *p;
                     stage = 1;
@@ -296,7 +363,10 @@ impl TransformPlan {
             bad("Resize(int) alone gives a different size per image: add CenterCrop or use Resize((h, w))".into())
         })?;
         if normalize.is_some() && spec.dtype == DType::Uint8 {
-            return Err(Error::config("dtype", "Normalize needs a float dtype (float16/float32), not uint8"));
+            return Err(Error::config(
+                "dtype",
+                "Normalize needs a float dtype (float16/float32), not uint8",
+            ));
         }
         let lut = if spec.dtype == DType::Uint8 {
             None
@@ -310,7 +380,14 @@ impl TransformPlan {
             }
             Some(t)
         };
-        Ok(TransformPlan { spec: spec.clone(), geo, out_h, out_w, flip_p, lut })
+        Ok(TransformPlan {
+            spec: spec.clone(),
+            geo,
+            out_h,
+            out_w,
+            flip_p,
+            lut,
+        })
     }
 
     /// The spec this plan was compiled from.
@@ -358,12 +435,22 @@ impl TransformPlan {
                 };
                 let (sx, sy) = (width as f64 / rw as f64, height as f64 / rh as f64);
                 match crop {
-                    None => Geometry { bbox: [0.0, 0.0, width as f64, height as f64], hard: false, dst: [0, 0, ow, oh], flip: false },
+                    None => Geometry {
+                        bbox: [0.0, 0.0, width as f64, height as f64],
+                        hard: false,
+                        dst: [0, 0, ow, oh],
+                        flip: false,
+                    },
                     Some([ch, cw]) => {
                         let (left, dx, dw) = center_crop_axis(rw, *cw);
                         let (top, dy, dh) = center_crop_axis(rh, *ch);
                         Geometry {
-                            bbox: [left as f64 * sx, top as f64 * sy, dw as f64 * sx, dh as f64 * sy],
+                            bbox: [
+                                left as f64 * sx,
+                                top as f64 * sy,
+                                dw as f64 * sx,
+                                dh as f64 * sy,
+                            ],
                             hard: false,
                             dst: [dx, dy, dw, dh],
                             flip: false,
@@ -421,7 +508,9 @@ impl TransformPlan {
             (DType::Float16, layout) => {
                 let lut = self.lut.as_ref().expect("float plan has a LUT");
                 let out = as_u16_mut(out);
-                write_float(hwc, h, w, flip, layout, out, |c, v| half::f16::from_f32(lut[c][v as usize]).to_bits());
+                write_float(hwc, h, w, flip, layout, out, |c, v| {
+                    half::f16::from_f32(lut[c][v as usize]).to_bits()
+                });
             }
         }
     }
@@ -462,45 +551,45 @@ fn write_float<T: Copy>(
 }
 
 fn as_f32_mut(b: &mut [u8]) -> &mut [f32] {
-    assert!(b.len() % 4 == 0 && (b.as_ptr() as usize) % std::mem::align_of::<f32>() == 0, "misaligned f32 slot");
+    assert!(
+        b.len().is_multiple_of(4)
+            && (b.as_ptr() as usize).is_multiple_of(std::mem::align_of::<f32>()),
+        "misaligned f32 slot"
+    );
     // SAFETY: length and alignment were checked above; every bit pattern is a valid f32, and the
     // returned slice borrows `b` mutably for its whole life.
     unsafe { std::slice::from_raw_parts_mut(b.as_mut_ptr().cast::<f32>(), b.len() / 4) }
 }
 
 fn as_u16_mut(b: &mut [u8]) -> &mut [u16] {
-    assert!(b.len() % 2 == 0 && (b.as_ptr() as usize) % std::mem::align_of::<u16>() == 0, "misaligned f16 slot");
+    assert!(
+        b.len().is_multiple_of(2)
+            && (b.as_ptr() as usize).is_multiple_of(std::mem::align_of::<u16>()),
+        "misaligned f16 slot"
+    );
     // SAFETY: as in `as_f32_mut`, for u16.
     unsafe { std::slice::from_raw_parts_mut(b.as_mut_ptr().cast::<u16>(), b.len() / 2) }
 }
 
-/// Per-worker resampler with a reusable output scratch.
+/// Per-worker resampler with a reusable output scratch (no allocation once warm).
+#[derive(Debug, Default)]
 pub struct Resampler {
-    resizer: fr::Resizer,
+    inner: BoxResampler,
     hwc: Vec<u8>,
-}
-
-impl std::fmt::Debug for Resampler {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("Resampler")
-    }
-}
-
-impl Default for Resampler {
-    fn default() -> Self {
-        Self::new()
-    }
 }
 
 impl Resampler {
     /// A new resampler (SIMD chosen at run time).
     pub fn new() -> Self {
-        Resampler { resizer: fr::Resizer::new(), hwc: vec![] }
+        Resampler {
+            inner: BoxResampler::new(),
+            hwc: vec![],
+        }
     }
 
     /// Resamples `bbox` of `src` (`sw` x `sh` RGB8) into the `dst` rectangle of an `ow` x `oh`
     /// RGB8 image (zero outside it) and returns that image. `hard` keeps the filter inside the
-    /// box (crop, then resize).
+    /// box (crop, then resize); otherwise it may read the whole image (resize, then crop).
     #[allow(clippy::too_many_arguments)]
     pub fn resample(
         &mut self,
@@ -514,33 +603,37 @@ impl Resampler {
         oh: usize,
     ) -> Result<&[u8]> {
         let n = ow * oh * 3;
+        if src.len() < sw * sh * 3 {
+            return Err(Error::Internal(format!(
+                "resample: {} bytes for a {sw}x{sh} image",
+                src.len()
+            )));
+        }
         if self.hwc.len() != n {
-            self.hwc.resize(n, 0);
+            resample::grow(&mut self.hwc, n, 0);
         }
         let [dx, dy, dw, dh] = dst;
-        let full = dx == 0 && dy == 0 && dw == ow && dh == oh;
-        if !full {
+        if dx + dw > ow || dy + dh > oh {
+            return Err(Error::Internal(format!(
+                "resample: rectangle {dst:?} outside {ow}x{oh}"
+            )));
+        }
+        if !(dx == 0 && dy == 0 && dw == ow && dh == oh) {
             self.hwc.fill(0);
         }
-        let e = |e: &dyn std::fmt::Display| Error::Internal(format!("resize: {e}"));
-        let src_img = fr::images::ImageRef::new(sw as u32, sh as u32, src, fr::PixelType::U8x3).map_err(|x| e(&x))?;
-        let alg = fr::ResizeAlg::Convolution(fr::FilterType::Bilinear);
-        let mut dst_img = fr::images::Image::from_slice_u8(ow as u32, oh as u32, &mut self.hwc, fr::PixelType::U8x3).map_err(|x| e(&x))?;
-        let mut dst_view = fr::images::CroppedImageMut::new(&mut dst_img, dx as u32, dy as u32, dw as u32, dh as u32).map_err(|x| e(&x))?;
         let [bx, by, bw, bh] = bbox;
-        if hard {
-            // Crop to the integer hull of the box first, so the filter cannot read outside it.
-            let l = (bx + 1e-6).floor().max(0.0) as u32;
-            let t = (by + 1e-6).floor().max(0.0) as u32;
-            let r = ((bx + bw - 1e-6).ceil() as u32).min(sw as u32).max(l + 1);
-            let b = ((by + bh - 1e-6).ceil() as u32).min(sh as u32).max(t + 1);
-            let view = fr::images::CroppedImage::new(&src_img, l, t, r - l, b - t).map_err(|x| e(&x))?;
-            let opts = fr::ResizeOptions::new().resize_alg(alg).crop(bx - l as f64, by - t as f64, bw, bh);
-            self.resizer.resize(&view, &mut dst_view, &opts).map_err(|x| e(&x))?;
+        let clip = if hard {
+            // The integer hull of the box: crop first, so the filter cannot read outside it.
+            let l = ((bx + 1e-6).floor().max(0.0) as usize).min(sw - 1);
+            let t = ((by + 1e-6).floor().max(0.0) as usize).min(sh - 1);
+            let r = ((bx + bw - 1e-6).ceil() as usize).clamp(l + 1, sw);
+            let b = ((by + bh - 1e-6).ceil() as usize).clamp(t + 1, sh);
+            [l, t, r, b]
         } else {
-            let opts = fr::ResizeOptions::new().resize_alg(alg).crop(bx, by, bw, bh);
-            self.resizer.resize(&src_img, &mut dst_view, &opts).map_err(|x| e(&x))?;
-        }
+            [0, 0, sw, sh]
+        };
+        self.inner
+            .resample_into(src, sw, bbox, clip, dw, dh, &mut self.hwc, dx, dy, ow * 3);
         Ok(&self.hwc)
     }
 }
@@ -557,21 +650,45 @@ mod tests {
             assert_eq!(p.sample_bytes(), 3 * 224 * 224 * 4);
         }
         let e = TransformSpec::preset("nope").unwrap_err();
-        assert!(e.to_string().contains("imagenet-train, imagenet-val"), "{e}");
+        assert!(
+            e.to_string().contains("imagenet-train, imagenet-val"),
+            "{e}"
+        );
     }
 
     #[test]
     fn invalid_specs_say_why() {
-        let mk = |ops: Vec<OpSpec>, dtype| TransformSpec { ops, dtype, layout: Layout::NCHW, apply_exif: true };
-        let e = TransformPlan::compile(&mk(vec![OpSpec::Resize { size: ResizeSize::Shorter(256) }], DType::Uint8)).unwrap_err();
+        let mk = |ops: Vec<OpSpec>, dtype| TransformSpec {
+            ops,
+            dtype,
+            layout: Layout::NCHW,
+            apply_exif: true,
+        };
+        let e = TransformPlan::compile(&mk(
+            vec![OpSpec::Resize {
+                size: ResizeSize::Shorter(256),
+            }],
+            DType::Uint8,
+        ))
+        .unwrap_err();
         assert!(e.to_string().contains("add CenterCrop"), "{e}");
         let e = TransformPlan::compile(&mk(
-            vec![OpSpec::CenterCrop { size: [4, 4] }, OpSpec::Normalize { mean: [0.0; 3], std: [1.0; 3] }],
+            vec![
+                OpSpec::CenterCrop { size: [4, 4] },
+                OpSpec::Normalize {
+                    mean: [0.0; 3],
+                    std: [1.0; 3],
+                },
+            ],
             DType::Uint8,
         ))
         .unwrap_err();
         assert!(e.to_string().contains("float dtype"), "{e}");
-        let e = TransformPlan::compile(&mk(vec![OpSpec::RandomHorizontalFlip { p: 2.0 }], DType::Uint8)).unwrap_err();
+        let e = TransformPlan::compile(&mk(
+            vec![OpSpec::RandomHorizontalFlip { p: 2.0 }],
+            DType::Uint8,
+        ))
+        .unwrap_err();
         assert!(e.to_string().contains("[0, 1]"), "{e}");
     }
 
@@ -580,7 +697,10 @@ mod tests {
         let spec = TransformSpec {
             ops: vec![
                 OpSpec::CenterCrop { size: [1, 2] },
-                OpSpec::Normalize { mean: [0.5, 0.5, 0.5], std: [0.5, 0.5, 0.5] },
+                OpSpec::Normalize {
+                    mean: [0.5, 0.5, 0.5],
+                    std: [0.5, 0.5, 0.5],
+                },
             ],
             dtype: DType::Float32,
             layout: Layout::NCHW,
@@ -589,7 +709,7 @@ mod tests {
         let p = TransformPlan::compile(&spec).unwrap();
         let hwc = [0u8, 255, 0, 255, 0, 255];
         let mut out = vec![0f32; 6];
-        // SAFETY (test): viewing an f32 vector as bytes of the same length.
+        // SAFETY: (test) viewing an f32 vector as bytes of the same length.
         let bytes = unsafe { std::slice::from_raw_parts_mut(out.as_mut_ptr().cast::<u8>(), 24) };
         p.write(&hwc, true, bytes);
         // flipped: pixel 0 is (255, 0, 255), pixel 1 is (0, 255, 0); planes R, G, B.
@@ -598,7 +718,12 @@ mod tests {
 
     #[test]
     fn center_crop_pads_small_images() {
-        let spec = TransformSpec { ops: vec![OpSpec::CenterCrop { size: [4, 4] }], dtype: DType::Uint8, layout: Layout::NHWC, apply_exif: true };
+        let spec = TransformSpec {
+            ops: vec![OpSpec::CenterCrop { size: [4, 4] }],
+            dtype: DType::Uint8,
+            layout: Layout::NHWC,
+            apply_exif: true,
+        };
         let p = TransformPlan::compile(&spec).unwrap();
         let g = p.geometry(2, 2, &mut Rng::new(0, 0, 0));
         assert_eq!(g.dst, [1, 1, 2, 2]);

@@ -1,0 +1,80 @@
+//! Steady state does no heap allocation per batch: measured with a counting global allocator
+//! (its own test binary, because a global allocator covers every test in a binary).
+
+mod common;
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use stoker::*;
+
+struct Counting;
+static COUNT: AtomicU64 = AtomicU64::new(0);
+static BYTES: AtomicU64 = AtomicU64::new(0);
+static LARGEST: AtomicU64 = AtomicU64::new(0);
+
+// SAFETY: forwards to the system allocator unchanged; only counts.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, l: Layout) -> *mut u8 {
+        COUNT.fetch_add(1, Ordering::Relaxed);
+        BYTES.fetch_add(l.size() as u64, Ordering::Relaxed);
+        LARGEST.fetch_max(l.size() as u64, Ordering::Relaxed);
+        // SAFETY: same contract as ours.
+        unsafe { System.alloc(l) }
+    }
+    unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
+        // SAFETY: same contract as ours.
+        unsafe { System.dealloc(p, l) }
+    }
+    unsafe fn realloc(&self, p: *mut u8, l: Layout, n: usize) -> *mut u8 {
+        COUNT.fetch_add(1, Ordering::Relaxed);
+        BYTES.fetch_add(n as u64, Ordering::Relaxed);
+        LARGEST.fetch_max(n as u64, Ordering::Relaxed);
+        // SAFETY: same contract as ours.
+        unsafe { System.realloc(p, l, n) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+#[test]
+fn steady_state_allocates_nothing_per_batch() {
+    let d = tempfile::tempdir().unwrap();
+    let root = common::demo_folder(d.path(), 112);
+    for preset in ["imagenet-train", "imagenet-val"] {
+        let mut c = LoaderConfig::new(8, TransformSpec::preset(preset).unwrap());
+        c.sampler.shuffle = true;
+        c.threads = Some(2);
+        let loader = Loader::new(Arc::new(ImageFolder::new(&root).unwrap()), c).unwrap();
+        let batch_bytes = loader.pool().batch_bytes() as u64;
+        // Warm-up: two epochs, so each worker has sized its scratch buffers (they grow in
+        // powers of two up to the largest image it meets, then stay).
+        for epoch in 0..2 {
+            loader.set_epoch(epoch);
+            for b in loader.iter().unwrap() {
+                drop(b.unwrap());
+            }
+        }
+        loader.set_epoch(2);
+        let mut it = loader.iter().unwrap();
+        // Starting an epoch spawns its threads (their stacks and first reads allocate).
+        drop(it.next().unwrap().unwrap());
+        drop(it.next().unwrap().unwrap());
+        let (c0, b0) = (COUNT.load(Ordering::Relaxed), BYTES.load(Ordering::Relaxed));
+        LARGEST.store(0, Ordering::Relaxed);
+        let mut n = 0u64;
+        for b in it.by_ref().take(10) {
+            drop(b.unwrap());
+            n += 1;
+        }
+        let (calls, bytes) = (
+            COUNT.load(Ordering::Relaxed) - c0,
+            BYTES.load(Ordering::Relaxed) - b0,
+        );
+        let largest = LARGEST.load(Ordering::Relaxed);
+        eprintln!("{preset}: {n} batches: {calls} allocations, {bytes} bytes, largest {largest}");
+        assert_eq!(n, 10);
+        assert_eq!(calls, 0, "{preset}: {calls} allocations ({bytes} bytes, largest {largest}) in {n} steady-state batches of {batch_bytes} bytes");
+    }
+}

@@ -1,0 +1,79 @@
+//! Test data made by the tests themselves: JPEGs/PNGs derived from the embedded photos.
+#![allow(dead_code)]
+
+use std::path::Path;
+use stoker::decode::{DecodeOptions, Decoder};
+
+/// RGB8 pixels of an embedded photo, `(pixels, width, height)`.
+pub fn photo(name: &str) -> (Vec<u8>, usize, usize) {
+    let (_, bytes) = stoker::demo::PHOTOS
+        .iter()
+        .find(|(n, _)| *n == name)
+        .expect("photo exists");
+    Decoder::new(DecodeOptions::default())
+        .unwrap()
+        .decode_full(bytes, Path::new(name))
+        .unwrap()
+}
+
+/// Upscales/crops `photo` to `w` x `h` with the engine's resampler (a smooth, photo-like image).
+pub fn photo_sized(name: &str, w: usize, h: usize) -> Vec<u8> {
+    let (px, pw, ph) = photo(name);
+    let mut rs = stoker::ops::Resampler::new();
+    rs.resample(
+        &px,
+        pw,
+        ph,
+        [0.0, 0.0, pw as f64, ph as f64],
+        true,
+        [0, 0, w, h],
+        w,
+        h,
+    )
+    .unwrap()
+    .to_vec()
+}
+
+/// Encodes RGB8 as a baseline 4:2:0 JPEG.
+pub fn jpeg(px: &[u8], w: usize, h: usize, quality: i32) -> Vec<u8> {
+    let mut c = turbojpeg::Compressor::new().unwrap();
+    c.set_quality(quality).unwrap();
+    c.set_subsamp(turbojpeg::Subsamp::Sub2x2).unwrap();
+    c.compress_to_vec(turbojpeg::Image {
+        pixels: px,
+        width: w,
+        pitch: w * 3,
+        height: h,
+        format: turbojpeg::PixelFormat::RGB,
+    })
+    .unwrap()
+}
+
+/// libjpeg-turbo's own full decode (through the `turbojpeg` crate's safe API).
+pub fn reference_decode(data: &[u8]) -> (Vec<u8>, usize, usize) {
+    let img = turbojpeg::decompress(data, turbojpeg::PixelFormat::RGB).unwrap();
+    (img.pixels, img.width, img.height)
+}
+
+/// Writes a small ImageFolder of JPEGs (the demo generator) and returns its root.
+pub fn demo_folder(dir: &Path, images: usize) -> std::path::PathBuf {
+    let root = dir.join("data");
+    stoker::demo::make_demo(&root, images, 7, 2).unwrap();
+    std::fs::remove_file(root.join("LICENSE.md")).unwrap();
+    root
+}
+
+/// Mean absolute difference of two equal-length byte buffers.
+pub fn mean_abs(a: &[u8], b: &[u8]) -> f64 {
+    assert_eq!(a.len(), b.len());
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (*x as i32 - *y as i32).unsigned_abs() as f64)
+        .sum::<f64>()
+        / a.len() as f64
+}
+
+/// Threads of this process (Linux).
+pub fn thread_count() -> usize {
+    std::fs::read_dir("/proc/self/task").unwrap().count()
+}
