@@ -13,11 +13,7 @@ use std::time::Instant;
 use stoker::{DType, ErrorPolicy, ImageFolder, Layout, Loader, LoaderConfig, TransformSpec};
 
 #[derive(Parser)]
-#[command(
-    name = "stoker",
-    version,
-    about = "Keeps GPUs fed: image files to batches on a thread pool, measured."
-)]
+#[command(name = "stoker", version, about = "Keeps GPUs fed: image files to batches on a thread pool, measured.")]
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,
@@ -71,6 +67,12 @@ enum Cmd {
         /// Seed (for random presets).
         #[arg(long, default_value_t = 0)]
         seed: u64,
+        /// Disable DCT-scaled JPEG decoding (exact full-resolution decode).
+        #[arg(long)]
+        no_dct_scaling: bool,
+        /// Disable region-of-interest JPEG decoding.
+        #[arg(long)]
+        no_roi: bool,
     },
 }
 
@@ -132,13 +134,9 @@ struct BenchOpts {
 /// Parses `2GiB`, `512MB`, `1.5G`, `1000000` into bytes.
 fn parse_bytes(s: &str) -> Result<u64> {
     let t = s.trim();
-    let split = t
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(t.len());
+    let split = t.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(t.len());
     let (num, unit) = t.split_at(split);
-    let n: f64 = num
-        .parse()
-        .with_context(|| format!("--memory-limit: cannot read a number in {s:?}"))?;
+    let n: f64 = num.parse().with_context(|| format!("--memory-limit: cannot read a number in {s:?}"))?;
     let mult: f64 = match unit.trim().to_ascii_lowercase().as_str() {
         "" | "b" => 1.0,
         "k" | "kb" => 1e3,
@@ -161,9 +159,8 @@ fn parse_bytes(s: &str) -> Result<u64> {
 
 fn loader_config(o: &BenchOpts) -> Result<LoaderConfig> {
     let dtype = DType::parse(&o.dtype).map_err(|e| anyhow::anyhow!("--dtype: {e}"))?;
-    let mut transform = TransformSpec::preset(&o.preset)
-        .map_err(|e| anyhow::anyhow!("--preset: {e}"))?
-        .with_dtype(dtype);
+    let mut transform =
+        TransformSpec::preset(&o.preset).map_err(|e| anyhow::anyhow!("--preset: {e}"))?.with_dtype(dtype);
     transform.layout = Layout::parse(&o.layout).map_err(|e| anyhow::anyhow!("--layout: {e}"))?;
     transform.apply_exif = !o.no_exif;
     let mut c = LoaderConfig::new(o.batch_size, transform);
@@ -226,17 +223,11 @@ fn bench(root: &Path, o: &BenchOpts) -> Result<()> {
     let samples = stoker::Source::len(&folder);
     let loader = Loader::new(Arc::new(folder), config)?;
     let total_batches = loader.len() as u64 * o.epochs;
-    let bar = if o.json {
-        ProgressBar::hidden()
-    } else {
-        ProgressBar::new(total_batches)
-    };
+    let bar = if o.json { ProgressBar::hidden() } else { ProgressBar::new(total_batches) };
     bar.set_style(
-        ProgressStyle::with_template(
-            "{spinner} epoch {msg} [{bar:30}] {pos}/{len} batches {per_sec} ({eta})",
-        )
-        .expect("valid template")
-        .progress_chars("=> "),
+        ProgressStyle::with_template("{spinner} epoch {msg} [{bar:30}] {pos}/{len} batches {per_sec} ({eta})")
+            .expect("valid template")
+            .progress_chars("=> "),
     );
     let cpu0 = cpu_seconds();
     let t0 = Instant::now();
@@ -258,11 +249,7 @@ fn bench(root: &Path, o: &BenchOpts) -> Result<()> {
     bar.finish_and_clear();
     let report = loader.report();
     let ips = images as f64 / seconds;
-    let per1000 = if images > 0 {
-        cpu / images as f64 * 1000.0
-    } else {
-        0.0
-    };
+    let per1000 = if images > 0 { cpu / images as f64 * 1000.0 } else { 0.0 };
     let rss = peak_rss_bytes();
     if o.json {
         let out = serde_json::json!({
@@ -316,17 +303,9 @@ fn bench(root: &Path, o: &BenchOpts) -> Result<()> {
 fn write_npy(path: &Path, descr: &str, shape: &[usize], data: &[u8]) -> Result<()> {
     let shape_s = match shape.len() {
         1 => format!("({},)", shape[0]),
-        _ => format!(
-            "({})",
-            shape
-                .iter()
-                .map(|d| d.to_string())
-                .collect::<Vec<_>>()
-                .join(", ")
-        ),
+        _ => format!("({})", shape.iter().map(|d| d.to_string()).collect::<Vec<_>>().join(", ")),
     };
-    let mut header =
-        format!("{{'descr': '{descr}', 'fortran_order': False, 'shape': {shape_s}, }}");
+    let mut header = format!("{{'descr': '{descr}', 'fortran_order': False, 'shape': {shape_s}, }}");
     let total = 10 + header.len() + 1;
     header.push_str(&" ".repeat((64 - total % 64) % 64));
     header.push('\n');
@@ -338,25 +317,28 @@ fn write_npy(path: &Path, descr: &str, shape: &[usize], data: &[u8]) -> Result<(
     std::fs::write(path, out).with_context(|| format!("cannot write {}", path.display()))
 }
 
-#[allow(clippy::too_many_arguments)]
-fn export(
-    root: &Path,
-    out: &Path,
-    preset: &str,
-    dtype: &str,
-    layout: &str,
+/// What `stoker export` writes.
+struct ExportOpts<'a> {
+    preset: &'a str,
+    dtype: &'a str,
+    layout: &'a str,
     limit: Option<usize>,
     no_exif: bool,
     seed: u64,
-) -> Result<()> {
-    let dtype = DType::parse(dtype).map_err(|e| anyhow::anyhow!("--dtype: {e}"))?;
-    let mut t = TransformSpec::preset(preset)
-        .map_err(|e| anyhow::anyhow!("--preset: {e}"))?
-        .with_dtype(dtype);
-    t.layout = Layout::parse(layout).map_err(|e| anyhow::anyhow!("--layout: {e}"))?;
-    t.apply_exif = !no_exif;
+    no_dct_scaling: bool,
+    no_roi: bool,
+}
+
+fn export(root: &Path, out: &Path, o: ExportOpts<'_>) -> Result<()> {
+    let dtype = DType::parse(o.dtype).map_err(|e| anyhow::anyhow!("--dtype: {e}"))?;
+    let mut t = TransformSpec::preset(o.preset).map_err(|e| anyhow::anyhow!("--preset: {e}"))?.with_dtype(dtype);
+    t.layout = Layout::parse(o.layout).map_err(|e| anyhow::anyhow!("--layout: {e}"))?;
+    t.apply_exif = !o.no_exif;
+    let limit = o.limit;
     let mut c = LoaderConfig::new(64, t);
-    c.sampler.seed = seed;
+    c.sampler.seed = o.seed;
+    c.dct_scaling = !o.no_dct_scaling;
+    c.roi = !o.no_roi;
     c.on_error = ErrorPolicy::Raise;
     let folder = ImageFolder::new(root)?;
     let loader = Loader::new(Arc::new(folder), c)?;
@@ -386,16 +368,10 @@ fn export(
     write_npy(out, descr, &[n, shape[0], shape[1], shape[2]], &data)?;
     let lpath = out.with_file_name(format!(
         "{}_labels.npy",
-        out.file_stem()
-            .map(|s| s.to_string_lossy().into_owned())
-            .unwrap_or_default()
+        out.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default()
     ));
     write_npy(&lpath, "<i8", &[n], &labels)?;
-    eprintln!(
-        "wrote {n} samples to {} and {}",
-        out.display(),
-        lpath.display()
-    );
+    eprintln!("wrote {n} samples to {} and {}", out.display(), lpath.display());
     Ok(())
 }
 
@@ -403,12 +379,7 @@ fn run() -> Result<()> {
     let cli = Cli::parse();
     match cli.cmd {
         Cmd::Bench { root, opts } => bench(&root, &opts),
-        Cmd::Demo {
-            out,
-            images,
-            no_bench,
-            opts,
-        } => {
+        Cmd::Demo { out, images, no_bench, opts } => {
             if images == 0 {
                 bail!("--images: must be at least 1");
             }
@@ -446,16 +417,20 @@ fn run() -> Result<()> {
             }
             bench(&root, &o)
         }
-        Cmd::Export {
-            root,
-            out,
-            preset,
-            dtype,
-            layout,
-            limit,
-            no_exif,
-            seed,
-        } => export(&root, &out, &preset, &dtype, &layout, limit, no_exif, seed),
+        Cmd::Export { root, out, preset, dtype, layout, limit, no_exif, seed, no_dct_scaling, no_roi } => export(
+            &root,
+            &out,
+            ExportOpts {
+                preset: &preset,
+                dtype: &dtype,
+                layout: &layout,
+                limit,
+                no_exif,
+                seed,
+                no_dct_scaling,
+                no_roi,
+            },
+        ),
     }
 }
 
@@ -495,10 +470,7 @@ mod tests {
         assert_eq!(parse_bytes("2GiB").unwrap(), 2 * 1024 * 1024 * 1024);
         assert_eq!(parse_bytes("512MB").unwrap(), 512_000_000);
         assert_eq!(parse_bytes("1000").unwrap(), 1000);
-        assert!(parse_bytes("12parsecs")
-            .unwrap_err()
-            .to_string()
-            .contains("unknown unit"));
+        assert!(parse_bytes("12parsecs").unwrap_err().to_string().contains("unknown unit"));
         assert!(parse_bytes("-5").is_err());
     }
 }

@@ -35,8 +35,7 @@ impl RawBuf {
             .map_err(|_| Error::Memory(format!("cannot lay out a buffer of {len} bytes")))?;
         // SAFETY: the layout has non-zero size.
         let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
-        let ptr = NonNull::new(ptr)
-            .ok_or_else(|| Error::Memory(format!("out of memory allocating {len} bytes")))?;
+        let ptr = NonNull::new(ptr).ok_or_else(|| Error::Memory(format!("out of memory allocating {len} bytes")))?;
         Ok(RawBuf { ptr, len })
     }
 
@@ -65,8 +64,7 @@ impl RawBuf {
 
 impl Drop for RawBuf {
     fn drop(&mut self) {
-        let layout = Layout::from_size_align(self.len.max(1), ALIGN)
-            .expect("layout was valid at allocation");
+        let layout = Layout::from_size_align(self.len.max(1), ALIGN).expect("layout was valid at allocation");
         // SAFETY: allocated in `new` with this exact layout, freed once.
         unsafe { std::alloc::dealloc(self.ptr.as_ptr(), layout) };
     }
@@ -135,10 +133,7 @@ impl Slot {
     #[allow(clippy::mut_from_ref)]
     pub(crate) unsafe fn sample_mut(&self, pos: usize) -> &mut [u8] {
         // SAFETY: positions are disjoint regions, each owned by one worker (caller's contract).
-        unsafe {
-            self.data
-                .slice_mut(pos * self.sample_bytes, self.sample_bytes)
-        }
+        unsafe { self.data.slice_mut(pos * self.sample_bytes, self.sample_bytes) }
     }
 
     /// Records the outcome of position `pos`; returns `true` if this finished the batch.
@@ -147,11 +142,7 @@ impl Slot {
             Some(l) => {
                 // SAFETY: position `pos` is owned by the caller until `remaining` is decremented
                 // below; each label is 8 bytes at an 8-aligned offset of a 64-aligned buffer.
-                unsafe {
-                    self.labels
-                        .slice_mut(pos * 8, 8)
-                        .copy_from_slice(&l.to_ne_bytes())
-                };
+                unsafe { self.labels.slice_mut(pos * 8, 8).copy_from_slice(&l.to_ne_bytes()) };
                 self.status[pos].store(OK, Ordering::Relaxed);
             }
             None => self.status[pos].store(FAILED, Ordering::Relaxed),
@@ -172,19 +163,10 @@ impl Slot {
                     // AcqRel ordering), so this thread has exclusive access; ranges are in
                     // bounds and `ptr::copy` allows overlap.
                     unsafe {
-                        std::ptr::copy(
-                            self.data.as_ptr().add(pos * sb),
-                            self.data.as_ptr().add(out * sb),
-                            sb,
-                        );
-                        std::ptr::copy(
-                            self.labels.as_ptr().add(pos * 8),
-                            self.labels.as_ptr().add(out * 8),
-                            8,
-                        );
+                        std::ptr::copy(self.data.as_ptr().add(pos * sb), self.data.as_ptr().add(out * sb), sb);
+                        std::ptr::copy(self.labels.as_ptr().add(pos * 8), self.labels.as_ptr().add(out * 8), 8);
                     }
-                    self.indices[out]
-                        .store(self.indices[pos].load(Ordering::Relaxed), Ordering::Relaxed);
+                    self.indices[out].store(self.indices[pos].load(Ordering::Relaxed), Ordering::Relaxed);
                 }
                 out += 1;
             }
@@ -223,10 +205,7 @@ pub struct BufferPool {
 
 impl std::fmt::Debug for BufferPool {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("BufferPool")
-            .field("slots", &self.slots)
-            .field("batch_bytes", &self.batch_bytes)
-            .finish()
+        f.debug_struct("BufferPool").field("slots", &self.slots).field("batch_bytes", &self.batch_bytes).finish()
     }
 }
 
@@ -252,17 +231,9 @@ impl BufferPool {
     pub fn new(slots: usize, capacity: usize, sample_bytes: usize) -> Result<Self> {
         let (free_tx, free_rx) = crossbeam_channel::bounded(slots);
         for _ in 0..slots {
-            free_tx
-                .send(Arc::new(Slot::new(capacity, sample_bytes)?))
-                .expect("pool channel has room");
+            free_tx.send(Arc::new(Slot::new(capacity, sample_bytes)?)).expect("pool channel has room");
         }
-        Ok(BufferPool {
-            free_tx,
-            free_rx,
-            slots,
-            batch_bytes: capacity * sample_bytes,
-            held: Arc::default(),
-        })
+        Ok(BufferPool { free_tx, free_rx, slots, batch_bytes: capacity * sample_bytes, held: Arc::default() })
     }
 
     /// Number of slots.

@@ -18,21 +18,14 @@ pub struct CpuAllowance {
 
 /// Reads the affinity mask and the cgroup quota (v2 `cpu.max`, or v1 `cpu.cfs_quota_us`).
 pub fn allowance() -> CpuAllowance {
-    let online = std::thread::available_parallelism()
-        .map(|n| n.get())
-        .unwrap_or(1);
+    let online = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
     let affinity = affinity_count().unwrap_or(online);
     let cgroup_quota = cgroup_quota();
     let mut effective = affinity;
     if let Some(q) = cgroup_quota {
         effective = effective.min(q.ceil().max(1.0) as usize);
     }
-    CpuAllowance {
-        online,
-        affinity,
-        cgroup_quota,
-        effective: effective.max(1),
-    }
+    CpuAllowance { online, affinity, cgroup_quota, effective: effective.max(1) }
 }
 
 fn affinity_count() -> Option<usize> {
@@ -88,10 +81,7 @@ pub fn parse_cpu_max(s: &str) -> Option<f64> {
 
 /// The default number of decode threads: the allowance, or `STOKER_NUM_THREADS` when set.
 pub fn default_threads() -> usize {
-    if let Some(n) = std::env::var("STOKER_NUM_THREADS")
-        .ok()
-        .and_then(|v| v.trim().parse::<usize>().ok())
-    {
+    if let Some(n) = std::env::var("STOKER_NUM_THREADS").ok().and_then(|v| v.trim().parse::<usize>().ok()) {
         if n > 0 {
             return n;
         }

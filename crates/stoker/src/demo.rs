@@ -10,17 +10,11 @@ use std::path::{Path, PathBuf};
 
 /// The embedded photos: `(class name, encoded bytes)`.
 pub const PHOTOS: &[(&str, &[u8])] = &[
-    (
-        "astronaut",
-        include_bytes!("../assets/photos/astronaut.png"),
-    ),
+    ("astronaut", include_bytes!("../assets/photos/astronaut.png")),
     ("camera", include_bytes!("../assets/photos/camera.png")),
     ("chelsea", include_bytes!("../assets/photos/chelsea.png")),
     ("coffee", include_bytes!("../assets/photos/coffee.png")),
-    (
-        "hubble",
-        include_bytes!("../assets/photos/hubble_deep_field.jpg"),
-    ),
+    ("hubble", include_bytes!("../assets/photos/hubble_deep_field.jpg")),
     ("retina", include_bytes!("../assets/photos/retina.jpg")),
     ("rocket", include_bytes!("../assets/photos/rocket.jpg")),
 ];
@@ -65,8 +59,7 @@ pub fn make_demo(root: &Path, images: usize, seed: u64, threads: usize) -> Resul
         sources.push((name.to_string(), px, w, h));
         std::fs::create_dir_all(root.join(name)).map_err(|e| Error::io(root.join(name), &e))?;
     }
-    std::fs::write(root.join("LICENSE.md"), PHOTOS_LICENSE)
-        .map_err(|e| Error::io(root.join("LICENSE.md"), &e))?;
+    std::fs::write(root.join("LICENSE.md"), PHOTOS_LICENSE).map_err(|e| Error::io(root.join("LICENSE.md"), &e))?;
     let threads = threads.clamp(1, 16);
     let total = std::sync::atomic::AtomicU64::new(0);
     let next = std::sync::atomic::AtomicUsize::new(0);
@@ -93,12 +86,7 @@ pub fn make_demo(root: &Path, images: usize, seed: u64, threads: usize) -> Resul
     if let Some(e) = errors.into_inner().expect("lock").into_iter().next() {
         return Err(e);
     }
-    Ok(DemoSummary {
-        root: root.to_path_buf(),
-        images,
-        classes: PHOTOS.len(),
-        bytes: total.into_inner(),
-    })
+    Ok(DemoSummary { root: root.to_path_buf(), images, classes: PHOTOS.len(), bytes: total.into_inner() })
 }
 
 fn make_one(

@@ -52,26 +52,17 @@ pub enum Error {
 impl Error {
     /// A [`Error::Config`] for argument `arg`.
     pub fn config(arg: impl Into<String>, reason: impl Into<String>) -> Self {
-        Error::Config {
-            arg: arg.into(),
-            reason: reason.into(),
-        }
+        Error::Config { arg: arg.into(), reason: reason.into() }
     }
 
     /// A [`Error::Decode`] for file `path`.
     pub fn decode(path: impl Into<PathBuf>, reason: impl Into<String>) -> Self {
-        Error::Decode {
-            path: path.into(),
-            reason: reason.into(),
-        }
+        Error::Decode { path: path.into(), reason: reason.into() }
     }
 
     /// A [`Error::Io`] for file `path`.
     pub fn io(path: impl Into<PathBuf>, err: &std::io::Error) -> Self {
-        Error::Io {
-            path: path.into(),
-            reason: err.to_string(),
-        }
+        Error::Io { path: path.into(), reason: err.to_string() }
     }
 
     /// The path this error is about, if it is about a file.

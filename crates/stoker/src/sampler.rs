@@ -28,14 +28,7 @@ pub struct SamplerSpec {
 
 impl Default for SamplerSpec {
     fn default() -> Self {
-        SamplerSpec {
-            batch_size: 1,
-            shuffle: false,
-            seed: 0,
-            drop_last: false,
-            rank: 0,
-            world_size: 1,
-        }
+        SamplerSpec { batch_size: 1, shuffle: false, seed: 0, drop_last: false, rank: 0, world_size: 1 }
     }
 }
 
@@ -70,28 +63,14 @@ impl Sampler {
         if spec.rank >= spec.world_size {
             return Err(Error::config(
                 "rank",
-                format!(
-                    "must be in 0..{} (world_size), got {}",
-                    spec.world_size, spec.rank
-                ),
+                format!("must be in 0..{} (world_size), got {}", spec.world_size, spec.rank),
             ));
         }
         if len > u32::MAX as usize {
-            return Err(Error::Dataset(format!(
-                "{len} samples: at most {} are supported",
-                u32::MAX
-            )));
+            return Err(Error::Dataset(format!("{len} samples: at most {} are supported", u32::MAX)));
         }
-        let per_rank = if spec.drop_last {
-            len / spec.world_size
-        } else {
-            len.div_ceil(spec.world_size)
-        };
-        Ok(Sampler {
-            len,
-            spec,
-            per_rank,
-        })
+        let per_rank = if spec.drop_last { len / spec.world_size } else { len.div_ceil(spec.world_size) };
+        Ok(Sampler { len, spec, per_rank })
     }
 
     /// The spec this sampler was built from.
@@ -148,14 +127,7 @@ mod tests {
     use proptest::prelude::*;
 
     fn spec(bs: usize, shuffle: bool, drop_last: bool, rank: usize, ws: usize) -> SamplerSpec {
-        SamplerSpec {
-            batch_size: bs,
-            shuffle,
-            seed: 42,
-            drop_last,
-            rank,
-            world_size: ws,
-        }
+        SamplerSpec { batch_size: bs, shuffle, seed: 42, drop_last, rank, world_size: ws }
     }
 
     #[test]
@@ -179,12 +151,7 @@ mod tests {
     fn epochs_differ_and_seeds_repeat() {
         let s = Sampler::new(100, spec(10, true, false, 0, 1)).unwrap();
         assert_ne!(s.epoch_order(0), s.epoch_order(1));
-        assert_eq!(
-            s.epoch_order(3),
-            Sampler::new(100, spec(10, true, false, 0, 1))
-                .unwrap()
-                .epoch_order(3)
-        );
+        assert_eq!(s.epoch_order(3), Sampler::new(100, spec(10, true, false, 0, 1)).unwrap().epoch_order(3));
     }
 
     proptest! {

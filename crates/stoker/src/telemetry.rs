@@ -22,22 +22,19 @@ impl StageCounters {
     #[inline]
     pub fn record(&self, busy: Duration) {
         self.items.fetch_add(1, Ordering::Relaxed);
-        self.busy_ns
-            .fetch_add(busy.as_nanos() as u64, Ordering::Relaxed);
+        self.busy_ns.fetch_add(busy.as_nanos() as u64, Ordering::Relaxed);
     }
 
     /// Adds busy time without an item.
     #[inline]
     pub fn add_busy(&self, busy: Duration) {
-        self.busy_ns
-            .fetch_add(busy.as_nanos() as u64, Ordering::Relaxed);
+        self.busy_ns.fetch_add(busy.as_nanos() as u64, Ordering::Relaxed);
     }
 
     /// Adds waiting time.
     #[inline]
     pub fn add_wait(&self, wait: Duration) {
-        self.wait_ns
-            .fetch_add(wait.as_nanos() as u64, Ordering::Relaxed);
+        self.wait_ns.fetch_add(wait.as_nanos() as u64, Ordering::Relaxed);
     }
 
     fn snapshot(&self, name: &str, threads: usize, wall: f64) -> StageReport {
@@ -48,11 +45,7 @@ impl StageCounters {
             items: self.items.load(Ordering::Relaxed),
             busy_seconds: busy,
             wait_seconds: self.wait_ns.load(Ordering::Relaxed) as f64 * 1e-9,
-            utilization: if wall > 0.0 && threads > 0 {
-                busy / (wall * threads as f64)
-            } else {
-                0.0
-            },
+            utilization: if wall > 0.0 && threads > 0 { busy / (wall * threads as f64) } else { 0.0 },
         }
     }
 
@@ -173,8 +166,7 @@ impl Telemetry {
     /// Marks the end of a consumption period (accumulates wall time).
     pub fn stop(&self) {
         if let Some(t) = self.started.lock().expect("telemetry lock").take() {
-            self.wall_ns
-                .fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
+            self.wall_ns.fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
         }
     }
 
@@ -194,13 +186,7 @@ impl Telemetry {
 
     /// Zeroes every counter.
     pub fn reset(&self) {
-        for s in [
-            &self.read,
-            &self.decode,
-            &self.ops,
-            &self.buffers,
-            &self.consumer,
-        ] {
+        for s in [&self.read, &self.decode, &self.ops, &self.buffers, &self.consumer] {
             s.reset();
         }
         self.samples.store(0, Ordering::Relaxed);
@@ -242,21 +228,13 @@ impl Telemetry {
     }
 }
 
-fn verdict(
-    stages: &[StageReport],
-    starvation: f64,
-    threads: usize,
-    allowance: usize,
-) -> Bottleneck {
+fn verdict(stages: &[StageReport], starvation: f64, threads: usize, allowance: usize) -> Bottleneck {
     let (read, decode, ops, buffers) = (&stages[0], &stages[1], &stages[2], &stages[3]);
     let pct = |x: f64| format!("{:.0}%", x * 100.0);
     if starvation < 0.05 {
         return Bottleneck {
             stage: "consumer".into(),
-            reason: format!(
-                "the consumer waited {} of its time for data",
-                pct(starvation)
-            ),
+            reason: format!("the consumer waited {} of its time for data", pct(starvation)),
             suggestion: "none: stoker keeps up, the training step (GPU) is the limit".into(),
         };
     }
@@ -270,8 +248,7 @@ fn verdict(
                 pct(read.utilization),
                 pct(worker_util)
             ),
-            suggestion: "raise io_threads, use faster storage, or pack small files into shards"
-                .into(),
+            suggestion: "raise io_threads, use faster storage, or pack small files into shards".into(),
         };
     }
     if worker_util < 0.5 && buffers.wait_seconds > 0.25 * decode.busy_seconds.max(1e-9) {
@@ -304,9 +281,7 @@ fn verdict(
                 pct(ops.busy_seconds / (decode.busy_seconds + ops.busy_seconds).max(1e-9)),
                 pct(worker_util)
             ),
-            suggestion: format!(
-                "{more}, output uint8 and normalise on the GPU, or pre-resize images"
-            ),
+            suggestion: format!("{more}, output uint8 and normalise on the GPU, or pre-resize images"),
         }
     }
 }
@@ -319,11 +294,7 @@ impl Report {
             "{} samples in {:.2} s ({:.1} samples/s); consumer starvation {:.1}%\n",
             self.samples,
             self.wall_seconds,
-            if self.wall_seconds > 0.0 {
-                self.samples as f64 / self.wall_seconds
-            } else {
-                0.0
-            },
+            if self.wall_seconds > 0.0 { self.samples as f64 / self.wall_seconds } else { 0.0 },
             self.starvation * 100.0
         ));
         s.push_str(&format!(

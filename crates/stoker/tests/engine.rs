@@ -12,12 +12,7 @@ use stoker::rng::Rng;
 use stoker::*;
 
 fn uint8_spec(ops: Vec<OpSpec>, layout: Layout) -> TransformSpec {
-    TransformSpec {
-        ops,
-        dtype: DType::Uint8,
-        layout,
-        apply_exif: true,
-    }
+    TransformSpec { ops, dtype: DType::Uint8, layout, apply_exif: true }
 }
 
 fn digest_all(loader: &Loader) -> (String, usize) {
@@ -41,19 +36,12 @@ fn pixels_equal_libjpeg_full_decode_when_nothing_scales() {
     assert_eq!((rw, rh), (w, h));
 
     // The decoder alone.
-    let (px, _, _) = Decoder::new(DecodeOptions::default())
-        .unwrap()
-        .decode_full(&data, Path::new("a.jpg"))
-        .unwrap();
+    let (px, _, _) = Decoder::new(DecodeOptions::default()).unwrap().decode_full(&data, Path::new("a.jpg")).unwrap();
     assert_eq!(px, reference);
 
     // The whole pipeline: a center crop of the full size is an identity transform.
     let spec = uint8_spec(vec![OpSpec::CenterCrop { size: [h, w] }], Layout::NHWC);
-    let loader = Loader::new(
-        Arc::new(ImageFolder::new(d.path()).unwrap()),
-        LoaderConfig::new(1, spec),
-    )
-    .unwrap();
+    let loader = Loader::new(Arc::new(ImageFolder::new(d.path()).unwrap()), LoaderConfig::new(1, spec)).unwrap();
     let b = loader.iter().unwrap().next().unwrap().unwrap();
     assert_eq!(b.shape(), [1, h, w, 3]);
     assert_eq!(b.data(), &reference[..]);
@@ -65,49 +53,28 @@ fn scaled_and_cropped_decode_stays_close_to_full_decode() {
     // boxes and always decodes only the box's region.
     let (w, h) = (1600, 1200);
     let data = jpeg(&photo_sized("coffee", w, h), w, h, 90);
-    let spec = TransformSpec::preset("imagenet-train")
-        .unwrap()
-        .with_dtype(DType::Uint8);
+    let spec = TransformSpec::preset("imagenet-train").unwrap().with_dtype(DType::Uint8);
     let plan = TransformPlan::compile(&spec).unwrap();
     let mut fast = Decoder::new(DecodeOptions::default()).unwrap();
-    let mut full = Decoder::new(DecodeOptions {
-        apply_exif: true,
-        dct_scaling: false,
-        roi: false,
-    })
-    .unwrap();
+    let mut full = Decoder::new(DecodeOptions { apply_exif: true, dct_scaling: false, roi: false }).unwrap();
     let (mut rs1, mut rs2) = (Resampler::new(), Resampler::new());
     let mut scaled = 0;
     let mut worst: f64 = 0.0;
     for i in 0..60 {
         let info = fast.info(&data, Path::new("x")).unwrap();
         let g = plan.geometry(info.width, info.height, &mut Rng::new(3, 2, i));
-        let a = fast
-            .decode(&data, Path::new("x"), &info, g.bbox, (224, 224))
-            .unwrap();
+        let a = fast.decode(&data, Path::new("x"), &info, g.bbox, (224, 224)).unwrap();
         if a.scale_num < 8 {
             scaled += 1;
         }
         let (aw, ah, abox) = (a.width, a.height, a.bbox);
-        let out_a = rs1
-            .resample(a.pixels, aw, ah, abox, g.hard, g.dst, 224, 224)
-            .unwrap()
-            .to_vec();
-        let b = full
-            .decode(&data, Path::new("x"), &info, g.bbox, (224, 224))
-            .unwrap();
+        let out_a = rs1.resample(a.pixels, aw, ah, abox, g.hard, g.dst, 224, 224).unwrap().to_vec();
+        let b = full.decode(&data, Path::new("x"), &info, g.bbox, (224, 224)).unwrap();
         assert_eq!((b.width, b.height, b.scale_num), (w, h, 8));
-        let out_b = rs2
-            .resample(b.pixels, b.width, b.height, b.bbox, g.hard, g.dst, 224, 224)
-            .unwrap();
+        let out_b = rs2.resample(b.pixels, b.width, b.height, b.bbox, g.hard, g.dst, 224, 224).unwrap();
         let err = mean_abs(&out_a, out_b);
         worst = worst.max(err);
-        assert!(
-            err <= 2.0,
-            "sample {i}: mean abs error {err:.3} > 2 (scale {}/8, box {:?})",
-            8,
-            g.bbox
-        );
+        assert!(err <= 2.0, "sample {i}: mean abs error {err:.3} > 2 (scale {}/8, box {:?})", 8, g.bbox);
     }
     assert!(scaled >= 20, "only {scaled} of 60 decodes used DCT scaling");
     eprintln!("worst mean abs error over 60 RRC samples: {worst:.3}");
@@ -119,44 +86,19 @@ fn region_decode_without_scaling_is_exact_within_the_box() {
     // cropping is lossless), so RRC output is bit-identical with and without ROI.
     let (w, h) = (640, 480);
     let data = jpeg(&photo_sized("rocket", w, h), w, h, 85);
-    let spec = TransformSpec::preset("imagenet-train")
-        .unwrap()
-        .with_dtype(DType::Uint8);
+    let spec = TransformSpec::preset("imagenet-train").unwrap().with_dtype(DType::Uint8);
     let plan = TransformPlan::compile(&spec).unwrap();
-    let mut roi = Decoder::new(DecodeOptions {
-        apply_exif: true,
-        dct_scaling: false,
-        roi: true,
-    })
-    .unwrap();
-    let mut full = Decoder::new(DecodeOptions {
-        apply_exif: true,
-        dct_scaling: false,
-        roi: false,
-    })
-    .unwrap();
+    let mut roi = Decoder::new(DecodeOptions { apply_exif: true, dct_scaling: false, roi: true }).unwrap();
+    let mut full = Decoder::new(DecodeOptions { apply_exif: true, dct_scaling: false, roi: false }).unwrap();
     let (mut rs1, mut rs2) = (Resampler::new(), Resampler::new());
     for i in 0..30 {
         let info = roi.info(&data, Path::new("x")).unwrap();
         let g = plan.geometry(info.width, info.height, &mut Rng::new(5, 2, i));
-        let a = roi
-            .decode(&data, Path::new("x"), &info, g.bbox, (224, 224))
-            .unwrap();
-        let out_a = rs1
-            .resample(a.pixels, a.width, a.height, a.bbox, g.hard, g.dst, 224, 224)
-            .unwrap()
-            .to_vec();
-        let b = full
-            .decode(&data, Path::new("x"), &info, g.bbox, (224, 224))
-            .unwrap();
-        let out_b = rs2
-            .resample(b.pixels, b.width, b.height, b.bbox, g.hard, g.dst, 224, 224)
-            .unwrap();
-        assert!(
-            mean_abs(&out_a, out_b) < 0.05,
-            "sample {i}: ROI changed pixels, box {:?}",
-            g.bbox
-        );
+        let a = roi.decode(&data, Path::new("x"), &info, g.bbox, (224, 224)).unwrap();
+        let out_a = rs1.resample(a.pixels, a.width, a.height, a.bbox, g.hard, g.dst, 224, 224).unwrap().to_vec();
+        let b = full.decode(&data, Path::new("x"), &info, g.bbox, (224, 224)).unwrap();
+        let out_b = rs2.resample(b.pixels, b.width, b.height, b.bbox, g.hard, g.dst, 224, 224).unwrap();
+        assert!(mean_abs(&out_a, out_b) < 0.05, "sample {i}: ROI changed pixels, box {:?}", g.bbox);
     }
 }
 
@@ -202,10 +144,8 @@ fn grayscale_cmyk_png_and_alpha_become_rgb() {
         })
         .unwrap();
     let (px, _, _) = dec.decode_full(&cm, Path::new("c.jpg")).unwrap();
-    let (left, right) = (
-        &px[(h / 2 * w + 2) * 3..(h / 2 * w + 2) * 3 + 3],
-        &px[(h / 2 * w + w - 3) * 3..(h / 2 * w + w - 3) * 3 + 3],
-    );
+    let (left, right) =
+        (&px[(h / 2 * w + 2) * 3..(h / 2 * w + 2) * 3 + 3], &px[(h / 2 * w + w - 3) * 3..(h / 2 * w + w - 3) * 3 + 3]);
     assert!(left.iter().all(|&v| v > 245), "white side {left:?}");
     assert!(right.iter().all(|&v| v < 10), "black side {right:?}");
 
@@ -269,19 +209,11 @@ fn exif_orientation_is_applied_or_ignored() {
         let mut on = Decoder::new(DecodeOptions::default()).unwrap();
         let (px, pw, ph) = on.decode_full(&data, Path::new("o.jpg")).unwrap();
         let swapped = o >= 5;
-        assert_eq!(
-            (pw, ph),
-            if swapped { (h, w) } else { (w, h) },
-            "orientation {o}"
-        );
+        assert_eq!((pw, ph), if swapped { (h, w) } else { (w, h) }, "orientation {o}");
         let mut expect = vec![0u8; w * h * 3];
         stoker::decode::orient(&base, w, h, o, &mut expect);
         assert_eq!(px, expect, "orientation {o}");
-        let mut off = Decoder::new(DecodeOptions {
-            apply_exif: false,
-            ..DecodeOptions::default()
-        })
-        .unwrap();
+        let mut off = Decoder::new(DecodeOptions { apply_exif: false, ..DecodeOptions::default() }).unwrap();
         let (px, pw, ph) = off.decode_full(&data, Path::new("o.jpg")).unwrap();
         assert_eq!((pw, ph), (w, h));
         assert_eq!(px, base);
@@ -325,11 +257,7 @@ fn exact_batch_contents_for_a_seed() {
         let batch = batch.unwrap();
         assert_eq!(batch.index(), b);
         assert_eq!(batch.indices(), sampler.batch(&order, b));
-        let expect: Vec<i64> = batch
-            .indices()
-            .iter()
-            .map(|&i| stoker::Source::label(&folder, i as usize))
-            .collect();
+        let expect: Vec<i64> = batch.indices().iter().map(|&i| stoker::Source::label(&folder, i as usize)).collect();
         assert_eq!(batch.labels(), &expect[..]);
         seen.extend(batch.indices());
     }
@@ -337,10 +265,7 @@ fn exact_batch_contents_for_a_seed() {
                                 // Float32 values: normalised ImageNet statistics are within their theoretical range.
     let b = loader.iter().unwrap().next().unwrap().unwrap();
     let data = b.data();
-    let f: Vec<f32> = data
-        .chunks(4)
-        .map(|c| f32::from_ne_bytes(c.try_into().unwrap()))
-        .collect();
+    let f: Vec<f32> = data.chunks(4).map(|c| f32::from_ne_bytes(c.try_into().unwrap())).collect();
     assert!(f.iter().all(|v| (-2.2..=2.7).contains(v)));
 }
 
@@ -372,14 +297,7 @@ fn resume_from_every_batch_boundary_gives_the_remaining_batches() {
             }
         }
         let st = a.state();
-        assert_eq!(
-            st,
-            SamplerState {
-                seed: 1234,
-                epoch: 3,
-                next_batch: start
-            }
-        );
+        assert_eq!(st, SamplerState { seed: 1234, epoch: 3, next_batch: start });
         let json = serde_json::to_string(&st).unwrap();
         let b = loader_for(&root, 4, true, 1, "imagenet-train");
         b.load_state(serde_json::from_str(&json).unwrap()).unwrap();
@@ -399,27 +317,13 @@ fn resume_from_every_batch_boundary_gives_the_remaining_batches() {
         assert_eq!(rest, per_batch[start..], "resume at {start}");
     }
     // A state from another seed is refused.
-    let e = base
-        .load_state(SamplerState {
-            seed: 1,
-            epoch: 0,
-            next_batch: 0,
-        })
-        .unwrap_err();
+    let e = base.load_state(SamplerState { seed: 1, epoch: 0, next_batch: 0 }).unwrap_err();
     assert!(e.to_string().contains("seed"), "{e}");
 }
 
 fn bad_folder(dir: &Path) -> std::path::PathBuf {
     let root = demo_folder(dir, 14);
-    let good = std::fs::read(
-        std::fs::read_dir(root.join("rocket"))
-            .unwrap()
-            .next()
-            .unwrap()
-            .unwrap()
-            .path(),
-    )
-    .unwrap();
+    let good = std::fs::read(std::fs::read_dir(root.join("rocket")).unwrap().next().unwrap().unwrap().path()).unwrap();
     let c = root.join("chelsea");
     std::fs::write(c.join("zz_zero.jpg"), b"").unwrap();
     std::fs::write(c.join("zz_text.jpg"), b"this is not an image at all").unwrap();
@@ -454,16 +358,7 @@ fn bad_samples_are_skipped_counted_and_listed() {
     let reasons: std::collections::HashMap<String, String> = r
         .skipped
         .iter()
-        .map(|s| {
-            (
-                Path::new(&s.path)
-                    .file_name()
-                    .unwrap()
-                    .to_string_lossy()
-                    .into_owned(),
-                s.reason.clone(),
-            )
-        })
+        .map(|s| (Path::new(&s.path).file_name().unwrap().to_string_lossy().into_owned(), s.reason.clone()))
         .collect();
     let expect = [
         ("zz_zero.jpg", "empty file"),
@@ -474,15 +369,10 @@ fn bad_samples_are_skipped_counted_and_listed() {
         ("zz_unreadable.jpg", "No such file"),
     ];
     for (file, why) in expect {
-        let got = reasons
-            .get(file)
-            .unwrap_or_else(|| panic!("{file} not reported; got {reasons:?}"));
+        let got = reasons.get(file).unwrap_or_else(|| panic!("{file} not reported; got {reasons:?}"));
         assert!(got.contains(why), "{file}: {got}");
     }
-    assert!(r
-        .skipped
-        .iter()
-        .all(|s| s.path.starts_with(root.to_str().unwrap())));
+    assert!(r.skipped.iter().all(|s| s.path.starts_with(root.to_str().unwrap())));
     assert!(r.to_text().contains("skipped 6 bad sample(s)"));
 }
 
@@ -502,10 +392,7 @@ fn raise_policy_stops_with_the_file_and_reason() {
     let e = err.expect("an error was raised");
     let msg = e.to_string();
     assert!(msg.contains("chelsea/zz_"), "{msg}");
-    assert!(
-        matches!(e, Error::Decode { .. } | Error::Io { .. }),
-        "{e:?}"
-    );
+    assert!(matches!(e, Error::Decode { .. } | Error::Io { .. }), "{e:?}");
 }
 
 #[test]
@@ -545,8 +432,5 @@ fn bad_arguments_and_datasets_have_clear_errors() {
     assert!(e.to_string().contains("batch_size"), "{e}");
     let mut c = LoaderConfig::new(2, TransformSpec::preset("imagenet-val").unwrap());
     c.threads = Some(0);
-    assert!(Loader::new(folder, c)
-        .unwrap_err()
-        .to_string()
-        .contains("threads"));
+    assert!(Loader::new(folder, c).unwrap_err().to_string().contains("threads"));
 }

@@ -27,11 +27,7 @@ fn dropping_mid_epoch_stops_every_thread_promptly() {
         assert!(thread_count() > before + 4 + 2);
         let t = Instant::now();
         drop(it);
-        assert!(
-            t.elapsed() < Duration::from_secs(2),
-            "drop took {:?}",
-            t.elapsed()
-        );
+        assert!(t.elapsed() < Duration::from_secs(2), "drop took {:?}", t.elapsed());
     }
     assert_eq!(thread_count(), before);
     // The loader still works after an abandoned iteration, from where it stopped.

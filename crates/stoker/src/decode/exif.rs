@@ -49,20 +49,12 @@ fn tiff_orientation(t: &[u8]) -> Option<u8> {
     };
     let u16_at = |o: usize| -> Option<u16> {
         let b = t.get(o..o + 2)?;
-        Some(if le {
-            u16::from_le_bytes([b[0], b[1]])
-        } else {
-            u16::from_be_bytes([b[0], b[1]])
-        })
+        Some(if le { u16::from_le_bytes([b[0], b[1]]) } else { u16::from_be_bytes([b[0], b[1]]) })
     };
     let u32_at = |o: usize| -> Option<u32> {
         let b = t.get(o..o + 4)?;
         let a = [b[0], b[1], b[2], b[3]];
-        Some(if le {
-            u32::from_le_bytes(a)
-        } else {
-            u32::from_be_bytes(a)
-        })
+        Some(if le { u32::from_le_bytes(a) } else { u32::from_be_bytes(a) })
     };
     if u16_at(2)? != 42 {
         return None;
@@ -88,11 +80,8 @@ mod tests {
         let mut tiff = vec![];
         type W16 = fn(u16) -> [u8; 2];
         type W32 = fn(u32) -> [u8; 4];
-        let (w16, w32): (W16, W32) = if little_endian {
-            (u16::to_le_bytes, u32::to_le_bytes)
-        } else {
-            (u16::to_be_bytes, u32::to_be_bytes)
-        };
+        let (w16, w32): (W16, W32) =
+            if little_endian { (u16::to_le_bytes, u32::to_le_bytes) } else { (u16::to_be_bytes, u32::to_be_bytes) };
         tiff.extend_from_slice(if little_endian { b"II" } else { b"MM" });
         tiff.extend_from_slice(&w16(42));
         tiff.extend_from_slice(&w32(8));
@@ -122,10 +111,7 @@ mod tests {
     #[test]
     fn garbage_is_none_not_panic() {
         assert_eq!(jpeg_orientation(b""), None);
-        assert_eq!(
-            jpeg_orientation(&[0xFF, 0xD8, 0xFF, 0xE1, 0xFF, 0xFF, b'E']),
-            None
-        );
+        assert_eq!(jpeg_orientation(&[0xFF, 0xD8, 0xFF, 0xE1, 0xFF, 0xFF, b'E']), None);
         let mut p = exif_prefix(6, true);
         for cut in 0..p.len() {
             let _ = jpeg_orientation(&p[..cut]);

@@ -88,15 +88,10 @@ impl JpegDecoder {
     fn error(&mut self) -> JpegError {
         // SAFETY: `handle` is valid; tj3GetErrorStr returns a NUL-terminated string owned by the
         // handle (or a static one), which is copied before the next call.
-        let message = unsafe { CStr::from_ptr(tj::tj3GetErrorStr(self.handle)) }
-            .to_string_lossy()
-            .into_owned();
+        let message = unsafe { CStr::from_ptr(tj::tj3GetErrorStr(self.handle)) }.to_string_lossy().into_owned();
         // SAFETY: `handle` is valid.
         let code = unsafe { tj::tj3GetErrorCode(self.handle) };
-        JpegError {
-            message: message.trim().to_string(),
-            warning: code == tj::TJERR_TJERR_WARNING as i32,
-        }
+        JpegError { message: message.trim().to_string(), warning: code == tj::TJERR_TJERR_WARNING as i32 }
     }
 
     fn get(&mut self, param: tj::TJPARAM) -> i32 {
@@ -107,9 +102,7 @@ impl JpegDecoder {
     /// Reads the header of `data`.
     pub fn header(&mut self, data: &[u8]) -> Result<JpegHeader, JpegError> {
         // SAFETY: `data` is a live slice of `data.len()` bytes; libjpeg-turbo only reads it.
-        let r = unsafe {
-            tj::tj3DecompressHeader(self.handle, data.as_ptr(), data.len() as tj::size_t)
-        };
+        let r = unsafe { tj::tj3DecompressHeader(self.handle, data.as_ptr(), data.len() as tj::size_t) };
         if r != 0 {
             return Err(self.error());
         }
@@ -121,10 +114,7 @@ impl JpegDecoder {
             lossless: self.get(tj::TJPARAM_TJPARAM_LOSSLESS) != 0,
         };
         if h.width == 0 || h.height == 0 {
-            return Err(JpegError {
-                message: "JPEG header has a zero dimension".into(),
-                warning: false,
-            });
+            return Err(JpegError { message: "JPEG header has a zero dimension".into(), warning: false });
         }
         Ok(h)
     }
@@ -144,38 +134,23 @@ impl JpegDecoder {
         let (x, y, w, h) = region;
         let need = w * h * channels;
         if out.len() < need {
-            return Err(JpegError {
-                message: "output buffer too small".into(),
-                warning: false,
-            });
+            return Err(JpegError { message: "output buffer too small".into(), warning: false });
         }
         // TurboJPEG matches factors exactly against its table of reduced fractions (1/1, 1/2, ...).
         let g = gcd(num, 8);
         // The cropping region needs the header of *this* image in the handle.
         self.header(data)?;
-        let sf = tj::tjscalingfactor {
-            num: (num / g) as i32,
-            denom: (8 / g) as i32,
-        };
+        let sf = tj::tjscalingfactor { num: (num / g) as i32, denom: (8 / g) as i32 };
         // SAFETY: `handle` is valid; the scaling factor is one of n/8, which TurboJPEG supports.
         if unsafe { tj::tj3SetScalingFactor(self.handle, sf) } != 0 {
             return Err(self.error());
         }
-        let region = tj::tjregion {
-            x: x as i32,
-            y: y as i32,
-            w: w as i32,
-            h: h as i32,
-        };
+        let region = tj::tjregion { x: x as i32, y: y as i32, w: w as i32, h: h as i32 };
         // SAFETY: `handle` is valid and the header was read, as tj3SetCroppingRegion requires.
         if unsafe { tj::tj3SetCroppingRegion(self.handle, region) } != 0 {
             return Err(self.error());
         }
-        let format = if channels == 4 {
-            tj::TJPF_TJPF_CMYK
-        } else {
-            tj::TJPF_TJPF_RGB
-        };
+        let format = if channels == 4 { tj::TJPF_TJPF_CMYK } else { tj::TJPF_TJPF_RGB };
         // SAFETY: `out` holds at least `h` rows of `w * channels` bytes (checked above), which is
         // what tj3Decompress8 writes for the cropping region set above.
         let r = unsafe {
@@ -189,12 +164,7 @@ impl JpegDecoder {
             )
         };
         // Reset the region so a later header()/decode() of another file starts clean.
-        let none = tj::tjregion {
-            x: 0,
-            y: 0,
-            w: 0,
-            h: 0,
-        };
+        let none = tj::tjregion { x: 0, y: 0, w: 0, h: 0 };
         // SAFETY: `handle` is valid; an all-zero region means "uncropped".
         unsafe { tj::tj3SetCroppingRegion(self.handle, none) };
         if r != 0 {

@@ -39,9 +39,7 @@ pub fn sniff(data: &[u8]) -> Format {
         [0x89, b'P', b'N', b'G', 0x0D, 0x0A, 0x1A, 0x0A, ..] => Format::Png,
         [b'B', b'M', ..] => Format::Unsupported("BMP"),
         [b'G', b'I', b'F', b'8', ..] => Format::Unsupported("GIF"),
-        [b'R', b'I', b'F', b'F', _, _, _, _, b'W', b'E', b'B', b'P', ..] => {
-            Format::Unsupported("WebP")
-        }
+        [b'R', b'I', b'F', b'F', _, _, _, _, b'W', b'E', b'B', b'P', ..] => Format::Unsupported("WebP"),
         [b'I', b'I', 0x2A, 0x00, ..] | [b'M', b'M', 0x00, 0x2A, ..] => Format::Unsupported("TIFF"),
         [b'P', b'1'..=b'6', ..] => Format::Unsupported("PNM"),
         _ => Format::Unknown,
@@ -90,11 +88,7 @@ pub struct DecodeOptions {
 
 impl Default for DecodeOptions {
     fn default() -> Self {
-        DecodeOptions {
-            apply_exif: true,
-            dct_scaling: true,
-            roi: true,
-        }
+        DecodeOptions { apply_exif: true, dct_scaling: true, roi: true }
     }
 }
 
@@ -124,13 +118,7 @@ impl Decoder {
     /// A decoder with options `opts`.
     pub fn new(opts: DecodeOptions) -> Result<Self> {
         let jpeg = JpegDecoder::new().map_err(|e| Error::Internal(e.to_string()))?;
-        Ok(Decoder {
-            jpeg,
-            opts,
-            scratch: vec![],
-            aux: vec![],
-            png_dims: (0, 0),
-        })
+        Ok(Decoder { jpeg, opts, scratch: vec![], aux: vec![], png_dims: (0, 0) })
     }
 
     /// The options.
@@ -142,49 +130,23 @@ impl Decoder {
     pub fn info(&mut self, data: &[u8], path: &Path) -> Result<ImageInfo> {
         match sniff(data) {
             Format::Jpeg => {
-                let h = self
-                    .jpeg
-                    .header(data)
-                    .map_err(|e| Error::decode(path, format!("invalid JPEG: {}", e.message)))?;
-                let orientation = if self.opts.apply_exif {
-                    exif::jpeg_orientation(data).unwrap_or(1)
-                } else {
-                    1
-                };
-                let (width, height) = if orientation >= 5 {
-                    (h.height, h.width)
-                } else {
-                    (h.width, h.height)
-                };
-                Ok(ImageInfo {
-                    width,
-                    height,
-                    orientation,
-                    format: Format::Jpeg,
-                    header: Some(h),
-                })
+                let h =
+                    self.jpeg.header(data).map_err(|e| Error::decode(path, format!("invalid JPEG: {}", e.message)))?;
+                let orientation = if self.opts.apply_exif { exif::jpeg_orientation(data).unwrap_or(1) } else { 1 };
+                let (width, height) = if orientation >= 5 { (h.height, h.width) } else { (h.width, h.height) };
+                Ok(ImageInfo { width, height, orientation, format: Format::Jpeg, header: Some(h) })
             }
             Format::Png => {
                 let (w, h) = self.decode_png(data, path)?;
-                Ok(ImageInfo {
-                    width: w,
-                    height: h,
-                    orientation: 1,
-                    format: Format::Png,
-                    header: None,
-                })
+                Ok(ImageInfo { width: w, height: h, orientation: 1, format: Format::Png, header: None })
             }
-            Format::Unsupported(name) => Err(Error::decode(
-                path,
-                format!("unsupported image format {name} (stoker decodes JPEG and PNG)"),
-            )),
+            Format::Unsupported(name) => {
+                Err(Error::decode(path, format!("unsupported image format {name} (stoker decodes JPEG and PNG)")))
+            }
             Format::Unknown if data.is_empty() => Err(Error::decode(path, "empty file (0 bytes)")),
             Format::Unknown => Err(Error::decode(
                 path,
-                format!(
-                    "not an image: unrecognised leading bytes {:02x?}",
-                    &data[..data.len().min(8)]
-                ),
+                format!("not an image: unrecognised leading bytes {:02x?}", &data[..data.len().min(8)]),
             )),
         }
     }
@@ -202,18 +164,10 @@ impl Decoder {
         match info.format {
             Format::Png => {
                 let (w, h) = self.png_dims;
-                Ok(Region {
-                    pixels: &self.scratch[..w * h * 3],
-                    width: w,
-                    height: h,
-                    bbox,
-                    scale_num: 8,
-                })
+                Ok(Region { pixels: &self.scratch[..w * h * 3], width: w, height: h, bbox, scale_num: 8 })
             }
             Format::Jpeg => self.decode_jpeg(data, path, info, bbox, out),
-            _ => Err(Error::Internal(
-                "decode() called on an unsupported format".into(),
-            )),
+            _ => Err(Error::Internal("decode() called on an unsupported format".into())),
         }
     }
 
@@ -249,18 +203,9 @@ impl Decoder {
             let src = &self.scratch[..sw * sh * 3];
             let dst = ensure(&mut self.aux, ow * oh * 3);
             orient(src, sw, sh, orientation, dst);
-            let (fx, fy) = (
-                ow as f64 / info.width as f64,
-                oh as f64 / info.height as f64,
-            );
+            let (fx, fy) = (ow as f64 / info.width as f64, oh as f64 / info.height as f64);
             let bbox = [bx * fx, by * fy, bw * fx, bh * fy];
-            return Ok(Region {
-                pixels: &self.aux[..ow * oh * 3],
-                width: ow,
-                height: oh,
-                bbox,
-                scale_num: num,
-            });
+            return Ok(Region { pixels: &self.aux[..ow * oh * 3], width: ow, height: oh, bbox, scale_num: num });
         }
 
         let (fx, fy) = (sw as f64 / h.width as f64, sh as f64 / h.height as f64);
@@ -293,13 +238,7 @@ impl Decoder {
             decode_tolerant(&mut self.jpeg, data, num, (x0, y0, rw, rh), 3, rgb).map_err(err)?;
         }
         let bbox = [sbox[0] - x0 as f64, sbox[1] - y0 as f64, sbox[2], sbox[3]];
-        Ok(Region {
-            pixels: &self.scratch[..rw * rh * 3],
-            width: rw,
-            height: rh,
-            bbox,
-            scale_num: num,
-        })
+        Ok(Region { pixels: &self.scratch[..rw * rh * 3], width: rw, height: rh, bbox, scale_num: num })
     }
 
     /// Whole image at scale `num/8` into `self.scratch` as RGB.
@@ -346,9 +285,7 @@ impl Decoder {
         let mut dec = png::Decoder::new(std::io::Cursor::new(data));
         dec.set_transformations(png::Transformations::EXPAND | png::Transformations::STRIP_16);
         let mut reader = dec.read_info().map_err(perr)?;
-        let size = reader
-            .output_buffer_size()
-            .ok_or_else(|| Error::decode(path, "PNG too large to decode"))?;
+        let size = reader.output_buffer_size().ok_or_else(|| Error::decode(path, "PNG too large to decode"))?;
         let raw = ensure(&mut self.aux, size);
         let frame = reader.next_frame(raw).map_err(perr)?;
         let (w, h) = (frame.width as usize, frame.height as usize);
@@ -357,15 +294,10 @@ impl Decoder {
             png::ColorType::GrayscaleAlpha => 2,
             png::ColorType::Rgb => 3,
             png::ColorType::Rgba => 4,
-            png::ColorType::Indexed => {
-                return Err(Error::decode(path, "PNG palette was not expanded"))
-            }
+            png::ColorType::Indexed => return Err(Error::decode(path, "PNG palette was not expanded")),
         };
         if frame.bit_depth != png::BitDepth::Eight {
-            return Err(Error::decode(
-                path,
-                format!("PNG bit depth {:?} not supported", frame.bit_depth),
-            ));
+            return Err(Error::decode(path, format!("PNG bit depth {:?} not supported", frame.bit_depth)));
         }
         let line = frame.line_size;
         let rgb = ensure(&mut self.scratch, w * h * 3);
@@ -402,10 +334,9 @@ fn decode_tolerant(
     out: &mut [u8],
 ) -> Result<(), jpeg::JpegError> {
     match dec.decode(data, num, region, channels, out) {
-        Err(e) if e.message.contains("Premature end") => Err(jpeg::JpegError {
-            message: format!("truncated file ({})", e.message),
-            warning: e.warning,
-        }),
+        Err(e) if e.message.contains("Premature end") => {
+            Err(jpeg::JpegError { message: format!("truncated file ({})", e.message), warning: e.warning })
+        }
         Err(e) if e.warning => Ok(()),
         r => r,
     }

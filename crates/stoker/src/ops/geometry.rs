@@ -29,13 +29,7 @@ pub struct CropBox {
 
 /// torchvision's `RandomResizedCrop.get_params`: 10 tries of (area scale, log-uniform aspect
 /// ratio), then the center-crop fallback clamped to `ratio`.
-pub fn rrc_params(
-    width: usize,
-    height: usize,
-    scale: [f64; 2],
-    ratio: [f64; 2],
-    rng: &mut Rng,
-) -> CropBox {
+pub fn rrc_params(width: usize, height: usize, scale: [f64; 2], ratio: [f64; 2], rng: &mut Rng) -> CropBox {
     let area = (width * height) as f64;
     let log_ratio = [ratio[0].ln(), ratio[1].ln()];
     for _ in 0..10 {
@@ -46,45 +40,25 @@ pub fn rrc_params(
         if 0 < w && w <= width as i64 && 0 < h && h <= height as i64 {
             let i = rng.int_inclusive(0, height as i64 - h) as usize;
             let j = rng.int_inclusive(0, width as i64 - w) as usize;
-            return CropBox {
-                i,
-                j,
-                h: h as usize,
-                w: w as usize,
-            };
+            return CropBox { i, j, h: h as usize, w: w as usize };
         }
     }
     let in_ratio = width as f64 / height as f64;
     let (w, h) = if in_ratio < ratio[0].min(ratio[1]) {
-        (
-            width,
-            round_half_even(width as f64 / ratio[0].min(ratio[1])) as usize,
-        )
+        (width, round_half_even(width as f64 / ratio[0].min(ratio[1])) as usize)
     } else if in_ratio > ratio[0].max(ratio[1]) {
-        (
-            round_half_even(height as f64 * ratio[0].max(ratio[1])) as usize,
-            height,
-        )
+        (round_half_even(height as f64 * ratio[0].max(ratio[1])) as usize, height)
     } else {
         (width, height)
     };
     let (w, h) = (w.clamp(1, width), h.clamp(1, height));
-    CropBox {
-        i: (height - h) / 2,
-        j: (width - w) / 2,
-        h,
-        w,
-    }
+    CropBox { i: (height - h) / 2, j: (width - w) / 2, h, w }
 }
 
 /// torchvision's output size for `Resize(size)` with an int: the shorter side becomes `size`,
 /// the longer `int(size * long / short)`. Returns `(width, height)`.
 pub fn resize_shorter(width: usize, height: usize, size: usize) -> (usize, usize) {
-    let (short, long) = if width <= height {
-        (width, height)
-    } else {
-        (height, width)
-    };
+    let (short, long) = if width <= height { (width, height) } else { (height, width) };
     let new_long = ((size as f64) * (long as f64) / (short as f64)) as usize;
     let new_long = new_long.max(1);
     if width <= height {
@@ -136,15 +110,7 @@ mod tests {
         // scale > 1 makes every try fail: the fallback clamps a 1000x100 image to ratio 4/3.
         let mut rng = Rng::new(0, 0, 0);
         let b = rrc_params(1000, 100, [2.0, 3.0], [3.0 / 4.0, 4.0 / 3.0], &mut rng);
-        assert_eq!(
-            b,
-            CropBox {
-                i: 0,
-                j: (1000 - 133) / 2,
-                h: 100,
-                w: 133
-            }
-        );
+        assert_eq!(b, CropBox { i: 0, j: (1000 - 133) / 2, h: 100, w: 133 });
     }
 
     proptest! {
@@ -200,19 +166,10 @@ mod tests {
         let (ta, tr): (f64, f64) = (ea.iter().sum(), er.iter().sum());
         for k in 0..10 {
             let (pa, pr) = (ea[k] / ta * n as f64, er[k] / tr * n as f64);
-            assert!(
-                (area_bins[k] as f64 - pa).abs() < 0.06 * pa + 60.0,
-                "area bin {k}: {area_bins:?} vs {ea:?}"
-            );
-            assert!(
-                (logr_bins[k] as f64 - pr).abs() < 0.06 * pr + 60.0,
-                "log-ratio bin {k}: {logr_bins:?} vs {er:?}"
-            );
+            assert!((area_bins[k] as f64 - pa).abs() < 0.06 * pa + 60.0, "area bin {k}: {area_bins:?} vs {ea:?}");
+            assert!((logr_bins[k] as f64 - pr).abs() < 0.06 * pr + 60.0, "log-ratio bin {k}: {logr_bins:?} vs {er:?}");
         }
         let mean_left = left_fraction / n as f64;
-        assert!(
-            (mean_left - 0.5).abs() < 0.01,
-            "mean relative offset {mean_left}"
-        );
+        assert!((mean_left - 0.5).abs() < 0.01, "mean relative offset {mean_left}");
     }
 }

@@ -96,10 +96,7 @@ impl DType {
             "uint8" | "u8" => Ok(DType::Uint8),
             "float16" | "f16" | "half" => Ok(DType::Float16),
             "float32" | "f32" | "float" => Ok(DType::Float32),
-            _ => Err(Error::config(
-                "dtype",
-                format!("unknown dtype {s:?}; allowed: uint8, float16, float32"),
-            )),
+            _ => Err(Error::config("dtype", format!("unknown dtype {s:?}; allowed: uint8, float16, float32"))),
         }
     }
 
@@ -128,10 +125,7 @@ impl Layout {
         match s.to_ascii_lowercase().as_str() {
             "nchw" => Ok(Layout::NCHW),
             "nhwc" => Ok(Layout::NHWC),
-            _ => Err(Error::config(
-                "layout",
-                format!("unknown layout {s:?}; allowed: nchw, nhwc"),
-            )),
+            _ => Err(Error::config("layout", format!("unknown layout {s:?}; allowed: nchw, nhwc"))),
         }
     }
 }
@@ -160,19 +154,12 @@ impl TransformSpec {
     pub fn preset(name: &str) -> Result<Self> {
         let geo = match name {
             "imagenet-train" => vec![
-                OpSpec::RandomResizedCrop {
-                    size: [224, 224],
-                    scale: [0.08, 1.0],
-                    ratio: [3.0 / 4.0, 4.0 / 3.0],
-                },
+                OpSpec::RandomResizedCrop { size: [224, 224], scale: [0.08, 1.0], ratio: [3.0 / 4.0, 4.0 / 3.0] },
                 OpSpec::RandomHorizontalFlip { p: 0.5 },
             ],
-            "imagenet-val" => vec![
-                OpSpec::Resize {
-                    size: ResizeSize::Shorter(256),
-                },
-                OpSpec::CenterCrop { size: [224, 224] },
-            ],
+            "imagenet-val" => {
+                vec![OpSpec::Resize { size: ResizeSize::Shorter(256) }, OpSpec::CenterCrop { size: [224, 224] }]
+            }
             _ => {
                 return Err(Error::config(
                     "preset",
@@ -181,16 +168,8 @@ impl TransformSpec {
             }
         };
         let mut ops = geo;
-        ops.push(OpSpec::Normalize {
-            mean: IMAGENET_MEAN,
-            std: IMAGENET_STD,
-        });
-        Ok(TransformSpec {
-            ops,
-            dtype: DType::Float32,
-            layout: Layout::NCHW,
-            apply_exif: true,
-        })
+        ops.push(OpSpec::Normalize { mean: IMAGENET_MEAN, std: IMAGENET_STD });
+        Ok(TransformSpec { ops, dtype: DType::Float32, layout: Layout::NCHW, apply_exif: true })
     }
 
     /// The same transform with another dtype; `uint8` drops `Normalize` (raw pixels).
@@ -205,14 +184,8 @@ impl TransformSpec {
 
 #[derive(Debug, Clone)]
 enum Geo {
-    Rrc {
-        scale: [f64; 2],
-        ratio: [f64; 2],
-    },
-    ResizeCrop {
-        resize: Option<ResizeSize>,
-        crop: Option<[usize; 2]>,
-    },
+    Rrc { scale: [f64; 2], ratio: [f64; 2] },
+    ResizeCrop { resize: Option<ResizeSize>, crop: Option<[usize; 2]> },
 }
 
 /// Where one sample's output comes from.
@@ -254,28 +227,17 @@ impl TransformPlan {
             match op {
                 OpSpec::RandomResizedCrop { size, scale, ratio } => {
                     if geo.is_some() || stage > 0 {
-                        return Err(bad(
-                            "RandomResizedCrop must be the first and only geometric op".into(),
-                        ));
+                        return Err(bad("RandomResizedCrop must be the first and only geometric op".into()));
                     }
                     if size[0] == 0 || size[1] == 0 {
-                        return Err(bad(format!(
-                            "RandomResizedCrop size must be positive, got {size:?}"
-                        )));
+                        return Err(bad(format!("RandomResizedCrop size must be positive, got {size:?}")));
                     }
-                    if !(scale[0] > 0.0
-                        && scale[0] <= scale[1]
-                        && ratio[0] > 0.0
-                        && ratio[0] <= ratio[1])
-                    {
+                    if !(scale[0] > 0.0 && scale[0] <= scale[1] && ratio[0] > 0.0 && ratio[0] <= ratio[1]) {
                         return Err(bad(format!(
                             "RandomResizedCrop needs 0 < scale[0] <= scale[1] and 0 < ratio[0] <= ratio[1], got scale={scale:?} ratio={ratio:?}"
                         )));
                     }
-                    geo = Some(Geo::Rrc {
-                        scale: *scale,
-                        ratio: *ratio,
-                    });
+                    geo = Some(Geo::Rrc { scale: *scale, ratio: *ratio });
                     out = Some(*size);
                 }
                 OpSpec::Resize { size } => {
@@ -283,41 +245,29 @@ impl TransformPlan {
                         || matches!(
                             geo,
                             Some(Geo::Rrc { .. })
-                                | Some(Geo::ResizeCrop {
-                                    resize: Some(_),
-                                    ..
-                                })
+                                | Some(Geo::ResizeCrop { resize: Some(_), .. })
                                 | Some(Geo::ResizeCrop { crop: Some(_), .. })
                         )
                     {
-                        return Err(bad(
-                            "Resize must come first (before CenterCrop, flips and Normalize), once"
-                                .into(),
-                        ));
+                        return Err(
+                            bad("Resize must come first (before CenterCrop, flips and Normalize), once".into()),
+                        );
                     }
                     match size {
-                        ResizeSize::Shorter(0) => {
-                            return Err(bad("Resize size must be positive".into()))
-                        }
+                        ResizeSize::Shorter(0) => return Err(bad("Resize size must be positive".into())),
                         ResizeSize::Exact([h, w]) if *h == 0 || *w == 0 => {
                             return Err(bad("Resize size must be positive".into()))
                         }
                         ResizeSize::Exact(s) => out = Some(*s),
                         _ => {}
                     }
-                    geo = Some(Geo::ResizeCrop {
-                        resize: Some(*size),
-                        crop: None,
-                    });
+                    geo = Some(Geo::ResizeCrop { resize: Some(*size), crop: None });
                 }
                 OpSpec::CenterCrop { size } => {
-                    if stage > 0
-                        || matches!(
-                            geo,
-                            Some(Geo::Rrc { .. }) | Some(Geo::ResizeCrop { crop: Some(_), .. })
-                        )
-                    {
-                        return Err(bad("CenterCrop must follow Resize (or stand alone) and precede flips/Normalize".into()));
+                    if stage > 0 || matches!(geo, Some(Geo::Rrc { .. }) | Some(Geo::ResizeCrop { crop: Some(_), .. })) {
+                        return Err(bad(
+                            "CenterCrop must follow Resize (or stand alone) and precede flips/Normalize".into()
+                        ));
                     }
                     if size[0] == 0 || size[1] == 0 {
                         return Err(bad("CenterCrop size must be positive".into()));
@@ -326,10 +276,7 @@ impl TransformPlan {
                         Some(Geo::ResizeCrop { resize, .. }) => resize,
                         _ => None,
                     };
-                    geo = Some(Geo::ResizeCrop {
-                        resize,
-                        crop: Some(*size),
-                    });
+                    geo = Some(Geo::ResizeCrop { resize, crop: Some(*size) });
                     out = Some(*size);
                 }
                 OpSpec::RandomHorizontalFlip { p } => {
@@ -337,9 +284,7 @@ impl TransformPlan {
                         return Err(bad("RandomHorizontalFlip must precede Normalize".into()));
                     }
                     if !(0.0..=1.0).contains(p) {
-                        return Err(bad(format!(
-                            "RandomHorizontalFlip p must be in [0, 1], got {p}"
-                        )));
+                        return Err(bad(format!("RandomHorizontalFlip p must be in [0, 1], got {p}")));
                     }
                     flip_p = *p;
                     stage = 1;
@@ -357,16 +302,14 @@ impl TransformPlan {
             }
         }
         let geo = geo.ok_or_else(|| {
-            bad("no geometric op: add RandomResizedCrop, Resize((h, w)) or CenterCrop so every batch has one shape".into())
+            bad("no geometric op: add RandomResizedCrop, Resize((h, w)) or CenterCrop so every batch has one shape"
+                .into())
         })?;
         let [out_h, out_w] = out.ok_or_else(|| {
             bad("Resize(int) alone gives a different size per image: add CenterCrop or use Resize((h, w))".into())
         })?;
         if normalize.is_some() && spec.dtype == DType::Uint8 {
-            return Err(Error::config(
-                "dtype",
-                "Normalize needs a float dtype (float16/float32), not uint8",
-            ));
+            return Err(Error::config("dtype", "Normalize needs a float dtype (float16/float32), not uint8"));
         }
         let lut = if spec.dtype == DType::Uint8 {
             None
@@ -380,14 +323,7 @@ impl TransformPlan {
             }
             Some(t)
         };
-        Ok(TransformPlan {
-            spec: spec.clone(),
-            geo,
-            out_h,
-            out_w,
-            flip_p,
-            lut,
-        })
+        Ok(TransformPlan { spec: spec.clone(), geo, out_h, out_w, flip_p, lut })
     }
 
     /// The spec this plan was compiled from.
@@ -445,12 +381,7 @@ impl TransformPlan {
                         let (left, dx, dw) = center_crop_axis(rw, *cw);
                         let (top, dy, dh) = center_crop_axis(rh, *ch);
                         Geometry {
-                            bbox: [
-                                left as f64 * sx,
-                                top as f64 * sy,
-                                dw as f64 * sx,
-                                dh as f64 * sy,
-                            ],
+                            bbox: [left as f64 * sx, top as f64 * sy, dw as f64 * sx, dh as f64 * sy],
                             hard: false,
                             dst: [dx, dy, dw, dh],
                             flip: false,
@@ -508,9 +439,7 @@ impl TransformPlan {
             (DType::Float16, layout) => {
                 let lut = self.lut.as_ref().expect("float plan has a LUT");
                 let out = as_u16_mut(out);
-                write_float(hwc, h, w, flip, layout, out, |c, v| {
-                    half::f16::from_f32(lut[c][v as usize]).to_bits()
-                });
+                write_float(hwc, h, w, flip, layout, out, |c, v| half::f16::from_f32(lut[c][v as usize]).to_bits());
             }
         }
     }
@@ -552,8 +481,7 @@ fn write_float<T: Copy>(
 
 fn as_f32_mut(b: &mut [u8]) -> &mut [f32] {
     assert!(
-        b.len().is_multiple_of(4)
-            && (b.as_ptr() as usize).is_multiple_of(std::mem::align_of::<f32>()),
+        b.len().is_multiple_of(4) && (b.as_ptr() as usize).is_multiple_of(std::mem::align_of::<f32>()),
         "misaligned f32 slot"
     );
     // SAFETY: length and alignment were checked above; every bit pattern is a valid f32, and the
@@ -563,8 +491,7 @@ fn as_f32_mut(b: &mut [u8]) -> &mut [f32] {
 
 fn as_u16_mut(b: &mut [u8]) -> &mut [u16] {
     assert!(
-        b.len().is_multiple_of(2)
-            && (b.as_ptr() as usize).is_multiple_of(std::mem::align_of::<u16>()),
+        b.len().is_multiple_of(2) && (b.as_ptr() as usize).is_multiple_of(std::mem::align_of::<u16>()),
         "misaligned f16 slot"
     );
     // SAFETY: as in `as_f32_mut`, for u16.
@@ -581,10 +508,7 @@ pub struct Resampler {
 impl Resampler {
     /// A new resampler (SIMD chosen at run time).
     pub fn new() -> Self {
-        Resampler {
-            inner: BoxResampler::new(),
-            hwc: vec![],
-        }
+        Resampler { inner: BoxResampler::new(), hwc: vec![] }
     }
 
     /// Resamples `bbox` of `src` (`sw` x `sh` RGB8) into the `dst` rectangle of an `ow` x `oh`
@@ -604,19 +528,14 @@ impl Resampler {
     ) -> Result<&[u8]> {
         let n = ow * oh * 3;
         if src.len() < sw * sh * 3 {
-            return Err(Error::Internal(format!(
-                "resample: {} bytes for a {sw}x{sh} image",
-                src.len()
-            )));
+            return Err(Error::Internal(format!("resample: {} bytes for a {sw}x{sh} image", src.len())));
         }
         if self.hwc.len() != n {
             resample::grow(&mut self.hwc, n, 0);
         }
         let [dx, dy, dw, dh] = dst;
         if dx + dw > ow || dy + dh > oh {
-            return Err(Error::Internal(format!(
-                "resample: rectangle {dst:?} outside {ow}x{oh}"
-            )));
+            return Err(Error::Internal(format!("resample: rectangle {dst:?} outside {ow}x{oh}")));
         }
         if !(dx == 0 && dy == 0 && dw == ow && dh == oh) {
             self.hwc.fill(0);
@@ -632,8 +551,7 @@ impl Resampler {
         } else {
             [0, 0, sw, sh]
         };
-        self.inner
-            .resample_into(src, sw, bbox, clip, dw, dh, &mut self.hwc, dx, dy, ow * 3);
+        self.inner.resample_into(src, sw, bbox, clip, dw, dh, &mut self.hwc, dx, dy, ow * 3);
         Ok(&self.hwc)
     }
 }
@@ -650,45 +568,22 @@ mod tests {
             assert_eq!(p.sample_bytes(), 3 * 224 * 224 * 4);
         }
         let e = TransformSpec::preset("nope").unwrap_err();
-        assert!(
-            e.to_string().contains("imagenet-train, imagenet-val"),
-            "{e}"
-        );
+        assert!(e.to_string().contains("imagenet-train, imagenet-val"), "{e}");
     }
 
     #[test]
     fn invalid_specs_say_why() {
-        let mk = |ops: Vec<OpSpec>, dtype| TransformSpec {
-            ops,
-            dtype,
-            layout: Layout::NCHW,
-            apply_exif: true,
-        };
-        let e = TransformPlan::compile(&mk(
-            vec![OpSpec::Resize {
-                size: ResizeSize::Shorter(256),
-            }],
-            DType::Uint8,
-        ))
-        .unwrap_err();
+        let mk = |ops: Vec<OpSpec>, dtype| TransformSpec { ops, dtype, layout: Layout::NCHW, apply_exif: true };
+        let e = TransformPlan::compile(&mk(vec![OpSpec::Resize { size: ResizeSize::Shorter(256) }], DType::Uint8))
+            .unwrap_err();
         assert!(e.to_string().contains("add CenterCrop"), "{e}");
         let e = TransformPlan::compile(&mk(
-            vec![
-                OpSpec::CenterCrop { size: [4, 4] },
-                OpSpec::Normalize {
-                    mean: [0.0; 3],
-                    std: [1.0; 3],
-                },
-            ],
+            vec![OpSpec::CenterCrop { size: [4, 4] }, OpSpec::Normalize { mean: [0.0; 3], std: [1.0; 3] }],
             DType::Uint8,
         ))
         .unwrap_err();
         assert!(e.to_string().contains("float dtype"), "{e}");
-        let e = TransformPlan::compile(&mk(
-            vec![OpSpec::RandomHorizontalFlip { p: 2.0 }],
-            DType::Uint8,
-        ))
-        .unwrap_err();
+        let e = TransformPlan::compile(&mk(vec![OpSpec::RandomHorizontalFlip { p: 2.0 }], DType::Uint8)).unwrap_err();
         assert!(e.to_string().contains("[0, 1]"), "{e}");
     }
 
@@ -697,10 +592,7 @@ mod tests {
         let spec = TransformSpec {
             ops: vec![
                 OpSpec::CenterCrop { size: [1, 2] },
-                OpSpec::Normalize {
-                    mean: [0.5, 0.5, 0.5],
-                    std: [0.5, 0.5, 0.5],
-                },
+                OpSpec::Normalize { mean: [0.5, 0.5, 0.5], std: [0.5, 0.5, 0.5] },
             ],
             dtype: DType::Float32,
             layout: Layout::NCHW,

@@ -56,10 +56,7 @@ impl Coeffs {
         for xx in 0..out_size {
             let center = in0 + (xx as f64 + 0.5) * scale;
             let xmin = ((center - support + 0.5) as i64).max(0) as usize;
-            let xmax = ((center + support + 0.5) as i64)
-                .min(in_size as i64)
-                .max(xmin as i64) as usize
-                - xmin;
+            let xmax = ((center + support + 0.5) as i64).min(in_size as i64).max(xmin as i64) as usize - xmin;
             let k = &mut self.pre[xx * ksize..(xx + 1) * ksize];
             let mut ww = 0.0;
             for (x, kx) in k.iter_mut().enumerate().take(xmax) {
@@ -76,11 +73,7 @@ impl Coeffs {
         }
         let one = (1i64 << PRECISION_BITS) as f64;
         for (d, &p) in self.k.iter_mut().zip(&self.pre) {
-            *d = if p < 0.0 {
-                (-0.5 + p * one) as i32
-            } else {
-                (0.5 + p * one) as i32
-            };
+            *d = if p < 0.0 { (-0.5 + p * one) as i32 } else { (0.5 + p * one) as i32 };
         }
     }
 }
@@ -115,10 +108,7 @@ fn pixel_scalar(px: &[u8], k: &[i32]) -> [u8; 3] {
 /// One row of the horizontal pass, portable version.
 fn horizontal_row_scalar(row: &[u8], c: &Coeffs, out: &mut [u8]) {
     for (xx, (&(start, n), o)) in c.bounds.iter().zip(out.chunks_exact_mut(3)).enumerate() {
-        o.copy_from_slice(&pixel_scalar(
-            &row[start * 3..(start + n) * 3],
-            &c.k[xx * c.ksize..xx * c.ksize + n],
-        ));
+        o.copy_from_slice(&pixel_scalar(&row[start * 3..(start + n) * 3], &c.k[xx * c.ksize..xx * c.ksize + n]));
     }
 }
 
@@ -136,10 +126,7 @@ unsafe fn horizontal_row_sse41(row: &[u8], c: &Coeffs, out: &mut [u8]) {
         // Each tap loads 4 bytes; the last tap of the row's last pixel would read one byte past
         // the row's slice, so such windows take the portable path.
         if (start + n) * 3 + 1 > row.len() {
-            o.copy_from_slice(&pixel_scalar(
-                &row[start * 3..(start + n) * 3],
-                &c.k[xx * c.ksize..xx * c.ksize + n],
-            ));
+            o.copy_from_slice(&pixel_scalar(&row[start * 3..(start + n) * 3], &c.k[xx * c.ksize..xx * c.ksize + n]));
             continue;
         }
         let k = &c.k[xx * c.ksize..xx * c.ksize + n];
@@ -160,14 +147,7 @@ unsafe fn horizontal_row_sse41(row: &[u8], c: &Coeffs, out: &mut [u8]) {
 
 /// One output row of the vertical pass: `out[j] = clip8(sum_t w_t * rows[start + t][j])`.
 #[inline(always)]
-fn vertical_row_generic(
-    tmp: &[u8],
-    row_len: usize,
-    start: usize,
-    k: &[i32],
-    acc: &mut [i32],
-    out: &mut [u8],
-) {
+fn vertical_row_generic(tmp: &[u8], row_len: usize, start: usize, k: &[i32], acc: &mut [i32], out: &mut [u8]) {
     acc.fill(1 << (PRECISION_BITS - 1));
     for (t, &w) in k.iter().enumerate() {
         let src = &tmp[(start + t) * row_len..(start + t + 1) * row_len];
@@ -184,14 +164,7 @@ fn vertical_row_generic(
 /// The CPU must support AVX2.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
-unsafe fn vertical_row_avx2(
-    tmp: &[u8],
-    row_len: usize,
-    start: usize,
-    k: &[i32],
-    acc: &mut [i32],
-    out: &mut [u8],
-) {
+unsafe fn vertical_row_avx2(tmp: &[u8], row_len: usize, start: usize, k: &[i32], acc: &mut [i32], out: &mut [u8]) {
     vertical_row_generic(tmp, row_len, start, k, acc, out)
 }
 
@@ -210,17 +183,10 @@ impl BoxResampler {
     /// A resampler using the best SIMD level this CPU has.
     pub fn new() -> Self {
         #[cfg(target_arch = "x86_64")]
-        let (sse41, avx2) = (
-            is_x86_feature_detected!("sse4.1"),
-            is_x86_feature_detected!("avx2"),
-        );
+        let (sse41, avx2) = (is_x86_feature_detected!("sse4.1"), is_x86_feature_detected!("avx2"));
         #[cfg(not(target_arch = "x86_64"))]
         let (sse41, avx2) = (false, false);
-        BoxResampler {
-            sse41,
-            avx2,
-            ..Default::default()
-        }
+        BoxResampler { sse41, avx2, ..Default::default() }
     }
 
     /// The portable code path only (for testing the SIMD paths against it).
@@ -254,13 +220,7 @@ impl BoxResampler {
         self.h.compute(vw, bx - x0 as f64, bx + bw - x0 as f64, dw);
         self.v.compute(vh, by - y0 as f64, by + bh - y0 as f64, dh);
         let first = self.v.bounds[0].0;
-        let last = self
-            .v
-            .bounds
-            .iter()
-            .map(|&(s, n)| s + n)
-            .max()
-            .unwrap_or(first);
+        let last = self.v.bounds.iter().map(|&(s, n)| s + n).max().unwrap_or(first);
         let row_len = dw * 3;
         let rows = last - first;
         grow(&mut self.tmp, rows * row_len, 0);
@@ -282,14 +242,11 @@ impl BoxResampler {
         for yy in 0..dh {
             let (start, n) = self.v.bounds[yy];
             let k = &self.v.k[yy * self.v.ksize..yy * self.v.ksize + n];
-            let o = &mut out
-                [(dy + yy) * out_stride + dx * 3..(dy + yy) * out_stride + dx * 3 + row_len];
+            let o = &mut out[(dy + yy) * out_stride + dx * 3..(dy + yy) * out_stride + dx * 3 + row_len];
             #[cfg(target_arch = "x86_64")]
             if self.avx2 {
                 // SAFETY: AVX2 support was detected at construction.
-                unsafe {
-                    vertical_row_avx2(&self.tmp, row_len, start - first, k, &mut self.acc, o)
-                };
+                unsafe { vertical_row_avx2(&self.tmp, row_len, start - first, k, &mut self.acc, o) };
                 continue;
             }
             vertical_row_generic(&self.tmp, row_len, start - first, k, &mut self.acc, o);
@@ -302,9 +259,7 @@ mod tests {
     use super::*;
 
     fn image(w: usize, h: usize) -> Vec<u8> {
-        (0..w * h * 3)
-            .map(|i| ((i * 37 + (i / 7) * 11) % 256) as u8)
-            .collect()
+        (0..w * h * 3).map(|i| ((i * 37 + (i / 7) * 11) % 256) as u8).collect()
     }
 
     #[test]
@@ -340,18 +295,7 @@ mod tests {
             let mut a = vec![0u8; dw * dh * 3];
             let mut b = a.clone();
             BoxResampler::new().resample_into(&src, w, bbox, clip, dw, dh, &mut a, 0, 0, dw * 3);
-            BoxResampler::portable().resample_into(
-                &src,
-                w,
-                bbox,
-                clip,
-                dw,
-                dh,
-                &mut b,
-                0,
-                0,
-                dw * 3,
-            );
+            BoxResampler::portable().resample_into(&src, w, bbox, clip, dw, dh, &mut b, 0, 0, dw * 3);
             assert_eq!(a, b, "{bbox:?}");
         }
     }
@@ -365,9 +309,7 @@ mod tests {
         assert_eq!(c.bounds, vec![(0, 3), (1, 3)]);
         let w = &c.pre[..3];
         assert!(
-            (w[0] - 3.0 / 7.0).abs() < 1e-12
-                && (w[1] - 3.0 / 7.0).abs() < 1e-12
-                && (w[2] - 1.0 / 7.0).abs() < 1e-12,
+            (w[0] - 3.0 / 7.0).abs() < 1e-12 && (w[1] - 3.0 / 7.0).abs() < 1e-12 && (w[2] - 1.0 / 7.0).abs() < 1e-12,
             "{w:?}"
         );
     }

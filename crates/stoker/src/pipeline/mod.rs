@@ -46,10 +46,7 @@ impl ErrorPolicy {
         match s {
             "skip" => Ok(ErrorPolicy::Skip),
             "raise" => Ok(ErrorPolicy::Raise),
-            _ => Err(Error::config(
-                "on_error",
-                format!("unknown policy {s:?}; allowed: skip, raise"),
-            )),
+            _ => Err(Error::config("on_error", format!("unknown policy {s:?}; allowed: skip, raise"))),
         }
     }
 }
@@ -81,10 +78,7 @@ impl LoaderConfig {
     /// A configuration with defaults for everything but the batch size and transform.
     pub fn new(batch_size: usize, transform: TransformSpec) -> Self {
         LoaderConfig {
-            sampler: SamplerSpec {
-                batch_size,
-                ..SamplerSpec::default()
-            },
+            sampler: SamplerSpec { batch_size, ..SamplerSpec::default() },
             transform,
             threads: None,
             io_threads: None,
@@ -111,6 +105,9 @@ struct Shared {
     /// Worker scratch (decoder, resampler) and read buffers kept between epochs, so a new
     /// epoch's threads start warm instead of re-growing their buffers.
     stash: Mutex<Stash>,
+    /// The largest read buffer any I/O thread has needed: every buffer is grown to it at once,
+    /// so the rotating buffers stop reallocating as soon as one of them has met the largest file.
+    read_high_water: std::sync::atomic::AtomicUsize,
 }
 
 #[derive(Default)]
@@ -179,16 +176,9 @@ impl Loader {
         // One batch being filled, `prefetch` ready, one held by the consumer.
         let slots = BufferPool::plan(config.prefetch + 2, batch_bytes, config.memory_limit)?;
         let pool = BufferPool::new(slots, batch_size, plan.sample_bytes())?;
-        let state = SamplerState {
-            seed: config.sampler.seed,
-            epoch: 0,
-            next_batch: 0,
-        };
-        let decode_opts = DecodeOptions {
-            apply_exif: config.transform.apply_exif,
-            dct_scaling: config.dct_scaling,
-            roi: config.roi,
-        };
+        let state = SamplerState { seed: config.sampler.seed, epoch: 0, next_batch: 0 };
+        let decode_opts =
+            DecodeOptions { apply_exif: config.transform.apply_exif, dct_scaling: config.dct_scaling, roi: config.roi };
         Ok(Loader {
             shared: Arc::new(Shared {
                 source,
@@ -202,6 +192,7 @@ impl Loader {
                 on_error: config.on_error,
                 decode_opts,
                 stash: Mutex::new(Stash::default()),
+                read_high_water: std::sync::atomic::AtomicUsize::new(0),
             }),
             state: Arc::new(Mutex::new(state)),
             active: Mutex::new(None),
@@ -263,21 +254,13 @@ impl Loader {
         if st.seed != self.shared.sampler.spec().seed {
             return Err(Error::config(
                 "state",
-                format!(
-                    "seed {} does not match the loader's seed {}",
-                    st.seed,
-                    self.shared.sampler.spec().seed
-                ),
+                format!("seed {} does not match the loader's seed {}", st.seed, self.shared.sampler.spec().seed),
             ));
         }
         if st.next_batch > self.len() {
             return Err(Error::config(
                 "state",
-                format!(
-                    "next_batch {} exceeds the {} batches per epoch",
-                    st.next_batch,
-                    self.len()
-                ),
+                format!("next_batch {} exceeds the {} batches per epoch", st.next_batch, self.len()),
             ));
         }
         *self.state.lock().expect("state lock") = st;
@@ -286,11 +269,7 @@ impl Loader {
 
     /// Telemetry since the loader was made (or last reset), with the bottleneck verdict.
     pub fn report(&self) -> Report {
-        self.shared.telemetry.report(
-            self.shared.threads,
-            self.shared.io_threads,
-            self.shared.allowance,
-        )
+        self.shared.telemetry.report(self.shared.threads, self.shared.io_threads, self.shared.allowance)
     }
 
     /// Zeroes the telemetry.
@@ -302,12 +281,7 @@ impl Loader {
     /// iteration ends any previous one of this loader.
     pub fn iter(&self) -> Result<EpochIter> {
         let cancel = Arc::new(AtomicBool::new(false));
-        if let Some(old) = self
-            .active
-            .lock()
-            .expect("active lock")
-            .replace(cancel.clone())
-        {
+        if let Some(old) = self.active.lock().expect("active lock").replace(cancel.clone()) {
             old.store(true, Ordering::Release);
         }
         let (epoch, start) = {
@@ -317,13 +291,7 @@ impl Loader {
             }
             (s.epoch, s.next_batch)
         };
-        EpochIter::start(
-            self.shared.clone(),
-            self.state.clone(),
-            cancel,
-            epoch,
-            start,
-        )
+        EpochIter::start(self.shared.clone(), self.state.clone(), cancel, epoch, start)
     }
 }
 
@@ -367,18 +335,12 @@ pub struct EpochIter {
 
 impl std::fmt::Debug for EpochIter {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("EpochIter")
-            .field("epoch", &self.epoch)
-            .field("next_batch", &self.next_batch)
-            .finish()
+        f.debug_struct("EpochIter").field("epoch", &self.epoch).field("next_batch", &self.next_batch).finish()
     }
 }
 
 fn spawn(name: String, f: impl FnOnce() + Send + 'static) -> Result<JoinHandle<()>> {
-    std::thread::Builder::new()
-        .name(name)
-        .spawn(f)
-        .map_err(|e| Error::Internal(format!("cannot start a thread: {e}")))
+    std::thread::Builder::new().name(name).spawn(f).map_err(|e| Error::Internal(format!("cannot start a thread: {e}")))
 }
 
 impl EpochIter {
@@ -400,9 +362,7 @@ impl EpochIter {
         {
             let mut stash = shared.stash.lock().expect("stash lock");
             for _ in 0..nbytes {
-                bytes_tx
-                    .send(stash.bytes.pop().unwrap_or_default())
-                    .expect("room");
+                bytes_tx.send(stash.bytes.pop().unwrap_or_default()).expect("room");
             }
         }
         let (done_tx, done_rx) = bounded::<Arc<Slot>>(shared.pool.slots());
@@ -424,36 +384,20 @@ impl EpochIter {
 
         {
             let (sh, cancel, order) = (shared.clone(), cancel.clone(), order.clone());
-            threads.push(spawn("stoker-dispatch".into(), move || {
-                dispatch(&sh, &cancel, &order, start, end, task_tx)
-            })?);
+            threads.push(spawn("stoker-dispatch".into(), move || dispatch(&sh, &cancel, &order, start, end, task_tx))?);
         }
         for k in 0..shared.io_threads {
-            let (sh, cancel, rx, tx, brx) = (
-                shared.clone(),
-                cancel.clone(),
-                task_rx.clone(),
-                work_tx.clone(),
-                bytes_rx.clone(),
-            );
+            let (sh, cancel, rx, tx, brx) =
+                (shared.clone(), cancel.clone(), task_rx.clone(), work_tx.clone(), bytes_rx.clone());
             let done = done_tx.clone();
-            threads.push(spawn(format!("stoker-io-{k}"), move || {
-                io_loop(&sh, &cancel, rx, tx, brx, done)
-            })?);
+            threads.push(spawn(format!("stoker-io-{k}"), move || io_loop(&sh, &cancel, rx, tx, brx, done))?);
         }
         drop(task_rx);
         drop(work_tx);
         for k in 0..shared.threads {
-            let (sh, cancel, rx, btx, done) = (
-                shared.clone(),
-                cancel.clone(),
-                work_rx.clone(),
-                bytes_tx.clone(),
-                done_tx.clone(),
-            );
-            threads.push(spawn(format!("stoker-decode-{k}"), move || {
-                decode_loop(&sh, &cancel, epoch, rx, btx, done)
-            })?);
+            let (sh, cancel, rx, btx, done) =
+                (shared.clone(), cancel.clone(), work_rx.clone(), bytes_tx.clone(), done_tx.clone());
+            threads.push(spawn(format!("stoker-decode-{k}"), move || decode_loop(&sh, &cancel, epoch, rx, btx, done))?);
         }
         it.threads = threads;
         shared.telemetry.start();
@@ -520,9 +464,7 @@ impl EpochIter {
                     }
                 }
                 Err(RecvTimeoutError::Disconnected) => {
-                    return Err(Error::Internal(
-                        "worker threads stopped before the epoch ended".into(),
-                    ));
+                    return Err(Error::Internal("worker threads stopped before the epoch ended".into()));
                 }
             }
         }
@@ -541,7 +483,7 @@ impl Iterator for EpochIter {
             if self.finished {
                 return None;
             }
-            if self.next_batch >= self.end {
+            if self.next_batch >= self.end || self.cancel.load(Ordering::Acquire) {
                 self.shutdown();
                 return None;
             }
@@ -604,14 +546,7 @@ impl Drop for EpochIter {
     }
 }
 
-fn dispatch(
-    sh: &Shared,
-    cancel: &AtomicBool,
-    order: &[u32],
-    start: usize,
-    end: usize,
-    tasks: Sender<Task>,
-) {
+fn dispatch(sh: &Shared, cancel: &AtomicBool, order: &[u32], start: usize, end: usize, tasks: Sender<Task>) {
     for b in start..end {
         let t0 = Instant::now();
         let slot = loop {
@@ -633,13 +568,7 @@ fn dispatch(
         slot.reset(b, idx);
         sh.telemetry.buffers.record(Duration::ZERO);
         for pos in 0..idx.len() {
-            if tasks
-                .send(Task {
-                    slot: slot.clone(),
-                    pos,
-                })
-                .is_err()
-            {
+            if tasks.send(Task { slot: slot.clone(), pos }).is_err() {
                 return;
             }
         }
@@ -662,22 +591,11 @@ fn fail(sh: &Shared, task: Task, err: Error, done: &Sender<Arc<Slot>>) {
     let index = task.slot.index(task.pos);
     let path = sh.source.describe(index as usize);
     let err = match err {
-        Error::Decode { reason, .. } => Error::Decode {
-            path: path.clone(),
-            reason,
-        },
+        Error::Decode { reason, .. } => Error::Decode { path: path.clone(), reason },
         other => other,
     };
-    sh.telemetry.skip(Skipped {
-        index,
-        path: path.display().to_string(),
-        reason: err.reason(),
-    });
-    task.slot
-        .errors
-        .lock()
-        .expect("slot errors lock")
-        .push((index, err));
+    sh.telemetry.skip(Skipped { index, path: path.display().to_string(), reason: err.reason() });
+    task.slot.errors.lock().expect("slot errors lock").push((index, err));
     complete(sh, task, None, done);
 }
 
@@ -701,13 +619,14 @@ fn io_loop(
         };
         let t0 = Instant::now();
         sh.telemetry.read.add_wait(t0 - t_wait);
+        let hw = sh.read_high_water.load(Ordering::Relaxed);
+        if buf.capacity() < hw {
+            buf.reserve_exact(hw - buf.len());
+        }
         let read = sh.source.read(task.slot.index(task.pos) as usize, &mut buf);
+        sh.read_high_water.fetch_max(buf.capacity(), Ordering::Relaxed);
         sh.telemetry.read.record(t0.elapsed());
-        if let Err(e) = work.send(Work {
-            task,
-            bytes: buf,
-            read,
-        }) {
+        if let Err(e) = work.send(Work { task, bytes: buf, read }) {
             let w = e.into_inner();
             complete(sh, w.task, None, &done);
         }
@@ -741,26 +660,17 @@ fn decode_loop(
     loop {
         let t_wait = Instant::now();
         let Ok(w) = work.recv() else {
-            sh.stash
-                .lock()
-                .expect("stash lock")
-                .workers
-                .push((decoder, resampler));
+            sh.stash.lock().expect("stash lock").workers.push((decoder, resampler));
             return;
         };
         sh.telemetry.decode.add_wait(t_wait.elapsed());
-        let Work {
-            task,
-            bytes: buf,
-            read,
-        } = w;
+        let Work { task, bytes: buf, read } = w;
         if cancel.load(Ordering::Acquire) {
             let _ = bytes.send(buf);
             complete(sh, task, None, &done);
             continue;
         }
-        let result =
-            read.and_then(|_| process(sh, &mut decoder, &mut resampler, epoch, &task, &buf));
+        let result = read.and_then(|_| process(sh, &mut decoder, &mut resampler, epoch, &task, &buf));
         let _ = bytes.send(buf);
         match result {
             Ok(label) => complete(sh, task, Some(label), &done),
@@ -769,39 +679,19 @@ fn decode_loop(
     }
 }
 
-fn process(
-    sh: &Shared,
-    dec: &mut Decoder,
-    rs: &mut Resampler,
-    epoch: u64,
-    task: &Task,
-    data: &[u8],
-) -> Result<i64> {
+fn process(sh: &Shared, dec: &mut Decoder, rs: &mut Resampler, epoch: u64, task: &Task, data: &[u8]) -> Result<i64> {
     let index = task.slot.index(task.pos) as usize;
     let t0 = Instant::now();
     let nopath = Path::new("");
     let info = dec.info(data, nopath)?;
-    let mut rng = Rng::new(
-        sh.sampler.spec().seed,
-        rng::stream::AUGMENT ^ (epoch << 8),
-        index as u64,
-    );
+    let mut rng = Rng::new(sh.sampler.spec().seed, rng::stream::AUGMENT ^ (epoch << 8), index as u64);
     let plan = &sh.plan;
     let g = plan.geometry(info.width, info.height, &mut rng);
     let (oh, ow) = plan.output_size();
     let region = dec.decode(data, nopath, &info, g.bbox, (g.dst[2], g.dst[3]))?;
     let t1 = Instant::now();
     sh.telemetry.decode.record(t1 - t0);
-    let hwc = rs.resample(
-        region.pixels,
-        region.width,
-        region.height,
-        region.bbox,
-        g.hard,
-        g.dst,
-        ow,
-        oh,
-    )?;
+    let hwc = rs.resample(region.pixels, region.width, region.height, region.bbox, g.hard, g.dst, ow, oh)?;
     // SAFETY: this worker owns position `task.pos` of the slot until `complete` is called.
     let out = unsafe { task.slot.sample_mut(task.pos) };
     plan.write(hwc, g.flip, out);

@@ -15,9 +15,7 @@ use std::io::Read;
 use std::path::{Path, PathBuf};
 
 /// torchvision's `IMG_EXTENSIONS`.
-pub const IMG_EXTENSIONS: &[&str] = &[
-    "jpg", "jpeg", "png", "ppm", "bmp", "pgm", "tif", "tiff", "webp",
-];
+pub const IMG_EXTENSIONS: &[&str] = &["jpg", "jpeg", "png", "ppm", "bmp", "pgm", "tif", "tiff", "webp"];
 
 /// An indexed ImageFolder tree.
 #[derive(Debug)]
@@ -35,9 +33,7 @@ fn is_hidden(name: &str) -> bool {
 
 fn has_image_extension(name: &str) -> bool {
     match name.rsplit_once('.') {
-        Some((stem, ext)) if !stem.is_empty() => {
-            IMG_EXTENSIONS.iter().any(|e| e.eq_ignore_ascii_case(ext))
-        }
+        Some((stem, ext)) if !stem.is_empty() => IMG_EXTENSIONS.iter().any(|e| e.eq_ignore_ascii_case(ext)),
         _ => false,
     }
 }
@@ -46,14 +42,10 @@ impl ImageFolder {
     /// Indexes the tree under `root`.
     pub fn new(root: impl AsRef<Path>) -> Result<Self> {
         let root = root.as_ref().to_path_buf();
-        let meta = std::fs::metadata(&root).map_err(|e| {
-            Error::Dataset(format!("{}: cannot open dataset root: {e}", root.display()))
-        })?;
+        let meta = std::fs::metadata(&root)
+            .map_err(|e| Error::Dataset(format!("{}: cannot open dataset root: {e}", root.display())))?;
         if !meta.is_dir() {
-            return Err(Error::Dataset(format!(
-                "{}: dataset root is not a directory",
-                root.display()
-            )));
+            return Err(Error::Dataset(format!("{}: dataset root is not a directory", root.display())));
         }
         let mut classes = vec![];
         for entry in read_dir(&root)? {
@@ -102,13 +94,7 @@ impl ImageFolder {
                 IMG_EXTENSIONS.join(", ")
             )));
         }
-        Ok(ImageFolder {
-            root,
-            classes,
-            names,
-            ends,
-            labels,
-        })
+        Ok(ImageFolder { root, classes, names, ends, labels })
     }
 
     /// The class names, in label order.
@@ -134,19 +120,15 @@ impl ImageFolder {
 }
 
 fn read_dir(dir: &Path) -> Result<Vec<(String, PathBuf)>> {
-    let rd = std::fs::read_dir(dir)
-        .map_err(|e| Error::Dataset(format!("{}: cannot list folder: {e}", dir.display())))?;
+    let rd =
+        std::fs::read_dir(dir).map_err(|e| Error::Dataset(format!("{}: cannot list folder: {e}", dir.display())))?;
     let mut out = vec![];
     for entry in rd {
-        let entry = entry
-            .map_err(|e| Error::Dataset(format!("{}: cannot list folder: {e}", dir.display())))?;
+        let entry = entry.map_err(|e| Error::Dataset(format!("{}: cannot list folder: {e}", dir.display())))?;
         match entry.file_name().into_string() {
             Ok(name) => out.push((name, entry.path())),
             Err(name) => {
-                return Err(Error::Dataset(format!(
-                    "{}: file name is not valid UTF-8: {name:?}",
-                    dir.display()
-                )))
+                return Err(Error::Dataset(format!("{}: file name is not valid UTF-8: {name:?}", dir.display())))
             }
         }
     }
@@ -232,9 +214,7 @@ mod tests {
         touch(&r.join("README.md"));
         let f = ImageFolder::new(r).unwrap();
         assert_eq!(f.classes(), &["cat".to_string(), "dog".to_string()]);
-        let paths: Vec<_> = (0..f.len())
-            .map(|i| (f.relative_path(i).to_string(), f.label(i)))
-            .collect();
+        let paths: Vec<_> = (0..f.len()).map(|i| (f.relative_path(i).to_string(), f.label(i))).collect();
         assert_eq!(
             paths,
             vec![
@@ -255,10 +235,6 @@ mod tests {
         assert!(e.to_string().contains("no class folders"), "{e}");
         std::fs::create_dir(d.path().join("empty")).unwrap();
         let e = ImageFolder::new(d.path()).unwrap_err();
-        assert!(
-            e.to_string()
-                .contains("no image files in class folder(s) empty"),
-            "{e}"
-        );
+        assert!(e.to_string().contains("no image files in class folder(s) empty"), "{e}");
     }
 }

@@ -6,32 +6,15 @@ use stoker::decode::{DecodeOptions, Decoder};
 
 /// RGB8 pixels of an embedded photo, `(pixels, width, height)`.
 pub fn photo(name: &str) -> (Vec<u8>, usize, usize) {
-    let (_, bytes) = stoker::demo::PHOTOS
-        .iter()
-        .find(|(n, _)| *n == name)
-        .expect("photo exists");
-    Decoder::new(DecodeOptions::default())
-        .unwrap()
-        .decode_full(bytes, Path::new(name))
-        .unwrap()
+    let (_, bytes) = stoker::demo::PHOTOS.iter().find(|(n, _)| *n == name).expect("photo exists");
+    Decoder::new(DecodeOptions::default()).unwrap().decode_full(bytes, Path::new(name)).unwrap()
 }
 
 /// Upscales/crops `photo` to `w` x `h` with the engine's resampler (a smooth, photo-like image).
 pub fn photo_sized(name: &str, w: usize, h: usize) -> Vec<u8> {
     let (px, pw, ph) = photo(name);
     let mut rs = stoker::ops::Resampler::new();
-    rs.resample(
-        &px,
-        pw,
-        ph,
-        [0.0, 0.0, pw as f64, ph as f64],
-        true,
-        [0, 0, w, h],
-        w,
-        h,
-    )
-    .unwrap()
-    .to_vec()
+    rs.resample(&px, pw, ph, [0.0, 0.0, pw as f64, ph as f64], true, [0, 0, w, h], w, h).unwrap().to_vec()
 }
 
 /// Encodes RGB8 as a baseline 4:2:0 JPEG.
@@ -66,11 +49,7 @@ pub fn demo_folder(dir: &Path, images: usize) -> std::path::PathBuf {
 /// Mean absolute difference of two equal-length byte buffers.
 pub fn mean_abs(a: &[u8], b: &[u8]) -> f64 {
     assert_eq!(a.len(), b.len());
-    a.iter()
-        .zip(b)
-        .map(|(x, y)| (*x as i32 - *y as i32).unsigned_abs() as f64)
-        .sum::<f64>()
-        / a.len() as f64
+    a.iter().zip(b).map(|(x, y)| (*x as i32 - *y as i32).unsigned_abs() as f64).sum::<f64>() / a.len() as f64
 }
 
 /// Threads of this process (Linux).
