@@ -145,6 +145,50 @@ unsafe fn horizontal_row_sse41(row: &[u8], c: &Coeffs, out: &mut [u8]) {
     }
 }
 
+/// Two rows of the horizontal pass at once with AVX2: both rows share the windows and weights,
+/// so each tap is one 8-lane multiply-add (`[r, g, b, _]` of row A and of row B). Same integer
+/// arithmetic as the portable path, so the result is identical.
+///
+/// # Safety
+/// The CPU must support AVX2.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn horizontal_rows2_avx2(row_a: &[u8], row_b: &[u8], c: &Coeffs, out_a: &mut [u8], out_b: &mut [u8]) {
+    use std::arch::x86_64::*;
+    debug_assert_eq!(row_a.len(), row_b.len());
+    let half = _mm256_set1_epi32(1 << (PRECISION_BITS - 1));
+    let (pa, pb) = (row_a.as_ptr(), row_b.as_ptr());
+    for (xx, ((&(start, n), oa), ob)) in
+        c.bounds.iter().zip(out_a.chunks_exact_mut(3)).zip(out_b.chunks_exact_mut(3)).enumerate()
+    {
+        let k = &c.k[xx * c.ksize..xx * c.ksize + n];
+        if (start + n) * 3 + 1 > row_a.len() {
+            oa.copy_from_slice(&pixel_scalar(&row_a[start * 3..(start + n) * 3], k));
+            ob.copy_from_slice(&pixel_scalar(&row_b[start * 3..(start + n) * 3], k));
+            continue;
+        }
+        let mut acc = half;
+        for (t, &w) in k.iter().enumerate() {
+            let off = (start + t) * 3;
+            // SAFETY: off + 4 <= (start + n) * 3 + 1 <= len of both rows, checked above.
+            let (va, vb) = unsafe {
+                (std::ptr::read_unaligned(pa.add(off).cast::<i32>()), std::ptr::read_unaligned(pb.add(off).cast::<i32>()))
+            };
+            let px = _mm256_cvtepu8_epi32(_mm_unpacklo_epi32(_mm_cvtsi32_si128(va), _mm_cvtsi32_si128(vb)));
+            acc = _mm256_add_epi32(acc, _mm256_mullo_epi32(px, _mm256_set1_epi32(w)));
+        }
+        let shifted = _mm256_srai_epi32(acc, PRECISION_BITS as i32);
+        // [a_r a_g a_b _ | b_r b_g b_b _] -> saturating packs, as clip8 does.
+        let lo = _mm256_castsi256_si128(shifted);
+        let hi = _mm256_extracti128_si256(shifted, 1);
+        let packed = _mm_packus_epi16(_mm_packs_epi32(lo, hi), _mm_setzero_si128());
+        let v = _mm_cvtsi128_si64(packed) as u64;
+        let bytes = v.to_le_bytes();
+        oa.copy_from_slice(&bytes[..3]);
+        ob.copy_from_slice(&bytes[4..7]);
+    }
+}
+
 /// One output row of the vertical pass: `out[j] = clip8(sum_t w_t * rows[start + t][j])`.
 #[inline(always)]
 fn vertical_row_generic(tmp: &[u8], row_len: usize, start: usize, k: &[i32], acc: &mut [i32], out: &mut [u8]) {
@@ -225,7 +269,20 @@ impl BoxResampler {
         let rows = last - first;
         grow(&mut self.tmp, rows * row_len, 0);
         // Horizontal pass over only the rows the vertical pass reads.
-        for r in 0..rows {
+        let mut r0 = 0;
+        #[cfg(target_arch = "x86_64")]
+        if self.avx2 {
+            while r0 + 2 <= rows {
+                let (ya, yb) = (y0 + first + r0, y0 + first + r0 + 1);
+                let row_a = &src[(ya * sw + x0) * 3..(ya * sw + x1) * 3];
+                let row_b = &src[(yb * sw + x0) * 3..(yb * sw + x1) * 3];
+                let (head, tail) = self.tmp[r0 * row_len..(r0 + 2) * row_len].split_at_mut(row_len);
+                // SAFETY: AVX2 support was detected at construction.
+                unsafe { horizontal_rows2_avx2(row_a, row_b, &self.h, head, tail) };
+                r0 += 2;
+            }
+        }
+        for r in r0..rows {
             let y = y0 + first + r;
             let row = &src[(y * sw + x0) * 3..(y * sw + x1) * 3];
             let dst = &mut self.tmp[r * row_len..(r + 1) * row_len];

@@ -1,0 +1,214 @@
+#!/usr/bin/env python3
+"""Side-by-side benchmark: `stoker bench` vs torchvision's ImageFolder + DataLoader.
+
+Both load the same generated ImageFolder (ImageNet-like JPEGs) with the same preset, one epoch
+each, interleaved A B A B ... so machine noise hits both alike; medians are reported, with
+ratios. Measured per run:
+
+- images/s over the loading loop;
+- CPU-seconds per 1000 images over the loading loop: stoker's in-process rusage; for the
+  DataLoader, rusage of the main process plus its reaped worker processes (workers are not
+  persistent, so they are joined when the epoch ends). Interpreter and `import torch` time is
+  excluded for the DataLoader, process start-up and indexing is included for stoker;
+- peak memory of the whole process tree, sampled every 100 ms: the sum of RSS (what the issue
+  asks for) and the sum of PSS (shared pages split between processes, fairer to forked workers).
+
+Also measured: a pure single-thread full-size libjpeg-turbo decode of the same files
+(`stoker bench --decode-only`), to compare with stoker's per-thread rate.
+
+Usage: python3 benches/compare_torchvision.py [--images 2560] [--repeats 3] [--preset imagenet-train]
+Writes JSON to --out (default bench-results.json) and prints a Markdown table.
+"""
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def tree_pids(pid):
+    """pid and all its descendants (Linux /proc)."""
+    children = {}
+    for p in os.listdir("/proc"):
+        if not p.isdigit():
+            continue
+        try:
+            with open(f"/proc/{p}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(ppid, []).append(int(p))
+    out, stack = [], [pid]
+    while stack:
+        q = stack.pop()
+        out.append(q)
+        stack.extend(children.get(q, []))
+    return out
+
+
+def tree_memory(pid):
+    rss = pss = 0
+    for p in tree_pids(pid):
+        try:
+            with open(f"/proc/{p}/smaps_rollup") as f:
+                for line in f:
+                    if line.startswith("Rss:"):
+                        rss += int(line.split()[1]) * 1024
+                    elif line.startswith("Pss:"):
+                        pss += int(line.split()[1]) * 1024
+        except OSError:
+            pass
+    return rss, pss
+
+
+def run_measured(cmd, env=None):
+    """Runs cmd, sampling the tree's memory; returns (stdout, peak_rss, peak_pss, wall)."""
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    peak = [0, 0]
+    done = threading.Event()
+
+    def sample():
+        while not done.is_set():
+            rss, pss = tree_memory(proc.pid)
+            peak[0], peak[1] = max(peak[0], rss), max(peak[1], pss)
+            done.wait(0.1)
+
+    t = threading.Thread(target=sample, daemon=True)
+    t.start()
+    out, err = proc.communicate()
+    done.set()
+    t.join()
+    wall = time.perf_counter() - t0
+    if proc.returncode != 0:
+        raise RuntimeError(f"{cmd} failed: {err}")
+    return out, peak[0], peak[1], wall
+
+
+def torch_runner(args):
+    """Child mode: one epoch of torchvision's DataLoader; prints a JSON line."""
+    import torch
+    import torchvision.transforms as T
+    from torchvision.datasets import ImageFolder
+
+    norm = T.Normalize([0.485, 0.456, 0.406], [0.229, 0.224, 0.225])
+    if args.preset == "imagenet-train":
+        tf = T.Compose([T.RandomResizedCrop(224), T.RandomHorizontalFlip(), T.ToTensor(), norm])
+    else:
+        tf = T.Compose([T.Resize(256), T.CenterCrop(224), T.ToTensor(), norm])
+    ds = ImageFolder(args.data, transform=tf)
+    torch.manual_seed(0)
+    loader = torch.utils.data.DataLoader(ds, batch_size=args.batch_size, shuffle=True, num_workers=args.workers,
+                                         drop_last=True)
+
+    def cpu():
+        s, c = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+        return s.ru_utime + s.ru_stime + c.ru_utime + c.ru_stime
+
+    c0, t0 = cpu(), time.perf_counter()
+    n = 0
+    it = iter(loader)
+    for images, _labels in it:
+        n += images.shape[0]
+    del it  # joins the workers, so their CPU time is accounted to us
+    seconds = time.perf_counter() - t0
+    print(json.dumps({"images": n, "seconds": seconds, "cpu_seconds": cpu() - c0}))
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--data", type=Path, default=ROOT / "bench-data" / "imagenet-like")
+    ap.add_argument("--images", type=int, default=2560, help="images to generate if --data does not exist")
+    ap.add_argument("--preset", default="imagenet-train", choices=["imagenet-train", "imagenet-val"])
+    ap.add_argument("--batch-size", type=int, default=256)
+    ap.add_argument("--workers", type=int, default=os.cpu_count(), help="DataLoader num_workers (default: cores)")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--stoker", type=Path, default=ROOT / "target" / "release" / "stoker")
+    ap.add_argument("--out", type=Path, default=ROOT / "bench-results.json")
+    ap.add_argument("--torch-runner", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.torch_runner:
+        return torch_runner(args)
+
+    if not args.data.exists():
+        subprocess.run([str(args.stoker), "demo", "--out", str(args.data), "--images", str(args.images),
+                        "--no-bench"], check=True)
+    files = sum(1 for _ in args.data.rglob("*.jpg"))
+    stoker_cmd = [str(args.stoker), "bench", str(args.data), "--preset", args.preset, "--batch-size",
+                  str(args.batch_size), "--json"]
+    torch_cmd = [sys.executable, __file__, "--torch-runner", "--data", str(args.data), "--preset", args.preset,
+                 "--batch-size", str(args.batch_size), "--workers", str(args.workers)]
+
+    runs = {"stoker": [], "torchvision": []}
+    # Warm the page cache (and torch's import) once for each, not counted.
+    run_measured(stoker_cmd)
+    run_measured(torch_cmd)
+    for r in range(args.repeats):
+        for name, cmd in (("stoker", stoker_cmd), ("torchvision", torch_cmd)):
+            out, rss, pss, wall = run_measured(cmd)
+            j = json.loads(out.strip().splitlines()[-1])
+            rec = {"images": j["images"], "seconds": j["seconds"], "cpu_seconds": j["cpu_seconds"],
+                   "peak_rss_tree": rss, "peak_pss_tree": pss, "process_wall": wall}
+            if name == "stoker":
+                rec["threads"] = j["threads"]
+                rec["digest"] = j["digest"]
+            rec["images_per_sec"] = rec["images"] / rec["seconds"]
+            rec["cpu_s_per_1000"] = rec["cpu_seconds"] / rec["images"] * 1000
+            runs[name].append(rec)
+            print(f"run {r + 1} {name:12s} {rec['images_per_sec']:8.1f} img/s  {rec['cpu_s_per_1000']:6.2f} CPU-s/1000"
+                  f"  RSS {rss / 2**20:7.1f} MiB  PSS {pss / 2**20:7.1f} MiB", file=sys.stderr)
+
+    dec_out, _, _, _ = run_measured([str(args.stoker), "bench", str(args.data), "--decode-only", "--json"])
+    decode = json.loads(dec_out)
+
+    def med(name, key):
+        return statistics.median(x[key] for x in runs[name])
+
+    summary = {
+        "machine": {"cpus": os.cpu_count(), "affinity": len(os.sched_getaffinity(0))},
+        "data": str(args.data), "files": files, "preset": args.preset, "batch_size": args.batch_size,
+        "workers": args.workers, "repeats": args.repeats, "runs": runs, "pure_decode": decode,
+    }
+    for key in ["images_per_sec", "cpu_s_per_1000", "peak_rss_tree", "peak_pss_tree"]:
+        a, b = med("stoker", key), med("torchvision", key)
+        summary[key] = {"stoker": a, "torchvision": b, "ratio": a / b}
+    # Ratios pair by pair (A/B of the same round), then their median.
+    pairs = list(zip(runs["stoker"], runs["torchvision"]))
+    summary["paired_ratio_images_per_cpu_second"] = statistics.median(
+        (1000 / a["cpu_s_per_1000"]) / (1000 / b["cpu_s_per_1000"]) for a, b in pairs)
+    summary["paired_ratio_rss"] = statistics.median(a["peak_rss_tree"] / b["peak_rss_tree"] for a, b in pairs)
+    threads = runs["stoker"][0]["threads"]
+    per_thread = med("stoker", "images_per_sec") / threads
+    summary["stoker_per_thread_images_per_sec"] = per_thread
+    summary["pure_decode_images_per_sec"] = decode["images_per_sec"]
+    summary["per_thread_vs_pure_decode"] = per_thread / decode["images_per_sec"]
+    args.out.write_text(json.dumps(summary, indent=2))
+
+    print(f"\n{files} JPEGs, preset {args.preset}, batch {args.batch_size}, DataLoader num_workers={args.workers},"
+          f" stoker threads={threads}; medians of {args.repeats} interleaved runs\n")
+    print("| metric | stoker | torchvision DataLoader | stoker / DataLoader |")
+    print("|---|---|---|---|")
+    s = summary
+    print(f"| images/s | {s['images_per_sec']['stoker']:.1f} | {s['images_per_sec']['torchvision']:.1f} |"
+          f" {s['images_per_sec']['ratio']:.2f}x |")
+    print(f"| CPU-s per 1000 images | {s['cpu_s_per_1000']['stoker']:.2f} | {s['cpu_s_per_1000']['torchvision']:.2f} |"
+          f" {s['cpu_s_per_1000']['ratio']:.2f}x (images per CPU-s: "
+          f"{s['paired_ratio_images_per_cpu_second']:.2f}x, paired) |")
+    print(f"| peak RSS, process tree | {s['peak_rss_tree']['stoker'] / 2**20:.0f} MiB |"
+          f" {s['peak_rss_tree']['torchvision'] / 2**20:.0f} MiB | {s['peak_rss_tree']['ratio']:.2f}x |")
+    print(f"| peak PSS, process tree | {s['peak_pss_tree']['stoker'] / 2**20:.0f} MiB |"
+          f" {s['peak_pss_tree']['torchvision'] / 2**20:.0f} MiB | {s['peak_pss_tree']['ratio']:.2f}x |")
+    print(f"\nstoker per-thread rate {per_thread:.1f} img/s vs pure full-size libjpeg-turbo decode "
+          f"{decode['images_per_sec']:.1f} img/s (1 thread): {summary['per_thread_vs_pure_decode']:.2f}x")
+
+
+if __name__ == "__main__":
+    main()
