@@ -476,9 +476,9 @@ fn run() -> Result<()> {
                 return Ok(());
             }
             let mut o = opts.clone();
-            // A small demo would otherwise be a handful of batches.
-            if o.batch_size > images {
-                o.batch_size = images.min(64);
+            // A small demo would otherwise be one or two batches: use at least eight.
+            if o.batch_size * 8 > images {
+                o.batch_size = (images / 8).max(1);
             }
             bench(&root, &o)
         }
