@@ -172,7 +172,10 @@ unsafe fn horizontal_rows2_avx2(row_a: &[u8], row_b: &[u8], c: &Coeffs, out_a: &
             let off = (start + t) * 3;
             // SAFETY: off + 4 <= (start + n) * 3 + 1 <= len of both rows, checked above.
             let (va, vb) = unsafe {
-                (std::ptr::read_unaligned(pa.add(off).cast::<i32>()), std::ptr::read_unaligned(pb.add(off).cast::<i32>()))
+                (
+                    std::ptr::read_unaligned(pa.add(off).cast::<i32>()),
+                    std::ptr::read_unaligned(pb.add(off).cast::<i32>()),
+                )
             };
             let px = _mm256_cvtepu8_epi32(_mm_unpacklo_epi32(_mm_cvtsi32_si128(va), _mm_cvtsi32_si128(vb)));
             acc = _mm256_add_epi32(acc, _mm256_mullo_epi32(px, _mm256_set1_epi32(w)));
