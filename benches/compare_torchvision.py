@@ -181,7 +181,7 @@ def main():
         a, b = med("stoker", key), med("torchvision", key)
         summary[key] = {"stoker": a, "torchvision": b, "ratio": a / b}
     # Ratios pair by pair (A/B of the same round), then their median.
-    pairs = list(zip(runs["stoker"], runs["torchvision"]))
+    pairs = list(zip(runs["stoker"], runs["torchvision"], strict=True))
     summary["paired_ratio_images_per_cpu_second"] = statistics.median(
         (1000 / a["cpu_s_per_1000"]) / (1000 / b["cpu_s_per_1000"]) for a, b in pairs)
     summary["paired_ratio_rss"] = statistics.median(a["peak_rss_tree"] / b["peak_rss_tree"] for a, b in pairs)

@@ -201,6 +201,7 @@ pub struct BufferPool {
     slots: usize,
     batch_bytes: usize,
     pub(crate) held: Arc<AtomicUsize>,
+    addresses: Vec<usize>,
 }
 
 impl std::fmt::Debug for BufferPool {
@@ -230,10 +231,20 @@ impl BufferPool {
     /// Allocates `slots` slots of `capacity` samples of `sample_bytes` each.
     pub fn new(slots: usize, capacity: usize, sample_bytes: usize) -> Result<Self> {
         let (free_tx, free_rx) = crossbeam_channel::bounded(slots);
+        let mut addresses = Vec::with_capacity(slots);
         for _ in 0..slots {
-            free_tx.send(Arc::new(Slot::new(capacity, sample_bytes)?)).expect("pool channel has room");
+            let slot = Slot::new(capacity, sample_bytes)?;
+            addresses.push(slot.data.as_ptr() as usize);
+            free_tx.send(Arc::new(slot)).expect("pool channel has room");
         }
-        Ok(BufferPool { free_tx, free_rx, slots, batch_bytes: capacity * sample_bytes, held: Arc::default() })
+        Ok(BufferPool {
+            free_tx,
+            free_rx,
+            slots,
+            batch_bytes: capacity * sample_bytes,
+            held: Arc::default(),
+            addresses,
+        })
     }
 
     /// Number of slots.
@@ -249,6 +260,11 @@ impl BufferPool {
     /// Bytes of all batch buffers together.
     pub fn total_bytes(&self) -> usize {
         self.slots * self.batch_bytes
+    }
+
+    /// Start addresses of the batch buffers (to check zero-copy hand-offs).
+    pub fn addresses(&self) -> &[usize] {
+        &self.addresses
     }
 
     /// Batches currently held by the consumer.

@@ -116,10 +116,18 @@ struct Stash {
     bytes: Vec<Vec<u8>>,
 }
 
+/// Where iteration stands, in atomics: no lock, so a process forked while another thread
+/// iterates can still read it.
+#[derive(Debug, Default)]
+struct StateCell {
+    epoch: std::sync::atomic::AtomicU64,
+    next_batch: std::sync::atomic::AtomicUsize,
+}
+
 /// A batch loader over a [`Source`].
 pub struct Loader {
     shared: Arc<Shared>,
-    state: Arc<Mutex<SamplerState>>,
+    state: Arc<StateCell>,
     active: Mutex<Option<Arc<AtomicBool>>>,
 }
 
@@ -176,7 +184,6 @@ impl Loader {
         // One batch being filled, `prefetch` ready, one held by the consumer.
         let slots = BufferPool::plan(config.prefetch + 2, batch_bytes, config.memory_limit)?;
         let pool = BufferPool::new(slots, batch_size, plan.sample_bytes())?;
-        let state = SamplerState { seed: config.sampler.seed, epoch: 0, next_batch: 0 };
         let decode_opts =
             DecodeOptions { apply_exif: config.transform.apply_exif, dct_scaling: config.dct_scaling, roi: config.roi };
         Ok(Loader {
@@ -194,7 +201,7 @@ impl Loader {
                 stash: Mutex::new(Stash::default()),
                 read_high_water: std::sync::atomic::AtomicUsize::new(0),
             }),
-            state: Arc::new(Mutex::new(state)),
+            state: Arc::new(StateCell::default()),
             active: Mutex::new(None),
         })
     }
@@ -237,16 +244,18 @@ impl Loader {
     /// Selects the epoch. Changing it restarts at batch 0; setting the current epoch again keeps
     /// the position (so a restored state survives the usual `set_epoch` call).
     pub fn set_epoch(&self, epoch: u64) {
-        let mut s = self.state.lock().expect("state lock");
-        if s.epoch != epoch {
-            s.epoch = epoch;
-            s.next_batch = 0;
+        if self.state.epoch.swap(epoch, Ordering::AcqRel) != epoch {
+            self.state.next_batch.store(0, Ordering::Release);
         }
     }
 
     /// The resumable state: where the next iteration would start.
     pub fn state(&self) -> SamplerState {
-        *self.state.lock().expect("state lock")
+        SamplerState {
+            seed: self.shared.sampler.spec().seed,
+            epoch: self.state.epoch.load(Ordering::Acquire),
+            next_batch: self.state.next_batch.load(Ordering::Acquire),
+        }
     }
 
     /// Restores a state from [`Loader::state`].
@@ -263,7 +272,8 @@ impl Loader {
                 format!("next_batch {} exceeds the {} batches per epoch", st.next_batch, self.len()),
             ));
         }
-        *self.state.lock().expect("state lock") = st;
+        self.state.epoch.store(st.epoch, Ordering::Release);
+        self.state.next_batch.store(st.next_batch, Ordering::Release);
         Ok(())
     }
 
@@ -284,13 +294,12 @@ impl Loader {
         if let Some(old) = self.active.lock().expect("active lock").replace(cancel.clone()) {
             old.store(true, Ordering::Release);
         }
-        let (epoch, start) = {
-            let mut s = self.state.lock().expect("state lock");
-            if s.next_batch >= self.len() {
-                s.next_batch = 0;
-            }
-            (s.epoch, s.next_batch)
-        };
+        let epoch = self.state.epoch.load(Ordering::Acquire);
+        let mut start = self.state.next_batch.load(Ordering::Acquire);
+        if start >= self.len() {
+            start = 0;
+            self.state.next_batch.store(0, Ordering::Release);
+        }
         EpochIter::start(self.shared.clone(), self.state.clone(), cancel, epoch, start)
     }
 }
@@ -320,7 +329,7 @@ const POLL: Duration = Duration::from_millis(20);
 /// every thread.
 pub struct EpochIter {
     shared: Arc<Shared>,
-    state: Arc<Mutex<SamplerState>>,
+    state: Arc<StateCell>,
     cancel: Arc<AtomicBool>,
     done_rx: Option<Receiver<Arc<Slot>>>,
     pending: Vec<Option<Arc<Slot>>>,
@@ -329,6 +338,7 @@ pub struct EpochIter {
     epoch: u64,
     threads: Vec<JoinHandle<()>>,
     last_return: Option<Instant>,
+    wait_started: Option<Instant>,
     finished: bool,
     bytes_rx: Option<Receiver<Vec<u8>>>,
 }
@@ -346,7 +356,7 @@ fn spawn(name: String, f: impl FnOnce() + Send + 'static) -> Result<JoinHandle<(
 impl EpochIter {
     fn start(
         shared: Arc<Shared>,
-        state: Arc<Mutex<SamplerState>>,
+        state: Arc<StateCell>,
         cancel: Arc<AtomicBool>,
         epoch: u64,
         start: usize,
@@ -378,6 +388,7 @@ impl EpochIter {
             epoch,
             threads: vec![],
             last_return: None,
+            wait_started: None,
             finished: start >= end,
             bytes_rx: Some(bytes_rx.clone()),
         };
@@ -434,21 +445,25 @@ impl EpochIter {
         self.finished = true;
     }
 
-    fn wait_for(&mut self, batch: usize) -> Result<Option<Arc<Slot>>> {
+    fn wait_for(&mut self, batch: usize, deadline: Option<Instant>) -> Result<Wait> {
         let n = self.pending.len();
         if let Some(s) = self.pending[batch % n].take() {
-            return Ok(Some(s));
+            return Ok(Wait::Slot(s));
         }
         let rx = self.done_rx.as_ref().expect("live iterator has a receiver");
         loop {
             if self.cancel.load(Ordering::Acquire) {
-                return Ok(None);
+                return Ok(Wait::Cancelled);
             }
-            match rx.recv_timeout(POLL) {
+            let step = match deadline {
+                Some(d) => d.saturating_duration_since(Instant::now()).min(POLL),
+                None => POLL,
+            };
+            match rx.recv_timeout(step) {
                 Ok(slot) => {
                     let b = slot.batch.load(Ordering::Relaxed);
                     if b == batch {
-                        return Ok(Some(slot));
+                        return Ok(Wait::Slot(slot));
                     }
                     self.pending[b % n] = Some(slot);
                 }
@@ -462,6 +477,9 @@ impl EpochIter {
                             pool.batch_bytes()
                         )));
                     }
+                    if deadline.is_some_and(|d| Instant::now() >= d) {
+                        return Ok(Wait::TimedOut);
+                    }
                 }
                 Err(RecvTimeoutError::Disconnected) => {
                     return Err(Error::Internal("worker threads stopped before the epoch ended".into()));
@@ -469,37 +487,41 @@ impl EpochIter {
             }
         }
     }
-}
 
-impl Iterator for EpochIter {
-    type Item = Result<Batch>;
+    /// Like [`Iterator::next`], but gives up after `timeout`: `None` means "not yet" (call
+    /// again), `Some(None)` the end of the pass. For callers that must stay responsive, such as
+    /// the Python binding checking for Ctrl-C between waits.
+    pub fn next_timeout(&mut self, timeout: Duration) -> Option<Option<Result<Batch>>> {
+        self.poll(Some(Instant::now() + timeout))
+    }
 
-    fn next(&mut self) -> Option<Self::Item> {
-        let t0 = Instant::now();
+    fn poll(&mut self, deadline: Option<Instant>) -> Option<Option<Result<Batch>>> {
+        let t0 = *self.wait_started.get_or_insert_with(Instant::now);
         if let Some(last) = self.last_return.take() {
             self.shared.telemetry.consumer.add_busy(t0 - last);
         }
         loop {
             if self.finished {
-                return None;
+                return Some(None);
             }
             if self.next_batch >= self.end || self.cancel.load(Ordering::Acquire) {
                 self.shutdown();
-                return None;
+                return Some(None);
             }
-            let slot = match self.wait_for(self.next_batch) {
-                Ok(Some(s)) => s,
-                Ok(None) => {
+            let slot = match self.wait_for(self.next_batch, deadline) {
+                Ok(Wait::Slot(s)) => s,
+                Ok(Wait::TimedOut) => return None,
+                Ok(Wait::Cancelled) => {
                     self.shutdown();
-                    return None;
+                    return Some(None);
                 }
                 Err(e) => {
                     self.shutdown();
-                    return Some(Err(e));
+                    return Some(Some(Err(e)));
                 }
             };
             self.next_batch += 1;
-            self.state.lock().expect("state lock").next_batch = self.next_batch;
+            self.state.next_batch.store(self.next_batch, Ordering::Release);
             let first_err = {
                 let mut errs = slot.errors.lock().expect("slot errors lock");
                 if self.shared.on_error == ErrorPolicy::Raise && !errs.is_empty() {
@@ -512,7 +534,7 @@ impl Iterator for EpochIter {
             if let Some(e) = first_err {
                 let _ = self.shared.pool.free_tx.send(slot);
                 self.shutdown();
-                return Some(Err(e));
+                return Some(Some(Err(e)));
             }
             let len = slot.len.load(Ordering::Acquire);
             if len == 0 {
@@ -524,10 +546,11 @@ impl Iterator for EpochIter {
             tel.consumer.add_wait(now - t0);
             tel.consumer.record(Duration::ZERO);
             tel.add_samples(len);
+            self.wait_started = None;
             self.last_return = Some(now);
             self.shared.pool.held.fetch_add(1, Ordering::AcqRel);
             let plan = &self.shared.plan;
-            return Some(Ok(Batch {
+            return Some(Some(Ok(Batch {
                 slot: Some(slot),
                 free: self.shared.pool.free_tx.clone(),
                 held: self.shared.pool.held.clone(),
@@ -535,8 +558,22 @@ impl Iterator for EpochIter {
                 dtype: plan.spec().dtype,
                 layout: plan.spec().layout,
                 epoch: self.epoch,
-            }));
+            })));
         }
+    }
+}
+
+enum Wait {
+    Slot(Arc<Slot>),
+    Cancelled,
+    TimedOut,
+}
+
+impl Iterator for EpochIter {
+    type Item = Result<Batch>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        self.poll(None).expect("no deadline, so no time-out")
     }
 }
 
@@ -770,6 +807,11 @@ impl Batch {
     /// Address of the first byte (stable while the batch lives; for zero-copy hand-off).
     pub fn data_ptr(&self) -> *const u8 {
         self.slot().data.as_ptr()
+    }
+
+    /// Address of the labels (stable while the batch lives; for zero-copy hand-off).
+    pub fn labels_ptr(&self) -> *const i64 {
+        self.slot().labels().as_ptr()
     }
 
     /// The labels, one per sample.

@@ -1,0 +1,353 @@
+//! The `Loader`, `Iterator`, `Batch` and `Tensor` classes.
+
+use crate::dlpack::{self, DLDataType, View};
+use crate::errors::{self, IntoPy};
+use pyo3::exceptions::PyBufferError;
+use pyo3::prelude::*;
+use pyo3::types::PyCapsule;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use stoker::{Batch, DType, EpochIter, ImageFolder, Loader, LoaderConfig, SamplerState};
+
+/// How long one wait lasts before Python gets a chance to handle signals (Ctrl-C).
+const SIGNAL_POLL: Duration = Duration::from_millis(50);
+
+/// A loader over an ImageFolder root, configured by a JSON `LoaderConfig`.
+#[pyclass(frozen, name = "Loader", module = "stoker._stoker")]
+pub struct PyLoader {
+    loader: Loader,
+    classes: Vec<String>,
+    samples: usize,
+}
+
+#[pymethods]
+impl PyLoader {
+    /// Indexes `root` (GIL released) and allocates the buffer pool.
+    #[new]
+    fn new(py: Python<'_>, root: PathBuf, config_json: &str) -> PyResult<Self> {
+        let config: LoaderConfig = serde_json::from_str(config_json)
+            .map_err(|e| errors::config("config", format!("invalid configuration: {e}")))?;
+        py.detach(move || {
+            let folder = ImageFolder::new(&root)?;
+            let classes = folder.classes().to_vec();
+            let samples = stoker::Source::len(&folder);
+            let loader = Loader::new(Arc::new(folder), config)?;
+            Ok(PyLoader { loader, classes, samples })
+        })
+        .py_err()
+    }
+
+    fn __len__(&self) -> usize {
+        self.loader.len()
+    }
+
+    /// Class names in label order.
+    #[getter]
+    fn classes(&self) -> Vec<String> {
+        self.classes.clone()
+    }
+
+    /// Samples in the dataset (all ranks).
+    #[getter]
+    fn num_samples(&self) -> usize {
+        self.samples
+    }
+
+    /// Decode threads.
+    #[getter]
+    fn threads(&self) -> usize {
+        self.loader.threads()
+    }
+
+    /// I/O threads.
+    #[getter]
+    fn io_threads(&self) -> usize {
+        self.loader.io_threads()
+    }
+
+    /// Batch buffers in the pool.
+    #[getter]
+    fn pool_slots(&self) -> usize {
+        self.loader.pool().slots()
+    }
+
+    /// Bytes of one batch buffer.
+    #[getter]
+    fn batch_bytes(&self) -> usize {
+        self.loader.pool().batch_bytes()
+    }
+
+    /// Start addresses of the pool's batch buffers (for zero-copy checks).
+    fn buffer_addresses(&self) -> Vec<usize> {
+        self.loader.pool().addresses().to_vec()
+    }
+
+    /// Batches currently held by Python (tensors/arrays alive).
+    #[getter]
+    fn held(&self) -> usize {
+        self.loader.pool().held()
+    }
+
+    /// One sample's shape.
+    #[getter]
+    fn sample_shape(&self) -> Vec<usize> {
+        self.loader.plan().sample_shape().to_vec()
+    }
+
+    /// Output dtype name.
+    #[getter]
+    fn dtype(&self) -> &'static str {
+        self.loader.plan().spec().dtype.name()
+    }
+
+    fn set_epoch(&self, epoch: u64) {
+        self.loader.set_epoch(epoch);
+    }
+
+    /// `(seed, epoch, next_batch)`.
+    fn state(&self) -> (u64, u64, usize) {
+        let s = self.loader.state();
+        (s.seed, s.epoch, s.next_batch)
+    }
+
+    fn load_state(&self, seed: u64, epoch: u64, next_batch: usize) -> PyResult<()> {
+        self.loader.load_state(SamplerState { seed, epoch, next_batch }).py_err()
+    }
+
+    /// Telemetry as a JSON string.
+    fn report_json(&self) -> PyResult<String> {
+        serde_json::to_string(&self.loader.report()).map_err(|e| errors::to_py(stoker::Error::Internal(e.to_string())))
+    }
+
+    /// The human summary.
+    fn report_text(&self) -> String {
+        self.loader.report().to_text()
+    }
+
+    fn reset_report(&self) {
+        self.loader.reset_report();
+    }
+
+    /// Starts iterating from the current state; ends any previous iteration of this loader.
+    fn iter(&self, py: Python<'_>) -> PyResult<PyIter> {
+        let it = py.detach(|| self.loader.iter()).py_err()?;
+        Ok(PyIter { inner: Mutex::new(Some(it)), pid: std::process::id() })
+    }
+}
+
+/// An iteration over (the rest of) an epoch. Waits release the GIL; Ctrl-C is honoured
+/// between 50 ms waits and stops every worker thread.
+#[pyclass(frozen, name = "Iterator", module = "stoker._stoker")]
+pub struct PyIter {
+    inner: Mutex<Option<EpochIter>>,
+    pid: u32,
+}
+
+enum Step {
+    Item(Batch),
+    Error(stoker::Error),
+    Done,
+    Pending,
+}
+
+#[pymethods]
+impl PyIter {
+    fn __iter__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {
+        slf
+    }
+
+    fn __next__(&self, py: Python<'_>) -> PyResult<Option<PyBatch>> {
+        if std::process::id() != self.pid {
+            return Err(errors::to_py(stoker::Error::Internal(
+                "this iteration was started in another process (before a fork); start a new one".into(),
+            )));
+        }
+        loop {
+            let step = py.detach(|| {
+                let mut guard = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+                let Some(it) = guard.as_mut() else { return Step::Done };
+                match it.next_timeout(SIGNAL_POLL) {
+                    None => Step::Pending,
+                    Some(Some(Ok(b))) => Step::Item(b),
+                    Some(Some(Err(e))) => {
+                        guard.take();
+                        Step::Error(e)
+                    }
+                    Some(None) => {
+                        guard.take();
+                        Step::Done
+                    }
+                }
+            });
+            match step {
+                Step::Item(b) => return Ok(Some(PyBatch { inner: Arc::new(b) })),
+                Step::Error(e) => return Err(errors::to_py(e)),
+                Step::Done => return Ok(None),
+                Step::Pending => {
+                    if let Err(e) = py.check_signals() {
+                        self.close(py);
+                        return Err(e);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Stops the iteration now (joins every worker thread, GIL released).
+    fn close(&self, py: Python<'_>) {
+        let it = self.inner.lock().unwrap_or_else(|p| p.into_inner()).take();
+        py.detach(move || drop(it));
+    }
+}
+
+/// One batch: views of a pool buffer. Its `images` and `labels` export through DLPack; the
+/// buffer returns to the pool when the last view is gone.
+#[pyclass(frozen, name = "Batch", module = "stoker._stoker")]
+pub struct PyBatch {
+    inner: Arc<Batch>,
+}
+
+#[pymethods]
+impl PyBatch {
+    fn __len__(&self) -> usize {
+        self.inner.len()
+    }
+
+    /// The images as a DLPack-exporting tensor view.
+    #[getter]
+    fn images(&self) -> PyTensor {
+        PyTensor { batch: self.inner.clone(), labels: false }
+    }
+
+    /// The labels (int64) as a DLPack-exporting tensor view.
+    #[getter]
+    fn labels(&self) -> PyTensor {
+        PyTensor { batch: self.inner.clone(), labels: true }
+    }
+
+    /// Batch number within the epoch.
+    #[getter]
+    fn index(&self) -> usize {
+        self.inner.index()
+    }
+
+    /// The epoch.
+    #[getter]
+    fn epoch(&self) -> u64 {
+        self.inner.epoch()
+    }
+
+    /// Dataset indices of the samples.
+    #[getter]
+    fn indices(&self) -> Vec<u32> {
+        self.inner.indices()
+    }
+}
+
+/// A CPU tensor view of a batch's images or labels, exported with `__dlpack__`.
+#[pyclass(frozen, name = "Tensor", module = "stoker._stoker")]
+pub struct PyTensor {
+    batch: Arc<Batch>,
+    labels: bool,
+}
+
+impl PyTensor {
+    fn view(&self) -> View {
+        let owner: Arc<dyn Send + Sync> = self.batch.clone();
+        if self.labels {
+            View {
+                data: self.batch.labels_ptr().cast::<u8>(),
+                shape: vec![self.batch.len() as i64],
+                dtype: DLDataType::I64,
+                owner,
+            }
+        } else {
+            let dtype = match self.batch.dtype() {
+                DType::Uint8 => DLDataType::U8,
+                DType::Float16 => DLDataType::F16,
+                DType::Float32 => DLDataType::F32,
+            };
+            View {
+                data: self.batch.data_ptr(),
+                shape: self.batch.shape().iter().map(|&d| d as i64).collect(),
+                dtype,
+                owner,
+            }
+        }
+    }
+}
+
+#[pymethods]
+impl PyTensor {
+    /// DLPack export (zero-copy, CPU). `stream` must be None for CPU tensors; `copy=True` and
+    /// other devices are refused with `BufferError`, as the protocol specifies.
+    #[pyo3(signature = (*, stream=None, max_version=None, dl_device=None, copy=None))]
+    fn __dlpack__<'py>(
+        &self,
+        py: Python<'py>,
+        stream: Option<Bound<'py, PyAny>>,
+        max_version: Option<(u32, u32)>,
+        dl_device: Option<(i32, i32)>,
+        copy: Option<bool>,
+    ) -> PyResult<Bound<'py, PyCapsule>> {
+        let _ = max_version; // we export the legacy capsule, which every consumer accepts
+        if let Some(s) = stream {
+            if !s.is_none() {
+                return Err(PyBufferError::new_err("stoker CPU batches take no stream (stream must be None)"));
+            }
+        }
+        if let Some(d) = dl_device {
+            if d != (1, 0) {
+                return Err(PyBufferError::new_err(format!(
+                    "stoker batch is on the CPU, cannot export to device {d:?}"
+                )));
+            }
+        }
+        if copy == Some(true) {
+            return Err(PyBufferError::new_err("stoker exports batches zero-copy only; copy the result instead"));
+        }
+        dlpack::export(py, self.view())
+    }
+
+    fn __dlpack_device__(&self) -> (i32, i32) {
+        (1, 0)
+    }
+
+    /// Shape.
+    #[getter]
+    fn shape(&self) -> Vec<i64> {
+        self.view().shape
+    }
+
+    /// Address of the first element.
+    #[getter]
+    fn data_ptr(&self) -> usize {
+        self.view().data as usize
+    }
+}
+
+/// Builds the demo ImageFolder (embedded public-domain photos) under `root`; returns the number
+/// of JPEGs written.
+#[pyfunction]
+#[pyo3(signature = (root, images=350, seed=0))]
+pub fn make_demo(py: Python<'_>, root: PathBuf, images: usize, seed: u64) -> PyResult<usize> {
+    if images == 0 {
+        return Err(errors::config("images", "must be at least 1"));
+    }
+    let threads = stoker::cpu::allowance().effective;
+    py.detach(|| stoker::demo::make_demo(&root, images, seed, threads)).py_err().map(|s| s.images)
+}
+
+/// The process's CPU allowance as JSON (online, affinity, cgroup quota, effective).
+#[pyfunction]
+pub fn cpu_allowance() -> String {
+    serde_json::to_string(&stoker::cpu::allowance()).unwrap_or_default()
+}
+
+/// A preset's transform as JSON (`imagenet-train`, `imagenet-val`).
+#[pyfunction]
+pub fn preset_json(name: &str) -> PyResult<String> {
+    let spec = stoker::TransformSpec::preset(name).py_err()?;
+    serde_json::to_string(&spec).map_err(|e| errors::to_py(stoker::Error::Internal(e.to_string())))
+}

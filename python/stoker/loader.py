@@ -1,0 +1,255 @@
+"""`ImageLoader`: the drop-in for ``DataLoader(ImageFolder(...))``."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from typing import Any, Iterator, Sequence
+
+from . import _stoker
+from .errors import ConfigError
+from .transforms import Transform, compile_transforms, dtype_name
+
+_PRESETS = ("imagenet-train", "imagenet-val")
+_OUTPUTS = ("auto", "torch", "numpy")
+_UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "kib": 2**10, "m": 10**6, "mb": 10**6, "mib": 2**20,
+          "g": 10**9, "gb": 10**9, "gib": 2**30, "t": 10**12, "tb": 10**12, "tib": 2**40}
+
+# Loaders inherited through fork() are replaced in the child; the originals are kept alive here
+# (never dropped), because their threads and locks belong to the parent process.
+_INHERITED: list[Any] = []
+
+
+def parse_bytes(value: int | str | None, name: str = "memory_limit") -> int | None:
+    """Bytes from an int or a string like '2GiB', '512MB', '1.5G'."""
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        raise ConfigError(f"invalid argument `{name}`: expected bytes (int) or a size like '2GiB', got {value!r}")
+    if isinstance(value, int):
+        n = value
+    elif isinstance(value, str):
+        m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", value)
+        if not m or m.group(2).lower() not in _UNITS:
+            raise ConfigError(f"invalid argument `{name}`: cannot read {value!r}; use bytes or a size like "
+                              "'2GiB', '512MB' (units B, KB, KiB, MB, MiB, GB, GiB, TB, TiB)")
+        n = int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+    else:
+        raise ConfigError(f"invalid argument `{name}`: expected bytes (int) or a size like '2GiB', got {value!r}")
+    if n <= 0:
+        raise ConfigError(f"invalid argument `{name}`: must be positive, got {value!r}")
+    return n
+
+
+def _env_int(name: str) -> int | None:
+    v = os.environ.get(name)
+    if v is None or v == "":
+        return None
+    try:
+        return int(v)
+    except ValueError:
+        raise ConfigError(f"invalid environment variable {name}={v!r}: expected an integer") from None
+
+
+def _positive_int(name: str, value: Any, allow_none: bool = False) -> int | None:
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f"invalid argument `{name}`: expected a positive integer, got {value!r}")
+    return value
+
+
+def _want_torch(output: str) -> bool:
+    if output == "numpy":
+        return False
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        if output == "torch":
+            raise ConfigError("invalid argument `output`: 'torch' needs PyTorch installed; "
+                              "use output='numpy'") from None
+        return False
+    return True
+
+
+class ImageLoader:
+    """Batches of decoded, transformed images from an ImageFolder tree (``ROOT/CLASS/IMAGE``).
+
+    Iterating yields ``(images, labels)``: torch tensors (``output='torch'``) or NumPy arrays
+    (``output='numpy'``; ``'auto'`` picks torch when importable), zero-copy views of stoker's
+    batch buffers. A buffer returns to the pool when every tensor/array viewing it is released.
+
+    Class indices follow torchvision's ``ImageFolder``; ``rank``/``world_size`` default to the
+    torchrun environment (``RANK``, ``WORLD_SIZE``). ``threads='auto'`` uses the process's CPU
+    allowance (affinity mask and cgroup quota; ``STOKER_NUM_THREADS`` overrides it).
+    """
+
+    def __init__(self, root: str | os.PathLike[str], batch_size: int = 256, *,
+                 preset: str | None = None, transforms: Sequence[Transform] | None = None,
+                 shuffle: bool = False, seed: int = 0, drop_last: bool = False,
+                 threads: int | str = "auto", io_threads: int | None = None, prefetch: int = 2,
+                 memory_limit: int | str | None = None, on_error: str = "skip", output: str = "auto",
+                 rank: int | None = None, world_size: int | None = None, layout: str = "NCHW",
+                 dtype: Any = None, apply_exif: bool = True) -> None:
+        if preset is not None and transforms is not None:
+            raise ConfigError("invalid arguments `preset` and `transforms`: give one, not both")
+        if preset is None and transforms is None:
+            raise ConfigError("invalid argument `preset`: give preset='imagenet-train' or 'imagenet-val', "
+                              "or an explicit transforms=[...] list")
+        if preset is not None:
+            if preset not in _PRESETS:
+                raise ConfigError(f"invalid argument `preset`: {preset!r}; allowed: {', '.join(_PRESETS)}")
+            spec = json.loads(_stoker.preset_json(preset))
+            ops, out_dtype = spec["ops"], spec["dtype"]
+        else:
+            if isinstance(transforms, Transform) or not isinstance(transforms, (list, tuple)):
+                raise ConfigError("invalid argument `transforms`: expected a list of stoker.transforms")
+            ops, out_dtype = compile_transforms(transforms)
+        if dtype is not None:
+            out_dtype = dtype_name(dtype)
+            if out_dtype == "uint8":
+                ops = [o for o in ops if o["op"] != "Normalize"]
+        if not isinstance(layout, str) or layout.upper() not in ("NCHW", "NHWC"):
+            raise ConfigError(f"invalid argument `layout`: {layout!r}; allowed: NCHW, NHWC")
+        if on_error not in ("skip", "raise"):
+            raise ConfigError(f"invalid argument `on_error`: {on_error!r}; allowed: skip, raise")
+        if output not in _OUTPUTS:
+            raise ConfigError(f"invalid argument `output`: {output!r}; allowed: {', '.join(_OUTPUTS)}")
+        _positive_int("batch_size", batch_size)
+        _positive_int("prefetch", prefetch)
+        _positive_int("io_threads", io_threads, allow_none=True)
+        if threads == "auto":
+            n_threads = None
+        else:
+            n_threads = _positive_int("threads", threads)
+        if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+            raise ConfigError(f"invalid argument `seed`: expected a non-negative integer, got {seed!r}")
+        if rank is None:
+            rank = _env_int("RANK") or 0
+        if world_size is None:
+            world_size = _env_int("WORLD_SIZE") or 1
+        _positive_int("world_size", world_size)
+        if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < world_size:
+            raise ConfigError(f"invalid argument `rank`: must be in 0..{world_size - 1} (world_size={world_size}), "
+                              f"got {rank!r}")
+        self._root = os.fspath(root)
+        self._torch = _want_torch(output)
+        self._config = {
+            "sampler": {"batch_size": batch_size, "shuffle": bool(shuffle), "seed": seed,
+                        "drop_last": bool(drop_last), "rank": rank, "world_size": world_size},
+            "transform": {"ops": ops, "dtype": out_dtype, "layout": layout.upper(), "apply_exif": bool(apply_exif)},
+            "threads": n_threads,
+            "io_threads": io_threads,
+            "prefetch": prefetch,
+            "memory_limit": parse_bytes(memory_limit),
+            "on_error": on_error,
+            "dct_scaling": True,
+            "roi": True,
+        }
+        self._native = _stoker.Loader(self._root, json.dumps(self._config))
+        self._pid = os.getpid()
+        self.batch_size = batch_size
+        self.rank = rank
+        self.world_size = world_size
+
+    # -- fork safety -------------------------------------------------------------------------
+
+    def _loader(self) -> Any:
+        """The native loader of this process (rebuilt after a fork, keeping the position)."""
+        if os.getpid() != self._pid:
+            old = self._native
+            _INHERITED.append(old)
+            seed, epoch, next_batch = old.state()
+            self._native = _stoker.Loader(self._root, json.dumps(self._config))
+            self._native.load_state(seed, epoch, next_batch)
+            self._pid = os.getpid()
+        return self._native
+
+    # -- the DataLoader-like surface ---------------------------------------------------------
+
+    def __len__(self) -> int:
+        """Batches per epoch on this rank."""
+        return len(self._loader())
+
+    @property
+    def classes(self) -> list[str]:
+        """Class names, in label order."""
+        return self._loader().classes
+
+    @property
+    def class_to_idx(self) -> dict[str, int]:
+        """Class name to label, as torchvision's ``ImageFolder.class_to_idx``."""
+        return {c: i for i, c in enumerate(self._loader().classes)}
+
+    @property
+    def num_samples(self) -> int:
+        """Samples in the dataset (all ranks)."""
+        return self._loader().num_samples
+
+    @property
+    def threads(self) -> int:
+        """Decode threads in use."""
+        return self._loader().threads
+
+    def set_epoch(self, epoch: int) -> None:
+        """Selects the epoch (its shuffle and augmentations). Changing it restarts at batch 0;
+        setting the current epoch again keeps a restored position."""
+        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
+            raise ConfigError(f"invalid argument `epoch`: expected a non-negative integer, got {epoch!r}")
+        self._loader().set_epoch(epoch)
+
+    def __iter__(self) -> Iterator[tuple[Any, Any]]:
+        it = self._loader().iter()
+        try:
+            if self._torch:
+                import torch
+
+                for b in it:
+                    yield torch.from_dlpack(b.images), torch.from_dlpack(b.labels)
+            else:
+                import numpy as np
+
+                for b in it:
+                    yield np.from_dlpack(b.images), np.from_dlpack(b.labels)
+        finally:
+            it.close()
+
+    def batches(self) -> Any:
+        """The raw batch iterator (``stoker._stoker.Batch`` objects with ``images``, ``labels``,
+        ``indices``, ``index``), for callers that convert themselves."""
+        return self._loader().iter()
+
+    def state_dict(self) -> dict[str, Any]:
+        """A small, JSON-serialisable position: ``{seed, epoch, next_batch}`` plus checks."""
+        seed, epoch, next_batch = self._loader().state()
+        return {"version": 1, "seed": seed, "epoch": epoch, "next_batch": next_batch,
+                "batches_per_epoch": len(self), "rank": self.rank, "world_size": self.world_size}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restores a position from :meth:`state_dict`: iteration resumes with exactly the
+        batches that were still to come."""
+        try:
+            seed, epoch, next_batch = int(state["seed"]), int(state["epoch"]), int(state["next_batch"])
+        except (KeyError, TypeError, ValueError):
+            raise ConfigError("invalid argument `state`: expected a dict from state_dict() with seed, epoch, "
+                              "next_batch") from None
+        if state.get("world_size", self.world_size) != self.world_size:
+            raise ConfigError(f"invalid argument `state`: saved with world_size={state['world_size']}, "
+                              f"this loader has {self.world_size}")
+        self._loader().load_state(seed, epoch, next_batch)
+
+    def report(self) -> dict[str, Any]:
+        """Telemetry: per-stage counters, starvation, the bottleneck verdict, skipped files."""
+        return json.loads(self._loader().report_json())
+
+    def report_text(self) -> str:
+        """The human summary with the stage table and the bottleneck verdict."""
+        return self._loader().report_text()
+
+    def __repr__(self) -> str:
+        return (f"ImageLoader({self._root!r}, batch_size={self.batch_size}, batches={len(self)}, "
+                f"threads={self.threads}, rank={self.rank}/{self.world_size})")
+
+
+__all__ = ["ImageLoader", "parse_bytes"]

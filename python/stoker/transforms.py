@@ -1,0 +1,159 @@
+"""Transforms named and parameterised like torchvision's, compiled by stoker into one fused
+resample and one write per sample.
+
+Supported pipelines: ``[RandomResizedCrop]`` or ``[Resize, CenterCrop]`` (or either alone when
+it fixes the output size), then optionally ``RandomHorizontalFlip``, then optionally ``ToTensor``
+/ ``ToDtype`` and ``Normalize``. Without ``Normalize``/``ToTensor``/``ToDtype`` batches are uint8
+(0..255); ``ToTensor()`` or ``ToDtype(float32, scale=True)`` gives floats in [0, 1];
+``Normalize`` implies float32 unless ``ToDtype`` says float16.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence, Tuple, Union
+
+from .errors import ConfigError
+
+Size = Union[int, Sequence[int]]
+
+
+def _pair(name: str, size: Size) -> Tuple[int, int]:
+    if isinstance(size, int):
+        return (size, size)
+    if isinstance(size, (list, tuple)) and len(size) == 1:
+        return (int(size[0]), int(size[0]))
+    if isinstance(size, (list, tuple)) and len(size) == 2:
+        return (int(size[0]), int(size[1]))
+    raise ConfigError(f"invalid argument `{name}.size`: expected an int or (height, width), got {size!r}")
+
+
+class Transform:
+    """Base class: a transform describes itself as a plain dict (its `spec`)."""
+
+    def spec(self) -> dict[str, Any] | None:
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        args = ", ".join(f"{k}={v!r}" for k, v in vars(self).items())
+        return f"{type(self).__name__}({args})"
+
+
+class RandomResizedCrop(Transform):
+    """torchvision's ``RandomResizedCrop(size, scale, ratio)`` (bilinear, antialiased)."""
+
+    def __init__(self, size: Size, scale: Sequence[float] = (0.08, 1.0),
+                 ratio: Sequence[float] = (3.0 / 4.0, 4.0 / 3.0), antialias: bool = True) -> None:
+        if not antialias:
+            raise ConfigError("invalid argument `RandomResizedCrop.antialias`: only True is supported")
+        self.size = _pair("RandomResizedCrop", size)
+        self.scale = (float(scale[0]), float(scale[1]))
+        self.ratio = (float(ratio[0]), float(ratio[1]))
+
+    def spec(self) -> dict[str, Any]:
+        return {"op": "RandomResizedCrop", "size": list(self.size), "scale": list(self.scale),
+                "ratio": list(self.ratio)}
+
+
+class Resize(Transform):
+    """torchvision's ``Resize(size)``: an int resizes the shorter side; (h, w) is exact."""
+
+    def __init__(self, size: Size, antialias: bool = True) -> None:
+        if not antialias:
+            raise ConfigError("invalid argument `Resize.antialias`: only True is supported")
+        self.size = size if isinstance(size, int) else _pair("Resize", size)
+
+    def spec(self) -> dict[str, Any]:
+        return {"op": "Resize", "size": self.size if isinstance(self.size, int) else list(self.size)}
+
+
+class CenterCrop(Transform):
+    """torchvision's ``CenterCrop(size)`` (zero padding when the image is smaller)."""
+
+    def __init__(self, size: Size) -> None:
+        self.size = _pair("CenterCrop", size)
+
+    def spec(self) -> dict[str, Any]:
+        return {"op": "CenterCrop", "size": list(self.size)}
+
+
+class RandomHorizontalFlip(Transform):
+    """torchvision's ``RandomHorizontalFlip(p)``."""
+
+    def __init__(self, p: float = 0.5) -> None:
+        self.p = float(p)
+
+    def spec(self) -> dict[str, Any]:
+        return {"op": "RandomHorizontalFlip", "p": self.p}
+
+
+class Normalize(Transform):
+    """torchvision's ``Normalize(mean, std)`` on values scaled to [0, 1]."""
+
+    def __init__(self, mean: Sequence[float], std: Sequence[float]) -> None:
+        if len(mean) != 3 or len(std) != 3:
+            raise ConfigError("invalid argument `Normalize`: mean and std need 3 values (RGB)")
+        self.mean = [float(m) for m in mean]
+        self.std = [float(s) for s in std]
+
+    def spec(self) -> dict[str, Any]:
+        return {"op": "Normalize", "mean": self.mean, "std": self.std}
+
+
+_DTYPES = {"uint8": "uint8", "float16": "float16", "half": "float16", "float32": "float32", "float": "float32"}
+
+
+def dtype_name(dtype: Any) -> str:
+    """'uint8', 'float16' or 'float32' from a string, a NumPy dtype or a torch dtype."""
+    name = str(dtype).replace("torch.", "").lower()
+    if name not in _DTYPES:
+        raise ConfigError(f"invalid argument `dtype`: {dtype!r}; allowed: uint8, float16, float32")
+    return _DTYPES[name]
+
+
+class ToDtype(Transform):
+    """torchvision v2's ``ToDtype(dtype, scale=True)``: uint8, float16 or float32 output."""
+
+    def __init__(self, dtype: Any, scale: bool = True) -> None:
+        self.dtype = dtype_name(dtype)
+        if self.dtype != "uint8" and not scale:
+            raise ConfigError("invalid argument `ToDtype.scale`: float output is always scaled to [0, 1]")
+        self.scale = scale
+
+    def spec(self) -> None:
+        return None
+
+
+class ToTensor(ToDtype):
+    """torchvision's ``ToTensor()``: float32 in [0, 1] (stoker's layout is set on the loader)."""
+
+    def __init__(self) -> None:
+        super().__init__("float32")
+
+
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+
+
+def compile_transforms(transforms: Sequence[Transform]) -> tuple[list[dict[str, Any]], str]:
+    """The op specs and the output dtype of a transform list."""
+    ops: list[dict[str, Any]] = []
+    dtype = None
+    normalize = False
+    for t in transforms:
+        if not isinstance(t, Transform):
+            raise ConfigError(f"invalid argument `transforms`: {t!r} is not a stoker.transforms transform; "
+                              "allowed: RandomResizedCrop, Resize, CenterCrop, RandomHorizontalFlip, Normalize, "
+                              "ToTensor, ToDtype")
+        if isinstance(t, ToDtype):
+            dtype = t.dtype
+            continue
+        if isinstance(t, Normalize):
+            normalize = True
+        ops.append(t.spec())  # type: ignore[arg-type]
+    if dtype is None:
+        dtype = "float32" if normalize else "uint8"
+    return ops, dtype
+
+
+__all__ = ["Transform", "RandomResizedCrop", "Resize", "CenterCrop", "RandomHorizontalFlip", "Normalize",
+           "ToDtype", "ToTensor", "IMAGENET_MEAN", "IMAGENET_STD"]
