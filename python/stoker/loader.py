@@ -73,6 +73,26 @@ def _want_torch(output: str) -> bool:
     return True
 
 
+class _BatchIterator:
+    """Yields ``(images, labels)``; keeps no reference to a batch it has handed out, so a batch
+    returns to the pool as soon as the caller drops its tensors."""
+
+    def __init__(self, native: Any, convert: Any) -> None:
+        self._native = native
+        self._convert = convert
+
+    def __iter__(self) -> "_BatchIterator":
+        return self
+
+    def __next__(self) -> tuple[Any, Any]:
+        b = self._native.__next__()
+        return self._convert(b.images), self._convert(b.labels)
+
+    def close(self) -> None:
+        """Stops the iteration now; every worker thread is joined."""
+        self._native.close()
+
+
 class ImageLoader:
     """Batches of decoded, transformed images from an ImageFolder tree (``ROOT/CLASS/IMAGE``).
 
@@ -200,20 +220,15 @@ class ImageLoader:
         self._loader().set_epoch(epoch)
 
     def __iter__(self) -> Iterator[tuple[Any, Any]]:
-        it = self._loader().iter()
-        try:
-            if self._torch:
-                import torch
+        if self._torch:
+            import torch
 
-                for b in it:
-                    yield torch.from_dlpack(b.images), torch.from_dlpack(b.labels)
-            else:
-                import numpy as np
+            convert = torch.from_dlpack
+        else:
+            import numpy as np
 
-                for b in it:
-                    yield np.from_dlpack(b.images), np.from_dlpack(b.labels)
-        finally:
-            it.close()
+            convert = np.from_dlpack
+        return _BatchIterator(self._loader().iter(), convert)
 
     def batches(self) -> Any:
         """The raw batch iterator (``stoker._stoker.Batch`` objects with ``images``, ``labels``,

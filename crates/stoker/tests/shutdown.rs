@@ -36,8 +36,13 @@ fn dropping_mid_epoch_stops_every_thread_promptly() {
     // Starting a new iteration ends the previous one.
     let mut first = loader.iter().unwrap();
     first.next().unwrap().unwrap();
+    std::thread::sleep(Duration::from_millis(100)); // let it finish batches ahead
     let second = loader.iter().unwrap();
     assert!(first.next().is_none());
+    // The old iteration's buffers came back: the new one runs a whole epoch while the old
+    // iterator object is still alive.
+    loader.set_epoch(1);
+    assert_eq!(loader.iter().unwrap().count(), 16);
     drop(second);
     drop(first);
     drop(loader);

@@ -85,12 +85,25 @@ impl JpegDecoder {
         Ok(JpegDecoder { handle })
     }
 
+    /// Takes the handle's error, then replaces the handle with a fresh one.
+    ///
+    /// After a failure (or a warning) a TurboJPEG 3.1 handle can keep stale state: its warning
+    /// flag stays set, and the libjpeg state machine may resume mid-stream on the next header
+    /// read, reporting the previous image's dimensions. Errors are rare, so a new handle is the
+    /// simple, certain cure.
     fn error(&mut self) -> JpegError {
         // SAFETY: `handle` is valid; tj3GetErrorStr returns a NUL-terminated string owned by the
-        // handle (or a static one), which is copied before the next call.
+        // handle (or a static one), which is copied before the handle is destroyed.
         let message = unsafe { CStr::from_ptr(tj::tj3GetErrorStr(self.handle)) }.to_string_lossy().into_owned();
         // SAFETY: `handle` is valid.
         let code = unsafe { tj::tj3GetErrorCode(self.handle) };
+        // SAFETY: plain FFI constructor; a null return is handled below.
+        let fresh = unsafe { tj::tj3Init(tj::TJINIT_TJINIT_DECOMPRESS as i32) };
+        if !fresh.is_null() {
+            // SAFETY: the old handle is valid and destroyed exactly once; `fresh` replaces it.
+            unsafe { tj::tj3Destroy(self.handle) };
+            self.handle = fresh;
+        }
         JpegError { message: message.trim().to_string(), warning: code == tj::TJERR_TJERR_WARNING as i32 }
     }
 
@@ -163,13 +176,13 @@ impl JpegDecoder {
                 format,
             )
         };
+        if r != 0 {
+            return Err(self.error());
+        }
         // Reset the region so a later header()/decode() of another file starts clean.
         let none = tj::tjregion { x: 0, y: 0, w: 0, h: 0 };
         // SAFETY: `handle` is valid; an all-zero region means "uncropped".
         unsafe { tj::tj3SetCroppingRegion(self.handle, none) };
-        if r != 0 {
-            return Err(self.error());
-        }
         Ok(())
     }
 }

@@ -128,7 +128,7 @@ struct StateCell {
 pub struct Loader {
     shared: Arc<Shared>,
     state: Arc<StateCell>,
-    active: Mutex<Option<Arc<AtomicBool>>>,
+    active: Mutex<Option<Arc<IterCore>>>,
 }
 
 impl std::fmt::Debug for Loader {
@@ -290,9 +290,11 @@ impl Loader {
     /// Starts iterating from the current state (a finished epoch starts over). Starting a new
     /// iteration ends any previous one of this loader.
     pub fn iter(&self) -> Result<EpochIter> {
-        let cancel = Arc::new(AtomicBool::new(false));
-        if let Some(old) = self.active.lock().expect("active lock").replace(cancel.clone()) {
-            old.store(true, Ordering::Release);
+        let core = Arc::new(IterCore::default());
+        let old = self.active.lock().expect("active lock").replace(core.clone());
+        if let Some(old) = old {
+            // Stop the previous iteration and take its buffers back before starting.
+            old.shutdown(&self.shared);
         }
         let epoch = self.state.epoch.load(Ordering::Acquire);
         let mut start = self.state.next_batch.load(Ordering::Acquire);
@@ -300,14 +302,14 @@ impl Loader {
             start = 0;
             self.state.next_batch.store(0, Ordering::Release);
         }
-        EpochIter::start(self.shared.clone(), self.state.clone(), cancel, epoch, start)
+        EpochIter::start(self.shared.clone(), self.state.clone(), core, epoch, start)
     }
 }
 
 impl Drop for Loader {
     fn drop(&mut self) {
         if let Some(c) = self.active.lock().expect("active lock").take() {
-            c.store(true, Ordering::Release);
+            c.cancel.store(true, Ordering::Release);
         }
     }
 }
@@ -330,17 +332,53 @@ const POLL: Duration = Duration::from_millis(20);
 pub struct EpochIter {
     shared: Arc<Shared>,
     state: Arc<StateCell>,
-    cancel: Arc<AtomicBool>,
-    done_rx: Option<Receiver<Arc<Slot>>>,
-    pending: Vec<Option<Arc<Slot>>>,
+    core: Arc<IterCore>,
     next_batch: usize,
     end: usize,
     epoch: u64,
-    threads: Vec<JoinHandle<()>>,
     last_return: Option<Instant>,
     wait_started: Option<Instant>,
     finished: bool,
-    bytes_rx: Option<Receiver<Vec<u8>>>,
+}
+
+/// What an iteration shares with its loader, so that starting a new iteration can stop this
+/// one and take its buffers back even while the old iterator object is still alive.
+#[derive(Default)]
+struct IterCore {
+    cancel: Arc<AtomicBool>,
+    done_rx: Mutex<Option<Receiver<Arc<Slot>>>>,
+    /// Finished batches that arrived ahead of their turn, by `batch % slots`.
+    pending: Mutex<Vec<Option<Arc<Slot>>>>,
+    threads: Mutex<Vec<JoinHandle<()>>>,
+    bytes_rx: Mutex<Option<Receiver<Vec<u8>>>>,
+}
+
+impl IterCore {
+    /// Stops the threads and returns every buffer to the pool; idempotent.
+    fn shutdown(&self, shared: &Shared) {
+        self.cancel.store(true, Ordering::Release);
+        let threads: Vec<_> = self.threads.lock().expect("threads lock").drain(..).collect();
+        for t in threads {
+            let _ = t.join();
+        }
+        // Every thread is gone: whatever reached the done queue or the reorder buffer goes
+        // back to the pool.
+        if let Some(rx) = self.done_rx.lock().expect("done lock").take() {
+            for slot in rx.try_iter() {
+                let _ = shared.pool.free_tx.send(slot);
+            }
+        }
+        for p in self.pending.lock().expect("pending lock").iter_mut() {
+            if let Some(slot) = p.take() {
+                let _ = shared.pool.free_tx.send(slot);
+            }
+        }
+        // Keep the read buffers for the next epoch.
+        if let Some(rx) = self.bytes_rx.lock().expect("bytes lock").take() {
+            let mut stash = shared.stash.lock().expect("stash lock");
+            stash.bytes.extend(rx.try_iter());
+        }
+    }
 }
 
 impl std::fmt::Debug for EpochIter {
@@ -354,13 +392,8 @@ fn spawn(name: String, f: impl FnOnce() + Send + 'static) -> Result<JoinHandle<(
 }
 
 impl EpochIter {
-    fn start(
-        shared: Arc<Shared>,
-        state: Arc<StateCell>,
-        cancel: Arc<AtomicBool>,
-        epoch: u64,
-        start: usize,
-    ) -> Result<Self> {
+    fn start(shared: Arc<Shared>, state: Arc<StateCell>, core: Arc<IterCore>, epoch: u64, start: usize) -> Result<Self> {
+        let cancel = core.cancel.clone();
         let order = Arc::new(shared.sampler.epoch_order(epoch));
         let end = shared.sampler.num_batches();
         let bs = shared.sampler.spec().batch_size;
@@ -376,41 +409,40 @@ impl EpochIter {
             }
         }
         let (done_tx, done_rx) = bounded::<Arc<Slot>>(shared.pool.slots());
-        let mut threads = vec![];
-        let mut it = EpochIter {
+        *core.done_rx.lock().expect("done lock") = Some(done_rx);
+        *core.pending.lock().expect("pending lock") = vec![None; shared.pool.slots()];
+        *core.bytes_rx.lock().expect("bytes lock") = Some(bytes_rx.clone());
+        let it = EpochIter {
             shared: shared.clone(),
             state,
-            cancel: cancel.clone(),
-            done_rx: Some(done_rx),
-            pending: vec![None; shared.pool.slots()],
+            core: core.clone(),
             next_batch: start,
             end,
             epoch,
-            threads: vec![],
             last_return: None,
             wait_started: None,
             finished: start >= end,
-            bytes_rx: Some(bytes_rx.clone()),
         };
+        let threads = &core.threads;
+        let push = |h: JoinHandle<()>| threads.lock().expect("threads lock").push(h);
 
         {
             let (sh, cancel, order) = (shared.clone(), cancel.clone(), order.clone());
-            threads.push(spawn("stoker-dispatch".into(), move || dispatch(&sh, &cancel, &order, start, end, task_tx))?);
+            push(spawn("stoker-dispatch".into(), move || dispatch(&sh, &cancel, &order, start, end, task_tx))?);
         }
         for k in 0..shared.io_threads {
             let (sh, cancel, rx, tx, brx) =
                 (shared.clone(), cancel.clone(), task_rx.clone(), work_tx.clone(), bytes_rx.clone());
             let done = done_tx.clone();
-            threads.push(spawn(format!("stoker-io-{k}"), move || io_loop(&sh, &cancel, rx, tx, brx, done))?);
+            push(spawn(format!("stoker-io-{k}"), move || io_loop(&sh, &cancel, rx, tx, brx, done))?);
         }
         drop(task_rx);
         drop(work_tx);
         for k in 0..shared.threads {
             let (sh, cancel, rx, btx, done) =
                 (shared.clone(), cancel.clone(), work_rx.clone(), bytes_tx.clone(), done_tx.clone());
-            threads.push(spawn(format!("stoker-decode-{k}"), move || decode_loop(&sh, &cancel, epoch, rx, btx, done))?);
+            push(spawn(format!("stoker-decode-{k}"), move || decode_loop(&sh, &cancel, epoch, rx, btx, done))?);
         }
-        it.threads = threads;
         shared.telemetry.start();
         Ok(it)
     }
@@ -426,33 +458,26 @@ impl EpochIter {
     }
 
     fn shutdown(&mut self) {
-        self.cancel.store(true, Ordering::Release);
-        self.done_rx.take();
-        for p in self.pending.iter_mut() {
-            if let Some(slot) = p.take() {
-                let _ = self.shared.pool.free_tx.send(slot);
-            }
+        if !self.finished {
+            self.core.shutdown(&self.shared);
+            self.shared.telemetry.stop();
+            self.finished = true;
         }
-        for t in self.threads.drain(..) {
-            let _ = t.join();
-        }
-        // Keep the read buffers for the next epoch.
-        if let Some(rx) = self.bytes_rx.take() {
-            let mut stash = self.shared.stash.lock().expect("stash lock");
-            stash.bytes.extend(rx.try_iter());
-        }
-        self.shared.telemetry.stop();
-        self.finished = true;
     }
 
     fn wait_for(&mut self, batch: usize, deadline: Option<Instant>) -> Result<Wait> {
-        let n = self.pending.len();
-        if let Some(s) = self.pending[batch % n].take() {
+        let mut pending = self.core.pending.lock().expect("pending lock");
+        let n = pending.len();
+        if n == 0 {
+            return Ok(Wait::Cancelled);
+        }
+        if let Some(s) = pending[batch % n].take() {
             return Ok(Wait::Slot(s));
         }
-        let rx = self.done_rx.as_ref().expect("live iterator has a receiver");
+        let guard = self.core.done_rx.lock().expect("done lock");
+        let Some(rx) = guard.as_ref() else { return Ok(Wait::Cancelled) };
         loop {
-            if self.cancel.load(Ordering::Acquire) {
+            if self.core.cancel.load(Ordering::Acquire) {
                 return Ok(Wait::Cancelled);
             }
             let step = match deadline {
@@ -465,7 +490,7 @@ impl EpochIter {
                     if b == batch {
                         return Ok(Wait::Slot(slot));
                     }
-                    self.pending[b % n] = Some(slot);
+                    pending[b % n] = Some(slot);
                 }
                 Err(RecvTimeoutError::Timeout) => {
                     let pool = &self.shared.pool;
@@ -504,7 +529,7 @@ impl EpochIter {
             if self.finished {
                 return Some(None);
             }
-            if self.next_batch >= self.end || self.cancel.load(Ordering::Acquire) {
+            if self.next_batch >= self.end || self.core.cancel.load(Ordering::Acquire) {
                 self.shutdown();
                 return Some(None);
             }

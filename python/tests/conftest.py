@@ -1,0 +1,45 @@
+"""Fixtures: datasets made by stoker itself (the embedded demo photos)."""
+
+import os
+import shutil
+
+import pytest
+
+import stoker
+
+
+@pytest.fixture(scope="session")
+def demo(tmp_path_factory):
+    """96 ImageNet-like JPEGs in 7 classes."""
+    root = tmp_path_factory.mktemp("demo") / "data"
+    stoker.make_demo(str(root), 96, seed=1)
+    os.remove(root / "LICENSE.md")
+    return root
+
+
+@pytest.fixture(scope="session")
+def big_demo(tmp_path_factory):
+    """320 images, for tests that need many batches."""
+    root = tmp_path_factory.mktemp("big") / "data"
+    stoker.make_demo(str(root), 320, seed=2)
+    os.remove(root / "LICENSE.md")
+    return root
+
+
+@pytest.fixture()
+def bad_demo(demo, tmp_path):
+    """The demo plus a corrupt, an empty, a truncated, a non-image and a missing file."""
+    root = tmp_path / "bad"
+    shutil.copytree(demo, root)
+    chelsea = root / "chelsea"
+    good = next(iter(sorted((root / "rocket").iterdir()))).read_bytes()
+    (chelsea / "zz_empty.jpg").write_bytes(b"")
+    (chelsea / "zz_text.jpg").write_bytes(b"hello, not an image")
+    (chelsea / "zz_truncated.jpg").write_bytes(good[: len(good) // 2])
+    (chelsea / "zz_corrupt.jpg").write_bytes(good[:600] + b"\x5a" * (len(good) - 600))
+    os.symlink(chelsea / "nowhere.jpg", chelsea / "zz_missing.jpg")
+    return root
+
+
+def thread_count():
+    return len(os.listdir("/proc/self/task"))
