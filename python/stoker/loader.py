@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 from . import _stoker
 from .errors import ConfigError
@@ -175,7 +175,7 @@ class ImageLoader:
 
     # -- fork safety -------------------------------------------------------------------------
 
-    def _loader(self) -> Any:
+    def _loader(self) -> _stoker.Loader:
         """The native loader of this process (rebuilt after a fork, keeping the position)."""
         if os.getpid() != self._pid:
             old = self._native
@@ -220,17 +220,18 @@ class ImageLoader:
         self._loader().set_epoch(epoch)
 
     def __iter__(self) -> Iterator[tuple[Any, Any]]:
+        convert: Callable[[Any], Any]
         if self._torch:
-            import torch
+            import torch.utils.dlpack
 
-            convert = torch.from_dlpack
+            convert = torch.utils.dlpack.from_dlpack
         else:
             import numpy as np
 
             convert = np.from_dlpack
         return _BatchIterator(self._loader().iter(), convert)
 
-    def batches(self) -> Any:
+    def batches(self) -> _stoker.Iterator:
         """The raw batch iterator (``stoker._stoker.Batch`` objects with ``images``, ``labels``,
         ``indices``, ``index``), for callers that convert themselves."""
         return self._loader().iter()
@@ -256,7 +257,8 @@ class ImageLoader:
 
     def report(self) -> dict[str, Any]:
         """Telemetry: per-stage counters, starvation, the bottleneck verdict, skipped files."""
-        return json.loads(self._loader().report_json())
+        report: dict[str, Any] = json.loads(self._loader().report_json())
+        return report
 
     def report_text(self) -> str:
         """The human summary with the stage table and the bottleneck verdict."""

@@ -4,7 +4,6 @@ import os
 import shutil
 
 import pytest
-
 import stoker
 
 
@@ -39,7 +38,3 @@ def bad_demo(demo, tmp_path):
     (chelsea / "zz_corrupt.jpg").write_bytes(good[:600] + b"\x5a" * (len(good) - 600))
     os.symlink(chelsea / "nowhere.jpg", chelsea / "zz_missing.jpg")
     return root
-
-
-def thread_count():
-    return len(os.listdir("/proc/self/task"))

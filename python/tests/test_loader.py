@@ -10,9 +10,8 @@ import time
 
 import numpy as np
 import pytest
-from conftest import thread_count
-
 import stoker
+from helpers import thread_count
 from stoker import transforms as T
 
 

@@ -4,7 +4,6 @@ import gc
 
 import numpy as np
 import pytest
-
 import stoker
 
 torch = pytest.importorskip("torch", reason="PyTorch is not installed: torch hand-off tests skipped")

@@ -392,7 +392,13 @@ fn spawn(name: String, f: impl FnOnce() + Send + 'static) -> Result<JoinHandle<(
 }
 
 impl EpochIter {
-    fn start(shared: Arc<Shared>, state: Arc<StateCell>, core: Arc<IterCore>, epoch: u64, start: usize) -> Result<Self> {
+    fn start(
+        shared: Arc<Shared>,
+        state: Arc<StateCell>,
+        core: Arc<IterCore>,
+        epoch: u64,
+        start: usize,
+    ) -> Result<Self> {
         let cancel = core.cancel.clone();
         let order = Arc::new(shared.sampler.epoch_order(epoch));
         let end = shared.sampler.num_batches();
