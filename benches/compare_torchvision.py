@@ -17,7 +17,11 @@ ratios. Measured per run:
 Also measured: a pure single-thread full-size libjpeg-turbo decode of the same files
 (`stoker bench --decode-only`), to compare with stoker's per-thread rate.
 
-Usage: python3 benches/compare_torchvision.py [--images 2560] [--repeats 3] [--preset imagenet-train]
+`--python` adds a third contender to every round: a plain ``for images, labels in loader`` loop
+over ``stoker.ImageLoader(..., output="torch")`` (the installed package), compared with both the
+CLI (the cost of the Python API) and the DataLoader.
+
+Usage: python3 benches/compare_torchvision.py [--images 2560] [--repeats 3] [--preset imagenet-train] [--python]
 Writes JSON to --out (default bench-results.json) and prints a Markdown table.
 """
 
@@ -124,6 +128,25 @@ def torch_runner(args):
     print(json.dumps({"images": n, "seconds": seconds, "cpu_seconds": cpu() - c0}))
 
 
+def stoker_python_runner(args):
+    """Child mode: one epoch through the Python API; prints a JSON line."""
+    import stoker
+
+    loader = stoker.ImageLoader(str(args.data), batch_size=args.batch_size, preset=args.preset, shuffle=True,
+                                drop_last=True, output="torch")
+
+    def cpu():
+        s = resource.getrusage(resource.RUSAGE_SELF)
+        return s.ru_utime + s.ru_stime
+
+    c0, t0 = cpu(), time.perf_counter()
+    n = 0
+    for _images, labels in loader:
+        n += labels.shape[0]
+    seconds = time.perf_counter() - t0
+    print(json.dumps({"images": n, "seconds": seconds, "cpu_seconds": cpu() - c0, "threads": loader.threads}))
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data", type=Path, default=ROOT / "bench-data" / "imagenet-like")
@@ -134,10 +157,14 @@ def main():
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--stoker", type=Path, default=ROOT / "target" / "release" / "stoker")
     ap.add_argument("--out", type=Path, default=ROOT / "bench-results.json")
+    ap.add_argument("--python", action="store_true", help="also time the Python API (stoker.ImageLoader)")
     ap.add_argument("--torch-runner", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--python-runner", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.torch_runner:
         return torch_runner(args)
+    if args.python_runner:
+        return stoker_python_runner(args)
 
     if not args.data.exists():
         subprocess.run([str(args.stoker), "demo", "--out", str(args.data), "--images", str(args.images),
@@ -148,17 +175,22 @@ def main():
     torch_cmd = [sys.executable, __file__, "--torch-runner", "--data", str(args.data), "--preset", args.preset,
                  "--batch-size", str(args.batch_size), "--workers", str(args.workers)]
 
-    runs = {"stoker": [], "torchvision": []}
-    # Warm the page cache (and torch's import) once for each, not counted.
-    run_measured(stoker_cmd)
-    run_measured(torch_cmd)
+    python_cmd = [sys.executable, __file__, "--python-runner", "--data", str(args.data), "--preset", args.preset,
+                  "--batch-size", str(args.batch_size)]
+    contenders = [("stoker", stoker_cmd), ("torchvision", torch_cmd)]
+    if args.python:
+        contenders.insert(1, ("stoker-python", python_cmd))
+    runs = {name: [] for name, _ in contenders}
+    # Warm the page cache (and the imports) once for each, not counted.
+    for _, cmd in contenders:
+        run_measured(cmd)
     for r in range(args.repeats):
-        for name, cmd in (("stoker", stoker_cmd), ("torchvision", torch_cmd)):
+        for name, cmd in contenders:
             out, rss, pss, wall = run_measured(cmd)
             j = json.loads(out) if name == "stoker" else json.loads(out.strip().splitlines()[-1])
             rec = {"images": j["images"], "seconds": j["seconds"], "cpu_seconds": j["cpu_seconds"],
                    "peak_rss_tree": rss, "peak_pss_tree": pss, "process_wall": wall}
-            if name == "stoker":
+            if "threads" in j:
                 rec["threads"] = j["threads"]
             rec["images_per_sec"] = rec["images"] / rec["seconds"]
             rec["cpu_s_per_1000"] = rec["cpu_seconds"] / rec["images"] * 1000
@@ -206,6 +238,28 @@ def main():
           f" {s['peak_rss_tree']['torchvision'] / 2**20:.0f} MiB | {s['peak_rss_tree']['ratio']:.2f}x |")
     print(f"| peak PSS, process tree | {s['peak_pss_tree']['stoker'] / 2**20:.0f} MiB |"
           f" {s['peak_pss_tree']['torchvision'] / 2**20:.0f} MiB | {s['peak_pss_tree']['ratio']:.2f}x |")
+    if args.python:
+        for key in ["images_per_sec", "cpu_s_per_1000", "peak_rss_tree", "peak_pss_tree"]:
+            summary[key]["stoker-python"] = med("stoker-python", key)
+        py_vs_cli = [p["images_per_sec"] / c["images_per_sec"] for p, c in zip(runs["stoker-python"], runs["stoker"],
+                                                                              strict=True)]
+        py_vs_tv = [p["images_per_sec"] / t["images_per_sec"] for p, t in
+                    zip(runs["stoker-python"], runs["torchvision"], strict=True)]
+        py_cpu_vs_tv = [t["cpu_s_per_1000"] / p["cpu_s_per_1000"] for p, t in
+                        zip(runs["stoker-python"], runs["torchvision"], strict=True)]
+        summary["python_vs_cli_images_per_sec"] = statistics.median(py_vs_cli)
+        summary["python_vs_dataloader_images_per_sec"] = statistics.median(py_vs_tv)
+        summary["python_vs_dataloader_images_per_cpu_second"] = statistics.median(py_cpu_vs_tv)
+        summary["python_vs_dataloader_rss"] = med("stoker-python", "peak_rss_tree") / med("torchvision",
+                                                                                         "peak_rss_tree")
+        print(f"| Python API: images/s | {s['images_per_sec']['stoker-python']:.1f} | | "
+              f"{summary['python_vs_dataloader_images_per_sec']:.2f}x vs DataLoader, "
+              f"{summary['python_vs_cli_images_per_sec']:.3f}x vs CLI (paired) |")
+        print(f"| Python API: CPU-s per 1000 images | {s['cpu_s_per_1000']['stoker-python']:.2f} | | "
+              f"{summary['python_vs_dataloader_images_per_cpu_second']:.2f}x images per CPU-s vs DataLoader |")
+        print(f"| Python API: peak RSS, process tree | {s['peak_rss_tree']['stoker-python'] / 2**20:.0f} MiB | | "
+              f"{summary['python_vs_dataloader_rss']:.2f}x vs DataLoader |")
+        args.out.write_text(json.dumps(summary, indent=2))
     print(f"\nstoker per-thread rate {per_thread:.1f} img/s vs pure full-size libjpeg-turbo decode "
           f"{decode['images_per_sec']:.1f} img/s (1 thread): {summary['per_thread_vs_pure_decode']:.2f}x")
 
