@@ -172,6 +172,8 @@ class ImageLoader:
         self.batch_size = batch_size
         self.rank = rank
         self.world_size = world_size
+        #: This process's GPU index on its node (torchrun's ``LOCAL_RANK``; 0 when unset).
+        self.local_rank = _env_int("LOCAL_RANK") or 0
 
     # -- fork safety -------------------------------------------------------------------------
 

@@ -118,8 +118,9 @@ def test_ranks_cover_every_sample_once_with_equal_batch_counts(demo, drop_last):
 def test_rank_and_world_size_default_to_torchrun_env(demo, monkeypatch):
     monkeypatch.setenv("RANK", "2")
     monkeypatch.setenv("WORLD_SIZE", "3")
+    monkeypatch.setenv("LOCAL_RANK", "1")
     loader = stoker.ImageLoader(demo, 4, preset="imagenet-val")
-    assert (loader.rank, loader.world_size) == (2, 3)
+    assert (loader.rank, loader.world_size, loader.local_rank) == (2, 3, 1)
     assert loader.state_dict()["world_size"] == 3
 
 
