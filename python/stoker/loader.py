@@ -52,6 +52,28 @@ def _env_int(name: str) -> int | None:
         raise ConfigError(f"invalid environment variable {name}={v!r}: expected an integer") from None
 
 
+def _resolve_root(root: Any) -> tuple[str, list[str] | None]:
+    """(root, None) for an ImageFolder directory; (first shard, shard list) for shards."""
+    import glob
+
+    if isinstance(root, (list, tuple)):
+        shards = [os.fspath(p) for p in root]
+        if not shards:
+            raise ConfigError("invalid argument `root`: the list of shards is empty")
+        return shards[0], shards
+    path = os.fspath(root)
+    if os.path.isdir(path):
+        return path, None
+    if any(c in path for c in "*?["):
+        shards = sorted(glob.glob(path))
+        if not shards:
+            raise ConfigError(f"invalid argument `root`: no file matches {path!r}")
+        return shards[0], shards
+    if path.endswith(".tar"):
+        return path, [path]
+    return path, None
+
+
 def _positive_int(name: str, value: Any, allow_none: bool = False) -> int | None:
     if value is None and allow_none:
         return None
@@ -100,12 +122,14 @@ class ImageLoader:
     (``output='numpy'``; ``'auto'`` picks torch when importable), zero-copy views of stoker's
     batch buffers. A buffer returns to the pool when every tensor/array viewing it is released.
 
-    Class indices follow torchvision's ``ImageFolder``; ``rank``/``world_size`` default to the
+    ``root`` is an ImageFolder directory, or indexed WebDataset tar shards (made by ``stoker pack``
+    or indexed by ``stoker index``): a ``.tar`` path, a glob such as ``"shards/train-*.tar"``, or a
+    list of shard paths. Class indices follow torchvision's ``ImageFolder``; ``rank``/``world_size`` default to the
     torchrun environment (``RANK``, ``WORLD_SIZE``). ``threads='auto'`` uses the process's CPU
     allowance (affinity mask and cgroup quota; ``STOKER_NUM_THREADS`` overrides it).
     """
 
-    def __init__(self, root: str | os.PathLike[str], batch_size: int = 256, *,
+    def __init__(self, root: str | os.PathLike[str] | Sequence[str | os.PathLike[str]], batch_size: int = 256, *,
                  preset: str | None = None, transforms: Sequence[Transform] | None = None,
                  shuffle: bool = False, seed: int = 0, drop_last: bool = False,
                  threads: int | str = "auto", io_threads: int | None = None, prefetch: int = 2,
@@ -153,7 +177,7 @@ class ImageLoader:
         if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < world_size:
             raise ConfigError(f"invalid argument `rank`: must be in 0..{world_size - 1} (world_size={world_size}), "
                               f"got {rank!r}")
-        self._root = os.fspath(root)
+        self._root, self._shards = _resolve_root(root)
         self._torch = _want_torch(output)
         self._config = {
             "sampler": {"batch_size": batch_size, "shuffle": bool(shuffle), "seed": seed,
@@ -167,7 +191,7 @@ class ImageLoader:
             "dct_scaling": True,
             "roi": True,
         }
-        self._native = _stoker.Loader(self._root, json.dumps(self._config))
+        self._native = _stoker.Loader(self._root, json.dumps(self._config), self._shards)
         self._pid = os.getpid()
         self.batch_size = batch_size
         self.rank = rank
@@ -183,7 +207,7 @@ class ImageLoader:
             old = self._native
             _INHERITED.append(old)
             seed, epoch, next_batch = old.state()
-            self._native = _stoker.Loader(self._root, json.dumps(self._config))
+            self._native = _stoker.Loader(self._root, json.dumps(self._config), self._shards)
             self._native.load_state(seed, epoch, next_batch)
             self._pid = os.getpid()
         return self._native

@@ -26,7 +26,8 @@ struct Cli {
 enum Cmd {
     /// Load a dataset as fast as possible and report throughput, CPU, memory and the bottleneck.
     Bench {
-        /// ImageFolder root (ROOT/CLASS/IMAGE).
+        /// ImageFolder root (ROOT/CLASS/IMAGE), or indexed tar shards: a .tar file or a glob
+        /// such as 'shards/train-*.tar' (quote it).
         root: PathBuf,
         #[command(flatten)]
         opts: BenchOpts,
@@ -44,6 +45,37 @@ enum Cmd {
         no_bench: bool,
         #[command(flatten)]
         opts: BenchOpts,
+    },
+    /// Convert an ImageFolder into WebDataset tar shards with sidecar indexes.
+    Pack {
+        /// ImageFolder root.
+        src: PathBuf,
+        /// Output folder for the shards (SHARD.tar + SHARD.tar.idx + classes.json).
+        dst: PathBuf,
+        /// Target shard size, e.g. 256MiB.
+        #[arg(long, default_value = "256MiB")]
+        shard_size: String,
+        /// Re-encode images whose longer side exceeds N pixels (as JPEG).
+        #[arg(long)]
+        max_side: Option<usize>,
+        /// JPEG quality of re-encoded images.
+        #[arg(long, default_value_t = 90)]
+        quality: i32,
+        /// Worker threads: a number, or auto.
+        #[arg(long, default_value = "auto")]
+        threads: String,
+        /// Shard file name prefix.
+        #[arg(long, default_value = "shard")]
+        prefix: String,
+        /// Print one JSON object instead of the summary.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Write the sidecar index of existing WebDataset tar shards.
+    Index {
+        /// Shard files.
+        #[arg(required = true)]
+        shards: Vec<PathBuf>,
     },
     /// Write transformed samples to .npy files (for comparisons against other loaders).
     Export {
@@ -144,10 +176,67 @@ struct BenchOpts {
 
 /// Parses `2GiB`, `512MB`, `1.5G`, `1000000` into bytes.
 fn parse_bytes(s: &str) -> Result<u64> {
+    parse_bytes_for("--memory-limit", s)
+}
+
+fn threads_arg(t: &str) -> Result<Option<usize>> {
+    match t {
+        "auto" => Ok(None),
+        t => match t.parse::<usize>() {
+            Ok(n) if n > 0 => Ok(Some(n)),
+            _ => bail!("--threads: expected a positive number or auto, got {t:?}"),
+        },
+    }
+}
+
+/// `*` and `?` in the last path component, sorted; a plain path is returned as is.
+fn expand_glob(pattern: &Path) -> Result<Vec<PathBuf>> {
+    let name = pattern.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    if !name.contains(['*', '?']) {
+        return Ok(vec![pattern.to_path_buf()]);
+    }
+    fn matches(p: &[u8], s: &[u8]) -> bool {
+        match (p.first(), s.first()) {
+            (None, None) => true,
+            (Some(b'*'), _) => matches(&p[1..], s) || (!s.is_empty() && matches(p, &s[1..])),
+            (Some(b'?'), Some(_)) => matches(&p[1..], &s[1..]),
+            (Some(a), Some(b)) if a == b => matches(&p[1..], &s[1..]),
+            _ => false,
+        }
+    }
+    let dir = pattern.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    let mut out = vec![];
+    for e in std::fs::read_dir(dir).with_context(|| format!("cannot list {}", dir.display()))? {
+        let e = e?;
+        if matches(name.as_bytes(), e.file_name().to_string_lossy().as_bytes()) {
+            out.push(e.path());
+        }
+    }
+    out.sort();
+    if out.is_empty() {
+        bail!("no file matches {}", pattern.display());
+    }
+    Ok(out)
+}
+
+/// An ImageFolder for a directory, indexed shards for a .tar file or a glob.
+fn open_source(root: &Path) -> Result<(Arc<dyn stoker::Source>, usize)> {
+    if root.is_dir() {
+        let f = ImageFolder::new(root)?;
+        let classes = f.classes().len();
+        return Ok((Arc::new(f), classes));
+    }
+    let shards = expand_glob(root)?;
+    let s = stoker::ShardSource::open(&shards)?;
+    let classes = s.classes().len();
+    Ok((Arc::new(s), classes))
+}
+
+fn parse_bytes_for(flag: &str, s: &str) -> Result<u64> {
     let t = s.trim();
     let split = t.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(t.len());
     let (num, unit) = t.split_at(split);
-    let n: f64 = num.parse().with_context(|| format!("--memory-limit: cannot read a number in {s:?}"))?;
+    let n: f64 = num.parse().with_context(|| format!("{flag}: cannot read a number in {s:?}"))?;
     let mult: f64 = match unit.trim().to_ascii_lowercase().as_str() {
         "" | "b" => 1.0,
         "k" | "kb" => 1e3,
@@ -181,13 +270,7 @@ fn loader_config(o: &BenchOpts) -> Result<LoaderConfig> {
     c.sampler.shuffle = !o.no_shuffle;
     c.sampler.seed = o.seed;
     c.sampler.drop_last = !o.keep_last;
-    c.threads = match o.threads.as_str() {
-        "auto" => None,
-        t => match t.parse::<usize>() {
-            Ok(n) if n > 0 => Some(n),
-            _ => bail!("--threads: expected a positive number or auto, got {t:?}"),
-        },
-    };
+    c.threads = threads_arg(&o.threads)?;
     if o.io_threads == Some(0) {
         bail!("--io-threads: must be at least 1");
     }
@@ -282,10 +365,9 @@ fn bench(root: &Path, o: &BenchOpts) -> Result<()> {
         return decode_only(root, o.json);
     }
     let config = loader_config(o)?;
-    let folder = ImageFolder::new(root)?;
-    let classes = folder.classes().len();
-    let samples = stoker::Source::len(&folder);
-    let loader = Loader::new(Arc::new(folder), config)?;
+    let (source, classes) = open_source(root)?;
+    let samples = source.len();
+    let loader = Loader::new(source, config)?;
     let total_batches = loader.len() as u64 * o.epochs;
     let bar = if o.json { ProgressBar::hidden() } else { ProgressBar::new(total_batches) };
     bar.set_style(
@@ -408,8 +490,8 @@ fn export(root: &Path, out: &Path, o: ExportOpts<'_>) -> Result<()> {
     c.dct_scaling = !o.no_dct_scaling;
     c.roi = !o.no_roi;
     c.on_error = ErrorPolicy::Raise;
-    let folder = ImageFolder::new(root)?;
-    let loader = Loader::new(Arc::new(folder), c)?;
+    let (source, _) = open_source(root)?;
+    let loader = Loader::new(source, c)?;
     let limit = limit.unwrap_or(usize::MAX);
     let (mut data, mut labels, mut n) = (Vec::new(), Vec::new(), 0usize);
     let mut shape = [0usize; 3];
@@ -440,6 +522,53 @@ fn export(root: &Path, out: &Path, o: ExportOpts<'_>) -> Result<()> {
     ));
     write_npy(&lpath, "<i8", &[n], &labels)?;
     eprintln!("wrote {n} samples to {} and {}", out.display(), lpath.display());
+    Ok(())
+}
+
+#[allow(clippy::too_many_arguments)]
+fn pack_cmd(
+    src: &Path,
+    dst: &Path,
+    shard_size: &str,
+    max_side: Option<usize>,
+    quality: i32,
+    threads: &str,
+    prefix: &str,
+    json: bool,
+) -> Result<()> {
+    let folder = ImageFolder::new(src)?;
+    let opts = stoker::pack::PackOptions {
+        shard_size: parse_bytes_for("--shard-size", shard_size)?,
+        max_side,
+        quality,
+        threads: threads_arg(threads)?.unwrap_or_else(stoker::cpu::default_threads),
+        prefix: prefix.to_string(),
+    };
+    let n = stoker::Source::len(&folder);
+    let bar = if json { ProgressBar::hidden() } else { ProgressBar::new(n as u64) };
+    bar.set_style(
+        ProgressStyle::with_template("{spinner} packing [{bar:30}] {pos}/{len} files ({eta})")
+            .expect("valid template")
+            .progress_chars("=> "),
+    );
+    let t0 = Instant::now();
+    let s = stoker::pack::pack(&folder, dst, &opts, &|done| bar.set_position(done as u64))?;
+    bar.finish_and_clear();
+    if json {
+        println!("{}", serde_json::to_string_pretty(&s)?);
+    } else {
+        println!(
+            "packed {} samples into {} shard(s), {:.1} MiB, in {:.1} s ({} re-encoded); index beside each shard",
+            s.samples,
+            s.shards.len(),
+            s.bytes as f64 / (1024.0 * 1024.0),
+            t0.elapsed().as_secs_f64(),
+            s.reencoded
+        );
+        for k in &s.skipped {
+            println!("skipped {}: {}", k.path, k.reason);
+        }
+    }
     Ok(())
 }
 
@@ -483,6 +612,16 @@ fn run(cli: Cli) -> Result<()> {
                 o.batch_size = (images / 8).max(1);
             }
             bench(&root, &o)
+        }
+        Cmd::Pack { src, dst, shard_size, max_side, quality, threads, prefix, json } => {
+            pack_cmd(&src, &dst, &shard_size, max_side, quality, &threads, &prefix, json)
+        }
+        Cmd::Index { shards } => {
+            for shard in shards {
+                let n = stoker::source::shards::write_index(&shard)?;
+                println!("{}: {n} samples indexed", shard.display());
+            }
+            Ok(())
         }
         Cmd::Export { root, out, preset, dtype, layout, limit, no_exif, seed, no_dct_scaling, no_roi } => export(
             &root,

@@ -23,16 +23,28 @@ pub struct PyLoader {
 
 #[pymethods]
 impl PyLoader {
-    /// Indexes `root` (GIL released) and allocates the buffer pool.
+    /// Indexes `root` (an ImageFolder), or opens `shards` (indexed tar files) when given, with
+    /// the GIL released, and allocates the buffer pool.
     #[new]
-    fn new(py: Python<'_>, root: PathBuf, config_json: &str) -> PyResult<Self> {
+    #[pyo3(signature = (root, config_json, shards=None))]
+    fn new(py: Python<'_>, root: PathBuf, config_json: &str, shards: Option<Vec<PathBuf>>) -> PyResult<Self> {
         let config: LoaderConfig = serde_json::from_str(config_json)
             .map_err(|e| errors::config("config", format!("invalid configuration: {e}")))?;
         py.detach(move || {
-            let folder = ImageFolder::new(&root)?;
-            let classes = folder.classes().to_vec();
-            let samples = stoker::Source::len(&folder);
-            let loader = Loader::new(Arc::new(folder), config)?;
+            let (source, classes): (Arc<dyn stoker::Source>, Vec<String>) = match shards {
+                Some(list) => {
+                    let s = stoker::ShardSource::open(&list)?;
+                    let classes = s.classes().to_vec();
+                    (Arc::new(s), classes)
+                }
+                None => {
+                    let folder = ImageFolder::new(&root)?;
+                    let classes = folder.classes().to_vec();
+                    (Arc::new(folder), classes)
+                }
+            };
+            let samples = source.len();
+            let loader = Loader::new(source, config)?;
             Ok(PyLoader { loader, classes, samples })
         })
         .py_err()

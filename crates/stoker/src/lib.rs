@@ -45,6 +45,7 @@ pub mod decode;
 pub mod demo;
 pub mod error;
 pub mod ops;
+pub mod pack;
 pub mod pipeline;
 pub mod rng;
 pub mod sampler;
@@ -55,7 +56,7 @@ pub use error::{Error, Result};
 pub use ops::{DType, Layout, OpSpec, ResizeSize, TransformPlan, TransformSpec};
 pub use pipeline::{Batch, EpochIter, ErrorPolicy, Loader, LoaderConfig};
 pub use sampler::{Sampler, SamplerSpec, SamplerState};
-pub use source::{ImageFolder, Source};
+pub use source::{ImageFolder, ShardSource, Source};
 pub use telemetry::Report;
 
 /// A running 128-bit hash (XXH3) of batches in delivery order: data bytes, then labels.

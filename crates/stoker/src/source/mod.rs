@@ -2,8 +2,11 @@
 //! bytes of the dataset. Only an index lives in memory (a few bytes per sample).
 
 mod image_folder;
+pub mod shards;
+pub mod tar;
 
 pub use image_folder::{ImageFolder, IMG_EXTENSIONS};
+pub use shards::ShardSource;
 
 use crate::error::Result;
 use std::path::PathBuf;

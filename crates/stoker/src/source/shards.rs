@@ -1,0 +1,307 @@
+//! Tar shards in WebDataset layout (`KEY.jpg` + `KEY.cls`), read through a sidecar index
+//! (`SHARD.tar.idx`: key, byte offset, length and label of every sample) so that any sample is
+//! one positioned read.
+//!
+//! The index records the shard's size and a checksum of itself; every read also checks the tar
+//! header in front of the sample (one `pread` covers header and data), so an index that does not
+//! match its shard, a truncated shard or a corrupt index is a clear error naming the file. Tar
+//! member names are only compared as strings, never used as filesystem paths.
+
+use super::tar;
+use super::{Source, IMG_EXTENSIONS};
+use crate::error::{Error, Result};
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+
+const MAGIC: &[u8; 8] = b"STKIDX1\0";
+
+/// One indexed sample.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IndexEntry {
+    /// WebDataset key.
+    pub key: String,
+    /// Image member name (key + extension).
+    pub member: String,
+    /// Offset of the image data in the shard.
+    pub offset: u64,
+    /// Image data length.
+    pub length: u64,
+    /// Label from `KEY.cls` (-1 when absent).
+    pub label: i64,
+}
+
+/// The sidecar index path of `shard`.
+pub fn index_path(shard: &Path) -> PathBuf {
+    let mut p = shard.as_os_str().to_owned();
+    p.push(".idx");
+    PathBuf::from(p)
+}
+
+/// Splits a member name into (key, extension): the key is everything up to the first '.' of
+/// the base name, as WebDataset does.
+fn split_key(name: &str) -> Option<(&str, &str)> {
+    let base_start = name.rfind('/').map(|i| i + 1).unwrap_or(0);
+    let dot = name[base_start..].find('.')? + base_start;
+    Some((&name[..dot], &name[dot + 1..]))
+}
+
+/// Groups the members of a tar archive into samples (image + optional `.cls`).
+pub fn index_members(data: &[u8], shard: &Path) -> Result<Vec<IndexEntry>> {
+    let members = tar::list_members(data).map_err(|e| Error::decode(shard, format!("invalid shard: {e}")))?;
+    let mut out: Vec<IndexEntry> = vec![];
+    let mut labels: std::collections::HashMap<String, i64> = std::collections::HashMap::new();
+    for m in &members {
+        let Some((key, ext)) = split_key(&m.name) else { continue };
+        let ext_l = ext.to_ascii_lowercase();
+        if ext_l == "cls" {
+            let raw = &data[m.offset as usize..(m.offset + m.size) as usize];
+            let text = String::from_utf8_lossy(raw);
+            let label: i64 = text.trim().parse().map_err(|_| {
+                Error::decode(shard, format!("member {}: label {:?} is not an integer", m.name, text.trim()))
+            })?;
+            labels.insert(key.to_string(), label);
+        } else if IMG_EXTENSIONS.contains(&ext_l.as_str()) {
+            out.push(IndexEntry {
+                key: key.to_string(),
+                member: m.name.clone(),
+                offset: m.offset,
+                length: m.size,
+                label: -1,
+            });
+        }
+    }
+    for e in &mut out {
+        if let Some(&l) = labels.get(&e.key) {
+            e.label = l;
+        }
+    }
+    Ok(out)
+}
+
+/// Serialises an index for a shard of `shard_size` bytes.
+pub fn encode_index(entries: &[IndexEntry], shard_size: u64) -> Vec<u8> {
+    let mut b = MAGIC.to_vec();
+    b.extend_from_slice(&shard_size.to_le_bytes());
+    b.extend_from_slice(&(entries.len() as u64).to_le_bytes());
+    for e in entries {
+        b.extend_from_slice(&e.offset.to_le_bytes());
+        b.extend_from_slice(&e.length.to_le_bytes());
+        b.extend_from_slice(&e.label.to_le_bytes());
+        b.extend_from_slice(&(e.member.len() as u32).to_le_bytes());
+        b.extend_from_slice(e.member.as_bytes());
+    }
+    let sum = xxhash_rust::xxh3::xxh3_64(&b);
+    b.extend_from_slice(&sum.to_le_bytes());
+    b
+}
+
+/// Parses an index; returns the entries and the shard size it was made for.
+pub fn decode_index(b: &[u8], path: &Path) -> Result<(Vec<IndexEntry>, u64)> {
+    let bad = |why: &str| Error::decode(path, format!("invalid shard index: {why}"));
+    if b.len() < 32 || &b[..8] != MAGIC {
+        return Err(bad("not a stoker index (bad magic)"));
+    }
+    let (body, sum) = b.split_at(b.len() - 8);
+    if xxhash_rust::xxh3::xxh3_64(body) != u64::from_le_bytes(sum.try_into().expect("8 bytes")) {
+        return Err(bad("checksum mismatch (corrupt or truncated index)"));
+    }
+    let u64_at = |o: usize| -> Result<u64> {
+        body.get(o..o + 8).map(|s| u64::from_le_bytes(s.try_into().expect("8 bytes"))).ok_or_else(|| bad("truncated"))
+    };
+    let shard_size = u64_at(8)?;
+    let count = u64_at(16)? as usize;
+    let mut pos = 24;
+    let mut out = Vec::with_capacity(count.min(body.len() / 28));
+    for _ in 0..count {
+        let offset = u64_at(pos)?;
+        let length = u64_at(pos + 8)?;
+        let label = u64_at(pos + 16)? as i64;
+        let n = body
+            .get(pos + 24..pos + 28)
+            .map(|s| u32::from_le_bytes(s.try_into().expect("4 bytes")))
+            .ok_or_else(|| bad("truncated"))? as usize;
+        let name = body.get(pos + 28..pos + 28 + n).ok_or_else(|| bad("truncated"))?;
+        let member = String::from_utf8(name.to_vec()).map_err(|_| bad("member name is not UTF-8"))?;
+        let key = split_key(&member).map(|(k, _)| k.to_string()).unwrap_or_else(|| member.clone());
+        if offset < tar::BLOCK as u64 || offset.checked_add(length).is_none_or(|end| end > shard_size) {
+            return Err(bad(&format!("entry {member} lies outside the shard")));
+        }
+        out.push(IndexEntry { key, member, offset, length, label });
+        pos += 28 + n;
+    }
+    if pos != body.len() {
+        return Err(bad("trailing bytes"));
+    }
+    Ok((out, shard_size))
+}
+
+/// Builds and writes the sidecar index of an existing shard; returns its samples.
+pub fn write_index(shard: &Path) -> Result<usize> {
+    let data = std::fs::read(shard).map_err(|e| Error::io(shard, &e))?;
+    let entries = index_members(&data, shard)?;
+    let idx = index_path(shard);
+    std::fs::write(&idx, encode_index(&entries, data.len() as u64)).map_err(|e| Error::io(&idx, &e))?;
+    Ok(entries.len())
+}
+
+struct Shard {
+    path: PathBuf,
+    file: std::fs::File,
+}
+
+/// A dataset of indexed tar shards.
+pub struct ShardSource {
+    shards: Vec<Shard>,
+    /// Per sample: shard number, offset, length, label.
+    samples: Vec<(u32, u64, u32, i64)>,
+    members: String,
+    member_ends: Vec<u64>,
+    classes: Vec<String>,
+}
+
+impl std::fmt::Debug for ShardSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ShardSource").field("shards", &self.shards.len()).field("samples", &self.samples.len()).finish()
+    }
+}
+
+impl ShardSource {
+    /// Opens `shards` (in this order) with their sidecar indexes. Class names come from a
+    /// `classes.json` beside the first shard, when present (written by `stoker pack`).
+    pub fn open(shards: &[PathBuf]) -> Result<Self> {
+        if shards.is_empty() {
+            return Err(Error::Dataset("no shards given".into()));
+        }
+        let mut out = ShardSource {
+            shards: vec![],
+            samples: vec![],
+            members: String::new(),
+            member_ends: vec![],
+            classes: vec![],
+        };
+        for (k, path) in shards.iter().enumerate() {
+            let file = std::fs::File::open(path)
+                .map_err(|e| Error::Dataset(format!("{}: cannot open shard: {e}", path.display())))?;
+            let size = file.metadata().map_err(|e| Error::io(path, &e))?.len();
+            let idx = index_path(path);
+            let bytes = std::fs::read(&idx).map_err(|e| {
+                Error::Dataset(format!(
+                    "{}: cannot read the shard index ({e}); create it with `stoker index {}`",
+                    idx.display(),
+                    path.display()
+                ))
+            })?;
+            let (entries, expected) = decode_index(&bytes, &idx)?;
+            if expected != size {
+                return Err(Error::Dataset(format!(
+                    "{}: index does not match its shard: the index was made for {expected} bytes, the shard has {size} (truncated or rewritten shard?)",
+                    idx.display()
+                )));
+            }
+            for e in entries {
+                let len = u32::try_from(e.length)
+                    .map_err(|_| Error::decode(path, format!("member {} is larger than 4 GiB", e.member)))?;
+                out.samples.push((k as u32, e.offset, len, e.label));
+                out.members.push_str(&e.member);
+                out.member_ends.push(out.members.len() as u64);
+            }
+            out.shards.push(Shard { path: path.clone(), file });
+        }
+        if let Some(dir) = shards[0].parent() {
+            if let Ok(text) = std::fs::read_to_string(dir.join("classes.json")) {
+                out.classes = serde_json::from_str(&text)
+                    .map_err(|e| Error::Dataset(format!("{}: invalid classes.json: {e}", dir.display())))?;
+            }
+        }
+        if out.samples.is_empty() {
+            return Err(Error::Dataset("the shards hold no image samples".into()));
+        }
+        Ok(out)
+    }
+
+    /// Class names, when the shards came with a `classes.json`.
+    pub fn classes(&self) -> &[String] {
+        &self.classes
+    }
+
+    /// The member name of sample `i` (key + extension).
+    pub fn member(&self, i: usize) -> &str {
+        let start = if i == 0 { 0 } else { self.member_ends[i - 1] as usize };
+        &self.members[start..self.member_ends[i] as usize]
+    }
+}
+
+impl Source for ShardSource {
+    fn len(&self) -> usize {
+        self.samples.len()
+    }
+
+    fn label(&self, i: usize) -> i64 {
+        self.samples[i].3
+    }
+
+    fn read(&self, i: usize, buf: &mut Vec<u8>) -> Result<()> {
+        let (k, offset, len, _) = self.samples[i];
+        let shard = &self.shards[k as usize];
+        let total = tar::BLOCK + len as usize;
+        buf.clear();
+        buf.resize(total, 0);
+        // One positioned read: the member's tar header and its data.
+        shard.file.read_exact_at(buf, offset - tar::BLOCK as u64).map_err(|e| {
+            Error::decode(
+                self.describe(i),
+                format!("cannot read {total} bytes at offset {}: {e} (truncated shard?)", offset - 512),
+            )
+        })?;
+        let header = &buf[..tar::BLOCK];
+        let name_field = &header[..100];
+        let end = name_field.iter().position(|&b| b == 0).unwrap_or(100);
+        let member = self.member(i);
+        let short = member.rsplit('/').next().unwrap_or(member);
+        let name_ok = &name_field[..end] == member.as_bytes() || name_field[..end].ends_with(short.as_bytes());
+        if !name_ok {
+            return Err(Error::decode(
+                self.describe(i),
+                "index does not match its shard: no tar header for this member at the indexed offset",
+            ));
+        }
+        buf.copy_within(tar::BLOCK.., 0);
+        buf.truncate(len as usize);
+        Ok(())
+    }
+
+    fn describe(&self, i: usize) -> PathBuf {
+        let (k, ..) = self.samples[i];
+        let mut p = self.shards[k as usize].path.as_os_str().to_owned();
+        p.push(":");
+        p.push(self.member(i));
+        PathBuf::from(p)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_follow_webdataset() {
+        assert_eq!(split_key("dog/img_1.jpg"), Some(("dog/img_1", "jpg")));
+        assert_eq!(split_key("a.b/c.seg.png"), Some(("a.b/c", "seg.png")));
+        assert_eq!(split_key("noext"), None);
+    }
+
+    #[test]
+    fn index_round_trip_and_corruption() {
+        let e = vec![IndexEntry { key: "a/x".into(), member: "a/x.jpg".into(), offset: 512, length: 10, label: 3 }];
+        let b = encode_index(&e, 2048);
+        assert_eq!(decode_index(&b, Path::new("i")).unwrap(), (e.clone(), 2048));
+        for cut in [0, 7, 20, b.len() - 1] {
+            assert!(decode_index(&b[..cut], Path::new("i")).is_err());
+        }
+        let mut flip = b.clone();
+        flip[30] ^= 1;
+        assert!(decode_index(&flip, Path::new("i")).unwrap_err().to_string().contains("checksum"));
+        let outside = encode_index(&[IndexEntry { offset: 4096, ..e[0].clone() }], 2048);
+        assert!(decode_index(&outside, Path::new("i")).unwrap_err().to_string().contains("outside"));
+    }
+}
