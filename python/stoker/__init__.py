@@ -11,6 +11,7 @@ PyTorch or NumPy zero-copy.
 
 from . import transforms
 from ._stoker import LIBJPEG_TURBO_VERSION, __version__
+from .arrays import ArrayLoader
 from .errors import ConfigError, DatasetError, DecodeError, MemoryLimitError, ReadError, StokerError
 from .loader import ImageLoader
 
@@ -25,5 +26,5 @@ def make_demo(root: str, images: int = 350, seed: int = 0) -> int:
     return _stoker.make_demo(os.fspath(root), images, seed)
 
 
-__all__ = ["ImageLoader", "transforms", "make_demo", "StokerError", "ConfigError", "DatasetError", "DecodeError",
+__all__ = ["ImageLoader", "ArrayLoader", "transforms", "make_demo", "StokerError", "ConfigError", "DatasetError", "DecodeError",
            "ReadError", "MemoryLimitError", "__version__", "LIBJPEG_TURBO_VERSION"]

@@ -29,6 +29,11 @@ pub struct DLDataType {
 }
 
 impl DLDataType {
+    /// A type from its DLPack code (0 int, 1 uint, 2 float, 6 bool) and bit width.
+    pub const fn new(code: u8, bits: u8) -> Self {
+        DLDataType { code, bits, lanes: 1 }
+    }
+
     /// Unsigned 8-bit integer.
     pub const U8: Self = DLDataType { code: 1, bits: 8, lanes: 1 };
     /// Signed 64-bit integer.
@@ -64,8 +69,8 @@ struct DLManagedTensor {
 #[repr(C)]
 struct Holder {
     managed: DLManagedTensor,
-    shape: [i64; 4],
-    strides: [i64; 4],
+    shape: [i64; 8],
+    strides: [i64; 8],
     _owner: Arc<dyn Send + Sync>,
 }
 
@@ -108,10 +113,10 @@ pub struct View {
 /// Builds a `dltensor` capsule for `view`.
 pub fn export<'py>(py: Python<'py>, view: View) -> PyResult<Bound<'py, PyCapsule>> {
     let ndim = view.shape.len();
-    assert!(ndim <= 4);
-    let mut shape = [0i64; 4];
+    assert!(ndim <= 8, "at most 8 dimensions");
+    let mut shape = [0i64; 8];
     shape[..ndim].copy_from_slice(&view.shape);
-    let mut strides = [0i64; 4];
+    let mut strides = [0i64; 8];
     let mut acc = 1i64;
     for d in (0..ndim).rev() {
         strides[d] = acc;

@@ -11,7 +11,9 @@
 //! | `errors.rs` | engine errors to `stoker.errors` exceptions |
 //! | `dlpack.rs` | zero-copy export of batch buffers through the DLPack protocol |
 //! | `loader.rs` | `Loader`, `Iterator`, `Batch`, `Tensor` classes |
+//! | `arrays.rs` | `ArrayLoader` and its iterator, batch and tensor classes |
 
+mod arrays;
 mod dlpack;
 mod errors;
 mod loader;
@@ -26,6 +28,10 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<loader::PyIter>()?;
     m.add_class::<loader::PyBatch>()?;
     m.add_class::<loader::PyTensor>()?;
+    m.add_class::<arrays::PyArrayLoader>()?;
+    m.add_class::<arrays::PyArrayIter>()?;
+    m.add_class::<arrays::PyArrayBatch>()?;
+    m.add_class::<arrays::PyArrayTensor>()?;
     m.add_function(wrap_pyfunction!(loader::make_demo, m)?)?;
     m.add_function(wrap_pyfunction!(loader::cpu_allowance, m)?)?;
     m.add_function(wrap_pyfunction!(loader::preset_json, m)?)?;

@@ -304,21 +304,7 @@ impl PyTensor {
         copy: Option<bool>,
     ) -> PyResult<Bound<'py, PyCapsule>> {
         let _ = max_version; // we export the legacy capsule, which every consumer accepts
-        if let Some(s) = stream {
-            if !s.is_none() {
-                return Err(PyBufferError::new_err("stoker CPU batches take no stream (stream must be None)"));
-            }
-        }
-        if let Some(d) = dl_device {
-            if d != (1, 0) {
-                return Err(PyBufferError::new_err(format!(
-                    "stoker batch is on the CPU, cannot export to device {d:?}"
-                )));
-            }
-        }
-        if copy == Some(true) {
-            return Err(PyBufferError::new_err("stoker exports batches zero-copy only; copy the result instead"));
-        }
+        check_dlpack_args(stream, dl_device, copy)?;
         dlpack::export(py, self.view())
     }
 
@@ -337,6 +323,28 @@ impl PyTensor {
     fn data_ptr(&self) -> usize {
         self.view().data as usize
     }
+}
+
+/// The protocol's argument checks for a CPU producer that exports zero-copy only.
+pub fn check_dlpack_args(
+    stream: Option<Bound<'_, PyAny>>,
+    dl_device: Option<(i32, i32)>,
+    copy: Option<bool>,
+) -> PyResult<()> {
+    if let Some(s) = stream {
+        if !s.is_none() {
+            return Err(PyBufferError::new_err("stoker CPU batches take no stream (stream must be None)"));
+        }
+    }
+    if let Some(d) = dl_device {
+        if d != (1, 0) {
+            return Err(PyBufferError::new_err(format!("stoker batch is on the CPU, cannot export to device {d:?}")));
+        }
+    }
+    if copy == Some(true) {
+        return Err(PyBufferError::new_err("stoker exports batches zero-copy only; copy the result instead"));
+    }
+    Ok(())
 }
 
 /// Builds the demo ImageFolder (embedded public-domain photos) under `root`; returns the number

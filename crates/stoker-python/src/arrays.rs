@@ -1,0 +1,243 @@
+//! The `ArrayLoader` classes: rows of NumPy arrays or memory-mapped `.npy` files, batched.
+
+use crate::dlpack::{self, DLDataType, View};
+use crate::errors::{self, IntoPy};
+use crate::loader::check_dlpack_args;
+use pyo3::prelude::*;
+use pyo3::types::PyCapsule;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use stoker::arrays::{descr_itemsize, ArrayBatch, ArrayConfig, ArrayIter, ArrayLoader, Column};
+use stoker::SamplerState;
+
+/// dtype string and the shape of one row, per column.
+#[derive(Clone)]
+struct ColumnSpec {
+    descr: String,
+    row_shape: Vec<usize>,
+}
+
+fn dl_type(descr: &str) -> Option<DLDataType> {
+    let bits = (descr_itemsize(descr)? * 8) as u8;
+    let code = match descr.as_bytes().get(1)? {
+        b'f' => 2,
+        b'i' => 0,
+        b'u' => 1,
+        b'b' => 6,
+        _ => return None,
+    };
+    Some(DLDataType::new(code, bits))
+}
+
+/// A loader over equally long arrays. Each column is a `.npy` path (memory-mapped) or a tuple
+/// `(address, rows, row_bytes, descr, row_shape, owner)` describing a C-contiguous NumPy array
+/// that `owner` keeps alive.
+#[pyclass(frozen, name = "ArrayLoader", module = "stoker._stoker")]
+pub struct PyArrayLoader {
+    loader: ArrayLoader,
+    specs: Arc<Vec<ColumnSpec>>,
+}
+
+type RawColumn = (usize, usize, usize, String, Vec<usize>, Py<PyAny>);
+
+#[pymethods]
+impl PyArrayLoader {
+    #[new]
+    fn new(py: Python<'_>, columns: Vec<Bound<'_, PyAny>>, config_json: &str) -> PyResult<Self> {
+        let config: ArrayConfig = serde_json::from_str(config_json)
+            .map_err(|e| errors::config("config", format!("invalid configuration: {e}")))?;
+        let mut cols = vec![];
+        let mut specs = vec![];
+        for c in columns {
+            if let Ok(path) = c.extract::<PathBuf>() {
+                let (col, h) = py.detach(|| Column::from_npy(&path)).py_err()?;
+                specs.push(ColumnSpec { descr: h.descr, row_shape: h.shape[1..].to_vec() });
+                cols.push(col);
+            } else {
+                let (addr, rows, row_bytes, descr, row_shape, owner): RawColumn = c.extract()?;
+                let item = descr_itemsize(&descr).ok_or_else(|| {
+                    errors::config(
+                        "arrays",
+                        format!("unsupported dtype {descr:?} (little-endian bool/int/uint/float only)"),
+                    )
+                })?;
+                if row_shape.iter().product::<usize>() * item != row_bytes {
+                    return Err(errors::config("arrays", "row size does not match dtype and shape"));
+                }
+                let owner: Arc<dyn Send + Sync> = Arc::new(owner);
+                // SAFETY: the Python side passes the data address of a C-contiguous array of
+                // `rows * row_bytes` bytes and the array itself as `owner`, which keeps it alive;
+                // the loader only reads it.
+                let col = unsafe { Column::from_raw(addr as *const u8, rows, row_bytes, owner) };
+                specs.push(ColumnSpec { descr, row_shape });
+                cols.push(col);
+            }
+        }
+        let loader = py.detach(|| ArrayLoader::new(cols, config)).py_err()?;
+        Ok(PyArrayLoader { loader, specs: Arc::new(specs) })
+    }
+
+    fn __len__(&self) -> usize {
+        self.loader.len()
+    }
+
+    /// Copy threads.
+    #[getter]
+    fn threads(&self) -> usize {
+        self.loader.threads()
+    }
+
+    /// Batches currently held by Python.
+    #[getter]
+    fn held(&self) -> usize {
+        self.loader.held()
+    }
+
+    /// `(descr, row_shape)` per column.
+    fn columns(&self) -> Vec<(String, Vec<usize>)> {
+        self.specs.iter().map(|s| (s.descr.clone(), s.row_shape.clone())).collect()
+    }
+
+    fn set_epoch(&self, epoch: u64) {
+        self.loader.set_epoch(epoch);
+    }
+
+    fn state(&self) -> (u64, u64, usize) {
+        let s = self.loader.state();
+        (s.seed, s.epoch, s.next_batch)
+    }
+
+    fn load_state(&self, seed: u64, epoch: u64, next_batch: usize) -> PyResult<()> {
+        self.loader.load_state(SamplerState { seed, epoch, next_batch }).py_err()
+    }
+
+    fn iter(&self, py: Python<'_>) -> PyResult<PyArrayIter> {
+        let it = py.detach(|| self.loader.iter()).py_err()?;
+        Ok(PyArrayIter { inner: Mutex::new(Some(it)), specs: self.specs.clone(), pid: std::process::id() })
+    }
+}
+
+/// An iteration over array batches (GIL released while waiting; Ctrl-C honoured).
+#[pyclass(frozen, name = "ArrayIterator", module = "stoker._stoker")]
+pub struct PyArrayIter {
+    inner: Mutex<Option<ArrayIter>>,
+    specs: Arc<Vec<ColumnSpec>>,
+    pid: u32,
+}
+
+#[pymethods]
+impl PyArrayIter {
+    fn __iter__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {
+        slf
+    }
+
+    fn __next__(&self, py: Python<'_>) -> PyResult<Option<PyArrayBatch>> {
+        if std::process::id() != self.pid {
+            return Err(errors::to_py(stoker::Error::Internal(
+                "this iteration was started in another process (before a fork); start a new one".into(),
+            )));
+        }
+        loop {
+            let step = py.detach(|| {
+                let mut g = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+                let Some(it) = g.as_mut() else { return Some(None) };
+                let r = it.next_timeout(Duration::from_millis(50));
+                if matches!(r, Some(None) | Some(Some(Err(_)))) {
+                    g.take();
+                }
+                r
+            });
+            match step {
+                Some(Some(Ok(b))) => return Ok(Some(PyArrayBatch { inner: Arc::new(b), specs: self.specs.clone() })),
+                Some(Some(Err(e))) => return Err(errors::to_py(e)),
+                Some(None) => return Ok(None),
+                None => {
+                    if let Err(e) = py.check_signals() {
+                        self.close(py);
+                        return Err(e);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Stops the iteration now (joins every thread, GIL released).
+    fn close(&self, py: Python<'_>) {
+        let it = self.inner.lock().unwrap_or_else(|p| p.into_inner()).take();
+        py.detach(move || drop(it));
+    }
+}
+
+/// One batch of rows: one DLPack tensor per column.
+#[pyclass(frozen, name = "ArrayBatch", module = "stoker._stoker")]
+pub struct PyArrayBatch {
+    inner: Arc<ArrayBatch>,
+    specs: Arc<Vec<ColumnSpec>>,
+}
+
+#[pymethods]
+impl PyArrayBatch {
+    fn __len__(&self) -> usize {
+        self.inner.len()
+    }
+
+    /// Batch number within the epoch.
+    #[getter]
+    fn index(&self) -> usize {
+        self.inner.index()
+    }
+
+    /// Dataset indices of the rows.
+    #[getter]
+    fn indices(&self) -> Vec<u32> {
+        self.inner.indices()
+    }
+
+    /// Column `c` as a DLPack-exporting tensor view.
+    fn column(&self, c: usize) -> PyResult<PyArrayTensor> {
+        if c >= self.specs.len() {
+            return Err(pyo3::exceptions::PyIndexError::new_err(format!("column {c} of {}", self.specs.len())));
+        }
+        Ok(PyArrayTensor { batch: self.inner.clone(), column: c, spec: self.specs[c].clone() })
+    }
+}
+
+/// A column of an array batch, exported with `__dlpack__`.
+#[pyclass(frozen, name = "ArrayTensor", module = "stoker._stoker")]
+pub struct PyArrayTensor {
+    batch: Arc<ArrayBatch>,
+    column: usize,
+    spec: ColumnSpec,
+}
+
+#[pymethods]
+impl PyArrayTensor {
+    #[pyo3(signature = (*, stream=None, max_version=None, dl_device=None, copy=None))]
+    fn __dlpack__<'py>(
+        &self,
+        py: Python<'py>,
+        stream: Option<Bound<'py, PyAny>>,
+        max_version: Option<(u32, u32)>,
+        dl_device: Option<(i32, i32)>,
+        copy: Option<bool>,
+    ) -> PyResult<Bound<'py, PyCapsule>> {
+        let _ = max_version;
+        check_dlpack_args(stream, dl_device, copy)?;
+        let dtype = dl_type(&self.spec.descr).ok_or_else(|| errors::config("arrays", "unsupported dtype"))?;
+        let mut shape = vec![self.batch.len() as i64];
+        shape.extend(self.spec.row_shape.iter().map(|&d| d as i64));
+        let owner: Arc<dyn Send + Sync> = self.batch.clone();
+        dlpack::export(py, View { data: self.batch.column_ptr(self.column), shape, dtype, owner })
+    }
+
+    fn __dlpack_device__(&self) -> (i32, i32) {
+        (1, 0)
+    }
+
+    /// Address of the first element.
+    #[getter]
+    fn data_ptr(&self) -> usize {
+        self.batch.column_ptr(self.column) as usize
+    }
+}

@@ -1,0 +1,616 @@
+//! `ArrayLoader`: batches gathered from in-memory or memory-mapped arrays (`.npy`) by the
+//! sampler's indices, with parallel row copies straight into pooled buffers.
+//!
+//! This is the cure for `TensorDataset` + `DataLoader`: no per-item Python indexing, no
+//! collation, no whole dataset copied into RAM (`.npy` files are memory-mapped, so only the rows
+//! a batch touches are read). Same sampler, resume state and sharding as the image loaders.
+
+use crate::buffer::RawBuf;
+use crate::error::{Error, Result};
+use crate::sampler::{Sampler, SamplerSpec, SamplerState};
+use crossbeam_channel::{bounded, Receiver, RecvTimeoutError, Sender};
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// A C-contiguous array viewed as rows of bytes, kept alive by its owner.
+pub struct Column {
+    ptr: *const u8,
+    rows: usize,
+    row_bytes: usize,
+    _owner: Arc<dyn Send + Sync>,
+}
+
+// SAFETY: a Column only reads its rows; the owner keeps the memory alive and unchanged for the
+// Column's life (the caller of `from_raw` promises it; mmaps are private and read-only).
+unsafe impl Send for Column {}
+// SAFETY: see above; shared access is read-only.
+unsafe impl Sync for Column {}
+
+impl std::fmt::Debug for Column {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Column").field("rows", &self.rows).field("row_bytes", &self.row_bytes).finish()
+    }
+}
+
+/// The header of a `.npy` file.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct NpyHeader {
+    /// NumPy type string, e.g. `<f4`.
+    pub descr: String,
+    /// Shape.
+    pub shape: Vec<usize>,
+    /// Byte offset of the data.
+    pub data_offset: usize,
+}
+
+/// Parses the header of a `.npy` file (versions 1-3, C order only).
+pub fn parse_npy_header(b: &[u8], path: &Path) -> Result<NpyHeader> {
+    let bad = |why: String| Error::decode(path, format!("invalid .npy file: {why}"));
+    if b.len() < 10 || &b[..6] != b"\x93NUMPY" {
+        return Err(bad("missing the \\x93NUMPY magic".into()));
+    }
+    let (hlen, start) = match b[6] {
+        1 => (u16::from_le_bytes([b[8], b[9]]) as usize, 10),
+        2 | 3 if b.len() >= 12 => (u32::from_le_bytes([b[8], b[9], b[10], b[11]]) as usize, 12),
+        v => return Err(bad(format!("unsupported version {v}"))),
+    };
+    let text = b.get(start..start + hlen).ok_or_else(|| bad("truncated header".into()))?;
+    let text = std::str::from_utf8(text).map_err(|_| bad("header is not text".into()))?;
+    let field = |name: &str| -> Option<&str> {
+        let i = text.find(&format!("'{name}'"))?;
+        Some(text[i + name.len() + 2..].trim_start().trim_start_matches(':').trim_start())
+    };
+    let descr = field("descr")
+        .and_then(|r| r.strip_prefix('\''))
+        .and_then(|r| r.split('\'').next())
+        .ok_or_else(|| bad("no descr".into()))?
+        .to_string();
+    let fortran = field("fortran_order").ok_or_else(|| bad("no fortran_order".into()))?;
+    if fortran.starts_with("True") {
+        return Err(bad("Fortran-ordered arrays are not supported (save a C-contiguous array)".into()));
+    }
+    let shape_s = field("shape")
+        .and_then(|r| r.strip_prefix('('))
+        .and_then(|r| r.split(')').next())
+        .ok_or_else(|| bad("no shape".into()))?;
+    let shape = shape_s
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(|s| s.parse::<usize>().map_err(|_| bad(format!("bad shape {shape_s:?}"))))
+        .collect::<Result<Vec<_>>>()?;
+    if shape.is_empty() {
+        return Err(bad("a 0-d array has no rows".into()));
+    }
+    Ok(NpyHeader { descr, shape, data_offset: start + hlen })
+}
+
+/// Bytes per element of a NumPy type string (`<f4` → 4), for the types stoker exports.
+pub fn descr_itemsize(descr: &str) -> Option<usize> {
+    let (order, kind) = (descr.chars().next()?, &descr[1..]);
+    if order == '>' {
+        return None; // big-endian data would need byte swaps
+    }
+    match kind {
+        "f2" | "i2" | "u2" => Some(2),
+        "f4" | "i4" | "u4" => Some(4),
+        "f8" | "i8" | "u8" => Some(8),
+        "i1" | "u1" | "b1" => Some(1),
+        _ => None,
+    }
+}
+
+struct Mmap {
+    ptr: *mut libc::c_void,
+    len: usize,
+}
+
+// SAFETY: a private read-only mapping; only read.
+unsafe impl Send for Mmap {}
+// SAFETY: see above.
+unsafe impl Sync for Mmap {}
+
+impl Drop for Mmap {
+    fn drop(&mut self) {
+        // SAFETY: `ptr`/`len` come from a successful mmap and are unmapped once.
+        unsafe { libc::munmap(self.ptr, self.len) };
+    }
+}
+
+impl Column {
+    /// Memory-maps a `.npy` file read-only; returns the column and its header.
+    pub fn from_npy(path: &Path) -> Result<(Self, NpyHeader)> {
+        use std::os::unix::io::AsRawFd;
+        let f = std::fs::File::open(path).map_err(|e| Error::io(path, &e))?;
+        let len = f.metadata().map_err(|e| Error::io(path, &e))?.len() as usize;
+        let mut head = vec![0u8; len.min(65536 + 12)];
+        std::io::Read::read_exact(&mut &f, &mut head).map_err(|e| Error::io(path, &e))?;
+        let h = parse_npy_header(&head, path)?;
+        let item = descr_itemsize(&h.descr).ok_or_else(|| {
+            Error::decode(path, format!("unsupported dtype {:?} (little-endian bool/int/uint/float only)", h.descr))
+        })?;
+        let row_bytes = h.shape[1..].iter().product::<usize>() * item;
+        let need = h.data_offset + h.shape[0] * row_bytes;
+        if len < need {
+            return Err(Error::decode(path, format!("truncated .npy: {len} bytes, the header promises {need}")));
+        }
+        // SAFETY: mapping a regular file we opened, read-only and private; the result is
+        // checked against MAP_FAILED.
+        let ptr = unsafe {
+            libc::mmap(std::ptr::null_mut(), len.max(1), libc::PROT_READ, libc::MAP_PRIVATE, f.as_raw_fd(), 0)
+        };
+        if ptr == libc::MAP_FAILED {
+            return Err(Error::io(path, &std::io::Error::last_os_error()));
+        }
+        let map = Arc::new(Mmap { ptr, len: len.max(1) });
+        // SAFETY: data_offset + rows * row_bytes <= len (checked above), inside the mapping.
+        let base = unsafe { (ptr as *const u8).add(h.data_offset) };
+        Ok((Column { ptr: base, rows: h.shape[0], row_bytes, _owner: map }, h))
+    }
+
+    /// A column over memory owned by someone else.
+    ///
+    /// # Safety
+    /// `ptr` must point to `rows * row_bytes` readable bytes that stay valid and unchanged while
+    /// `owner` (or any clone of it) is alive.
+    pub unsafe fn from_raw(ptr: *const u8, rows: usize, row_bytes: usize, owner: Arc<dyn Send + Sync>) -> Self {
+        Column { ptr, rows, row_bytes, _owner: owner }
+    }
+
+    /// Rows.
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    /// Bytes per row.
+    pub fn row_bytes(&self) -> usize {
+        self.row_bytes
+    }
+
+    fn row(&self, i: usize) -> &[u8] {
+        assert!(i < self.rows);
+        // SAFETY: i < rows and the memory holds rows * row_bytes bytes (constructor contracts).
+        unsafe { std::slice::from_raw_parts(self.ptr.add(i * self.row_bytes), self.row_bytes) }
+    }
+}
+
+/// Configuration of an [`ArrayLoader`].
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct ArrayConfig {
+    /// Order, sharding and batch size.
+    pub sampler: SamplerSpec,
+    /// Copy threads (`None`: the CPU allowance).
+    pub threads: Option<usize>,
+    /// Finished batches that may wait ahead of the consumer.
+    pub prefetch: usize,
+    /// Cap on the bytes of all batch buffers together.
+    pub memory_limit: Option<u64>,
+}
+
+struct ArraySlot {
+    bufs: Vec<RawBuf>,
+    indices: std::sync::RwLock<Vec<u32>>,
+    batch: AtomicUsize,
+    len: AtomicUsize,
+    remaining: AtomicUsize,
+}
+
+struct Shared {
+    columns: Vec<Column>,
+    sampler: Sampler,
+    threads: usize,
+    free_tx: Sender<Arc<ArraySlot>>,
+    free_rx: Receiver<Arc<ArraySlot>>,
+    slots: usize,
+    held: AtomicUsize,
+}
+
+/// Batches of rows from one or more equally long arrays.
+pub struct ArrayLoader {
+    shared: Arc<Shared>,
+    epoch: std::sync::atomic::AtomicU64,
+    next_batch: Arc<AtomicUsize>,
+    active: Mutex<Option<Arc<AtomicBool>>>,
+}
+
+impl std::fmt::Debug for ArrayLoader {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ArrayLoader").field("columns", &self.shared.columns).finish()
+    }
+}
+
+/// One batch: a view per column of a pool buffer, returned to the pool on drop.
+pub struct ArrayBatch {
+    slot: Option<Arc<ArraySlot>>,
+    shared: Arc<Shared>,
+}
+
+impl ArrayBatch {
+    /// Rows in this batch.
+    pub fn len(&self) -> usize {
+        self.slot.as_ref().expect("live").len.load(Ordering::Acquire)
+    }
+
+    /// Whether the batch is empty (never, for delivered batches).
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Batch number within the epoch.
+    pub fn index(&self) -> usize {
+        self.slot.as_ref().expect("live").batch.load(Ordering::Relaxed)
+    }
+
+    /// Column `c`'s rows, back to back.
+    pub fn column(&self, c: usize) -> &[u8] {
+        let slot = self.slot.as_ref().expect("live");
+        let n = self.len() * self.shared.columns[c].row_bytes;
+        // SAFETY: the batch is complete, so no worker writes its buffers any more.
+        unsafe { slot.bufs[c].slice(n) }
+    }
+
+    /// Address of column `c`'s first row.
+    pub fn column_ptr(&self, c: usize) -> *const u8 {
+        self.slot.as_ref().expect("live").bufs[c].as_ptr()
+    }
+
+    /// Dataset indices of the rows.
+    pub fn indices(&self) -> Vec<u32> {
+        self.slot.as_ref().expect("live").indices.read().expect("indices lock").clone()
+    }
+}
+
+impl Drop for ArrayBatch {
+    fn drop(&mut self) {
+        if let Some(s) = self.slot.take() {
+            self.shared.held.fetch_sub(1, Ordering::AcqRel);
+            let _ = self.shared.free_tx.send(s);
+        }
+    }
+}
+
+impl ArrayLoader {
+    /// Validates the columns (equal row counts) and allocates the pool.
+    pub fn new(columns: Vec<Column>, config: ArrayConfig) -> Result<Self> {
+        let rows = columns.first().map(|c| c.rows).ok_or_else(|| Error::config("arrays", "give at least one array"))?;
+        if let Some((k, c)) = columns.iter().enumerate().find(|(_, c)| c.rows != rows) {
+            return Err(Error::config(
+                "arrays",
+                format!("array {k} has {} rows, array 0 has {rows}: all arrays need the same length", c.rows),
+            ));
+        }
+        if rows == 0 {
+            return Err(Error::Dataset("the arrays have no rows".into()));
+        }
+        let sampler = Sampler::new(rows, config.sampler.clone())?;
+        if sampler.num_batches() == 0 {
+            return Err(Error::config("batch_size", "with drop_last leaves no batch on this rank"));
+        }
+        if config.prefetch == 0 {
+            return Err(Error::config("prefetch", "must be at least 1"));
+        }
+        let threads = match config.threads {
+            Some(0) => return Err(Error::config("threads", "must be at least 1 (or auto)")),
+            Some(n) => n,
+            None => crate::cpu::default_threads(),
+        };
+        let bs = config.sampler.batch_size;
+        let batch_bytes: usize = columns.iter().map(|c| c.row_bytes * bs).sum();
+        let slots = crate::buffer::BufferPool::plan(config.prefetch + 2, batch_bytes, config.memory_limit)?;
+        let (free_tx, free_rx) = bounded(slots);
+        for _ in 0..slots {
+            let bufs = columns.iter().map(|c| RawBuf::new(c.row_bytes * bs)).collect::<Result<Vec<_>>>()?;
+            let slot = ArraySlot {
+                bufs,
+                indices: std::sync::RwLock::new(Vec::with_capacity(bs)),
+                batch: AtomicUsize::new(0),
+                len: AtomicUsize::new(0),
+                remaining: AtomicUsize::new(0),
+            };
+            free_tx.send(Arc::new(slot)).expect("room");
+        }
+        Ok(ArrayLoader {
+            shared: Arc::new(Shared { columns, sampler, threads, free_tx, free_rx, slots, held: AtomicUsize::new(0) }),
+            epoch: Default::default(),
+            next_batch: Arc::default(),
+            active: Mutex::new(None),
+        })
+    }
+
+    /// Batches per epoch on this rank.
+    pub fn len(&self) -> usize {
+        self.shared.sampler.num_batches()
+    }
+
+    /// Whether there are no batches (never for a constructed loader).
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Copy threads.
+    pub fn threads(&self) -> usize {
+        self.shared.threads
+    }
+
+    /// Batches held by the consumer.
+    pub fn held(&self) -> usize {
+        self.shared.held.load(Ordering::Acquire)
+    }
+
+    /// Selects the epoch (changing it restarts at batch 0).
+    pub fn set_epoch(&self, epoch: u64) {
+        if self.epoch.swap(epoch, Ordering::AcqRel) != epoch {
+            self.next_batch.store(0, Ordering::Release);
+        }
+    }
+
+    /// The resumable position.
+    pub fn state(&self) -> SamplerState {
+        SamplerState {
+            seed: self.shared.sampler.spec().seed,
+            epoch: self.epoch.load(Ordering::Acquire),
+            next_batch: self.next_batch.load(Ordering::Acquire),
+        }
+    }
+
+    /// Restores a position.
+    pub fn load_state(&self, st: SamplerState) -> Result<()> {
+        if st.seed != self.shared.sampler.spec().seed {
+            return Err(Error::config(
+                "state",
+                format!("seed {} does not match the loader's seed {}", st.seed, self.shared.sampler.spec().seed),
+            ));
+        }
+        if st.next_batch > self.len() {
+            return Err(Error::config(
+                "state",
+                format!("next_batch {} exceeds the {} batches per epoch", st.next_batch, self.len()),
+            ));
+        }
+        self.epoch.store(st.epoch, Ordering::Release);
+        self.next_batch.store(st.next_batch, Ordering::Release);
+        Ok(())
+    }
+
+    /// Starts iterating from the current position; ends any previous iteration.
+    pub fn iter(&self) -> Result<ArrayIter> {
+        let cancel = Arc::new(AtomicBool::new(false));
+        if let Some(old) = self.active.lock().expect("active lock").replace(cancel.clone()) {
+            old.store(true, Ordering::Release);
+        }
+        let mut start = self.next_batch.load(Ordering::Acquire);
+        if start >= self.len() {
+            start = 0;
+            self.next_batch.store(0, Ordering::Release);
+        }
+        let epoch = self.epoch.load(Ordering::Acquire);
+        let sh = self.shared.clone();
+        let order = Arc::new(sh.sampler.epoch_order(epoch));
+        let end = sh.sampler.num_batches();
+        let (task_tx, task_rx) = bounded::<(Arc<ArraySlot>, usize, usize)>(sh.threads * 4);
+        let (done_tx, done_rx) = bounded::<Arc<ArraySlot>>(sh.slots);
+        let mut threads = vec![];
+        {
+            let (sh, cancel, order) = (sh.clone(), cancel.clone(), order.clone());
+            threads.push(spawn("stoker-gather".into(), move || {
+                for b in start..end {
+                    let slot = loop {
+                        if cancel.load(Ordering::Acquire) {
+                            return;
+                        }
+                        match sh.free_rx.recv_timeout(Duration::from_millis(20)) {
+                            Ok(s) => break s,
+                            Err(RecvTimeoutError::Timeout) => continue,
+                            Err(_) => return,
+                        }
+                    };
+                    let idx = sh.sampler.batch(&order, b);
+                    {
+                        let mut v = slot.indices.write().expect("indices lock");
+                        v.clear();
+                        v.extend_from_slice(idx);
+                    }
+                    slot.batch.store(b, Ordering::Relaxed);
+                    slot.len.store(idx.len(), Ordering::Relaxed);
+                    // Split the rows among the threads (at least 64 rows a task).
+                    let per = idx.len().div_ceil(sh.threads).max(64);
+                    let tasks = idx.len().div_ceil(per);
+                    slot.remaining.store(tasks, Ordering::Release);
+                    for t in 0..tasks {
+                        let (lo, hi) = (t * per, ((t + 1) * per).min(idx.len()));
+                        if task_tx.send((slot.clone(), lo, hi)).is_err() {
+                            return;
+                        }
+                    }
+                }
+            })?);
+        }
+        for k in 0..sh.threads {
+            let (sh, rx, done, cancel) = (sh.clone(), task_rx.clone(), done_tx.clone(), cancel.clone());
+            threads.push(spawn(format!("stoker-copy-{k}"), move || {
+                while let Ok((slot, lo, hi)) = rx.recv() {
+                    if !cancel.load(Ordering::Acquire) {
+                        let guard = slot.indices.read().expect("indices lock");
+                        let idx = &guard[lo..hi];
+                        for (c, col) in sh.columns.iter().enumerate() {
+                            let rb = col.row_bytes;
+                            // SAFETY: rows lo..hi of this slot belong to this task alone.
+                            let dst = unsafe { slot.bufs[c].slice_mut(lo * rb, (hi - lo) * rb) };
+                            for (d, &i) in dst.chunks_exact_mut(rb).zip(idx) {
+                                d.copy_from_slice(col.row(i as usize));
+                            }
+                        }
+                    }
+                    if slot.remaining.fetch_sub(1, Ordering::AcqRel) == 1 {
+                        if let Err(e) = done.send(slot) {
+                            let _ = sh.free_tx.send(e.into_inner());
+                        }
+                    }
+                }
+            })?);
+        }
+        Ok(ArrayIter {
+            shared: sh.clone(),
+            cancel,
+            done_rx: Some(done_rx),
+            pending: vec![None; sh.slots],
+            next: start,
+            end,
+            position: self.next_batch.clone(),
+            threads,
+        })
+    }
+}
+
+fn spawn(name: String, f: impl FnOnce() + Send + 'static) -> Result<JoinHandle<()>> {
+    std::thread::Builder::new().name(name).spawn(f).map_err(|e| Error::Internal(format!("cannot start a thread: {e}")))
+}
+
+/// One pass over (the rest of) an epoch.
+pub struct ArrayIter {
+    shared: Arc<Shared>,
+    cancel: Arc<AtomicBool>,
+    done_rx: Option<Receiver<Arc<ArraySlot>>>,
+    pending: Vec<Option<Arc<ArraySlot>>>,
+    next: usize,
+    end: usize,
+    position: Arc<AtomicUsize>,
+    threads: Vec<JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for ArrayIter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ArrayIter").field("next", &self.next).finish()
+    }
+}
+
+impl ArrayIter {
+    fn shutdown(&mut self) {
+        self.cancel.store(true, Ordering::Release);
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+        if let Some(rx) = self.done_rx.take() {
+            for s in rx.try_iter() {
+                let _ = self.shared.free_tx.send(s);
+            }
+        }
+        for p in self.pending.iter_mut() {
+            if let Some(s) = p.take() {
+                let _ = self.shared.free_tx.send(s);
+            }
+        }
+    }
+
+    /// Like `next`, but gives up after `timeout` (`None`: not yet).
+    pub fn next_timeout(&mut self, timeout: Duration) -> Option<Option<Result<ArrayBatch>>> {
+        let deadline = Instant::now() + timeout;
+        if self.next >= self.end || self.cancel.load(Ordering::Acquire) || self.done_rx.is_none() {
+            self.shutdown();
+            return Some(None);
+        }
+        let n = self.pending.len();
+        let slot = if let Some(s) = self.pending[self.next % n].take() {
+            s
+        } else {
+            loop {
+                let rx = self.done_rx.as_ref().expect("checked above");
+                let step = deadline.saturating_duration_since(Instant::now()).min(Duration::from_millis(20));
+                match rx.recv_timeout(step) {
+                    Ok(s) => {
+                        let b = s.batch.load(Ordering::Relaxed);
+                        if b == self.next {
+                            break s;
+                        }
+                        self.pending[b % n] = Some(s);
+                    }
+                    Err(RecvTimeoutError::Timeout) => {
+                        if self.cancel.load(Ordering::Acquire) {
+                            self.shutdown();
+                            return Some(None);
+                        }
+                        if self.shared.held.load(Ordering::Acquire) >= self.shared.slots {
+                            self.shutdown();
+                            return Some(Some(Err(Error::Memory(format!(
+                                "all {} batch buffers are held by the consumer; release batches sooner or raise memory_limit/prefetch",
+                                self.shared.slots
+                            )))));
+                        }
+                        if Instant::now() >= deadline {
+                            return None;
+                        }
+                    }
+                    Err(RecvTimeoutError::Disconnected) => {
+                        self.shutdown();
+                        return Some(Some(Err(Error::Internal("copy threads stopped early".into()))));
+                    }
+                }
+            }
+        };
+        self.next += 1;
+        self.position.store(self.next, Ordering::Release);
+        self.shared.held.fetch_add(1, Ordering::AcqRel);
+        Some(Some(Ok(ArrayBatch { slot: Some(slot), shared: self.shared.clone() })))
+    }
+}
+
+impl Iterator for ArrayIter {
+    type Item = Result<ArrayBatch>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        loop {
+            if let Some(r) = self.next_timeout(Duration::from_secs(3600)) {
+                return r;
+            }
+        }
+    }
+}
+
+impl Drop for ArrayIter {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn column(rows: usize, width: usize) -> Column {
+        let data: Arc<Vec<f32>> = Arc::new((0..rows * width).map(|v| v as f32).collect());
+        let ptr = data.as_ptr().cast::<u8>();
+        // SAFETY: `data` is owned by the column and never mutated.
+        unsafe { Column::from_raw(ptr, rows, width * 4, data) }
+    }
+
+    #[test]
+    fn gathers_the_sampler_rows_in_order() {
+        let spec = SamplerSpec { batch_size: 100, shuffle: true, seed: 3, drop_last: false, rank: 0, world_size: 1 };
+        let cfg = ArrayConfig { sampler: spec.clone(), threads: Some(3), prefetch: 2, memory_limit: None };
+        let l = ArrayLoader::new(vec![column(1000, 5)], cfg).unwrap();
+        let order = Sampler::new(1000, spec).unwrap().epoch_order(0);
+        let mut seen = vec![];
+        for b in l.iter().unwrap() {
+            let b = b.unwrap();
+            let rows: Vec<f32> = b.column(0).chunks(4).map(|c| f32::from_ne_bytes(c.try_into().unwrap())).collect();
+            for (k, &i) in b.indices().iter().enumerate() {
+                assert_eq!(rows[k * 5], (i as usize * 5) as f32);
+            }
+            seen.extend(b.indices());
+        }
+        assert_eq!(seen, order);
+    }
+
+    #[test]
+    fn npy_headers() {
+        let h = b"\x93NUMPY\x01\x00\x46\x00{'descr': '<f4', 'fortran_order': False, 'shape': (3, 4), }          \n";
+        let p = parse_npy_header(h, Path::new("x.npy")).unwrap();
+        assert_eq!((p.descr.as_str(), p.shape.clone()), ("<f4", vec![3, 4]));
+        assert!(parse_npy_header(b"garbage", Path::new("x.npy")).is_err());
+        let f = b"\x93NUMPY\x01\x00\x46\x00{'descr': '<f4', 'fortran_order': True, 'shape': (3, 4), }           \n";
+        assert!(parse_npy_header(f, Path::new("x.npy")).unwrap_err().to_string().contains("Fortran"));
+    }
+}
