@@ -26,5 +26,5 @@ def make_demo(root: str, images: int = 350, seed: int = 0) -> int:
     return _stoker.make_demo(os.fspath(root), images, seed)
 
 
-__all__ = ["ImageLoader", "ArrayLoader", "transforms", "make_demo", "StokerError", "ConfigError", "DatasetError", "DecodeError",
-           "ReadError", "MemoryLimitError", "__version__", "LIBJPEG_TURBO_VERSION"]
+__all__ = ["ImageLoader", "ArrayLoader", "transforms", "make_demo", "StokerError", "ConfigError", "DatasetError",
+           "DecodeError", "ReadError", "MemoryLimitError", "__version__", "LIBJPEG_TURBO_VERSION"]

@@ -306,14 +306,6 @@ impl Loader {
     }
 }
 
-impl Drop for Loader {
-    fn drop(&mut self) {
-        if let Some(c) = self.active.lock().expect("active lock").take() {
-            c.cancel.store(true, Ordering::Release);
-        }
-    }
-}
-
 struct Task {
     slot: Arc<Slot>,
     pos: usize,

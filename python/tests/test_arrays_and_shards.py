@@ -1,0 +1,146 @@
+"""ArrayLoader, tar shards through the Python API, and multi-process rank sharding."""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import stoker
+
+
+@pytest.fixture(scope="module")
+def arrays(tmp_path_factory):
+    d = tmp_path_factory.mktemp("arrays")
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((1000, 3, 5)).astype(np.float32)
+    y = rng.integers(0, 10, 1000)
+    np.save(d / "x.npy", x)
+    return d / "x.npy", x, y
+
+
+def test_array_batches_are_the_sampler_rows(arrays):
+    path, x, y = arrays
+    loader = stoker.ArrayLoader(path, y, batch_size=64, shuffle=True, seed=3, output="numpy", threads=2)
+    assert len(loader) == 16
+    seen = []
+    for xb, yb in loader:
+        assert xb.dtype == np.float32 and xb.shape[1:] == (3, 5) and yb.dtype == y.dtype
+        seen.append((xb.copy(), yb.copy()))
+    ref = stoker.ArrayLoader(x, np.arange(1000), batch_size=64, shuffle=True, seed=3, output="numpy", threads=1)
+    for (xb, yb), (_, idx) in zip(seen, ref, strict=True):
+        np.testing.assert_array_equal(xb, x[idx])
+        np.testing.assert_array_equal(yb, y[idx])
+    assert sorted(np.concatenate([s[1] for s in seen]).tolist()) == sorted(y.tolist())
+
+
+def test_array_resume_and_rank_sharding(arrays):
+    _, x, _ = arrays
+    idx = np.arange(1000)
+
+    def make(**kw):
+        return stoker.ArrayLoader(idx, batch_size=50, shuffle=True, seed=1, output="numpy", **kw)
+
+    full = [b[0].copy() for b in make()]
+    a = make()
+    it = iter(a)
+    for _ in range(7):
+        next(it)
+    state = json.loads(json.dumps(a.state_dict()))
+    del it
+    b = make()
+    b.load_state_dict(state)
+    rest = [r[0].copy() for r in b]
+    assert len(rest) == 13
+    for u, v in zip(rest, full[7:], strict=True):
+        np.testing.assert_array_equal(u, v)
+    seen = []
+    for rank in range(4):
+        loader = make(rank=rank, world_size=4)
+        assert len(loader) == 5
+        seen.extend(np.concatenate([r[0].copy() for r in loader]).tolist())
+    assert sorted(seen) == list(range(1000))
+
+
+def test_array_zero_copy_and_errors(arrays, tmp_path):
+    path, x, y = arrays
+    loader = stoker.ArrayLoader(path, batch_size=10, output="numpy")
+    b = next(iter(loader.batches()))
+    arr = np.from_dlpack(b.column(0))
+    assert arr.ctypes.data == b.column(0).data_ptr and not arr.flags["OWNDATA"]
+    with pytest.raises(stoker.ConfigError, match="same length"):
+        stoker.ArrayLoader(x, y[:10])
+    with pytest.raises(stoker.ConfigError, match="C-contiguous"):
+        stoker.ArrayLoader(x.transpose(2, 1, 0))
+    with pytest.raises(stoker.ConfigError, match="unsupported dtype"):
+        stoker.ArrayLoader(np.zeros(10, dtype=np.complex64))
+    (tmp_path / "bad.npy").write_bytes(b"not numpy")
+    with pytest.raises(stoker.DecodeError, match="bad.npy"):
+        stoker.ArrayLoader(tmp_path / "bad.npy")
+    np.save(tmp_path / "t.npy", x)
+    raw = (tmp_path / "t.npy").read_bytes()
+    (tmp_path / "t.npy").write_bytes(raw[: len(raw) // 2])
+    with pytest.raises(stoker.DecodeError, match="truncated"):
+        stoker.ArrayLoader(tmp_path / "t.npy")
+
+
+@pytest.fixture(scope="module")
+def shards(demo, tmp_path_factory):
+    out = tmp_path_factory.mktemp("shards")
+    r = subprocess.run([sys.executable, "-m", "stoker.cli", "pack", str(demo), str(out), "--shard-size", "1MiB",
+                        "--json"], capture_output=True, text=True, check=True)
+    summary = json.loads(r.stdout)
+    assert summary["samples"] == 96 and len(summary["shards"]) >= 2
+    return out
+
+
+def test_shards_give_the_same_batches_as_the_folder(demo, shards):
+    kw = dict(batch_size=16, preset="imagenet-train", shuffle=True, seed=9, output="numpy")
+    a = [(x.copy(), y.copy()) for x, y in stoker.ImageLoader(demo, **kw)]
+    for root in (str(shards / "shard-*.tar"), sorted(str(p) for p in shards.glob("*.tar"))):
+        loader = stoker.ImageLoader(root, **kw)
+        assert loader.classes == sorted(p.name for p in demo.iterdir())
+        b = [(x.copy(), y.copy()) for x, y in loader]
+        assert len(a) == len(b)
+        for (xa, ya), (xb, yb) in zip(a, b, strict=True):
+            np.testing.assert_array_equal(xa, xb)
+            np.testing.assert_array_equal(ya, yb)
+
+
+def test_bad_shard_paths(shards, tmp_path):
+    with pytest.raises(stoker.ConfigError, match="no file matches"):
+        stoker.ImageLoader(str(tmp_path / "none-*.tar"), 4, preset="imagenet-val")
+    (tmp_path / "lonely.tar").write_bytes(b"\0" * 1024)
+    with pytest.raises(stoker.DatasetError, match="stoker index"):
+        stoker.ImageLoader(str(tmp_path / "lonely.tar"), 4, preset="imagenet-val")
+
+
+RANK_SCRIPT = """
+import json, os, sys, stoker
+root = sys.argv[1]
+loader = stoker.ImageLoader(root, 5, preset="imagenet-val", shuffle=True, seed=4, drop_last=True, output="numpy")
+out = {"rank": loader.rank, "batches": 0, "indices": []}
+for b in loader.batches():
+    out["batches"] += 1
+    out["indices"].extend(b.indices)
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.parametrize("source", ["folder", "shards"])
+def test_ranks_in_separate_processes_cover_every_sample_once(demo, shards, source):
+    root = str(demo) if source == "folder" else str(shards / "shard-*.tar")
+    world = 4
+    procs = []
+    for rank in range(world):
+        env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
+        procs.append(subprocess.Popen([sys.executable, "-c", RANK_SCRIPT, root], env=env, stdout=subprocess.PIPE,
+                                      text=True))
+    results = [json.loads(p.communicate(timeout=120)[0]) for p in procs]
+    assert sorted(r["rank"] for r in results) == list(range(world))
+    assert len({r["batches"] for r in results}) == 1
+    seen = sorted(i for r in results for i in r["indices"])
+    # 96 samples, 4 ranks of 24, batches of 5 with drop_last: 4 batches each, 80 distinct samples.
+    assert len(seen) == len(set(seen)) == 80
