@@ -124,14 +124,18 @@ class ImageLoader:
 
     ``root`` is an ImageFolder directory, or indexed WebDataset tar shards (made by ``stoker pack``
     or indexed by ``stoker index``): a ``.tar`` path, a glob such as ``"shards/train-*.tar"``, or a
-    list of shard paths. Class indices follow torchvision's ``ImageFolder``; ``rank``/``world_size`` default to the
-    torchrun environment (``RANK``, ``WORLD_SIZE``). ``threads='auto'`` uses the process's CPU
+    list of shard paths. Class indices follow torchvision's ``ImageFolder``; ``rank``/``world_size``
+    default to the torchrun environment (``RANK``, ``WORLD_SIZE``).
+
+    ``shuffle`` is ``False``, ``True`` (one global permutation per epoch) or ``"shards"`` for shard
+    sources on slow storage: the shards are permuted and samples are shuffled within windows of
+    ``shard_window`` shards, so a reader only ever touches that many shards at a time. ``threads='auto'`` uses the process's CPU
     allowance (affinity mask and cgroup quota; ``STOKER_NUM_THREADS`` overrides it).
     """
 
     def __init__(self, root: str | os.PathLike[str] | Sequence[str | os.PathLike[str]], batch_size: int = 256, *,
                  preset: str | None = None, transforms: Sequence[Transform] | None = None,
-                 shuffle: bool = False, seed: int = 0, drop_last: bool = False,
+                 shuffle: bool | str = False, seed: int = 0, drop_last: bool = False, shard_window: int = 4,
                  threads: int | str = "auto", io_threads: int | None = None, prefetch: int = 2,
                  memory_limit: int | str | None = None, on_error: str = "skip", output: str = "auto",
                  rank: int | None = None, world_size: int | None = None, layout: str = "NCHW",
@@ -177,11 +181,15 @@ class ImageLoader:
         if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < world_size:
             raise ConfigError(f"invalid argument `rank`: must be in 0..{world_size - 1} (world_size={world_size}), "
                               f"got {rank!r}")
+        if shuffle not in (True, False, "global", "shards"):
+            raise ConfigError(f"invalid argument `shuffle`: {shuffle!r}; allowed: False, True, 'global', 'shards'")
+        _positive_int("shard_window", shard_window)
         self._root, self._shards = _resolve_root(root)
         self._torch = _want_torch(output)
         self._config = {
             "sampler": {"batch_size": batch_size, "shuffle": bool(shuffle), "seed": seed,
-                        "drop_last": bool(drop_last), "rank": rank, "world_size": world_size},
+                        "drop_last": bool(drop_last), "rank": rank, "world_size": world_size,
+                        "shard_window": shard_window if shuffle == "shards" else None},
             "transform": {"ops": ops, "dtype": out_dtype, "layout": layout.upper(), "apply_exif": bool(apply_exif)},
             "threads": n_threads,
             "io_threads": io_threads,

@@ -149,6 +149,10 @@ struct BenchOpts {
     /// Keep dataset order instead of shuffling.
     #[arg(long)]
     no_shuffle: bool,
+    /// Shard-aware shuffling over windows of N shards (shard sources only): permute the shards,
+    /// shuffle samples within each window.
+    #[arg(long)]
+    shard_window: Option<usize>,
     /// Keep the last incomplete batch.
     #[arg(long)]
     keep_last: bool,
@@ -268,6 +272,10 @@ fn loader_config(o: &BenchOpts) -> Result<LoaderConfig> {
         bail!("--batch-size: must be at least 1");
     }
     c.sampler.shuffle = !o.no_shuffle;
+    if o.shard_window == Some(0) {
+        bail!("--shard-window: must be at least 1");
+    }
+    c.sampler.shard_window = o.shard_window;
     c.sampler.seed = o.seed;
     c.sampler.drop_last = !o.keep_last;
     c.threads = threads_arg(&o.threads)?;

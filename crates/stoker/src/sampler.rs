@@ -24,11 +24,24 @@ pub struct SamplerSpec {
     pub rank: usize,
     /// Number of ranks sharing the dataset.
     pub world_size: usize,
+    /// Shard-aware shuffling: permute the shards, then shuffle samples within windows of this
+    /// many consecutive shards (for storage where random reads are slow). `None`: one global
+    /// permutation. Needs a source made of shards.
+    #[serde(default)]
+    pub shard_window: Option<usize>,
 }
 
 impl Default for SamplerSpec {
     fn default() -> Self {
-        SamplerSpec { batch_size: 1, shuffle: false, seed: 0, drop_last: false, rank: 0, world_size: 1 }
+        SamplerSpec {
+            batch_size: 1,
+            shuffle: false,
+            seed: 0,
+            drop_last: false,
+            rank: 0,
+            world_size: 1,
+            shard_window: None,
+        }
     }
 }
 
@@ -49,6 +62,8 @@ pub struct Sampler {
     len: usize,
     spec: SamplerSpec,
     per_rank: usize,
+    /// Samples per shard, in dataset order (for shard-aware shuffling).
+    groups: Option<Vec<usize>>,
 }
 
 impl Sampler {
@@ -70,7 +85,20 @@ impl Sampler {
             return Err(Error::Dataset(format!("{len} samples: at most {} are supported", u32::MAX)));
         }
         let per_rank = if spec.drop_last { len / spec.world_size } else { len.div_ceil(spec.world_size) };
-        Ok(Sampler { len, spec, per_rank })
+        if spec.shard_window == Some(0) {
+            return Err(Error::config("shard_window", "must be at least 1"));
+        }
+        Ok(Sampler { len, spec, per_rank, groups: None })
+    }
+
+    /// Declares the dataset as consecutive groups (shards) of these sizes, for shard-aware
+    /// shuffling.
+    pub fn with_groups(mut self, groups: Vec<usize>) -> Result<Self> {
+        if groups.iter().sum::<usize>() != self.len {
+            return Err(Error::Internal("shard sizes do not add up to the dataset length".into()));
+        }
+        self.groups = Some(groups);
+        Ok(self)
     }
 
     /// The spec this sampler was built from.
@@ -95,9 +123,29 @@ impl Sampler {
     /// This rank's sample order for `epoch` (only the samples that end up in batches).
     pub fn epoch_order(&self, epoch: u64) -> Vec<u32> {
         let mut perm: Vec<u32> = (0..self.len as u32).collect();
-        if self.spec.shuffle {
-            let mut r = Rng::new(self.spec.seed, rng::stream::PERMUTATION, epoch);
-            rng::shuffle(&mut perm, &mut r);
+        let mut r = Rng::new(self.spec.seed, rng::stream::PERMUTATION, epoch);
+        match (&self.groups, self.spec.shard_window) {
+            (Some(groups), Some(window)) if self.spec.shuffle => {
+                // Permute the shards, then shuffle the samples of each window of `window`
+                // consecutive shards together: a reader only ever touches `window` shards.
+                let mut starts = Vec::with_capacity(groups.len());
+                let mut acc = 0u32;
+                for &g in groups {
+                    starts.push((acc, g as u32));
+                    acc += g as u32;
+                }
+                rng::shuffle(&mut starts, &mut r);
+                perm.clear();
+                for win in starts.chunks(window) {
+                    let from = perm.len();
+                    for &(s, n) in win {
+                        perm.extend(s..s + n);
+                    }
+                    rng::shuffle(&mut perm[from..], &mut r);
+                }
+            }
+            _ if self.spec.shuffle => rng::shuffle(&mut perm, &mut r),
+            _ => {}
         }
         let ws = self.spec.world_size;
         let total = self.per_rank * ws;
@@ -127,7 +175,7 @@ mod tests {
     use proptest::prelude::*;
 
     fn spec(bs: usize, shuffle: bool, drop_last: bool, rank: usize, ws: usize) -> SamplerSpec {
-        SamplerSpec { batch_size: bs, shuffle, seed: 42, drop_last, rank, world_size: ws }
+        SamplerSpec { batch_size: bs, shuffle, seed: 42, drop_last, rank, world_size: ws, shard_window: None }
     }
 
     #[test]
@@ -152,6 +200,48 @@ mod tests {
         let s = Sampler::new(100, spec(10, true, false, 0, 1)).unwrap();
         assert_ne!(s.epoch_order(0), s.epoch_order(1));
         assert_eq!(s.epoch_order(3), Sampler::new(100, spec(10, true, false, 0, 1)).unwrap().epoch_order(3));
+    }
+
+    #[test]
+    fn shard_aware_order_stays_within_windows() {
+        let groups = vec![10, 7, 13, 10, 5, 9];
+        let mut sp = spec(4, true, false, 0, 1);
+        sp.shard_window = Some(2);
+        let s = Sampler::new(54, sp).unwrap().with_groups(groups.clone()).unwrap();
+        let o = s.epoch_order(3);
+        let shard_of = |i: u32| {
+            let mut acc = 0;
+            groups.iter().position(|&g| {
+                acc += g;
+                (i as usize) < acc
+            })
+        };
+        let mut sorted = o.clone();
+        sorted.sort_unstable();
+        assert_eq!(sorted, (0..54).collect::<Vec<_>>());
+        assert_ne!(o, s.epoch_order(4));
+        // Walking the order, at most 2 shards are "open" at any time and each closes for good.
+        let mut done = std::collections::HashSet::new();
+        let mut open: Vec<usize> = vec![];
+        let mut seen_in = std::collections::HashMap::new();
+        for &i in &o {
+            *seen_in.entry(shard_of(i).unwrap()).or_insert(0) += 1;
+        }
+        let mut count = std::collections::HashMap::new();
+        for &i in &o {
+            let sh = shard_of(i).unwrap();
+            assert!(!done.contains(&sh), "shard {sh} reopened");
+            if !open.contains(&sh) {
+                open.push(sh);
+            }
+            assert!(open.len() <= 2, "{open:?}");
+            let c = count.entry(sh).or_insert(0);
+            *c += 1;
+            if *c == seen_in[&sh] {
+                open.retain(|&x| x != sh);
+                done.insert(sh);
+            }
+        }
     }
 
     proptest! {

@@ -147,7 +147,13 @@ impl Loader {
         if source.is_empty() {
             return Err(Error::Dataset("the dataset has no samples".into()));
         }
-        let sampler = Sampler::new(source.len(), config.sampler.clone())?;
+        let mut sampler = Sampler::new(source.len(), config.sampler.clone())?;
+        if config.sampler.shard_window.is_some() {
+            let groups = source.groups().ok_or_else(|| {
+                Error::config("shuffle", "shard-aware shuffling ('shards') needs a dataset of tar shards")
+            })?;
+            sampler = sampler.with_groups(groups)?;
+        }
         if sampler.num_batches() == 0 {
             return Err(Error::config(
                 "batch_size",

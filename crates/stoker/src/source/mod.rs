@@ -25,4 +25,9 @@ pub trait Source: Send + Sync + 'static {
     fn read(&self, i: usize, buf: &mut Vec<u8>) -> Result<()>;
     /// Where sample `i` lives, for error messages and skip reports.
     fn describe(&self, i: usize) -> PathBuf;
+    /// Sizes of the consecutive shards the samples are stored in, when the source is sharded
+    /// (enables shard-aware shuffling).
+    fn groups(&self) -> Option<Vec<usize>> {
+        None
+    }
 }

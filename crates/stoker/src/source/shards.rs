@@ -270,6 +270,14 @@ impl Source for ShardSource {
         Ok(())
     }
 
+    fn groups(&self) -> Option<Vec<usize>> {
+        let mut g = vec![0usize; self.shards.len()];
+        for s in &self.samples {
+            g[s.0 as usize] += 1;
+        }
+        Some(g)
+    }
+
     fn describe(&self, i: usize) -> PathBuf {
         let (k, ..) = self.samples[i];
         let mut p = self.shards[k as usize].path.as_os_str().to_owned();
