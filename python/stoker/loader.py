@@ -129,8 +129,9 @@ class ImageLoader:
 
     ``shuffle`` is ``False``, ``True`` (one global permutation per epoch) or ``"shards"`` for shard
     sources on slow storage: the shards are permuted and samples are shuffled within windows of
-    ``shard_window`` shards, so a reader only ever touches that many shards at a time. ``threads='auto'`` uses the process's CPU
-    allowance (affinity mask and cgroup quota; ``STOKER_NUM_THREADS`` overrides it).
+    ``shard_window`` shards, so a reader only ever touches that many shards at a time.
+    ``threads='auto'`` uses the process's CPU allowance (affinity mask and cgroup quota;
+    ``STOKER_NUM_THREADS`` overrides it).
     """
 
     def __init__(self, root: str | os.PathLike[str] | Sequence[str | os.PathLike[str]], batch_size: int = 256, *,

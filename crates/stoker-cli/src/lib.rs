@@ -225,7 +225,9 @@ fn expand_glob(pattern: &Path) -> Result<Vec<PathBuf>> {
 
 /// An ImageFolder for a directory, indexed shards for a .tar file or a glob.
 fn open_source(root: &Path) -> Result<(Arc<dyn stoker::Source>, usize)> {
-    if root.is_dir() {
+    let name = root.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let shard_like = name.contains(['*', '?']) || name.ends_with(".tar");
+    if root.is_dir() || !shard_like {
         let f = ImageFolder::new(root)?;
         let classes = f.classes().len();
         return Ok((Arc::new(f), classes));
