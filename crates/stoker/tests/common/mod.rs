@@ -52,7 +52,18 @@ pub fn mean_abs(a: &[u8], b: &[u8]) -> f64 {
     a.iter().zip(b).map(|(x, y)| (*x as i32 - *y as i32).unsigned_abs() as f64).sum::<f64>() / a.len() as f64
 }
 
-/// Threads of this process (Linux).
+/// Threads of this process (Linux), once the count is stable (a thread that was just joined
+/// can linger in /proc for a moment).
 pub fn thread_count() -> usize {
-    std::fs::read_dir("/proc/self/task").unwrap().count()
+    let read = || std::fs::read_dir("/proc/self/task").unwrap().count();
+    let mut last = read();
+    for _ in 0..100 {
+        std::thread::sleep(std::time::Duration::from_millis(5));
+        let now = read();
+        if now == last {
+            return now;
+        }
+        last = now;
+    }
+    last
 }
