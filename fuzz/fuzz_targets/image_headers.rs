@@ -1,0 +1,20 @@
+//! The untrusted-byte parsers around the decoders: EXIF orientation, .npy headers, and the
+//! JPEG/PNG decode entry points (libjpeg-turbo and png behind our wrappers).
+#![no_main]
+use libfuzzer_sys::fuzz_target;
+use std::path::Path;
+use stoker::decode::{DecodeOptions, Decoder};
+
+fuzz_target!(|data: &[u8]| {
+    let _ = stoker::decode::exif::jpeg_orientation(data);
+    let _ = stoker::arrays::parse_npy_header(data, Path::new("fuzz.npy"));
+    if data.len() < 1 << 16 {
+        let mut d = Decoder::new(DecodeOptions::default()).expect("decoder");
+        if let Ok(info) = d.info(data, Path::new("fuzz")) {
+            if info.width * info.height <= 1 << 22 {
+                let b = [0.0, 0.0, info.width as f64, info.height as f64];
+                let _ = d.decode(data, Path::new("fuzz"), &info, b, (16, 16));
+            }
+        }
+    }
+});
