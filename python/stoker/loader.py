@@ -62,6 +62,8 @@ def _resolve_root(root: Any) -> tuple[str, list[str] | None]:
             raise ConfigError("invalid argument `root`: the list of shards is empty")
         return shards[0], shards
     path = os.fspath(root)
+    if "://" in path:
+        return path, [path]  # object storage: stoker lists and matches globs itself
     if os.path.isdir(path):
         return path, None
     if any(c in path for c in "*?["):
@@ -123,9 +125,12 @@ class ImageLoader:
     batch buffers. A buffer returns to the pool when every tensor/array viewing it is released.
 
     ``root`` is an ImageFolder directory, or indexed WebDataset tar shards (made by ``stoker pack``
-    or indexed by ``stoker index``): a ``.tar`` path, a glob such as ``"shards/train-*.tar"``, or a
-    list of shard paths. Class indices follow torchvision's ``ImageFolder``; ``rank``/``world_size``
-    default to the torchrun environment (``RANK``, ``WORLD_SIZE``).
+    or indexed by ``stoker index``): a ``.tar`` path, a glob such as ``"shards/train-*.tar"``, a
+    list of shard paths, or the same in object storage (``"s3://bucket/train/shard-*.tar"``,
+    ``gs://``, ``az://``, ``http(s)://``; credentials and endpoints from the usual environment
+    variables such as ``AWS_ENDPOINT`` and ``AWS_ACCESS_KEY_ID``). Class indices follow
+    torchvision's ``ImageFolder``; ``rank``/``world_size`` default to the torchrun environment
+    (``RANK``, ``WORLD_SIZE``).
 
     ``shuffle`` is ``False``, ``True`` (one global permutation per epoch) or ``"shards"`` for shard
     sources on slow storage: the shards are permuted and samples are shuffled within windows of

@@ -193,47 +193,18 @@ fn threads_arg(t: &str) -> Result<Option<usize>> {
     }
 }
 
-/// `*` and `?` in the last path component, sorted; a plain path is returned as is.
-fn expand_glob(pattern: &Path) -> Result<Vec<PathBuf>> {
-    let name = pattern.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-    if !name.contains(['*', '?']) {
-        return Ok(vec![pattern.to_path_buf()]);
-    }
-    fn matches(p: &[u8], s: &[u8]) -> bool {
-        match (p.first(), s.first()) {
-            (None, None) => true,
-            (Some(b'*'), _) => matches(&p[1..], s) || (!s.is_empty() && matches(p, &s[1..])),
-            (Some(b'?'), Some(_)) => matches(&p[1..], &s[1..]),
-            (Some(a), Some(b)) if a == b => matches(&p[1..], &s[1..]),
-            _ => false,
-        }
-    }
-    let dir = pattern.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
-    let mut out = vec![];
-    for e in std::fs::read_dir(dir).with_context(|| format!("cannot list {}", dir.display()))? {
-        let e = e?;
-        if matches(name.as_bytes(), e.file_name().to_string_lossy().as_bytes()) {
-            out.push(e.path());
-        }
-    }
-    out.sort();
-    if out.is_empty() {
-        bail!("no file matches {}", pattern.display());
-    }
-    Ok(out)
-}
-
-/// An ImageFolder for a directory, indexed shards for a .tar file or a glob.
+/// An ImageFolder for a directory; indexed shards for a .tar file, a glob or a URL
+/// (`s3://`, `gs://`, `az://`, `http(s)://`).
 fn open_source(root: &Path) -> Result<(Arc<dyn stoker::Source>, usize)> {
+    let text = root.to_string_lossy().into_owned();
     let name = root.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-    let shard_like = name.contains(['*', '?']) || name.ends_with(".tar");
+    let shard_like = text.contains("://") || name.contains(['*', '?']) || name.ends_with(".tar");
     if root.is_dir() || !shard_like {
         let f = ImageFolder::new(root)?;
         let classes = f.classes().len();
         return Ok((Arc::new(f), classes));
     }
-    let shards = expand_glob(root)?;
-    let s = stoker::ShardSource::open(&shards)?;
+    let s = stoker::ShardSource::open_any(&[text])?;
     let classes = s.classes().len();
     Ok((Arc::new(s), classes))
 }

@@ -27,13 +27,13 @@ impl PyLoader {
     /// the GIL released, and allocates the buffer pool.
     #[new]
     #[pyo3(signature = (root, config_json, shards=None))]
-    fn new(py: Python<'_>, root: PathBuf, config_json: &str, shards: Option<Vec<PathBuf>>) -> PyResult<Self> {
+    fn new(py: Python<'_>, root: PathBuf, config_json: &str, shards: Option<Vec<String>>) -> PyResult<Self> {
         let config: LoaderConfig = serde_json::from_str(config_json)
             .map_err(|e| errors::config("config", format!("invalid configuration: {e}")))?;
         py.detach(move || {
             let (source, classes): (Arc<dyn stoker::Source>, Vec<String>) = match shards {
                 Some(list) => {
-                    let s = stoker::ShardSource::open(&list)?;
+                    let s = stoker::ShardSource::open_any(&list)?;
                     let classes = s.classes().to_vec();
                     (Arc::new(s), classes)
                 }

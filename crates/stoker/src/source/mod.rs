@@ -2,6 +2,8 @@
 //! bytes of the dataset. Only an index lives in memory (a few bytes per sample).
 
 mod image_folder;
+#[cfg(feature = "remote")]
+mod remote;
 pub mod shards;
 pub mod tar;
 

@@ -144,14 +144,43 @@ pub fn write_index(shard: &Path) -> Result<usize> {
     Ok(entries.len())
 }
 
-struct Shard {
-    path: PathBuf,
-    file: std::fs::File,
+/// Where shard bytes come from: local files, or objects in a store.
+pub(crate) trait Storage: Send + Sync {
+    /// Reads exactly `buf.len()` bytes of shard `shard` at `offset`.
+    fn read_at(&self, shard: usize, offset: u64, buf: &mut [u8]) -> std::result::Result<(), String>;
+    /// The shard's name for messages (a path or a URL).
+    fn name(&self, shard: usize) -> &str;
 }
 
-/// A dataset of indexed tar shards.
+struct LocalFiles {
+    names: Vec<String>,
+    files: Vec<std::fs::File>,
+}
+
+impl Storage for LocalFiles {
+    fn read_at(&self, shard: usize, offset: u64, buf: &mut [u8]) -> std::result::Result<(), String> {
+        self.files[shard].read_exact_at(buf, offset).map_err(|e| e.to_string())
+    }
+
+    fn name(&self, shard: usize) -> &str {
+        &self.names[shard]
+    }
+}
+
+/// One shard's metadata for [`ShardSource::assemble`].
+pub(crate) struct ShardMeta {
+    /// Shard name (path or URL).
+    pub name: String,
+    /// Shard size in bytes.
+    pub size: u64,
+    /// Index name (path or URL) and its bytes, or why it could not be read.
+    pub index: (String, std::result::Result<Vec<u8>, String>),
+}
+
+/// A dataset of indexed tar shards, local or in object storage.
 pub struct ShardSource {
-    shards: Vec<Shard>,
+    storage: Box<dyn Storage>,
+    shard_count: usize,
     /// Per sample: shard number, offset, length, label.
     samples: Vec<(u32, u64, u32, i64)>,
     members: String,
@@ -161,57 +190,84 @@ pub struct ShardSource {
 
 impl std::fmt::Debug for ShardSource {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ShardSource").field("shards", &self.shards.len()).field("samples", &self.samples.len()).finish()
+        f.debug_struct("ShardSource").field("shards", &self.shard_count).field("samples", &self.samples.len()).finish()
     }
 }
 
 impl ShardSource {
-    /// Opens `shards` (in this order) with their sidecar indexes. Class names come from a
+    /// Opens local `shards` (in this order) with their sidecar indexes. Class names come from a
     /// `classes.json` beside the first shard, when present (written by `stoker pack`).
     pub fn open(shards: &[PathBuf]) -> Result<Self> {
         if shards.is_empty() {
             return Err(Error::Dataset("no shards given".into()));
         }
+        let mut metas = vec![];
+        let mut files = vec![];
+        for path in shards {
+            let file = std::fs::File::open(path)
+                .map_err(|e| Error::Dataset(format!("{}: cannot open shard: {e}", path.display())))?;
+            let size = file.metadata().map_err(|e| Error::io(path, &e))?.len();
+            let idx = index_path(path);
+            let bytes = std::fs::read(&idx).map_err(|e| e.to_string());
+            metas.push(ShardMeta { name: path.display().to_string(), size, index: (idx.display().to_string(), bytes) });
+            files.push(file);
+        }
+        let classes = shards[0].parent().and_then(|d| std::fs::read_to_string(d.join("classes.json")).ok());
+        let names = metas.iter().map(|m| m.name.clone()).collect();
+        Self::assemble(metas, classes, Box::new(LocalFiles { names, files }))
+    }
+
+    /// Opens shards given as paths, globs (`*`, `?` in the file name) or object-store URLs
+    /// (`s3://`, `gs://`, `az://`, `http(s)://`, with the same globs).
+    pub fn open_any(specs: &[String]) -> Result<Self> {
+        if specs.iter().any(|s| s.contains("://")) {
+            #[cfg(feature = "remote")]
+            return super::remote::open(specs);
+            #[cfg(not(feature = "remote"))]
+            return Err(Error::config("root", "object storage support is not compiled in (feature `remote`)"));
+        }
+        let mut paths = vec![];
+        for s in specs {
+            paths.extend(expand_glob(Path::new(s))?);
+        }
+        Self::open(&paths)
+    }
+
+    pub(crate) fn assemble(metas: Vec<ShardMeta>, classes: Option<String>, storage: Box<dyn Storage>) -> Result<Self> {
         let mut out = ShardSource {
-            shards: vec![],
+            storage,
+            shard_count: metas.len(),
             samples: vec![],
             members: String::new(),
             member_ends: vec![],
             classes: vec![],
         };
-        for (k, path) in shards.iter().enumerate() {
-            let file = std::fs::File::open(path)
-                .map_err(|e| Error::Dataset(format!("{}: cannot open shard: {e}", path.display())))?;
-            let size = file.metadata().map_err(|e| Error::io(path, &e))?.len();
-            let idx = index_path(path);
-            let bytes = std::fs::read(&idx).map_err(|e| {
+        for (k, m) in metas.into_iter().enumerate() {
+            let (idx, bytes) = m.index;
+            let bytes = bytes.map_err(|e| {
                 Error::Dataset(format!(
-                    "{}: cannot read the shard index ({e}); create it with `stoker index {}`",
-                    idx.display(),
-                    path.display()
+                    "{idx}: cannot read the shard index ({e}); create it with `stoker index {}`",
+                    m.name
                 ))
             })?;
-            let (entries, expected) = decode_index(&bytes, &idx)?;
-            if expected != size {
+            let (entries, expected) = decode_index(&bytes, Path::new(&idx))?;
+            if expected != m.size {
                 return Err(Error::Dataset(format!(
-                    "{}: index does not match its shard: the index was made for {expected} bytes, the shard has {size} (truncated or rewritten shard?)",
-                    idx.display()
+                    "{idx}: index does not match its shard: the index was made for {expected} bytes, the shard has {} (truncated or rewritten shard?)",
+                    m.size
                 )));
             }
             for e in entries {
                 let len = u32::try_from(e.length)
-                    .map_err(|_| Error::decode(path, format!("member {} is larger than 4 GiB", e.member)))?;
+                    .map_err(|_| Error::decode(&m.name, format!("member {} is larger than 4 GiB", e.member)))?;
                 out.samples.push((k as u32, e.offset, len, e.label));
                 out.members.push_str(&e.member);
                 out.member_ends.push(out.members.len() as u64);
             }
-            out.shards.push(Shard { path: path.clone(), file });
         }
-        if let Some(dir) = shards[0].parent() {
-            if let Ok(text) = std::fs::read_to_string(dir.join("classes.json")) {
-                out.classes = serde_json::from_str(&text)
-                    .map_err(|e| Error::Dataset(format!("{}: invalid classes.json: {e}", dir.display())))?;
-            }
+        if let Some(text) = classes {
+            out.classes = serde_json::from_str(&text)
+                .map_err(|e| Error::Dataset(format!("invalid classes.json beside the shards: {e}")))?;
         }
         if out.samples.is_empty() {
             return Err(Error::Dataset("the shards hold no image samples".into()));
@@ -242,12 +298,11 @@ impl Source for ShardSource {
 
     fn read(&self, i: usize, buf: &mut Vec<u8>) -> Result<()> {
         let (k, offset, len, _) = self.samples[i];
-        let shard = &self.shards[k as usize];
         let total = tar::BLOCK + len as usize;
         buf.clear();
         buf.resize(total, 0);
         // One positioned read: the member's tar header and its data.
-        shard.file.read_exact_at(buf, offset - tar::BLOCK as u64).map_err(|e| {
+        self.storage.read_at(k as usize, offset - tar::BLOCK as u64, buf).map_err(|e| {
             Error::decode(
                 self.describe(i),
                 format!("cannot read {total} bytes at offset {}: {e} (truncated shard?)", offset - 512),
@@ -271,7 +326,7 @@ impl Source for ShardSource {
     }
 
     fn groups(&self) -> Option<Vec<usize>> {
-        let mut g = vec![0usize; self.shards.len()];
+        let mut g = vec![0usize; self.shard_count];
         for s in &self.samples {
             g[s.0 as usize] += 1;
         }
@@ -280,11 +335,44 @@ impl Source for ShardSource {
 
     fn describe(&self, i: usize) -> PathBuf {
         let (k, ..) = self.samples[i];
-        let mut p = self.shards[k as usize].path.as_os_str().to_owned();
-        p.push(":");
-        p.push(self.member(i));
-        PathBuf::from(p)
+        PathBuf::from(format!("{}:{}", self.storage.name(k as usize), self.member(i)))
     }
+}
+
+/// Expands `*` and `?` in the last component of `pattern` (sorted); a plain path is returned
+/// as is.
+pub fn expand_glob(pattern: &Path) -> Result<Vec<PathBuf>> {
+    let name = pattern.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    if !name.contains(['*', '?']) {
+        return Ok(vec![pattern.to_path_buf()]);
+    }
+    let dir = pattern.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    let mut out = vec![];
+    let rd = std::fs::read_dir(dir).map_err(|e| Error::Dataset(format!("{}: cannot list: {e}", dir.display())))?;
+    for e in rd.flatten() {
+        if glob_match(&name, &e.file_name().to_string_lossy()) {
+            out.push(e.path());
+        }
+    }
+    out.sort();
+    if out.is_empty() {
+        return Err(Error::Dataset(format!("no file matches {}", pattern.display())));
+    }
+    Ok(out)
+}
+
+/// `*` and `?` matching of one name.
+pub fn glob_match(pattern: &str, name: &str) -> bool {
+    fn m(p: &[u8], s: &[u8]) -> bool {
+        match (p.first(), s.first()) {
+            (None, None) => true,
+            (Some(b'*'), _) => m(&p[1..], s) || (!s.is_empty() && m(p, &s[1..])),
+            (Some(b'?'), Some(_)) => m(&p[1..], &s[1..]),
+            (Some(a), Some(b)) if a == b => m(&p[1..], &s[1..]),
+            _ => false,
+        }
+    }
+    m(pattern.as_bytes(), name.as_bytes())
 }
 
 #[cfg(test)]
