@@ -123,3 +123,20 @@ def test_bench_json_fields_and_determinism(stoker_bin, demo_root):
     assert a["images"] == 128 and a["batches"] == 8
     assert a["digest"] == b["digest"]
     assert (a["threads"], b["threads"]) == (1, 2)
+
+
+def test_doctor_reports_the_machine_without_a_gpu(stoker_bin):
+    import json
+
+    r = subprocess.run([str(stoker_bin), "doctor", "--json"], capture_output=True, text=True, check=True)
+    out = json.loads(r.stdout)
+    assert out["cpu"]["effective"] >= 1 and out["decode_threads"] >= 1
+    assert out["libjpeg_turbo"].startswith("3.")
+    assert out["memory"]["total_bytes"] > 0
+    gpu = out["gpu"]
+    if not gpu["devices"]:
+        print("doctor, no GPU:", gpu["unavailable_reason"])
+        assert gpu["unavailable_reason"]
+        assert any("no GPU" in a for a in out["recommendations"])
+    r = subprocess.run([str(stoker_bin), "doctor"], capture_output=True, text=True, check=True)
+    assert "recommendations:" in r.stdout and "CPU:" in r.stdout

@@ -71,6 +71,13 @@ enum Cmd {
         #[arg(long)]
         json: bool,
     },
+    /// Check this machine: CPU allowance, memory, /dev/shm, libjpeg-turbo, SIMD, GPUs (NVML),
+    /// with recommendations. Works without a GPU.
+    Doctor {
+        /// Print one JSON object instead of the report.
+        #[arg(long)]
+        json: bool,
+    },
     /// Write the sidecar index of existing WebDataset tar shards.
     Index {
         /// Shard files.
@@ -553,6 +560,164 @@ fn pack_cmd(
     Ok(())
 }
 
+/// `(total, available)` bytes of RAM from /proc/meminfo.
+fn meminfo() -> (Option<u64>, Option<u64>) {
+    let text = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
+    let get = |key: &str| {
+        text.lines()
+            .find(|l| l.starts_with(key))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|v| v.parse::<u64>().ok())
+            .map(|kb| kb * 1024)
+    };
+    (get("MemTotal:"), get("MemAvailable:"))
+}
+
+/// `(size, free)` bytes of a filesystem.
+fn fs_space(path: &str) -> Option<(u64, u64)> {
+    let c = std::ffi::CString::new(path).ok()?;
+    // SAFETY: statvfs fills the zeroed struct; `c` is a valid NUL-terminated path.
+    let st = unsafe {
+        let mut st: libc::statvfs = std::mem::zeroed();
+        if libc::statvfs(c.as_ptr(), &mut st) != 0 {
+            return None;
+        }
+        st
+    };
+    Some((st.f_blocks * st.f_frsize, st.f_bavail * st.f_frsize))
+}
+
+fn doctor(json: bool) -> Result<()> {
+    let cpu = stoker::cpu::allowance();
+    let threads = stoker::cpu::default_threads();
+    let (mem_total, mem_available) = meminfo();
+    let cgroup_mem = std::fs::read_to_string("/sys/fs/cgroup/memory.max").ok().map(|s| s.trim().to_string());
+    let shm = fs_space("/dev/shm");
+    #[cfg(target_arch = "x86_64")]
+    let simd = serde_json::json!({
+        "sse4.1": std::arch::is_x86_feature_detected!("sse4.1"),
+        "avx2": std::arch::is_x86_feature_detected!("avx2"),
+        "avx512f": std::arch::is_x86_feature_detected!("avx512f"),
+    });
+    #[cfg(not(target_arch = "x86_64"))]
+    let simd = serde_json::json!({});
+    let gpu = stoker_cuda::probe();
+    let mut advice = vec![format!(
+        "stoker will use {threads} decode threads (the CPU allowance{}); set STOKER_NUM_THREADS or threads= to change it",
+        if std::env::var("STOKER_NUM_THREADS").is_ok() { ", overridden by STOKER_NUM_THREADS" } else { "" }
+    )];
+    if cpu.effective < cpu.online {
+        advice.push(format!(
+            "this process may use {} of the machine's {} CPUs (affinity/cgroup quota): size num_workers-style settings by the allowance, not the core count",
+            cpu.effective, cpu.online
+        ));
+    }
+    if let Some((size, _)) = shm {
+        if size < 1 << 30 {
+            advice.push(format!(
+                "/dev/shm is only {:.0} MiB: stoker does not need it (threads, no shared memory), but a DataLoader with workers would fail or slow down",
+                size as f64 / 1048576.0
+            ));
+        }
+    }
+    if let Some(avail) = mem_available {
+        advice.push(format!(
+            "{:.1} GiB of RAM available: a memory_limit of a quarter of that ({:.1} GiB) leaves room for the training process",
+            avail as f64 / 1073741824.0,
+            avail as f64 / 4.0 / 1073741824.0
+        ));
+    }
+    if gpu.available() {
+        for d in &gpu.devices {
+            if let (Some(g), Some(mg)) = (d.pcie_generation, d.pcie_max_generation) {
+                if g < mg {
+                    advice.push(format!(
+                        "GPU {}: PCIe link at gen {g} of {mg} (idle links downshift; check under load)",
+                        d.index
+                    ));
+                }
+            }
+        }
+        advice.push(
+            "host-to-device bandwidth: not measured by this version (the CUDA transfer stage is not built yet)".into(),
+        );
+    } else {
+        advice.push(format!(
+            "no GPU: {}; batches stay in host memory",
+            gpu.unavailable_reason.clone().unwrap_or_default()
+        ));
+    }
+    let out = serde_json::json!({
+        "stoker": env!("CARGO_PKG_VERSION"),
+        "libjpeg_turbo": stoker::decode::jpeg::LIBJPEG_TURBO_VERSION,
+        "cpu": cpu,
+        "decode_threads": threads,
+        "simd": simd,
+        "memory": {"total_bytes": mem_total, "available_bytes": mem_available, "cgroup_limit": cgroup_mem},
+        "dev_shm": shm.map(|(s, f)| serde_json::json!({"size_bytes": s, "free_bytes": f})),
+        "gpu": gpu,
+        "recommendations": advice,
+    });
+    if json {
+        println!("{}", serde_json::to_string_pretty(&out)?);
+        return Ok(());
+    }
+    let gib = |b: Option<u64>| b.map(|b| format!("{:.1} GiB", b as f64 / 1073741824.0)).unwrap_or_else(|| "?".into());
+    println!("stoker {} (libjpeg-turbo {})", env!("CARGO_PKG_VERSION"), stoker::decode::jpeg::LIBJPEG_TURBO_VERSION);
+    println!(
+        "CPU: {} online, {} in the affinity mask, cgroup quota {}, allowance {}; SIMD: {}",
+        cpu.online,
+        cpu.affinity,
+        cpu.cgroup_quota.map(|q| format!("{q:.2} CPUs")).unwrap_or_else(|| "none".into()),
+        cpu.effective,
+        simd.as_object()
+            .map(|m| m
+                .iter()
+                .filter(|(_, v)| v.as_bool() == Some(true))
+                .map(|(k, _)| k.as_str())
+                .collect::<Vec<_>>()
+                .join(" "))
+            .unwrap_or_default()
+    );
+    println!(
+        "memory: {} total, {} available, cgroup limit {}",
+        gib(mem_total),
+        gib(mem_available),
+        cgroup_mem.unwrap_or_else(|| "none".into())
+    );
+    match shm {
+        Some((s, f)) => println!("/dev/shm: {} ({} free)", gib(Some(s)), gib(Some(f))),
+        None => println!("/dev/shm: not mounted"),
+    }
+    if gpu.available() {
+        println!(
+            "GPU driver {} (CUDA {})",
+            gpu.nvidia_driver_version.clone().unwrap_or_default(),
+            gpu.cuda_driver_version.map(|v| format!("{}.{}", v / 1000, (v % 1000) / 10)).unwrap_or_default()
+        );
+        for d in &gpu.devices {
+            println!(
+                "GPU {}: {}, {} ({} free), PCIe gen {} x{} (max gen {} x{})",
+                d.index,
+                d.name,
+                gib(Some(d.memory_bytes)),
+                gib(Some(d.free_bytes)),
+                d.pcie_generation.map(|v| v.to_string()).unwrap_or_else(|| "?".into()),
+                d.pcie_width.map(|v| v.to_string()).unwrap_or_else(|| "?".into()),
+                d.pcie_max_generation.map(|v| v.to_string()).unwrap_or_else(|| "?".into()),
+                d.pcie_max_width.map(|v| v.to_string()).unwrap_or_else(|| "?".into()),
+            );
+        }
+    } else {
+        println!("GPU: none ({})", gpu.unavailable_reason.clone().unwrap_or_default());
+    }
+    println!("recommendations:");
+    for a in &advice {
+        println!("  - {a}");
+    }
+    Ok(())
+}
+
 fn run(cli: Cli) -> Result<()> {
     match cli.cmd {
         Cmd::Bench { root, opts } => bench(&root, &opts),
@@ -597,6 +762,7 @@ fn run(cli: Cli) -> Result<()> {
         Cmd::Pack { src, dst, shard_size, max_side, quality, threads, prefix, json } => {
             pack_cmd(&src, &dst, &shard_size, max_side, quality, &threads, &prefix, json)
         }
+        Cmd::Doctor { json } => doctor(json),
         Cmd::Index { shards } => {
             for shard in shards {
                 let n = stoker::source::shards::write_index(&shard)?;

@@ -4,12 +4,16 @@
 use pyo3::prelude::*;
 
 /// Runs the `stoker` command line with `argv` (program name first); returns the exit code.
-/// Ctrl-C gets its default meaning (end the process), as for the native binary.
+/// Ctrl-C and a closed pipe get their default meaning (end the process), as for the native
+/// binary.
 #[pyfunction]
 fn cli_main(py: Python<'_>, argv: Vec<String>) -> i32 {
     // SAFETY: restoring the default disposition of SIGINT is always valid; the CLI is the whole
     // remaining life of this process.
-    unsafe { libc::signal(libc::SIGINT, libc::SIG_DFL) };
+    unsafe {
+        libc::signal(libc::SIGINT, libc::SIG_DFL);
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
     py.detach(|| stoker_cli::run_from(argv))
 }
 
