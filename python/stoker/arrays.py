@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
 
 from . import _stoker
+from ._base import BatchIterator, LoaderBase, converter
 from .errors import ConfigError
 from .loader import _env_int, _positive_int, _want_torch, parse_bytes
-
-_INHERITED: list[Any] = []
 
 
 def _column(a: Any) -> Any:
@@ -42,7 +41,7 @@ def _column(a: Any) -> Any:
     return (int(a.ctypes.data), int(a.shape[0]), row_bytes, descr, row_shape, a)
 
 
-class ArrayLoader:
+class ArrayLoader(LoaderBase):
     """Batches of rows from equally long arrays: NumPy arrays (any C-contiguous numeric dtype)
     or ``.npy`` files, which are memory-mapped (only the rows a batch touches are read).
 
@@ -79,83 +78,26 @@ class ArrayLoader:
             "memory_limit": parse_bytes(memory_limit),
         }
         self._torch = _want_torch(output)
-        self._native = _stoker.ArrayLoader(self._columns, json.dumps(self._config))
-        self._pid = os.getpid()
         self.batch_size = batch_size
         self.rank = rank
         self.world_size = world_size
+        self._start()
 
-    def _loader(self) -> _stoker.ArrayLoader:
-        if os.getpid() != self._pid:
-            old = self._native
-            _INHERITED.append(old)
-            seed, epoch, next_batch = old.state()
-            self._native = _stoker.ArrayLoader(self._columns, json.dumps(self._config))
-            self._native.load_state(seed, epoch, next_batch)
-            self._pid = os.getpid()
-        return self._native
-
-    def __len__(self) -> int:
-        """Batches per epoch on this rank."""
-        return len(self._loader())
-
-    @property
-    def threads(self) -> int:
-        """Copy threads in use."""
-        return self._loader().threads
-
-    def set_epoch(self, epoch: int) -> None:
-        """Selects the epoch's permutation (changing it restarts at batch 0)."""
-        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
-            raise ConfigError(f"invalid argument `epoch`: expected a non-negative integer, got {epoch!r}")
-        self._loader().set_epoch(epoch)
+    def _new_native(self) -> _stoker.ArrayLoader:
+        return _stoker.ArrayLoader(self._columns, json.dumps(self._config))
 
     def __iter__(self) -> Iterator[tuple[Any, ...]]:
-        convert: Callable[[Any], Any]
-        if self._torch:
-            import torch.utils.dlpack
+        n = len(self._columns)
+        return BatchIterator(self._loader().iter(), converter(self._torch),
+                             lambda b: tuple(b.column(c) for c in range(n)))
 
-            convert = torch.utils.dlpack.from_dlpack
-        else:
-            import numpy as np
-
-            convert = np.from_dlpack
-        return _ArrayIterator(self._loader().iter(), convert, len(self._columns))
+    def _loader(self) -> _stoker.ArrayLoader:
+        native: _stoker.ArrayLoader = self._base()  # type: ignore[assignment]
+        return native
 
     def batches(self) -> _stoker.ArrayIterator:
         """The raw iterator of ``stoker._stoker.ArrayBatch`` objects."""
         return self._loader().iter()
-
-    def state_dict(self) -> dict[str, Any]:
-        """``{seed, epoch, next_batch}`` plus checks, JSON-serialisable."""
-        seed, epoch, next_batch = self._loader().state()
-        return {"version": 1, "seed": seed, "epoch": epoch, "next_batch": next_batch,
-                "batches_per_epoch": len(self), "rank": self.rank, "world_size": self.world_size}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Resumes exactly where :meth:`state_dict` was taken."""
-        try:
-            seed, epoch, next_batch = int(state["seed"]), int(state["epoch"]), int(state["next_batch"])
-        except (KeyError, TypeError, ValueError):
-            raise ConfigError("invalid argument `state`: expected a dict from state_dict()") from None
-        self._loader().load_state(seed, epoch, next_batch)
-
-
-class _ArrayIterator:
-    def __init__(self, native: Any, convert: Callable[[Any], Any], n: int) -> None:
-        self._native = native
-        self._convert = convert
-        self._n = n
-
-    def __iter__(self) -> _ArrayIterator:
-        return self
-
-    def __next__(self) -> tuple[Any, ...]:
-        b = self._native.__next__()
-        return tuple(self._convert(b.column(c)) for c in range(self._n))
-
-    def close(self) -> None:
-        self._native.close()
 
 
 __all__ = ["ArrayLoader"]

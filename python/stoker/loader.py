@@ -5,9 +5,10 @@ from __future__ import annotations
 import json
 import os
 import re
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Iterator, Sequence
 
 from . import _stoker
+from ._base import BatchIterator, LoaderBase, converter
 from .errors import ConfigError
 from .transforms import Transform, compile_transforms, dtype_name
 
@@ -15,11 +16,6 @@ _PRESETS = ("imagenet-train", "imagenet-val")
 _OUTPUTS = ("auto", "torch", "numpy")
 _UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "kib": 2**10, "m": 10**6, "mb": 10**6, "mib": 2**20,
           "g": 10**9, "gb": 10**9, "gib": 2**30, "t": 10**12, "tb": 10**12, "tib": 2**40}
-
-# Loaders inherited through fork() are replaced in the child; the originals are kept alive here
-# (never dropped), because their threads and locks belong to the parent process.
-_INHERITED: list[Any] = []
-
 
 def parse_bytes(value: int | str | None, name: str = "memory_limit") -> int | None:
     """Bytes from an int or a string like '2GiB', '512MB', '1.5G'."""
@@ -97,27 +93,7 @@ def _want_torch(output: str) -> bool:
     return True
 
 
-class _BatchIterator:
-    """Yields ``(images, labels)``; keeps no reference to a batch it has handed out, so a batch
-    returns to the pool as soon as the caller drops its tensors."""
-
-    def __init__(self, native: Any, convert: Any) -> None:
-        self._native = native
-        self._convert = convert
-
-    def __iter__(self) -> "_BatchIterator":
-        return self
-
-    def __next__(self) -> tuple[Any, Any]:
-        b = self._native.__next__()
-        return self._convert(b.images), self._convert(b.labels)
-
-    def close(self) -> None:
-        """Stops the iteration now; every worker thread is joined."""
-        self._native.close()
-
-
-class ImageLoader:
+class ImageLoader(LoaderBase):
     """Batches of decoded, transformed images from an ImageFolder tree (``ROOT/CLASS/IMAGE``).
 
     Iterating yields ``(images, labels)``: torch tensors (``output='torch'``) or NumPy arrays
@@ -205,32 +181,19 @@ class ImageLoader:
             "dct_scaling": True,
             "roi": True,
         }
-        self._native = _stoker.Loader(self._root, json.dumps(self._config), self._shards)
-        self._pid = os.getpid()
         self.batch_size = batch_size
         self.rank = rank
         self.world_size = world_size
+        self._start()
         #: This process's GPU index on its node (torchrun's ``LOCAL_RANK``; 0 when unset).
         self.local_rank = _env_int("LOCAL_RANK") or 0
 
-    # -- fork safety -------------------------------------------------------------------------
+    def _new_native(self) -> _stoker.Loader:
+        return _stoker.Loader(self._root, json.dumps(self._config), self._shards)
 
     def _loader(self) -> _stoker.Loader:
-        """The native loader of this process (rebuilt after a fork, keeping the position)."""
-        if os.getpid() != self._pid:
-            old = self._native
-            _INHERITED.append(old)
-            seed, epoch, next_batch = old.state()
-            self._native = _stoker.Loader(self._root, json.dumps(self._config), self._shards)
-            self._native.load_state(seed, epoch, next_batch)
-            self._pid = os.getpid()
-        return self._native
-
-    # -- the DataLoader-like surface ---------------------------------------------------------
-
-    def __len__(self) -> int:
-        """Batches per epoch on this rank."""
-        return len(self._loader())
+        native: _stoker.Loader = self._base()  # type: ignore[assignment]
+        return native
 
     @property
     def classes(self) -> list[str]:
@@ -247,53 +210,13 @@ class ImageLoader:
         """Samples in the dataset (all ranks)."""
         return self._loader().num_samples
 
-    @property
-    def threads(self) -> int:
-        """Decode threads in use."""
-        return self._loader().threads
-
-    def set_epoch(self, epoch: int) -> None:
-        """Selects the epoch (its shuffle and augmentations). Changing it restarts at batch 0;
-        setting the current epoch again keeps a restored position."""
-        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
-            raise ConfigError(f"invalid argument `epoch`: expected a non-negative integer, got {epoch!r}")
-        self._loader().set_epoch(epoch)
-
-    def __iter__(self) -> Iterator[tuple[Any, Any]]:
-        convert: Callable[[Any], Any]
-        if self._torch:
-            import torch.utils.dlpack
-
-            convert = torch.utils.dlpack.from_dlpack
-        else:
-            import numpy as np
-
-            convert = np.from_dlpack
-        return _BatchIterator(self._loader().iter(), convert)
+    def __iter__(self) -> Iterator[tuple[Any, ...]]:
+        return BatchIterator(self._loader().iter(), converter(self._torch), lambda b: (b.images, b.labels))
 
     def batches(self) -> _stoker.Iterator:
         """The raw batch iterator (``stoker._stoker.Batch`` objects with ``images``, ``labels``,
         ``indices``, ``index``), for callers that convert themselves."""
         return self._loader().iter()
-
-    def state_dict(self) -> dict[str, Any]:
-        """A small, JSON-serialisable position: ``{seed, epoch, next_batch}`` plus checks."""
-        seed, epoch, next_batch = self._loader().state()
-        return {"version": 1, "seed": seed, "epoch": epoch, "next_batch": next_batch,
-                "batches_per_epoch": len(self), "rank": self.rank, "world_size": self.world_size}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restores a position from :meth:`state_dict`: iteration resumes with exactly the
-        batches that were still to come."""
-        try:
-            seed, epoch, next_batch = int(state["seed"]), int(state["epoch"]), int(state["next_batch"])
-        except (KeyError, TypeError, ValueError):
-            raise ConfigError("invalid argument `state`: expected a dict from state_dict() with seed, epoch, "
-                              "next_batch") from None
-        if state.get("world_size", self.world_size) != self.world_size:
-            raise ConfigError(f"invalid argument `state`: saved with world_size={state['world_size']}, "
-                              f"this loader has {self.world_size}")
-        self._loader().load_state(seed, epoch, next_batch)
 
     def report(self) -> dict[str, Any]:
         """Telemetry: per-stage counters, starvation, the bottleneck verdict, skipped files."""

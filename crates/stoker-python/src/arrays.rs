@@ -2,7 +2,7 @@
 
 use crate::dlpack::{self, DLDataType, View};
 use crate::errors::{self, IntoPy};
-use crate::loader::check_dlpack_args;
+use crate::loader::{check_dlpack_args, next_polling};
 use pyo3::prelude::*;
 use pyo3::types::PyCapsule;
 use std::path::PathBuf;
@@ -133,33 +133,8 @@ impl PyArrayIter {
     }
 
     fn __next__(&self, py: Python<'_>) -> PyResult<Option<PyArrayBatch>> {
-        if std::process::id() != self.pid {
-            return Err(errors::to_py(stoker::Error::Internal(
-                "this iteration was started in another process (before a fork); start a new one".into(),
-            )));
-        }
-        loop {
-            let step = py.detach(|| {
-                let mut g = self.inner.lock().unwrap_or_else(|p| p.into_inner());
-                let Some(it) = g.as_mut() else { return Some(None) };
-                let r = it.next_timeout(Duration::from_millis(50));
-                if matches!(r, Some(None) | Some(Some(Err(_)))) {
-                    g.take();
-                }
-                r
-            });
-            match step {
-                Some(Some(Ok(b))) => return Ok(Some(PyArrayBatch { inner: Arc::new(b), specs: self.specs.clone() })),
-                Some(Some(Err(e))) => return Err(errors::to_py(e)),
-                Some(None) => return Ok(None),
-                None => {
-                    if let Err(e) = py.check_signals() {
-                        self.close(py);
-                        return Err(e);
-                    }
-                }
-            }
-        }
+        Ok(next_polling(py, &self.inner, self.pid, |it| it.next_timeout(Duration::from_millis(50)))?
+            .map(|b| PyArrayBatch { inner: Arc::new(b), specs: self.specs.clone() }))
     }
 
     /// Stops the iteration now (joins every thread, GIL released).

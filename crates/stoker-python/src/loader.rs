@@ -156,11 +156,43 @@ pub struct PyIter {
     pid: u32,
 }
 
-enum Step {
-    Item(Batch),
-    Error(stoker::Error),
-    Done,
-    Pending,
+/// The next item of a native iteration, waiting with the GIL released in short steps so that
+/// Ctrl-C (checked between steps) stops the iteration and joins its threads. The iteration is
+/// dropped when it ends or fails; an iteration inherited through `fork()` is refused.
+pub(crate) fn next_polling<I: Send, B: Send>(
+    py: Python<'_>,
+    inner: &Mutex<Option<I>>,
+    pid: u32,
+    poll: impl Fn(&mut I) -> Option<Option<stoker::Result<B>>> + Sync,
+) -> PyResult<Option<B>> {
+    if std::process::id() != pid {
+        return Err(errors::to_py(stoker::Error::Internal(
+            "this iteration was started in another process (before a fork); start a new one".into(),
+        )));
+    }
+    loop {
+        let step = py.detach(|| {
+            let mut guard = inner.lock().unwrap_or_else(|p| p.into_inner());
+            let Some(it) = guard.as_mut() else { return Some(None) };
+            let r = poll(it);
+            if matches!(r, Some(None) | Some(Some(Err(_)))) {
+                guard.take();
+            }
+            r
+        });
+        match step {
+            Some(Some(Ok(b))) => return Ok(Some(b)),
+            Some(Some(Err(e))) => return Err(errors::to_py(e)),
+            Some(None) => return Ok(None),
+            None => {
+                if let Err(e) = py.check_signals() {
+                    let it = inner.lock().unwrap_or_else(|p| p.into_inner()).take();
+                    py.detach(move || drop(it));
+                    return Err(e);
+                }
+            }
+        }
+    }
 }
 
 #[pymethods]
@@ -170,40 +202,8 @@ impl PyIter {
     }
 
     fn __next__(&self, py: Python<'_>) -> PyResult<Option<PyBatch>> {
-        if std::process::id() != self.pid {
-            return Err(errors::to_py(stoker::Error::Internal(
-                "this iteration was started in another process (before a fork); start a new one".into(),
-            )));
-        }
-        loop {
-            let step = py.detach(|| {
-                let mut guard = self.inner.lock().unwrap_or_else(|p| p.into_inner());
-                let Some(it) = guard.as_mut() else { return Step::Done };
-                match it.next_timeout(SIGNAL_POLL) {
-                    None => Step::Pending,
-                    Some(Some(Ok(b))) => Step::Item(b),
-                    Some(Some(Err(e))) => {
-                        guard.take();
-                        Step::Error(e)
-                    }
-                    Some(None) => {
-                        guard.take();
-                        Step::Done
-                    }
-                }
-            });
-            match step {
-                Step::Item(b) => return Ok(Some(PyBatch { inner: Arc::new(b) })),
-                Step::Error(e) => return Err(errors::to_py(e)),
-                Step::Done => return Ok(None),
-                Step::Pending => {
-                    if let Err(e) = py.check_signals() {
-                        self.close(py);
-                        return Err(e);
-                    }
-                }
-            }
-        }
+        Ok(next_polling(py, &self.inner, self.pid, |it| it.next_timeout(SIGNAL_POLL))?
+            .map(|b| PyBatch { inner: Arc::new(b) }))
     }
 
     /// Stops the iteration now (joins every worker thread, GIL released).

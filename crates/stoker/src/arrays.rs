@@ -7,7 +7,7 @@
 
 use crate::buffer::RawBuf;
 use crate::error::{Error, Result};
-use crate::sampler::{Sampler, SamplerSpec, SamplerState};
+use crate::sampler::{Position, Sampler, SamplerSpec, SamplerState};
 use crossbeam_channel::{bounded, Receiver, RecvTimeoutError, Sender};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -211,8 +211,7 @@ struct Shared {
 /// Batches of rows from one or more equally long arrays.
 pub struct ArrayLoader {
     shared: Arc<Shared>,
-    epoch: std::sync::atomic::AtomicU64,
-    next_batch: Arc<AtomicUsize>,
+    position: Arc<Position>,
     active: Mutex<Option<Arc<AtomicBool>>>,
 }
 
@@ -314,8 +313,7 @@ impl ArrayLoader {
         }
         Ok(ArrayLoader {
             shared: Arc::new(Shared { columns, sampler, threads, free_tx, free_rx, slots, held: AtomicUsize::new(0) }),
-            epoch: Default::default(),
-            next_batch: Arc::default(),
+            position: Arc::default(),
             active: Mutex::new(None),
         })
     }
@@ -342,37 +340,17 @@ impl ArrayLoader {
 
     /// Selects the epoch (changing it restarts at batch 0).
     pub fn set_epoch(&self, epoch: u64) {
-        if self.epoch.swap(epoch, Ordering::AcqRel) != epoch {
-            self.next_batch.store(0, Ordering::Release);
-        }
+        self.position.set_epoch(epoch);
     }
 
     /// The resumable position.
     pub fn state(&self) -> SamplerState {
-        SamplerState {
-            seed: self.shared.sampler.spec().seed,
-            epoch: self.epoch.load(Ordering::Acquire),
-            next_batch: self.next_batch.load(Ordering::Acquire),
-        }
+        self.position.state(self.shared.sampler.spec().seed)
     }
 
     /// Restores a position.
     pub fn load_state(&self, st: SamplerState) -> Result<()> {
-        if st.seed != self.shared.sampler.spec().seed {
-            return Err(Error::config(
-                "state",
-                format!("seed {} does not match the loader's seed {}", st.seed, self.shared.sampler.spec().seed),
-            ));
-        }
-        if st.next_batch > self.len() {
-            return Err(Error::config(
-                "state",
-                format!("next_batch {} exceeds the {} batches per epoch", st.next_batch, self.len()),
-            ));
-        }
-        self.epoch.store(st.epoch, Ordering::Release);
-        self.next_batch.store(st.next_batch, Ordering::Release);
-        Ok(())
+        self.position.restore(st, &self.shared.sampler)
     }
 
     /// Starts iterating from the current position; ends any previous iteration.
@@ -381,12 +359,7 @@ impl ArrayLoader {
         if let Some(old) = self.active.lock().expect("active lock").replace(cancel.clone()) {
             old.store(true, Ordering::Release);
         }
-        let mut start = self.next_batch.load(Ordering::Acquire);
-        if start >= self.len() {
-            start = 0;
-            self.next_batch.store(0, Ordering::Release);
-        }
-        let epoch = self.epoch.load(Ordering::Acquire);
+        let (epoch, start) = self.position.start(self.len());
         let sh = self.shared.clone();
         let order = Arc::new(sh.sampler.epoch_order(epoch));
         let end = sh.sampler.num_batches();
@@ -459,7 +432,7 @@ impl ArrayLoader {
             pending: vec![None; sh.slots],
             next: start,
             end,
-            position: self.next_batch.clone(),
+            position: self.position.clone(),
             threads,
         })
     }
@@ -477,7 +450,7 @@ pub struct ArrayIter {
     pending: Vec<Option<Arc<ArraySlot>>>,
     next: usize,
     end: usize,
-    position: Arc<AtomicUsize>,
+    position: Arc<Position>,
     threads: Vec<JoinHandle<()>>,
 }
 
@@ -551,7 +524,7 @@ impl ArrayIter {
             }
         };
         self.next += 1;
-        self.position.store(self.next, Ordering::Release);
+        self.position.advance(self.next);
         self.shared.held.fetch_add(1, Ordering::AcqRel);
         Some(Some(Ok(ArrayBatch { slot: Some(slot), shared: self.shared.clone() })))
     }

@@ -56,6 +56,68 @@ pub struct SamplerState {
     pub next_batch: usize,
 }
 
+/// Where iteration stands, in atomics: no lock, so a process forked while another thread
+/// iterates can still read it. Shared by a loader and its running iteration.
+#[derive(Debug, Default)]
+pub struct Position {
+    epoch: std::sync::atomic::AtomicU64,
+    next_batch: std::sync::atomic::AtomicUsize,
+}
+
+impl Position {
+    /// Selects `epoch`; changing it restarts at batch 0, the current epoch keeps its position.
+    pub fn set_epoch(&self, epoch: u64) {
+        use std::sync::atomic::Ordering;
+        if self.epoch.swap(epoch, Ordering::AcqRel) != epoch {
+            self.next_batch.store(0, Ordering::Release);
+        }
+    }
+
+    /// The state, for a sampler seeded with `seed`.
+    pub fn state(&self, seed: u64) -> SamplerState {
+        use std::sync::atomic::Ordering;
+        SamplerState {
+            seed,
+            epoch: self.epoch.load(Ordering::Acquire),
+            next_batch: self.next_batch.load(Ordering::Acquire),
+        }
+    }
+
+    /// Restores `st` after checking it against `sampler`.
+    pub fn restore(&self, st: SamplerState, sampler: &Sampler) -> Result<()> {
+        use std::sync::atomic::Ordering;
+        if st.seed != sampler.spec().seed {
+            return Err(Error::config(
+                "state",
+                format!("seed {} does not match the loader's seed {}", st.seed, sampler.spec().seed),
+            ));
+        }
+        if st.next_batch > sampler.num_batches() {
+            return Err(Error::config(
+                "state",
+                format!("next_batch {} exceeds the {} batches per epoch", st.next_batch, sampler.num_batches()),
+            ));
+        }
+        self.epoch.store(st.epoch, Ordering::Release);
+        self.next_batch.store(st.next_batch, Ordering::Release);
+        Ok(())
+    }
+
+    /// `(epoch, first batch)` of a new iteration: a finished epoch starts over.
+    pub fn start(&self, batches: usize) -> (u64, usize) {
+        use std::sync::atomic::Ordering;
+        if self.next_batch.load(Ordering::Acquire) >= batches {
+            self.next_batch.store(0, Ordering::Release);
+        }
+        (self.epoch.load(Ordering::Acquire), self.next_batch.load(Ordering::Acquire))
+    }
+
+    /// Records that batches before `next` were delivered.
+    pub fn advance(&self, next: usize) {
+        self.next_batch.store(next, std::sync::atomic::Ordering::Release);
+    }
+}
+
 /// A validated sampler over `len` samples.
 #[derive(Debug, Clone)]
 pub struct Sampler {

@@ -20,7 +20,7 @@ use crate::decode::{DecodeOptions, Decoder};
 use crate::error::{Error, Result};
 use crate::ops::{DType, Layout, Resampler, TransformPlan, TransformSpec};
 use crate::rng::{self, Rng};
-use crate::sampler::{Sampler, SamplerSpec, SamplerState};
+use crate::sampler::{Position, Sampler, SamplerSpec, SamplerState};
 use crate::source::Source;
 use crate::telemetry::{Report, Skipped, Telemetry};
 use crossbeam_channel::{bounded, Receiver, RecvTimeoutError, Sender};
@@ -116,18 +116,10 @@ struct Stash {
     bytes: Vec<Vec<u8>>,
 }
 
-/// Where iteration stands, in atomics: no lock, so a process forked while another thread
-/// iterates can still read it.
-#[derive(Debug, Default)]
-struct StateCell {
-    epoch: std::sync::atomic::AtomicU64,
-    next_batch: std::sync::atomic::AtomicUsize,
-}
-
 /// A batch loader over a [`Source`].
 pub struct Loader {
     shared: Arc<Shared>,
-    state: Arc<StateCell>,
+    state: Arc<Position>,
     active: Mutex<Option<Arc<IterCore>>>,
 }
 
@@ -207,7 +199,7 @@ impl Loader {
                 stash: Mutex::new(Stash::default()),
                 read_high_water: std::sync::atomic::AtomicUsize::new(0),
             }),
-            state: Arc::new(StateCell::default()),
+            state: Arc::new(Position::default()),
             active: Mutex::new(None),
         })
     }
@@ -250,37 +242,17 @@ impl Loader {
     /// Selects the epoch. Changing it restarts at batch 0; setting the current epoch again keeps
     /// the position (so a restored state survives the usual `set_epoch` call).
     pub fn set_epoch(&self, epoch: u64) {
-        if self.state.epoch.swap(epoch, Ordering::AcqRel) != epoch {
-            self.state.next_batch.store(0, Ordering::Release);
-        }
+        self.state.set_epoch(epoch);
     }
 
     /// The resumable state: where the next iteration would start.
     pub fn state(&self) -> SamplerState {
-        SamplerState {
-            seed: self.shared.sampler.spec().seed,
-            epoch: self.state.epoch.load(Ordering::Acquire),
-            next_batch: self.state.next_batch.load(Ordering::Acquire),
-        }
+        self.state.state(self.shared.sampler.spec().seed)
     }
 
     /// Restores a state from [`Loader::state`].
     pub fn load_state(&self, st: SamplerState) -> Result<()> {
-        if st.seed != self.shared.sampler.spec().seed {
-            return Err(Error::config(
-                "state",
-                format!("seed {} does not match the loader's seed {}", st.seed, self.shared.sampler.spec().seed),
-            ));
-        }
-        if st.next_batch > self.len() {
-            return Err(Error::config(
-                "state",
-                format!("next_batch {} exceeds the {} batches per epoch", st.next_batch, self.len()),
-            ));
-        }
-        self.state.epoch.store(st.epoch, Ordering::Release);
-        self.state.next_batch.store(st.next_batch, Ordering::Release);
-        Ok(())
+        self.state.restore(st, &self.shared.sampler)
     }
 
     /// Telemetry since the loader was made (or last reset), with the bottleneck verdict.
@@ -302,12 +274,7 @@ impl Loader {
             // Stop the previous iteration and take its buffers back before starting.
             old.shutdown(&self.shared);
         }
-        let epoch = self.state.epoch.load(Ordering::Acquire);
-        let mut start = self.state.next_batch.load(Ordering::Acquire);
-        if start >= self.len() {
-            start = 0;
-            self.state.next_batch.store(0, Ordering::Release);
-        }
+        let (epoch, start) = self.state.start(self.len());
         EpochIter::start(self.shared.clone(), self.state.clone(), core, epoch, start)
     }
 }
@@ -329,7 +296,7 @@ const POLL: Duration = Duration::from_millis(20);
 /// every thread.
 pub struct EpochIter {
     shared: Arc<Shared>,
-    state: Arc<StateCell>,
+    state: Arc<Position>,
     core: Arc<IterCore>,
     next_batch: usize,
     end: usize,
@@ -390,13 +357,7 @@ fn spawn(name: String, f: impl FnOnce() + Send + 'static) -> Result<JoinHandle<(
 }
 
 impl EpochIter {
-    fn start(
-        shared: Arc<Shared>,
-        state: Arc<StateCell>,
-        core: Arc<IterCore>,
-        epoch: u64,
-        start: usize,
-    ) -> Result<Self> {
+    fn start(shared: Arc<Shared>, state: Arc<Position>, core: Arc<IterCore>, epoch: u64, start: usize) -> Result<Self> {
         let cancel = core.cancel.clone();
         let order = Arc::new(shared.sampler.epoch_order(epoch));
         let end = shared.sampler.num_batches();
@@ -550,7 +511,7 @@ impl EpochIter {
                 }
             };
             self.next_batch += 1;
-            self.state.next_batch.store(self.next_batch, Ordering::Release);
+            self.state.advance(self.next_batch);
             let first_err = {
                 let mut errs = slot.errors.lock().expect("slot errors lock");
                 if self.shared.on_error == ErrorPolicy::Raise && !errs.is_empty() {
