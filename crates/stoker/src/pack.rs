@@ -159,7 +159,6 @@ pub fn pack(
     let n = src.len();
     let threads = opts.threads.max(1);
     let chunk = threads * 8;
-    let mut done = 0;
     for start in (0..n).step_by(chunk) {
         let end = (start + chunk).min(n);
         // Prepare a chunk in parallel, then append it in dataset order.
@@ -222,11 +221,9 @@ pub fn pack(
                 }
             }
         }
-        done = end;
-        progress(done);
+        progress(end);
     }
     w.flush()?;
-    let _ = done;
     Ok(w.summary)
 }
 
