@@ -9,10 +9,12 @@ PyTorch or NumPy zero-copy.
 ...         ...
 """
 
+from typing import Any
+
 from . import transforms
 from ._stoker import LIBJPEG_TURBO_VERSION, __version__
 from .arrays import ArrayLoader
-from .errors import ConfigError, DatasetError, DecodeError, MemoryLimitError, ReadError, StokerError
+from .errors import ConfigError, DatasetError, DecodeError, DeviceError, MemoryLimitError, ReadError, StokerError
 from .loader import ImageLoader
 
 
@@ -26,5 +28,24 @@ def make_demo(root: str, images: int = 350, seed: int = 0) -> int:
     return _stoker.make_demo(os.fspath(root), images, seed)
 
 
-__all__ = ["ImageLoader", "ArrayLoader", "transforms", "make_demo", "StokerError", "ConfigError", "DatasetError",
-           "DecodeError", "ReadError", "MemoryLimitError", "__version__", "LIBJPEG_TURBO_VERSION"]
+def cuda_probe() -> dict[str, Any]:
+    """What the CUDA driver and NVML report: driver versions, devices (name, memory, PCIe link),
+    or ``unavailable_reason``. Never raises for a missing driver."""
+    import json
+
+    from . import _stoker
+
+    probe: dict[str, Any] = json.loads(_stoker.cuda_probe_json())
+    return probe
+
+
+def cuda_memory_in_use() -> tuple[int, int]:
+    """``(device bytes, page-locked host bytes)`` that stoker has allocated in this process."""
+    from . import _stoker
+
+    return _stoker.cuda_memory_in_use()
+
+
+__all__ = ["ImageLoader", "ArrayLoader", "transforms", "make_demo", "cuda_probe", "cuda_memory_in_use", "StokerError",
+           "ConfigError", "DatasetError", "DecodeError", "ReadError", "MemoryLimitError", "DeviceError", "__version__",
+           "LIBJPEG_TURBO_VERSION"]

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import os
-from typing import Any, Callable, Protocol
+import re
+import sys
+from typing import Any, Callable, Protocol, Sequence
 
-from .errors import ConfigError
+from .errors import ConfigError, DeviceError
 
 # Loaders inherited through fork() are replaced in the child; the originals are kept alive here
 # (never dropped), because their threads and locks belong to the parent process.
@@ -34,22 +36,99 @@ def converter(torch_output: bool) -> Callable[[Any], Any]:
     return np.from_dlpack
 
 
+def check_device(device: Any) -> tuple[int, bool]:
+    """Validates a ``device=`` argument; returns the ordinal that ``"cuda"`` and ``"auto"`` mean
+    (see :func:`device_ordinal`) and whether batches will go to a GPU. ``cuda``/``cuda:N``
+    without a usable driver raise :class:`DeviceError` here, before any other check."""
+    if not isinstance(device, str) or not re.fullmatch(r"cpu|auto|cuda(:[0-9]+)?", device):
+        raise ConfigError(f"invalid argument `device`: expected 'cpu', 'cuda', 'cuda:N' or 'auto', got {device!r}")
+    if device == "cpu":
+        return 0, False
+    ordinal = device_ordinal(device)
+    if device == "auto":
+        return ordinal, gpu_present()
+    if not gpu_present():
+        import json
+
+        from . import _stoker
+
+        why = json.loads(_stoker.cuda_probe_json())["unavailable_reason"]
+        raise DeviceError(f"device error: device={device!r} needs CUDA, which is not available: {why}; "
+                          "use device='cpu' or 'auto'")
+    return ordinal, True
+
+
+def device_ordinal(device: str) -> int:
+    """The ordinal that ``"cuda"`` and ``"auto"`` mean: PyTorch's current device when PyTorch
+    has initialised CUDA, else torchrun's ``LOCAL_RANK``, else 0."""
+    torch = sys.modules.get("torch")
+    if torch is not None and device in ("cuda", "auto"):
+        try:
+            if torch.cuda.is_initialized():
+                return int(torch.cuda.current_device())
+        except Exception:  # pragma: no cover - a broken CUDA setup falls through to LOCAL_RANK
+            pass
+    local = os.environ.get("LOCAL_RANK", "")
+    return int(local) if local.isdigit() else 0
+
+
+def gpu_present() -> bool:
+    """Whether the CUDA driver reports at least one device (no device is opened)."""
+    import json
+
+    from . import _stoker
+
+    return bool(json.loads(_stoker.cuda_probe_json())["devices"])
+
+
+class Normalizer:
+    """uint8 images to normalised ``dtype`` with torch ops, on the tensor's device and the
+    current stream: ``(x / 255 - mean) / std`` in float32 with the CPU path's exact operations
+    (so float32 results are bit-identical to host batches), then cast. This is how batches that
+    crossed the bus as uint8 are normalised on the GPU."""
+
+    def __init__(self, mean: Sequence[float], std: Sequence[float], dtype: Any, channels_last: bool) -> None:
+        self._mean = [float(m) for m in mean]
+        self._std = [float(s) for s in std]
+        self._dtype = dtype
+        self._channels_last = channels_last
+        self._consts: dict[Any, tuple[Any, Any]] = {}
+
+    def __call__(self, x: Any) -> Any:
+        import torch
+
+        c = self._consts.get(x.device)
+        if c is None:
+            shape = (1, 1, 1, -1) if self._channels_last else (1, -1, 1, 1)
+            mean = torch.tensor(self._mean, dtype=torch.float32).reshape(shape).to(x.device)
+            std = torch.tensor(self._std, dtype=torch.float32).reshape(shape).to(x.device)
+            c = self._consts[x.device] = (mean, std)
+        y = x.to(torch.float32)
+        y.div_(255.0).sub_(c[0]).div_(c[1])
+        return y if self._dtype == torch.float32 else y.to(self._dtype)
+
+
 class BatchIterator:
     """Yields one converted tensor per exported view of each native batch; keeps no reference
     to a batch it has handed out, so a batch returns to the pool as soon as the caller drops
     its tensors."""
 
-    def __init__(self, native: Any, convert: Callable[[Any], Any], views: Callable[[Any], tuple[Any, ...]]) -> None:
+    def __init__(self, native: Any, convert: Callable[[Any], Any], views: Callable[[Any], tuple[Any, ...]],
+                 first: Callable[[Any], Any] | None = None) -> None:
         self._native = native
         self._convert = convert
         self._views = views
+        self._first = first
 
     def __iter__(self) -> BatchIterator:
         return self
 
     def __next__(self) -> tuple[Any, ...]:
         b = self._native.__next__()
-        return tuple(self._convert(v) for v in self._views(b))
+        out = tuple(self._convert(v) for v in self._views(b))
+        if self._first is not None:
+            out = (self._first(out[0]),) + out[1:]
+        return out
 
     def close(self) -> None:
         """Stops the iteration now; every worker thread is joined."""
@@ -119,4 +198,4 @@ class LoaderBase:
         self._base().load_state(seed, epoch, next_batch)
 
 
-__all__ = ["BatchIterator", "LoaderBase", "converter"]
+__all__ = ["BatchIterator", "LoaderBase", "Normalizer", "check_device", "converter", "device_ordinal", "gpu_present"]

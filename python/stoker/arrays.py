@@ -7,7 +7,7 @@ import os
 from typing import Any, Iterator
 
 from . import _stoker
-from ._base import BatchIterator, LoaderBase, converter
+from ._base import BatchIterator, LoaderBase, check_device, converter
 from .errors import ConfigError
 from .loader import _env_int, _positive_int, _want_torch, parse_bytes
 
@@ -49,12 +49,14 @@ class ArrayLoader(LoaderBase):
     array, gathered by the sampler's indices with parallel row copies into pooled buffers and
     handed over zero-copy. Same seed/epoch shuffle, ``rank``/``world_size`` sharding (torchrun's
     environment by default), ``state_dict`` resume and ``memory_limit`` as ``ImageLoader``.
+    ``device='cuda'`` (``'cuda:N'``, ``'auto'``) delivers each column as a CUDA tensor through
+    pinned buffers and stoker's copy stream, as ``ImageLoader`` does.
     """
 
     def __init__(self, *arrays: Any, batch_size: int = 256, shuffle: bool = False, seed: int = 0,
                  drop_last: bool = False, threads: int | str = "auto", prefetch: int = 2,
                  memory_limit: int | str | None = None, output: str = "auto", rank: int | None = None,
-                 world_size: int | None = None) -> None:
+                 world_size: int | None = None, device: str = "cpu") -> None:
         if not arrays:
             raise ConfigError("invalid argument `arrays`: give at least one array or .npy path")
         if output not in ("auto", "torch", "numpy"):
@@ -77,14 +79,29 @@ class ArrayLoader(LoaderBase):
             "prefetch": prefetch,
             "memory_limit": parse_bytes(memory_limit),
         }
-        self._torch = _want_torch(output)
+        self._ordinal, on_gpu = check_device(device)
+        self._device = device
+        if on_gpu and output == "numpy":
+            raise ConfigError(f"invalid argument `output`: device={device!r} delivers torch tensors; "
+                              "use output='torch' or 'auto'")
+        self._torch = _want_torch("torch" if on_gpu else output)
         self.batch_size = batch_size
         self.rank = rank
         self.world_size = world_size
         self._start()
 
     def _new_native(self) -> _stoker.ArrayLoader:
-        return _stoker.ArrayLoader(self._columns, json.dumps(self._config))
+        return _stoker.ArrayLoader(self._columns, json.dumps(self._config), self._device, self._ordinal)
+
+    @property
+    def device(self) -> str:
+        """Where batches are delivered: ``'cpu'`` or ``'cuda:N'``."""
+        return self._loader().device
+
+    def device_report(self) -> dict[str, Any]:
+        """``{requested, used, note}`` for the ``device=`` argument."""
+        report: dict[str, Any] = json.loads(self._loader().device_report_json())
+        return report
 
     def __iter__(self) -> Iterator[tuple[Any, ...]]:
         n = len(self._columns)

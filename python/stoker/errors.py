@@ -25,4 +25,9 @@ class MemoryLimitError(StokerError, MemoryError):
     """The memory limit cannot hold a batch, or every batch buffer is held by the consumer."""
 
 
-__all__ = ["StokerError", "ConfigError", "DatasetError", "DecodeError", "ReadError", "MemoryLimitError"]
+class DeviceError(StokerError, RuntimeError):
+    """The GPU asked for cannot be used (no driver, no such device) or a CUDA call failed."""
+
+
+__all__ = ["StokerError", "ConfigError", "DatasetError", "DecodeError", "ReadError", "MemoryLimitError",
+           "DeviceError"]

@@ -8,7 +8,7 @@ import re
 from typing import Any, Iterator, Sequence
 
 from . import _stoker
-from ._base import BatchIterator, LoaderBase, converter
+from ._base import BatchIterator, LoaderBase, Normalizer, check_device, converter
 from .errors import ConfigError
 from .transforms import Transform, compile_transforms, dtype_name
 
@@ -113,6 +113,15 @@ class ImageLoader(LoaderBase):
     ``shard_window`` shards, so a reader only ever touches that many shards at a time.
     ``threads='auto'`` uses the process's CPU allowance (affinity mask and cgroup quota;
     ``STOKER_NUM_THREADS`` overrides it).
+
+    ``device='cuda'`` (``'cuda:N'``; ``'cuda'`` is PyTorch's current device, else ``LOCAL_RANK``)
+    delivers CUDA tensors: batch buffers are page-locked, each finished batch is copied on
+    stoker's own CUDA stream and the consumer's current stream waits on the copy's event (no
+    host synchronisation). Images cross the bus as uint8 and are normalised on the GPU into
+    ``dtype`` (float32 by default; float16, bfloat16, or uint8 for none). A batch's device memory
+    is reused only after its tensors are dropped and the stream they were used on has passed
+    that point. ``device='auto'`` uses a GPU when there is one and otherwise delivers host
+    batches (``report()['device']`` says which and why).
     """
 
     def __init__(self, root: str | os.PathLike[str] | Sequence[str | os.PathLike[str]], batch_size: int = 256, *,
@@ -121,7 +130,7 @@ class ImageLoader(LoaderBase):
                  threads: int | str = "auto", io_threads: int | None = None, prefetch: int = 2,
                  memory_limit: int | str | None = None, on_error: str = "skip", output: str = "auto",
                  rank: int | None = None, world_size: int | None = None, layout: str = "NCHW",
-                 dtype: Any = None, apply_exif: bool = True) -> None:
+                 dtype: Any = None, apply_exif: bool = True, device: str = "cpu") -> None:
         if preset is not None and transforms is not None:
             raise ConfigError("invalid arguments `preset` and `transforms`: give one, not both")
         if preset is None and transforms is None:
@@ -136,10 +145,29 @@ class ImageLoader(LoaderBase):
             if isinstance(transforms, Transform) or not isinstance(transforms, (list, tuple)):
                 raise ConfigError("invalid argument `transforms`: expected a list of stoker.transforms")
             ops, out_dtype = compile_transforms(transforms)
+        # Normalise in torch (on the GPU) when batches go to a GPU: the engine then writes uint8.
+        ordinal, torch_norm = check_device(device)
+        bf16 = dtype is not None and str(dtype).replace("torch.", "").lower() == "bfloat16"
+        if bf16 and not torch_norm:
+            raise ConfigError("invalid argument `dtype`: bfloat16 is produced on the GPU; use device='cuda' "
+                              "(or float16/float32 on the CPU)")
         if dtype is not None:
-            out_dtype = dtype_name(dtype)
+            out_dtype = "bfloat16" if bf16 else dtype_name(dtype)
             if out_dtype == "uint8":
                 ops = [o for o in ops if o["op"] != "Normalize"]
+        self._normalizer: Normalizer | None = None
+        if torch_norm:
+            if output == "numpy":
+                raise ConfigError(f"invalid argument `output`: device={device!r} delivers torch tensors; "
+                                  "use output='torch' or 'auto'")
+            if out_dtype != "uint8":
+                import torch
+
+                norm = [o for o in ops if o["op"] == "Normalize"]
+                mean, std = (norm[-1]["mean"], norm[-1]["std"]) if norm else ([0.0] * 3, [1.0] * 3)
+                self._normalizer = Normalizer(mean, std, getattr(torch, out_dtype), layout.upper() == "NHWC")
+                ops = [o for o in ops if o["op"] != "Normalize"]
+                out_dtype = "uint8"
         if not isinstance(layout, str) or layout.upper() not in ("NCHW", "NHWC"):
             raise ConfigError(f"invalid argument `layout`: {layout!r}; allowed: NCHW, NHWC")
         if on_error not in ("skip", "raise"):
@@ -167,7 +195,8 @@ class ImageLoader(LoaderBase):
             raise ConfigError(f"invalid argument `shuffle`: {shuffle!r}; allowed: False, True, 'global', 'shards'")
         _positive_int("shard_window", shard_window)
         self._root, self._shards = _resolve_root(root)
-        self._torch = _want_torch(output)
+        self._torch = _want_torch("torch" if torch_norm else output)
+        self._device, self._ordinal = device, ordinal
         self._config = {
             "sampler": {"batch_size": batch_size, "shuffle": bool(shuffle), "seed": seed,
                         "drop_last": bool(drop_last), "rank": rank, "world_size": world_size,
@@ -189,7 +218,12 @@ class ImageLoader(LoaderBase):
         self.local_rank = _env_int("LOCAL_RANK") or 0
 
     def _new_native(self) -> _stoker.Loader:
-        return _stoker.Loader(self._root, json.dumps(self._config), self._shards)
+        return _stoker.Loader(self._root, json.dumps(self._config), self._shards, self._device, self._ordinal)
+
+    @property
+    def device(self) -> str:
+        """Where batches are delivered: ``'cpu'`` or ``'cuda:N'``."""
+        return self._loader().device
 
     def _loader(self) -> _stoker.Loader:
         native: _stoker.Loader = self._base()  # type: ignore[assignment]
@@ -211,7 +245,8 @@ class ImageLoader(LoaderBase):
         return self._loader().num_samples
 
     def __iter__(self) -> Iterator[tuple[Any, ...]]:
-        return BatchIterator(self._loader().iter(), converter(self._torch), lambda b: (b.images, b.labels))
+        return BatchIterator(self._loader().iter(), converter(self._torch), lambda b: (b.images, b.labels),
+                             self._normalizer)
 
     def batches(self) -> _stoker.Iterator:
         """The raw batch iterator (``stoker._stoker.Batch`` objects with ``images``, ``labels``,
@@ -229,7 +264,7 @@ class ImageLoader(LoaderBase):
 
     def __repr__(self) -> str:
         return (f"ImageLoader({self._root!r}, batch_size={self.batch_size}, batches={len(self)}, "
-                f"threads={self.threads}, rank={self.rank}/{self.world_size})")
+                f"threads={self.threads}, rank={self.rank}/{self.world_size}, device={self.device!r})")
 
 
 __all__ = ["ImageLoader", "parse_bytes"]

@@ -6,12 +6,29 @@
 //! failing (cudarc panics when its library is missing, so every first call is gated by
 //! `is_culib_present` and `catch_unwind`).
 //!
-//! Today this crate answers "which GPUs are here, on which PCIe link, with which driver" for
-//! `stoker doctor`; the pinned buffer pool and the transfer stage build on it.
+//! - [`probe`]: which GPUs are here, on which PCIe link, with which driver (`stoker doctor`).
+//! - [`place`]: turns `device="cpu" | "cuda" | "cuda:N" | "auto"` into a [`Placement`], with a
+//!   clear error (or, for `auto`, a noted fallback to host batches) when CUDA is unusable.
+//! - [`PinnedAllocator`]: page-locked batch buffers for the engine's pool.
+//! - [`DeviceStage`]: the transfer stage (own stream, events, device pool with release events).
+//! - [`measure_h2d`]: host-to-device bandwidth, pinned and pageable.
+//!
+//! Every raw driver call lives in the private `driver` module.
 
 #![warn(missing_docs)]
 
+mod bandwidth;
+mod driver;
+mod pinned;
+mod transfer;
+
+pub use bandwidth::{measure_h2d, Bandwidth};
+pub use driver::{memory_in_use, Gpu, STREAM_LEGACY, STREAM_PER_THREAD};
+pub use pinned::PinnedAllocator;
+pub use transfer::{ArrayMeta, DeviceBatch, DeviceIter, DeviceStage, HostBatch, ImageMeta};
+
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::Arc;
 
 /// Errors of the CUDA layer.
 #[derive(Debug, thiserror::Error)]
@@ -19,9 +36,71 @@ pub enum CudaError {
     /// No usable driver or device; the reason says which.
     #[error("CUDA is not available: {0}")]
     Unavailable(String),
-    /// A device string other than `cuda` / `cuda:N`.
+    /// A device string other than `cpu` / `cuda` / `cuda:N` / `auto`.
     #[error("invalid device {0:?}: expected \"cpu\", \"cuda\", \"cuda:N\" or \"auto\"")]
     BadDevice(String),
+    /// `cuda:N` with N at or above the number of devices.
+    #[error("cuda:{ordinal} was asked for, but the driver sees {count} device(s) (cuda:0..cuda:{})", count.saturating_sub(1))]
+    NoSuchDevice {
+        /// The ordinal asked for.
+        ordinal: u32,
+        /// Devices present.
+        count: u32,
+    },
+}
+
+impl From<CudaError> for stoker::Error {
+    fn from(e: CudaError) -> Self {
+        match e {
+            CudaError::BadDevice(_) => stoker::Error::config("device", e.to_string()),
+            other => stoker::Error::Device(other.to_string()),
+        }
+    }
+}
+
+/// Where a loader delivers its batches.
+#[derive(Debug, Clone)]
+pub enum Placement {
+    /// Host memory (pageable).
+    Cpu,
+    /// Device memory of this GPU, through pinned host buffers and the transfer stage.
+    Cuda(Arc<Gpu>),
+}
+
+/// Resolves a device string. `cuda` means `cuda:{default_ordinal}` (the caller passes
+/// torchrun's `LOCAL_RANK` or the framework's current device). `cuda`/`cuda:N` without a usable
+/// GPU is an error naming the reason; `auto` falls back to the host and says why in the
+/// returned report.
+pub fn place(requested: &str, default_ordinal: u32) -> stoker::Result<(Placement, stoker::telemetry::DeviceReport)> {
+    use stoker::telemetry::DeviceReport;
+    let report = |used: String, note: Option<String>| DeviceReport { requested: requested.to_string(), used, note };
+    if requested == "auto" {
+        return Ok(match Gpu::open(default_ordinal) {
+            Ok(gpu) => {
+                let used = format!("cuda:{}", gpu.ordinal());
+                (Placement::Cuda(gpu), report(used, None))
+            }
+            Err(e) => (
+                Placement::Cpu,
+                report(
+                    "cpu".into(),
+                    Some(format!("device='auto' found no usable GPU ({e}); batches stay on the host")),
+                ),
+            ),
+        });
+    }
+    match parse_device(requested)? {
+        None => Ok((Placement::Cpu, report("cpu".into(), None))),
+        Some(n) => {
+            let gpu = Gpu::open(n).map_err(|e| match e {
+                CudaError::Unavailable(why) => stoker::Error::Device(format!(
+                    "device={requested:?} needs CUDA, which is not available: {why}; use device=\"cpu\" or \"auto\""
+                )),
+                other => other.into(),
+            })?;
+            Ok((Placement::Cuda(gpu), report(format!("cuda:{n}"), None)))
+        }
+    }
 }
 
 /// One GPU as NVML and the driver report it.
@@ -43,6 +122,10 @@ pub struct GpuInfo {
     pub pcie_max_generation: Option<u32>,
     /// Maximum PCIe link width.
     pub pcie_max_width: Option<u32>,
+    /// Measured host-to-device bandwidth from page-locked memory, GB/s (when measured).
+    pub h2d_pinned_gbps: Option<f64>,
+    /// Measured host-to-device bandwidth from ordinary (pageable) memory, GB/s.
+    pub h2d_pageable_gbps: Option<f64>,
 }
 
 /// What this machine offers.
@@ -105,6 +188,8 @@ fn nvml_devices() -> Result<(String, Vec<GpuInfo>), String> {
             pcie_width: d.current_pcie_link_width().ok(),
             pcie_max_generation: d.max_pcie_link_gen().ok(),
             pcie_max_width: d.max_pcie_link_width().ok(),
+            h2d_pinned_gbps: None,
+            h2d_pageable_gbps: None,
         });
     }
     Ok((driver, out))
@@ -145,6 +230,8 @@ pub fn probe() -> CudaProbe {
                             pcie_width: None,
                             pcie_max_generation: None,
                             pcie_max_width: None,
+                            h2d_pinned_gbps: None,
+                            h2d_pageable_gbps: None,
                         })
                         .collect();
                 }
@@ -179,6 +266,28 @@ mod tests {
         assert_eq!(parse_device("cuda").unwrap(), Some(0));
         assert_eq!(parse_device("cuda:3").unwrap(), Some(3));
         assert!(parse_device("gpu").unwrap_err().to_string().contains("cuda:N"));
+    }
+
+    #[test]
+    fn placement_without_a_gpu_is_an_error_or_a_noted_fallback() {
+        if probe().available() {
+            eprintln!("skipped: a GPU is present (the no-GPU paths are tested on machines without one)");
+            return;
+        }
+        let e = place("cuda", 0).unwrap_err();
+        assert!(matches!(e, stoker::Error::Device(_)), "{e}");
+        assert!(e.to_string().contains("needs CUDA"), "{e}");
+        let e = place("cuda:1", 0).unwrap_err();
+        assert!(matches!(e, stoker::Error::Device(_)), "{e}");
+        let (p, r) = place("auto", 0).unwrap();
+        assert!(matches!(p, Placement::Cpu));
+        assert_eq!((r.requested.as_str(), r.used.as_str()), ("auto", "cpu"));
+        assert!(r.note.unwrap().contains("no usable GPU"));
+        let (p, r) = place("cpu", 0).unwrap();
+        assert!(matches!(p, Placement::Cpu) && r.note.is_none());
+        let e = place("gpu", 0).unwrap_err();
+        assert!(e.to_string().contains("invalid argument `device`"), "{e}");
+        assert_eq!(memory_in_use(), (0, 0));
     }
 
     #[test]

@@ -1,8 +1,9 @@
 //! The `ArrayLoader` classes: rows of NumPy arrays or memory-mapped `.npy` files, batched.
 
-use crate::dlpack::{self, DLDataType, View};
+use crate::device::{self, Location};
+use crate::dlpack::{DLDataType, View};
 use crate::errors::{self, IntoPy};
-use crate::loader::{check_dlpack_args, next_polling};
+use crate::loader::next_polling;
 use pyo3::prelude::*;
 use pyo3::types::PyCapsule;
 use std::path::PathBuf;
@@ -10,6 +11,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use stoker::arrays::{descr_itemsize, ArrayBatch, ArrayConfig, ArrayIter, ArrayLoader, Column};
 use stoker::SamplerState;
+use stoker_cuda::{ArrayMeta, DeviceBatch, DeviceIter, DeviceStage};
 
 /// dtype string and the shape of one row, per column.
 #[derive(Clone)]
@@ -37,6 +39,9 @@ fn dl_type(descr: &str) -> Option<DLDataType> {
 pub struct PyArrayLoader {
     loader: ArrayLoader,
     specs: Arc<Vec<ColumnSpec>>,
+    stage: Option<DeviceStage>,
+    device: String,
+    device_report: stoker::telemetry::DeviceReport,
 }
 
 type RawColumn = (usize, usize, usize, String, Vec<usize>, Py<PyAny>);
@@ -44,9 +49,17 @@ type RawColumn = (usize, usize, usize, String, Vec<usize>, Py<PyAny>);
 #[pymethods]
 impl PyArrayLoader {
     #[new]
-    fn new(py: Python<'_>, columns: Vec<Bound<'_, PyAny>>, config_json: &str) -> PyResult<Self> {
+    #[pyo3(signature = (columns, config_json, device="cpu", ordinal=0))]
+    fn new(
+        py: Python<'_>,
+        columns: Vec<Bound<'_, PyAny>>,
+        config_json: &str,
+        device: &str,
+        ordinal: u32,
+    ) -> PyResult<Self> {
         let config: ArrayConfig = serde_json::from_str(config_json)
             .map_err(|e| errors::config("config", format!("invalid configuration: {e}")))?;
+        let placed = py.detach(|| device::place(device, ordinal))?;
         let mut cols = vec![];
         let mut specs = vec![];
         for c in columns {
@@ -74,8 +87,34 @@ impl PyArrayLoader {
                 cols.push(col);
             }
         }
-        let loader = py.detach(|| ArrayLoader::new(cols, config)).py_err()?;
-        Ok(PyArrayLoader { loader, specs: Arc::new(specs) })
+        let bs = config.sampler.batch_size;
+        let (prefetch, limit) = (config.prefetch, config.memory_limit);
+        let capacities: Vec<usize> = cols.iter().map(|c| c.row_bytes() * bs).collect();
+        let (loader, stage) = py
+            .detach(|| -> stoker::Result<_> {
+                let loader = ArrayLoader::new_in(cols, config, placed.alloc.as_ref())?;
+                let slots = stoker::buffer::BufferPool::plan(prefetch + 2, capacities.iter().sum(), limit)?;
+                Ok((loader, device::stage(placed.gpu, capacities, slots)?))
+            })
+            .py_err()?;
+        Ok(PyArrayLoader {
+            loader,
+            specs: Arc::new(specs),
+            stage,
+            device: placed.report.used.clone(),
+            device_report: placed.report,
+        })
+    }
+
+    /// Where batches are delivered: `cpu` or `cuda:N`.
+    #[getter]
+    fn device(&self) -> String {
+        self.device.clone()
+    }
+
+    /// `{requested, used, note}` of the `device=` argument, as JSON.
+    fn device_report_json(&self) -> String {
+        serde_json::to_string(&self.device_report).unwrap_or_default()
     }
 
     fn __len__(&self) -> usize {
@@ -113,15 +152,47 @@ impl PyArrayLoader {
     }
 
     fn iter(&self, py: Python<'_>) -> PyResult<PyArrayIter> {
-        let it = py.detach(|| self.loader.iter()).py_err()?;
+        let it = py
+            .detach(|| -> stoker::Result<ArrIter> {
+                match &self.stage {
+                    None => Ok(ArrIter::Host(self.loader.iter()?)),
+                    Some(stage) => {
+                        let mut host = self.loader.iter()?;
+                        Ok(ArrIter::Device(stage.run(move |t| host.next_timeout(t), None)?))
+                    }
+                }
+            })
+            .py_err()?;
         Ok(PyArrayIter { inner: Mutex::new(Some(it)), specs: self.specs.clone(), pid: std::process::id() })
     }
+}
+
+/// A host or a GPU iteration over array batches.
+enum ArrIter {
+    Host(ArrayIter),
+    Device(DeviceIter<ArrayMeta>),
+}
+
+impl ArrIter {
+    fn next_timeout(&mut self, t: Duration) -> Option<Option<stoker::Result<ArrHeld>>> {
+        match self {
+            ArrIter::Host(it) => it.next_timeout(t).map(|o| o.map(|r| r.map(|b| ArrHeld::Host(Arc::new(b))))),
+            ArrIter::Device(it) => it.next_timeout(t).map(|o| o.map(|r| r.map(|b| ArrHeld::Device(Arc::new(b))))),
+        }
+    }
+}
+
+/// An array batch in host or device memory.
+#[derive(Clone)]
+enum ArrHeld {
+    Host(Arc<ArrayBatch>),
+    Device(Arc<DeviceBatch<ArrayMeta>>),
 }
 
 /// An iteration over array batches (GIL released while waiting; Ctrl-C honoured).
 #[pyclass(frozen, name = "ArrayIterator", module = "stoker._stoker")]
 pub struct PyArrayIter {
-    inner: Mutex<Option<ArrayIter>>,
+    inner: Mutex<Option<ArrIter>>,
     specs: Arc<Vec<ColumnSpec>>,
     pid: u32,
 }
@@ -134,7 +205,7 @@ impl PyArrayIter {
 
     fn __next__(&self, py: Python<'_>) -> PyResult<Option<PyArrayBatch>> {
         Ok(next_polling(py, &self.inner, self.pid, |it| it.next_timeout(Duration::from_millis(50)))?
-            .map(|b| PyArrayBatch { inner: Arc::new(b), specs: self.specs.clone() }))
+            .map(|inner| PyArrayBatch { inner, specs: self.specs.clone() }))
     }
 
     /// Stops the iteration now (joins every thread, GIL released).
@@ -147,26 +218,35 @@ impl PyArrayIter {
 /// One batch of rows: one DLPack tensor per column.
 #[pyclass(frozen, name = "ArrayBatch", module = "stoker._stoker")]
 pub struct PyArrayBatch {
-    inner: Arc<ArrayBatch>,
+    inner: ArrHeld,
     specs: Arc<Vec<ColumnSpec>>,
 }
 
 #[pymethods]
 impl PyArrayBatch {
     fn __len__(&self) -> usize {
-        self.inner.len()
+        match &self.inner {
+            ArrHeld::Host(b) => b.len(),
+            ArrHeld::Device(b) => b.meta().len,
+        }
     }
 
     /// Batch number within the epoch.
     #[getter]
     fn index(&self) -> usize {
-        self.inner.index()
+        match &self.inner {
+            ArrHeld::Host(b) => b.index(),
+            ArrHeld::Device(b) => b.meta().index,
+        }
     }
 
     /// Dataset indices of the rows.
     #[getter]
     fn indices(&self) -> Vec<u32> {
-        self.inner.indices()
+        match &self.inner {
+            ArrHeld::Host(b) => b.indices(),
+            ArrHeld::Device(b) => b.meta().indices.clone(),
+        }
     }
 
     /// Column `c` as a DLPack-exporting tensor view.
@@ -178,12 +258,26 @@ impl PyArrayBatch {
     }
 }
 
-/// A column of an array batch, exported with `__dlpack__`.
+/// A column of an array batch (host or device memory), exported with `__dlpack__`.
 #[pyclass(frozen, name = "ArrayTensor", module = "stoker._stoker")]
 pub struct PyArrayTensor {
-    batch: Arc<ArrayBatch>,
+    batch: ArrHeld,
     column: usize,
     spec: ColumnSpec,
+}
+
+impl PyArrayTensor {
+    fn ptr_loc(&self) -> (*const u8, usize, Location, Arc<dyn Send + Sync>) {
+        match &self.batch {
+            ArrHeld::Host(b) => (b.column_ptr(self.column), b.len(), Location::Cpu, b.clone()),
+            ArrHeld::Device(b) => (
+                b.region_ptr(self.column) as *const u8,
+                b.meta().len,
+                Location::Cuda { batch: b.clone(), ordinal: b.ordinal() },
+                b.clone(),
+            ),
+        }
+    }
 }
 
 #[pymethods]
@@ -198,21 +292,20 @@ impl PyArrayTensor {
         copy: Option<bool>,
     ) -> PyResult<Bound<'py, PyCapsule>> {
         let _ = max_version;
-        check_dlpack_args(stream, dl_device, copy)?;
         let dtype = dl_type(&self.spec.descr).ok_or_else(|| errors::config("arrays", "unsupported dtype"))?;
-        let mut shape = vec![self.batch.len() as i64];
+        let (data, rows, loc, owner) = self.ptr_loc();
+        let mut shape = vec![rows as i64];
         shape.extend(self.spec.row_shape.iter().map(|&d| d as i64));
-        let owner: Arc<dyn Send + Sync> = self.batch.clone();
-        dlpack::export(py, View { data: self.batch.column_ptr(self.column), shape, dtype, owner })
+        device::export(py, &loc, View { data, shape, dtype, owner }, stream, dl_device, copy)
     }
 
     fn __dlpack_device__(&self) -> (i32, i32) {
-        (1, 0)
+        self.ptr_loc().2.dlpack_device()
     }
 
-    /// Address of the first element.
+    /// Address of the first element (host or device).
     #[getter]
     fn data_ptr(&self) -> usize {
-        self.batch.column_ptr(self.column) as usize
+        self.ptr_loc().0 as usize
     }
 }

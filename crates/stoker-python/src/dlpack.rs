@@ -1,5 +1,6 @@
-//! Zero-copy export of a batch's images or labels through the DLPack protocol (the legacy
-//! `dltensor` capsule, which `torch.from_dlpack` and `numpy.from_dlpack` accept).
+//! Zero-copy export of a batch's images or labels, in host or device memory, through the
+//! DLPack protocol (the legacy `dltensor` capsule, which `torch.from_dlpack` and
+//! `numpy.from_dlpack` accept).
 //!
 //! The capsule owns an `Arc` of the engine's batch: the pool buffer returns to the pool only
 //! when every tensor or array made from it (and every unconsumed capsule) is gone.
@@ -98,7 +99,7 @@ unsafe extern "C" fn capsule_destructor(capsule: *mut ffi::PyObject) {
     }
 }
 
-/// A C-contiguous CPU tensor view of `len` bytes at `data`, kept alive by `owner`.
+/// A C-contiguous tensor view (host or device memory) at `data`, kept alive by `owner`.
 pub struct View {
     /// First element.
     pub data: *const u8,
@@ -110,8 +111,8 @@ pub struct View {
     pub owner: Arc<dyn Send + Sync>,
 }
 
-/// Builds a `dltensor` capsule for `view`.
-pub fn export<'py>(py: Python<'py>, view: View) -> PyResult<Bound<'py, PyCapsule>> {
+/// Builds a `dltensor` capsule for `view` on DLPack device `(device_type, device_id)`.
+pub fn export<'py>(py: Python<'py>, view: View, device: (i32, i32)) -> PyResult<Bound<'py, PyCapsule>> {
     let ndim = view.shape.len();
     assert!(ndim <= 8, "at most 8 dimensions");
     let mut shape = [0i64; 8];
@@ -126,7 +127,7 @@ pub fn export<'py>(py: Python<'py>, view: View) -> PyResult<Bound<'py, PyCapsule
         managed: DLManagedTensor {
             dl_tensor: DLTensor {
                 data: view.data as *mut c_void,
-                device: DLDevice { device_type: 1, device_id: 0 },
+                device: DLDevice { device_type: device.0, device_id: device.1 },
                 ndim: ndim as i32,
                 dtype: view.dtype,
                 shape: std::ptr::null_mut(),

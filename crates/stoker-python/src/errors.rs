@@ -12,6 +12,7 @@ fn class_name(e: &Error) -> &'static str {
         Error::Dataset(_) => "DatasetError",
         Error::Config { .. } => "ConfigError",
         Error::Memory(_) => "MemoryLimitError",
+        Error::Device(_) => "DeviceError",
         Error::Cancelled => "StokerError",
         Error::Internal(_) => "StokerError",
     }

@@ -10,10 +10,12 @@
 //! |---|---|
 //! | `errors.rs` | engine errors to `stoker.errors` exceptions |
 //! | `dlpack.rs` | zero-copy export of batch buffers through the DLPack protocol |
+//! | `device.rs` | `device=` placement, pinned pool + transfer stage, CUDA DLPack export |
 //! | `loader.rs` | `Loader`, `Iterator`, `Batch`, `Tensor` classes |
 //! | `arrays.rs` | `ArrayLoader` and its iterator, batch and tensor classes |
 
 mod arrays;
+mod device;
 mod dlpack;
 mod errors;
 mod loader;
@@ -35,5 +37,8 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(loader::make_demo, m)?)?;
     m.add_function(wrap_pyfunction!(loader::cpu_allowance, m)?)?;
     m.add_function(wrap_pyfunction!(loader::preset_json, m)?)?;
+    m.add_function(wrap_pyfunction!(loader::cuda_probe_json, m)?)?;
+    m.add_function(wrap_pyfunction!(loader::cuda_memory_in_use, m)?)?;
+    m.add_function(wrap_pyfunction!(loader::cuda_bandwidth_json, m)?)?;
     Ok(())
 }

@@ -1,14 +1,15 @@
 //! The `Loader`, `Iterator`, `Batch` and `Tensor` classes.
 
-use crate::dlpack::{self, DLDataType, View};
+use crate::device::{self, Location};
+use crate::dlpack::{DLDataType, View};
 use crate::errors::{self, IntoPy};
-use pyo3::exceptions::PyBufferError;
 use pyo3::prelude::*;
 use pyo3::types::PyCapsule;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use stoker::{Batch, DType, EpochIter, ImageFolder, Loader, LoaderConfig, SamplerState};
+use stoker_cuda::{DeviceBatch, DeviceIter, DeviceStage, ImageMeta};
 
 /// How long one wait lasts before Python gets a chance to handle signals (Ctrl-C).
 const SIGNAL_POLL: Duration = Duration::from_millis(50);
@@ -19,17 +20,29 @@ pub struct PyLoader {
     loader: Loader,
     classes: Vec<String>,
     samples: usize,
+    /// The transfer stage when batches go to a GPU.
+    stage: Option<DeviceStage>,
+    device: String,
 }
 
 #[pymethods]
 impl PyLoader {
     /// Indexes `root` (an ImageFolder), or opens `shards` (indexed tar files) when given, with
-    /// the GIL released, and allocates the buffer pool.
+    /// the GIL released, and allocates the buffer pool: pinned, plus a device pool and the
+    /// transfer stage, when `device` names a GPU (`cuda` means `cuda:{ordinal}`).
     #[new]
-    #[pyo3(signature = (root, config_json, shards=None))]
-    fn new(py: Python<'_>, root: PathBuf, config_json: &str, shards: Option<Vec<String>>) -> PyResult<Self> {
+    #[pyo3(signature = (root, config_json, shards=None, device="cpu", ordinal=0))]
+    fn new(
+        py: Python<'_>,
+        root: PathBuf,
+        config_json: &str,
+        shards: Option<Vec<String>>,
+        device: &str,
+        ordinal: u32,
+    ) -> PyResult<Self> {
         let config: LoaderConfig = serde_json::from_str(config_json)
             .map_err(|e| errors::config("config", format!("invalid configuration: {e}")))?;
+        let placed = py.detach(|| device::place(device, ordinal))?;
         py.detach(move || {
             let (source, classes): (Arc<dyn stoker::Source>, Vec<String>) = match shards {
                 Some(list) => {
@@ -44,10 +57,34 @@ impl PyLoader {
                 }
             };
             let samples = source.len();
-            let loader = Loader::new(source, config)?;
-            Ok(PyLoader { loader, classes, samples })
+            let (prefetch, limit, bs) = (config.prefetch, config.memory_limit, config.sampler.batch_size);
+            let loader = Loader::new_in(source, config, placed.alloc.as_ref())?;
+            let capacities = vec![loader.pool().batch_bytes(), bs * 8];
+            let slots = stoker::buffer::BufferPool::plan(prefetch + 2, capacities.iter().sum(), limit)?;
+            let stage = device::stage(placed.gpu, capacities, slots)?;
+            let device = placed.report.used.clone();
+            loader.telemetry().set_device(placed.report);
+            Ok(PyLoader { loader, classes, samples, stage, device })
         })
         .py_err()
+    }
+
+    /// Where batches are delivered: `cpu` or `cuda:N`.
+    #[getter]
+    fn device(&self) -> String {
+        self.device.clone()
+    }
+
+    /// `"pageable"` or `"pinned"`: the host memory of the batch buffers.
+    #[getter]
+    fn host_memory(&self) -> &'static str {
+        self.loader.pool().memory_kind()
+    }
+
+    /// Device batch buffers (0 for host batches).
+    #[getter]
+    fn device_slots(&self) -> usize {
+        self.stage.as_ref().map_or(0, |s| s.slots())
     }
 
     fn __len__(&self) -> usize {
@@ -143,16 +180,51 @@ impl PyLoader {
 
     /// Starts iterating from the current state; ends any previous iteration of this loader.
     fn iter(&self, py: Python<'_>) -> PyResult<PyIter> {
-        let it = py.detach(|| self.loader.iter()).py_err()?;
+        let it = py
+            .detach(|| -> stoker::Result<Iter> {
+                match &self.stage {
+                    None => Ok(Iter::Host(self.loader.iter()?)),
+                    Some(stage) => {
+                        // Stop the previous transfer (and with it the host iteration it drives)
+                        // before the engine starts a new one.
+                        let mut host = self.loader.iter()?.forwarding();
+                        let tel = self.loader.telemetry().clone();
+                        Ok(Iter::Device(stage.run(move |t| host.next_timeout(t), Some(tel))?))
+                    }
+                }
+            })
+            .py_err()?;
         Ok(PyIter { inner: Mutex::new(Some(it)), pid: std::process::id() })
     }
+}
+
+/// A host or a GPU iteration.
+pub(crate) enum Iter {
+    Host(EpochIter),
+    Device(DeviceIter<ImageMeta>),
+}
+
+impl Iter {
+    fn next_timeout(&mut self, t: Duration) -> Option<Option<stoker::Result<Held>>> {
+        match self {
+            Iter::Host(it) => it.next_timeout(t).map(|o| o.map(|r| r.map(|b| Held::Host(Arc::new(b))))),
+            Iter::Device(it) => it.next_timeout(t).map(|o| o.map(|r| r.map(|b| Held::Device(Arc::new(b))))),
+        }
+    }
+}
+
+/// A batch in host or device memory.
+#[derive(Clone)]
+pub(crate) enum Held {
+    Host(Arc<Batch>),
+    Device(Arc<DeviceBatch<ImageMeta>>),
 }
 
 /// An iteration over (the rest of) an epoch. Waits release the GIL; Ctrl-C is honoured
 /// between 50 ms waits and stops every worker thread.
 #[pyclass(frozen, name = "Iterator", module = "stoker._stoker")]
 pub struct PyIter {
-    inner: Mutex<Option<EpochIter>>,
+    inner: Mutex<Option<Iter>>,
     pid: u32,
 }
 
@@ -202,8 +274,7 @@ impl PyIter {
     }
 
     fn __next__(&self, py: Python<'_>) -> PyResult<Option<PyBatch>> {
-        Ok(next_polling(py, &self.inner, self.pid, |it| it.next_timeout(SIGNAL_POLL))?
-            .map(|b| PyBatch { inner: Arc::new(b) }))
+        Ok(next_polling(py, &self.inner, self.pid, |it| it.next_timeout(SIGNAL_POLL))?.map(|inner| PyBatch { inner }))
     }
 
     /// Stops the iteration now (joins every worker thread, GIL released).
@@ -217,13 +288,16 @@ impl PyIter {
 /// buffer returns to the pool when the last view is gone.
 #[pyclass(frozen, name = "Batch", module = "stoker._stoker")]
 pub struct PyBatch {
-    inner: Arc<Batch>,
+    inner: Held,
 }
 
 #[pymethods]
 impl PyBatch {
     fn __len__(&self) -> usize {
-        self.inner.len()
+        match &self.inner {
+            Held::Host(b) => b.len(),
+            Held::Device(b) => b.meta().shape[0],
+        }
     }
 
     /// The images as a DLPack-exporting tensor view.
@@ -241,50 +315,97 @@ impl PyBatch {
     /// Batch number within the epoch.
     #[getter]
     fn index(&self) -> usize {
-        self.inner.index()
+        match &self.inner {
+            Held::Host(b) => b.index(),
+            Held::Device(b) => b.meta().index,
+        }
     }
 
     /// The epoch.
     #[getter]
     fn epoch(&self) -> u64 {
-        self.inner.epoch()
+        match &self.inner {
+            Held::Host(b) => b.epoch(),
+            Held::Device(b) => b.meta().epoch,
+        }
     }
 
     /// Dataset indices of the samples.
     #[getter]
     fn indices(&self) -> Vec<u32> {
-        self.inner.indices()
+        match &self.inner {
+            Held::Host(b) => b.indices(),
+            Held::Device(b) => b.meta().indices.clone(),
+        }
+    }
+
+    /// `cpu` or `cuda:N`.
+    #[getter]
+    fn device(&self) -> String {
+        match &self.inner {
+            Held::Host(_) => "cpu".into(),
+            Held::Device(b) => format!("cuda:{}", b.ordinal()),
+        }
     }
 }
 
-/// A CPU tensor view of a batch's images or labels, exported with `__dlpack__`.
+/// A tensor view of a batch's images or labels (host or device memory), exported with
+/// `__dlpack__`.
 #[pyclass(frozen, name = "Tensor", module = "stoker._stoker")]
 pub struct PyTensor {
-    batch: Arc<Batch>,
+    batch: Held,
     labels: bool,
 }
 
+fn dl_dtype(d: DType) -> DLDataType {
+    match d {
+        DType::Uint8 => DLDataType::U8,
+        DType::Float16 => DLDataType::F16,
+        DType::Float32 => DLDataType::F32,
+    }
+}
+
 impl PyTensor {
-    fn view(&self) -> View {
-        let owner: Arc<dyn Send + Sync> = self.batch.clone();
-        if self.labels {
-            View {
-                data: self.batch.labels_ptr().cast::<u8>(),
-                shape: vec![self.batch.len() as i64],
-                dtype: DLDataType::I64,
-                owner,
+    fn view(&self) -> (View, Location) {
+        match &self.batch {
+            Held::Host(b) => {
+                let owner: Arc<dyn Send + Sync> = b.clone();
+                let view = if self.labels {
+                    View {
+                        data: b.labels_ptr().cast::<u8>(),
+                        shape: vec![b.len() as i64],
+                        dtype: DLDataType::I64,
+                        owner,
+                    }
+                } else {
+                    View {
+                        data: b.data_ptr(),
+                        shape: b.shape().iter().map(|&d| d as i64).collect(),
+                        dtype: dl_dtype(b.dtype()),
+                        owner,
+                    }
+                };
+                (view, Location::Cpu)
             }
-        } else {
-            let dtype = match self.batch.dtype() {
-                DType::Uint8 => DLDataType::U8,
-                DType::Float16 => DLDataType::F16,
-                DType::Float32 => DLDataType::F32,
-            };
-            View {
-                data: self.batch.data_ptr(),
-                shape: self.batch.shape().iter().map(|&d| d as i64).collect(),
-                dtype,
-                owner,
+            Held::Device(b) => {
+                let owner: Arc<dyn Send + Sync> = b.clone();
+                let m = b.meta();
+                let view = if self.labels {
+                    View {
+                        data: b.region_ptr(1) as *const u8,
+                        shape: vec![m.shape[0] as i64],
+                        dtype: DLDataType::I64,
+                        owner,
+                    }
+                } else {
+                    View {
+                        data: b.region_ptr(0) as *const u8,
+                        shape: m.shape.iter().map(|&d| d as i64).collect(),
+                        dtype: dl_dtype(m.dtype),
+                        owner,
+                    }
+                };
+                (view, Location::Cuda { batch: b.clone(), ordinal: b.ordinal() })
             }
         }
     }
@@ -292,8 +413,9 @@ impl PyTensor {
 
 #[pymethods]
 impl PyTensor {
-    /// DLPack export (zero-copy, CPU). `stream` must be None for CPU tensors; `copy=True` and
-    /// other devices are refused with `BufferError`, as the protocol specifies.
+    /// DLPack export (zero-copy). For a CUDA batch, `stream` follows the protocol: the
+    /// consumer's stream waits (on the GPU) for the copy; for a CPU batch it must be None.
+    /// `copy=True` and other devices are refused with `BufferError`, as the protocol specifies.
     #[pyo3(signature = (*, stream=None, max_version=None, dl_device=None, copy=None))]
     fn __dlpack__<'py>(
         &self,
@@ -304,47 +426,25 @@ impl PyTensor {
         copy: Option<bool>,
     ) -> PyResult<Bound<'py, PyCapsule>> {
         let _ = max_version; // we export the legacy capsule, which every consumer accepts
-        check_dlpack_args(stream, dl_device, copy)?;
-        dlpack::export(py, self.view())
+        let (view, loc) = self.view();
+        device::export(py, &loc, view, stream, dl_device, copy)
     }
 
     fn __dlpack_device__(&self) -> (i32, i32) {
-        (1, 0)
+        self.view().1.dlpack_device()
     }
 
     /// Shape.
     #[getter]
     fn shape(&self) -> Vec<i64> {
-        self.view().shape
+        self.view().0.shape
     }
 
-    /// Address of the first element.
+    /// Address of the first element (host or device).
     #[getter]
     fn data_ptr(&self) -> usize {
-        self.view().data as usize
+        self.view().0.data as usize
     }
-}
-
-/// The protocol's argument checks for a CPU producer that exports zero-copy only.
-pub fn check_dlpack_args(
-    stream: Option<Bound<'_, PyAny>>,
-    dl_device: Option<(i32, i32)>,
-    copy: Option<bool>,
-) -> PyResult<()> {
-    if let Some(s) = stream {
-        if !s.is_none() {
-            return Err(PyBufferError::new_err("stoker CPU batches take no stream (stream must be None)"));
-        }
-    }
-    if let Some(d) = dl_device {
-        if d != (1, 0) {
-            return Err(PyBufferError::new_err(format!("stoker batch is on the CPU, cannot export to device {d:?}")));
-        }
-    }
-    if copy == Some(true) {
-        return Err(PyBufferError::new_err("stoker exports batches zero-copy only; copy the result instead"));
-    }
-    Ok(())
 }
 
 /// Builds the demo ImageFolder (embedded public-domain photos) under `root`; returns the number
@@ -370,4 +470,28 @@ pub fn cpu_allowance() -> String {
 pub fn preset_json(name: &str) -> PyResult<String> {
     let spec = stoker::TransformSpec::preset(name).py_err()?;
     serde_json::to_string(&spec).map_err(|e| errors::to_py(stoker::Error::Internal(e.to_string())))
+}
+
+/// What the CUDA probe found (driver, devices, or why there is none) as JSON.
+#[pyfunction]
+pub fn cuda_probe_json(py: Python<'_>) -> String {
+    py.detach(|| serde_json::to_string(&stoker_cuda::probe()).unwrap_or_default())
+}
+
+/// `(device bytes, pinned host bytes)` allocated by stoker in this process right now.
+#[pyfunction]
+pub fn cuda_memory_in_use() -> (u64, u64) {
+    stoker_cuda::memory_in_use()
+}
+
+/// Measured host-to-device bandwidth of `cuda:{ordinal}` (pinned and pageable) as JSON.
+#[pyfunction]
+#[pyo3(signature = (ordinal=0, bytes=256 << 20, repeats=10))]
+pub fn cuda_bandwidth_json(py: Python<'_>, ordinal: u32, bytes: usize, repeats: usize) -> PyResult<String> {
+    py.detach(|| -> stoker::Result<String> {
+        let gpu = stoker_cuda::Gpu::open(ordinal)?;
+        let bw = stoker_cuda::measure_h2d(&gpu, bytes, repeats)?;
+        serde_json::to_string(&bw).map_err(|e| stoker::Error::Internal(e.to_string()))
+    })
+    .py_err()
 }

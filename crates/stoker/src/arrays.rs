@@ -243,6 +243,11 @@ impl ArrayBatch {
         self.slot.as_ref().expect("live").batch.load(Ordering::Relaxed)
     }
 
+    /// Number of columns.
+    pub fn num_columns(&self) -> usize {
+        self.shared.columns.len()
+    }
+
     /// Column `c`'s rows, back to back.
     pub fn column(&self, c: usize) -> &[u8] {
         let slot = self.slot.as_ref().expect("live");
@@ -272,8 +277,13 @@ impl Drop for ArrayBatch {
 }
 
 impl ArrayLoader {
-    /// Validates the columns (equal row counts) and allocates the pool.
+    /// Validates the columns (equal row counts) and allocates the pool on the heap.
     pub fn new(columns: Vec<Column>, config: ArrayConfig) -> Result<Self> {
+        Self::new_in(columns, config, &crate::buffer::HeapAllocator)
+    }
+
+    /// Like [`ArrayLoader::new`], with the batch buffers taken from `alloc` (e.g. pinned memory).
+    pub fn new_in(columns: Vec<Column>, config: ArrayConfig, alloc: &dyn crate::buffer::HostAllocator) -> Result<Self> {
         let rows = columns.first().map(|c| c.rows).ok_or_else(|| Error::config("arrays", "give at least one array"))?;
         if let Some((k, c)) = columns.iter().enumerate().find(|(_, c)| c.rows != rows) {
             return Err(Error::config(
@@ -301,7 +311,7 @@ impl ArrayLoader {
         let slots = crate::buffer::BufferPool::plan(config.prefetch + 2, batch_bytes, config.memory_limit)?;
         let (free_tx, free_rx) = bounded(slots);
         for _ in 0..slots {
-            let bufs = columns.iter().map(|c| RawBuf::new(c.row_bytes * bs)).collect::<Result<Vec<_>>>()?;
+            let bufs = columns.iter().map(|c| RawBuf::new_in(c.row_bytes * bs, alloc)).collect::<Result<Vec<_>>>()?;
             let slot = ArraySlot {
                 bufs,
                 indices: std::sync::RwLock::new(Vec::with_capacity(bs)),

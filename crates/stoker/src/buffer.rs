@@ -5,6 +5,11 @@
 //! `unsafe` surface, kept in this file); an atomic countdown marks the batch complete. A slot
 //! returns to the pool when the [`crate::Batch`] viewing it is dropped. In steady state nothing
 //! here allocates.
+//!
+//! Where the memory comes from is the pool's [`HostAllocator`]: the global heap by default, or
+//! page-locked (pinned) memory from the CUDA driver when batches go to a GPU (`stoker-cuda`
+//! implements the allocator; this crate never talks to CUDA). The memory cap counts every byte
+//! the allocator hands out, pinned or not.
 
 use crate::error::{Error, Result};
 use crossbeam_channel::{Receiver, Sender};
@@ -16,10 +21,91 @@ use std::sync::{Arc, Mutex};
 /// Alignment of every buffer: a cache line, and enough for any element type.
 pub const ALIGN: usize = 64;
 
-/// A zeroed, 64-byte-aligned heap allocation that is written through raw pointers.
+/// Memory handed out by a [`HostAllocator`]: owned by the value, freed when it is dropped.
+///
+/// # Safety
+/// An implementor guarantees that [`HostMemory::ptr`] points to `len()` bytes that are
+/// initialised (zeroed when handed out), aligned to at least [`ALIGN`], valid for reads and
+/// writes from any thread, and stay at the same address until the value is dropped.
+pub unsafe trait HostMemory: Send + Sync {
+    /// First byte.
+    fn ptr(&self) -> NonNull<u8>;
+    /// Bytes available.
+    fn len(&self) -> usize;
+    /// Whether the allocation is empty.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// Where batch buffers come from: the heap ([`HeapAllocator`]) or, with CUDA, page-locked
+/// memory that the GPU's copy engine reads directly.
+pub trait HostAllocator: Send + Sync + std::fmt::Debug {
+    /// Allocates `len` zeroed bytes aligned to at least [`ALIGN`].
+    fn allocate(&self, len: usize) -> Result<Box<dyn HostMemory>>;
+    /// `"pageable"` or `"pinned"`, for reports.
+    fn kind(&self) -> &'static str;
+}
+
+/// The global heap (pageable memory).
+#[derive(Debug, Default, Clone, Copy)]
+pub struct HeapAllocator;
+
+impl HostAllocator for HeapAllocator {
+    fn allocate(&self, len: usize) -> Result<Box<dyn HostMemory>> {
+        Ok(Box::new(HeapMemory::new(len)?))
+    }
+    fn kind(&self) -> &'static str {
+        "pageable"
+    }
+}
+
+/// A zeroed, 64-byte-aligned heap allocation.
+struct HeapMemory {
+    ptr: NonNull<u8>,
+    len: usize,
+}
+
+impl HeapMemory {
+    fn new(len: usize) -> Result<Self> {
+        let layout = Layout::from_size_align(len.max(1), ALIGN)
+            .map_err(|_| Error::Memory(format!("cannot lay out a buffer of {len} bytes")))?;
+        // SAFETY: the layout has non-zero size.
+        let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
+        let ptr = NonNull::new(ptr).ok_or_else(|| Error::Memory(format!("out of memory allocating {len} bytes")))?;
+        Ok(HeapMemory { ptr, len })
+    }
+}
+
+// SAFETY: zeroed by `alloc_zeroed`, 64-aligned, owned until drop, plain memory usable from any
+// thread (Send/Sync below).
+unsafe impl HostMemory for HeapMemory {
+    fn ptr(&self) -> NonNull<u8> {
+        self.ptr
+    }
+    fn len(&self) -> usize {
+        self.len
+    }
+}
+
+// SAFETY: an owned allocation with no thread affinity.
+unsafe impl Send for HeapMemory {}
+// SAFETY: `&HeapMemory` only exposes the pointer; access is coordinated by the pool's users.
+unsafe impl Sync for HeapMemory {}
+
+impl Drop for HeapMemory {
+    fn drop(&mut self) {
+        let layout = Layout::from_size_align(self.len.max(1), ALIGN).expect("layout was valid at allocation");
+        // SAFETY: allocated in `new` with this exact layout, freed once.
+        unsafe { std::alloc::dealloc(self.ptr.as_ptr(), layout) };
+    }
+}
+
+/// A zeroed, aligned allocation from a [`HostAllocator`], written through raw pointers.
 pub(crate) struct RawBuf {
     ptr: NonNull<u8>,
     len: usize,
+    _mem: Box<dyn HostMemory>,
 }
 
 // SAFETY: RawBuf is an owned allocation; concurrent access is coordinated by the pipeline
@@ -30,13 +116,12 @@ unsafe impl Send for RawBuf {}
 unsafe impl Sync for RawBuf {}
 
 impl RawBuf {
-    pub(crate) fn new(len: usize) -> Result<Self> {
-        let layout = Layout::from_size_align(len.max(1), ALIGN)
-            .map_err(|_| Error::Memory(format!("cannot lay out a buffer of {len} bytes")))?;
-        // SAFETY: the layout has non-zero size.
-        let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
-        let ptr = NonNull::new(ptr).ok_or_else(|| Error::Memory(format!("out of memory allocating {len} bytes")))?;
-        Ok(RawBuf { ptr, len })
+    pub(crate) fn new_in(len: usize, alloc: &dyn HostAllocator) -> Result<Self> {
+        let mem = alloc.allocate(len)?;
+        if mem.len() < len || !(mem.ptr().as_ptr() as usize).is_multiple_of(ALIGN) {
+            return Err(Error::Internal(format!("{} allocator returned a short or misaligned buffer", alloc.kind())));
+        }
+        Ok(RawBuf { ptr: mem.ptr(), len, _mem: mem })
     }
 
     pub(crate) fn as_ptr(&self) -> *mut u8 {
@@ -59,14 +144,6 @@ impl RawBuf {
         debug_assert!(len <= self.len);
         // SAFETY: in bounds and not concurrently written per the caller's contract.
         unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), len) }
-    }
-}
-
-impl Drop for RawBuf {
-    fn drop(&mut self) {
-        let layout = Layout::from_size_align(self.len.max(1), ALIGN).expect("layout was valid at allocation");
-        // SAFETY: allocated in `new` with this exact layout, freed once.
-        unsafe { std::alloc::dealloc(self.ptr.as_ptr(), layout) };
     }
 }
 
@@ -95,10 +172,10 @@ pub(crate) struct Slot {
 }
 
 impl Slot {
-    fn new(capacity: usize, sample_bytes: usize) -> Result<Self> {
+    fn new(capacity: usize, sample_bytes: usize, alloc: &dyn HostAllocator) -> Result<Self> {
         Ok(Slot {
-            data: RawBuf::new(capacity * sample_bytes)?,
-            labels: RawBuf::new(capacity * 8)?,
+            data: RawBuf::new_in(capacity * sample_bytes, alloc)?,
+            labels: RawBuf::new_in(capacity * 8, alloc)?,
             sample_bytes,
             indices: (0..capacity).map(|_| AtomicU32::new(0)).collect(),
             status: (0..capacity).map(|_| AtomicU8::new(PENDING)).collect(),
@@ -202,6 +279,7 @@ pub struct BufferPool {
     batch_bytes: usize,
     pub(crate) held: Arc<AtomicUsize>,
     addresses: Vec<usize>,
+    memory: &'static str,
 }
 
 impl std::fmt::Debug for BufferPool {
@@ -228,12 +306,17 @@ impl BufferPool {
         }
     }
 
-    /// Allocates `slots` slots of `capacity` samples of `sample_bytes` each.
+    /// Allocates `slots` slots of `capacity` samples of `sample_bytes` each on the heap.
     pub fn new(slots: usize, capacity: usize, sample_bytes: usize) -> Result<Self> {
+        Self::new_in(slots, capacity, sample_bytes, &HeapAllocator)
+    }
+
+    /// Allocates `slots` slots of `capacity` samples of `sample_bytes` each from `alloc`.
+    pub fn new_in(slots: usize, capacity: usize, sample_bytes: usize, alloc: &dyn HostAllocator) -> Result<Self> {
         let (free_tx, free_rx) = crossbeam_channel::bounded(slots);
         let mut addresses = Vec::with_capacity(slots);
         for _ in 0..slots {
-            let slot = Slot::new(capacity, sample_bytes)?;
+            let slot = Slot::new(capacity, sample_bytes, alloc)?;
             addresses.push(slot.data.as_ptr() as usize);
             free_tx.send(Arc::new(slot)).expect("pool channel has room");
         }
@@ -244,6 +327,7 @@ impl BufferPool {
             batch_bytes: capacity * sample_bytes,
             held: Arc::default(),
             addresses,
+            memory: alloc.kind(),
         })
     }
 
@@ -267,6 +351,11 @@ impl BufferPool {
         &self.addresses
     }
 
+    /// `"pageable"` or `"pinned"`: the kind of host memory of the buffers.
+    pub fn memory_kind(&self) -> &'static str {
+        self.memory
+    }
+
     /// Batches currently held by the consumer.
     pub fn held(&self) -> usize {
         self.held.load(Ordering::Acquire)
@@ -285,9 +374,33 @@ mod tests {
         assert!(e.to_string().contains("cannot hold one batch"), "{e}");
     }
 
+    /// An allocator that counts its bytes, standing in for the pinned one.
+    #[derive(Debug, Default)]
+    struct Counting(AtomicUsize);
+
+    impl HostAllocator for Counting {
+        fn allocate(&self, len: usize) -> Result<Box<dyn HostMemory>> {
+            self.0.fetch_add(len, Ordering::Relaxed);
+            HeapAllocator.allocate(len)
+        }
+        fn kind(&self) -> &'static str {
+            "counting"
+        }
+    }
+
+    #[test]
+    fn pool_takes_every_buffer_from_its_allocator() {
+        let a = Counting::default();
+        let pool = BufferPool::new_in(3, 4, 100, &a).unwrap();
+        // Data and labels of each slot.
+        assert_eq!(a.0.load(Ordering::Relaxed), 3 * (4 * 100 + 4 * 8));
+        assert_eq!(pool.memory_kind(), "counting");
+        assert!(pool.addresses().iter().all(|p| p % ALIGN == 0));
+    }
+
     #[test]
     fn compaction_keeps_order() {
-        let s = Slot::new(4, 2).unwrap();
+        let s = Slot::new(4, 2, &HeapAllocator).unwrap();
         s.reset(0, &[10, 11, 12, 13]);
         for pos in 0..4 {
             // SAFETY: (test) one thread owns every position.

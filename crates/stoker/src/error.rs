@@ -41,6 +41,9 @@ pub enum Error {
     /// The memory limit cannot hold what was asked for.
     #[error("memory limit: {0}")]
     Memory(String),
+    /// The GPU asked for is unusable (no driver, no such device) or a CUDA call failed.
+    #[error("device error: {0}")]
+    Device(String),
     /// The pipeline was stopped (dropped or cancelled) while waiting.
     #[error("the loader was stopped")]
     Cancelled,

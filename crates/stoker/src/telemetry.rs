@@ -80,6 +80,11 @@ pub struct Telemetry {
     pub buffers: StageCounters,
     /// The consumer: busy = time between batches, wait = time blocked in `next()`.
     pub consumer: StageCounters,
+    /// Host-to-device copies (GPU batches only): items = batches, busy = GPU time of the
+    /// copies (measured with CUDA events), wait = time waiting for a free device buffer.
+    pub transfer: StageCounters,
+    transfer_bytes: AtomicU64,
+    device: Mutex<DeviceReport>,
     samples: AtomicU64,
     skipped: Mutex<Vec<Skipped>>,
     skipped_total: AtomicU64,
@@ -98,6 +103,9 @@ impl Default for Telemetry {
             ops: StageCounters::default(),
             buffers: StageCounters::default(),
             consumer: StageCounters::default(),
+            transfer: StageCounters::default(),
+            transfer_bytes: AtomicU64::new(0),
+            device: Mutex::new(DeviceReport::default()),
             samples: AtomicU64::new(0),
             skipped: Mutex::new(Vec::new()),
             skipped_total: AtomicU64::new(0),
@@ -135,6 +143,36 @@ pub struct Bottleneck {
     pub suggestion: String,
 }
 
+/// Where batches are delivered, as asked and as done.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct DeviceReport {
+    /// The device asked for (`cpu`, `cuda`, `cuda:N`, `auto`).
+    pub requested: String,
+    /// The device batches are delivered on (`cpu` or `cuda:N`).
+    pub used: String,
+    /// Why `used` differs from what a reader would expect (e.g. `auto` found no GPU).
+    pub note: Option<String>,
+}
+
+impl Default for DeviceReport {
+    fn default() -> Self {
+        DeviceReport { requested: "cpu".into(), used: "cpu".into(), note: None }
+    }
+}
+
+/// Host-to-device copy totals (GPU batches only).
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct TransferReport {
+    /// Batches copied.
+    pub batches: u64,
+    /// Bytes copied.
+    pub bytes: u64,
+    /// GPU time of the copies (CUDA events), seconds.
+    pub copy_seconds: f64,
+    /// `bytes / copy_seconds`, GB/s (10^9 bytes).
+    pub gbps: f64,
+}
+
 /// A telemetry snapshot.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct Report {
@@ -152,6 +190,10 @@ pub struct Report {
     pub skipped_count: u64,
     /// The skipped samples (at most [`MAX_SKIPPED_LISTED`]).
     pub skipped: Vec<Skipped>,
+    /// Where batches go.
+    pub device: DeviceReport,
+    /// Host-to-device copies, when batches go to a GPU.
+    pub transfer: Option<TransferReport>,
 }
 
 impl Telemetry {
@@ -170,6 +212,17 @@ impl Telemetry {
         }
     }
 
+    /// Records where batches are delivered (shown in every report).
+    pub fn set_device(&self, device: DeviceReport) {
+        *self.device.lock().expect("telemetry lock") = device;
+    }
+
+    /// Counts one host-to-device copy of `bytes` that took `gpu_time` on the copy engine.
+    pub fn add_transfer(&self, bytes: usize, gpu_time: Duration) {
+        self.transfer.record(gpu_time);
+        self.transfer_bytes.fetch_add(bytes as u64, Ordering::Relaxed);
+    }
+
     /// Counts delivered samples.
     pub fn add_samples(&self, n: usize) {
         self.samples.fetch_add(n as u64, Ordering::Relaxed);
@@ -186,9 +239,10 @@ impl Telemetry {
 
     /// Zeroes every counter.
     pub fn reset(&self) {
-        for s in [&self.read, &self.decode, &self.ops, &self.buffers, &self.consumer] {
+        for s in [&self.read, &self.decode, &self.ops, &self.buffers, &self.consumer, &self.transfer] {
             s.reset();
         }
+        self.transfer_bytes.store(0, Ordering::Relaxed);
         self.samples.store(0, Ordering::Relaxed);
         self.skipped.lock().expect("telemetry lock").clear();
         self.skipped_total.store(0, Ordering::Relaxed);
@@ -202,13 +256,24 @@ impl Telemetry {
         if let Some(t) = *self.started.lock().expect("telemetry lock") {
             wall += t.elapsed().as_secs_f64();
         }
-        let stages = vec![
+        let mut stages = vec![
             self.read.snapshot("read", io_threads, wall),
             self.decode.snapshot("decode", threads, wall),
             self.ops.snapshot("ops", threads, wall),
             self.buffers.snapshot("buffer wait", 1, wall),
             self.consumer.snapshot("consumer", 1, wall),
         ];
+        let device = self.device.lock().expect("telemetry lock").clone();
+        let transfer = if device.used.starts_with("cuda") {
+            let st = self.transfer.snapshot("transfer", 1, wall);
+            let bytes = self.transfer_bytes.load(Ordering::Relaxed);
+            let gbps = if st.busy_seconds > 0.0 { bytes as f64 / st.busy_seconds * 1e-9 } else { 0.0 };
+            let t = TransferReport { batches: st.items, bytes, copy_seconds: st.busy_seconds, gbps };
+            stages.push(st);
+            Some(t)
+        } else {
+            None
+        };
         let c = &stages[4];
         let starvation = if c.busy_seconds + c.wait_seconds > 0.0 {
             c.wait_seconds / (c.busy_seconds + c.wait_seconds)
@@ -224,6 +289,8 @@ impl Telemetry {
             bottleneck,
             skipped_count: self.skipped_total.load(Ordering::Relaxed),
             skipped: self.skipped.lock().expect("telemetry lock").clone(),
+            device,
+            transfer,
         }
     }
 }
@@ -239,6 +306,19 @@ fn verdict(stages: &[StageReport], starvation: f64, threads: usize, allowance: u
         };
     }
     let worker_util = decode.utilization + ops.utilization;
+    if let Some(t) = stages.get(5).filter(|t| t.utilization > 0.7) {
+        return Bottleneck {
+            stage: "transfer".into(),
+            reason: format!(
+                "bus-bound: host-to-device copies keep the bus {} busy while decode threads are {} busy",
+                pct(t.utilization),
+                pct(worker_util)
+            ),
+            suggestion: "send uint8 over the bus (dtype uint8 or a GPU-normalised preset), smaller crops, \
+                         or check the PCIe link with `stoker doctor`"
+                .into(),
+        };
+    }
     if read.utilization > 0.7 && worker_util < 0.7 {
         return Bottleneck {
             stage: "storage".into(),
@@ -271,7 +351,9 @@ fn verdict(stages: &[StageReport], starvation: f64, threads: usize, allowance: u
                 pct(decode.busy_seconds / (decode.busy_seconds + ops.busy_seconds).max(1e-9)),
                 pct(worker_util)
             ),
-            suggestion: format!("{more}, or pre-resize images (smaller JPEGs decode faster)"),
+            suggestion: format!(
+                "{more}, or pre-resized shards (`stoker pack --max-side 512`: smaller JPEGs decode faster)"
+            ),
         }
     } else {
         Bottleneck {
@@ -311,6 +393,19 @@ impl Report {
                 st.wait_seconds,
                 st.utilization * 100.0
             ));
+        }
+        if let Some(t) = &self.transfer {
+            s.push_str(&format!(
+                "transfer to {}: {} batches, {:.1} MiB, {:.3} s of copies ({:.1} GB/s)\n",
+                self.device.used,
+                t.batches,
+                t.bytes as f64 / (1 << 20) as f64,
+                t.copy_seconds,
+                t.gbps
+            ));
+        }
+        if let Some(n) = &self.device.note {
+            s.push_str(&format!("device: {} (asked {}): {n}\n", self.device.used, self.device.requested));
         }
         s.push_str(&format!(
             "bottleneck: {} ({})\n  -> {}\n",

@@ -15,7 +15,7 @@
 //! delivered. Under policy `raise` the batch holding the first bad sample yields the error and
 //! the iteration ends.
 
-use crate::buffer::{BufferPool, Slot};
+use crate::buffer::{BufferPool, HeapAllocator, HostAllocator, Slot};
 use crate::decode::{DecodeOptions, Decoder};
 use crate::error::{Error, Result};
 use crate::ops::{DType, Layout, Resampler, TransformPlan, TransformSpec};
@@ -96,7 +96,7 @@ struct Shared {
     sampler: Sampler,
     plan: TransformPlan,
     pool: BufferPool,
-    telemetry: Telemetry,
+    telemetry: Arc<Telemetry>,
     threads: usize,
     io_threads: usize,
     allowance: usize,
@@ -134,8 +134,14 @@ impl std::fmt::Debug for Loader {
 }
 
 impl Loader {
-    /// Validates `config` against `source` and allocates the buffer pool.
+    /// Validates `config` against `source` and allocates the buffer pool on the heap.
     pub fn new(source: Arc<dyn Source>, config: LoaderConfig) -> Result<Self> {
+        Self::new_in(source, config, &HeapAllocator)
+    }
+
+    /// Like [`Loader::new`], with the batch buffers taken from `alloc` (e.g. page-locked memory
+    /// from `stoker-cuda`, so the GPU copies them asynchronously).
+    pub fn new_in(source: Arc<dyn Source>, config: LoaderConfig, alloc: &dyn HostAllocator) -> Result<Self> {
         if source.is_empty() {
             return Err(Error::Dataset("the dataset has no samples".into()));
         }
@@ -181,7 +187,7 @@ impl Loader {
         let batch_bytes = batch_size * plan.sample_bytes();
         // One batch being filled, `prefetch` ready, one held by the consumer.
         let slots = BufferPool::plan(config.prefetch + 2, batch_bytes, config.memory_limit)?;
-        let pool = BufferPool::new(slots, batch_size, plan.sample_bytes())?;
+        let pool = BufferPool::new_in(slots, batch_size, plan.sample_bytes(), alloc)?;
         let decode_opts =
             DecodeOptions { apply_exif: config.transform.apply_exif, dct_scaling: config.dct_scaling, roi: config.roi };
         Ok(Loader {
@@ -190,7 +196,7 @@ impl Loader {
                 sampler,
                 plan,
                 pool,
-                telemetry: Telemetry::default(),
+                telemetry: Arc::default(),
                 threads,
                 io_threads,
                 allowance,
@@ -260,6 +266,11 @@ impl Loader {
         self.shared.telemetry.report(self.shared.threads, self.shared.io_threads, self.shared.allowance)
     }
 
+    /// The live counters (a transfer stage outside this crate records into them).
+    pub fn telemetry(&self) -> &Arc<Telemetry> {
+        &self.shared.telemetry
+    }
+
     /// Zeroes the telemetry.
     pub fn reset_report(&self) {
         self.shared.telemetry.reset();
@@ -304,6 +315,7 @@ pub struct EpochIter {
     last_return: Option<Instant>,
     wait_started: Option<Instant>,
     finished: bool,
+    consumer_telemetry: bool,
 }
 
 /// What an iteration shares with its loader, so that starting a new iteration can stop this
@@ -387,6 +399,7 @@ impl EpochIter {
             last_return: None,
             wait_started: None,
             finished: start >= end,
+            consumer_telemetry: true,
         };
         let threads = &core.threads;
         let push = |h: JoinHandle<()>| threads.lock().expect("threads lock").push(h);
@@ -415,6 +428,13 @@ impl EpochIter {
     /// The epoch being iterated.
     pub fn epoch(&self) -> u64 {
         self.epoch
+    }
+
+    /// Stops counting this iterator's caller as the consumer: for a stage that forwards the
+    /// batches (the GPU transfer) and measures the real consumer itself.
+    pub fn forwarding(mut self) -> Self {
+        self.consumer_telemetry = false;
+        self
     }
 
     /// Batches left in this pass.
@@ -488,7 +508,9 @@ impl EpochIter {
     fn poll(&mut self, deadline: Option<Instant>) -> Option<Option<Result<Batch>>> {
         let t0 = *self.wait_started.get_or_insert_with(Instant::now);
         if let Some(last) = self.last_return.take() {
-            self.shared.telemetry.consumer.add_busy(t0 - last);
+            if self.consumer_telemetry {
+                self.shared.telemetry.consumer.add_busy(t0 - last);
+            }
         }
         loop {
             if self.finished {
@@ -533,8 +555,10 @@ impl EpochIter {
             }
             let now = Instant::now();
             let tel = &self.shared.telemetry;
-            tel.consumer.add_wait(now - t0);
-            tel.consumer.record(Duration::ZERO);
+            if self.consumer_telemetry {
+                tel.consumer.add_wait(now - t0);
+                tel.consumer.record(Duration::ZERO);
+            }
             tel.add_samples(len);
             self.wait_started = None;
             self.last_return = Some(now);

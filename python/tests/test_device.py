@@ -1,0 +1,126 @@
+"""``device=`` on a machine without a GPU: clear errors for CUDA, the CPU fallback of ``auto``,
+and the probes (``cuda_probe``, ``cuda_memory_in_use``, ``stoker doctor``). The GPU side is
+tested by tests/gpu on a machine with one."""
+
+import json
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+import stoker
+
+PROBE = stoker.cuda_probe()
+if PROBE["devices"]:
+    pytest.skip("a GPU is present; the no-GPU behaviour is tested on machines without one", allow_module_level=True)
+
+
+def image_loader(root, **kw):
+    """The default output (``'auto'``): the device error must come from ``device=`` itself, not
+    from a conflict with ``output='numpy'``."""
+    return stoker.ImageLoader(root, 16, preset="imagenet-val", **kw)
+
+
+def array_loader(**kw):
+    return stoker.ArrayLoader(np.arange(200, dtype=np.float32).reshape(100, 2), batch_size=16, **kw)
+
+
+@pytest.mark.parametrize("kind", ["image", "array"])
+@pytest.mark.parametrize("device", ["cuda", "cuda:0"])
+def test_cuda_without_a_gpu_is_a_device_error(demo, kind, device):
+    with pytest.raises(stoker.DeviceError) as e:
+        if kind == "image":
+            image_loader(demo, device=device)
+        else:
+            array_loader(device=device)
+    assert isinstance(e.value, stoker.StokerError) and isinstance(e.value, RuntimeError)
+    assert not isinstance(e.value, stoker.ConfigError)
+    message = str(e.value)
+    assert "CUDA" in message, message
+    # The reason is the one the probe gives, e.g. "no NVIDIA driver: libcuda.so could not be loaded".
+    assert PROBE["unavailable_reason"] in message, message
+
+
+@pytest.mark.parametrize("kind", ["image", "array"])
+@pytest.mark.parametrize("device", ["gpu", "cuda:x", "cuda:-1", 3])
+def test_bad_device_values_are_config_errors(demo, kind, device):
+    with pytest.raises(stoker.ConfigError) as e:
+        if kind == "image":
+            image_loader(demo, device=device)
+        else:
+            array_loader(device=device)
+    assert isinstance(e.value, ValueError)
+    message = str(e.value)
+    assert "device" in message and str(device) in message, message
+
+
+@pytest.mark.parametrize("device", ["cpu", "auto"])
+def test_bfloat16_needs_a_gpu(demo, device):
+    with pytest.raises(stoker.ConfigError, match="bfloat16"):
+        image_loader(demo, device=device, dtype="bfloat16")
+
+
+def test_auto_falls_back_to_the_cpu_with_a_note(demo):
+    kw = dict(batch_size=16, preset="imagenet-train", shuffle=True, seed=5, output="numpy")
+    auto = stoker.ImageLoader(demo, device="auto", **kw)
+    cpu = stoker.ImageLoader(demo, device="cpu", **kw)
+    assert auto.device == "cpu"
+    batches = 0
+    for (x, y), (cx, cy) in zip(auto, cpu, strict=True):
+        assert isinstance(x, np.ndarray) and x.dtype == np.float32
+        np.testing.assert_array_equal(x, cx)
+        np.testing.assert_array_equal(y, cy)
+        batches += 1
+    assert batches == len(cpu) == 6
+    report = auto.report()["device"]
+    assert set(report) == {"requested", "used", "note"}, report
+    assert report["requested"] == "auto" and report["used"] == "cpu", report
+    assert isinstance(report["note"], str) and "cuda" in report["note"].lower(), report
+
+    rows = np.arange(300, dtype=np.float64).reshape(100, 3)
+    akw = dict(batch_size=16, shuffle=True, seed=2, output="numpy")
+    auto_rows = stoker.ArrayLoader(rows, device="auto", **akw)
+    assert auto_rows.device == "cpu"
+    for (a,), (c,) in zip(auto_rows, stoker.ArrayLoader(rows, **akw), strict=True):
+        np.testing.assert_array_equal(a, c)
+
+
+def test_cpu_device_report(demo):
+    loader = image_loader(demo, output="numpy")  # device="cpu" is the default
+    assert loader.device == "cpu"
+    for _ in loader:
+        pass
+    report = loader.report()
+    assert report["device"] == {"requested": "cpu", "used": "cpu", "note": None}
+    assert report.get("transfer") is None
+    assert "transfer" not in [s["name"] for s in report["stages"]]
+    assert image_loader(demo, device="cpu").report()["device"]["requested"] == "cpu"
+
+
+def test_cuda_probe_explains_the_missing_gpu():
+    probe = stoker.cuda_probe()
+    assert isinstance(probe, dict)
+    assert probe["devices"] == []
+    assert isinstance(probe["unavailable_reason"], str) and probe["unavailable_reason"].strip()
+    assert isinstance(probe["driver_library"], bool)
+    assert "cuda_driver_version" in probe and "nvidia_driver_version" in probe
+    if not probe["driver_library"]:
+        assert probe["cuda_driver_version"] is None
+
+
+def test_no_cuda_memory_in_use(demo):
+    assert stoker.cuda_memory_in_use() == (0, 0)
+    loader = image_loader(demo, device="auto", output="numpy")
+    batch = next(iter(loader))
+    assert stoker.cuda_memory_in_use() == (0, 0)
+    del batch, loader
+
+
+def test_doctor_json_lists_no_gpus():
+    exe = shutil.which("stoker")
+    if exe is None:
+        pytest.skip("the `stoker` executable is not on PATH (install the package)")
+    proc = subprocess.run([exe, "doctor", "--json"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    assert report["gpus"] == [], report["gpus"]

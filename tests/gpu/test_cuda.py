@@ -1,0 +1,280 @@
+"""stoker's CUDA hand-off on a real GPU: the bytes, stream ordering, memory release, device choice.
+
+Needs PyTorch with CUDA, an NVIDIA GPU and a stoker build that finds it (``stoker.cuda_probe()``);
+anywhere else every test is skipped with the reason. Run:
+
+    python3 -m pytest -q -rs tests/gpu
+"""
+
+import gc
+import time
+
+import numpy as np
+import pytest
+import stoker
+
+try:
+    import torch
+except ImportError:
+    torch = None
+
+IMAGE_BYTES = 3 * 224 * 224  # one uint8 CHW sample of the presets
+MiB = 2**20
+
+
+def _skip_reason():
+    if torch is None:
+        return "PyTorch is not installed: CUDA tests skipped"
+    if not torch.cuda.is_available():
+        return f"PyTorch {torch.__version__} finds no usable CUDA device: CUDA tests skipped"
+    probe = stoker.cuda_probe()
+    if not probe["devices"]:
+        return f"stoker finds no GPU ({probe['unavailable_reason']}): CUDA tests skipped"
+    return None
+
+
+SKIP_REASON = _skip_reason()
+pytestmark = pytest.mark.skipif(SKIP_REASON is not None, reason=SKIP_REASON or "")
+
+
+def host_batches(loader):
+    """Copies of one epoch's batches (the CPU loader's tensors are views of pooled buffers)."""
+    return [(x.clone(), y.clone()) for x, y in loader]
+
+
+def busy(a, b, out):
+    """Long GPU work on the current stream that reads no batch: ~1 ms of spinning plus 3 matmuls
+    of 4096 x 4096 (a few ms)."""
+    torch.cuda._sleep(2_000_000)
+    for _ in range(3):
+        torch.mm(a, b, out=out)
+
+
+def let_go(index, images, labels, arrival):
+    """Copies a held batch out on the current stream into pinned host memory without waiting and
+    takes its checksum again, all queued behind the busy kernels; the caller drops the batch
+    right after, so stoker must not reuse its memory before the stream has passed this work."""
+    x = torch.empty(images.shape, dtype=images.dtype, pin_memory=True)
+    y = torch.empty(labels.shape, dtype=labels.dtype, pin_memory=True)
+    x.copy_(images, non_blocking=True)
+    y.copy_(labels, non_blocking=True)
+    return index, x, y, arrival, images.sum(dtype=torch.int64)
+
+
+def assert_held_batch_unchanged(epoch, entry, expected):
+    index, images, labels, _ = entry
+    want_images, want_labels = expected[index]
+    assert torch.equal(images.cpu(), want_images), f"epoch {epoch}, batch {index}: images changed while held"
+    assert torch.equal(labels.cpu(), want_labels), f"epoch {epoch}, batch {index}: labels changed while held"
+
+
+def memory_after_release(baseline, timeout=5.0):
+    """``stoker.cuda_memory_in_use()`` once it is back at ``baseline``, or its value after
+    ``timeout`` seconds: device memory goes back when the stream that used it has passed that
+    point, which stoker may notice a moment after the last tensor is dropped."""
+    deadline = time.monotonic() + timeout
+    while True:
+        gc.collect()
+        torch.cuda.synchronize()
+        now = stoker.cuda_memory_in_use()
+        if now == baseline or time.monotonic() > deadline:
+            return now
+        time.sleep(0.05)
+
+
+def free_device_memory():
+    """Free bytes on the current GPU, with torch's cached blocks given back first."""
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    return torch.cuda.mem_get_info()[0]
+
+
+def test_gpu_batches_equal_host_batches_while_consumer_holds_and_runs_long_kernels(gpu_demo):
+    kw = dict(batch_size=32, preset="imagenet-train", dtype=torch.uint8, shuffle=True, seed=7, prefetch=2)
+    host = stoker.ImageLoader(gpu_demo, device="cpu", output="torch", **kw)
+    gpu = stoker.ImageLoader(gpu_demo, device="cuda", **kw)
+    assert gpu.device == "cuda:0"
+    a = torch.randn(4096, 4096, device="cuda")
+    b = torch.randn(4096, 4096, device="cuda")
+    out = torch.empty(4096, 4096, device="cuda")
+    side = torch.cuda.Stream()
+    torch.cuda.synchronize()
+    for epoch in range(5):
+        host.set_epoch(epoch)
+        gpu.set_epoch(epoch)
+        expected = host_batches(host)
+        held = []  # the consumer keeps the last 3 batches: (index, images, labels, checksum at arrival)
+        results = []  # (index, pinned images, pinned labels, checksum at arrival, checksum when let go)
+        images = labels = None
+        with torch.cuda.stream(side):
+            for index, (images, labels) in enumerate(gpu):
+                assert images.device == torch.device("cuda", 0) and labels.device == images.device
+                assert images.dtype == torch.uint8 and labels.dtype == torch.int64
+                arrival = images.sum(dtype=torch.int64)  # queued on `side` the moment the batch arrives
+                busy(a, b, out)
+                held.append((index, images, labels, arrival))
+                if len(held) > 3:
+                    results.append(let_go(*held.pop(0)))
+            images = labels = None
+            # The epoch is over; the batches still held must be unchanged too (`.cpu()` waits for
+            # `side`, so this runs after every queued kernel). Indexing keeps no loop variable alive.
+            for k in range(len(held)):
+                assert_held_batch_unchanged(epoch, held[k], expected)
+            while held:
+                results.append(let_go(*held.pop(0)))
+        torch.cuda.synchronize()
+        assert [r[0] for r in results] == list(range(len(expected))), f"epoch {epoch}: batch count or order"
+        for index, x, y, arrival, leaving in results:
+            want_images, want_labels = expected[index]
+            assert torch.equal(x, want_images), f"epoch {epoch}, batch {index}: bytes changed before they were read"
+            assert torch.equal(y, want_labels), f"epoch {epoch}, batch {index}: labels changed before they were read"
+            want = int(want_images.sum(dtype=torch.int64))
+            assert int(arrival) == want, f"epoch {epoch}, batch {index}: checksum at arrival {int(arrival)} != {want}"
+            assert int(leaving) == want, f"epoch {epoch}, batch {index}: checksum when let go {int(leaving)} != {want}"
+
+
+def test_next_does_not_wait_for_the_consumers_stream(gpu_demo):
+    kw = dict(batch_size=32, preset="imagenet-val", dtype=torch.uint8)
+    expected = host_batches(stoker.ImageLoader(gpu_demo, device="cpu", output="torch", **kw))
+    loader = stoker.ImageLoader(gpu_demo, device="cuda", **kw)
+    it = iter(loader)
+    first = next(it)
+    time.sleep(1.0)  # the following batches are decoded and copied meanwhile
+    stream = torch.cuda.current_stream()
+    torch.cuda._sleep(1_000_000_000)  # about half a second of spinning on the consumer's stream
+    t = time.perf_counter()
+    images, labels = next(it)
+    took = time.perf_counter() - t
+    assert not stream.query(), (f"next() took {took:.3f} s and the consumer's stream had drained by then: "
+                                "the hand-off waited on the host instead of making the stream wait")
+    assert torch.equal(images.cpu(), expected[1][0]) and torch.equal(labels.cpu(), expected[1][1])
+    assert torch.equal(first[0].cpu(), expected[0][0])
+    it.close()
+
+
+@pytest.mark.parametrize("dtype, atol", [("float32", 1e-5), ("float16", 1e-2), ("bfloat16", 3e-2)])
+def test_normalized_gpu_batches_match_cpu(gpu_demo, dtype, atol):
+    want_dtype = getattr(torch, dtype)
+    host = stoker.ImageLoader(gpu_demo, 32, preset="imagenet-val", device="cpu", output="torch")
+    extra = {} if dtype == "float32" else {"dtype": want_dtype}  # float32 is the preset's default
+    gpu = stoker.ImageLoader(gpu_demo, 32, preset="imagenet-val", device="cuda", **extra)
+    n = 0
+    for (x, y), (hx, hy) in zip(gpu, host, strict=True):
+        assert x.is_cuda and x.dtype == want_dtype and x.shape == hx.shape and hx.dtype == torch.float32
+        assert torch.equal(y.cpu(), hy)
+        got = x.cpu().float()
+        assert torch.allclose(got, hx, atol=atol), f"{dtype}: max difference {(got - hx).abs().max().item():.3g}"
+        n += x.shape[0]
+    assert n == 300
+
+
+def test_dropping_the_loader_frees_device_and_pinned_memory(gpu_demo):
+    gc.collect()
+    before = stoker.cuda_memory_in_use()
+    free_before = free_device_memory()
+
+    # A whole epoch, the last batch still held at the end.
+    loader = stoker.ImageLoader(gpu_demo, 32, preset="imagenet-train", shuffle=True, device="cuda")
+    it = iter(loader)
+    last = next(it)
+    during = stoker.cuda_memory_in_use()
+    assert during[0] > before[0] and during[1] > before[1], f"device and pinned bytes in use: {during}"
+    for batch in it:
+        last = batch
+    del batch, last, it, loader
+    after = memory_after_release(before)
+    assert after == before, f"stoker still holds {after} (device, pinned) bytes after the loader was dropped"
+    free_after = free_device_memory()
+    assert free_after >= free_before - 64 * MiB, f"{(free_before - free_after) / MiB:.0f} MiB of device memory lost"
+
+    # Abandoned after 2 batches; the second batch outlives its iterator and loader.
+    kw = dict(batch_size=32, preset="imagenet-train", shuffle=True, seed=1, dtype=torch.uint8)
+    host_it = iter(stoker.ImageLoader(gpu_demo, device="cpu", output="torch", **kw))
+    next(host_it)
+    want_images, want_labels = (t.clone() for t in next(host_it))
+    host_it.close()
+    del host_it
+    loader = stoker.ImageLoader(gpu_demo, device="cuda", **kw)
+    it = iter(loader)
+    next(it)
+    images, labels = next(it)
+    del it, loader
+    gc.collect()
+    assert stoker.cuda_memory_in_use()[0] > before[0], "the batch still alive must keep its device memory"
+    assert torch.equal(images.cpu(), want_images) and torch.equal(labels.cpu(), want_labels)
+    del images, labels
+    after = memory_after_release(before)
+    assert after == before, f"stoker still holds {after} (device, pinned) bytes after an abandoned epoch"
+    free_after = free_device_memory()
+    assert free_after >= free_before - 64 * MiB, f"{(free_before - free_after) / MiB:.0f} MiB of device memory lost"
+
+
+def test_cuda_n_is_honoured(gpu_demo):
+    count = torch.cuda.device_count()
+    for n in range(count):
+        # Another device is current, so only the argument can pick device n.
+        with torch.cuda.device((n + 1) % count):
+            loader = stoker.ImageLoader(gpu_demo, 8, preset="imagenet-val", device=f"cuda:{n}")
+            assert loader.device == f"cuda:{n}"
+            images, labels = next(iter(loader))
+            assert images.device == torch.device("cuda", n) and labels.device == torch.device("cuda", n)
+            assert loader.report()["device"]["used"] == f"cuda:{n}"
+            del images, labels, loader
+    with pytest.raises(stoker.DeviceError) as e:
+        stoker.ImageLoader(gpu_demo, 8, preset="imagenet-val", device=f"cuda:{count}")
+    assert isinstance(e.value, stoker.StokerError) and isinstance(e.value, RuntimeError)
+    assert str(count) in str(e.value), f"the message should name the device count {count}: {e.value}"
+    with pytest.raises(stoker.DeviceError):
+        stoker.ArrayLoader(np.zeros((10, 2), np.float32), batch_size=4, device=f"cuda:{count}")
+
+    auto = stoker.ImageLoader(gpu_demo, 8, preset="imagenet-val", device="auto")
+    images, labels = next(iter(auto))
+    assert images.is_cuda and labels.is_cuda
+    assert auto.device.startswith("cuda")
+    report = auto.report()["device"]
+    assert report["requested"] == "auto" and report["used"].startswith("cuda"), report
+
+
+def test_array_loader_on_gpu():
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((1000, 16)).astype(np.float32)
+    y = rng.integers(0, 10, 1000).astype(np.int64)
+    kw = dict(batch_size=64, shuffle=True, seed=5)
+    host = stoker.ArrayLoader(x, y, device="cpu", output="torch", **kw)
+    gpu = stoker.ArrayLoader(x, y, device="cuda", **kw)
+    rows = 0
+    for (gx, gy), (hx, hy) in zip(gpu, host, strict=True):
+        assert gx.device == torch.device("cuda", 0) and gy.device == gx.device
+        assert gx.dtype == torch.float32 and gy.dtype == torch.int64
+        assert gx.shape == hx.shape and gy.shape == hy.shape
+        # Bit for bit: compare the float32 words as integers.
+        assert torch.equal(gx.cpu().view(torch.int32), hx.view(torch.int32))
+        assert torch.equal(gy.cpu(), hy)
+        rows += gx.shape[0]
+    assert rows == 1000
+
+
+def test_report_has_transfer_stage(gpu_demo):
+    loader = stoker.ImageLoader(gpu_demo, 32, preset="imagenet-val", device="cuda")
+    samples = 0
+    for images, _ in loader:
+        samples += images.shape[0]
+    torch.cuda.synchronize()
+    # stoker's transfer thread counts a copy once its event has completed, which can be a moment
+    # after the consumer got the batch: wait (briefly) for the last one.
+    deadline = time.monotonic() + 5.0
+    report = loader.report()
+    while report["transfer"]["batches"] < len(loader) and time.monotonic() < deadline:
+        time.sleep(0.01)
+        report = loader.report()
+    assert report["device"]["requested"] == "cuda" and report["device"]["used"] == "cuda:0", report["device"]
+    t = report["transfer"]
+    assert t["batches"] == len(loader)
+    assert t["bytes"] > 0 and t["copy_seconds"] > 0 and t["gbps"] > 0, t
+    assert t["gbps"] == pytest.approx(t["bytes"] / t["copy_seconds"] / 1e9, rel=1e-6)
+    # Batches cross the bus as uint8 (normalisation runs on the GPU): one byte per pixel and
+    # channel plus the labels, not the four of float32.
+    assert samples * IMAGE_BYTES <= t["bytes"] < 2 * samples * IMAGE_BYTES, t
+    assert "transfer" in [s["name"] for s in report["stages"]]
+    assert 0.0 <= report["starvation"] <= 1.0
+    assert isinstance(report["bottleneck"]["stage"], str)
