@@ -17,6 +17,9 @@ __all__ = [
     "cpu_allowance",
     "preset_json",
     "cli_main",
+    "cuda_probe_json",
+    "cuda_memory_in_use",
+    "cuda_bandwidth_json",
 ]
 
 __version__: str

@@ -36,3 +36,20 @@ def test_buffer_returns_to_pool_when_tensor_dies(demo):
     gc.collect()
     assert loader._native.held == 0
     it.close()
+
+
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+def test_gpu_normaliser_reproduces_the_cpu_float_path_bit_for_bit(demo, layout):
+    # With device='cuda' images cross the bus as uint8 and are normalised by these torch ops on
+    # the consumer's stream; run here on the CPU, they must equal the engine's float32 output.
+    from stoker._base import Normalizer
+    from stoker.transforms import IMAGENET_MEAN, IMAGENET_STD
+
+    kw = dict(batch_size=8, preset="imagenet-train", shuffle=True, seed=3, layout=layout, output="torch")
+    u8 = [x.clone() for x, _ in stoker.ImageLoader(demo, dtype="uint8", **kw)]
+    f32 = [x.clone() for x, _ in stoker.ImageLoader(demo, **kw)]
+    norm = Normalizer(IMAGENET_MEAN, IMAGENET_STD, torch.float32, channels_last=layout == "NHWC")
+    for a, b in zip(u8, f32, strict=True):
+        assert torch.equal(norm(a), b)
+    half = Normalizer(IMAGENET_MEAN, IMAGENET_STD, torch.bfloat16, channels_last=layout == "NHWC")(u8[0])
+    assert half.dtype == torch.bfloat16 and torch.equal(half, f32[0].to(torch.bfloat16))

@@ -150,6 +150,10 @@ struct BenchOpts {
     /// Bad-sample policy: skip or raise.
     #[arg(long, default_value = "skip")]
     on_error: String,
+    /// Deliver batches to: cpu, cuda, cuda:N or auto (GPU batches go through pinned buffers and
+    /// stoker's copy stream; the digest then reads them back from the GPU).
+    #[arg(long, default_value = "cpu")]
+    device: String,
     /// Output dtype: float32, float16 or uint8 (uint8 drops Normalize).
     #[arg(long, default_value = "float32")]
     dtype: String,
@@ -358,7 +362,19 @@ fn bench(root: &Path, o: &BenchOpts) -> Result<()> {
     let config = loader_config(o)?;
     let (source, classes) = open_source(root)?;
     let samples = source.len();
-    let loader = Loader::new(source, config)?;
+    let (placement, device_report) = stoker_cuda::place(&o.device, 0)?;
+    let (loader, stage) = match placement {
+        stoker_cuda::Placement::Cpu => (Loader::new(source, config)?, None),
+        stoker_cuda::Placement::Cuda(gpu) => {
+            let (prefetch, limit, bs) = (config.prefetch, config.memory_limit, config.sampler.batch_size);
+            let loader = Loader::new_in(source, config, &stoker_cuda::PinnedAllocator::new(gpu.clone()))?;
+            let capacities = vec![loader.pool().batch_bytes(), bs * 8];
+            let slots = stoker::buffer::BufferPool::plan(prefetch + 2, capacities.iter().sum(), limit)?;
+            let stage = stoker_cuda::DeviceStage::new(gpu, capacities, slots)?;
+            (loader, Some(stage))
+        }
+    };
+    loader.telemetry().set_device(device_report);
     let total_batches = loader.len() as u64 * o.epochs;
     let bar = if o.json { ProgressBar::hidden() } else { ProgressBar::new(total_batches) };
     bar.set_style(
@@ -373,14 +389,33 @@ fn bench(root: &Path, o: &BenchOpts) -> Result<()> {
     for epoch in 0..o.epochs {
         loader.set_epoch(epoch);
         bar.set_message(format!("{}/{}", epoch + 1, o.epochs));
-        for b in loader.iter()? {
-            let b = b?;
-            if !o.no_digest {
-                digest.update(&b);
+        match &stage {
+            None => {
+                for b in loader.iter()? {
+                    let b = b?;
+                    if !o.no_digest {
+                        digest.update(&b);
+                    }
+                    images += b.len();
+                    batches += 1;
+                    bar.inc(1);
+                }
             }
-            images += b.len();
-            batches += 1;
-            bar.inc(1);
+            Some(stage) => {
+                let mut host = loader.iter()?.forwarding();
+                let (mut data, mut labels) = (vec![], vec![]);
+                for b in stage.run(move |t| host.next_timeout(t), Some(loader.telemetry().clone()))? {
+                    let b = b?;
+                    if !o.no_digest {
+                        b.read_region(0, &mut data)?;
+                        b.read_region(1, &mut labels)?;
+                        digest.update_bytes(&data, &labels);
+                    }
+                    images += b.meta().shape[0];
+                    batches += 1;
+                    bar.inc(1);
+                }
+            }
         }
     }
     let seconds = t0.elapsed().as_secs_f64();
@@ -415,6 +450,8 @@ fn bench(root: &Path, o: &BenchOpts) -> Result<()> {
             "stages": report.stages,
             "starvation": report.starvation,
             "bottleneck": report.bottleneck,
+            "device": report.device,
+            "transfer": report.transfer,
             "digest": if o.no_digest { serde_json::Value::Null } else { digest.hex().into() },
         });
         println!("{}", serde_json::to_string_pretty(&out)?);

@@ -287,6 +287,17 @@ impl DeviceMem {
         self.ptr
     }
 
+    /// Copies the first `dst.len()` bytes of this buffer to the host (synchronous; the caller
+    /// has waited for the copy that filled it).
+    pub(crate) fn read_into(&self, dst: &mut [u8]) -> Result<(), stoker::Error> {
+        if dst.len() > self.len {
+            return Err(stoker::Error::Internal(format!("read of {} bytes from a buffer of {}", dst.len(), self.len)));
+        }
+        let _g = self.gpu.bind()?;
+        // SAFETY: both ranges are in bounds and `dst` is a live, exclusive host slice.
+        check(unsafe { sys::cuMemcpyDtoH_v2(dst.as_mut_ptr().cast(), self.ptr, dst.len()) }, "cuMemcpyDtoH")
+    }
+
     /// Enqueues a copy of `len` bytes from host `src` into this buffer on `stream`.
     ///
     /// # Safety

@@ -237,6 +237,14 @@ impl<M> DeviceBatch<M> {
     pub fn synchronize(&self) -> Result<()> {
         self.slot().ready.synchronize()
     }
+
+    /// Reads region `i` back from the GPU into `out` (waits for the copy first): for checks and
+    /// digests, never on a training path.
+    pub fn read_region(&self, i: usize, out: &mut Vec<u8>) -> Result<()> {
+        self.synchronize()?;
+        out.resize(self.lens[i], 0);
+        self.slot().regions[i].read_into(out)
+    }
 }
 
 impl<M> Drop for DeviceBatch<M> {

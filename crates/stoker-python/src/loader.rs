@@ -486,7 +486,7 @@ pub fn cuda_memory_in_use() -> (u64, u64) {
 
 /// Measured host-to-device bandwidth of `cuda:{ordinal}` (pinned and pageable) as JSON.
 #[pyfunction]
-#[pyo3(signature = (ordinal=0, bytes=256 << 20, repeats=10))]
+#[pyo3(signature = (ordinal=0, bytes=268_435_456, repeats=10))]
 pub fn cuda_bandwidth_json(py: Python<'_>, ordinal: u32, bytes: usize, repeats: usize) -> PyResult<String> {
     py.detach(|| -> stoker::Result<String> {
         let gpu = stoker_cuda::Gpu::open(ordinal)?;

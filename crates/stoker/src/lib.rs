@@ -85,6 +85,16 @@ impl Digest {
         }
     }
 
+    /// Adds one batch given as raw bytes: the data, then the labels as native-endian `i64`s
+    /// (a batch read back from a GPU); equal to [`Digest::update`] on the same batch.
+    pub fn update_bytes(&mut self, data: &[u8], labels: &[u8]) {
+        self.0.update(data);
+        for l in labels.chunks_exact(8) {
+            let v = i64::from_ne_bytes(l.try_into().expect("8 bytes"));
+            self.0.update(&v.to_le_bytes());
+        }
+    }
+
     /// The digest as 32 hex digits.
     pub fn hex(&self) -> String {
         format!("{:032x}", self.0.digest128())
