@@ -60,7 +60,6 @@ import shutil
 import statistics
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -70,66 +69,9 @@ MATMUL_SIZE = 4096
 MiB = 2**20
 
 
-# --- process-tree memory, as in benches/compare_torchvision.py ---------------------------------
-
-def tree_pids(pid):
-    """pid and all its descendants (Linux /proc)."""
-    children = {}
-    for p in os.listdir("/proc"):
-        if not p.isdigit():
-            continue
-        try:
-            with open(f"/proc/{p}/stat") as f:
-                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
-            continue
-        children.setdefault(ppid, []).append(int(p))
-    out, stack = [], [pid]
-    while stack:
-        q = stack.pop()
-        out.append(q)
-        stack.extend(children.get(q, []))
-    return out
-
-
-def tree_memory(pid):
-    rss = pss = 0
-    for p in tree_pids(pid):
-        try:
-            with open(f"/proc/{p}/smaps_rollup") as f:
-                for line in f:
-                    if line.startswith("Rss:"):
-                        rss += int(line.split()[1]) * 1024
-                    elif line.startswith("Pss:"):
-                        pss += int(line.split()[1]) * 1024
-        except OSError:
-            pass
-    return rss, pss
-
-
-def run_measured(cmd, env=None):
-    """Runs cmd, sampling the tree's memory; returns (stdout, peak_rss, peak_pss, wall)."""
-    t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-    peak = [0, 0]
-    done = threading.Event()
-
-    def sample():
-        while not done.is_set():
-            rss, pss = tree_memory(proc.pid)
-            peak[0], peak[1] = max(peak[0], rss), max(peak[1], pss)
-            done.wait(0.1)
-
-    t = threading.Thread(target=sample, daemon=True)
-    t.start()
-    out, err = proc.communicate()
-    done.set()
-    t.join()
-    wall = time.perf_counter() - t0
-    if proc.returncode != 0:
-        raise RuntimeError(f"{cmd} failed: {err}")
-    return out, peak[0], peak[1], wall
-
+# Process-tree memory sampling is shared with the other benches.
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from compare_torchvision import run_measured  # noqa: E402
 
 # --- child side: the training loop ---------------------------------------------------------------
 

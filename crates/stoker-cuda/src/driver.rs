@@ -80,8 +80,19 @@ impl Gpu {
             if ordinal >= count {
                 return Err(CudaError::NoSuchDevice { ordinal, count });
             }
+            // CudaContext::new makes the context current on this thread, which may be a user's
+            // thread with another device's context current (PyTorch tracks its device that
+            // way): put the previous one back.
+            let mut prev: sys::CUcontext = std::ptr::null_mut();
+            // SAFETY: the driver is initialised (device_count called cuInit); writes one handle.
+            let had_prev = unsafe { sys::cuCtxGetCurrent(&mut prev) } == CUresult::CUDA_SUCCESS;
             let ctx = CudaContext::new(ordinal as usize)
-                .map_err(|e| CudaError::Unavailable(format!("cannot open cuda:{ordinal}: {e:?}")))?;
+                .map_err(|e| CudaError::Unavailable(format!("cannot open cuda:{ordinal}: {e:?}")));
+            if had_prev {
+                // SAFETY: `prev` was current on this thread a moment ago (or null, which unbinds).
+                let _ = unsafe { sys::cuCtxSetCurrent(prev) };
+            }
+            let ctx = ctx?;
             let name = ctx.name().unwrap_or_else(|_| format!("CUDA device {ordinal}"));
             Ok(Arc::new(Gpu { ctx, ordinal, name, count }))
         }));
