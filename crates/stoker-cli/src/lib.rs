@@ -363,17 +363,9 @@ fn bench(root: &Path, o: &BenchOpts) -> Result<()> {
     let (source, classes) = open_source(root)?;
     let samples = source.len();
     let (placement, device_report) = stoker_cuda::place(&o.device, 0)?;
-    let (loader, stage) = match placement {
-        stoker_cuda::Placement::Cpu => (Loader::new(source, config)?, None),
-        stoker_cuda::Placement::Cuda(gpu) => {
-            let (prefetch, limit, bs) = (config.prefetch, config.memory_limit, config.sampler.batch_size);
-            let loader = Loader::new_in(source, config, &stoker_cuda::PinnedAllocator::new(gpu.clone()))?;
-            let capacities = vec![loader.pool().batch_bytes(), bs * 8];
-            let slots = stoker::buffer::BufferPool::plan(prefetch + 2, capacities.iter().sum(), limit)?;
-            let stage = stoker_cuda::DeviceStage::new(gpu, capacities, slots)?;
-            (loader, Some(stage))
-        }
-    };
+    let (prefetch, limit) = (config.prefetch, config.memory_limit);
+    let loader = Loader::new_in(source, config, placement.allocator().as_ref())?;
+    let stage = placement.stage(stoker_cuda::image_regions(&loader), prefetch, limit)?;
     loader.telemetry().set_device(device_report);
     let total_batches = loader.len() as u64 * o.epochs;
     let bar = if o.json { ProgressBar::hidden() } else { ProgressBar::new(total_batches) };

@@ -67,19 +67,16 @@ impl Gpu {
     /// Opens device `ordinal` (its primary context). Without a driver, or with fewer devices,
     /// the error says so; this never panics (cudarc's lazy loader is gated and caught).
     pub fn open(ordinal: u32) -> Result<Arc<Gpu>, CudaError> {
-        // SAFETY: only tries to dlopen the candidate library names.
-        if !unsafe { sys::is_culib_present() } {
-            return Err(CudaError::Unavailable("no NVIDIA driver: libcuda.so could not be loaded".into()));
+        // The gated driver check `probe` uses: the library, cuInit, the device count.
+        let (_, count) = crate::cuda_device_count().map_err(CudaError::Unavailable)?;
+        let count = count as u32;
+        if count == 0 {
+            return Err(CudaError::Unavailable("the driver reports no CUDA device".into()));
+        }
+        if ordinal >= count {
+            return Err(CudaError::NoSuchDevice { ordinal, count });
         }
         let r = catch_unwind(AssertUnwindSafe(|| -> Result<Arc<Gpu>, CudaError> {
-            let count = CudaContext::device_count().map_err(|e| CudaError::Unavailable(format!("{e:?}")))?;
-            let count = count.max(0) as u32;
-            if count == 0 {
-                return Err(CudaError::Unavailable("the driver reports no CUDA device".into()));
-            }
-            if ordinal >= count {
-                return Err(CudaError::NoSuchDevice { ordinal, count });
-            }
             // CudaContext::new makes the context current on this thread, which may be a user's
             // thread with another device's context current (PyTorch tracks its device that
             // way): put the previous one back.

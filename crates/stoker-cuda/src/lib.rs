@@ -25,7 +25,7 @@ mod transfer;
 pub use bandwidth::{measure_h2d, Bandwidth};
 pub use driver::{memory_in_use, Gpu, STREAM_LEGACY, STREAM_PER_THREAD};
 pub use pinned::PinnedAllocator;
-pub use transfer::{ArrayMeta, DeviceBatch, DeviceIter, DeviceStage, HostBatch, ImageMeta};
+pub use transfer::{image_regions, ArrayMeta, DeviceBatch, DeviceIter, DeviceStage, HostBatch, ImageMeta};
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
@@ -65,6 +65,34 @@ pub enum Placement {
     Cpu,
     /// Device memory of this GPU, through pinned host buffers and the transfer stage.
     Cuda(Arc<Gpu>),
+}
+
+impl Placement {
+    /// The host memory of the batch pool: page-locked for a GPU (so copies are asynchronous),
+    /// the heap otherwise.
+    pub fn allocator(&self) -> Box<dyn stoker::buffer::HostAllocator> {
+        match self {
+            Placement::Cpu => Box::new(stoker::buffer::HeapAllocator),
+            Placement::Cuda(gpu) => Box::new(PinnedAllocator::new(gpu.clone())),
+        }
+    }
+
+    /// The transfer stage for batches of `capacities` regions (bytes each), or `None` on the
+    /// host. Sized by the host pool's rule: `prefetch + 2` batches, capped by `memory_limit`.
+    pub fn stage(
+        &self,
+        capacities: Vec<usize>,
+        prefetch: usize,
+        memory_limit: Option<u64>,
+    ) -> stoker::Result<Option<DeviceStage>> {
+        match self {
+            Placement::Cpu => Ok(None),
+            Placement::Cuda(gpu) => {
+                let slots = stoker::buffer::BufferPool::plan(prefetch + 2, capacities.iter().sum(), memory_limit)?;
+                DeviceStage::new(gpu.clone(), capacities, slots).map(Some)
+            }
+        }
+    }
 }
 
 /// Resolves a device string. `cuda` means `cuda:{default_ordinal}` (the caller passes
@@ -150,7 +178,8 @@ impl CudaProbe {
     }
 }
 
-fn cuda_device_count() -> Result<(i32, usize), String> {
+/// `(CUDA driver version, device count)`, or why the driver cannot answer; never panics.
+pub(crate) fn cuda_device_count() -> Result<(i32, usize), String> {
     // SAFETY: only tries to dlopen the candidate library names; no other state is touched.
     if !unsafe { cudarc::driver::sys::is_culib_present() } {
         return Err("no NVIDIA driver: libcuda.so could not be loaded".into());

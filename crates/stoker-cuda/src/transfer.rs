@@ -21,7 +21,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
-use stoker::telemetry::Telemetry;
+use stoker::telemetry::{ConsumerClock, Telemetry};
 use stoker::{DType, Error, Layout, Result};
 
 const POLL: Duration = Duration::from_millis(20);
@@ -52,6 +52,11 @@ pub struct ImageMeta {
     pub layout: Layout,
     /// Dataset indices of the samples.
     pub indices: Vec<u32>,
+}
+
+/// The region capacities of an image loader's batches: the images buffer, then the labels.
+pub fn image_regions(loader: &stoker::Loader) -> Vec<usize> {
+    vec![loader.pool().batch_bytes(), loader.sampler().spec().batch_size * 8]
 }
 
 impl HostBatch for stoker::Batch {
@@ -379,15 +384,7 @@ impl DeviceStage {
             .map_err(|e| Error::Internal(format!("cannot start the transfer thread: {e}")))?;
         *run.thread.lock().unwrap_or_else(|p| p.into_inner()) = Some(handle);
         *self.active.lock().unwrap_or_else(|p| p.into_inner()) = Some(run.clone());
-        Ok(DeviceIter {
-            rx,
-            run,
-            pool: self.pool.clone(),
-            telemetry,
-            last_return: None,
-            wait_started: None,
-            done: false,
-        })
+        Ok(DeviceIter { rx, run, pool: self.pool.clone(), telemetry, clock: ConsumerClock::default(), done: false })
     }
 }
 
@@ -515,8 +512,7 @@ pub struct DeviceIter<M> {
     run: Arc<Run>,
     pool: Arc<Pool>,
     telemetry: Option<Arc<Telemetry>>,
-    last_return: Option<Instant>,
-    wait_started: Option<Instant>,
+    clock: ConsumerClock,
     done: bool,
 }
 
@@ -533,21 +529,12 @@ impl<M> DeviceIter<M> {
         if self.done {
             return Some(None);
         }
-        let t0 = *self.wait_started.get_or_insert_with(Instant::now);
-        if let (Some(last), Some(t)) = (self.last_return.take(), &self.telemetry) {
-            t.consumer.add_busy(t0 - last);
-        }
+        self.clock.waiting(self.telemetry.as_deref().map(|t| &t.consumer));
         match self.rx.recv_timeout(timeout) {
             Ok(Ok(b)) => {
                 b.received.store(true, Ordering::Release);
                 self.pool.held.fetch_add(1, Ordering::AcqRel);
-                let now = Instant::now();
-                if let Some(t) = &self.telemetry {
-                    t.consumer.add_wait(now - t0);
-                    t.consumer.record(Duration::ZERO);
-                }
-                self.wait_started = None;
-                self.last_return = Some(now);
+                self.clock.delivered(self.telemetry.as_deref().map(|t| &t.consumer));
                 Some(Some(Ok(b)))
             }
             Ok(Err(e)) => {

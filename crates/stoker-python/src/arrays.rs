@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use stoker::arrays::{descr_itemsize, ArrayBatch, ArrayConfig, ArrayIter, ArrayLoader, Column};
 use stoker::SamplerState;
-use stoker_cuda::{ArrayMeta, DeviceBatch, DeviceIter, DeviceStage};
+use stoker_cuda::DeviceStage;
 
 /// dtype string and the shape of one row, per column.
 #[derive(Clone)]
@@ -59,7 +59,7 @@ impl PyArrayLoader {
     ) -> PyResult<Self> {
         let config: ArrayConfig = serde_json::from_str(config_json)
             .map_err(|e| errors::config("config", format!("invalid configuration: {e}")))?;
-        let placed = py.detach(|| device::place(device, ordinal))?;
+        let (placement, report) = py.detach(|| stoker_cuda::place(device, ordinal)).py_err()?;
         let mut cols = vec![];
         let mut specs = vec![];
         for c in columns {
@@ -92,18 +92,11 @@ impl PyArrayLoader {
         let capacities: Vec<usize> = cols.iter().map(|c| c.row_bytes() * bs).collect();
         let (loader, stage) = py
             .detach(|| -> stoker::Result<_> {
-                let loader = ArrayLoader::new_in(cols, config, placed.alloc.as_ref())?;
-                let slots = stoker::buffer::BufferPool::plan(prefetch + 2, capacities.iter().sum(), limit)?;
-                Ok((loader, device::stage(placed.gpu, capacities, slots)?))
+                let loader = ArrayLoader::new_in(cols, config, placement.allocator().as_ref())?;
+                Ok((loader, placement.stage(capacities, prefetch, limit)?))
             })
             .py_err()?;
-        Ok(PyArrayLoader {
-            loader,
-            specs: Arc::new(specs),
-            stage,
-            device: placed.report.used.clone(),
-            device_report: placed.report,
-        })
+        Ok(PyArrayLoader { loader, specs: Arc::new(specs), stage, device: report.used.clone(), device_report: report })
     }
 
     /// Where batches are delivered: `cpu` or `cuda:N`.
@@ -152,42 +145,13 @@ impl PyArrayLoader {
     }
 
     fn iter(&self, py: Python<'_>) -> PyResult<PyArrayIter> {
-        let it = py
-            .detach(|| -> stoker::Result<ArrIter> {
-                match &self.stage {
-                    None => Ok(ArrIter::Host(self.loader.iter()?)),
-                    Some(stage) => {
-                        let mut host = self.loader.iter()?;
-                        Ok(ArrIter::Device(stage.run(move |t| host.next_timeout(t), None)?))
-                    }
-                }
-            })
-            .py_err()?;
+        let it = py.detach(|| ArrIter::start(self.loader.iter()?, self.stage.as_ref(), None)).py_err()?;
         Ok(PyArrayIter { inner: Mutex::new(Some(it)), specs: self.specs.clone(), pid: std::process::id() })
     }
 }
 
-/// A host or a GPU iteration over array batches.
-enum ArrIter {
-    Host(ArrayIter),
-    Device(DeviceIter<ArrayMeta>),
-}
-
-impl ArrIter {
-    fn next_timeout(&mut self, t: Duration) -> Option<Option<stoker::Result<ArrHeld>>> {
-        match self {
-            ArrIter::Host(it) => it.next_timeout(t).map(|o| o.map(|r| r.map(|b| ArrHeld::Host(Arc::new(b))))),
-            ArrIter::Device(it) => it.next_timeout(t).map(|o| o.map(|r| r.map(|b| ArrHeld::Device(Arc::new(b))))),
-        }
-    }
-}
-
-/// An array batch in host or device memory.
-#[derive(Clone)]
-enum ArrHeld {
-    Host(Arc<ArrayBatch>),
-    Device(Arc<DeviceBatch<ArrayMeta>>),
-}
+type ArrIter = device::Iter<ArrayIter>;
+type ArrHeld = device::Held<ArrayBatch>;
 
 /// An iteration over array batches (GIL released while waiting; Ctrl-C honoured).
 #[pyclass(frozen, name = "ArrayIterator", module = "stoker._stoker")]

@@ -1,6 +1,6 @@
-//! What the loader classes share for GPU batches: resolving `device=`, building the pinned
-//! pool and the transfer stage, and exporting CUDA tensors through DLPack with the protocol's
-//! stream semantics (the consumer's stream waits on the copy's event; no host sync).
+//! What the loader classes share for GPU batches: host-or-device batches and iterations, and
+//! exporting CUDA tensors through DLPack with the protocol's stream semantics (the consumer's
+//! stream waits on the copy's event; no host sync).
 
 use crate::dlpack::{self, View};
 use crate::errors::IntoPy;
@@ -8,38 +8,89 @@ use pyo3::exceptions::PyBufferError;
 use pyo3::prelude::*;
 use pyo3::types::PyCapsule;
 use std::sync::Arc;
-use stoker::buffer::{HeapAllocator, HostAllocator};
-use stoker::telemetry::DeviceReport;
-use stoker_cuda::{DeviceBatch, DeviceStage, Gpu, PinnedAllocator, Placement};
+use std::time::Duration;
+use stoker::telemetry::Telemetry;
+use stoker_cuda::{DeviceBatch, DeviceIter, DeviceStage, HostBatch};
+
+/// A host iteration the bindings poll (images or arrays).
+pub(crate) trait HostIter: Send + 'static {
+    type Batch: HostBatch + Sync;
+    fn poll(&mut self, t: Duration) -> Option<Option<stoker::Result<Self::Batch>>>;
+    /// The iteration as the transfer stage's input (which measures the consumer itself).
+    fn forwarding(self) -> Self
+    where
+        Self: Sized,
+    {
+        self
+    }
+}
+
+impl HostIter for stoker::EpochIter {
+    type Batch = stoker::Batch;
+    fn poll(&mut self, t: Duration) -> Option<Option<stoker::Result<stoker::Batch>>> {
+        self.next_timeout(t)
+    }
+    fn forwarding(self) -> Self {
+        stoker::EpochIter::forwarding(self)
+    }
+}
+
+impl HostIter for stoker::arrays::ArrayIter {
+    type Batch = stoker::arrays::ArrayBatch;
+    fn poll(&mut self, t: Duration) -> Option<Option<stoker::Result<stoker::arrays::ArrayBatch>>> {
+        self.next_timeout(t)
+    }
+}
+
+/// A batch in host or device memory.
+pub(crate) enum Held<B: HostBatch> {
+    Host(Arc<B>),
+    Device(Arc<DeviceBatch<B::Meta>>),
+}
+
+impl<B: HostBatch> Clone for Held<B> {
+    fn clone(&self) -> Self {
+        match self {
+            Held::Host(b) => Held::Host(b.clone()),
+            Held::Device(b) => Held::Device(b.clone()),
+        }
+    }
+}
+
+/// A host iteration, or the transfer stage forwarding one to the GPU.
+pub(crate) enum Iter<H: HostIter> {
+    Host(H),
+    Device(DeviceIter<<H::Batch as HostBatch>::Meta>),
+}
+
+impl<H: HostIter> Iter<H> {
+    /// Iterates `host` directly, or through `stage` (which first stops its previous run, and
+    /// with it the host iteration that run drove).
+    pub(crate) fn start(
+        host: H,
+        stage: Option<&DeviceStage>,
+        telemetry: Option<Arc<Telemetry>>,
+    ) -> stoker::Result<Self> {
+        match stage {
+            None => Ok(Iter::Host(host)),
+            Some(stage) => {
+                let mut host = host.forwarding();
+                Ok(Iter::Device(stage.run(move |t| host.poll(t), telemetry)?))
+            }
+        }
+    }
+
+    pub(crate) fn next_timeout(&mut self, t: Duration) -> Option<Option<stoker::Result<Held<H::Batch>>>> {
+        match self {
+            Iter::Host(it) => it.poll(t).map(|o| o.map(|r| r.map(|b| Held::Host(Arc::new(b))))),
+            Iter::Device(it) => it.next_timeout(t).map(|o| o.map(|r| r.map(|b| Held::Device(Arc::new(b))))),
+        }
+    }
+}
 
 /// `kDLCPU` and `kDLCUDA` (dlpack.h).
 pub(crate) const DL_CPU: i32 = 1;
 pub(crate) const DL_CUDA: i32 = 2;
-
-/// A resolved `device=` argument: the host allocator for the batch pool and, for a GPU, the
-/// device to build the transfer stage on.
-pub(crate) struct Placed {
-    pub gpu: Option<Arc<Gpu>>,
-    pub alloc: Box<dyn HostAllocator>,
-    pub report: DeviceReport,
-}
-
-pub(crate) fn place(device: &str, default_ordinal: u32) -> PyResult<Placed> {
-    let (placement, report) = stoker_cuda::place(device, default_ordinal).py_err()?;
-    Ok(match placement {
-        Placement::Cpu => Placed { gpu: None, alloc: Box::new(HeapAllocator), report },
-        Placement::Cuda(gpu) => Placed { alloc: Box::new(PinnedAllocator::new(gpu.clone())), gpu: Some(gpu), report },
-    })
-}
-
-/// Builds the transfer stage: `slots` device slots with buffers of `capacities` bytes.
-pub(crate) fn stage(
-    gpu: Option<Arc<Gpu>>,
-    capacities: Vec<usize>,
-    slots: usize,
-) -> stoker::Result<Option<DeviceStage>> {
-    gpu.map(|g| DeviceStage::new(g, capacities, slots)).transpose()
-}
 
 /// A GPU batch as the tensor views see it.
 pub(crate) trait StreamSync: Send + Sync {

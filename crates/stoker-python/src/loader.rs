@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use stoker::{Batch, DType, EpochIter, ImageFolder, Loader, LoaderConfig, SamplerState};
-use stoker_cuda::{DeviceBatch, DeviceIter, DeviceStage, ImageMeta};
+use stoker_cuda::DeviceStage;
 
 /// How long one wait lasts before Python gets a chance to handle signals (Ctrl-C).
 const SIGNAL_POLL: Duration = Duration::from_millis(50);
@@ -42,7 +42,7 @@ impl PyLoader {
     ) -> PyResult<Self> {
         let config: LoaderConfig = serde_json::from_str(config_json)
             .map_err(|e| errors::config("config", format!("invalid configuration: {e}")))?;
-        let placed = py.detach(|| device::place(device, ordinal))?;
+        let (placement, report) = py.detach(|| stoker_cuda::place(device, ordinal)).py_err()?;
         py.detach(move || {
             let (source, classes): (Arc<dyn stoker::Source>, Vec<String>) = match shards {
                 Some(list) => {
@@ -57,13 +57,11 @@ impl PyLoader {
                 }
             };
             let samples = source.len();
-            let (prefetch, limit, bs) = (config.prefetch, config.memory_limit, config.sampler.batch_size);
-            let loader = Loader::new_in(source, config, placed.alloc.as_ref())?;
-            let capacities = vec![loader.pool().batch_bytes(), bs * 8];
-            let slots = stoker::buffer::BufferPool::plan(prefetch + 2, capacities.iter().sum(), limit)?;
-            let stage = device::stage(placed.gpu, capacities, slots)?;
-            let device = placed.report.used.clone();
-            loader.telemetry().set_device(placed.report);
+            let (prefetch, limit) = (config.prefetch, config.memory_limit);
+            let loader = Loader::new_in(source, config, placement.allocator().as_ref())?;
+            let stage = placement.stage(stoker_cuda::image_regions(&loader), prefetch, limit)?;
+            let device = report.used.clone();
+            loader.telemetry().set_device(report);
             Ok(PyLoader { loader, classes, samples, stage, device })
         })
         .py_err()
@@ -181,44 +179,14 @@ impl PyLoader {
     /// Starts iterating from the current state; ends any previous iteration of this loader.
     fn iter(&self, py: Python<'_>) -> PyResult<PyIter> {
         let it = py
-            .detach(|| -> stoker::Result<Iter> {
-                match &self.stage {
-                    None => Ok(Iter::Host(self.loader.iter()?)),
-                    Some(stage) => {
-                        // Stop the previous transfer (and with it the host iteration it drives)
-                        // before the engine starts a new one.
-                        let mut host = self.loader.iter()?.forwarding();
-                        let tel = self.loader.telemetry().clone();
-                        Ok(Iter::Device(stage.run(move |t| host.next_timeout(t), Some(tel))?))
-                    }
-                }
-            })
+            .detach(|| Iter::start(self.loader.iter()?, self.stage.as_ref(), Some(self.loader.telemetry().clone())))
             .py_err()?;
         Ok(PyIter { inner: Mutex::new(Some(it)), pid: std::process::id() })
     }
 }
 
-/// A host or a GPU iteration.
-pub(crate) enum Iter {
-    Host(EpochIter),
-    Device(DeviceIter<ImageMeta>),
-}
-
-impl Iter {
-    fn next_timeout(&mut self, t: Duration) -> Option<Option<stoker::Result<Held>>> {
-        match self {
-            Iter::Host(it) => it.next_timeout(t).map(|o| o.map(|r| r.map(|b| Held::Host(Arc::new(b))))),
-            Iter::Device(it) => it.next_timeout(t).map(|o| o.map(|r| r.map(|b| Held::Device(Arc::new(b))))),
-        }
-    }
-}
-
-/// A batch in host or device memory.
-#[derive(Clone)]
-pub(crate) enum Held {
-    Host(Arc<Batch>),
-    Device(Arc<DeviceBatch<ImageMeta>>),
-}
+type Iter = device::Iter<EpochIter>;
+type Held = device::Held<Batch>;
 
 /// An iteration over (the rest of) an epoch. Waits release the GIL; Ctrl-C is honoured
 /// between 50 ms waits and stops every worker thread.

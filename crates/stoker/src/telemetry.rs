@@ -56,6 +56,36 @@ impl StageCounters {
     }
 }
 
+/// Measures the consumer of an iterator: the time between batches is its busy time, the time
+/// inside `next()` until a batch arrives is its wait (starvation). One per iteration; `None`
+/// counters measure nothing (an iterator whose caller only forwards batches).
+#[derive(Debug, Default)]
+pub struct ConsumerClock {
+    last_return: Option<Instant>,
+    wait_started: Option<Instant>,
+}
+
+impl ConsumerClock {
+    /// At the start of every `next()` call: the first call of a wait counts the time since the
+    /// last batch as busy time.
+    pub fn waiting(&mut self, counters: Option<&StageCounters>) {
+        let t0 = *self.wait_started.get_or_insert_with(Instant::now);
+        if let (Some(last), Some(c)) = (self.last_return.take(), counters) {
+            c.add_busy(t0 - last);
+        }
+    }
+
+    /// When a batch is handed over: counts the wait since the first `waiting` call.
+    pub fn delivered(&mut self, counters: Option<&StageCounters>) {
+        let now = Instant::now();
+        if let (Some(t0), Some(c)) = (self.wait_started.take(), counters) {
+            c.add_wait(now - t0);
+            c.record(Duration::ZERO);
+        }
+        self.last_return = Some(now);
+    }
+}
+
 /// A sample that was skipped, with its path and reason.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct Skipped {

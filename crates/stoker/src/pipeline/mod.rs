@@ -22,7 +22,7 @@ use crate::ops::{DType, Layout, Resampler, TransformPlan, TransformSpec};
 use crate::rng::{self, Rng};
 use crate::sampler::{Position, Sampler, SamplerSpec, SamplerState};
 use crate::source::Source;
-use crate::telemetry::{Report, Skipped, Telemetry};
+use crate::telemetry::{ConsumerClock, Report, Skipped, Telemetry};
 use crossbeam_channel::{bounded, Receiver, RecvTimeoutError, Sender};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -312,8 +312,7 @@ pub struct EpochIter {
     next_batch: usize,
     end: usize,
     epoch: u64,
-    last_return: Option<Instant>,
-    wait_started: Option<Instant>,
+    clock: ConsumerClock,
     finished: bool,
     consumer_telemetry: bool,
 }
@@ -396,8 +395,7 @@ impl EpochIter {
             next_batch: start,
             end,
             epoch,
-            last_return: None,
-            wait_started: None,
+            clock: ConsumerClock::default(),
             finished: start >= end,
             consumer_telemetry: true,
         };
@@ -506,12 +504,8 @@ impl EpochIter {
     }
 
     fn poll(&mut self, deadline: Option<Instant>) -> Option<Option<Result<Batch>>> {
-        let t0 = *self.wait_started.get_or_insert_with(Instant::now);
-        if let Some(last) = self.last_return.take() {
-            if self.consumer_telemetry {
-                self.shared.telemetry.consumer.add_busy(t0 - last);
-            }
-        }
+        let consumer = self.consumer_telemetry.then_some(&self.shared.telemetry.consumer);
+        self.clock.waiting(consumer);
         loop {
             if self.finished {
                 return Some(None);
@@ -553,15 +547,9 @@ impl EpochIter {
                 let _ = self.shared.pool.free_tx.send(slot);
                 continue;
             }
-            let now = Instant::now();
             let tel = &self.shared.telemetry;
-            if self.consumer_telemetry {
-                tel.consumer.add_wait(now - t0);
-                tel.consumer.record(Duration::ZERO);
-            }
+            self.clock.delivered(self.consumer_telemetry.then_some(&tel.consumer));
             tel.add_samples(len);
-            self.wait_started = None;
-            self.last_return = Some(now);
             self.shared.pool.held.fetch_add(1, Ordering::AcqRel);
             let plan = &self.shared.plan;
             return Some(Some(Ok(Batch {
