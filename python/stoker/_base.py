@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+import importlib
 import os
-import re
 import sys
 from typing import Any, Callable, Protocol, Sequence
 
@@ -20,37 +20,51 @@ class _Native(Protocol):
     def __len__(self) -> int: ...
     @property
     def threads(self) -> int: ...
-    def set_epoch(self, epoch: int) -> None: ...
+    @property
+    def batch_size(self) -> int: ...
+    @property
+    def rank(self) -> int: ...
+    @property
+    def world_size(self) -> int: ...
+    def set_epoch(self, epoch: object) -> None: ...
     def state(self) -> tuple[int, int, int]: ...
     def load_state(self, seed: int, epoch: int, next_batch: int) -> None: ...
+
+
+def torch_module() -> Any:
+    """PyTorch, imported on first use. Never imported statically: ``import stoker`` does not
+    load torch, and the package type-checks the same with or without torch installed."""
+    torch = importlib.import_module("torch")
+    importlib.import_module("torch.utils.dlpack")
+    return torch
 
 
 def converter(torch_output: bool) -> Callable[[Any], Any]:
     """``torch.from_dlpack`` or ``numpy.from_dlpack``."""
     if torch_output:
-        import torch.utils.dlpack
-
-        return torch.utils.dlpack.from_dlpack
+        from_dlpack: Callable[[Any], Any] = torch_module().utils.dlpack.from_dlpack
+        return from_dlpack
     import numpy as np
 
     return np.from_dlpack
 
 
 def check_device(device: Any) -> tuple[int, bool]:
-    """Validates a ``device=`` argument; returns the ordinal that ``"cuda"`` and ``"auto"`` mean
-    (see :func:`device_ordinal`) and whether batches will go to a GPU. ``cuda``/``cuda:N``
-    without a usable driver raise :class:`DeviceError` here, before any other check."""
-    if not isinstance(device, str) or not re.fullmatch(r"cpu|auto|cuda(:[0-9]+)?", device):
-        raise ConfigError(f"invalid argument `device`: expected 'cpu', 'cuda', 'cuda:N' or 'auto', got {device!r}")
-    if device == "cpu":
+    """Checks a ``device=`` argument (the engine's rule); returns the ordinal it means (``cuda``
+    and ``auto``: see :func:`device_ordinal`) and whether batches will go to a GPU.
+    ``cuda``/``cuda:N`` without a usable driver raise :class:`DeviceError` here, before any
+    other check."""
+    from . import _stoker
+
+    kind, ordinal = _stoker.parse_device(device)
+    if kind == "cpu":
         return 0, False
-    ordinal = device_ordinal(device)
-    if device == "auto":
+    if ordinal is None:
+        ordinal = device_ordinal()
+    if kind == "auto":
         return ordinal, gpu_present()
     if not gpu_present():
         import json
-
-        from . import _stoker
 
         why = json.loads(_stoker.cuda_probe_json())["unavailable_reason"]
         raise DeviceError(f"device error: device={device!r} needs CUDA, which is not available: {why}; "
@@ -58,18 +72,24 @@ def check_device(device: Any) -> tuple[int, bool]:
     return ordinal, True
 
 
-def device_ordinal(device: str) -> int:
+def device_ordinal() -> int:
     """The ordinal that ``"cuda"`` and ``"auto"`` mean: PyTorch's current device when PyTorch
     has initialised CUDA, else torchrun's ``LOCAL_RANK``, else 0."""
     torch = sys.modules.get("torch")
-    if torch is not None and device in ("cuda", "auto"):
+    if torch is not None:
         try:
             if torch.cuda.is_initialized():
                 return int(torch.cuda.current_device())
         except Exception:  # pragma: no cover - a broken CUDA setup falls through to LOCAL_RANK
             pass
-    local = os.environ.get("LOCAL_RANK", "")
-    return int(local) if local.isdigit() else 0
+    return local_rank()
+
+
+def local_rank() -> int:
+    """torchrun's ``LOCAL_RANK`` (0 when unset)."""
+    from . import _stoker
+
+    return _stoker.local_rank()
 
 
 def gpu_present() -> bool:
@@ -90,12 +110,12 @@ class Normalizer:
     def __init__(self, mean: Sequence[float], std: Sequence[float], dtype: Any, channels_last: bool) -> None:
         self._mean = [float(m) for m in mean]
         self._std = [float(s) for s in std]
-        self._dtype = dtype
+        self._dtype = str(dtype).replace("torch.", "")  # a name or a torch dtype
         self._channels_last = channels_last
         self._consts: dict[Any, tuple[Any, Any]] = {}
 
     def __call__(self, x: Any) -> Any:
-        import torch
+        torch = torch_module()
 
         c = self._consts.get(x.device)
         if c is None:
@@ -105,7 +125,7 @@ class Normalizer:
             c = self._consts[x.device] = (mean, std)
         y = x.to(torch.float32)
         y.div_(255.0).sub_(c[0]).div_(c[1])
-        return y if self._dtype == torch.float32 else y.to(self._dtype)
+        return y if self._dtype == "float32" else y.to(getattr(torch, self._dtype))
 
 
 class BatchIterator:
@@ -140,8 +160,6 @@ class LoaderBase:
 
     _native: Any
     _pid: int
-    rank: int
-    world_size: int
 
     def _new_native(self) -> Any:
         raise NotImplementedError
@@ -171,11 +189,29 @@ class LoaderBase:
         """Worker threads in use."""
         return self._base().threads
 
+    @property
+    def batch_size(self) -> int:
+        """Samples (rows) per batch."""
+        return self._base().batch_size
+
+    @property
+    def rank(self) -> int:
+        """This process's rank (``rank=``, else torchrun's ``RANK``, else 0)."""
+        return self._base().rank
+
+    @property
+    def world_size(self) -> int:
+        """Ranks sharing the dataset (``world_size=``, else torchrun's ``WORLD_SIZE``, else 1)."""
+        return self._base().world_size
+
+    @property
+    def local_rank(self) -> int:
+        """This process's GPU index on its node (torchrun's ``LOCAL_RANK``; 0 when unset)."""
+        return local_rank()
+
     def set_epoch(self, epoch: int) -> None:
         """Selects the epoch (its shuffle and augmentations). Changing it restarts at batch 0;
         setting the current epoch again keeps a restored position."""
-        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
-            raise ConfigError(f"invalid argument `epoch`: expected a non-negative integer, got {epoch!r}")
         self._base().set_epoch(epoch)
 
     def state_dict(self) -> dict[str, Any]:
@@ -198,4 +234,5 @@ class LoaderBase:
         self._base().load_state(seed, epoch, next_batch)
 
 
-__all__ = ["BatchIterator", "LoaderBase", "Normalizer", "check_device", "converter", "device_ordinal", "gpu_present"]
+__all__ = ["BatchIterator", "LoaderBase", "Normalizer", "check_device", "converter", "device_ordinal", "gpu_present",
+           "local_rank"]

@@ -9,7 +9,7 @@ from typing import Any, Iterator
 from . import _stoker
 from ._base import BatchIterator, LoaderBase, check_device, converter
 from .errors import ConfigError
-from .loader import _env_int, _positive_int, _want_torch, parse_bytes
+from .loader import arguments_json, want_torch
 
 
 def _column(a: Any) -> Any:
@@ -33,9 +33,6 @@ def _column(a: Any) -> Any:
     descr = a.dtype.str
     if descr[0] == "=":
         descr = "<" + descr[1:]
-    if descr[0] == ">" or descr[1:] not in ("f2", "f4", "f8", "i1", "i2", "i4", "i8", "u1", "u2", "u4", "u8", "b1"):
-        raise ConfigError(f"invalid argument `arrays`: unsupported dtype {a.dtype} "
-                          "(little-endian bool, int, uint or float)")
     row_shape = list(a.shape[1:])
     row_bytes = int(a.itemsize * int(np.prod(row_shape, dtype=np.int64)))
     return (int(a.ctypes.data), int(a.shape[0]), row_bytes, descr, row_shape, a)
@@ -59,39 +56,20 @@ class ArrayLoader(LoaderBase):
                  world_size: int | None = None, device: str = "cpu") -> None:
         if not arrays:
             raise ConfigError("invalid argument `arrays`: give at least one array or .npy path")
-        if output not in ("auto", "torch", "numpy"):
-            raise ConfigError(f"invalid argument `output`: {output!r}; allowed: auto, torch, numpy")
-        _positive_int("batch_size", batch_size)
-        _positive_int("prefetch", prefetch)
-        n_threads = None if threads == "auto" else _positive_int("threads", threads)
-        if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-            raise ConfigError(f"invalid argument `seed`: expected a non-negative integer, got {seed!r}")
-        rank = _env_int("RANK") or 0 if rank is None else rank
-        world_size = _env_int("WORLD_SIZE") or 1 if world_size is None else world_size
-        _positive_int("world_size", world_size)
-        if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < world_size:
-            raise ConfigError(f"invalid argument `rank`: must be in 0..{world_size - 1}, got {rank!r}")
         self._columns = [_column(a) for a in arrays]
-        self._config = {
-            "sampler": {"batch_size": batch_size, "shuffle": bool(shuffle), "seed": seed,
-                        "drop_last": bool(drop_last), "rank": rank, "world_size": world_size},
-            "threads": n_threads,
-            "prefetch": prefetch,
-            "memory_limit": parse_bytes(memory_limit),
-        }
+        self._args = arguments_json(batch_size=batch_size, shuffle=shuffle, seed=seed, drop_last=drop_last,
+                                    threads=threads, prefetch=prefetch, memory_limit=memory_limit, rank=rank,
+                                    world_size=world_size)
         self._ordinal, on_gpu = check_device(device)
         self._device = device
         if on_gpu and output == "numpy":
             raise ConfigError(f"invalid argument `output`: device={device!r} delivers torch tensors; "
                               "use output='torch' or 'auto'")
-        self._torch = _want_torch("torch" if on_gpu else output)
-        self.batch_size = batch_size
-        self.rank = rank
-        self.world_size = world_size
+        self._torch = True if on_gpu else want_torch(output)
         self._start()
 
     def _new_native(self) -> _stoker.ArrayLoader:
-        return _stoker.ArrayLoader(self._columns, json.dumps(self._config), self._device, self._ordinal)
+        return _stoker.ArrayLoader(self._columns, self._args, self._device, self._ordinal)
 
     @property
     def device(self) -> str:

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import operator
 import os
-import re
 from typing import Any, Iterator, Sequence
 
 from . import _stoker
@@ -12,83 +13,48 @@ from ._base import BatchIterator, LoaderBase, Normalizer, check_device, converte
 from .errors import ConfigError
 from .transforms import Transform, compile_transforms, dtype_name
 
-_PRESETS = ("imagenet-train", "imagenet-val")
 _OUTPUTS = ("auto", "torch", "numpy")
-_UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "kib": 2**10, "m": 10**6, "mb": 10**6, "mib": 2**20,
-          "g": 10**9, "gb": 10**9, "gib": 2**30, "t": 10**12, "tb": 10**12, "tib": 2**40}
-
-def parse_bytes(value: int | str | None, name: str = "memory_limit") -> int | None:
-    """Bytes from an int or a string like '2GiB', '512MB', '1.5G'."""
-    if value is None:
-        return None
-    if isinstance(value, bool):
-        raise ConfigError(f"invalid argument `{name}`: expected bytes (int) or a size like '2GiB', got {value!r}")
-    if isinstance(value, int):
-        n = value
-    elif isinstance(value, str):
-        m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", value)
-        if not m or m.group(2).lower() not in _UNITS:
-            raise ConfigError(f"invalid argument `{name}`: cannot read {value!r}; use bytes or a size like "
-                              "'2GiB', '512MB' (units B, KB, KiB, MB, MiB, GB, GiB, TB, TiB)")
-        n = int(float(m.group(1)) * _UNITS[m.group(2).lower()])
-    else:
-        raise ConfigError(f"invalid argument `{name}`: expected bytes (int) or a size like '2GiB', got {value!r}")
-    if n <= 0:
-        raise ConfigError(f"invalid argument `{name}`: must be positive, got {value!r}")
-    return n
 
 
-def _env_int(name: str) -> int | None:
-    v = os.environ.get(name)
-    if v is None or v == "":
-        return None
-    try:
-        return int(v)
-    except ValueError:
-        raise ConfigError(f"invalid environment variable {name}={v!r}: expected an integer") from None
+def arguments_json(**args: Any) -> str:
+    """The loader's arguments as the JSON object the engine checks (``stoker::args``): values
+    pass through unchanged; ``None`` means the engine's default. Integer-like objects (NumPy
+    integers) become ints; anything JSON cannot carry is a :class:`ConfigError` naming it."""
+    out: dict[str, Any] = {}
+    for name, value in args.items():
+        if value is None:
+            continue
+        if isinstance(value, (bool, int, float, str, list, dict)):
+            out[name] = value
+            continue
+        try:
+            out[name] = operator.index(value)
+        except TypeError:
+            raise ConfigError(f"invalid argument `{name}`: unsupported value {value!r} of type "
+                              f"{type(value).__name__}") from None
+    return json.dumps(out)
 
 
-def _resolve_root(root: Any) -> tuple[str, list[str] | None]:
-    """(root, None) for an ImageFolder directory; (first shard, shard list) for shards."""
-    import glob
-
+def roots(root: Any) -> list[str]:
+    """``root`` as the list of strings the engine reads (``stoker::source::detect`` decides
+    what they name: an ImageFolder root, a pack folder, shards, globs or URLs)."""
     if isinstance(root, (list, tuple)):
-        shards = [os.fspath(p) for p in root]
-        if not shards:
-            raise ConfigError("invalid argument `root`: the list of shards is empty")
-        return shards[0], shards
-    path = os.fspath(root)
-    if "://" in path:
-        return path, [path]  # object storage: stoker lists and matches globs itself
-    if os.path.isdir(path):
-        return path, None
-    if any(c in path for c in "*?["):
-        shards = sorted(glob.glob(path))
-        if not shards:
-            raise ConfigError(f"invalid argument `root`: no file matches {path!r}")
-        return shards[0], shards
-    if path.endswith(".tar"):
-        return path, [path]
-    return path, None
+        return [os.fspath(p) for p in root]
+    if isinstance(root, (str, os.PathLike)):
+        return [os.fspath(root)]
+    raise ConfigError(f"invalid argument `root`: expected a path, a URL or a list of shards, got {root!r}")
 
 
-def _positive_int(name: str, value: Any, allow_none: bool = False) -> int | None:
-    if value is None and allow_none:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ConfigError(f"invalid argument `{name}`: expected a positive integer, got {value!r}")
-    return value
-
-
-def _want_torch(output: str) -> bool:
+def want_torch(output: Any) -> bool:
+    """Whether batches become torch tensors: ``output='torch'``, or ``'auto'`` with PyTorch
+    installed. Torch itself is imported only when the first batch is converted."""
+    if output not in _OUTPUTS:
+        raise ConfigError(f"invalid argument `output`: {output!r}; allowed: {', '.join(_OUTPUTS)}")
     if output == "numpy":
         return False
-    try:
-        import torch  # noqa: F401
-    except ImportError:
+    if importlib.util.find_spec("torch") is None:
         if output == "torch":
-            raise ConfigError("invalid argument `output`: 'torch' needs PyTorch installed; "
-                              "use output='numpy'") from None
+            raise ConfigError("invalid argument `output`: 'torch' needs PyTorch installed; use output='numpy'")
         return False
     return True
 
@@ -131,21 +97,13 @@ class ImageLoader(LoaderBase):
                  memory_limit: int | str | None = None, on_error: str = "skip", output: str = "auto",
                  rank: int | None = None, world_size: int | None = None, layout: str = "NCHW",
                  dtype: Any = None, apply_exif: bool = True, device: str = "cpu") -> None:
-        if preset is not None and transforms is not None:
-            raise ConfigError("invalid arguments `preset` and `transforms`: give one, not both")
-        if preset is None and transforms is None:
-            raise ConfigError("invalid argument `preset`: give preset='imagenet-train' or 'imagenet-val', "
-                              "or an explicit transforms=[...] list")
-        if preset is not None:
-            if preset not in _PRESETS:
-                raise ConfigError(f"invalid argument `preset`: {preset!r}; allowed: {', '.join(_PRESETS)}")
-            spec = json.loads(_stoker.preset_json(preset))
-            ops, out_dtype = spec["ops"], spec["dtype"]
-        else:
+        ops: list[dict[str, Any]] | None = None
+        out_dtype: str | None = None
+        if transforms is not None:
             if isinstance(transforms, Transform) or not isinstance(transforms, (list, tuple)):
                 raise ConfigError("invalid argument `transforms`: expected a list of stoker.transforms")
             ops, out_dtype = compile_transforms(transforms)
-        # Normalise in torch (on the GPU) when batches go to a GPU: the engine then writes uint8.
+        # Batches for a GPU cross the bus as uint8 and are normalised there, in torch.
         ordinal, torch_norm = check_device(device)
         bf16 = dtype is not None and str(dtype).replace("torch.", "").lower() == "bfloat16"
         if bf16 and not torch_norm:
@@ -153,72 +111,33 @@ class ImageLoader(LoaderBase):
                               "(or float16/float32 on the CPU)")
         if dtype is not None:
             out_dtype = "bfloat16" if bf16 else dtype_name(dtype)
-            if out_dtype == "uint8":
-                ops = [o for o in ops if o["op"] != "Normalize"]
         self._normalizer: Normalizer | None = None
         if torch_norm:
             if output == "numpy":
                 raise ConfigError(f"invalid argument `output`: device={device!r} delivers torch tensors; "
                                   "use output='torch' or 'auto'")
-            if out_dtype != "uint8":
-                import torch
-
+            if ops is None and preset is not None and transforms is None:
+                spec = json.loads(_stoker.preset_json(preset))
+                ops, out_dtype, preset = spec["ops"], out_dtype or spec["dtype"], None
+            if ops is not None and out_dtype not in (None, "uint8"):
                 norm = [o for o in ops if o["op"] == "Normalize"]
                 mean, std = (norm[-1]["mean"], norm[-1]["std"]) if norm else ([0.0] * 3, [1.0] * 3)
-                self._normalizer = Normalizer(mean, std, getattr(torch, out_dtype), layout.upper() == "NHWC")
+                channels_last = isinstance(layout, str) and layout.upper() == "NHWC"
+                self._normalizer = Normalizer(mean, std, out_dtype, channels_last)
                 ops = [o for o in ops if o["op"] != "Normalize"]
                 out_dtype = "uint8"
-        if not isinstance(layout, str) or layout.upper() not in ("NCHW", "NHWC"):
-            raise ConfigError(f"invalid argument `layout`: {layout!r}; allowed: NCHW, NHWC")
-        if on_error not in ("skip", "raise"):
-            raise ConfigError(f"invalid argument `on_error`: {on_error!r}; allowed: skip, raise")
-        if output not in _OUTPUTS:
-            raise ConfigError(f"invalid argument `output`: {output!r}; allowed: {', '.join(_OUTPUTS)}")
-        _positive_int("batch_size", batch_size)
-        _positive_int("prefetch", prefetch)
-        _positive_int("io_threads", io_threads, allow_none=True)
-        if threads == "auto":
-            n_threads = None
-        else:
-            n_threads = _positive_int("threads", threads)
-        if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-            raise ConfigError(f"invalid argument `seed`: expected a non-negative integer, got {seed!r}")
-        if rank is None:
-            rank = _env_int("RANK") or 0
-        if world_size is None:
-            world_size = _env_int("WORLD_SIZE") or 1
-        _positive_int("world_size", world_size)
-        if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < world_size:
-            raise ConfigError(f"invalid argument `rank`: must be in 0..{world_size - 1} (world_size={world_size}), "
-                              f"got {rank!r}")
-        if shuffle not in (True, False, "global", "shards"):
-            raise ConfigError(f"invalid argument `shuffle`: {shuffle!r}; allowed: False, True, 'global', 'shards'")
-        _positive_int("shard_window", shard_window)
-        self._root, self._shards = _resolve_root(root)
-        self._torch = _want_torch("torch" if torch_norm else output)
+        self._torch = True if torch_norm else want_torch(output)
+        self._roots = roots(root)
         self._device, self._ordinal = device, ordinal
-        self._config = {
-            "sampler": {"batch_size": batch_size, "shuffle": bool(shuffle), "seed": seed,
-                        "drop_last": bool(drop_last), "rank": rank, "world_size": world_size,
-                        "shard_window": shard_window if shuffle == "shards" else None},
-            "transform": {"ops": ops, "dtype": out_dtype, "layout": layout.upper(), "apply_exif": bool(apply_exif)},
-            "threads": n_threads,
-            "io_threads": io_threads,
-            "prefetch": prefetch,
-            "memory_limit": parse_bytes(memory_limit),
-            "on_error": on_error,
-            "dct_scaling": True,
-            "roi": True,
-        }
-        self.batch_size = batch_size
-        self.rank = rank
-        self.world_size = world_size
+        self._args = arguments_json(
+            preset=preset, ops=ops, dtype=out_dtype, layout=layout, apply_exif=apply_exif,
+            batch_size=batch_size, shuffle=shuffle, shard_window=shard_window, seed=seed, drop_last=drop_last,
+            rank=rank, world_size=world_size, threads=threads, io_threads=io_threads, prefetch=prefetch,
+            memory_limit=memory_limit, on_error=on_error)
         self._start()
-        #: This process's GPU index on its node (torchrun's ``LOCAL_RANK``; 0 when unset).
-        self.local_rank = _env_int("LOCAL_RANK") or 0
 
     def _new_native(self) -> _stoker.Loader:
-        return _stoker.Loader(self._root, json.dumps(self._config), self._shards, self._device, self._ordinal)
+        return _stoker.Loader(self._roots, self._args, self._device, self._ordinal)
 
     @property
     def device(self) -> str:
@@ -263,8 +182,9 @@ class ImageLoader(LoaderBase):
         return self._loader().report_text()
 
     def __repr__(self) -> str:
-        return (f"ImageLoader({self._root!r}, batch_size={self.batch_size}, batches={len(self)}, "
+        root = self._roots[0] if len(self._roots) == 1 else self._roots
+        return (f"ImageLoader({root!r}, batch_size={self.batch_size}, batches={len(self)}, "
                 f"threads={self.threads}, rank={self.rank}/{self.world_size}, device={self.device!r})")
 
 
-__all__ = ["ImageLoader", "parse_bytes"]
+__all__ = ["ImageLoader"]

@@ -99,15 +99,12 @@ class Normalize(Transform):
         return {"op": "Normalize", "mean": self.mean, "std": self.std}
 
 
-_DTYPES = {"uint8": "uint8", "float16": "float16", "half": "float16", "float32": "float32", "float": "float32"}
-
-
 def dtype_name(dtype: Any) -> str:
-    """'uint8', 'float16' or 'float32' from a string, a NumPy dtype or a torch dtype."""
-    name = str(dtype).replace("torch.", "").lower()
-    if name not in _DTYPES:
-        raise ConfigError(f"invalid argument `dtype`: {dtype!r}; allowed: uint8, float16, float32")
-    return _DTYPES[name]
+    """'uint8', 'float16' or 'float32' from a string, a NumPy dtype or a torch dtype (the
+    engine checks the name)."""
+    from . import _stoker
+
+    return _stoker.dtype_name(str(dtype).replace("torch.", ""))
 
 
 class ToDtype(Transform):

@@ -108,9 +108,34 @@ def test_shards_give_the_same_batches_as_the_folder(demo, shards):
             np.testing.assert_array_equal(ya, yb)
 
 
+def test_a_pack_folder_is_a_dataset(demo, shards):
+    """What `stoker pack` writes (shards, indexes, classes.json) loads by its folder name, with
+    the shards in name order: the same batches as the ImageFolder it came from."""
+    kw = dict(batch_size=16, preset="imagenet-val", output="numpy")
+    a = [(x.copy(), y.copy()) for x, y in stoker.ImageLoader(demo, **kw)]
+    loader = stoker.ImageLoader(shards, **kw)
+    assert loader.classes == stoker.ImageLoader(demo, **kw).classes
+    assert loader.num_samples == 96
+    b = [(x.copy(), y.copy()) for x, y in loader]
+    assert len(a) == len(b) == 6
+    for (xa, ya), (xb, yb) in zip(a, b, strict=True):
+        np.testing.assert_array_equal(xa, xb)
+        np.testing.assert_array_equal(ya, yb)
+    # And from the command line: `stoker bench DIR` on the pack folder.
+    r = subprocess.run([sys.executable, "-m", "stoker.cli", "bench", str(shards), "--json", "--batch-size", "16",
+                        "--preset", "imagenet-val", "--no-shuffle", "--threads", "2"],
+                       capture_output=True, text=True, check=True)
+    out = json.loads(r.stdout)
+    assert out["images"] == 96 and out["classes"] == len(loader.classes) and out["skipped_count"] == 0
+
+
 def test_bad_shard_paths(shards, tmp_path):
-    with pytest.raises(stoker.ConfigError, match="no file matches"):
+    with pytest.raises(stoker.DatasetError, match="no file matches"):
         stoker.ImageLoader(str(tmp_path / "none-*.tar"), 4, preset="imagenet-val")
+    with pytest.raises(stoker.DatasetError, match="no such file or folder"):
+        stoker.ImageLoader(str(tmp_path / "missing"), 4, preset="imagenet-val")
+    with pytest.raises(stoker.ConfigError, match="`root`"):
+        stoker.ImageLoader([], 4, preset="imagenet-val")
     (tmp_path / "lonely.tar").write_bytes(b"\0" * 1024)
     with pytest.raises(stoker.DatasetError, match="stoker index"):
         stoker.ImageLoader(str(tmp_path / "lonely.tar"), 4, preset="imagenet-val")

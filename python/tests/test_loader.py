@@ -300,7 +300,7 @@ def test_bad_arguments_name_the_argument(demo, tmp_path):
     with pytest.raises(stoker.ConfigError) as e:
         stoker.ImageLoader(demo, 4, preset="imagenet-val", on_error="ignore")
     assert isinstance(e.value, ValueError) and "skip, raise" in str(e.value)
-    with pytest.raises(stoker.DatasetError, match="cannot open dataset root"):
+    with pytest.raises(stoker.DatasetError, match="no such file or folder"):
         stoker.ImageLoader(tmp_path / "missing", 4, preset="imagenet-val")
     (tmp_path / "empty" / "cls").mkdir(parents=True)
     with pytest.raises(stoker.DatasetError, match="no image files"):

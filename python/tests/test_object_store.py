@@ -81,6 +81,16 @@ def test_s3_shards_give_the_same_batches_as_local_shards(s3):
     assert sorted(a) == list(range(96))
 
 
+def test_a_bucket_prefix_is_a_pack_folder(s3):
+    _, local = batches(str(s3["shards"]))
+    for prefix in ("s3://data/train", "s3://data/train/"):
+        loader, remote = batches(prefix)
+        assert loader.classes and len(remote) == len(local)
+        for (a, la), (b, lb) in zip(local, remote, strict=True):
+            np.testing.assert_array_equal(a, b)
+            np.testing.assert_array_equal(la, lb)
+
+
 def test_plain_https_style_url(s3):
     url = f"{s3['endpoint']}/data/train/shard-000000.tar"
     loader = stoker.ImageLoader(url, 8, preset="imagenet-val", output="numpy")

@@ -23,11 +23,11 @@ SCRIPT = textwrap.dedent("""
     from stoker import _stoker
 
     root = sys.argv[1]
-    # The engine config of a uint8 loader (no torch needed: the native classes are used directly).
-    cfg = stoker.ImageLoader(root, 16, preset="imagenet-val", dtype="uint8", output="numpy")._config
-    host = _stoker.Loader(root, json.dumps(cfg), None, "cpu", 0)
+    # The arguments of a uint8 loader (no torch needed: the native classes are used directly).
+    args = json.dumps({"batch_size": 16, "preset": "imagenet-val", "dtype": "uint8"})
+    host = _stoker.Loader([root], args, "cpu", 0)
     expected = [(None, b.indices) for b in host.iter()]  # the bytes are compared by the CLI's test
-    native = _stoker.Loader(root, json.dumps(cfg), None, "cuda", 0)
+    native = _stoker.Loader([root], args, "cuda", 0)
     assert native.device == "cuda:0" and native.host_memory == "pinned", (native.device, native.host_memory)
     dev, pinned = stoker.cuda_memory_in_use()
     assert dev > 0 and pinned > 0, (dev, pinned)

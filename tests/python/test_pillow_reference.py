@@ -92,7 +92,7 @@ def test_float32_normalisation_matches(stoker_bin, demo_root, tmp_path):
 
 def test_bad_arguments_exit_nonzero_with_one_clear_message(stoker_bin, demo_root, tmp_path):
     cases = [
-        (["bench", str(tmp_path / "missing")], "cannot open dataset root"),
+        (["bench", str(tmp_path / "missing")], "no such file or folder"),
         (["bench", str(demo_root), "--preset", "nope"], "imagenet-train, imagenet-val"),
         (["bench", str(demo_root), "--threads", "zero"], "--threads"),
         (["bench", str(demo_root), "--batch-size", "16", "--memory-limit", "10"], "cannot hold one batch"),

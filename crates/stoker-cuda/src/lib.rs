@@ -36,9 +36,6 @@ pub enum CudaError {
     /// No usable driver or device; the reason says which.
     #[error("CUDA is not available: {0}")]
     Unavailable(String),
-    /// A device string other than `cpu` / `cuda` / `cuda:N` / `auto`.
-    #[error("invalid device {0:?}: expected \"cpu\", \"cuda\", \"cuda:N\" or \"auto\"")]
-    BadDevice(String),
     /// `cuda:N` with N at or above the number of devices.
     #[error("cuda:{ordinal} was asked for, but the driver sees {count} device(s) (cuda:0..cuda:{})", count.saturating_sub(1))]
     NoSuchDevice {
@@ -51,10 +48,7 @@ pub enum CudaError {
 
 impl From<CudaError> for stoker::Error {
     fn from(e: CudaError) -> Self {
-        match e {
-            CudaError::BadDevice(_) => stoker::Error::config("device", e.to_string()),
-            other => stoker::Error::Device(other.to_string()),
-        }
+        stoker::Error::Device(e.to_string())
     }
 }
 
@@ -102,7 +96,8 @@ impl Placement {
 pub fn place(requested: &str, default_ordinal: u32) -> stoker::Result<(Placement, stoker::telemetry::DeviceReport)> {
     use stoker::telemetry::DeviceReport;
     let report = |used: String, note: Option<String>| DeviceReport { requested: requested.to_string(), used, note };
-    if requested == "auto" {
+    let spec = stoker::args::DeviceSpec::parse(requested)?;
+    if spec == stoker::args::DeviceSpec::Auto {
         return Ok(match Gpu::open(default_ordinal) {
             Ok(gpu) => {
                 let used = format!("cuda:{}", gpu.ordinal());
@@ -117,18 +112,17 @@ pub fn place(requested: &str, default_ordinal: u32) -> stoker::Result<(Placement
             ),
         });
     }
-    match parse_device(requested)? {
-        None => Ok((Placement::Cpu, report("cpu".into(), None))),
-        Some(n) => {
-            let gpu = Gpu::open(n).map_err(|e| match e {
-                CudaError::Unavailable(why) => stoker::Error::Device(format!(
-                    "device={requested:?} needs CUDA, which is not available: {why}; use device=\"cpu\" or \"auto\""
-                )),
-                other => other.into(),
-            })?;
-            Ok((Placement::Cuda(gpu), report(format!("cuda:{n}"), None)))
-        }
-    }
+    let n = match spec {
+        stoker::args::DeviceSpec::Cuda(n) => n.unwrap_or(default_ordinal),
+        _ => return Ok((Placement::Cpu, report("cpu".into(), None))),
+    };
+    let gpu = Gpu::open(n).map_err(|e| match e {
+        CudaError::Unavailable(why) => stoker::Error::Device(format!(
+            "device={requested:?} needs CUDA, which is not available: {why}; use device=\"cpu\" or \"auto\""
+        )),
+        other => other.into(),
+    })?;
+    Ok((Placement::Cuda(gpu), report(format!("cuda:{n}"), None)))
 }
 
 /// One GPU as NVML and the driver report it.
@@ -271,31 +265,9 @@ pub fn probe() -> CudaProbe {
     p
 }
 
-/// Parses a device string: `Ok(None)` for `cpu`, `Ok(Some(n))` for `cuda` (n = 0) / `cuda:N`.
-/// `auto` is the caller's business (use a GPU when [`probe`] finds one).
-pub fn parse_device(s: &str) -> Result<Option<u32>, CudaError> {
-    match s {
-        "cpu" => Ok(None),
-        "cuda" => Ok(Some(0)),
-        _ => s
-            .strip_prefix("cuda:")
-            .and_then(|n| n.parse::<u32>().ok())
-            .map(Some)
-            .ok_or_else(|| CudaError::BadDevice(s.to_string())),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn device_strings() {
-        assert_eq!(parse_device("cpu").unwrap(), None);
-        assert_eq!(parse_device("cuda").unwrap(), Some(0));
-        assert_eq!(parse_device("cuda:3").unwrap(), Some(3));
-        assert!(parse_device("gpu").unwrap_err().to_string().contains("cuda:N"));
-    }
 
     #[test]
     fn placement_without_a_gpu_is_an_error_or_a_noted_fallback() {

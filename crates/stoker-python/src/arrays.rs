@@ -9,7 +9,7 @@ use pyo3::types::PyCapsule;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use stoker::arrays::{descr_itemsize, ArrayBatch, ArrayConfig, ArrayIter, ArrayLoader, Column};
+use stoker::arrays::{descr_itemsize, ArrayBatch, ArrayIter, ArrayLoader, Column};
 use stoker::SamplerState;
 use stoker_cuda::DeviceStage;
 
@@ -42,6 +42,7 @@ pub struct PyArrayLoader {
     stage: Option<DeviceStage>,
     device: String,
     device_report: stoker::telemetry::DeviceReport,
+    sampler: stoker::SamplerSpec,
 }
 
 type RawColumn = (usize, usize, usize, String, Vec<usize>, Py<PyAny>);
@@ -57,8 +58,7 @@ impl PyArrayLoader {
         device: &str,
         ordinal: u32,
     ) -> PyResult<Self> {
-        let config: ArrayConfig = serde_json::from_str(config_json)
-            .map_err(|e| errors::config("config", format!("invalid configuration: {e}")))?;
+        let config = stoker::args::array_config(crate::loader::args_of(config_json)?).py_err()?;
         let (placement, report) = py.detach(|| stoker_cuda::place(device, ordinal)).py_err()?;
         let mut cols = vec![];
         let mut specs = vec![];
@@ -88,6 +88,7 @@ impl PyArrayLoader {
             }
         }
         let bs = config.sampler.batch_size;
+        let sampler = config.sampler.clone();
         let (prefetch, limit) = (config.prefetch, config.memory_limit);
         let capacities: Vec<usize> = cols.iter().map(|c| c.row_bytes() * bs).collect();
         let (loader, stage) = py
@@ -96,13 +97,38 @@ impl PyArrayLoader {
                 Ok((loader, placement.stage(capacities, prefetch, limit)?))
             })
             .py_err()?;
-        Ok(PyArrayLoader { loader, specs: Arc::new(specs), stage, device: report.used.clone(), device_report: report })
+        Ok(PyArrayLoader {
+            loader,
+            specs: Arc::new(specs),
+            stage,
+            device: report.used.clone(),
+            device_report: report,
+            sampler,
+        })
     }
 
     /// Where batches are delivered: `cpu` or `cuda:N`.
     #[getter]
     fn device(&self) -> String {
         self.device.clone()
+    }
+
+    /// Rows per batch.
+    #[getter]
+    fn batch_size(&self) -> usize {
+        self.sampler.batch_size
+    }
+
+    /// This process's rank.
+    #[getter]
+    fn rank(&self) -> usize {
+        self.sampler.rank
+    }
+
+    /// Ranks sharing the rows.
+    #[getter]
+    fn world_size(&self) -> usize {
+        self.sampler.world_size
     }
 
     /// `{requested, used, note}` of the `device=` argument, as JSON.
@@ -131,8 +157,10 @@ impl PyArrayLoader {
         self.specs.iter().map(|s| (s.descr.clone(), s.row_shape.clone())).collect()
     }
 
-    fn set_epoch(&self, epoch: u64) {
-        self.loader.set_epoch(epoch);
+    /// Selects the epoch; the engine checks the value (a non-negative integer).
+    fn set_epoch(&self, epoch: &Bound<'_, PyAny>) -> PyResult<()> {
+        self.loader.set_epoch(crate::loader::epoch_of(epoch)?);
+        Ok(())
     }
 
     fn state(&self) -> (u64, u64, usize) {

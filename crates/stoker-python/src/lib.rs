@@ -36,6 +36,9 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<arrays::PyArrayTensor>()?;
     m.add_function(wrap_pyfunction!(loader::make_demo, m)?)?;
     m.add_function(wrap_pyfunction!(loader::cpu_allowance, m)?)?;
+    m.add_function(wrap_pyfunction!(loader::parse_device, m)?)?;
+    m.add_function(wrap_pyfunction!(loader::dtype_name, m)?)?;
+    m.add_function(wrap_pyfunction!(loader::local_rank, m)?)?;
     m.add_function(wrap_pyfunction!(loader::preset_json, m)?)?;
     m.add_function(wrap_pyfunction!(loader::cuda_probe_json, m)?)?;
     m.add_function(wrap_pyfunction!(loader::cuda_memory_in_use, m)?)?;

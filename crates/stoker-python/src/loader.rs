@@ -8,63 +8,98 @@ use pyo3::types::PyCapsule;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use stoker::{Batch, DType, EpochIter, ImageFolder, Loader, LoaderConfig, SamplerState};
+use stoker::{Batch, DType, EpochIter, Loader, SamplerState};
 use stoker_cuda::DeviceStage;
 
 /// How long one wait lasts before Python gets a chance to handle signals (Ctrl-C).
 const SIGNAL_POLL: Duration = Duration::from_millis(50);
 
-/// A loader over an ImageFolder root, configured by a JSON `LoaderConfig`.
+/// A loader over a dataset (an ImageFolder root, a pack folder, shards or URLs), configured by
+/// the user's arguments as JSON, which the engine checks ([`stoker::args::loader_config`]).
 #[pyclass(frozen, name = "Loader", module = "stoker._stoker")]
 pub struct PyLoader {
     loader: Loader,
     classes: Vec<String>,
     samples: usize,
+    sampler: stoker::SamplerSpec,
     /// The transfer stage when batches go to a GPU.
     stage: Option<DeviceStage>,
     device: String,
 }
 
+/// A Python scalar as the JSON value the engine's argument rules read: bool, int, float, str
+/// and None; anything else is shown by its repr (and refused by the rule).
+pub fn json_of(v: &Bound<'_, PyAny>) -> serde_json::Value {
+    use pyo3::types::{PyBool, PyFloat, PyInt, PyString};
+    if v.is_none() {
+        serde_json::Value::Null
+    } else if let Ok(b) = v.cast::<PyBool>() {
+        serde_json::Value::Bool(b.is_true())
+    } else if v.is_instance_of::<PyInt>() {
+        match (v.extract::<u64>(), v.extract::<i64>()) {
+            (Ok(n), _) => n.into(),
+            (_, Ok(n)) => n.into(),
+            _ => serde_json::Value::String(v.to_string()),
+        }
+    } else if let Ok(f) = v.cast::<PyFloat>() {
+        serde_json::Number::from_f64(f.value()).map_or(serde_json::Value::Null, serde_json::Value::Number)
+    } else if let Ok(s) = v.cast::<PyString>() {
+        serde_json::Value::String(s.to_string())
+    } else {
+        serde_json::Value::String(v.repr().map(|r| r.to_string()).unwrap_or_default())
+    }
+}
+
+/// An `epoch` argument, checked by the engine.
+pub fn epoch_of(v: &Bound<'_, PyAny>) -> PyResult<u64> {
+    stoker::args::non_negative("epoch", &json_of(v)).py_err()
+}
+
+/// The arguments object of a JSON text.
+pub fn args_of(json: &str) -> PyResult<stoker::args::Args> {
+    serde_json::from_str(json).map_err(|e| errors::config("arguments", format!("not a JSON object: {e}")))
+}
+
 #[pymethods]
 impl PyLoader {
-    /// Indexes `root` (an ImageFolder), or opens `shards` (indexed tar files) when given, with
-    /// the GIL released, and allocates the buffer pool: pinned, plus a device pool and the
-    /// transfer stage, when `device` names a GPU (`cuda` means `cuda:{ordinal}`).
+    /// Opens `roots` (what [`stoker::source::detect`] makes of them) with the GIL released and
+    /// allocates the buffer pool: pinned, plus a device pool and the transfer stage, when
+    /// `device` names a GPU (`cuda` means `cuda:{ordinal}`).
     #[new]
-    #[pyo3(signature = (root, config_json, shards=None, device="cpu", ordinal=0))]
-    fn new(
-        py: Python<'_>,
-        root: PathBuf,
-        config_json: &str,
-        shards: Option<Vec<String>>,
-        device: &str,
-        ordinal: u32,
-    ) -> PyResult<Self> {
-        let config: LoaderConfig = serde_json::from_str(config_json)
-            .map_err(|e| errors::config("config", format!("invalid configuration: {e}")))?;
+    #[pyo3(signature = (roots, args_json, device="cpu", ordinal=0))]
+    fn new(py: Python<'_>, roots: Vec<String>, args_json: &str, device: &str, ordinal: u32) -> PyResult<Self> {
+        let config = stoker::args::loader_config(args_of(args_json)?).py_err()?;
         let (placement, report) = py.detach(|| stoker_cuda::place(device, ordinal)).py_err()?;
         py.detach(move || {
-            let (source, classes): (Arc<dyn stoker::Source>, Vec<String>) = match shards {
-                Some(list) => {
-                    let s = stoker::ShardSource::open_any(&list)?;
-                    let classes = s.classes().to_vec();
-                    (Arc::new(s), classes)
-                }
-                None => {
-                    let folder = ImageFolder::new(&root)?;
-                    let classes = folder.classes().to_vec();
-                    (Arc::new(folder), classes)
-                }
-            };
-            let samples = source.len();
+            let dataset = stoker::source::open(&roots)?;
+            let samples = dataset.source.len();
+            let sampler = config.sampler.clone();
             let (prefetch, limit) = (config.prefetch, config.memory_limit);
-            let loader = Loader::new_in(source, config, placement.allocator().as_ref())?;
+            let loader = Loader::new_in(dataset.source, config, placement.allocator().as_ref())?;
             let stage = placement.stage(stoker_cuda::image_regions(&loader), prefetch, limit)?;
             let device = report.used.clone();
             loader.telemetry().set_device(report);
-            Ok(PyLoader { loader, classes, samples, stage, device })
+            Ok(PyLoader { loader, classes: dataset.classes, samples, sampler, stage, device })
         })
         .py_err()
+    }
+
+    /// Samples per batch.
+    #[getter]
+    fn batch_size(&self) -> usize {
+        self.sampler.batch_size
+    }
+
+    /// This process's rank.
+    #[getter]
+    fn rank(&self) -> usize {
+        self.sampler.rank
+    }
+
+    /// Ranks sharing the dataset.
+    #[getter]
+    fn world_size(&self) -> usize {
+        self.sampler.world_size
     }
 
     /// Where batches are delivered: `cpu` or `cuda:N`.
@@ -148,8 +183,10 @@ impl PyLoader {
         self.loader.plan().spec().dtype.name()
     }
 
-    fn set_epoch(&self, epoch: u64) {
-        self.loader.set_epoch(epoch);
+    /// Selects the epoch; the engine checks the value (a non-negative integer).
+    fn set_epoch(&self, epoch: &Bound<'_, PyAny>) -> PyResult<()> {
+        self.loader.set_epoch(epoch_of(epoch)?);
+        Ok(())
     }
 
     /// `(seed, epoch, next_batch)`.
@@ -425,6 +462,38 @@ pub fn make_demo(py: Python<'_>, root: PathBuf, images: usize, seed: u64) -> PyR
     }
     let threads = stoker::cpu::allowance().effective;
     py.detach(|| stoker::demo::make_demo(&root, images, seed, threads)).py_err().map(|s| s.images)
+}
+
+/// torchrun's `LOCAL_RANK` (0 when unset); a value that is not a number is a `ConfigError`.
+#[pyfunction]
+pub fn local_rank() -> PyResult<usize> {
+    Ok(stoker::args::env_usize("LOCAL_RANK").py_err()?.unwrap_or(0))
+}
+
+/// The canonical name of an output dtype (`uint8`, `float16`, `float32`; aliases such as
+/// `half` and `float` accepted), or a `ConfigError` naming `dtype`.
+#[pyfunction]
+pub fn dtype_name(name: &str) -> PyResult<&'static str> {
+    Ok(DType::parse(name).py_err()?.name())
+}
+
+/// Checks a `device=` argument: `("cpu" | "cuda" | "auto", ordinal or None)`.
+#[pyfunction]
+pub fn parse_device(device: &Bound<'_, PyAny>) -> PyResult<(&'static str, Option<u32>)> {
+    let text = device.extract::<String>().map_err(|_| {
+        errors::config(
+            "device",
+            format!(
+                "expected 'cpu', 'cuda', 'cuda:N' or 'auto', got {}",
+                device.repr().map(|r| r.to_string()).unwrap_or_default()
+            ),
+        )
+    })?;
+    Ok(match stoker::args::DeviceSpec::parse(&text).py_err()? {
+        stoker::args::DeviceSpec::Cpu => ("cpu", None),
+        stoker::args::DeviceSpec::Cuda(n) => ("cuda", n),
+        stoker::args::DeviceSpec::Auto => ("auto", None),
+    })
 }
 
 /// The process's CPU allowance as JSON (online, affinity, cgroup quota, effective).

@@ -90,7 +90,7 @@ pub fn parse_npy_header(b: &[u8], path: &Path) -> Result<NpyHeader> {
 
 /// Bytes per element of a NumPy type string (`<f4` → 4), for the types stoker exports.
 pub fn descr_itemsize(descr: &str) -> Option<usize> {
-    let (order, kind) = (descr.chars().next()?, &descr[1..]);
+    let (order, kind) = (descr.chars().next()?, descr.get(1..)?);
     if order == '>' {
         return None; // big-endian data would need byte swaps
     }

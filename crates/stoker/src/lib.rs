@@ -39,6 +39,7 @@
 
 #![warn(missing_docs)]
 
+pub mod args;
 pub mod arrays;
 pub mod buffer;
 pub mod cpu;

@@ -10,8 +10,8 @@ pub mod tar;
 pub use image_folder::{ImageFolder, IMG_EXTENSIONS};
 pub use shards::ShardSource;
 
-use crate::error::Result;
-use std::path::PathBuf;
+use crate::error::{Error, Result};
+use std::path::{Path, PathBuf};
 
 /// A random-access collection of encoded samples with integer labels.
 pub trait Source: Send + Sync + 'static {
@@ -31,5 +31,167 @@ pub trait Source: Send + Sync + 'static {
     /// (enables shard-aware shuffling).
     fn groups(&self) -> Option<Vec<usize>> {
         None
+    }
+}
+
+/// What kind of dataset a root names (see [`detect`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DatasetKind {
+    /// An ImageFolder tree (`ROOT/CLASS/IMAGE`).
+    Folder(PathBuf),
+    /// Indexed tar shards: local paths or globs, or object-store URLs (with globs).
+    Shards(Vec<String>),
+}
+
+/// The file name ending of a tar shard.
+const TAR: &str = ".tar";
+
+fn has_glob(name: &str) -> bool {
+    name.contains(['*', '?'])
+}
+
+/// The shards of a pack folder (what `stoker pack` writes: `*.tar` shards, their `.idx`
+/// indexes and `classes.json`), in name order; `None` when `dir` is not one. A folder is a
+/// pack folder when it holds `*.tar` files directly and either a `classes.json` or no
+/// subfolder (an ImageFolder root holds class subfolders).
+fn pack_folder_shards(dir: &Path) -> Result<Option<Vec<PathBuf>>> {
+    let rd = std::fs::read_dir(dir).map_err(|e| Error::io(dir, &e))?;
+    let (mut shards, mut subdirs) = (vec![], false);
+    for entry in rd.flatten() {
+        let name = entry.file_name();
+        let is_dir = entry.file_type().map(|t| t.is_dir()).unwrap_or(false);
+        if is_dir {
+            subdirs = true;
+        } else if name.to_string_lossy().ends_with(TAR) {
+            shards.push(entry.path());
+        }
+    }
+    if shards.is_empty() || (subdirs && !dir.join("classes.json").is_file()) {
+        return Ok(None);
+    }
+    shards.sort();
+    Ok(Some(shards))
+}
+
+/// Decides what kind of dataset `roots` names, the one rule every front end uses:
+/// - several entries: shards (each a path, a glob or a URL);
+/// - a URL (`s3://`, `gs://`, `az://`, `http(s)://`): shards; a URL whose last part is neither a
+///   glob nor a `.tar` is a prefix, read as a pack folder (`PREFIX/*.tar` + `classes.json`);
+/// - a local folder: a pack folder when it holds `*.tar` shards (with a `classes.json`, or no
+///   subfolders), else an ImageFolder root;
+/// - a glob (`*`, `?` in the file name) or a `.tar` file: shards.
+///
+/// Shard lists from folders and globs are in name order.
+pub fn detect(roots: &[String]) -> Result<DatasetKind> {
+    match roots {
+        [] => Err(Error::config("root", "the list of shards is empty")),
+        [one] => detect_one(one),
+        many => Ok(DatasetKind::Shards(many.to_vec())),
+    }
+}
+
+fn detect_one(root: &str) -> Result<DatasetKind> {
+    if root.is_empty() {
+        return Err(Error::config("root", "empty path"));
+    }
+    if let Some((_, rest)) = root.split_once("://") {
+        let last = rest.trim_end_matches('/').rsplit('/').next().unwrap_or("");
+        if has_glob(last) || last.ends_with(TAR) {
+            return Ok(DatasetKind::Shards(vec![root.to_string()]));
+        }
+        return Ok(DatasetKind::Shards(vec![format!("{}/*{TAR}", root.trim_end_matches('/'))]));
+    }
+    let path = Path::new(root);
+    if path.is_dir() {
+        return Ok(match pack_folder_shards(path)? {
+            Some(shards) => DatasetKind::Shards(shards.iter().map(|p| p.to_string_lossy().into_owned()).collect()),
+            None => DatasetKind::Folder(path.to_path_buf()),
+        });
+    }
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    if has_glob(&name) || name.ends_with(TAR) {
+        return Ok(DatasetKind::Shards(vec![root.to_string()]));
+    }
+    if path.exists() {
+        return Err(Error::Dataset(format!(
+            "{root}: not a dataset: expected an ImageFolder root, a folder of shards (stoker pack), a .tar shard, a glob or a URL"
+        )));
+    }
+    Err(Error::Dataset(format!("{root}: no such file or folder")))
+}
+
+/// An opened dataset: the source and its class names.
+pub struct Dataset {
+    /// The samples.
+    pub source: std::sync::Arc<dyn Source>,
+    /// Class names in label order (empty for shards without a `classes.json`).
+    pub classes: Vec<String>,
+    /// What [`detect`] made of the root.
+    pub kind: DatasetKind,
+}
+
+impl std::fmt::Debug for Dataset {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Dataset").field("samples", &self.source.len()).field("kind", &self.kind).finish()
+    }
+}
+
+/// Opens whatever `roots` names (see [`detect`]): an ImageFolder root, a pack folder, shard
+/// paths, globs or URLs.
+pub fn open(roots: &[String]) -> Result<Dataset> {
+    let kind = detect(roots)?;
+    let (source, classes): (std::sync::Arc<dyn Source>, Vec<String>) = match &kind {
+        DatasetKind::Folder(root) => {
+            let f = ImageFolder::new(root)?;
+            let classes = f.classes().to_vec();
+            (std::sync::Arc::new(f), classes)
+        }
+        DatasetKind::Shards(specs) => {
+            let s = ShardSource::open_any(specs)?;
+            let classes = s.classes().to_vec();
+            (std::sync::Arc::new(s), classes)
+        }
+    };
+    Ok(Dataset { source, classes, kind })
+}
+
+/// [`open`] of one path.
+pub fn open_path(root: impl AsRef<Path>) -> Result<Dataset> {
+    open(&[root.as_ref().to_string_lossy().into_owned()])
+}
+
+#[cfg(test)]
+mod detect_tests {
+    use super::*;
+
+    #[test]
+    fn what_a_root_names() {
+        let d = tempfile::tempdir().unwrap();
+        let s = |p: &Path| p.to_string_lossy().into_owned();
+        let root = d.path().join("folder");
+        std::fs::create_dir_all(root.join("cat")).unwrap();
+        assert_eq!(detect(&[s(&root)]).unwrap(), DatasetKind::Folder(root.clone()));
+        // A stray tar beside class folders, without classes.json: still an ImageFolder.
+        std::fs::write(root.join("x.tar"), b"").unwrap();
+        assert_eq!(detect(&[s(&root)]).unwrap(), DatasetKind::Folder(root.clone()));
+        let packed = d.path().join("packed");
+        std::fs::create_dir_all(&packed).unwrap();
+        for n in ["b-1.tar", "a-0.tar", "a-0.tar.idx", "notes.txt"] {
+            std::fs::write(packed.join(n), b"").unwrap();
+        }
+        let want = |names: &[&str]| DatasetKind::Shards(names.iter().map(|n| s(&packed.join(n))).collect());
+        assert_eq!(detect(&[s(&packed)]).unwrap(), want(&["a-0.tar", "b-1.tar"]));
+        std::fs::create_dir_all(packed.join("sub")).unwrap();
+        std::fs::write(packed.join("classes.json"), b"[]").unwrap();
+        assert_eq!(detect(&[s(&packed)]).unwrap(), want(&["a-0.tar", "b-1.tar"]));
+        let glob = s(&packed.join("*.tar"));
+        assert_eq!(detect(std::slice::from_ref(&glob)).unwrap(), DatasetKind::Shards(vec![glob]));
+        let url = |u: &str| detect(&[u.to_string()]).unwrap();
+        assert_eq!(url("s3://b/train/"), DatasetKind::Shards(vec!["s3://b/train/*.tar".into()]));
+        assert_eq!(url("s3://b/train"), DatasetKind::Shards(vec!["s3://b/train/*.tar".into()]));
+        assert_eq!(url("s3://b/t/s-*.tar"), DatasetKind::Shards(vec!["s3://b/t/s-*.tar".into()]));
+        assert!(detect(&[]).unwrap_err().to_string().contains("`root`"));
+        assert!(detect(&[s(&d.path().join("missing"))]).unwrap_err().to_string().contains("no such file"));
+        assert!(detect(&[s(&packed.join("notes.txt"))]).unwrap_err().to_string().contains("not a dataset"));
     }
 }

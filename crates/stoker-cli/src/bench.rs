@@ -1,0 +1,296 @@
+//! `stoker bench`: load a dataset as fast as possible and report throughput, CPU, memory and
+//! the bottleneck; `--decode-only` measures libjpeg-turbo alone on one thread.
+
+use crate::util::{cpu_seconds, peak_rss_bytes, progress};
+use anyhow::Result;
+use clap::Args;
+use std::time::Instant;
+use stoker::{Loader, LoaderConfig};
+
+/// Flags of `stoker bench`.
+#[derive(Args)]
+pub struct BenchArgs {
+    /// The dataset: an ImageFolder root (ROOT/CLASS/IMAGE), a folder written by `stoker pack`,
+    /// indexed tar shards (a .tar file or a glob such as 'shards/train-*.tar', quoted), or a URL
+    /// (s3://bucket/train/ or s3://bucket/train/shard-*.tar).
+    pub root: String,
+    #[command(flatten)]
+    pub opts: BenchOpts,
+}
+
+/// The loader's flags, shared by `bench` and `demo`. Values go to the engine as text
+/// ([`stoker::args`] checks them).
+#[derive(Args, Clone)]
+pub struct BenchOpts {
+    /// Transform preset: imagenet-train or imagenet-val.
+    #[arg(long, default_value = "imagenet-train")]
+    pub preset: String,
+    /// Samples per batch.
+    #[arg(long, default_value = "256")]
+    pub batch_size: String,
+    /// Decode threads: a number, or auto (the process's CPU allowance).
+    #[arg(long, default_value = "auto")]
+    pub threads: String,
+    /// I/O threads (reads run apart from decode).
+    #[arg(long)]
+    pub io_threads: Option<String>,
+    /// Passes over the dataset.
+    #[arg(long, default_value = "1")]
+    pub epochs: String,
+    /// Seed of the shuffle and augmentations.
+    #[arg(long, default_value = "0")]
+    pub seed: String,
+    /// Cap on batch-buffer memory, e.g. 2GiB, 512MB or 1000000.
+    #[arg(long)]
+    pub memory_limit: Option<String>,
+    /// Finished batches queued ahead of the consumer.
+    #[arg(long, default_value = "2")]
+    pub prefetch: String,
+    /// Bad-sample policy: skip or raise.
+    #[arg(long, default_value = "skip")]
+    pub on_error: String,
+    /// Deliver batches to: cpu, cuda, cuda:N or auto (GPU batches go through pinned buffers and
+    /// stoker's copy stream; the digest then reads them back from the GPU).
+    #[arg(long, default_value = "cpu")]
+    pub device: String,
+    /// Output dtype: float32, float16 or uint8 (uint8 drops Normalize).
+    #[arg(long, default_value = "float32")]
+    pub dtype: String,
+    /// Output layout: nchw or nhwc.
+    #[arg(long, default_value = "nchw")]
+    pub layout: String,
+    /// Keep dataset order instead of shuffling.
+    #[arg(long)]
+    pub no_shuffle: bool,
+    /// Shard-aware shuffling over windows of N shards (shard sources only): permute the shards,
+    /// shuffle samples within each window.
+    #[arg(long)]
+    pub shard_window: Option<String>,
+    /// Keep the last incomplete batch.
+    #[arg(long)]
+    pub keep_last: bool,
+    /// Disable DCT-scaled JPEG decoding (to measure what it saves).
+    #[arg(long)]
+    pub no_dct_scaling: bool,
+    /// Disable region-of-interest JPEG decoding (to measure what it saves).
+    #[arg(long)]
+    pub no_roi: bool,
+    /// Ignore EXIF orientation.
+    #[arg(long)]
+    pub no_exif: bool,
+    /// Instead of loading: decode every file once at full size on one thread (the pure
+    /// libjpeg-turbo rate that stoker's per-thread rate is compared with).
+    #[arg(long)]
+    pub decode_only: bool,
+    /// Skip hashing the batches (the digest costs the consumer ~0.1 CPU-s per 1000 float32
+    /// images); `digest` is then null. For throughput comparisons with loaders that hash nothing.
+    #[arg(long)]
+    pub no_digest: bool,
+    /// Print one JSON object instead of the human summary.
+    #[arg(long)]
+    pub json: bool,
+}
+
+impl BenchOpts {
+    /// The loader configuration these flags describe (checked by the engine). Rank and world
+    /// size come from torchrun's environment, as in Python.
+    pub fn loader_config(&self) -> Result<LoaderConfig> {
+        let flag = |b: bool| Some(b.to_string());
+        let shuffle = match (&self.shard_window, self.no_shuffle) {
+            (_, true) => "false",
+            (Some(_), false) => "shards",
+            (None, false) => "true",
+        };
+        Ok(stoker::args::loader_config(stoker::args::from_text([
+            ("preset", Some(self.preset.clone())),
+            ("dtype", Some(self.dtype.clone())),
+            ("layout", Some(self.layout.clone())),
+            ("apply_exif", flag(!self.no_exif)),
+            ("batch_size", Some(self.batch_size.clone())),
+            ("shuffle", Some(shuffle.to_string())),
+            ("shard_window", self.shard_window.clone()),
+            ("seed", Some(self.seed.clone())),
+            ("drop_last", flag(!self.keep_last)),
+            ("threads", Some(self.threads.clone())),
+            ("io_threads", self.io_threads.clone()),
+            ("prefetch", Some(self.prefetch.clone())),
+            ("memory_limit", self.memory_limit.clone()),
+            ("on_error", Some(self.on_error.clone())),
+            ("dct_scaling", flag(!self.no_dct_scaling)),
+            ("roi", flag(!self.no_roi)),
+        ]))?)
+    }
+
+    /// `--epochs`, checked.
+    pub fn epochs(&self) -> Result<u64> {
+        Ok(stoker::args::positive("epochs", &self.epochs.clone().into())? as u64)
+    }
+}
+
+/// Runs `stoker bench`.
+pub fn run(a: &BenchArgs) -> Result<()> {
+    bench(&a.root, &a.opts)
+}
+
+/// One thread, every file read into memory then decoded whole at full size; only the decode
+/// is timed.
+fn decode_only(root: &str, json: bool) -> Result<()> {
+    use stoker::decode::{DecodeOptions, Decoder};
+    let source = stoker::source::open(&[root.to_string()])?.source;
+    let mut dec = Decoder::new(DecodeOptions { apply_exif: false, dct_scaling: false, roi: false })?;
+    let mut buf = Vec::new();
+    let (mut n, mut failed, mut pixels) = (0usize, 0usize, 0u64);
+    let mut busy = std::time::Duration::ZERO;
+    let cpu0 = cpu_seconds();
+    for i in 0..source.len() {
+        if source.read(i, &mut buf).is_err() {
+            failed += 1;
+            continue;
+        }
+        let path = source.describe(i);
+        let t = Instant::now();
+        let ok = dec.info(&buf, &path).and_then(|info| {
+            let bbox = [0.0, 0.0, info.width as f64, info.height as f64];
+            dec.decode(&buf, &path, &info, bbox, (info.width, info.height)).map(|r| (r.width * r.height) as u64)
+        });
+        busy += t.elapsed();
+        match ok {
+            Ok(px) => {
+                n += 1;
+                pixels += px;
+            }
+            Err(_) => failed += 1,
+        }
+    }
+    let cpu = cpu_seconds() - cpu0;
+    let secs = busy.as_secs_f64();
+    let out = serde_json::json!({
+        "images": n,
+        "failed": failed,
+        "decode_seconds": secs,
+        "images_per_sec": n as f64 / secs,
+        "megapixels_per_sec": pixels as f64 / secs / 1e6,
+        "cpu_seconds_including_reads": cpu,
+        "libjpeg_turbo": stoker::decode::jpeg::LIBJPEG_TURBO_VERSION,
+    });
+    if json {
+        println!("{}", serde_json::to_string_pretty(&out)?);
+    } else {
+        println!(
+            "pure full-size decode, 1 thread: {n} images in {secs:.2} s of decoding: {:.1} images/s, {:.1} MP/s ({failed} failed)",
+            n as f64 / secs,
+            pixels as f64 / secs / 1e6
+        );
+    }
+    Ok(())
+}
+
+/// Loads `root` with the loader `o` describes for `--epochs` passes and prints the summary.
+pub fn bench(root: &str, o: &BenchOpts) -> Result<()> {
+    if o.decode_only {
+        return decode_only(root, o.json);
+    }
+    let config = o.loader_config()?;
+    let epochs = o.epochs()?;
+    stoker::args::DeviceSpec::parse(&o.device)?;
+    let dataset = stoker::source::open(&[root.to_string()])?;
+    let (samples, classes) = (dataset.source.len(), dataset.classes.len());
+    let (placement, device_report) = stoker_cuda::place(&o.device, 0)?;
+    let (prefetch, limit, batch_size) = (config.prefetch, config.memory_limit, config.sampler.batch_size);
+    let loader = Loader::new_in(dataset.source, config, placement.allocator().as_ref())?;
+    let stage = placement.stage(stoker_cuda::image_regions(&loader), prefetch, limit)?;
+    loader.telemetry().set_device(device_report);
+    let total_batches = loader.len() as u64 * epochs;
+    let bar = progress(total_batches, o.json, "{spinner} epoch {msg} [{bar:30}] {pos}/{len} batches {per_sec} ({eta})");
+    let cpu0 = cpu_seconds();
+    let t0 = Instant::now();
+    let mut digest = stoker::Digest::new();
+    let (mut images, mut batches) = (0usize, 0usize);
+    for epoch in 0..epochs {
+        loader.set_epoch(epoch);
+        bar.set_message(format!("{}/{}", epoch + 1, epochs));
+        match &stage {
+            None => {
+                for b in loader.iter()? {
+                    let b = b?;
+                    if !o.no_digest {
+                        digest.update(&b);
+                    }
+                    images += b.len();
+                    batches += 1;
+                    bar.inc(1);
+                }
+            }
+            Some(stage) => {
+                let mut host = loader.iter()?.forwarding();
+                let (mut data, mut labels) = (vec![], vec![]);
+                for b in stage.run(move |t| host.next_timeout(t), Some(loader.telemetry().clone()))? {
+                    let b = b?;
+                    if !o.no_digest {
+                        b.read_region(0, &mut data)?;
+                        b.read_region(1, &mut labels)?;
+                        digest.update_bytes(&data, &labels);
+                    }
+                    images += b.meta().shape[0];
+                    batches += 1;
+                    bar.inc(1);
+                }
+            }
+        }
+    }
+    let seconds = t0.elapsed().as_secs_f64();
+    let cpu = cpu_seconds() - cpu0;
+    bar.finish_and_clear();
+    let report = loader.report();
+    let ips = images as f64 / seconds;
+    let per1000 = if images > 0 { cpu / images as f64 * 1000.0 } else { 0.0 };
+    let rss = peak_rss_bytes();
+    if o.json {
+        let out = serde_json::json!({
+            "root": root,
+            "preset": o.preset,
+            "dataset_samples": samples,
+            "classes": classes,
+            "images": images,
+            "batches": batches,
+            "epochs": epochs,
+            "batch_size": batch_size,
+            "seconds": seconds,
+            "images_per_sec": ips,
+            "cpu_seconds": cpu,
+            "cpu_seconds_per_1000": per1000,
+            "peak_rss_bytes": rss,
+            "threads": loader.threads(),
+            "io_threads": loader.io_threads(),
+            "cpu_allowance": stoker::cpu::allowance(),
+            "pool_bytes": loader.pool().total_bytes(),
+            "pool_slots": loader.pool().slots(),
+            "skipped": report.skipped.iter().map(|s| serde_json::json!({"path": s.path, "reason": s.reason})).collect::<Vec<_>>(),
+            "skipped_count": report.skipped_count,
+            "stages": report.stages,
+            "starvation": report.starvation,
+            "bottleneck": report.bottleneck,
+            "device": report.device,
+            "transfer": report.transfer,
+            "digest": if o.no_digest { serde_json::Value::Null } else { digest.hex().into() },
+        });
+        println!("{}", serde_json::to_string_pretty(&out)?);
+    } else {
+        println!(
+            "stoker bench {root}: {samples} images ({classes} classes), preset {}, batch {}, {} decode + {} I/O threads",
+            o.preset,
+            batch_size,
+            loader.threads(),
+            loader.io_threads()
+        );
+        println!(
+            "{images} images in {batches} batches, {seconds:.2} s: {ips:.1} images/s, {per1000:.2} CPU-s per 1000 images, peak RSS {:.1} MiB",
+            rss as f64 / (1024.0 * 1024.0)
+        );
+        print!("{}", report.to_text());
+        if !o.no_digest {
+            println!("digest {}", digest.hex());
+        }
+    }
+    Ok(())
+}

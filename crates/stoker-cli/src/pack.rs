@@ -1,0 +1,71 @@
+//! `stoker pack`: convert an ImageFolder into WebDataset tar shards with sidecar indexes and a
+//! `classes.json` (a folder that every loader accepts as a dataset).
+
+use crate::util::progress;
+use anyhow::Result;
+use clap::Args;
+use std::path::PathBuf;
+use std::time::Instant;
+use stoker::args::{bytes, non_negative, positive, threads};
+use stoker::ImageFolder;
+
+/// Flags of `stoker pack`.
+#[derive(Args)]
+pub struct PackArgs {
+    /// ImageFolder root.
+    pub src: PathBuf,
+    /// Output folder for the shards (SHARD.tar + SHARD.tar.idx + classes.json).
+    pub dst: PathBuf,
+    /// Target shard size, e.g. 256MiB.
+    #[arg(long, default_value = "256MiB")]
+    pub shard_size: String,
+    /// Re-encode images whose longer side exceeds N pixels (as JPEG).
+    #[arg(long)]
+    pub max_side: Option<String>,
+    /// JPEG quality of re-encoded images.
+    #[arg(long, default_value = "90")]
+    pub quality: String,
+    /// Worker threads: a number, or auto.
+    #[arg(long, default_value = "auto")]
+    pub threads: String,
+    /// Shard file name prefix.
+    #[arg(long, default_value = "shard")]
+    pub prefix: String,
+    /// Print one JSON object instead of the summary.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Runs `stoker pack`.
+pub fn run(a: &PackArgs) -> Result<()> {
+    let text = |s: &String| serde_json::Value::String(s.clone());
+    let opts = stoker::pack::PackOptions {
+        shard_size: bytes("shard_size", &text(&a.shard_size))?,
+        max_side: a.max_side.as_ref().map(|m| positive("max_side", &text(m))).transpose()?,
+        quality: i32::try_from(non_negative("quality", &text(&a.quality))?).unwrap_or(i32::MAX),
+        threads: threads("threads", &text(&a.threads))?.unwrap_or_else(stoker::cpu::default_threads),
+        prefix: a.prefix.clone(),
+    };
+    let folder = ImageFolder::new(&a.src)?;
+    let n = stoker::Source::len(&folder);
+    let bar = progress(n as u64, a.json, "{spinner} packing [{bar:30}] {pos}/{len} files ({eta})");
+    let t0 = Instant::now();
+    let s = stoker::pack::pack(&folder, &a.dst, &opts, &|done| bar.set_position(done as u64))?;
+    bar.finish_and_clear();
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&s)?);
+    } else {
+        println!(
+            "packed {} samples into {} shard(s), {:.1} MiB, in {:.1} s ({} re-encoded); index beside each shard",
+            s.samples,
+            s.shards.len(),
+            s.bytes as f64 / (1024.0 * 1024.0),
+            t0.elapsed().as_secs_f64(),
+            s.reencoded
+        );
+        for k in &s.skipped {
+            println!("skipped {}: {}", k.path, k.reason);
+        }
+    }
+    Ok(())
+}

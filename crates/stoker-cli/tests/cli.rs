@@ -1,0 +1,65 @@
+//! The `stoker` command as users run it: `pack` then `bench` on the folder it wrote, and
+//! argument errors that name their flag once.
+
+use std::path::Path;
+use std::process::Command;
+
+fn stoker() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_stoker"))
+}
+
+fn bench_json(root: &Path, extra: &[&str]) -> serde_json::Value {
+    let out = stoker()
+        .arg("bench")
+        .arg(root)
+        .args(["--json", "--preset", "imagenet-val", "--batch-size", "16", "--no-shuffle", "--threads", "2"])
+        .args(extra)
+        .output()
+        .expect("run stoker");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).expect("bench --json prints JSON")
+}
+
+#[test]
+fn a_pack_folder_is_a_dataset() {
+    let d = tempfile::tempdir().unwrap();
+    let (data, shards) = (d.path().join("data"), d.path().join("shards"));
+    let st = stoker().args(["demo", "--images", "80", "--no-bench", "--out"]).arg(&data).status().unwrap();
+    assert!(st.success());
+    std::fs::remove_file(data.join("LICENSE.md")).unwrap();
+    let out = stoker().arg("pack").arg(&data).arg(&shards).args(["--shard-size", "1MiB", "--json"]).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let packed: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(packed["shards"].as_array().unwrap().len() >= 2, "{packed}");
+    let folder = bench_json(&data, &[]);
+    let pack = bench_json(&shards, &[]);
+    assert_eq!(pack["images"], 80);
+    assert_eq!(pack["classes"], folder["classes"]);
+    // The same samples in the same order through the same ops: the same bytes.
+    assert_eq!(pack["digest"], folder["digest"], "pack folder and ImageFolder differ");
+    // `export` takes the pack folder too.
+    let npy = d.path().join("x.npy");
+    let st = stoker().arg("export").arg(&shards).arg("--out").arg(&npy).args(["--limit", "5"]).status().unwrap();
+    assert!(st.success() && npy.exists());
+}
+
+#[test]
+fn argument_errors_name_the_flag_once() {
+    let d = tempfile::tempdir().unwrap();
+    for (args, want) in [
+        (vec!["--batch-size", "0"], "error: --batch-size: must be at least 1, got 0"),
+        (vec!["--memory-limit", "12parsecs"], "error: --memory-limit: unknown unit"),
+        (vec!["--threads", "x"], "error: --threads: expected a positive integer or 'auto'"),
+        (vec!["--device", "gpu"], "error: --device: expected 'cpu', 'cuda', 'cuda:N' or 'auto'"),
+        (vec!["--epochs", "0"], "error: --epochs: must be at least 1"),
+    ] {
+        let out = stoker().arg("bench").arg(d.path()).args(&args).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success());
+        assert!(err.starts_with(want), "{args:?}: {err}");
+        let flag = args[0];
+        assert_eq!(err.matches(flag).count(), 1, "{err}");
+    }
+    let out = stoker().arg("bench").arg(d.path().join("missing")).output().unwrap();
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no such file or folder"));
+}

@@ -1,0 +1,417 @@
+//! The one place where what users give is checked: every argument of a loader, a byte size, a
+//! thread count, a device string, however it arrives: a command-line flag (text) or a Python
+//! keyword (a JSON value). The CLI and the Python package pass values through untouched and map
+//! the [`Error::Config`] that comes back (it names the argument in its Python spelling,
+//! `memory_limit`; the CLI shows it as `--memory-limit`).
+//!
+//! A value is a [`serde_json::Value`]: Python sends its keywords as JSON, the CLI sends flag
+//! text as JSON strings. So `batch_size` may be `256` (Python) or `"256"` (CLI); `True` is not
+//! a number, `"2GiB"` and `2147483648` are both sizes.
+
+use crate::arrays::ArrayConfig;
+use crate::error::{Error, Result};
+use crate::ops::{DType, Layout, OpSpec, TransformSpec};
+use crate::pipeline::{ErrorPolicy, LoaderConfig};
+use crate::sampler::SamplerSpec;
+use serde_json::{Map, Value};
+
+/// Arguments by name (Python spelling: `batch_size`, `memory_limit`).
+pub type Args = Map<String, Value>;
+
+/// The shard window `shuffle="shards"` uses when none is given.
+pub const DEFAULT_SHARD_WINDOW: usize = 4;
+
+fn shown(v: &Value) -> String {
+    match v {
+        Value::String(s) => format!("{s:?}"),
+        Value::Bool(true) => "True".into(),
+        Value::Bool(false) => "False".into(),
+        Value::Null => "None".into(),
+        other => other.to_string(),
+    }
+}
+
+/// An unsigned integer: a JSON integer, or decimal digits as text. Booleans and floats are not
+/// integers.
+fn unsigned(arg: &str, v: &Value, what: &str) -> Result<u64> {
+    let n = match v {
+        Value::Number(n) => n.as_u64(),
+        Value::String(s) => s.trim().parse::<u64>().ok(),
+        _ => None,
+    };
+    n.ok_or_else(|| Error::config(arg, format!("expected {what}, got {}", shown(v))))
+}
+
+/// A positive integer (≥ 1).
+pub fn positive(arg: &str, v: &Value) -> Result<usize> {
+    let n = unsigned(arg, v, "a positive integer")?;
+    if n == 0 {
+        return Err(Error::config(arg, "must be at least 1, got 0"));
+    }
+    usize::try_from(n).map_err(|_| Error::config(arg, format!("{n} is too large")))
+}
+
+/// A non-negative integer.
+pub fn non_negative(arg: &str, v: &Value) -> Result<u64> {
+    unsigned(arg, v, "a non-negative integer")
+}
+
+/// A boolean: JSON `true`/`false`, or the text `true`/`false`.
+pub fn boolean(arg: &str, v: &Value) -> Result<bool> {
+    match v {
+        Value::Bool(b) => Ok(*b),
+        Value::String(s) if s == "true" => Ok(true),
+        Value::String(s) if s == "false" => Ok(false),
+        _ => Err(Error::config(arg, format!("expected True or False, got {}", shown(v)))),
+    }
+}
+
+fn text<'a>(arg: &str, v: &'a Value, allowed: &str) -> Result<&'a str> {
+    v.as_str().ok_or_else(|| Error::config(arg, format!("expected a string ({allowed}), got {}", shown(v))))
+}
+
+/// A thread count: `auto` (`None`: the process's CPU allowance) or a positive integer.
+pub fn threads(arg: &str, v: &Value) -> Result<Option<usize>> {
+    match v {
+        Value::Null => Ok(None),
+        Value::String(s) if s == "auto" => Ok(None),
+        _ => positive(arg, v)
+            .map(Some)
+            .map_err(|_| Error::config(arg, format!("expected a positive integer or 'auto', got {}", shown(v)))),
+    }
+}
+
+/// A byte count: a positive integer, or text such as `2GiB`, `512MB`, `1.5G`, `1000000`
+/// (units B, KB, KiB, MB, MiB, GB, GiB, TB, TiB; decimal ones are powers of 1000).
+pub fn bytes(arg: &str, v: &Value) -> Result<u64> {
+    match v {
+        Value::String(s) => parse_bytes(arg, s),
+        Value::Number(n) => match n.as_u64() {
+            Some(0) => Err(Error::config(arg, "must be positive, got 0")),
+            Some(b) => Ok(b),
+            None => Err(Error::config(arg, format!("expected a positive number of bytes, got {n}"))),
+        },
+        _ => Err(Error::config(arg, format!("expected bytes (an integer) or a size like '2GiB', got {}", shown(v)))),
+    }
+}
+
+/// [`bytes`] for text.
+pub fn parse_bytes(arg: &str, s: &str) -> Result<u64> {
+    let t = s.trim();
+    let split = t.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let n: f64 = num
+        .parse()
+        .map_err(|_| Error::config(arg, format!("cannot read {s:?}; use bytes or a size like '2GiB', '512MB'")))?;
+    let mult: f64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1.0,
+        "k" | "kb" => 1e3,
+        "kib" => 1024.0,
+        "m" | "mb" => 1e6,
+        "mib" => 1024.0 * 1024.0,
+        "g" | "gb" => 1e9,
+        "gib" => 1024.0 * 1024.0 * 1024.0,
+        "t" | "tb" => 1e12,
+        "tib" => 1024f64.powi(4),
+        u => {
+            return Err(Error::config(
+                arg,
+                format!("unknown unit {u:?} in {s:?}; use B, KB, KiB, MB, MiB, GB, GiB, TB or TiB"),
+            ))
+        }
+    };
+    let b = n * mult;
+    if b.is_nan() || b < 1.0 {
+        return Err(Error::config(arg, format!("must be positive, got {s:?}")));
+    }
+    if b > u64::MAX as f64 {
+        return Err(Error::config(arg, format!("{s:?} is too large")));
+    }
+    Ok(b as u64)
+}
+
+/// Where batches go, as the user asked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeviceSpec {
+    /// Host memory.
+    Cpu,
+    /// A GPU: `cuda:N` (`Some(N)`, CUDA's ordinal N) or `cuda` (`None`: the caller's current
+    /// device).
+    Cuda(Option<u32>),
+    /// A GPU when one is usable, else host memory.
+    Auto,
+}
+
+impl DeviceSpec {
+    /// Parses `cpu`, `cuda`, `cuda:N` or `auto`.
+    pub fn parse(s: &str) -> Result<Self> {
+        let bad = || Error::config("device", format!("expected 'cpu', 'cuda', 'cuda:N' or 'auto', got {s:?}"));
+        match s {
+            "cpu" => Ok(DeviceSpec::Cpu),
+            "cuda" => Ok(DeviceSpec::Cuda(None)),
+            "auto" => Ok(DeviceSpec::Auto),
+            _ => {
+                let n = s.strip_prefix("cuda:").ok_or_else(bad)?;
+                if n.is_empty() || !n.bytes().all(|b| b.is_ascii_digit()) {
+                    return Err(bad());
+                }
+                n.parse::<u32>().map(|n| DeviceSpec::Cuda(Some(n))).map_err(|_| bad())
+            }
+        }
+    }
+
+    /// [`DeviceSpec::parse`] of a JSON value (a Python keyword).
+    pub fn from_value(v: &Value) -> Result<Self> {
+        Self::parse(text("device", v, "'cpu', 'cuda', 'cuda:N' or 'auto'")?)
+    }
+
+    /// Whether batches may go to a GPU.
+    pub fn wants_gpu(self) -> bool {
+        !matches!(self, DeviceSpec::Cpu)
+    }
+}
+
+/// An integer from the environment (torchrun's `RANK`, `WORLD_SIZE`, `LOCAL_RANK`); unset or
+/// empty is `None`.
+pub fn env_usize(name: &str) -> Result<Option<usize>> {
+    match std::env::var(name) {
+        Ok(v) if v.trim().is_empty() => Ok(None),
+        Ok(v) => v.trim().parse::<usize>().map(Some).map_err(|_| {
+            Error::config(name, format!("environment variable {name}={v:?}: expected a non-negative integer"))
+        }),
+        Err(_) => Ok(None),
+    }
+}
+
+/// Takes the arguments one by one; what is left at the end is an unknown argument.
+struct Taker(Args);
+
+impl Taker {
+    fn take(&mut self, name: &str) -> Option<Value> {
+        self.0.remove(name).filter(|v| !v.is_null())
+    }
+
+    fn finish(self) -> Result<()> {
+        match self.0.keys().next() {
+            Some(k) => Err(Error::config(k.as_str(), "unknown argument")),
+            None => Ok(()),
+        }
+    }
+}
+
+/// Rank and world size: given, else torchrun's `RANK` / `WORLD_SIZE`, else 0 of 1.
+fn ranks(a: &mut Taker) -> Result<(usize, usize)> {
+    let world_size = match a.take("world_size") {
+        Some(v) => positive("world_size", &v)?,
+        None => match env_usize("WORLD_SIZE")? {
+            Some(0) => {
+                return Err(Error::config("WORLD_SIZE", "environment variable WORLD_SIZE=0: must be at least 1"))
+            }
+            Some(n) => n,
+            None => 1,
+        },
+    };
+    let rank = match a.take("rank") {
+        Some(v) => non_negative("rank", &v)? as usize,
+        None => env_usize("RANK")?.unwrap_or(0),
+    };
+    if rank >= world_size {
+        return Err(Error::config(
+            "rank",
+            format!("must be in 0..{} (world_size={world_size}), got {rank}", world_size - 1),
+        ));
+    }
+    Ok((rank, world_size))
+}
+
+/// The sampler's arguments: `batch_size` (default 256), `shuffle`, `seed`, `drop_last`,
+/// `rank`, `world_size`; `shard_window` when `shards` is allowed.
+fn sampler(a: &mut Taker, shards: bool) -> Result<SamplerSpec> {
+    let batch_size = a.take("batch_size").map(|v| positive("batch_size", &v)).transpose()?.unwrap_or(256);
+    let allowed = if shards { "False, True, 'global' or 'shards'" } else { "False or True" };
+    let (shuffle, by_shards) = match a.take("shuffle") {
+        None => (false, false),
+        Some(Value::String(s)) if s == "global" => (true, false),
+        Some(Value::String(s)) if s == "shards" && shards => (true, true),
+        Some(v) => (
+            boolean("shuffle", &v)
+                .map_err(|_| Error::config("shuffle", format!("expected {allowed}, got {}", shown(&v))))?,
+            false,
+        ),
+    };
+    let window = a.take("shard_window").map(|v| positive("shard_window", &v)).transpose()?;
+    let seed = a.take("seed").map(|v| non_negative("seed", &v)).transpose()?.unwrap_or(0);
+    let drop_last = a.take("drop_last").map(|v| boolean("drop_last", &v)).transpose()?.unwrap_or(false);
+    let (rank, world_size) = ranks(a)?;
+    Ok(SamplerSpec {
+        batch_size,
+        shuffle,
+        seed,
+        drop_last,
+        rank,
+        world_size,
+        shard_window: by_shards.then(|| window.unwrap_or(DEFAULT_SHARD_WINDOW)),
+    })
+}
+
+fn common(a: &mut Taker) -> Result<(Option<usize>, usize, Option<u64>)> {
+    let threads = a.take("threads").map(|v| threads("threads", &v)).transpose()?.flatten();
+    let prefetch = a.take("prefetch").map(|v| positive("prefetch", &v)).transpose()?.unwrap_or(2);
+    let memory_limit = a.take("memory_limit").map(|v| bytes("memory_limit", &v)).transpose()?;
+    Ok((threads, prefetch, memory_limit))
+}
+
+/// The transform: `preset` (`imagenet-train`, `imagenet-val`) or `ops` (a list of op specs,
+/// what `stoker.transforms` compiles to), then `dtype`, `layout`, `apply_exif`.
+fn transform(a: &mut Taker) -> Result<TransformSpec> {
+    let mut spec = match (a.take("preset"), a.take("ops")) {
+        (Some(_), Some(_)) => {
+            return Err(Error::config("preset", "give a preset or an explicit transforms list, not both"))
+        }
+        (Some(p), None) => TransformSpec::preset(text("preset", &p, "imagenet-train or imagenet-val")?)?,
+        (None, Some(ops)) => {
+            let ops: Vec<OpSpec> = serde_json::from_value(ops)
+                .map_err(|e| Error::config("transforms", format!("not a list of transforms: {e}")))?;
+            // Explicit transforms without ToTensor/ToDtype give raw uint8 pixels.
+            TransformSpec { ops, dtype: DType::Uint8, layout: Layout::NCHW, apply_exif: true }
+        }
+        (None, None) => {
+            return Err(Error::config(
+                "preset",
+                "give preset='imagenet-train' or 'imagenet-val', or an explicit transforms list",
+            ))
+        }
+    };
+    if let Some(d) = a.take("dtype") {
+        let dtype = DType::parse(text("dtype", &d, "uint8, float16 or float32")?)?;
+        spec = spec.with_dtype(dtype);
+    }
+    if let Some(l) = a.take("layout") {
+        spec.layout = Layout::parse(text("layout", &l, "NCHW or NHWC")?)?;
+    }
+    if let Some(e) = a.take("apply_exif") {
+        spec.apply_exif = boolean("apply_exif", &e)?;
+    }
+    Ok(spec)
+}
+
+/// A [`LoaderConfig`] from named arguments: `batch_size`, `preset` or `ops`, `dtype`,
+/// `layout`, `apply_exif`, `shuffle` (`False`, `True`, `global`, `shards`), `shard_window`,
+/// `seed`, `drop_last`, `rank`, `world_size` (torchrun's environment by default), `threads`,
+/// `io_threads`, `prefetch`, `memory_limit`, `on_error` (`skip`, `raise`), `dct_scaling`,
+/// `roi`. An unknown name is an error.
+pub fn loader_config(args: Args) -> Result<LoaderConfig> {
+    let mut a = Taker(args);
+    let transform = transform(&mut a)?;
+    let sampler = sampler(&mut a, true)?;
+    let mut c = LoaderConfig::new(sampler.batch_size, transform);
+    c.sampler = sampler;
+    (c.threads, c.prefetch, c.memory_limit) = common(&mut a)?;
+    c.io_threads = a.take("io_threads").map(|v| positive("io_threads", &v)).transpose()?;
+    if let Some(p) = a.take("on_error") {
+        c.on_error = ErrorPolicy::parse(text("on_error", &p, "skip or raise")?)?;
+    }
+    if let Some(v) = a.take("dct_scaling") {
+        c.dct_scaling = boolean("dct_scaling", &v)?;
+    }
+    if let Some(v) = a.take("roi") {
+        c.roi = boolean("roi", &v)?;
+    }
+    a.finish()?;
+    Ok(c)
+}
+
+/// An [`ArrayConfig`] from named arguments: `batch_size`, `shuffle` (`False`, `True`), `seed`,
+/// `drop_last`, `rank`, `world_size`, `threads`, `prefetch`, `memory_limit`.
+pub fn array_config(args: Args) -> Result<ArrayConfig> {
+    let mut a = Taker(args);
+    let sampler = sampler(&mut a, false)?;
+    let (threads, prefetch, memory_limit) = common(&mut a)?;
+    a.finish()?;
+    Ok(ArrayConfig { sampler, threads, prefetch, memory_limit })
+}
+
+/// Named arguments from `name=value` pairs of flag text (what the CLI has).
+pub fn from_text<'a>(pairs: impl IntoIterator<Item = (&'a str, Option<String>)>) -> Args {
+    pairs.into_iter().filter_map(|(k, v)| v.map(|v| (k.to_string(), Value::String(v)))).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn args(v: Value) -> Args {
+        v.as_object().unwrap().clone()
+    }
+
+    #[test]
+    fn byte_sizes() {
+        assert_eq!(parse_bytes("m", "2GiB").unwrap(), 2 << 30);
+        assert_eq!(parse_bytes("m", "512MB").unwrap(), 512_000_000);
+        assert_eq!(parse_bytes("m", " 1.5 G ").unwrap(), 1_500_000_000);
+        assert_eq!(bytes("m", &json!(1000)).unwrap(), 1000);
+        assert_eq!(bytes("m", &json!("1000")).unwrap(), 1000);
+        let e = parse_bytes("memory_limit", "12parsecs").unwrap_err().to_string();
+        assert!(e.contains("`memory_limit`") && e.contains("unknown unit"), "{e}");
+        for bad in [json!(-5), json!("-5"), json!(0), json!("0.0001B"), json!(true), json!(1.5), json!("")] {
+            assert!(bytes("m", &bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn integers_and_booleans_are_strict() {
+        assert_eq!(positive("b", &json!(3)).unwrap(), 3);
+        assert_eq!(positive("b", &json!("3")).unwrap(), 3);
+        for bad in [json!(0), json!(-1), json!(true), json!(2.0), json!("x"), json!(null)] {
+            let e = positive("batch_size", &bad).unwrap_err().to_string();
+            assert!(e.starts_with("invalid argument `batch_size`"), "{e}");
+        }
+        assert!(boolean("d", &json!(1)).is_err());
+        assert_eq!(threads("t", &json!("auto")).unwrap(), None);
+        assert_eq!(threads("t", &json!(4)).unwrap(), Some(4));
+        assert!(threads("t", &json!(0)).unwrap_err().to_string().contains("'auto'"));
+    }
+
+    #[test]
+    fn devices() {
+        assert_eq!(DeviceSpec::parse("cpu").unwrap(), DeviceSpec::Cpu);
+        assert_eq!(DeviceSpec::parse("cuda").unwrap(), DeviceSpec::Cuda(None));
+        assert_eq!(DeviceSpec::parse("cuda:3").unwrap(), DeviceSpec::Cuda(Some(3)));
+        assert_eq!(DeviceSpec::parse("auto").unwrap(), DeviceSpec::Auto);
+        for bad in ["gpu", "cuda:", "cuda:-1", "cuda:+1", "cuda:x", "CUDA", "cuda:99999999999"] {
+            let e = DeviceSpec::parse(bad).unwrap_err().to_string();
+            assert!(e.contains("`device`") && e.contains("'cuda:N'"), "{e}");
+        }
+        assert!(DeviceSpec::from_value(&json!(0)).is_err());
+    }
+
+    #[test]
+    fn loader_arguments() {
+        let c = loader_config(args(json!({"batch_size": 8, "preset": "imagenet-val", "shuffle": "shards",
+            "memory_limit": "1MiB", "threads": "auto", "rank": 1, "world_size": 2, "dtype": "uint8"})))
+        .unwrap();
+        assert_eq!(c.sampler.batch_size, 8);
+        assert_eq!(c.sampler.shard_window, Some(DEFAULT_SHARD_WINDOW));
+        assert_eq!(c.memory_limit, Some(1 << 20));
+        assert_eq!((c.sampler.rank, c.sampler.world_size), (1, 2));
+        assert_eq!(c.transform.dtype, DType::Uint8);
+        // The same from flag text.
+        let t = loader_config(from_text([
+            ("batch_size", Some("8".to_string())),
+            ("preset", Some("imagenet-val".into())),
+            ("shuffle", Some("true".into())),
+            ("world_size", Some("1".into())),
+        ]))
+        .unwrap();
+        assert!(t.sampler.shuffle && t.sampler.shard_window.is_none());
+        let err = |v: Value| loader_config(args(v)).unwrap_err().to_string();
+        assert!(err(json!({"preset": "imagenet-val", "rank": 2, "world_size": 2})).contains("`rank`"));
+        assert!(err(json!({"preset": "imagenet-val", "batch_sise": 2})).contains("`batch_sise`: unknown argument"));
+        assert!(err(json!({"preset": "nope"})).contains("imagenet-train"));
+        assert!(err(json!({})).contains("`preset`"));
+        assert!(err(json!({"preset": "imagenet-val", "shuffle": "yes"})).contains("'shards'"));
+        assert!(err(json!({"preset": "imagenet-val", "on_error": "ignore"})).contains("skip, raise"));
+        assert!(array_config(args(json!({"shuffle": "shards"}))).unwrap_err().to_string().contains("False or True"));
+    }
+}
