@@ -77,6 +77,9 @@ class ImageLoader(LoaderBase):
     ``shuffle`` is ``False``, ``True`` (one global permutation per epoch) or ``"shards"`` for shard
     sources on slow storage: the shards are permuted and samples are shuffled within windows of
     ``shard_window`` shards, so a reader only ever touches that many shards at a time.
+    ``max_pixels`` (default 178956970, Pillow's decompression-bomb limit) and ``max_file_bytes``
+    (default 256 MiB) are checked from headers and metadata before anything is allocated; a
+    sample over them follows ``on_error`` like any bad sample.
     ``threads='auto'`` uses the process's CPU allowance (affinity mask and cgroup quota;
     ``STOKER_NUM_THREADS`` overrides it).
 
@@ -96,7 +99,8 @@ class ImageLoader(LoaderBase):
                  threads: int | str = "auto", io_threads: int | None = None, prefetch: int = 2,
                  memory_limit: int | str | None = None, on_error: str = "skip", output: str = "auto",
                  rank: int | None = None, world_size: int | None = None, layout: str = "NCHW",
-                 dtype: Any = None, apply_exif: bool = True, device: str = "cpu") -> None:
+                 dtype: Any = None, apply_exif: bool = True, device: str = "cpu", max_pixels: int | None = None,
+                 max_file_bytes: int | str | None = None) -> None:
         ops: list[dict[str, Any]] | None = None
         out_dtype: str | None = None
         if transforms is not None:
@@ -133,7 +137,7 @@ class ImageLoader(LoaderBase):
             preset=preset, ops=ops, dtype=out_dtype, layout=layout, apply_exif=apply_exif,
             batch_size=batch_size, shuffle=shuffle, shard_window=shard_window, seed=seed, drop_last=drop_last,
             rank=rank, world_size=world_size, threads=threads, io_threads=io_threads, prefetch=prefetch,
-            memory_limit=memory_limit, on_error=on_error)
+            memory_limit=memory_limit, on_error=on_error, max_pixels=max_pixels, max_file_bytes=max_file_bytes)
         self._start()
 
     def _new_native(self) -> _stoker.Loader:

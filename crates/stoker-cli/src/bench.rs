@@ -78,6 +78,13 @@ pub struct BenchOpts {
     /// Ignore EXIF orientation.
     #[arg(long)]
     pub no_exif: bool,
+    /// Refuse images larger than this many pixels (from the header; default 178956970, Pillow's
+    /// decompression-bomb limit): such a file is skipped with its reason.
+    #[arg(long)]
+    pub max_pixels: Option<String>,
+    /// Refuse files larger than this (e.g. 64MiB; default 256MiB), from metadata before reading.
+    #[arg(long)]
+    pub max_file_bytes: Option<String>,
     /// Instead of loading: decode every file once at full size on one thread (the pure
     /// libjpeg-turbo rate that stoker's per-thread rate is compared with).
     #[arg(long)]
@@ -118,6 +125,8 @@ impl BenchOpts {
             ("on_error", Some(self.on_error.clone())),
             ("dct_scaling", flag(!self.no_dct_scaling)),
             ("roi", flag(!self.no_roi)),
+            ("max_pixels", self.max_pixels.clone()),
+            ("max_file_bytes", self.max_file_bytes.clone()),
         ]))?)
     }
 
@@ -137,13 +146,14 @@ pub fn run(a: &BenchArgs) -> Result<()> {
 fn decode_only(root: &str, json: bool) -> Result<()> {
     use stoker::decode::{DecodeOptions, Decoder};
     let source = stoker::source::open(&[root.to_string()])?.source;
-    let mut dec = Decoder::new(DecodeOptions { apply_exif: false, dct_scaling: false, roi: false })?;
+    let mut dec =
+        Decoder::new(DecodeOptions { apply_exif: false, dct_scaling: false, roi: false, ..DecodeOptions::default() })?;
     let mut buf = Vec::new();
     let (mut n, mut failed, mut pixels) = (0usize, 0usize, 0u64);
     let mut busy = std::time::Duration::ZERO;
     let cpu0 = cpu_seconds();
     for i in 0..source.len() {
-        if source.read(i, &mut buf).is_err() {
+        if source.read(i, &mut buf, stoker::pipeline::DEFAULT_MAX_FILE_BYTES).is_err() {
             failed += 1;
             continue;
         }

@@ -299,7 +299,7 @@ fn transform(a: &mut Taker) -> Result<TransformSpec> {
 /// `layout`, `apply_exif`, `shuffle` (`False`, `True`, `global`, `shards`), `shard_window`,
 /// `seed`, `drop_last`, `rank`, `world_size` (torchrun's environment by default), `threads`,
 /// `io_threads`, `prefetch`, `memory_limit`, `on_error` (`skip`, `raise`), `dct_scaling`,
-/// `roi`. An unknown name is an error.
+/// `roi`, `max_pixels`, `max_file_bytes`. An unknown name is an error.
 pub fn loader_config(args: Args) -> Result<LoaderConfig> {
     let mut a = Taker(args);
     let transform = transform(&mut a)?;
@@ -316,6 +316,12 @@ pub fn loader_config(args: Args) -> Result<LoaderConfig> {
     }
     if let Some(v) = a.take("roi") {
         c.roi = boolean("roi", &v)?;
+    }
+    if let Some(v) = a.take("max_pixels") {
+        c.max_pixels = positive("max_pixels", &v)? as u64;
+    }
+    if let Some(v) = a.take("max_file_bytes") {
+        c.max_file_bytes = bytes("max_file_bytes", &v)?;
     }
     a.finish()?;
     Ok(c)

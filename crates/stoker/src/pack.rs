@@ -182,7 +182,10 @@ pub fn pack(
                         let i = start + t * per + k;
                         let path = src.describe(i);
                         let mut data = vec![];
-                        *r = Some(src.read(i, &mut data).and_then(|_| prepare(data, &path, opts, &mut dec, &mut rs)));
+                        *r = Some(
+                            src.read(i, &mut data, crate::pipeline::DEFAULT_MAX_FILE_BYTES)
+                                .and_then(|_| prepare(data, &path, opts, &mut dec, &mut rs)),
+                        );
                     }
                 });
             }

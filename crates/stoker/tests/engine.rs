@@ -56,7 +56,9 @@ fn scaled_and_cropped_decode_stays_close_to_full_decode() {
     let spec = TransformSpec::preset("imagenet-train").unwrap().with_dtype(DType::Uint8);
     let plan = TransformPlan::compile(&spec).unwrap();
     let mut fast = Decoder::new(DecodeOptions::default()).unwrap();
-    let mut full = Decoder::new(DecodeOptions { apply_exif: true, dct_scaling: false, roi: false }).unwrap();
+    let mut full =
+        Decoder::new(DecodeOptions { apply_exif: true, dct_scaling: false, roi: false, ..DecodeOptions::default() })
+            .unwrap();
     let (mut rs1, mut rs2) = (Resampler::new(), Resampler::new());
     let mut scaled = 0;
     let mut worst: f64 = 0.0;
@@ -88,8 +90,12 @@ fn region_decode_without_scaling_is_exact_within_the_box() {
     let data = jpeg(&photo_sized("rocket", w, h), w, h, 85);
     let spec = TransformSpec::preset("imagenet-train").unwrap().with_dtype(DType::Uint8);
     let plan = TransformPlan::compile(&spec).unwrap();
-    let mut roi = Decoder::new(DecodeOptions { apply_exif: true, dct_scaling: false, roi: true }).unwrap();
-    let mut full = Decoder::new(DecodeOptions { apply_exif: true, dct_scaling: false, roi: false }).unwrap();
+    let mut roi =
+        Decoder::new(DecodeOptions { apply_exif: true, dct_scaling: false, roi: true, ..DecodeOptions::default() })
+            .unwrap();
+    let mut full =
+        Decoder::new(DecodeOptions { apply_exif: true, dct_scaling: false, roi: false, ..DecodeOptions::default() })
+            .unwrap();
     let (mut rs1, mut rs2) = (Resampler::new(), Resampler::new());
     for i in 0..30 {
         let info = roi.info(&data, Path::new("x")).unwrap();

@@ -102,7 +102,7 @@ fn indexing_existing_webdataset_shards() {
     let s = ShardSource::open(std::slice::from_ref(&shard)).unwrap();
     assert_eq!((0..3).map(|i| s.label(i)).collect::<Vec<_>>(), vec![0, 1, 2]);
     let mut buf = vec![];
-    s.read(1, &mut buf).unwrap();
+    s.read(1, &mut buf, u64::MAX).unwrap();
     assert_eq!(buf, img);
 }
 
@@ -143,7 +143,7 @@ fn truncated_shards_and_bad_indexes_are_clear_errors() {
     std::fs::write(&shard, &shifted).unwrap();
     let s = open().unwrap();
     let mut buf = vec![];
-    let e = s.read(0, &mut buf).unwrap_err().to_string();
+    let e = s.read(0, &mut buf, u64::MAX).unwrap_err().to_string();
     assert!(e.contains("index does not match its shard") && e.contains(".tar:"), "{e}");
     // Under the default policy those samples are skipped, counted and reported.
     let loader = Loader::new(Arc::new(s), LoaderConfig::new(4, val_u8())).unwrap();
@@ -167,6 +167,6 @@ fn member_names_are_never_paths() {
     write_index(&shard).unwrap();
     let s = ShardSource::open(&[shard]).unwrap();
     let mut buf = vec![];
-    s.read(0, &mut buf).unwrap();
+    s.read(0, &mut buf, u64::MAX).unwrap();
     assert_eq!(buf, img);
 }

@@ -84,11 +84,27 @@ pub struct DecodeOptions {
     pub dct_scaling: bool,
     /// Allow decoding only the region around the source box.
     pub roi: bool,
+    /// The largest image (width x height, from its header) that is decoded; larger ones are
+    /// that sample's error, refused before any pixel buffer is sized.
+    pub max_pixels: u64,
 }
+
+/// Refuses an image whose header claims more than `max` pixels, before anything is sized
+/// from it: "image too large: 100000x100000 > max_pixels (178956970)".
+pub fn check_pixels(path: &Path, width: usize, height: usize, max: u64) -> Result<()> {
+    match (width as u64).checked_mul(height as u64) {
+        Some(n) if n <= max => Ok(()),
+        _ => Err(Error::decode(path, format!("image too large: {width}x{height} > max_pixels ({max})"))),
+    }
+}
+
+/// The default pixel limit: Pillow's decompression-bomb error threshold (2 x
+/// `Image.MAX_IMAGE_PIXELS`), so what Pillow opens, stoker decodes.
+pub const DEFAULT_MAX_PIXELS: u64 = 178_956_970;
 
 impl Default for DecodeOptions {
     fn default() -> Self {
-        DecodeOptions { apply_exif: true, dct_scaling: true, roi: true }
+        DecodeOptions { apply_exif: true, dct_scaling: true, roi: true, max_pixels: DEFAULT_MAX_PIXELS }
     }
 }
 
@@ -132,6 +148,7 @@ impl Decoder {
             Format::Jpeg => {
                 let h =
                     self.jpeg.header(data).map_err(|e| Error::decode(path, format!("invalid JPEG: {}", e.message)))?;
+                check_pixels(path, h.width, h.height, self.opts.max_pixels)?;
                 let orientation = if self.opts.apply_exif { exif::jpeg_orientation(data).unwrap_or(1) } else { 1 };
                 let (width, height) = if orientation >= 5 { (h.height, h.width) } else { (h.width, h.height) };
                 Ok(ImageInfo { width, height, orientation, format: Format::Jpeg, header: Some(h) })

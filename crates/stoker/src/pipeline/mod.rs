@@ -72,7 +72,25 @@ pub struct LoaderConfig {
     pub dct_scaling: bool,
     /// Allow region-of-interest JPEG decoding (on by default; off only to measure it).
     pub roi: bool,
+    /// Images larger than this many pixels (from the header) are that sample's error.
+    #[serde(default = "default_max_pixels")]
+    pub max_pixels: u64,
+    /// Files (or shard members) larger than this many bytes are that sample's error.
+    #[serde(default = "default_max_file_bytes")]
+    pub max_file_bytes: u64,
 }
+
+fn default_max_pixels() -> u64 {
+    crate::decode::DEFAULT_MAX_PIXELS
+}
+
+fn default_max_file_bytes() -> u64 {
+    DEFAULT_MAX_FILE_BYTES
+}
+
+/// The default file-size limit: 256 MiB, far above any real training image (ImageNet's largest
+/// JPEG is ~15 MiB) and small enough that every I/O thread may hold one in memory.
+pub const DEFAULT_MAX_FILE_BYTES: u64 = 256 << 20;
 
 impl LoaderConfig {
     /// A configuration with defaults for everything but the batch size and transform.
@@ -87,6 +105,8 @@ impl LoaderConfig {
             on_error: ErrorPolicy::Skip,
             dct_scaling: true,
             roi: true,
+            max_pixels: default_max_pixels(),
+            max_file_bytes: DEFAULT_MAX_FILE_BYTES,
         }
     }
 }
@@ -102,6 +122,7 @@ struct Shared {
     allowance: usize,
     on_error: ErrorPolicy,
     decode_opts: DecodeOptions,
+    max_file_bytes: u64,
     /// Worker scratch (decoder, resampler) and read buffers kept between epochs, so a new
     /// epoch's threads start warm instead of re-growing their buffers.
     stash: Mutex<Stash>,
@@ -188,8 +209,12 @@ impl Loader {
         // One batch being filled, `prefetch` ready, one held by the consumer.
         let slots = BufferPool::plan(config.prefetch + 2, batch_bytes, config.memory_limit)?;
         let pool = BufferPool::new_in(slots, batch_size, plan.sample_bytes(), alloc)?;
-        let decode_opts =
-            DecodeOptions { apply_exif: config.transform.apply_exif, dct_scaling: config.dct_scaling, roi: config.roi };
+        let decode_opts = DecodeOptions {
+            apply_exif: config.transform.apply_exif,
+            dct_scaling: config.dct_scaling,
+            roi: config.roi,
+            max_pixels: config.max_pixels,
+        };
         Ok(Loader {
             shared: Arc::new(Shared {
                 source,
@@ -202,6 +227,7 @@ impl Loader {
                 allowance,
                 on_error: config.on_error,
                 decode_opts,
+                max_file_bytes: config.max_file_bytes,
                 stash: Mutex::new(Stash::default()),
                 read_high_water: std::sync::atomic::AtomicUsize::new(0),
             }),
@@ -662,7 +688,7 @@ fn io_loop(
         if buf.capacity() < hw {
             buf.reserve_exact(hw - buf.len());
         }
-        let read = sh.source.read(task.slot.index(task.pos) as usize, &mut buf);
+        let read = sh.source.read(task.slot.index(task.pos) as usize, &mut buf, sh.max_file_bytes);
         sh.read_high_water.fetch_max(buf.capacity(), Ordering::Relaxed);
         sh.telemetry.read.record(t0.elapsed());
         if let Err(e) = work.send(Work { task, bytes: buf, read }) {

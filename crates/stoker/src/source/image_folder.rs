@@ -165,7 +165,7 @@ impl Source for ImageFolder {
         self.labels[i] as i64
     }
 
-    fn read(&self, i: usize, buf: &mut Vec<u8>) -> Result<()> {
+    fn read(&self, i: usize, buf: &mut Vec<u8>, max_bytes: u64) -> Result<()> {
         buf.clear();
         // A per-thread path buffer: joining root and name allocates nothing once warm.
         thread_local! {
@@ -176,12 +176,23 @@ impl Source for ImageFolder {
             path.push(&self.root);
             path.push(self.relative_path(i));
             let mut f = std::fs::File::open(&*path).map_err(|e| Error::io(&*path, &e))?;
-            let size = f.metadata().map(|m| m.len() as usize).unwrap_or(0);
+            let size = f.metadata().map(|m| m.len()).unwrap_or(0);
+            if size > max_bytes {
+                return Err(Error::decode(
+                    &*path,
+                    format!("file too large: {size} bytes > max_file_bytes ({max_bytes})"),
+                ));
+            }
+            let size = size as usize;
             if buf.capacity() < size + 1 {
                 // Room for the whole file plus the read that detects its end.
                 buf.reserve_exact((size + 1).next_power_of_two());
             }
-            f.read_to_end(buf).map_err(|e| Error::io(&*path, &e))?;
+            // Never more than the limit, even if the file grows while it is read.
+            (&mut f).take(max_bytes.saturating_add(1)).read_to_end(buf).map_err(|e| Error::io(&*path, &e))?;
+            if buf.len() as u64 > max_bytes {
+                return Err(Error::decode(&*path, format!("file too large: more than max_file_bytes ({max_bytes})")));
+            }
             Ok(())
         })
     }

@@ -24,7 +24,9 @@ pub trait Source: Send + Sync + 'static {
     /// The label of sample `i`.
     fn label(&self, i: usize) -> i64;
     /// Reads the encoded bytes of sample `i` into `buf` (cleared first; its capacity is reused).
-    fn read(&self, i: usize, buf: &mut Vec<u8>) -> Result<()>;
+    /// A sample larger than `max_bytes` is that sample's error, found from metadata (file size,
+    /// index entry) before anything is read or allocated.
+    fn read(&self, i: usize, buf: &mut Vec<u8>, max_bytes: u64) -> Result<()>;
     /// Where sample `i` lives, for error messages and skip reports.
     fn describe(&self, i: usize) -> PathBuf;
     /// Sizes of the consecutive shards the samples are stored in, when the source is sharded

@@ -296,8 +296,14 @@ impl Source for ShardSource {
         self.samples[i].3
     }
 
-    fn read(&self, i: usize, buf: &mut Vec<u8>) -> Result<()> {
+    fn read(&self, i: usize, buf: &mut Vec<u8>, max_bytes: u64) -> Result<()> {
         let (k, offset, len, _) = self.samples[i];
+        if u64::from(len) > max_bytes {
+            return Err(Error::decode(
+                self.describe(i),
+                format!("member too large: {len} bytes > max_file_bytes ({max_bytes})"),
+            ));
+        }
         let total = tar::BLOCK + len as usize;
         buf.clear();
         buf.resize(total, 0);
