@@ -1,5 +1,6 @@
 //! `stoker pack`: convert an ImageFolder into WebDataset tar shards with sidecar indexes and a
-//! `classes.json` (a folder that every loader accepts as a dataset).
+//! `classes.json` (a folder that every loader accepts as a dataset). A folder that already holds
+//! shards is refused unless `--overwrite`, which removes them (and nothing else) first.
 
 use crate::util::progress;
 use anyhow::Result;
@@ -31,6 +32,10 @@ pub struct PackArgs {
     /// Shard file name prefix.
     #[arg(long, default_value = "shard")]
     pub prefix: String,
+    /// Remove the *.tar, *.tar.idx and classes.json already in DST (an earlier run) first,
+    /// instead of refusing; nothing else in DST is touched.
+    #[arg(long)]
+    pub overwrite: bool,
     /// Print one JSON object instead of the summary.
     #[arg(long)]
     pub json: bool,
@@ -45,6 +50,7 @@ pub fn run(a: &PackArgs) -> Result<()> {
         quality: i32::try_from(non_negative("quality", &text(&a.quality))?).unwrap_or(i32::MAX),
         threads: threads("threads", &text(&a.threads))?.unwrap_or_else(stoker::cpu::default_threads),
         prefix: a.prefix.clone(),
+        overwrite: a.overwrite,
     };
     let folder = ImageFolder::new(&a.src)?;
     let n = stoker::Source::len(&folder);
@@ -55,6 +61,9 @@ pub fn run(a: &PackArgs) -> Result<()> {
     if a.json {
         println!("{}", serde_json::to_string_pretty(&s)?);
     } else {
+        if !s.removed.is_empty() {
+            println!("removed {} file(s) of an earlier run from {}", s.removed.len(), a.dst.display());
+        }
         println!(
             "packed {} samples into {} shard(s), {:.1} MiB, in {:.1} s ({} re-encoded); index beside each shard",
             s.samples,

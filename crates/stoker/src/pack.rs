@@ -3,11 +3,19 @@
 //! Deterministic: the same input gives the same bytes (dataset order, fixed tar metadata,
 //! re-encoding at a fixed quality). `max_side` re-encodes images whose longer side exceeds it
 //! (after EXIF orientation) as JPEG, the trick that cuts decode cost for every later epoch.
+//!
+//! Safe to interrupt: a shard is streamed to a temporary file (`.NAME.stoker-partial`), synced,
+//! and renamed into place after its index, so a folder never holds a shard without its index
+//! or a half-written shard under a shard's name; on an error (a full disk, ...) the temporary
+//! file is removed and the error names the shard. Member names of any length and any UTF-8 are
+//! written (pax `path` records where ustar has no room). A destination that already holds the
+//! output of a run (`*.tar`, `*.tar.idx`, `classes.json`) is refused unless
+//! [`PackOptions::overwrite`], which removes those files, and only those, first.
 
 use crate::decode::{sniff, DecodeOptions, Decoder, Format};
 use crate::error::{Error, Result};
 use crate::ops::Resampler;
-use crate::source::shards::{encode_index, index_path, IndexEntry};
+use crate::source::shards::{encode_index, index_path, partial_path, write_atomic, IndexEntry};
 use crate::source::{tar, ImageFolder, Source};
 use crate::telemetry::Skipped;
 use std::path::{Path, PathBuf};
@@ -25,11 +33,21 @@ pub struct PackOptions {
     pub threads: usize,
     /// Shard file name prefix (`PREFIX-000000.tar`).
     pub prefix: String,
+    /// Remove the `*.tar`, `*.tar.idx` and `classes.json` files already in the destination
+    /// (the output of an earlier run) instead of refusing to pack there.
+    pub overwrite: bool,
 }
 
 impl Default for PackOptions {
     fn default() -> Self {
-        PackOptions { shard_size: 256 << 20, max_side: None, quality: 90, threads: 1, prefix: "shard".into() }
+        PackOptions {
+            shard_size: 256 << 20,
+            max_side: None,
+            quality: 90,
+            threads: 1,
+            prefix: "shard".into(),
+            overwrite: false,
+        }
     }
 }
 
@@ -46,6 +64,8 @@ pub struct PackSummary {
     pub reencoded: usize,
     /// Files left out, with the reason.
     pub skipped: Vec<Skipped>,
+    /// Files of an earlier run removed first (with [`PackOptions::overwrite`]).
+    pub removed: Vec<PathBuf>,
 }
 
 struct Packed {
@@ -102,30 +122,111 @@ fn key_of(rel: &str) -> String {
     format!("{dir}{}", base.replace('.', "_"))
 }
 
+/// A temporary file, removed when dropped unless it was renamed into place.
+struct Partial(Option<PathBuf>);
+
+impl Drop for Partial {
+    fn drop(&mut self) {
+        if let Some(p) = self.0.take() {
+            let _ = std::fs::remove_file(p);
+        }
+    }
+}
+
+/// The shard being written: its final name and the temporary file it is streamed to.
+struct OpenShard {
+    path: PathBuf,
+    tmp: Partial,
+    tar: tar::Writer<std::io::BufWriter<std::fs::File>>,
+}
+
+/// An error writing shard `path` (the partial file is removed when the writer is dropped).
+fn write_error(path: &Path, e: &std::io::Error) -> Error {
+    Error::Io { path: path.to_path_buf(), reason: format!("cannot write the shard: {e} (nothing of it was kept)") }
+}
+
 struct ShardWriter<'a> {
     dst: &'a Path,
     prefix: &'a str,
-    tar: Vec<u8>,
+    open: Option<OpenShard>,
     entries: Vec<IndexEntry>,
     summary: PackSummary,
 }
 
 impl ShardWriter<'_> {
-    fn flush(&mut self) -> Result<()> {
-        if self.entries.is_empty() {
-            return Ok(());
+    /// Bytes in the shard being written.
+    fn position(&self) -> u64 {
+        self.open.as_ref().map_or(0, |o| o.tar.position())
+    }
+
+    /// Appends one sample (image + `.cls`), starting a shard if none is open.
+    fn append(&mut self, key: String, member: String, cls_name: &str, data: &[u8], label: i64) -> Result<()> {
+        if self.open.is_none() {
+            let path = self.dst.join(format!("{}-{:06}.tar", self.prefix, self.summary.shards.len()));
+            let tmp = partial_path(&path);
+            let file = std::fs::File::create(&tmp).map_err(|e| write_error(&path, &e))?;
+            let tar = tar::Writer::new(std::io::BufWriter::with_capacity(1 << 20, file));
+            self.open = Some(OpenShard { path, tmp: Partial(Some(tmp)), tar });
         }
-        tar::finish(&mut self.tar);
-        let path = self.dst.join(format!("{}-{:06}.tar", self.prefix, self.summary.shards.len()));
-        std::fs::write(&path, &self.tar).map_err(|e| Error::io(&path, &e))?;
-        let idx = index_path(&path);
-        std::fs::write(&idx, encode_index(&self.entries, self.tar.len() as u64)).map_err(|e| Error::io(&idx, &e))?;
-        self.summary.bytes += self.tar.len() as u64;
+        let o = self.open.as_mut().expect("a shard is open");
+        let m = o.tar.append(&member, data).map_err(|e| write_error(&o.path, &e))?;
+        o.tar.append(cls_name, label.to_string().as_bytes()).map_err(|e| write_error(&o.path, &e))?;
+        self.entries.push(IndexEntry {
+            key,
+            member,
+            offset: m.offset,
+            length: m.size,
+            label,
+            fingerprint: m.fingerprint,
+        });
+        Ok(())
+    }
+
+    /// Finishes the open shard: end marker, sync, index (written and renamed first), then the
+    /// shard renamed into place.
+    fn flush(&mut self) -> Result<()> {
+        let Some(mut o) = self.open.take() else { return Ok(()) };
+        let path = o.path.clone();
+        let err = |e: std::io::Error| write_error(&path, &e);
+        let size = o.tar.position() + 2 * tar::BLOCK as u64;
+        let file = o.tar.finish().map_err(err)?.into_inner().map_err(|e| err(e.into_error()))?;
+        file.sync_all().map_err(err)?;
+        drop(file);
+        write_atomic(&index_path(&path), &encode_index(&self.entries, size))?;
+        let tmp = o.tmp.0.take().expect("the partial file is ours");
+        if let Err(e) = std::fs::rename(&tmp, &path) {
+            let _ = std::fs::remove_file(&tmp);
+            let _ = std::fs::remove_file(index_path(&path));
+            return Err(err(e));
+        }
+        self.summary.bytes += size;
         self.summary.shards.push(path);
-        self.tar.clear();
         self.entries.clear();
         Ok(())
     }
+}
+
+/// The files of an earlier run in `dst` (`*.tar`, `*.tar.idx`, `classes.json`; not folders),
+/// sorted; none when `dst` does not exist.
+fn earlier_output(dst: &Path) -> Result<Vec<PathBuf>> {
+    let rd = match std::fs::read_dir(dst) {
+        Ok(rd) => rd,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(vec![]),
+        Err(e) => return Err(Error::io(dst, &e)),
+    };
+    let mut out = vec![];
+    for entry in rd {
+        let entry = entry.map_err(|e| Error::io(dst, &e))?;
+        if entry.file_type().map_err(|e| Error::io(entry.path(), &e))?.is_dir() {
+            continue;
+        }
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if name.ends_with(".tar") || name.ends_with(".tar.idx") || name == "classes.json" {
+            out.push(entry.path());
+        }
+    }
+    out.sort();
+    Ok(out)
 }
 
 /// Packs `src` into shards under `dst` (created if missing); `progress` is told how many
@@ -145,15 +246,38 @@ pub fn pack(
     if opts.max_side == Some(0) {
         return Err(Error::config("max_side", "must be positive"));
     }
+    if opts.prefix.is_empty() || opts.prefix.contains('/') || opts.prefix.starts_with('.') {
+        return Err(Error::config(
+            "prefix",
+            format!("must be a file name that does not start with '.', got {:?}", opts.prefix),
+        ));
+    }
+    let earlier = earlier_output(dst)?;
+    if !earlier.is_empty() && !opts.overwrite {
+        let names: Vec<String> =
+            earlier.iter().take(3).map(|p| p.file_name().unwrap_or_default().to_string_lossy().into_owned()).collect();
+        let more = if earlier.len() > 3 { format!(" and {} more", earlier.len() - 3) } else { String::new() };
+        return Err(Error::config(
+            "overwrite",
+            format!(
+                "not set, and {} already holds the output of another run ({}{more}); pass it to remove those files first (only *.tar, *.tar.idx and classes.json are removed), or choose another folder",
+                dst.display(),
+                names.join(", ")
+            ),
+        ));
+    }
+    for p in &earlier {
+        std::fs::remove_file(p).map_err(|e| Error::io(p, &e))?;
+    }
     std::fs::create_dir_all(dst).map_err(|e| Error::io(dst, &e))?;
     let classes = serde_json::to_string(src.classes()).map_err(|e| Error::Internal(e.to_string()))?;
-    std::fs::write(dst.join("classes.json"), classes).map_err(|e| Error::io(dst.join("classes.json"), &e))?;
+    write_atomic(&dst.join("classes.json"), classes.as_bytes())?;
     let mut w = ShardWriter {
         dst,
         prefix: &opts.prefix,
-        tar: vec![],
+        open: None,
         entries: vec![],
-        summary: PackSummary { samples: 0, shards: vec![], bytes: 0, reencoded: 0, skipped: vec![] },
+        summary: PackSummary { samples: 0, shards: vec![], bytes: 0, reencoded: 0, skipped: vec![], removed: earlier },
     };
     let mut used_keys = std::collections::HashSet::new();
     let n = src.len();
@@ -208,17 +332,15 @@ pub fn pack(
                         key = format!("{key}_{n}");
                     }
                     let member = format!("{key}.{}", p.ext);
+                    let cls_name = format!("{key}.cls");
                     let label = src.label(i);
-                    let cls = label.to_string();
-                    let need = (p.data.len() + cls.len()) as u64 + 4 * tar::BLOCK as u64;
-                    if !w.entries.is_empty() && w.tar.len() as u64 + need > opts.shard_size {
+                    let need = tar::member_len(&member, p.data.len() as u64)
+                        + tar::member_len(&cls_name, label.to_string().len() as u64)
+                        + 2 * tar::BLOCK as u64;
+                    if !w.entries.is_empty() && w.position() + need > opts.shard_size {
                         w.flush()?;
                     }
-                    let offset = w.tar.len() as u64 + tar::BLOCK as u64;
-                    tar::append_member(&mut w.tar, &member, &p.data).map_err(|e| Error::decode(src.describe(i), e))?;
-                    tar::append_member(&mut w.tar, &format!("{key}.cls"), cls.as_bytes())
-                        .map_err(|e| Error::decode(src.describe(i), e))?;
-                    w.entries.push(IndexEntry { key, member, offset, length: p.data.len() as u64, label });
+                    w.append(key, member, &cls_name, &p.data, label)?;
                     w.summary.samples += 1;
                     w.summary.reencoded += p.reencoded as usize;
                 }

@@ -1,14 +1,56 @@
 //! Tar shards: pack → load round trip, determinism, `--max-side`, and the promised errors for
-//! truncated shards, missing/mismatched/corrupt indexes.
+//! truncated shards, missing/mismatched/corrupt indexes; names of any length and UTF-8 (ours and
+//! hand-made pax/GNU headers), refusing/overwriting an earlier run, no partial files left behind,
+//! and indexing in bounded memory (a counting allocator: this binary's global allocator).
 
 mod common;
 
 use common::*;
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use stoker::pack::{pack, PackOptions};
-use stoker::source::shards::{index_path, write_index};
+use stoker::source::shards::{decode_index, encode_index, index_path, write_index};
 use stoker::*;
+
+/// Counts, per thread, the largest single allocation (other tests run on other threads).
+struct LargestPerThread;
+
+thread_local! {
+    static LARGEST: Cell<usize> = const { Cell::new(0) };
+}
+
+fn note(size: usize) {
+    let _ = LARGEST.try_with(|l| l.set(l.get().max(size)));
+}
+
+// SAFETY: forwards to the system allocator unchanged; only notes sizes in a const thread-local
+// (no allocation, no destructor).
+unsafe impl GlobalAlloc for LargestPerThread {
+    unsafe fn alloc(&self, l: Layout) -> *mut u8 {
+        note(l.size());
+        // SAFETY: same contract as ours.
+        unsafe { System.alloc(l) }
+    }
+    unsafe fn alloc_zeroed(&self, l: Layout) -> *mut u8 {
+        note(l.size());
+        // SAFETY: same contract as ours.
+        unsafe { System.alloc_zeroed(l) }
+    }
+    unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
+        // SAFETY: same contract as ours.
+        unsafe { System.dealloc(p, l) }
+    }
+    unsafe fn realloc(&self, p: *mut u8, l: Layout, n: usize) -> *mut u8 {
+        note(n);
+        // SAFETY: same contract as ours.
+        unsafe { System.realloc(p, l, n) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: LargestPerThread = LargestPerThread;
 
 fn shards_in(dir: &Path) -> Vec<PathBuf> {
     let mut v: Vec<PathBuf> = std::fs::read_dir(dir)
@@ -91,8 +133,8 @@ fn indexing_existing_webdataset_shards() {
     let img = jpeg(&photo_sized("rocket", w, h), w, h, 90);
     let mut t = vec![];
     for k in 0..3 {
-        stoker::source::tar::append_member(&mut t, &format!("v1.0/s{k}.jpg"), &img).unwrap();
-        stoker::source::tar::append_member(&mut t, &format!("v1.0/s{k}.cls"), format!("{k}").as_bytes()).unwrap();
+        stoker::source::tar::append_member(&mut t, &format!("v1.0/s{k}.jpg"), &img);
+        stoker::source::tar::append_member(&mut t, &format!("v1.0/s{k}.cls"), format!("{k}").as_bytes());
     }
     stoker::source::tar::finish(&mut t);
     let shard = d.path().join("x.tar");
@@ -160,7 +202,7 @@ fn member_names_are_never_paths() {
     let (w, h) = (32, 32);
     let img = jpeg(&photo_sized("chelsea", w, h), w, h, 90);
     let mut t = vec![];
-    stoker::source::tar::append_member(&mut t, "../../etc/passwd.jpg", &img).unwrap();
+    stoker::source::tar::append_member(&mut t, "../../etc/passwd.jpg", &img);
     stoker::source::tar::finish(&mut t);
     let shard = d.path().join("evil.tar");
     std::fs::write(&shard, &t).unwrap();
@@ -168,5 +210,290 @@ fn member_names_are_never_paths() {
     let s = ShardSource::open(&[shard]).unwrap();
     let mut buf = vec![];
     s.read(0, &mut buf, u64::MAX).unwrap();
+    assert_eq!(buf, img);
+}
+
+/// Every file name under `dir` (not recursive).
+fn names_in(dir: &Path) -> Vec<String> {
+    let mut v: Vec<String> =
+        std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+    v.sort();
+    v
+}
+
+/// Loads every sample of `source` once (val preset) and returns (indices, skipped count).
+fn load_all(source: Arc<dyn Source>) -> (Vec<u32>, u64) {
+    let loader = Loader::new(source, LoaderConfig::new(4, val_u8())).unwrap();
+    let mut seen = vec![];
+    for b in loader.iter().unwrap() {
+        seen.extend(b.unwrap().indices());
+    }
+    seen.sort();
+    (seen, loader.report().skipped_count)
+}
+
+#[test]
+fn long_and_utf8_file_names_round_trip_through_pack() {
+    // Regression: a file name longer than 100 bytes aborted the whole run ("member name too
+    // long"); UTF-8 names went into the ustar field.
+    let d = tempfile::tempdir().unwrap();
+    let root = demo_folder(d.path(), 14);
+    let folder = ImageFolder::new(&root).unwrap();
+    let renames = [
+        format!("{}.jpg", "l".repeat(200)),
+        format!("{}.jpg", "é".repeat(100)),
+        "Ünïcødé 猫 🐈.jpg".to_string(),
+        format!("{}.jpg", "🐈".repeat(60)),
+    ];
+    for (k, new) in renames.iter().enumerate() {
+        let old = root.join(folder.relative_path(k * 3));
+        std::fs::rename(&old, old.with_file_name(new)).unwrap();
+    }
+    let out = d.path().join("packed");
+    let opts = PackOptions { shard_size: 200_000, threads: 2, ..PackOptions::default() };
+    let s = pack(&ImageFolder::new(&root).unwrap(), &out, &opts, &|_| {}).unwrap();
+    assert_eq!((s.samples, s.skipped.len()), (14, 0));
+    let folder = ImageFolder::new(&root).unwrap();
+    let shards = ShardSource::open(&shards_in(&out)).unwrap();
+    let members: Vec<&str> = (0..14).map(|i| shards.member(i)).collect();
+    let expect: Vec<&str> = (0..14).map(|i| folder.relative_path(i)).collect();
+    assert_eq!(members, expect);
+    for new in &renames {
+        assert!(members.iter().any(|m| m.ends_with(new.as_str())), "{new}");
+    }
+    let (mut a, mut b) = (vec![], vec![]);
+    for (i, member) in members.iter().enumerate() {
+        shards.read(i, &mut a, u64::MAX).unwrap();
+        folder.read(i, &mut b, u64::MAX).unwrap();
+        assert_eq!(a, b, "{member}");
+        assert_eq!(shards.label(i), folder.label(i));
+    }
+    // What pack wrote, `stoker index` reads back the same (fingerprints included).
+    for shard in shards_in(&out) {
+        let packed = std::fs::read(index_path(&shard)).unwrap();
+        write_index(&shard).unwrap();
+        assert_eq!(std::fs::read(index_path(&shard)).unwrap(), packed);
+    }
+    assert_eq!(load_all(Arc::new(shards)), ((0..14).collect(), 0));
+}
+
+/// A hand-made tar header (no tar crate): POSIX ustar, or old GNU (`ustar  \0`, times where
+/// POSIX keeps the prefix).
+fn raw_header(name: &[u8], size: u64, typeflag: u8, gnu: bool) -> [u8; 512] {
+    let mut h = [0u8; 512];
+    h[..name.len()].copy_from_slice(name);
+    h[100..108].copy_from_slice(b"0000644\0");
+    h[108..116].copy_from_slice(b"0001750\0");
+    h[116..124].copy_from_slice(b"0001750\0");
+    h[124..136].copy_from_slice(format!("{size:011o}\0").as_bytes());
+    h[136..148].copy_from_slice(format!("{:011o}\0", 1_700_000_000u64).as_bytes());
+    h[156] = typeflag;
+    if gnu {
+        h[257..265].copy_from_slice(b"ustar  \0");
+        h[345..357].copy_from_slice(format!("{:011o}\0", 1_700_000_001u64).as_bytes());
+    // atime
+    } else {
+        h[257..265].copy_from_slice(b"ustar\x0000");
+    }
+    h[265..269].copy_from_slice(b"user");
+    h[148..156].fill(b' ');
+    let sum: u32 = h.iter().map(|&b| b as u32).sum();
+    h[148..156].copy_from_slice(format!("{sum:06o}\0 ").as_bytes());
+    h
+}
+
+fn pad(t: &mut Vec<u8>) {
+    t.resize(t.len().div_ceil(512) * 512, 0);
+}
+
+fn pax_record(key: &str, value: &[u8]) -> Vec<u8> {
+    let body = key.len() + value.len() + 3;
+    let digits = |n: usize| n.to_string().len();
+    let len = if digits(body + digits(body)) == digits(body) { body + digits(body) } else { body + digits(body) + 1 };
+    [format!("{len} {key}=").as_bytes(), value, b"\n"].concat()
+}
+
+/// A member as Python's tarfile (PAX_FORMAT) or GNU tar (posix) writes it: a pax header with a
+/// `path` record, then a header whose name is the first 100 bytes (UTF-8 possibly cut).
+fn push_pax(t: &mut Vec<u8>, name: &str, data: &[u8]) {
+    let rec = [pax_record("mtime", b"1700000000.25"), pax_record("path", name.as_bytes())].concat();
+    t.extend_from_slice(&raw_header(b"./PaxHeaders/x", rec.len() as u64, b'x', false));
+    t.extend_from_slice(&rec);
+    pad(t);
+    let short = &name.as_bytes()[..name.len().min(100)];
+    t.extend_from_slice(&raw_header(short, data.len() as u64, b'0', false));
+    t.extend_from_slice(data);
+    pad(t);
+}
+
+/// A member as GNU_FORMAT writes it: a `././@LongLink` record for a name over 100 bytes, raw
+/// UTF-8 in the header otherwise.
+fn push_gnu(t: &mut Vec<u8>, name: &str, data: &[u8]) {
+    if name.len() > 100 {
+        let long = [name.as_bytes(), b"\0"].concat();
+        t.extend_from_slice(&raw_header(b"././@LongLink", long.len() as u64, b'L', true));
+        t.extend_from_slice(&long);
+        pad(t);
+    }
+    let short = &name.as_bytes()[..name.len().min(100)];
+    t.extend_from_slice(&raw_header(short, data.len() as u64, b'0', true));
+    t.extend_from_slice(data);
+    pad(t);
+}
+
+#[test]
+fn hand_made_pax_and_gnu_long_names_are_indexed_and_read() {
+    // Regression: such shards were indexed, then every long-named sample was skipped at read
+    // time ("index does not match its shard": the ustar name field was compared).
+    let d = tempfile::tempdir().unwrap();
+    let mut t = vec![];
+    // A pax global header and a directory: skipped.
+    let g = pax_record("comment", b"made by hand");
+    t.extend_from_slice(&raw_header(b"pax_global_header", g.len() as u64, b'g', false));
+    t.extend_from_slice(&g);
+    pad(&mut t);
+    t.extend_from_slice(&raw_header(b"pax/", 0, b'5', false));
+    let names = [
+        (true, format!("pax/{}-0", "p".repeat(150))),
+        (true, format!("pax/{}-1", "é".repeat(70))),
+        (true, "pax/猫-2".to_string()),
+        (false, format!("gnu/{}-3", "g".repeat(150))),
+        (false, format!("gnu/{}-4", "ü".repeat(60))),
+        (false, "gnu/ünï-5".to_string()),
+    ];
+    let mut expect = vec![];
+    for (k, (pax, key)) in names.iter().enumerate() {
+        let (w, h) = (40 + 8 * k, 32);
+        let img = jpeg(&photo_sized("rocket", w, h), w, h, 90);
+        let push = if *pax { push_pax } else { push_gnu };
+        push(&mut t, &format!("{key}.jpg"), &img);
+        push(&mut t, &format!("{key}.cls"), format!("{k}\n").as_bytes());
+        expect.push((format!("{key}.jpg"), img, k as i64));
+    }
+    t.extend_from_slice(&[0u8; 1024]);
+    let shard = d.path().join("other-tool.tar");
+    std::fs::write(&shard, &t).unwrap();
+    assert_eq!(write_index(&shard).unwrap(), 6);
+    let s = ShardSource::open(std::slice::from_ref(&shard)).unwrap();
+    let mut buf = vec![];
+    for (i, (member, img, label)) in expect.iter().enumerate() {
+        assert_eq!(s.member(i), member);
+        assert_eq!(s.label(i), *label);
+        s.read(i, &mut buf, u64::MAX).unwrap();
+        assert_eq!(&buf, img, "{member}");
+    }
+    assert_eq!(load_all(Arc::new(s)), ((0..6).collect(), 0));
+
+    // The check still catches an index that points at the wrong place: offsets rotated among
+    // entries, or moved by one block.
+    let idx = index_path(&shard);
+    let (entries, size) = decode_index(&std::fs::read(&idx).unwrap(), &idx).unwrap();
+    let mut rotated = entries.clone();
+    for (k, e) in rotated.iter_mut().enumerate() {
+        let other = &entries[(k + 1) % entries.len()];
+        (e.offset, e.length) = (other.offset, other.length);
+    }
+    let mut shifted = entries.clone();
+    for e in &mut shifted {
+        e.offset += 512;
+        e.length = e.length.min(size - e.offset);
+    }
+    for bad in [rotated, shifted] {
+        std::fs::write(&idx, encode_index(&bad, size)).unwrap();
+        let s = ShardSource::open(std::slice::from_ref(&shard)).unwrap();
+        for i in 0..6 {
+            let e = s.read(i, &mut buf, u64::MAX).unwrap_err().to_string();
+            assert!(e.contains("index does not match its shard") && e.contains("stoker index"), "{e}");
+        }
+    }
+}
+
+#[test]
+fn packing_over_an_earlier_run_is_refused_unless_overwrite() {
+    let d = tempfile::tempdir().unwrap();
+    let root = demo_folder(d.path(), 21);
+    let out = d.path().join("out");
+    let opts = PackOptions { shard_size: 150_000, ..PackOptions::default() };
+    let first = pack(&ImageFolder::new(&root).unwrap(), &out, &opts, &|_| {}).unwrap();
+    assert!(first.shards.len() >= 3 && first.removed.is_empty());
+    std::fs::write(out.join("notes.txt"), b"mine").unwrap();
+    std::fs::create_dir(out.join("keep.tar")).unwrap(); // a folder: never touched
+    let before = names_in(&out);
+    let e = pack(&ImageFolder::new(&root).unwrap(), &out, &opts, &|_| {}).unwrap_err().to_string();
+    assert!(e.contains("overwrite") && e.contains("already holds") && e.contains("shard-000000.tar"), "{e}");
+    assert_eq!(names_in(&out), before, "a refused run changes nothing");
+    // A smaller dataset with --overwrite: fewer shards, none of the earlier run left.
+    let small = d.path().join("small");
+    stoker::demo::make_demo(&small, 7, 3, 1).unwrap();
+    std::fs::remove_file(small.join("LICENSE.md")).unwrap();
+    let again = PackOptions { overwrite: true, ..opts };
+    let second = pack(&ImageFolder::new(&small).unwrap(), &out, &again, &|_| {}).unwrap();
+    assert!(second.shards.len() < first.shards.len());
+    assert_eq!(second.removed.len(), 2 * first.shards.len() + 1);
+    let mut want: Vec<String> = second
+        .shards
+        .iter()
+        .flat_map(|p| {
+            let n = p.file_name().unwrap().to_string_lossy().into_owned();
+            [n.clone(), format!("{n}.idx")]
+        })
+        .chain(["classes.json".into(), "keep.tar".into(), "notes.txt".into()])
+        .collect();
+    want.sort();
+    assert_eq!(names_in(&out), want);
+    assert_eq!(std::fs::read(out.join("notes.txt")).unwrap(), b"mine");
+    let ds = stoker::source::open_path(&out).unwrap();
+    assert_eq!(ds.source.len(), 7);
+}
+
+#[test]
+fn a_failed_pack_leaves_no_partial_file_and_no_shard_without_index() {
+    let d = tempfile::tempdir().unwrap();
+    let root = demo_folder(d.path(), 14);
+    let out = d.path().join("out");
+    let opts = PackOptions { shard_size: 150_000, ..PackOptions::default() };
+    let ok = pack(&ImageFolder::new(&root).unwrap(), &out, &opts, &|_| {}).unwrap();
+    assert!(ok.shards.len() >= 2);
+    assert!(names_in(&out).iter().all(|n| !n.contains("partial")), "{:?}", names_in(&out));
+    // The second shard cannot take its name (a non-empty folder holds it): a clear error naming
+    // the shard; the first shard is complete with its index, nothing temporary is left.
+    let out2 = d.path().join("out2");
+    std::fs::create_dir_all(out2.join("shard-000001.tar").join("x")).unwrap();
+    let e = pack(&ImageFolder::new(&root).unwrap(), &out2, &opts, &|_| {}).unwrap_err().to_string();
+    assert!(e.contains("shard-000001.tar") && e.contains("cannot write the shard"), "{e}");
+    let names = names_in(&out2);
+    assert!(names.iter().all(|n| !n.contains("partial")), "{names:?}");
+    assert_eq!(names, ["classes.json", "shard-000000.tar", "shard-000000.tar.idx", "shard-000001.tar"]);
+    ShardSource::open(&[out2.join("shard-000000.tar")]).unwrap();
+}
+
+#[test]
+fn indexing_streams_the_shard() {
+    // Regression: `stoker index` read the whole shard into memory. A sparse 256 MiB member,
+    // then a labelled image: indexing allocates kilobytes, not the shard.
+    let d = tempfile::tempdir().unwrap();
+    let shard = d.path().join("big.tar");
+    let big: u64 = 256 << 20;
+    let (w, h) = (48, 40);
+    let img = jpeg(&photo_sized("chelsea", w, h), w, h, 90);
+    {
+        use std::io::{Seek, SeekFrom, Write};
+        let mut f = std::fs::File::create(&shard).unwrap();
+        f.write_all(&raw_header(b"big/huge.jpg", big, b'0', false)).unwrap();
+        f.seek(SeekFrom::Current(big as i64)).unwrap(); // a hole: costs no disk
+        let mut t = vec![];
+        stoker::source::tar::append_member(&mut t, "small/a.jpg", &img);
+        stoker::source::tar::append_member(&mut t, "small/a.cls", b"5");
+        stoker::source::tar::finish(&mut t);
+        f.write_all(&t).unwrap();
+    }
+    LARGEST.with(|l| l.set(0));
+    assert_eq!(write_index(&shard).unwrap(), 2);
+    let largest = LARGEST.with(|l| l.get());
+    assert!(largest < 1 << 20, "indexing allocated {largest} bytes at once");
+    let s = ShardSource::open(std::slice::from_ref(&shard)).unwrap();
+    assert_eq!((s.member(1), s.label(1)), ("small/a.jpg", 5));
+    let mut buf = vec![];
+    s.read(1, &mut buf, u64::MAX).unwrap();
     assert_eq!(buf, img);
 }

@@ -1,19 +1,34 @@
 //! Tar shards in WebDataset layout (`KEY.jpg` + `KEY.cls`), read through a sidecar index
-//! (`SHARD.tar.idx`: key, byte offset, length and label of every sample) so that any sample is
-//! one positioned read.
+//! (`SHARD.tar.idx`: key, byte offset, length, label and tar-header fingerprint of every
+//! sample) so that any sample is one positioned read.
 //!
 //! The index records the shard's size and a checksum of itself; every read also checks the tar
-//! header in front of the sample (one `pread` covers header and data), so an index that does not
-//! match its shard, a truncated shard or a corrupt index is a clear error naming the file. Tar
-//! member names are only compared as strings, never used as filesystem paths.
+//! header in front of the sample (one `pread` covers header and data): it must be a regular-file
+//! header whose [fingerprint](tar::Header::fingerprint) (name as stored there, size field) is
+//! the one indexed. That holds whatever named the member (the ustar header, a pax `path` record
+//! or a GNU long name), and an index that does not match its shard, a truncated shard or a
+//! corrupt index is a clear error naming the file. Indexes of the first format (`STKIDX1`,
+//! without fingerprints) are still read; their samples are checked by name and size.
+//!
+//! Indexing streams the shard (headers are read, image data is skipped), so `stoker index`
+//! needs memory for the index, not for the shard; an index is written under a temporary name
+//! and renamed into place. Tar member names are only compared as strings, never used as
+//! filesystem paths.
 
 use super::tar;
 use super::{Source, IMG_EXTENSIONS};
 use crate::error::{Error, Result};
+use std::io::{Read, Seek, Write};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
-const MAGIC: &[u8; 8] = b"STKIDX1\0";
+/// The first index format (no header fingerprints).
+const MAGIC_V1: &[u8; 8] = b"STKIDX1\0";
+/// The index format written now.
+const MAGIC: &[u8; 8] = b"STKIDX2\0";
+
+/// Largest `.cls` member accepted (a label is a short decimal integer).
+const MAX_LABEL_BYTES: u64 = 4096;
 
 /// One indexed sample.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -28,6 +43,8 @@ pub struct IndexEntry {
     pub length: u64,
     /// Label from `KEY.cls` (-1 when absent).
     pub label: i64,
+    /// [`tar::Header::fingerprint`] of the member's header (0: unknown, a first-format index).
+    pub fingerprint: u64,
 }
 
 /// The sidecar index path of `shard`.
@@ -35,6 +52,29 @@ pub fn index_path(shard: &Path) -> PathBuf {
     let mut p = shard.as_os_str().to_owned();
     p.push(".idx");
     PathBuf::from(p)
+}
+
+/// The temporary name `path` is written under before it is renamed into place: hidden, and
+/// ending neither in `.tar` nor in `.idx`, so nothing takes it for a shard or an index.
+pub(crate) fn partial_path(path: &Path) -> PathBuf {
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    path.with_file_name(format!(".{name}.stoker-partial"))
+}
+
+/// Writes `bytes` to `path` all or nothing: a temporary file, synced, then renamed. On an error
+/// (a full disk, ...) the temporary file is removed and the error names `path`.
+pub(crate) fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
+    let tmp = partial_path(path);
+    let write = || -> std::io::Result<()> {
+        let mut f = std::fs::File::create(&tmp)?;
+        f.write_all(bytes)?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, path)
+    };
+    write().map_err(|e| {
+        let _ = std::fs::remove_file(&tmp);
+        Error::io(path, &e)
+    })
 }
 
 /// Splits a member name into (key, extension): the key is everything up to the first '.' of
@@ -45,17 +85,26 @@ fn split_key(name: &str) -> Option<(&str, &str)> {
     Some((&name[..dot], &name[dot + 1..]))
 }
 
-/// Groups the members of a tar archive into samples (image + optional `.cls`).
+/// Groups the members of a tar archive held in memory into samples (see [`index_reader`]).
 pub fn index_members(data: &[u8], shard: &Path) -> Result<Vec<IndexEntry>> {
-    let members = tar::list_members(data).map_err(|e| Error::decode(shard, format!("invalid shard: {e}")))?;
+    index_reader(std::io::Cursor::new(data), data.len() as u64, shard)
+}
+
+/// Groups the members of the tar archive in `reader` (`total` bytes) into samples (image +
+/// optional `.cls`), streaming: image data is skipped, only headers and labels are read.
+pub fn index_reader<R: Read + Seek>(reader: R, total: u64, shard: &Path) -> Result<Vec<IndexEntry>> {
+    let invalid = |e: String| Error::decode(shard, format!("invalid shard: {e}"));
+    let mut r = tar::Reader::new(reader, total);
     let mut out: Vec<IndexEntry> = vec![];
     let mut labels: std::collections::HashMap<String, i64> = std::collections::HashMap::new();
-    for m in &members {
+    while let Some(m) = r.next_member().map_err(invalid)? {
         let Some((key, ext)) = split_key(&m.name) else { continue };
         let ext_l = ext.to_ascii_lowercase();
         if ext_l == "cls" {
-            let raw = &data[m.offset as usize..(m.offset + m.size) as usize];
-            let text = String::from_utf8_lossy(raw);
+            let raw = r
+                .read_data(MAX_LABEL_BYTES)
+                .map_err(|e| Error::decode(shard, format!("invalid shard: member {}: {e}", m.name)))?;
+            let text = String::from_utf8_lossy(&raw);
             let label: i64 = text.trim().parse().map_err(|_| {
                 Error::decode(shard, format!("member {}: label {:?} is not an integer", m.name, text.trim()))
             })?;
@@ -67,6 +116,7 @@ pub fn index_members(data: &[u8], shard: &Path) -> Result<Vec<IndexEntry>> {
                 offset: m.offset,
                 length: m.size,
                 label: -1,
+                fingerprint: m.fingerprint,
             });
         }
     }
@@ -87,6 +137,7 @@ pub fn encode_index(entries: &[IndexEntry], shard_size: u64) -> Vec<u8> {
         b.extend_from_slice(&e.offset.to_le_bytes());
         b.extend_from_slice(&e.length.to_le_bytes());
         b.extend_from_slice(&e.label.to_le_bytes());
+        b.extend_from_slice(&e.fingerprint.to_le_bytes());
         b.extend_from_slice(&(e.member.len() as u32).to_le_bytes());
         b.extend_from_slice(e.member.as_bytes());
     }
@@ -95,12 +146,13 @@ pub fn encode_index(entries: &[IndexEntry], shard_size: u64) -> Vec<u8> {
     b
 }
 
-/// Parses an index; returns the entries and the shard size it was made for.
+/// Parses an index (either format); returns the entries and the shard size it was made for.
 pub fn decode_index(b: &[u8], path: &Path) -> Result<(Vec<IndexEntry>, u64)> {
     let bad = |why: &str| Error::decode(path, format!("invalid shard index: {why}"));
-    if b.len() < 32 || &b[..8] != MAGIC {
+    if b.len() < 32 || (&b[..8] != MAGIC && &b[..8] != MAGIC_V1) {
         return Err(bad("not a stoker index (bad magic)"));
     }
+    let v1 = &b[..8] == MAGIC_V1;
     let (body, sum) = b.split_at(b.len() - 8);
     if xxhash_rust::xxh3::xxh3_64(body) != u64::from_le_bytes(sum.try_into().expect("8 bytes")) {
         return Err(bad("checksum mismatch (corrupt or truncated index)"));
@@ -110,24 +162,26 @@ pub fn decode_index(b: &[u8], path: &Path) -> Result<(Vec<IndexEntry>, u64)> {
     };
     let shard_size = u64_at(8)?;
     let count = u64_at(16)? as usize;
+    let fixed = if v1 { 28 } else { 36 };
     let mut pos = 24;
-    let mut out = Vec::with_capacity(count.min(body.len() / 28));
+    let mut out = Vec::with_capacity(count.min(body.len() / fixed));
     for _ in 0..count {
         let offset = u64_at(pos)?;
         let length = u64_at(pos + 8)?;
         let label = u64_at(pos + 16)? as i64;
+        let fingerprint = if v1 { 0 } else { u64_at(pos + 24)? };
         let n = body
-            .get(pos + 24..pos + 28)
+            .get(pos + fixed - 4..pos + fixed)
             .map(|s| u32::from_le_bytes(s.try_into().expect("4 bytes")))
             .ok_or_else(|| bad("truncated"))? as usize;
-        let name = body.get(pos + 28..pos + 28 + n).ok_or_else(|| bad("truncated"))?;
+        let name = body.get(pos + fixed..pos + fixed + n).ok_or_else(|| bad("truncated"))?;
         let member = String::from_utf8(name.to_vec()).map_err(|_| bad("member name is not UTF-8"))?;
         let key = split_key(&member).map(|(k, _)| k.to_string()).unwrap_or_else(|| member.clone());
         if offset < tar::BLOCK as u64 || offset.checked_add(length).is_none_or(|end| end > shard_size) {
             return Err(bad(&format!("entry {member} lies outside the shard")));
         }
-        out.push(IndexEntry { key, member, offset, length, label });
-        pos += 28 + n;
+        out.push(IndexEntry { key, member, offset, length, label, fingerprint });
+        pos += fixed + n;
     }
     if pos != body.len() {
         return Err(bad("trailing bytes"));
@@ -135,12 +189,13 @@ pub fn decode_index(b: &[u8], path: &Path) -> Result<(Vec<IndexEntry>, u64)> {
     Ok((out, shard_size))
 }
 
-/// Builds and writes the sidecar index of an existing shard; returns its samples.
+/// Builds and writes the sidecar index of an existing shard, streaming it (memory for the
+/// index, not for the shard); returns its samples.
 pub fn write_index(shard: &Path) -> Result<usize> {
-    let data = std::fs::read(shard).map_err(|e| Error::io(shard, &e))?;
-    let entries = index_members(&data, shard)?;
-    let idx = index_path(shard);
-    std::fs::write(&idx, encode_index(&entries, data.len() as u64)).map_err(|e| Error::io(&idx, &e))?;
+    let file = std::fs::File::open(shard).map_err(|e| Error::io(shard, &e))?;
+    let size = file.metadata().map_err(|e| Error::io(shard, &e))?.len();
+    let entries = index_reader(file, size, shard)?;
+    write_atomic(&index_path(shard), &encode_index(&entries, size))?;
     Ok(entries.len())
 }
 
@@ -183,6 +238,8 @@ pub struct ShardSource {
     shard_count: usize,
     /// Per sample: shard number, offset, length, label.
     samples: Vec<(u32, u64, u32, i64)>,
+    /// Per sample: the fingerprint of its tar header (0: unknown, a first-format index).
+    fingerprints: Vec<u64>,
     members: String,
     member_ends: Vec<u64>,
     classes: Vec<String>,
@@ -238,6 +295,7 @@ impl ShardSource {
             storage,
             shard_count: metas.len(),
             samples: vec![],
+            fingerprints: vec![],
             members: String::new(),
             member_ends: vec![],
             classes: vec![],
@@ -261,6 +319,7 @@ impl ShardSource {
                 let len = u32::try_from(e.length)
                     .map_err(|_| Error::decode(&m.name, format!("member {} is larger than 4 GiB", e.member)))?;
                 out.samples.push((k as u32, e.offset, len, e.label));
+                out.fingerprints.push(e.fingerprint);
                 out.members.push_str(&e.member);
                 out.member_ends.push(out.members.len() as u64);
             }
@@ -284,6 +343,43 @@ impl ShardSource {
     pub fn member(&self, i: usize) -> &str {
         let start = if i == 0 { 0 } else { self.member_ends[i - 1] as usize };
         &self.members[start..self.member_ends[i] as usize]
+    }
+}
+
+impl ShardSource {
+    /// Checks that `block`, read in front of sample `i`'s data, is the tar header that was
+    /// indexed for it: a regular file with the indexed fingerprint (for a first-format index:
+    /// the indexed name and size).
+    fn check_header(&self, i: usize, block: &[u8]) -> Result<()> {
+        let (k, offset, len, _) = self.samples[i];
+        let member = self.member(i);
+        let fingerprint = self.fingerprints[i];
+        let why = match tar::Header::parse(block) {
+            Err(e) => e,
+            Ok(h) => {
+                let same = match fingerprint {
+                    0 => h.size == u64::from(len) && h.name == member.as_bytes(),
+                    f => h.fingerprint() == f,
+                };
+                if h.is_file() && same {
+                    return Ok(());
+                }
+                format!(
+                    "the header there is for {:?} ({} bytes, type {:?})",
+                    String::from_utf8_lossy(&h.name),
+                    h.size,
+                    h.typeflag as char
+                )
+            }
+        };
+        Err(Error::decode(
+            self.describe(i),
+            format!(
+                "index does not match its shard: no tar header for this member at byte {} ({why}); re-create the index with `stoker index {}`",
+                offset - tar::BLOCK as u64,
+                self.storage.name(k as usize)
+            ),
+        ))
     }
 }
 
@@ -314,18 +410,7 @@ impl Source for ShardSource {
                 format!("cannot read {total} bytes at offset {}: {e} (truncated shard?)", offset - 512),
             )
         })?;
-        let header = &buf[..tar::BLOCK];
-        let name_field = &header[..100];
-        let end = name_field.iter().position(|&b| b == 0).unwrap_or(100);
-        let member = self.member(i);
-        let short = member.rsplit('/').next().unwrap_or(member);
-        let name_ok = &name_field[..end] == member.as_bytes() || name_field[..end].ends_with(short.as_bytes());
-        if !name_ok {
-            return Err(Error::decode(
-                self.describe(i),
-                "index does not match its shard: no tar header for this member at the indexed offset",
-            ));
-        }
+        self.check_header(i, &buf[..tar::BLOCK])?;
         buf.copy_within(tar::BLOCK.., 0);
         buf.truncate(len as usize);
         Ok(())
@@ -394,7 +479,14 @@ mod tests {
 
     #[test]
     fn index_round_trip_and_corruption() {
-        let e = vec![IndexEntry { key: "a/x".into(), member: "a/x.jpg".into(), offset: 512, length: 10, label: 3 }];
+        let e = vec![IndexEntry {
+            key: "a/x".into(),
+            member: "a/x.jpg".into(),
+            offset: 512,
+            length: 10,
+            label: 3,
+            fingerprint: 7,
+        }];
         let b = encode_index(&e, 2048);
         assert_eq!(decode_index(&b, Path::new("i")).unwrap(), (e.clone(), 2048));
         for cut in [0, 7, 20, b.len() - 1] {
@@ -405,5 +497,31 @@ mod tests {
         assert!(decode_index(&flip, Path::new("i")).unwrap_err().to_string().contains("checksum"));
         let outside = encode_index(&[IndexEntry { offset: 4096, ..e[0].clone() }], 2048);
         assert!(decode_index(&outside, Path::new("i")).unwrap_err().to_string().contains("outside"));
+    }
+
+    #[test]
+    fn first_format_indexes_are_still_read() {
+        // STKIDX1: offset, length, label, name length, name; no fingerprint.
+        let mut b = MAGIC_V1.to_vec();
+        for v in [2048u64, 1, 512, 10, 3] {
+            b.extend_from_slice(&v.to_le_bytes());
+        }
+        b.extend_from_slice(&7u32.to_le_bytes());
+        b.extend_from_slice(b"a/x.jpg");
+        let sum = xxhash_rust::xxh3::xxh3_64(&b);
+        b.extend_from_slice(&sum.to_le_bytes());
+        let (e, size) = decode_index(&b, Path::new("i")).unwrap();
+        assert_eq!(size, 2048);
+        assert_eq!(
+            e[0],
+            IndexEntry {
+                key: "a/x".into(),
+                member: "a/x.jpg".into(),
+                offset: 512,
+                length: 10,
+                label: 3,
+                fingerprint: 0
+            }
+        );
     }
 }
