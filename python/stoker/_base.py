@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import json
 import os
 import sys
 from typing import Any, Callable, Protocol, Sequence
@@ -28,7 +29,9 @@ class _Native(Protocol):
     def world_size(self) -> int: ...
     def set_epoch(self, epoch: object) -> None: ...
     def state(self) -> tuple[int, int, int]: ...
-    def load_state(self, seed: int, epoch: int, next_batch: int) -> None: ...
+    def load_state(self, seed: int, epoch: int, next_batch: int, resume: bool = True) -> None: ...
+    def fingerprint_json(self) -> str: ...
+    def check_fingerprint(self, saved_json: str) -> None: ...
 
 
 def torch_module() -> Any:
@@ -174,8 +177,10 @@ class LoaderBase:
             old = self._native
             _INHERITED.append(old)
             seed, epoch, next_batch = old.state()
+            resume = old.resume_pending
             self._native = self._new_native()
-            self._native.load_state(seed, epoch, next_batch)
+            # The parent's position, and whether it was still to be resumed.
+            self._native.load_state(seed, epoch, next_batch, resume)
             self._pid = os.getpid()
         native: _Native = self._native
         return native
@@ -215,23 +220,32 @@ class LoaderBase:
         self._base().set_epoch(epoch)
 
     def state_dict(self) -> dict[str, Any]:
-        """A small, JSON-serialisable position: ``{seed, epoch, next_batch}`` plus checks."""
-        seed, epoch, next_batch = self._base().state()
-        return {"version": 1, "seed": seed, "epoch": epoch, "next_batch": next_batch,
-                "batches_per_epoch": len(self), "rank": self.rank, "world_size": self.world_size}
+        """A small, JSON-serialisable position: ``{seed, epoch, next_batch}`` and the
+        ``fingerprint`` of what it is valid for (sample count and a hash of the sample list,
+        batch size, drop_last, shuffle mode, world size, rank, transform)."""
+        native = self._base()
+        seed, epoch, next_batch = native.state()
+        return {"version": 2, "seed": seed, "epoch": epoch, "next_batch": next_batch,
+                "batches_per_epoch": len(self), "rank": self.rank, "world_size": self.world_size,
+                "fingerprint": json.loads(native.fingerprint_json())}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restores a position from :meth:`state_dict`: iteration resumes with exactly the
-        batches that were still to come."""
+        """Restores a position from :meth:`state_dict`: the next ``iter()`` resumes with exactly
+        the batches that were still to come (a running iterator becomes stale). A state saved
+        by a loader with another dataset, batch size, sharding, shuffle or transform is refused
+        with a :class:`ConfigError` naming the field."""
         try:
             seed, epoch, next_batch = int(state["seed"]), int(state["epoch"]), int(state["next_batch"])
         except (KeyError, TypeError, ValueError):
             raise ConfigError("invalid argument `state`: expected a dict from state_dict() with seed, epoch, "
                               "next_batch") from None
-        if state.get("world_size", self.world_size) != self.world_size:
+        native = self._base()
+        if "fingerprint" in state:
+            native.check_fingerprint(json.dumps(state["fingerprint"]))
+        elif state.get("world_size", self.world_size) != self.world_size:
             raise ConfigError(f"invalid argument `state`: saved with world_size={state['world_size']}, "
                               f"this loader has {self.world_size}")
-        self._base().load_state(seed, epoch, next_batch)
+        native.load_state(seed, epoch, next_batch)
 
 
 __all__ = ["BatchIterator", "LoaderBase", "Normalizer", "check_device", "converter", "device_ordinal", "gpu_present",

@@ -79,7 +79,10 @@ class ImageLoader(LoaderBase):
     ``shard_window`` shards, so a reader only ever touches that many shards at a time.
     ``max_pixels`` (default 178956970, Pillow's decompression-bomb limit) and ``max_file_bytes``
     (default 256 MiB) are checked from headers and metadata before anything is allocated; a
-    sample over them follows ``on_error`` like any bad sample.
+    sample over them follows ``on_error`` like any bad sample. ``max_failures`` is the failure
+    budget of a pass (a count, or a fraction such as ``0.05`` / ``'5%'``; default 10% of the
+    epoch, at least 100): past it the iteration raises :class:`DatasetError` with the last
+    reasons instead of delivering near-empty batches when storage goes away.
     ``threads='auto'`` uses the process's CPU allowance (affinity mask and cgroup quota;
     ``STOKER_NUM_THREADS`` overrides it).
 
@@ -100,7 +103,7 @@ class ImageLoader(LoaderBase):
                  memory_limit: int | str | None = None, on_error: str = "skip", output: str = "auto",
                  rank: int | None = None, world_size: int | None = None, layout: str = "NCHW",
                  dtype: Any = None, apply_exif: bool = True, device: str = "cpu", max_pixels: int | None = None,
-                 max_file_bytes: int | str | None = None) -> None:
+                 max_file_bytes: int | str | None = None, max_failures: int | float | str | None = None) -> None:
         ops: list[dict[str, Any]] | None = None
         out_dtype: str | None = None
         if transforms is not None:
@@ -137,7 +140,8 @@ class ImageLoader(LoaderBase):
             preset=preset, ops=ops, dtype=out_dtype, layout=layout, apply_exif=apply_exif,
             batch_size=batch_size, shuffle=shuffle, shard_window=shard_window, seed=seed, drop_last=drop_last,
             rank=rank, world_size=world_size, threads=threads, io_threads=io_threads, prefetch=prefetch,
-            memory_limit=memory_limit, on_error=on_error, max_pixels=max_pixels, max_file_bytes=max_file_bytes)
+            memory_limit=memory_limit, on_error=on_error, max_pixels=max_pixels, max_file_bytes=max_file_bytes,
+            max_failures=max_failures)
         self._start()
 
     def _new_native(self) -> _stoker.Loader:

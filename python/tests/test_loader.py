@@ -160,6 +160,9 @@ def test_holding_every_buffer_raises_instead_of_hanging(demo):
 
 
 def test_gil_is_released_while_the_loader_works(big_demo):
+    """A second Python thread runs while `next()` waits for a batch. Scheduling-independent:
+    with the GIL held during a wait, the ticker could not record a single tick inside that
+    wait, whatever the machine's load; with it released, it ticks inside most long waits."""
     loader = stoker.ImageLoader(big_demo, 64, preset="imagenet-train", threads=1, output="numpy")
     ticks, stop = [], threading.Event()
 
@@ -170,16 +173,23 @@ def test_gil_is_released_while_the_loader_works(big_demo):
 
     t = threading.Thread(target=ticker)
     t.start()
-    start = time.perf_counter()
-    n = sum(1 for _ in loader)
-    elapsed = time.perf_counter() - start
+    windows = []
+    it = iter(loader)
+    while True:
+        t0 = time.perf_counter()
+        try:
+            next(it)
+        except StopIteration:
+            break
+        windows.append((t0, time.perf_counter()))
     stop.set()
     t.join()
-    assert n == 5
-    gaps = np.diff(ticks)
-    # Each batch takes ~50+ ms of decoding; a held GIL would stall the ticker that long.
-    assert elapsed / n > 0.03
-    assert gaps.max() < 0.03, f"ticker stalled {gaps.max() * 1000:.0f} ms"
+    assert len(windows) == 5
+    ticks_arr = np.array(ticks)
+    long_waits = [(a, b) for a, b in windows if b - a > 0.02]
+    inside = [int(((ticks_arr > a) & (ticks_arr < b)).sum()) for a, b in long_waits]
+    assert long_waits, "decoding a batch of 64 takes longer than 20 ms"
+    assert sum(n > 0 for n in inside) * 2 >= len(long_waits), f"ticks inside each long wait: {inside}"
 
 
 def test_keyboard_interrupt_and_del_stop_every_thread(big_demo):
@@ -230,8 +240,9 @@ def test_fork_after_creating_a_loader_does_not_deadlock(demo):
     if pid == 0:
         code = 1
         try:
-            # The child resumes where the parent stood (batch 1 of 12).
-            code = 0 if sum(1 for _ in loader) == 11 else 2
+            # A new iteration in the child follows the parent's rules: the epoch from its
+            # first batch (12 of them), whatever the parent's iterator had consumed.
+            code = 0 if sum(1 for _ in loader) == 12 else 2
         finally:
             os._exit(code)
     deadline = time.monotonic() + 30

@@ -85,6 +85,10 @@ pub struct BenchOpts {
     /// Refuse files larger than this (e.g. 64MiB; default 256MiB), from metadata before reading.
     #[arg(long)]
     pub max_file_bytes: Option<String>,
+    /// Failure budget of a pass: a count (100) or a fraction (0.05, 5%); past it the run stops
+    /// with the last reasons (default: 10% of the epoch, at least 100).
+    #[arg(long)]
+    pub max_failures: Option<String>,
     /// Instead of loading: decode every file once at full size on one thread (the pure
     /// libjpeg-turbo rate that stoker's per-thread rate is compared with).
     #[arg(long)]
@@ -127,6 +131,7 @@ impl BenchOpts {
             ("roi", flag(!self.no_roi)),
             ("max_pixels", self.max_pixels.clone()),
             ("max_file_bytes", self.max_file_bytes.clone()),
+            ("max_failures", self.max_failures.clone()),
         ]))?)
     }
 
@@ -142,22 +147,38 @@ pub fn run(a: &BenchArgs) -> Result<()> {
 }
 
 /// One thread, every file read into memory then decoded whole at full size; only the decode
-/// is timed.
-fn decode_only(root: &str, json: bool) -> Result<()> {
+/// is timed. `--max-pixels` and `--max-file-bytes` apply as in a load: a file over either is
+/// refused (from its metadata or header) and listed in `skipped` with its reason.
+fn decode_only(root: &str, o: &BenchOpts) -> Result<()> {
     use stoker::decode::{DecodeOptions, Decoder};
+    /// Skipped files listed in the summary (all are counted).
+    const LISTED: usize = 1000;
+    let config = o.loader_config()?;
+    let json = o.json;
     let source = stoker::source::open(&[root.to_string()])?.source;
-    let mut dec =
-        Decoder::new(DecodeOptions { apply_exif: false, dct_scaling: false, roi: false, ..DecodeOptions::default() })?;
+    let mut dec = Decoder::new(DecodeOptions {
+        apply_exif: false,
+        dct_scaling: false,
+        roi: false,
+        max_pixels: config.max_pixels,
+    })?;
     let mut buf = Vec::new();
     let (mut n, mut failed, mut pixels) = (0usize, 0usize, 0u64);
+    let mut skipped = vec![];
+    let mut skip = |path: std::path::PathBuf, e: stoker::Error| {
+        if skipped.len() < LISTED {
+            skipped.push(serde_json::json!({"path": path.to_string_lossy(), "reason": e.reason()}));
+        }
+    };
     let mut busy = std::time::Duration::ZERO;
     let cpu0 = cpu_seconds();
     for i in 0..source.len() {
-        if source.read(i, &mut buf, stoker::pipeline::DEFAULT_MAX_FILE_BYTES).is_err() {
+        let path = source.describe(i);
+        if let Err(e) = source.read(i, &mut buf, config.max_file_bytes) {
             failed += 1;
+            skip(path, e);
             continue;
         }
-        let path = source.describe(i);
         let t = Instant::now();
         let ok = dec.info(&buf, &path).and_then(|info| {
             let bbox = [0.0, 0.0, info.width as f64, info.height as f64];
@@ -169,7 +190,10 @@ fn decode_only(root: &str, json: bool) -> Result<()> {
                 n += 1;
                 pixels += px;
             }
-            Err(_) => failed += 1,
+            Err(e) => {
+                failed += 1;
+                skip(path, e);
+            }
         }
     }
     let cpu = cpu_seconds() - cpu0;
@@ -177,6 +201,7 @@ fn decode_only(root: &str, json: bool) -> Result<()> {
     let out = serde_json::json!({
         "images": n,
         "failed": failed,
+        "skipped": skipped,
         "decode_seconds": secs,
         "images_per_sec": n as f64 / secs,
         "megapixels_per_sec": pixels as f64 / secs / 1e6,
@@ -191,6 +216,9 @@ fn decode_only(root: &str, json: bool) -> Result<()> {
             n as f64 / secs,
             pixels as f64 / secs / 1e6
         );
+        for s in skipped.iter().take(10) {
+            println!("  skipped {}: {}", s["path"].as_str().unwrap_or(""), s["reason"].as_str().unwrap_or(""));
+        }
     }
     Ok(())
 }
@@ -198,7 +226,7 @@ fn decode_only(root: &str, json: bool) -> Result<()> {
 /// Loads `root` with the loader `o` describes for `--epochs` passes and prints the summary.
 pub fn bench(root: &str, o: &BenchOpts) -> Result<()> {
     if o.decode_only {
-        return decode_only(root, o.json);
+        return decode_only(root, o);
     }
     let config = o.loader_config()?;
     let epochs = o.epochs()?;
@@ -208,6 +236,7 @@ pub fn bench(root: &str, o: &BenchOpts) -> Result<()> {
     let (placement, device_report) = stoker_cuda::place(&o.device, 0)?;
     let (prefetch, limit, batch_size) = (config.prefetch, config.memory_limit, config.sampler.batch_size);
     let loader = Loader::new_in(dataset.source, config, placement.allocator().as_ref())?;
+    loader.report_not_samples(&dataset.not_samples);
     let stage = placement.stage(stoker_cuda::image_regions(&loader), prefetch, limit)?;
     loader.telemetry().set_device(device_report);
     let total_batches = loader.len() as u64 * epochs;

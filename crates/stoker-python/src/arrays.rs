@@ -47,11 +47,8 @@ pub struct PyArrayLoader {
 
 type RawColumn = (usize, usize, usize, String, Vec<usize>, Py<PyAny>);
 
-#[pymethods]
 impl PyArrayLoader {
-    #[new]
-    #[pyo3(signature = (columns, config_json, device="cpu", ordinal=0))]
-    fn new(
+    fn open(
         py: Python<'_>,
         columns: Vec<Bound<'_, PyAny>>,
         config_json: &str,
@@ -105,6 +102,21 @@ impl PyArrayLoader {
             device_report: report,
             sampler,
         })
+    }
+}
+
+#[pymethods]
+impl PyArrayLoader {
+    #[new]
+    #[pyo3(signature = (columns, config_json, device="cpu", ordinal=0))]
+    fn new(
+        py: Python<'_>,
+        columns: Vec<Bound<'_, PyAny>>,
+        config_json: &str,
+        device: &str,
+        ordinal: u32,
+    ) -> PyResult<Self> {
+        errors::contain(|| Self::open(py, columns, config_json, device, ordinal))
     }
 
     /// Where batches are delivered: `cpu` or `cuda:N`.
@@ -168,13 +180,37 @@ impl PyArrayLoader {
         (s.seed, s.epoch, s.next_batch)
     }
 
-    fn load_state(&self, seed: u64, epoch: u64, next_batch: usize) -> PyResult<()> {
-        self.loader.load_state(SamplerState { seed, epoch, next_batch }).py_err()
+    /// Restores a position; `resume=False` keeps it only as the position (a fork child
+    /// continuing its parent's loader), not as a point the next iteration resumes from.
+    #[pyo3(signature = (seed, epoch, next_batch, resume=true))]
+    fn load_state(&self, seed: u64, epoch: u64, next_batch: usize, resume: bool) -> PyResult<()> {
+        errors::contain(|| self.loader.adopt_state(SamplerState { seed, epoch, next_batch }, resume).py_err())
+    }
+
+    /// Whether a loaded state waits for the next iteration.
+    #[getter]
+    fn resume_pending(&self) -> bool {
+        self.loader.resume_pending()
+    }
+
+    /// What a saved state is valid for, as JSON.
+    fn fingerprint_json(&self) -> PyResult<String> {
+        serde_json::to_string(&self.loader.fingerprint())
+            .map_err(|e| errors::to_py(stoker::Error::Internal(e.to_string())))
+    }
+
+    /// Refuses a saved fingerprint (JSON) that does not match this loader, naming the field.
+    fn check_fingerprint(&self, saved_json: &str) -> PyResult<()> {
+        let saved: serde_json::Value = serde_json::from_str(saved_json)
+            .map_err(|e| errors::config("state", format!("fingerprint is not JSON: {e}")))?;
+        self.loader.fingerprint().check(&saved).py_err()
     }
 
     fn iter(&self, py: Python<'_>) -> PyResult<PyArrayIter> {
-        let it = py.detach(|| ArrIter::start(self.loader.iter()?, self.stage.as_ref(), None)).py_err()?;
-        Ok(PyArrayIter { inner: Mutex::new(Some(it)), specs: self.specs.clone(), pid: std::process::id() })
+        errors::contain(|| {
+            let it = py.detach(|| ArrIter::start(self.loader.iter()?, self.stage.as_ref(), None)).py_err()?;
+            Ok(PyArrayIter { inner: Mutex::new(Some(it)), specs: self.specs.clone(), pid: std::process::id() })
+        })
     }
 }
 
@@ -196,14 +232,22 @@ impl PyArrayIter {
     }
 
     fn __next__(&self, py: Python<'_>) -> PyResult<Option<PyArrayBatch>> {
-        Ok(next_polling(py, &self.inner, self.pid, |it| it.next_timeout(Duration::from_millis(50)))?
-            .map(|inner| PyArrayBatch { inner, specs: self.specs.clone() }))
+        errors::contain(|| {
+            Ok(next_polling(py, &self.inner, self.pid, |it| it.next_timeout(Duration::from_millis(50)))?
+                .map(|inner| PyArrayBatch { inner, specs: self.specs.clone() }))
+        })
     }
 
-    /// Stops the iteration now (joins every thread, GIL released).
+    /// Stops the iteration now (joins every thread, GIL released); in a fork child the
+    /// inherited iteration is let go untouched.
     fn close(&self, py: Python<'_>) {
-        let it = self.inner.lock().unwrap_or_else(|p| p.into_inner()).take();
-        py.detach(move || drop(it));
+        crate::loader::release(py, &self.inner, self.pid);
+    }
+}
+
+impl Drop for PyArrayIter {
+    fn drop(&mut self) {
+        crate::loader::forget_if_inherited(&mut self.inner, self.pid);
     }
 }
 

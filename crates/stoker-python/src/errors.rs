@@ -14,6 +14,7 @@ fn class_name(e: &Error) -> &'static str {
         Error::Memory(_) => "MemoryLimitError",
         Error::Device(_) => "DeviceError",
         Error::Cancelled => "StokerError",
+        Error::Stale(_) => "StokerError",
         Error::Internal(_) => "StokerError",
     }
 }
@@ -30,6 +31,16 @@ pub fn to_py(e: Error) -> PyErr {
             },
             Err(_) => pyo3::exceptions::PyRuntimeError::new_err(msg),
         }
+    })
+}
+
+/// Runs a native entry point so that a panic inside it becomes a `StokerError` ("internal
+/// error: ... please report this"), never a `PanicException`, which `except Exception` does
+/// not catch.
+pub fn contain<T>(f: impl FnOnce() -> PyResult<T>) -> PyResult<T> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).unwrap_or_else(|p| {
+        let why = stoker::pipeline::panic_message(p.as_ref());
+        Err(to_py(Error::Internal(format!("panic in stoker: {why} (please report this)"))))
     })
 }
 

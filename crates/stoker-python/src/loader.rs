@@ -60,14 +60,8 @@ pub fn args_of(json: &str) -> PyResult<stoker::args::Args> {
     serde_json::from_str(json).map_err(|e| errors::config("arguments", format!("not a JSON object: {e}")))
 }
 
-#[pymethods]
 impl PyLoader {
-    /// Opens `roots` (what [`stoker::source::detect`] makes of them) with the GIL released and
-    /// allocates the buffer pool: pinned, plus a device pool and the transfer stage, when
-    /// `device` names a GPU (`cuda` means `cuda:{ordinal}`).
-    #[new]
-    #[pyo3(signature = (roots, args_json, device="cpu", ordinal=0))]
-    fn new(py: Python<'_>, roots: Vec<String>, args_json: &str, device: &str, ordinal: u32) -> PyResult<Self> {
+    fn open(py: Python<'_>, roots: Vec<String>, args_json: &str, device: &str, ordinal: u32) -> PyResult<Self> {
         let config = stoker::args::loader_config(args_of(args_json)?).py_err()?;
         let (placement, report) = py.detach(|| stoker_cuda::place(device, ordinal)).py_err()?;
         py.detach(move || {
@@ -76,12 +70,48 @@ impl PyLoader {
             let sampler = config.sampler.clone();
             let (prefetch, limit) = (config.prefetch, config.memory_limit);
             let loader = Loader::new_in(dataset.source, config, placement.allocator().as_ref())?;
+            loader.report_not_samples(&dataset.not_samples);
             let stage = placement.stage(stoker_cuda::image_regions(&loader), prefetch, limit)?;
             let device = report.used.clone();
             loader.telemetry().set_device(report);
             Ok(PyLoader { loader, classes: dataset.classes, samples, sampler, stage, device })
         })
         .py_err()
+    }
+}
+
+#[pymethods]
+impl PyLoader {
+    /// Opens `roots` (what [`stoker::source::detect`] makes of them) with the GIL released and
+    /// allocates the buffer pool: pinned, plus a device pool and the transfer stage, when
+    /// `device` names a GPU (`cuda` means `cuda:{ordinal}`).
+    #[new]
+    #[pyo3(signature = (roots, args_json, device="cpu", ordinal=0))]
+    fn new(py: Python<'_>, roots: Vec<String>, args_json: &str, device: &str, ordinal: u32) -> PyResult<Self> {
+        errors::contain(|| Self::open(py, roots, args_json, device, ordinal))
+    }
+
+    /// Whether a loaded state waits for the next iteration.
+    #[getter]
+    fn resume_pending(&self) -> bool {
+        self.loader.resume_pending()
+    }
+
+    /// What a saved state is valid for, as JSON (see `stoker::Fingerprint`).
+    fn fingerprint_json(&self, py: Python<'_>) -> PyResult<String> {
+        errors::contain(|| {
+            let fp = py.detach(|| self.loader.fingerprint().clone());
+            serde_json::to_string(&fp).map_err(|e| errors::to_py(stoker::Error::Internal(e.to_string())))
+        })
+    }
+
+    /// Refuses a saved fingerprint (JSON) that does not match this loader, naming the field.
+    fn check_fingerprint(&self, py: Python<'_>, saved_json: &str) -> PyResult<()> {
+        errors::contain(|| {
+            let saved: serde_json::Value = serde_json::from_str(saved_json)
+                .map_err(|e| errors::config("state", format!("fingerprint is not JSON: {e}")))?;
+            py.detach(|| self.loader.fingerprint().check(&saved)).py_err()
+        })
     }
 
     /// Samples per batch.
@@ -195,8 +225,11 @@ impl PyLoader {
         (s.seed, s.epoch, s.next_batch)
     }
 
-    fn load_state(&self, seed: u64, epoch: u64, next_batch: usize) -> PyResult<()> {
-        self.loader.load_state(SamplerState { seed, epoch, next_batch }).py_err()
+    /// Restores a position; `resume=False` keeps it only as the position (a fork child
+    /// continuing its parent's loader), not as a point the next iteration resumes from.
+    #[pyo3(signature = (seed, epoch, next_batch, resume=true))]
+    fn load_state(&self, seed: u64, epoch: u64, next_batch: usize, resume: bool) -> PyResult<()> {
+        errors::contain(|| self.loader.adopt_state(SamplerState { seed, epoch, next_batch }, resume).py_err())
     }
 
     /// Telemetry as a JSON string.
@@ -215,6 +248,12 @@ impl PyLoader {
 
     /// Starts iterating from the current state; ends any previous iteration of this loader.
     fn iter(&self, py: Python<'_>) -> PyResult<PyIter> {
+        errors::contain(|| self.start(py))
+    }
+}
+
+impl PyLoader {
+    fn start(&self, py: Python<'_>) -> PyResult<PyIter> {
         let it = py
             .detach(|| Iter::start(self.loader.iter()?, self.stage.as_ref(), Some(self.loader.telemetry().clone())))
             .py_err()?;
@@ -279,13 +318,42 @@ impl PyIter {
     }
 
     fn __next__(&self, py: Python<'_>) -> PyResult<Option<PyBatch>> {
-        Ok(next_polling(py, &self.inner, self.pid, |it| it.next_timeout(SIGNAL_POLL))?.map(|inner| PyBatch { inner }))
+        errors::contain(|| {
+            Ok(next_polling(py, &self.inner, self.pid, |it| it.next_timeout(SIGNAL_POLL))?
+                .map(|inner| PyBatch { inner }))
+        })
     }
 
-    /// Stops the iteration now (joins every worker thread, GIL released).
+    /// Stops the iteration now (joins every worker thread, GIL released). In a fork child the
+    /// inherited iteration is let go without touching its threads, which live in the parent.
     fn close(&self, py: Python<'_>) {
-        let it = self.inner.lock().unwrap_or_else(|p| p.into_inner()).take();
-        py.detach(move || drop(it));
+        release(py, &self.inner, self.pid);
+    }
+}
+
+impl Drop for PyIter {
+    fn drop(&mut self) {
+        forget_if_inherited(&mut self.inner, self.pid);
+    }
+}
+
+/// Ends an iteration now: its threads are joined with the GIL released. An iteration
+/// inherited through `fork()` is forgotten instead: its threads exist only in the parent, so
+/// joining them (or freeing what they use) in the child would panic or hang.
+pub(crate) fn release<I: Send>(py: Python<'_>, inner: &Mutex<Option<I>>, pid: u32) {
+    let it = inner.lock().unwrap_or_else(|p| p.into_inner()).take();
+    if std::process::id() != pid {
+        std::mem::forget(it);
+        return;
+    }
+    py.detach(move || drop(it));
+}
+
+/// For `Drop`: forgets an iteration inherited through `fork()` (see [`release`]).
+pub(crate) fn forget_if_inherited<I>(inner: &mut Mutex<Option<I>>, pid: u32) {
+    if std::process::id() != pid {
+        let it = inner.get_mut().unwrap_or_else(|p| p.into_inner()).take();
+        std::mem::forget(it);
     }
 }
 

@@ -130,6 +130,36 @@ pub fn parse_bytes(arg: &str, s: &str) -> Result<u64> {
     Ok(b as u64)
 }
 
+/// A failure budget: a count (`100`) or a fraction of the pass's samples (`0.05`, `"5%"`).
+pub fn max_failures(v: &Value) -> Result<crate::pipeline::MaxFailures> {
+    use crate::pipeline::MaxFailures;
+    let bad = || {
+        Error::config(
+            "max_failures",
+            format!(
+                "expected a count (an integer >= 0) or a fraction in (0, 1] such as 0.05 or '5%', got {}",
+                shown(v)
+            ),
+        )
+    };
+    let fraction = |f: f64| if f > 0.0 && f <= 1.0 { Ok(MaxFailures::Fraction(f)) } else { Err(bad()) };
+    match v {
+        Value::Number(n) if n.is_u64() => Ok(MaxFailures::Count(n.as_u64().unwrap_or(0))),
+        Value::Number(n) => fraction(n.as_f64().ok_or_else(bad)?),
+        Value::String(s) => {
+            let t = s.trim();
+            if let Some(p) = t.strip_suffix('%') {
+                fraction(p.trim().parse::<f64>().map_err(|_| bad())? / 100.0)
+            } else if let Ok(n) = t.parse::<u64>() {
+                Ok(MaxFailures::Count(n))
+            } else {
+                fraction(t.parse::<f64>().map_err(|_| bad())?)
+            }
+        }
+        _ => Err(bad()),
+    }
+}
+
 /// Where batches go, as the user asked.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DeviceSpec {
@@ -299,7 +329,7 @@ fn transform(a: &mut Taker) -> Result<TransformSpec> {
 /// `layout`, `apply_exif`, `shuffle` (`False`, `True`, `global`, `shards`), `shard_window`,
 /// `seed`, `drop_last`, `rank`, `world_size` (torchrun's environment by default), `threads`,
 /// `io_threads`, `prefetch`, `memory_limit`, `on_error` (`skip`, `raise`), `dct_scaling`,
-/// `roi`, `max_pixels`, `max_file_bytes`. An unknown name is an error.
+/// `roi`, `max_pixels`, `max_file_bytes`, `max_failures`. An unknown name is an error.
 pub fn loader_config(args: Args) -> Result<LoaderConfig> {
     let mut a = Taker(args);
     let transform = transform(&mut a)?;
@@ -322,6 +352,9 @@ pub fn loader_config(args: Args) -> Result<LoaderConfig> {
     }
     if let Some(v) = a.take("max_file_bytes") {
         c.max_file_bytes = bytes("max_file_bytes", &v)?;
+    }
+    if let Some(v) = a.take("max_failures") {
+        c.max_failures = max_failures(&v)?;
     }
     a.finish()?;
     Ok(c)

@@ -7,12 +7,12 @@
 
 use crate::buffer::RawBuf;
 use crate::error::{Error, Result};
-use crate::sampler::{Position, Sampler, SamplerSpec, SamplerState};
+use crate::pipeline::{Run, Wait};
+use crate::sampler::{Fingerprint, Position, Sampler, SamplerSpec, SamplerState};
 use crossbeam_channel::{bounded, Receiver, RecvTimeoutError, Sender};
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 /// A C-contiguous array viewed as rows of bytes, kept alive by its owner.
@@ -212,7 +212,7 @@ struct Shared {
 pub struct ArrayLoader {
     shared: Arc<Shared>,
     position: Arc<Position>,
-    active: Mutex<Option<Arc<AtomicBool>>>,
+    active: Mutex<Option<Arc<Run<Arc<ArraySlot>>>>>,
 }
 
 impl std::fmt::Debug for ArrayLoader {
@@ -348,9 +348,38 @@ impl ArrayLoader {
         self.shared.held.load(Ordering::Acquire)
     }
 
-    /// Selects the epoch (changing it restarts at batch 0).
+    /// Selects the epoch for the next iteration (see [`crate::Loader::set_epoch`]: changing it
+    /// makes a running iteration stale).
     pub fn set_epoch(&self, epoch: u64) {
-        self.position.set_epoch(epoch);
+        if self.position.set_epoch(epoch) {
+            self.retire(&format!("set_epoch({epoch}) was called after this iterator started"));
+        }
+    }
+
+    /// Restores `st` exactly as another loader had it, including whether it was still to be
+    /// resumed: how a fork child's rebuilt loader continues its parent's.
+    pub fn adopt_state(&self, st: SamplerState, resume: bool) -> Result<()> {
+        self.load_state(st)?;
+        self.position.set_resume(resume);
+        Ok(())
+    }
+
+    /// Whether a state was loaded and no iteration has started from it yet.
+    pub fn resume_pending(&self) -> bool {
+        self.position.resume_pending()
+    }
+
+    /// What a saved state is valid for: rows, column layouts, batching and sharding.
+    pub fn fingerprint(&self) -> Fingerprint {
+        let sh = &self.shared;
+        let mut h = xxhash_rust::xxh3::Xxh3::new();
+        h.update(&(sh.columns.len() as u64).to_le_bytes());
+        for c in &sh.columns {
+            h.update(&(c.rows as u64).to_le_bytes());
+            h.update(&(c.row_bytes as u64).to_le_bytes());
+        }
+        let rows = sh.columns.first().map_or(0, |c| c.rows);
+        Fingerprint::new(sh.sampler.spec(), rows, h.digest(), "none".into())
     }
 
     /// The resumable position.
@@ -358,27 +387,34 @@ impl ArrayLoader {
         self.position.state(self.shared.sampler.spec().seed)
     }
 
-    /// Restores a position.
+    /// Restores a position: the next iteration resumes there; a running one becomes stale.
     pub fn load_state(&self, st: SamplerState) -> Result<()> {
-        self.position.restore(st, &self.shared.sampler)
+        self.position.restore(st, &self.shared.sampler)?;
+        self.retire("load_state_dict was called after this iterator started");
+        Ok(())
     }
 
-    /// Starts iterating from the current position; ends any previous iteration.
-    pub fn iter(&self) -> Result<ArrayIter> {
-        let cancel = Arc::new(AtomicBool::new(false));
-        if let Some(old) = self.active.lock().expect("active lock").replace(cancel.clone()) {
-            old.store(true, Ordering::Release);
+    fn retire(&self, why: &str) {
+        if let Some(old) = self.active.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            old.make_stale(why);
         }
+    }
+
+    /// Starts an iteration of the current epoch (its first batch, or a position restored since
+    /// the last iteration); a previous iteration becomes stale and its buffers return to the
+    /// pool at once, even while its iterator object is alive.
+    pub fn iter(&self) -> Result<ArrayIter> {
+        self.retire("a newer iteration of this loader was started");
         let (epoch, start) = self.position.start(self.len());
         let sh = self.shared.clone();
         let order = Arc::new(sh.sampler.epoch_order(epoch));
         let end = sh.sampler.num_batches();
         let (task_tx, task_rx) = bounded::<(Arc<ArraySlot>, usize, usize)>(sh.threads * 4);
-        let (done_tx, done_rx) = bounded::<Arc<ArraySlot>>(sh.slots);
-        let mut threads = vec![];
+        let (run, done_tx) = Run::new(sh.slots, sh.free_tx.clone());
+        let cancel = run.cancel_flag();
         {
             let (sh, cancel, order) = (sh.clone(), cancel.clone(), order.clone());
-            threads.push(spawn("stoker-gather".into(), move || {
+            run.spawn("stoker-gather".into(), move || {
                 for b in start..end {
                     let slot = loop {
                         if cancel.load(Ordering::Acquire) {
@@ -392,7 +428,7 @@ impl ArrayLoader {
                     };
                     let idx = sh.sampler.batch(&order, b);
                     {
-                        let mut v = slot.indices.write().expect("indices lock");
+                        let mut v = slot.indices.write().unwrap_or_else(|p| p.into_inner());
                         v.clear();
                         v.extend_from_slice(idx);
                     }
@@ -409,14 +445,14 @@ impl ArrayLoader {
                         }
                     }
                 }
-            })?);
+            })?;
         }
         for k in 0..sh.threads {
             let (sh, rx, done, cancel) = (sh.clone(), task_rx.clone(), done_tx.clone(), cancel.clone());
-            threads.push(spawn(format!("stoker-copy-{k}"), move || {
+            run.spawn(format!("stoker-copy-{k}"), move || {
                 while let Ok((slot, lo, hi)) = rx.recv() {
                     if !cancel.load(Ordering::Acquire) {
-                        let guard = slot.indices.read().expect("indices lock");
+                        let guard = slot.indices.read().unwrap_or_else(|p| p.into_inner());
                         let idx = &guard[lo..hi];
                         for (c, col) in sh.columns.iter().enumerate() {
                             let rb = col.row_bytes;
@@ -433,35 +469,21 @@ impl ArrayLoader {
                         }
                     }
                 }
-            })?);
+            })?;
         }
-        Ok(ArrayIter {
-            shared: sh.clone(),
-            cancel,
-            done_rx: Some(done_rx),
-            pending: vec![None; sh.slots],
-            next: start,
-            end,
-            position: self.position.clone(),
-            threads,
-        })
+        *self.active.lock().unwrap_or_else(|p| p.into_inner()) = Some(run.clone());
+        Ok(ArrayIter { shared: sh, run, next: start, end, position: self.position.clone(), finished: start >= end })
     }
-}
-
-fn spawn(name: String, f: impl FnOnce() + Send + 'static) -> Result<JoinHandle<()>> {
-    std::thread::Builder::new().name(name).spawn(f).map_err(|e| Error::Internal(format!("cannot start a thread: {e}")))
 }
 
 /// One pass over (the rest of) an epoch.
 pub struct ArrayIter {
     shared: Arc<Shared>,
-    cancel: Arc<AtomicBool>,
-    done_rx: Option<Receiver<Arc<ArraySlot>>>,
-    pending: Vec<Option<Arc<ArraySlot>>>,
+    run: Arc<Run<Arc<ArraySlot>>>,
     next: usize,
     end: usize,
     position: Arc<Position>,
-    threads: Vec<JoinHandle<()>>,
+    finished: bool,
 }
 
 impl std::fmt::Debug for ArrayIter {
@@ -472,65 +494,43 @@ impl std::fmt::Debug for ArrayIter {
 
 impl ArrayIter {
     fn shutdown(&mut self) {
-        self.cancel.store(true, Ordering::Release);
-        for t in self.threads.drain(..) {
-            let _ = t.join();
-        }
-        if let Some(rx) = self.done_rx.take() {
-            for s in rx.try_iter() {
-                let _ = self.shared.free_tx.send(s);
-            }
-        }
-        for p in self.pending.iter_mut() {
-            if let Some(s) = p.take() {
-                let _ = self.shared.free_tx.send(s);
-            }
-        }
+        self.run.shutdown();
+        self.finished = true;
     }
 
     /// Like `next`, but gives up after `timeout` (`None`: not yet).
     pub fn next_timeout(&mut self, timeout: Duration) -> Option<Option<Result<ArrayBatch>>> {
         let deadline = Instant::now() + timeout;
-        if self.next >= self.end || self.cancel.load(Ordering::Acquire) || self.done_rx.is_none() {
+        if self.finished {
+            return Some(None);
+        }
+        if let Some(e) = self.run.stale_error() {
+            self.shutdown();
+            return Some(Some(Err(e)));
+        }
+        if self.next >= self.end || self.run.cancelled() {
             self.shutdown();
             return Some(None);
         }
-        let n = self.pending.len();
-        let slot = if let Some(s) = self.pending[self.next % n].take() {
-            s
-        } else {
-            loop {
-                let rx = self.done_rx.as_ref().expect("checked above");
-                let step = deadline.saturating_duration_since(Instant::now()).min(Duration::from_millis(20));
-                match rx.recv_timeout(step) {
-                    Ok(s) => {
-                        let b = s.batch.load(Ordering::Relaxed);
-                        if b == self.next {
-                            break s;
-                        }
-                        self.pending[b % n] = Some(s);
-                    }
-                    Err(RecvTimeoutError::Timeout) => {
-                        if self.cancel.load(Ordering::Acquire) {
-                            self.shutdown();
-                            return Some(None);
-                        }
-                        if self.shared.held.load(Ordering::Acquire) >= self.shared.slots {
-                            self.shutdown();
-                            return Some(Some(Err(Error::Memory(format!(
-                                "all {} batch buffers are held by the consumer; release batches sooner or raise memory_limit/prefetch",
-                                self.shared.slots
-                            )))));
-                        }
-                        if Instant::now() >= deadline {
-                            return None;
-                        }
-                    }
-                    Err(RecvTimeoutError::Disconnected) => {
-                        self.shutdown();
-                        return Some(Some(Err(Error::Internal("copy threads stopped early".into()))));
-                    }
-                }
+        let sh = &self.shared;
+        let held_all = || {
+            (sh.held.load(Ordering::Acquire) >= sh.slots).then(|| {
+                Error::Memory(format!(
+                    "all {} batch buffers are held by the consumer; release batches sooner or raise memory_limit/prefetch",
+                    sh.slots
+                ))
+            })
+        };
+        let slot = match self.run.wait_for(self.next, Some(deadline), |s| s.batch.load(Ordering::Relaxed), held_all) {
+            Ok(Wait::Slot(s)) => s,
+            Ok(Wait::TimedOut) => return None,
+            Ok(Wait::Cancelled) => {
+                self.shutdown();
+                return Some(None);
+            }
+            Err(e) => {
+                self.shutdown();
+                return Some(Some(Err(e)));
             }
         };
         self.next += 1;

@@ -44,6 +44,10 @@ pub enum Error {
     /// The GPU asked for is unusable (no driver, no such device) or a CUDA call failed.
     #[error("device error: {0}")]
     Device(String),
+    /// An iterator that may no longer be used: a newer `iter()`, `set_epoch` or
+    /// `load_state_dict` replaced it. Says which.
+    #[error("stale iterator: {0}; start a new iteration with iter(loader)")]
+    Stale(String),
     /// The pipeline was stopped (dropped or cancelled) while waiting.
     #[error("the loader was stopped")]
     Cancelled,

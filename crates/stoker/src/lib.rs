@@ -56,8 +56,8 @@ pub mod telemetry;
 
 pub use error::{Error, Result};
 pub use ops::{DType, Layout, OpSpec, ResizeSize, TransformPlan, TransformSpec};
-pub use pipeline::{Batch, EpochIter, ErrorPolicy, Loader, LoaderConfig};
-pub use sampler::{Sampler, SamplerSpec, SamplerState};
+pub use pipeline::{Batch, EpochIter, ErrorPolicy, Loader, LoaderConfig, MaxFailures};
+pub use sampler::{Fingerprint, Sampler, SamplerSpec, SamplerState};
 pub use source::{ImageFolder, ShardSource, Source};
 pub use telemetry::Report;
 

@@ -59,18 +59,27 @@ pub struct SamplerState {
 /// Where iteration stands, in atomics: no lock, so a process forked while another thread
 /// iterates can still read it. Shared by a loader and its running iteration.
 #[derive(Debug, Default)]
+///
+/// The rules (those of DataLoader and StatefulDataLoader): every new iteration starts the
+/// current epoch at its first batch, unless a state was restored since the last one started,
+/// in which case it resumes there. Changing the epoch forgets a restored position.
 pub struct Position {
     epoch: std::sync::atomic::AtomicU64,
     next_batch: std::sync::atomic::AtomicUsize,
+    /// A state was restored and no iteration has started from it yet.
+    resume: std::sync::atomic::AtomicBool,
 }
 
 impl Position {
-    /// Selects `epoch`; changing it restarts at batch 0, the current epoch keeps its position.
-    pub fn set_epoch(&self, epoch: u64) {
+    /// Selects `epoch`; returns whether it changed (which forgets a restored position).
+    pub fn set_epoch(&self, epoch: u64) -> bool {
         use std::sync::atomic::Ordering;
-        if self.epoch.swap(epoch, Ordering::AcqRel) != epoch {
+        let changed = self.epoch.swap(epoch, Ordering::AcqRel) != epoch;
+        if changed {
             self.next_batch.store(0, Ordering::Release);
+            self.resume.store(false, Ordering::Release);
         }
+        changed
     }
 
     /// The state, for a sampler seeded with `seed`.
@@ -100,16 +109,30 @@ impl Position {
         }
         self.epoch.store(st.epoch, Ordering::Release);
         self.next_batch.store(st.next_batch, Ordering::Release);
+        self.resume.store(true, Ordering::Release);
         Ok(())
     }
 
-    /// `(epoch, first batch)` of a new iteration: a finished epoch starts over.
+    /// `(epoch, first batch)` of a new iteration: the restored position if a state was loaded
+    /// since the last iteration started (and it is not the end of the epoch), else batch 0.
     pub fn start(&self, batches: usize) -> (u64, usize) {
         use std::sync::atomic::Ordering;
-        if self.next_batch.load(Ordering::Acquire) >= batches {
+        let resume = self.resume.swap(false, Ordering::AcqRel);
+        if !resume || self.next_batch.load(Ordering::Acquire) >= batches {
             self.next_batch.store(0, Ordering::Release);
         }
         (self.epoch.load(Ordering::Acquire), self.next_batch.load(Ordering::Acquire))
+    }
+
+    /// Sets whether the position waits to be resumed by the next iteration (a process that
+    /// rebuilds a loader, after `fork()`, carries the flag over).
+    pub fn set_resume(&self, resume: bool) {
+        self.resume.store(resume, std::sync::atomic::Ordering::Release);
+    }
+
+    /// Whether a restored state waits for the next iteration.
+    pub fn resume_pending(&self) -> bool {
+        self.resume.load(std::sync::atomic::Ordering::Acquire)
     }
 
     /// Records that batches before `next` were delivered.
@@ -358,5 +381,78 @@ mod tests {
                 }
             }
         }
+    }
+}
+
+/// What a saved position is only valid for: the data (count and a hash of the sample list),
+/// how it is batched and sharded, and the transform. A state saved by one loader is refused
+/// by a loader that differs in any of these, naming the field.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Fingerprint {
+    /// Samples (or rows) in the dataset.
+    pub samples: usize,
+    /// XXH3 of the sample list (names and labels, or column layouts), as hex.
+    pub sample_hash: String,
+    /// Samples per batch.
+    pub batch_size: usize,
+    /// Whether the last incomplete batch is dropped.
+    pub drop_last: bool,
+    /// `none`, `global` or `shards:W` (shard-aware with windows of W shards).
+    pub shuffle: String,
+    /// Ranks sharing the data.
+    pub world_size: usize,
+    /// This rank.
+    pub rank: usize,
+    /// XXH3 of the transform description, as hex (`none` for arrays).
+    pub transform: String,
+}
+
+impl Fingerprint {
+    /// The fingerprint of a sampler over data hashed as `sample_hash`, with transform hash
+    /// `transform`.
+    pub fn new(spec: &SamplerSpec, samples: usize, sample_hash: u64, transform: String) -> Self {
+        Fingerprint {
+            samples,
+            sample_hash: format!("{sample_hash:016x}"),
+            batch_size: spec.batch_size,
+            drop_last: spec.drop_last,
+            shuffle: match (spec.shuffle, spec.shard_window) {
+                (false, _) => "none".into(),
+                (true, None) => "global".into(),
+                (true, Some(w)) => format!("shards:{w}"),
+            },
+            world_size: spec.world_size,
+            rank: spec.rank,
+            transform,
+        }
+    }
+
+    /// Checks a saved fingerprint (JSON, from `state_dict()`) against this one; the error names
+    /// the first field that differs.
+    pub fn check(&self, saved: &serde_json::Value) -> Result<()> {
+        let mine = serde_json::to_value(self).map_err(|e| Error::Internal(e.to_string()))?;
+        let (Some(mine), Some(saved)) = (mine.as_object(), saved.as_object()) else {
+            return Err(Error::config("state", "the saved fingerprint is not an object"));
+        };
+        // In the order of the struct: the most telling difference is named first.
+        const FIELDS: [&str; 8] =
+            ["samples", "sample_hash", "batch_size", "drop_last", "shuffle", "world_size", "rank", "transform"];
+        for field in FIELDS {
+            let Some(value) = mine.get(field) else { continue };
+            match saved.get(field) {
+                Some(v) if v == value => {}
+                Some(v) => {
+                    return Err(Error::config(
+                        "state",
+                        format!(
+                            "saved with {field}={v}, this loader has {field}={value}: the state belongs to another \
+                             loader configuration or dataset"
+                        ),
+                    ))
+                }
+                None => return Err(Error::config("state", format!("the saved fingerprint has no {field}"))),
+            }
+        }
+        Ok(())
     }
 }

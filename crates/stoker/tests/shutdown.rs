@@ -30,14 +30,20 @@ fn dropping_mid_epoch_stops_every_thread_promptly() {
         assert!(t.elapsed() < Duration::from_secs(2), "drop took {:?}", t.elapsed());
     }
     assert_eq!(thread_count(), before);
-    // The loader still works after an abandoned iteration, from where it stopped.
+    assert_eq!(before, 0);
+    // The state says where the abandoned iteration stopped; a new iteration starts the epoch
+    // over (DataLoader's rule), unless that state is loaded.
     assert_eq!(loader.state().next_batch, 1);
+    assert_eq!(loader.iter().unwrap().count(), 16);
+    loader.load_state(SamplerState { seed: 0, epoch: 0, next_batch: 1 }).unwrap();
     assert_eq!(loader.iter().unwrap().count(), 15);
-    // Starting a new iteration ends the previous one.
+    // Starting a new iteration makes the previous one stale: its next batch is an error.
     let mut first = loader.iter().unwrap();
     first.next().unwrap().unwrap();
     std::thread::sleep(Duration::from_millis(100)); // let it finish batches ahead
     let second = loader.iter().unwrap();
+    let stale = first.next().unwrap().unwrap_err();
+    assert!(matches!(stale, Error::Stale(_)) && stale.to_string().contains("newer iteration"), "{stale}");
     assert!(first.next().is_none());
     // The old iteration's buffers came back: the new one runs a whole epoch while the old
     // iterator object is still alive.

@@ -1,7 +1,11 @@
 //! A thin, safe wrapper over libjpeg-turbo's TurboJPEG 3 API for partial, scaled decoding.
 //!
-//! The `turbojpeg` crate's safe API has no cropping region and allocates an error string on every
-//! failure, so the decoder talks to `turbojpeg-sys` directly. One [`JpegDecoder`] per worker.
+//! The `turbojpeg` crate's safe API has no cropping region, no pixel or memory limit (only a scan
+//! limit) and allocates an error string on every failure, so the decoder talks to `turbojpeg-sys`
+//! directly. One [`JpegDecoder`] per worker.
+//!
+//! Every handle carries libjpeg-turbo's own limits ([`JpegLimits`]), so a decompression bomb is
+//! refused inside the library too, not only by the header check in [`super::Decoder::info`].
 
 use std::ffi::CStr;
 use turbojpeg_sys as tj;
@@ -55,10 +59,45 @@ pub fn scaled(dim: usize, num: usize) -> usize {
     (dim * num).div_ceil(8)
 }
 
+/// The progressive scans a JPEG may have before decoding it is an error (`TJPARAM_SCANLIMIT`).
+/// 500 is libjpeg-turbo's own choice for `TJFLAG_LIMITSCANS`: far above what encoders write
+/// (about 10), far below the thousands of tiny scans that make a small file cost minutes of CPU.
+pub const SCAN_LIMIT: i32 = 500;
+
+/// The limits set on every TurboJPEG handle.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct JpegLimits {
+    /// The largest image (width x height, from the header) that is decoded.
+    pub max_pixels: u64,
+}
+
+impl JpegLimits {
+    /// `TJPARAM_MAXPIXELS`: `max_pixels`, or 0 (no limit in the library) when it does not fit
+    /// the library's `int`; [`super::check_pixels`] still applies.
+    pub fn tj_max_pixels(&self) -> i32 {
+        i32::try_from(self.max_pixels).unwrap_or(0)
+    }
+
+    /// `TJPARAM_MAXMEMORY`, in MiB: the memory libjpeg may hold for intermediate buffers (the
+    /// whole-image coefficient arrays of progressive and multi-scan JPEGs). Bound: 8 bytes per
+    /// pixel of `max_pixels` (64 two-byte DCT coefficients per 8x8 block, for each of at most 4
+    /// full-resolution components (CMYK 4:4:4)), plus 64 MiB for MCU padding and row buffers;
+    /// with the default `max_pixels` that is 1430 MiB. Capped at the library's maximum; 0 (no
+    /// limit) only if `max_pixels` is 0.
+    pub fn tj_max_memory_mib(&self) -> i32 {
+        if self.max_pixels == 0 {
+            return 0;
+        }
+        let bytes = self.max_pixels.saturating_mul(8).saturating_add(64 << 20);
+        i32::try_from(bytes.div_ceil(1 << 20)).unwrap_or(i32::MAX)
+    }
+}
+
 /// An owned TurboJPEG decompression handle.
 #[derive(Debug)]
 pub struct JpegDecoder {
     handle: tj::tjhandle,
+    limits: JpegLimits,
 }
 
 // SAFETY: a TurboJPEG handle is an independent heap object with no thread affinity; it is used
@@ -74,32 +113,56 @@ pub struct JpegError {
     pub warning: bool,
 }
 
-impl JpegDecoder {
-    /// A new decompressor.
-    pub fn new() -> Result<Self, String> {
-        // SAFETY: plain FFI constructor; a null return is handled below.
-        let handle = unsafe { tj::tj3Init(tj::TJINIT_TJINIT_DECOMPRESS as i32) };
-        if handle.is_null() {
-            return Err("libjpeg-turbo: cannot create a decompressor".into());
+/// A new decompression handle with `limits` set, or `None` if libjpeg-turbo refuses either.
+fn limited_handle(limits: JpegLimits) -> Option<tj::tjhandle> {
+    // SAFETY: plain FFI constructor; a null return is handled below.
+    let handle = unsafe { tj::tj3Init(tj::TJINIT_TJINIT_DECOMPRESS as i32) };
+    if handle.is_null() {
+        return None;
+    }
+    let params = [
+        (tj::TJPARAM_TJPARAM_MAXPIXELS, limits.tj_max_pixels()),
+        (tj::TJPARAM_TJPARAM_MAXMEMORY, limits.tj_max_memory_mib()),
+        (tj::TJPARAM_TJPARAM_SCANLIMIT, SCAN_LIMIT),
+    ];
+    for (param, value) in params {
+        // SAFETY: `handle` is a valid decompression handle; `param` is a TurboJPEG parameter id
+        // and `value` lies in its documented range (non-negative, within `int`).
+        if unsafe { tj::tj3Set(handle, param as i32, value) } != 0 {
+            // SAFETY: `handle` came from tj3Init above and is not used after this.
+            unsafe { tj::tj3Destroy(handle) };
+            return None;
         }
-        Ok(JpegDecoder { handle })
+    }
+    Some(handle)
+}
+
+impl JpegDecoder {
+    /// A new decompressor that refuses images over `max_pixels` (see [`JpegLimits`]).
+    pub fn new(max_pixels: u64) -> Result<Self, String> {
+        let limits = JpegLimits { max_pixels };
+        let handle = limited_handle(limits).ok_or("libjpeg-turbo: cannot create a decompressor with limits")?;
+        Ok(JpegDecoder { handle, limits })
+    }
+
+    /// The limits this decoder's handle carries.
+    pub fn limits(&self) -> JpegLimits {
+        self.limits
     }
 
     /// Takes the handle's error, then replaces the handle with a fresh one.
     ///
     /// After a failure (or a warning) a TurboJPEG 3.1 handle can keep stale state: its warning
     /// flag stays set, and the libjpeg state machine may resume mid-stream on the next header
-    /// read, reporting the previous image's dimensions. Errors are rare, so a new handle is the
-    /// simple, certain cure.
+    /// read, reporting the previous image's dimensions. Errors are rare, so a new handle (with
+    /// the same limits) is the simple, certain cure.
     fn error(&mut self) -> JpegError {
         // SAFETY: `handle` is valid; tj3GetErrorStr returns a NUL-terminated string owned by the
         // handle (or a static one), which is copied before the handle is destroyed.
         let message = unsafe { CStr::from_ptr(tj::tj3GetErrorStr(self.handle)) }.to_string_lossy().into_owned();
         // SAFETY: `handle` is valid.
         let code = unsafe { tj::tj3GetErrorCode(self.handle) };
-        // SAFETY: plain FFI constructor; a null return is handled below.
-        let fresh = unsafe { tj::tj3Init(tj::TJINIT_TJINIT_DECOMPRESS as i32) };
-        if !fresh.is_null() {
+        if let Some(fresh) = limited_handle(self.limits) {
             // SAFETY: the old handle is valid and destroyed exactly once; `fresh` replaces it.
             unsafe { tj::tj3Destroy(self.handle) };
             self.handle = fresh;
@@ -145,10 +208,14 @@ impl JpegDecoder {
         out: &mut [u8],
     ) -> Result<(), JpegError> {
         let (x, y, w, h) = region;
-        let need = w * h * channels;
+        let fatal = |message: &str| JpegError { message: message.into(), warning: false };
+        let pitch = w.checked_mul(channels).filter(|&p| i32::try_from(p).is_ok());
+        let need = pitch.and_then(|p| p.checked_mul(h)).ok_or_else(|| fatal("region too large"))?;
         if out.len() < need {
-            return Err(JpegError { message: "output buffer too small".into(), warning: false });
+            return Err(fatal("output buffer too small"));
         }
+        let int = |v: usize| i32::try_from(v).map_err(|_| fatal("region too large"));
+        let region = tj::tjregion { x: int(x)?, y: int(y)?, w: int(w)?, h: int(h)? };
         // TurboJPEG matches factors exactly against its table of reduced fractions (1/1, 1/2, ...).
         let g = gcd(num, 8);
         // The cropping region needs the header of *this* image in the handle.
@@ -158,7 +225,6 @@ impl JpegDecoder {
         if unsafe { tj::tj3SetScalingFactor(self.handle, sf) } != 0 {
             return Err(self.error());
         }
-        let region = tj::tjregion { x: x as i32, y: y as i32, w: w as i32, h: h as i32 };
         // SAFETY: `handle` is valid and the header was read, as tj3SetCroppingRegion requires.
         if unsafe { tj::tj3SetCroppingRegion(self.handle, region) } != 0 {
             return Err(self.error());
@@ -172,7 +238,7 @@ impl JpegDecoder {
                 data.as_ptr(),
                 data.len() as tj::size_t,
                 out.as_mut_ptr(),
-                (w * channels) as i32,
+                (w * channels) as i32, // fits: checked above
                 format,
             )
         };

@@ -7,6 +7,13 @@
 //! EXIF orientation of JPEGs is applied unless turned off (to match torchvision's PIL loader,
 //! which ignores it).
 //!
+//! Untrusted headers never size anything unchecked: an image over
+//! [`DecodeOptions::max_pixels`] is refused from its header (JPEG SOF, PNG IHDR) before any
+//! buffer is sized, libjpeg-turbo carries its own pixel, memory and progressive-scan limits
+//! ([`jpeg::JpegLimits`]), the png crate its byte limit ([`PNG_LIMIT_BYTES`]), every size is
+//! computed with checked arithmetic and every scratch buffer grows fallibly, so a
+//! decompression bomb or an allocation failure is that sample's error, never an abort.
+//!
 //! | file | role |
 //! |---|---|
 //! | `jpeg.rs` | safe wrapper over TurboJPEG 3 with cropping and scaling |
@@ -108,6 +115,37 @@ impl Default for DecodeOptions {
     }
 }
 
+/// What the png crate itself may allocate per image (`png::Limits::bytes`): metadata chunks
+/// (text, ICC profiles, including decompressed zTXt/iCCP) and chunk buffers; the crate's own
+/// default, set explicitly. The decoded image is not part of it: its buffer is sized by stoker
+/// after the IHDR check against `max_pixels`.
+pub const PNG_LIMIT_BYTES: usize = 64 << 20;
+
+/// The product of `dims` (a buffer size computed from a header), or that sample's error.
+fn checked_size(path: &Path, dims: &[usize]) -> Result<usize> {
+    dims.iter()
+        .try_fold(1usize, |acc, &d| acc.checked_mul(d))
+        .ok_or_else(|| Error::decode(path, format!("image too large: buffer size {dims:?} overflows")))
+}
+
+/// `buf[..n]`, growing `buf` fallibly (to a power of two while that is affordable, so a stream
+/// of slightly different sizes reallocates only a few times): an allocation failure is an
+/// error naming the size, not an abort.
+fn scratch<'b>(buf: &'b mut Vec<u8>, n: usize, path: &Path) -> Result<&'b mut [u8]> {
+    if buf.capacity() < n {
+        let rounded = n.checked_next_power_of_two().unwrap_or(n);
+        let len = buf.len();
+        if buf.try_reserve_exact(rounded - len).is_err() {
+            buf.try_reserve_exact(n - len)
+                .map_err(|e| Error::decode(path, format!("cannot allocate {n} bytes to decode this image: {e}")))?;
+        }
+    }
+    if buf.len() < n {
+        buf.resize(n, 0); // within capacity: allocates nothing
+    }
+    Ok(&mut buf[..n])
+}
+
 /// Per-worker decoder with reusable scratch buffers (no allocation per image once warm).
 pub struct Decoder {
     jpeg: JpegDecoder,
@@ -123,17 +161,10 @@ impl std::fmt::Debug for Decoder {
     }
 }
 
-fn ensure(buf: &mut Vec<u8>, n: usize) -> &mut [u8] {
-    if buf.len() < n {
-        crate::ops::resample::grow(buf, n, 0);
-    }
-    &mut buf[..n]
-}
-
 impl Decoder {
     /// A decoder with options `opts`.
     pub fn new(opts: DecodeOptions) -> Result<Self> {
-        let jpeg = JpegDecoder::new().map_err(|e| Error::Internal(e.to_string()))?;
+        let jpeg = JpegDecoder::new(opts.max_pixels).map_err(Error::Internal)?;
         Ok(Decoder { jpeg, opts, scratch: vec![], aux: vec![], png_dims: (0, 0) })
     }
 
@@ -211,18 +242,16 @@ impl Decoder {
         let (sw, sh) = (jpeg::scaled(h.width, num), jpeg::scaled(h.height, num));
         let channels = if h.is_cmyk() { 4 } else { 3 };
         let orientation = info.orientation;
-        let err = |e: jpeg::JpegError| Error::decode(path, format!("corrupt JPEG: {}", e.message));
 
         if orientation != 1 {
             // Rare: decode the whole (scaled) image, then orient it.
-            self.jpeg_full(data, num, (sw, sh), channels).map_err(err)?;
+            let n = self.jpeg_full(data, path, num, (sw, sh), channels)?;
             let (ow, oh) = if orientation >= 5 { (sh, sw) } else { (sw, sh) };
-            let src = &self.scratch[..sw * sh * 3];
-            let dst = ensure(&mut self.aux, ow * oh * 3);
-            orient(src, sw, sh, orientation, dst);
+            let dst = scratch(&mut self.aux, n, path)?;
+            orient(&self.scratch[..n], sw, sh, orientation, dst);
             let (fx, fy) = (ow as f64 / info.width as f64, oh as f64 / info.height as f64);
             let bbox = [bx * fx, by * fy, bw * fx, bh * fy];
-            return Ok(Region { pixels: &self.aux[..ow * oh * 3], width: ow, height: oh, bbox, scale_num: num });
+            return Ok(Region { pixels: &self.aux[..n], width: ow, height: oh, bbox, scale_num: num });
         }
 
         let (fx, fy) = (sw as f64 / h.width as f64, sh as f64 / h.height as f64);
@@ -245,37 +274,47 @@ impl Decoder {
             }
         }
         let (rw, rh) = (x1 - x0, y1 - y0);
-        if channels == 4 {
-            let cmyk = ensure(&mut self.aux, rw * rh * 4);
-            decode_tolerant(&mut self.jpeg, data, num, (x0, y0, rw, rh), 4, cmyk).map_err(err)?;
-            let rgb = ensure(&mut self.scratch, rw * rh * 3);
-            cmyk_to_rgb(&self.aux[..rw * rh * 4], rgb);
-        } else {
-            let rgb = ensure(&mut self.scratch, rw * rh * 3);
-            decode_tolerant(&mut self.jpeg, data, num, (x0, y0, rw, rh), 3, rgb).map_err(err)?;
-        }
+        let n = self.jpeg_region(data, path, num, (x0, y0, rw, rh), channels)?;
         let bbox = [sbox[0] - x0 as f64, sbox[1] - y0 as f64, sbox[2], sbox[3]];
-        Ok(Region { pixels: &self.scratch[..rw * rh * 3], width: rw, height: rh, bbox, scale_num: num })
+        Ok(Region { pixels: &self.scratch[..n], width: rw, height: rh, bbox, scale_num: num })
     }
 
-    /// Whole image at scale `num/8` into `self.scratch` as RGB.
+    /// Whole image at scale `num/8` into `self.scratch` as RGB; returns its size in bytes.
     fn jpeg_full(
         &mut self,
         data: &[u8],
+        path: &Path,
         num: usize,
         (sw, sh): (usize, usize),
         channels: usize,
-    ) -> Result<(), jpeg::JpegError> {
+    ) -> Result<usize> {
+        self.jpeg_region(data, path, num, (0, 0, sw, sh), channels)
+    }
+
+    /// `region = (x, y, w, h)` at scale `num/8` into `self.scratch` as RGB (through `self.aux`
+    /// for CMYK); returns its size in bytes.
+    fn jpeg_region(
+        &mut self,
+        data: &[u8],
+        path: &Path,
+        num: usize,
+        region: (usize, usize, usize, usize),
+        channels: usize,
+    ) -> Result<usize> {
+        let (_, _, w, h) = region;
+        let max = self.opts.max_pixels;
+        let err = |e: jpeg::JpegError| Error::decode(path, jpeg_reason(&e.message, max));
+        let n = checked_size(path, &[w, h, 3])?;
         if channels == 4 {
-            let cmyk = ensure(&mut self.aux, sw * sh * 4);
-            decode_tolerant(&mut self.jpeg, data, num, (0, 0, sw, sh), 4, cmyk)?;
-            let rgb = ensure(&mut self.scratch, sw * sh * 3);
-            cmyk_to_rgb(&self.aux[..sw * sh * 4], rgb);
+            let cmyk = scratch(&mut self.aux, checked_size(path, &[w, h, 4])?, path)?;
+            decode_tolerant(&mut self.jpeg, data, num, region, 4, cmyk).map_err(err)?;
+            let rgb = scratch(&mut self.scratch, n, path)?;
+            cmyk_to_rgb(&self.aux, rgb);
         } else {
-            let rgb = ensure(&mut self.scratch, sw * sh * 3);
-            decode_tolerant(&mut self.jpeg, data, num, (0, 0, sw, sh), 3, rgb)?;
+            let rgb = scratch(&mut self.scratch, n, path)?;
+            decode_tolerant(&mut self.jpeg, data, num, region, 3, rgb).map_err(err)?;
         }
-        Ok(())
+        Ok(n)
     }
 
     /// Decodes a whole JPEG or PNG to RGB8 at full size, honouring EXIF orientation per the
@@ -299,11 +338,17 @@ impl Decoder {
 
     fn decode_png(&mut self, data: &[u8], path: &Path) -> Result<(usize, usize)> {
         let perr = |e: png::DecodingError| Error::decode(path, format!("invalid PNG: {e}"));
-        let mut dec = png::Decoder::new(std::io::Cursor::new(data));
+        let limits = png::Limits { bytes: PNG_LIMIT_BYTES };
+        let mut dec = png::Decoder::new_with_limits(std::io::Cursor::new(data), limits);
         dec.set_transformations(png::Transformations::EXPAND | png::Transformations::STRIP_16);
+        // The IHDR alone first: a bomb is refused before the png crate or we size anything.
+        let ihdr = dec.read_header_info().map_err(perr)?;
+        check_pixels(path, ihdr.width as usize, ihdr.height as usize, self.opts.max_pixels)?;
         let mut reader = dec.read_info().map_err(perr)?;
-        let size = reader.output_buffer_size().ok_or_else(|| Error::decode(path, "PNG too large to decode"))?;
-        let raw = ensure(&mut self.aux, size);
+        let size = reader
+            .output_buffer_size()
+            .ok_or_else(|| Error::decode(path, "image too large: PNG buffer size overflows"))?;
+        let raw = scratch(&mut self.aux, size, path)?;
         let frame = reader.next_frame(raw).map_err(perr)?;
         let (w, h) = (frame.width as usize, frame.height as usize);
         let ch = match frame.color_type {
@@ -317,7 +362,16 @@ impl Decoder {
             return Err(Error::decode(path, format!("PNG bit depth {:?} not supported", frame.bit_depth)));
         }
         let line = frame.line_size;
-        let rgb = ensure(&mut self.scratch, w * h * 3);
+        // The frame must lie inside the buffer the png crate filled (an APNG frame control
+        // cannot make the copy below read past it).
+        let inside = checked_size(path, &[w, ch])
+            .ok()
+            .filter(|&row| row <= line)
+            .and_then(|row| h.checked_sub(1).map_or(Some(0), |last| last.checked_mul(line)?.checked_add(row)));
+        if inside.is_none_or(|end| end > size) {
+            return Err(Error::decode(path, format!("invalid PNG: frame {w}x{h} does not fit its buffer")));
+        }
+        let rgb = scratch(&mut self.scratch, checked_size(path, &[w, h, 3])?, path)?;
         for y in 0..h {
             let src = &self.aux[y * line..y * line + w * ch];
             let dst = &mut rgb[y * w * 3..(y + 1) * w * 3];
@@ -337,6 +391,19 @@ impl Decoder {
         }
         self.png_dims = (w, h);
         Ok((w, h))
+    }
+}
+
+/// The reason a libjpeg-turbo error is reported with: its limits by name, else "corrupt JPEG".
+fn jpeg_reason(message: &str, max_pixels: u64) -> String {
+    if message.contains("Image is too large") {
+        format!("image too large: libjpeg-turbo refused it ({message}; max_pixels {max_pixels})")
+    } else if message.contains("more than") && message.contains("scans") {
+        format!("too many progressive scans: {message} (limit {})", jpeg::SCAN_LIMIT)
+    } else if message.contains("Backing store") || message.contains("Insufficient memory") {
+        format!("image needs more decoder memory than max_pixels allows: {message}")
+    } else {
+        format!("corrupt JPEG: {message}")
     }
 }
 

@@ -15,19 +15,22 @@
 //! delivered. Under policy `raise` the batch holding the first bad sample yields the error and
 //! the iteration ends.
 
+mod ordered;
+
+pub use ordered::{panic_message, Run, Wait};
+
 use crate::buffer::{BufferPool, HeapAllocator, HostAllocator, Slot};
 use crate::decode::{DecodeOptions, Decoder};
 use crate::error::{Error, Result};
 use crate::ops::{DType, Layout, Resampler, TransformPlan, TransformSpec};
 use crate::rng::{self, Rng};
-use crate::sampler::{Position, Sampler, SamplerSpec, SamplerState};
+use crate::sampler::{Fingerprint, Position, Sampler, SamplerSpec, SamplerState};
 use crate::source::Source;
 use crate::telemetry::{ConsumerClock, Report, Skipped, Telemetry};
 use crossbeam_channel::{bounded, Receiver, RecvTimeoutError, Sender};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 /// What to do with a sample that cannot be read or decoded.
@@ -78,6 +81,37 @@ pub struct LoaderConfig {
     /// Files (or shard members) larger than this many bytes are that sample's error.
     #[serde(default = "default_max_file_bytes")]
     pub max_file_bytes: u64,
+    /// The failure budget of a pass: past it the iteration raises instead of delivering
+    /// near-empty batches (a storage outage, a broken dataset).
+    #[serde(default)]
+    pub max_failures: MaxFailures,
+}
+
+/// How many samples of one pass over an epoch may fail (be skipped) before the iteration
+/// raises. The default, 10% of the epoch's samples but at least 100, never trips on the few
+/// corrupt files real datasets hold (well under 1%), and stops a job whose storage went away
+/// after a tenth of an epoch instead of letting it train on empty batches.
+#[derive(Debug, Clone, Copy, PartialEq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum MaxFailures {
+    /// 10% of the pass's samples, at least 100.
+    #[default]
+    Default,
+    /// At most this many.
+    Count(u64),
+    /// At most this fraction (0 < f <= 1) of the pass's samples.
+    Fraction(f64),
+}
+
+impl MaxFailures {
+    /// The number of failures allowed in a pass over `samples` samples.
+    pub fn limit(&self, samples: usize) -> u64 {
+        match *self {
+            MaxFailures::Default => ((samples as f64 * 0.1).ceil() as u64).max(100),
+            MaxFailures::Count(n) => n,
+            MaxFailures::Fraction(f) => (samples as f64 * f).floor() as u64,
+        }
+    }
 }
 
 fn default_max_pixels() -> u64 {
@@ -107,6 +141,7 @@ impl LoaderConfig {
             roi: true,
             max_pixels: default_max_pixels(),
             max_file_bytes: DEFAULT_MAX_FILE_BYTES,
+            max_failures: MaxFailures::Default,
         }
     }
 }
@@ -123,6 +158,9 @@ struct Shared {
     on_error: ErrorPolicy,
     decode_opts: DecodeOptions,
     max_file_bytes: u64,
+    max_failures: MaxFailures,
+    /// Computed on first use (it reads every sample's name).
+    fingerprint: std::sync::OnceLock<Fingerprint>,
     /// Worker scratch (decoder, resampler) and read buffers kept between epochs, so a new
     /// epoch's threads start warm instead of re-growing their buffers.
     stash: Mutex<Stash>,
@@ -228,6 +266,8 @@ impl Loader {
                 on_error: config.on_error,
                 decode_opts,
                 max_file_bytes: config.max_file_bytes,
+                max_failures: config.max_failures,
+                fingerprint: std::sync::OnceLock::new(),
                 stash: Mutex::new(Stash::default()),
                 read_high_water: std::sync::atomic::AtomicUsize::new(0),
             }),
@@ -271,10 +311,21 @@ impl Loader {
         &self.shared.sampler
     }
 
-    /// Selects the epoch. Changing it restarts at batch 0; setting the current epoch again keeps
-    /// the position (so a restored state survives the usual `set_epoch` call).
+    /// Selects the epoch for the next iteration. Changing it makes a running iteration stale
+    /// (its next batch is an error) and forgets a restored position; setting the current epoch
+    /// again changes nothing (so a restored state survives the usual `set_epoch` call).
     pub fn set_epoch(&self, epoch: u64) {
-        self.state.set_epoch(epoch);
+        if self.state.set_epoch(epoch) {
+            self.retire(&format!("set_epoch({epoch}) was called after this iterator started"));
+        }
+    }
+
+    /// Makes the running iteration, if any, stale.
+    fn retire(&self, why: &str) {
+        let old = self.active.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(old) = old {
+            old.make_stale(&self.shared, why);
+        }
     }
 
     /// The resumable state: where the next iteration would start.
@@ -282,9 +333,51 @@ impl Loader {
         self.state.state(self.shared.sampler.spec().seed)
     }
 
-    /// Restores a state from [`Loader::state`].
+    /// Restores `st` exactly as another loader had it, including whether it was still to be
+    /// resumed: how a fork child's rebuilt loader continues its parent's.
+    pub fn adopt_state(&self, st: SamplerState, resume: bool) -> Result<()> {
+        self.load_state(st)?;
+        self.state.set_resume(resume);
+        Ok(())
+    }
+
+    /// Lists entries of the dataset that are not samples (from [`crate::source::Dataset`]) in
+    /// the report's skipped files, so a FIFO or a link loop is seen, not silently dropped.
+    pub fn report_not_samples(&self, items: &[(std::path::PathBuf, String)]) {
+        for (path, reason) in items {
+            let path = path.display().to_string();
+            self.shared.telemetry.skip(Skipped { index: u32::MAX, path, reason: reason.clone() });
+        }
+    }
+
+    /// Whether a state was loaded and no iteration has started from it yet.
+    pub fn resume_pending(&self) -> bool {
+        self.state.resume_pending()
+    }
+
+    /// What a saved state is valid for (see [`Fingerprint`]); computed once, on first use.
+    pub fn fingerprint(&self) -> &Fingerprint {
+        self.shared.fingerprint.get_or_init(|| {
+            let sh = &self.shared;
+            let mut h = xxhash_rust::xxh3::Xxh3::new();
+            for i in 0..sh.source.len() {
+                h.update(sh.source.describe(i).as_os_str().as_encoded_bytes());
+                h.update(&[0]);
+                h.update(&sh.source.label(i).to_le_bytes());
+            }
+            let transform = serde_json::to_vec(&(sh.plan.spec(), sh.decode_opts.dct_scaling, sh.decode_opts.roi))
+                .map(|b| format!("{:016x}", xxhash_rust::xxh3::xxh3_64(&b)))
+                .unwrap_or_default();
+            Fingerprint::new(sh.sampler.spec(), sh.source.len(), h.digest(), transform)
+        })
+    }
+
+    /// Restores a state from [`Loader::state`]: the next iteration resumes there. A running
+    /// iteration becomes stale.
     pub fn load_state(&self, st: SamplerState) -> Result<()> {
-        self.state.restore(st, &self.shared.sampler)
+        self.state.restore(st, &self.shared.sampler)?;
+        self.retire("load_state_dict was called after this iterator started");
+        Ok(())
     }
 
     /// Telemetry since the loader was made (or last reset), with the bottleneck verdict.
@@ -302,17 +395,16 @@ impl Loader {
         self.shared.telemetry.reset();
     }
 
-    /// Starts iterating from the current state (a finished epoch starts over). Starting a new
-    /// iteration ends any previous one of this loader.
+    /// Starts an iteration of the current epoch: at its first batch, or where a state loaded
+    /// since the last iteration says. A previous iteration of this loader becomes stale (it
+    /// stops, its buffers return to the pool, and its next batch is an error).
     pub fn iter(&self) -> Result<EpochIter> {
-        let core = Arc::new(IterCore::default());
-        let old = self.active.lock().expect("active lock").replace(core.clone());
-        if let Some(old) = old {
-            // Stop the previous iteration and take its buffers back before starting.
-            old.shutdown(&self.shared);
-        }
+        // Stop the previous iteration and take its buffers back before starting.
+        self.retire("a newer iteration of this loader was started");
         let (epoch, start) = self.state.start(self.len());
-        EpochIter::start(self.shared.clone(), self.state.clone(), core, epoch, start)
+        let it = EpochIter::start(self.shared.clone(), self.state.clone(), epoch, start)?;
+        *self.active.lock().unwrap_or_else(|p| p.into_inner()) = Some(it.core.clone());
+        Ok(it)
     }
 }
 
@@ -341,45 +433,37 @@ pub struct EpochIter {
     clock: ConsumerClock,
     finished: bool,
     consumer_telemetry: bool,
+    /// Samples that failed in this pass, the last few reasons, and how many may.
+    failures: u64,
+    last_failures: Vec<String>,
+    failure_limit: u64,
+    /// Samples delivered in this pass.
+    delivered: u64,
 }
 
-/// What an iteration shares with its loader, so that starting a new iteration can stop this
-/// one and take its buffers back even while the old iterator object is still alive.
-#[derive(Default)]
+/// What an iteration shares with its loader, so that starting a new iteration (or
+/// `set_epoch`, `load_state`) can stop this one and take its buffers back even while the old
+/// iterator object is still alive: the generic ordered [`Run`] plus the read buffers.
 struct IterCore {
-    cancel: Arc<AtomicBool>,
-    done_rx: Mutex<Option<Receiver<Arc<Slot>>>>,
-    /// Finished batches that arrived ahead of their turn, by `batch % slots`.
-    pending: Mutex<Vec<Option<Arc<Slot>>>>,
-    threads: Mutex<Vec<JoinHandle<()>>>,
+    run: Arc<Run<Arc<Slot>>>,
     bytes_rx: Mutex<Option<Receiver<Vec<u8>>>>,
 }
 
 impl IterCore {
-    /// Stops the threads and returns every buffer to the pool; idempotent.
+    /// Stops the threads, returns every slot to the pool and keeps the read buffers for the
+    /// next epoch; idempotent.
     fn shutdown(&self, shared: &Shared) {
-        self.cancel.store(true, Ordering::Release);
-        let threads: Vec<_> = self.threads.lock().expect("threads lock").drain(..).collect();
-        for t in threads {
-            let _ = t.join();
-        }
-        // Every thread is gone: whatever reached the done queue or the reorder buffer goes
-        // back to the pool.
-        if let Some(rx) = self.done_rx.lock().expect("done lock").take() {
-            for slot in rx.try_iter() {
-                let _ = shared.pool.free_tx.send(slot);
-            }
-        }
-        for p in self.pending.lock().expect("pending lock").iter_mut() {
-            if let Some(slot) = p.take() {
-                let _ = shared.pool.free_tx.send(slot);
-            }
-        }
-        // Keep the read buffers for the next epoch.
-        if let Some(rx) = self.bytes_rx.lock().expect("bytes lock").take() {
-            let mut stash = shared.stash.lock().expect("stash lock");
+        self.run.shutdown();
+        if let Some(rx) = self.bytes_rx.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            let mut stash = shared.stash.lock().unwrap_or_else(|p| p.into_inner());
             stash.bytes.extend(rx.try_iter());
         }
+    }
+
+    /// Makes the iteration stale (`why`: what replaced it) and stops it.
+    fn make_stale(&self, shared: &Shared, why: &str) {
+        self.run.make_stale(why);
+        self.shutdown(shared);
     }
 }
 
@@ -389,13 +473,8 @@ impl std::fmt::Debug for EpochIter {
     }
 }
 
-fn spawn(name: String, f: impl FnOnce() + Send + 'static) -> Result<JoinHandle<()>> {
-    std::thread::Builder::new().name(name).spawn(f).map_err(|e| Error::Internal(format!("cannot start a thread: {e}")))
-}
-
 impl EpochIter {
-    fn start(shared: Arc<Shared>, state: Arc<Position>, core: Arc<IterCore>, epoch: u64, start: usize) -> Result<Self> {
-        let cancel = core.cancel.clone();
+    fn start(shared: Arc<Shared>, state: Arc<Position>, epoch: u64, start: usize) -> Result<Self> {
         let order = Arc::new(shared.sampler.epoch_order(epoch));
         let end = shared.sampler.num_batches();
         let bs = shared.sampler.spec().batch_size;
@@ -405,15 +484,14 @@ impl EpochIter {
         let nbytes = work_cap + shared.threads + shared.io_threads;
         let (bytes_tx, bytes_rx) = bounded::<Vec<u8>>(nbytes);
         {
-            let mut stash = shared.stash.lock().expect("stash lock");
+            let mut stash = shared.stash.lock().unwrap_or_else(|p| p.into_inner());
             for _ in 0..nbytes {
                 bytes_tx.send(stash.bytes.pop().unwrap_or_default()).expect("room");
             }
         }
-        let (done_tx, done_rx) = bounded::<Arc<Slot>>(shared.pool.slots());
-        *core.done_rx.lock().expect("done lock") = Some(done_rx);
-        *core.pending.lock().expect("pending lock") = vec![None; shared.pool.slots()];
-        *core.bytes_rx.lock().expect("bytes lock") = Some(bytes_rx.clone());
+        let (run, done_tx) = Run::new(shared.pool.slots(), shared.pool.free_tx.clone());
+        let core = Arc::new(IterCore { run: run.clone(), bytes_rx: Mutex::new(Some(bytes_rx.clone())) });
+        let cancel = run.cancel_flag();
         let it = EpochIter {
             shared: shared.clone(),
             state,
@@ -424,26 +502,27 @@ impl EpochIter {
             clock: ConsumerClock::default(),
             finished: start >= end,
             consumer_telemetry: true,
+            failures: 0,
+            delivered: 0,
+            last_failures: Vec::new(),
+            failure_limit: shared.max_failures.limit(shared.sampler.samples_per_rank()),
         };
-        let threads = &core.threads;
-        let push = |h: JoinHandle<()>| threads.lock().expect("threads lock").push(h);
-
         {
             let (sh, cancel, order) = (shared.clone(), cancel.clone(), order.clone());
-            push(spawn("stoker-dispatch".into(), move || dispatch(&sh, &cancel, &order, start, end, task_tx))?);
+            run.spawn("stoker-dispatch".into(), move || dispatch(&sh, &cancel, &order, start, end, task_tx))?;
         }
         for k in 0..shared.io_threads {
             let (sh, cancel, rx, tx, brx) =
                 (shared.clone(), cancel.clone(), task_rx.clone(), work_tx.clone(), bytes_rx.clone());
             let done = done_tx.clone();
-            push(spawn(format!("stoker-io-{k}"), move || io_loop(&sh, &cancel, rx, tx, brx, done))?);
+            run.spawn(format!("stoker-io-{k}"), move || io_loop(&sh, &cancel, rx, tx, brx, done))?;
         }
         drop(task_rx);
         drop(work_tx);
         for k in 0..shared.threads {
             let (sh, cancel, rx, btx, done) =
                 (shared.clone(), cancel.clone(), work_rx.clone(), bytes_tx.clone(), done_tx.clone());
-            push(spawn(format!("stoker-decode-{k}"), move || decode_loop(&sh, &cancel, epoch, rx, btx, done))?);
+            run.spawn(format!("stoker-decode-{k}"), move || decode_loop(&sh, &cancel, epoch, rx, btx, done))?;
         }
         shared.telemetry.start();
         Ok(it)
@@ -474,52 +553,23 @@ impl EpochIter {
         }
     }
 
-    fn wait_for(&mut self, batch: usize, deadline: Option<Instant>) -> Result<Wait> {
-        let mut pending = self.core.pending.lock().expect("pending lock");
-        let n = pending.len();
-        if n == 0 {
-            return Ok(Wait::Cancelled);
-        }
-        if let Some(s) = pending[batch % n].take() {
-            return Ok(Wait::Slot(s));
-        }
-        let guard = self.core.done_rx.lock().expect("done lock");
-        let Some(rx) = guard.as_ref() else { return Ok(Wait::Cancelled) };
-        loop {
-            if self.core.cancel.load(Ordering::Acquire) {
-                return Ok(Wait::Cancelled);
-            }
-            let step = match deadline {
-                Some(d) => d.saturating_duration_since(Instant::now()).min(POLL),
-                None => POLL,
-            };
-            match rx.recv_timeout(step) {
-                Ok(slot) => {
-                    let b = slot.batch.load(Ordering::Relaxed);
-                    if b == batch {
-                        return Ok(Wait::Slot(slot));
-                    }
-                    pending[b % n] = Some(slot);
-                }
-                Err(RecvTimeoutError::Timeout) => {
-                    let pool = &self.shared.pool;
-                    if pool.held() >= pool.slots() {
-                        return Err(Error::Memory(format!(
-                            "all {} batch buffers ({} bytes each) are held by the consumer, so no new batch can be made; \
-                             release batches (drop tensors) sooner or raise memory_limit/prefetch",
-                            pool.slots(),
-                            pool.batch_bytes()
-                        )));
-                    }
-                    if deadline.is_some_and(|d| Instant::now() >= d) {
-                        return Ok(Wait::TimedOut);
-                    }
-                }
-                Err(RecvTimeoutError::Disconnected) => {
-                    return Err(Error::Internal("worker threads stopped before the epoch ended".into()));
-                }
-            }
-        }
+    fn wait_for(&mut self, batch: usize, deadline: Option<Instant>) -> Result<Wait<Arc<Slot>>> {
+        let pool = &self.shared.pool;
+        self.core.run.wait_for(
+            batch,
+            deadline,
+            |slot| slot.batch.load(Ordering::Relaxed),
+            || {
+                (pool.held() >= pool.slots()).then(|| {
+                    Error::Memory(format!(
+                        "all {} batch buffers ({} bytes each) are held by the consumer, so no new batch can be made; \
+                         release batches (drop tensors) sooner or raise memory_limit/prefetch",
+                        pool.slots(),
+                        pool.batch_bytes()
+                    ))
+                })
+            },
+        )
     }
 
     /// Like [`Iterator::next`], but gives up after `timeout`: `None` means "not yet" (call
@@ -536,7 +586,20 @@ impl EpochIter {
             if self.finished {
                 return Some(None);
             }
-            if self.next_batch >= self.end || self.core.cancel.load(Ordering::Acquire) {
+            if let Some(e) = self.core.run.stale_error() {
+                self.shutdown();
+                return Some(Some(Err(e)));
+            }
+            if self.next_batch >= self.end && self.delivered == 0 && self.failures > 0 {
+                // Not an empty epoch: a pass in which every sample failed is an error.
+                self.shutdown();
+                return Some(Some(Err(Error::Dataset(format!(
+                    "every sample of this pass failed ({}); last errors: {}",
+                    self.failures,
+                    self.last_failures.join("; ")
+                )))));
+            }
+            if self.next_batch >= self.end || self.core.run.cancelled() {
                 self.shutdown();
                 return Some(None);
             }
@@ -552,22 +615,41 @@ impl EpochIter {
                     return Some(Some(Err(e)));
                 }
             };
-            self.next_batch += 1;
-            self.state.advance(self.next_batch);
             let first_err = {
-                let mut errs = slot.errors.lock().expect("slot errors lock");
+                let mut errs = slot.errors.lock().unwrap_or_else(|p| p.into_inner());
+                errs.sort_by_key(|(i, _)| *i);
+                self.failures += errs.len() as u64;
+                for (_, e) in errs.iter().rev().take(3).rev() {
+                    if self.last_failures.len() == 3 {
+                        self.last_failures.remove(0);
+                    }
+                    self.last_failures.push(e.to_string());
+                }
                 if self.shared.on_error == ErrorPolicy::Raise && !errs.is_empty() {
-                    errs.sort_by_key(|(i, _)| *i);
                     Some(errs.swap_remove(0).1)
                 } else {
                     None
                 }
             };
             if let Some(e) = first_err {
+                // The position stays at the failing batch: a saved state resumes there.
                 let _ = self.shared.pool.free_tx.send(slot);
                 self.shutdown();
                 return Some(Some(Err(e)));
             }
+            if self.failures > self.failure_limit {
+                let _ = self.shared.pool.free_tx.send(slot);
+                self.shutdown();
+                return Some(Some(Err(Error::Dataset(format!(
+                    "{} samples of this epoch failed, more than max_failures ({}): is the storage reachable? \
+                     last errors: {}",
+                    self.failures,
+                    self.failure_limit,
+                    self.last_failures.join("; ")
+                )))));
+            }
+            self.next_batch += 1;
+            self.state.advance(self.next_batch);
             let len = slot.len.load(Ordering::Acquire);
             if len == 0 {
                 let _ = self.shared.pool.free_tx.send(slot);
@@ -576,6 +658,7 @@ impl EpochIter {
             let tel = &self.shared.telemetry;
             self.clock.delivered(self.consumer_telemetry.then_some(&tel.consumer));
             tel.add_samples(len);
+            self.delivered += len as u64;
             self.shared.pool.held.fetch_add(1, Ordering::AcqRel);
             let plan = &self.shared.plan;
             return Some(Some(Ok(Batch {
@@ -589,12 +672,6 @@ impl EpochIter {
             })));
         }
     }
-}
-
-enum Wait {
-    Slot(Arc<Slot>),
-    Cancelled,
-    TimedOut,
 }
 
 impl Iterator for EpochIter {
@@ -735,7 +812,23 @@ fn decode_loop(
             complete(sh, task, None, &done);
             continue;
         }
-        let result = read.and_then(|_| process(sh, &mut decoder, &mut resampler, epoch, &task, &buf));
+        let result = read.and_then(|_| {
+            // A panic while processing one sample is that sample's error; the worker goes on
+            // with a fresh decoder and resampler (the old ones may be mid-update).
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                process(sh, &mut decoder, &mut resampler, epoch, &task, &buf)
+            }))
+            .unwrap_or_else(|p| {
+                if let Ok(d) = Decoder::new(sh.decode_opts) {
+                    decoder = d;
+                }
+                resampler = Resampler::new();
+                Err(Error::Internal(format!(
+                    "panic while processing this sample: {} (please report this)",
+                    ordered::panic_message(p.as_ref())
+                )))
+            })
+        });
         let _ = bytes.send(buf);
         match result {
             Ok(label) => complete(sh, task, Some(label), &done),

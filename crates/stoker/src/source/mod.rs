@@ -130,6 +130,9 @@ pub struct Dataset {
     pub classes: Vec<String>,
     /// What [`detect`] made of the root.
     pub kind: DatasetKind,
+    /// Entries found while indexing that are not samples (FIFOs, devices, sockets, repeated or
+    /// looping folder links), with the reason: reported, never opened.
+    pub not_samples: Vec<(PathBuf, String)>,
 }
 
 impl std::fmt::Debug for Dataset {
@@ -142,10 +145,12 @@ impl std::fmt::Debug for Dataset {
 /// paths, globs or URLs.
 pub fn open(roots: &[String]) -> Result<Dataset> {
     let kind = detect(roots)?;
+    let mut not_samples = vec![];
     let (source, classes): (std::sync::Arc<dyn Source>, Vec<String>) = match &kind {
         DatasetKind::Folder(root) => {
             let f = ImageFolder::new(root)?;
             let classes = f.classes().to_vec();
+            not_samples = f.not_samples().to_vec();
             (std::sync::Arc::new(f), classes)
         }
         DatasetKind::Shards(specs) => {
@@ -154,7 +159,7 @@ pub fn open(roots: &[String]) -> Result<Dataset> {
             (std::sync::Arc::new(s), classes)
         }
     };
-    Ok(Dataset { source, classes, kind })
+    Ok(Dataset { source, classes, kind, not_samples })
 }
 
 /// [`open`] of one path.

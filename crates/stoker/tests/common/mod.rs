@@ -52,18 +52,13 @@ pub fn mean_abs(a: &[u8], b: &[u8]) -> f64 {
     a.iter().zip(b).map(|(x, y)| (*x as i32 - *y as i32).unsigned_abs() as f64).sum::<f64>() / a.len() as f64
 }
 
-/// Threads of this process (Linux), once the count is stable (a thread that was just joined
-/// can linger in /proc for a moment).
+/// stoker's own threads in this process (named `stoker-*`; Linux). Counting only those keeps
+/// the shutdown tests independent of the test harness's threads and of when other threads
+/// (the demo generator's) finish exiting.
 pub fn thread_count() -> usize {
-    let read = || std::fs::read_dir("/proc/self/task").unwrap().count();
-    let mut last = read();
-    for _ in 0..100 {
-        std::thread::sleep(std::time::Duration::from_millis(5));
-        let now = read();
-        if now == last {
-            return now;
-        }
-        last = now;
-    }
-    last
+    std::fs::read_dir("/proc/self/task")
+        .unwrap()
+        .flatten()
+        .filter(|t| std::fs::read_to_string(t.path().join("comm")).is_ok_and(|n| n.starts_with("stoker-")))
+        .count()
 }
