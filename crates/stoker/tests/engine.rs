@@ -184,27 +184,6 @@ fn grayscale_cmyk_png_and_alpha_become_rgb() {
     }
 }
 
-/// Inserts an EXIF APP1 segment with `orientation` right after the SOI marker.
-fn with_exif(jpeg: &[u8], orientation: u16) -> Vec<u8> {
-    let mut tiff = b"II".to_vec();
-    tiff.extend_from_slice(&42u16.to_le_bytes());
-    tiff.extend_from_slice(&8u32.to_le_bytes());
-    tiff.extend_from_slice(&1u16.to_le_bytes());
-    tiff.extend_from_slice(&0x0112u16.to_le_bytes());
-    tiff.extend_from_slice(&3u16.to_le_bytes());
-    tiff.extend_from_slice(&1u32.to_le_bytes());
-    tiff.extend_from_slice(&orientation.to_le_bytes());
-    tiff.extend_from_slice(&[0, 0, 0, 0, 0, 0]);
-    let mut seg = b"Exif\0\0".to_vec();
-    seg.extend_from_slice(&tiff);
-    let mut out = jpeg[..2].to_vec();
-    out.extend_from_slice(&[0xFF, 0xE1]);
-    out.extend_from_slice(&((seg.len() + 2) as u16).to_be_bytes());
-    out.extend_from_slice(&seg);
-    out.extend_from_slice(&jpeg[2..]);
-    out
-}
-
 #[test]
 fn exif_orientation_is_applied_or_ignored() {
     let (w, h) = (96, 64);

@@ -18,22 +18,6 @@ use stoker::*;
 // ---------------------------------------------------------------------------------------------
 // Bombs.
 
-/// A small progressive JPEG (SOF2).
-fn progressive_jpeg(px: &[u8], w: usize, h: usize) -> Vec<u8> {
-    let mut c = turbojpeg::Compressor::new().unwrap();
-    c.set_quality(90).unwrap();
-    c.set_subsamp(turbojpeg::Subsamp::Sub2x2).unwrap();
-    c.set_progressive(true).unwrap();
-    c.compress_to_vec(turbojpeg::Image {
-        pixels: px,
-        width: w,
-        pitch: w * 3,
-        height: h,
-        format: turbojpeg::PixelFormat::RGB,
-    })
-    .unwrap()
-}
-
 /// `(marker, offset of the 0xFF)` of every segment before the first scan's data, and the offset
 /// of the first SOS.
 fn segments(jpeg: &[u8]) -> Vec<(u8, usize)> {
@@ -71,27 +55,6 @@ fn many_scans(jpeg: &[u8], scans: usize) -> Vec<u8> {
         out.extend_from_slice(&jpeg[last..eoi]);
     }
     out.extend_from_slice(&[0xFF, 0xD9]);
-    out
-}
-
-/// Inserts an EXIF APP1 segment with `orientation` right after the SOI marker.
-fn with_exif(jpeg: &[u8], orientation: u16) -> Vec<u8> {
-    let mut tiff = b"II".to_vec();
-    tiff.extend_from_slice(&42u16.to_le_bytes());
-    tiff.extend_from_slice(&8u32.to_le_bytes());
-    tiff.extend_from_slice(&1u16.to_le_bytes());
-    tiff.extend_from_slice(&0x0112u16.to_le_bytes());
-    tiff.extend_from_slice(&3u16.to_le_bytes());
-    tiff.extend_from_slice(&1u32.to_le_bytes());
-    tiff.extend_from_slice(&orientation.to_le_bytes());
-    tiff.extend_from_slice(&[0, 0, 0, 0, 0, 0]);
-    let mut seg = b"Exif\0\0".to_vec();
-    seg.extend_from_slice(&tiff);
-    let mut out = jpeg[..2].to_vec();
-    out.extend_from_slice(&[0xFF, 0xE1]);
-    out.extend_from_slice(&((seg.len() + 2) as u16).to_be_bytes());
-    out.extend_from_slice(&seg);
-    out.extend_from_slice(&jpeg[2..]);
     out
 }
 

@@ -19,9 +19,21 @@ pub fn photo_sized(name: &str, w: usize, h: usize) -> Vec<u8> {
 
 /// Encodes RGB8 as a baseline 4:2:0 JPEG.
 pub fn jpeg(px: &[u8], w: usize, h: usize, quality: i32) -> Vec<u8> {
+    encode_jpeg(px, w, h, quality, false)
+}
+
+/// A small progressive (SOF2) 4:2:0 JPEG at quality 90.
+pub fn progressive_jpeg(px: &[u8], w: usize, h: usize) -> Vec<u8> {
+    encode_jpeg(px, w, h, 90, true)
+}
+
+fn encode_jpeg(px: &[u8], w: usize, h: usize, quality: i32, progressive: bool) -> Vec<u8> {
     let mut c = turbojpeg::Compressor::new().unwrap();
     c.set_quality(quality).unwrap();
     c.set_subsamp(turbojpeg::Subsamp::Sub2x2).unwrap();
+    if progressive {
+        c.set_progressive(true).unwrap();
+    }
     c.compress_to_vec(turbojpeg::Image {
         pixels: px,
         width: w,
@@ -30,6 +42,27 @@ pub fn jpeg(px: &[u8], w: usize, h: usize, quality: i32) -> Vec<u8> {
         format: turbojpeg::PixelFormat::RGB,
     })
     .unwrap()
+}
+
+/// Inserts an EXIF APP1 segment with `orientation` right after the SOI marker.
+pub fn with_exif(jpeg: &[u8], orientation: u16) -> Vec<u8> {
+    let mut tiff = b"II".to_vec();
+    tiff.extend_from_slice(&42u16.to_le_bytes());
+    tiff.extend_from_slice(&8u32.to_le_bytes());
+    tiff.extend_from_slice(&1u16.to_le_bytes());
+    tiff.extend_from_slice(&0x0112u16.to_le_bytes());
+    tiff.extend_from_slice(&3u16.to_le_bytes());
+    tiff.extend_from_slice(&1u32.to_le_bytes());
+    tiff.extend_from_slice(&orientation.to_le_bytes());
+    tiff.extend_from_slice(&[0, 0, 0, 0, 0, 0]);
+    let mut seg = b"Exif\0\0".to_vec();
+    seg.extend_from_slice(&tiff);
+    let mut out = jpeg[..2].to_vec();
+    out.extend_from_slice(&[0xFF, 0xE1]);
+    out.extend_from_slice(&((seg.len() + 2) as u16).to_be_bytes());
+    out.extend_from_slice(&seg);
+    out.extend_from_slice(&jpeg[2..]);
+    out
 }
 
 /// libjpeg-turbo's own full decode (through the `turbojpeg` crate's safe API).
