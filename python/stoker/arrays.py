@@ -13,29 +13,25 @@ from .loader import arguments_json, want_torch
 
 
 def _column(a: Any) -> Any:
-    """A `.npy` path (memory-mapped by stoker) or a native column tuple for a NumPy array."""
-    import numpy as np
-
+    """A `.npy` path (memory-mapped by stoker) or an object exporting its memory through the
+    buffer protocol (NumPy arrays, ``bytes``, ``bytearray``, ...), which stoker reads in place
+    and checks itself (C-contiguous, a supported element type, at least one dimension)."""
     if isinstance(a, (str, os.PathLike)):
         path = os.fspath(a)
         if not path.endswith(".npy"):
             raise ConfigError(f"invalid argument `arrays`: {path!r} is not a .npy file")
         return path
-    if not isinstance(a, np.ndarray):
-        try:
-            a = np.asarray(a)  # torch tensors on the CPU, lists, ...
-        except Exception:
-            raise ConfigError(f"invalid argument `arrays`: cannot use {type(a).__name__} as an array") from None
-    if a.ndim == 0:
-        raise ConfigError("invalid argument `arrays`: a 0-d array has no rows")
-    if not a.flags["C_CONTIGUOUS"]:
-        raise ConfigError("invalid argument `arrays`: arrays must be C-contiguous (use np.ascontiguousarray)")
-    descr = a.dtype.str
-    if descr[0] == "=":
-        descr = "<" + descr[1:]
-    row_shape = list(a.shape[1:])
-    row_bytes = int(a.itemsize * int(np.prod(row_shape, dtype=np.int64)))
-    return (int(a.ctypes.data), int(a.shape[0]), row_bytes, descr, row_shape, a)
+    try:
+        memoryview(a).release()
+        return a
+    except TypeError:
+        pass
+    import numpy as np
+
+    try:
+        return np.asarray(a)  # torch tensors on the CPU, lists, ...
+    except Exception:
+        raise ConfigError(f"invalid argument `arrays`: cannot use {type(a).__name__} as an array") from None
 
 
 class ArrayLoader(LoaderBase):

@@ -85,6 +85,65 @@ def test_array_zero_copy_and_errors(arrays, tmp_path):
         stoker.ArrayLoader(tmp_path / "t.npy")
 
 
+def _rows(loader):
+    return np.concatenate([b[0].copy() for b in loader])
+
+
+def test_arrays_come_through_the_buffer_protocol_never_as_addresses(tmp_path):
+    import array
+
+    from stoker import _stoker
+
+    x = np.arange(24, dtype=np.float32).reshape(12, 2)
+    args = json.dumps({"batch_size": 4})
+    # The native class reads memory only from an export it holds: a tuple with an address
+    # (what the Python layer used to pass) is refused.
+    with pytest.raises(stoker.ConfigError, match=r"arrays\[0\].*tuple"):
+        _stoker.ArrayLoader([(x.ctypes.data, 12, 8, "<f4", [2], x)], args)
+    # Anything that exports a C-contiguous buffer is read in place, with its element type.
+    cases = [
+        (bytes(range(12)), np.arange(12, dtype=np.uint8)),
+        (bytearray(range(12)), np.arange(12, dtype=np.uint8)),
+        (array.array("d", range(12)), np.arange(12, dtype=np.float64)),
+        (memoryview(x), x),
+        (np.arange(12, dtype=np.int16) > 5, np.arange(12) > 5),
+    ]
+    for obj, want in cases:
+        got = _rows(stoker.ArrayLoader(obj, batch_size=5, output="numpy"))
+        assert got.dtype == want.dtype and np.array_equal(got, want), type(obj)
+    np.save(tmp_path / "x.npy", x)
+    ro = np.load(tmp_path / "x.npy", mmap_mode="r")
+    assert not ro.flags["WRITEABLE"]
+    assert np.array_equal(_rows(stoker.ArrayLoader(ro, batch_size=5, output="numpy")), x)
+    with pytest.raises(stoker.ConfigError, match=r"arrays\[1\].*unsupported dtype"):
+        stoker.ArrayLoader(x, x.astype(">f4"))
+    with pytest.raises(stoker.ConfigError, match="C-contiguous.*ascontiguousarray"):
+        stoker.ArrayLoader(x[::2])
+    with pytest.raises(stoker.ConfigError, match="0-d"):
+        stoker.ArrayLoader(np.float32(1.0))
+
+
+def test_the_loader_holds_the_export_so_the_memory_cannot_move():
+    buf = bytearray(range(10))
+    loader = stoker.ArrayLoader(buf, batch_size=4, output="numpy")
+    with pytest.raises(BufferError):
+        buf.extend(b"more")  # would reallocate the memory the loader reads
+    assert _rows(loader).tolist() == list(range(10))
+    del loader
+    buf.extend(b"more")  # released with the loader
+
+
+@pytest.mark.parametrize("shape", ["(3, 6148914691236517206)", "(6148914691236517206, 3)",
+                                   "(2, 4611686018427387904)", "(18446744073709551615,)"])
+def test_npy_shapes_whose_size_overflows_are_errors(tmp_path, shape):
+    header = "{'descr': '<f4', 'fortran_order': False, 'shape': %s, }" % shape
+    header += " " * (-(len(header) + 11) % 64) + "\n"
+    data = b"\x93NUMPY\x01\x00" + len(header).to_bytes(2, "little") + header.encode() + bytes(64)
+    (tmp_path / "big.npy").write_bytes(data)
+    with pytest.raises(stoker.DecodeError, match="big.npy.*(too large|truncated)"):
+        stoker.ArrayLoader(tmp_path / "big.npy")
+
+
 @pytest.fixture(scope="module")
 def shards(demo, tmp_path_factory):
     out = tmp_path_factory.mktemp("shards")

@@ -32,9 +32,9 @@ fn dl_type(descr: &str) -> Option<DLDataType> {
     Some(DLDataType::new(code, bits))
 }
 
-/// A loader over equally long arrays. Each column is a `.npy` path (memory-mapped) or a tuple
-/// `(address, rows, row_bytes, descr, row_shape, owner)` describing a C-contiguous NumPy array
-/// that `owner` keeps alive.
+/// A loader over equally long arrays. Each column is a `.npy` path (memory-mapped) or an object
+/// exporting a C-contiguous buffer (a NumPy array, `bytes`, `bytearray`, ...), read in place
+/// through the buffer protocol while the loader holds the export.
 #[pyclass(frozen, name = "ArrayLoader", module = "stoker._stoker")]
 pub struct PyArrayLoader {
     loader: ArrayLoader,
@@ -44,8 +44,6 @@ pub struct PyArrayLoader {
     device_report: stoker::telemetry::DeviceReport,
     sampler: stoker::SamplerSpec,
 }
-
-type RawColumn = (usize, usize, usize, String, Vec<usize>, Py<PyAny>);
 
 impl PyArrayLoader {
     fn open(
@@ -59,28 +57,19 @@ impl PyArrayLoader {
         let (placement, report) = py.detach(|| stoker_cuda::place(device, ordinal)).py_err()?;
         let mut cols = vec![];
         let mut specs = vec![];
-        for c in columns {
+        for (k, c) in columns.into_iter().enumerate() {
             if let Ok(path) = c.extract::<PathBuf>() {
                 let (col, h) = py.detach(|| Column::from_npy(&path)).py_err()?;
                 specs.push(ColumnSpec { descr: h.descr, row_shape: h.shape[1..].to_vec() });
                 cols.push(col);
             } else {
-                let (addr, rows, row_bytes, descr, row_shape, owner): RawColumn = c.extract()?;
-                let item = descr_itemsize(&descr).ok_or_else(|| {
-                    errors::config(
-                        "arrays",
-                        format!("unsupported dtype {descr:?} (little-endian bool/int/uint/float only)"),
-                    )
-                })?;
-                if row_shape.iter().product::<usize>() * item != row_bytes {
-                    return Err(errors::config("arrays", "row size does not match dtype and shape"));
-                }
-                let owner: Arc<dyn Send + Sync> = Arc::new(owner);
-                // SAFETY: the Python side passes the data address of a C-contiguous array of
-                // `rows * row_bytes` bytes and the array itself as `owner`, which keeps it alive;
-                // the loader only reads it.
-                let col = unsafe { Column::from_raw(addr as *const u8, rows, row_bytes, owner) };
-                specs.push(ColumnSpec { descr, row_shape });
+                let (held, ptr, layout) = crate::buffer::hold(&c, k)?;
+                let owner: Arc<dyn Send + Sync> = Arc::new(held);
+                // SAFETY: `ptr` is the first byte of a held C-contiguous export of
+                // `rows * row_bytes` bytes (checked by `hold`); `owner` holds the export, so
+                // the memory stays valid and in place while the column lives.
+                let col = unsafe { Column::from_raw(ptr, layout.rows, layout.row_bytes, owner) };
+                specs.push(ColumnSpec { descr: layout.descr, row_shape: layout.row_shape });
                 cols.push(col);
             }
         }

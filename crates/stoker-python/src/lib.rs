@@ -13,8 +13,10 @@
 //! | `device.rs` | `device=` placement, pinned pool + transfer stage, CUDA DLPack export |
 //! | `loader.rs` | `Loader`, `Iterator`, `Batch`, `Tensor` classes |
 //! | `arrays.rs` | `ArrayLoader` and its iterator, batch and tensor classes |
+//! | `buffer.rs` | array memory from Python through the buffer protocol |
 
 mod arrays;
+mod buffer;
 mod device;
 mod dlpack;
 mod errors;

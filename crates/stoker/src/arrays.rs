@@ -88,6 +88,45 @@ pub fn parse_npy_header(b: &[u8], path: &Path) -> Result<NpyHeader> {
     Ok(NpyHeader { descr, shape, data_offset: start + hlen })
 }
 
+/// The most header bytes read before parsing (version 2/3 headers may be longer than version
+/// 1's 64 KiB; NumPy itself writes far less).
+pub const NPY_HEADER_MAX: usize = 65536 + 12;
+
+/// Where the rows of a `.npy` file lie, checked against the file's length.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NpyLayout {
+    /// The parsed header.
+    pub header: NpyHeader,
+    /// Rows (the first dimension).
+    pub rows: usize,
+    /// Bytes per row.
+    pub row_bytes: usize,
+}
+
+/// Bytes of one row of `row_shape` elements of `itemsize` bytes; `None` when that overflows.
+pub fn row_bytes_of(itemsize: usize, row_shape: &[usize]) -> Option<usize> {
+    row_shape.iter().try_fold(itemsize, |acc, &d| acc.checked_mul(d))
+}
+
+/// Parses the header at the start of a `.npy` file of `file_len` bytes (`head`: its first
+/// bytes) and checks that every row the header promises lies inside the file. All arithmetic
+/// on the header's numbers is checked: a shape whose size overflows is an error, never a
+/// wrapped length.
+pub fn npy_layout(head: &[u8], file_len: usize, path: &Path) -> Result<NpyLayout> {
+    let header = parse_npy_header(head, path)?;
+    let item = descr_itemsize(&header.descr).ok_or_else(|| {
+        Error::decode(path, format!("unsupported dtype {:?} (little-endian bool/int/uint/float only)", header.descr))
+    })?;
+    let too_big = || Error::decode(path, format!("invalid .npy file: shape {:?} is too large", header.shape));
+    let rows = header.shape[0];
+    let row_bytes = row_bytes_of(item, &header.shape[1..]).ok_or_else(too_big)?;
+    let need = rows.checked_mul(row_bytes).and_then(|d| d.checked_add(header.data_offset)).ok_or_else(too_big)?;
+    if file_len < need {
+        return Err(Error::decode(path, format!("truncated .npy: {file_len} bytes, the header promises {need}")));
+    }
+    Ok(NpyLayout { header, rows, row_bytes })
+}
+
 /// Bytes per element of a NumPy type string (`<f4` → 4), for the types stoker exports.
 pub fn descr_itemsize(descr: &str) -> Option<usize> {
     let (order, kind) = (descr.chars().next()?, descr.get(1..)?);
@@ -125,18 +164,14 @@ impl Column {
     pub fn from_npy(path: &Path) -> Result<(Self, NpyHeader)> {
         use std::os::unix::io::AsRawFd;
         let f = std::fs::File::open(path).map_err(|e| Error::io(path, &e))?;
-        let len = f.metadata().map_err(|e| Error::io(path, &e))?.len() as usize;
-        let mut head = vec![0u8; len.min(65536 + 12)];
-        std::io::Read::read_exact(&mut &f, &mut head).map_err(|e| Error::io(path, &e))?;
-        let h = parse_npy_header(&head, path)?;
-        let item = descr_itemsize(&h.descr).ok_or_else(|| {
-            Error::decode(path, format!("unsupported dtype {:?} (little-endian bool/int/uint/float only)", h.descr))
-        })?;
-        let row_bytes = h.shape[1..].iter().product::<usize>() * item;
-        let need = h.data_offset + h.shape[0] * row_bytes;
-        if len < need {
-            return Err(Error::decode(path, format!("truncated .npy: {len} bytes, the header promises {need}")));
+        let meta = f.metadata().map_err(|e| Error::io(path, &e))?;
+        if !meta.is_file() {
+            return Err(Error::decode(path, "not a regular file"));
         }
+        let len = usize::try_from(meta.len()).map_err(|_| Error::decode(path, "file too large to map"))?;
+        let mut head = vec![0u8; len.min(NPY_HEADER_MAX)];
+        std::io::Read::read_exact(&mut &f, &mut head).map_err(|e| Error::io(path, &e))?;
+        let NpyLayout { header: h, rows, row_bytes } = npy_layout(&head, len, path)?;
         // SAFETY: mapping a regular file we opened, read-only and private; the result is
         // checked against MAP_FAILED.
         let ptr = unsafe {
@@ -148,7 +183,7 @@ impl Column {
         let map = Arc::new(Mmap { ptr, len: len.max(1) });
         // SAFETY: data_offset + rows * row_bytes <= len (checked above), inside the mapping.
         let base = unsafe { (ptr as *const u8).add(h.data_offset) };
-        Ok((Column { ptr: base, rows: h.shape[0], row_bytes, _owner: map }, h))
+        Ok((Column { ptr: base, rows, row_bytes, _owner: map }, h))
     }
 
     /// A column over memory owned by someone else.
