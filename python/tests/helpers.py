@@ -1,8 +1,58 @@
 """Small helpers shared by the tests."""
 
 import os
+import resource
+import subprocess
+import tempfile
+import time
+
+import pytest
+
+#: Address space a bounded child may map: an allocation sized from a hostile header fails in
+#: the child (a clear error or an abort the test sees) instead of exhausting the machine.
+ADDRESS_SPACE = 4 << 30
+#: Peak resident memory a bounded child may reach. The reliability cases load ~100 small images
+#: with batches of 8-16 (well under 50 MiB of buffers); an interpreter with NumPy and stoker
+#: uses ~100 MiB, one with torch ~400 MiB. A hostile size that got past a limit (a 10^10-pixel
+#: image, a terabyte file read whole) would be far above it.
+PEAK_RSS = 768 << 20
 
 
 def thread_count() -> int:
     """Threads of this process (Linux)."""
     return len(os.listdir("/proc/self/task"))
+
+
+def _limit_address_space(limit: int) -> None:
+    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+
+
+def run_bounded(args: list[str], timeout: float, *, env: dict[str, str] | None = None,
+                address_space: int = ADDRESS_SPACE, peak_rss: int = PEAK_RSS,
+                hang: str = "hung") -> subprocess.CompletedProcess[str]:
+    """Runs `args` with an address-space limit and a timeout, and fails the test if it hangs
+    (message `hang`) or if its own peak RSS (from `wait4`, this child only) passes `peak_rss`.
+    The exit status is returned for the caller to check."""
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        p = subprocess.Popen(args, stdout=out, stderr=err, env=env,
+                             preexec_fn=lambda: _limit_address_space(address_space))
+        deadline = time.monotonic() + timeout
+        while True:
+            pid, status, usage = os.wait4(p.pid, os.WNOHANG)
+            if pid:
+                break
+            if time.monotonic() > deadline:
+                p.kill()
+                os.wait4(p.pid, 0)
+                p.returncode = -9
+                err.seek(0)
+                pytest.fail(f"{hang} for {timeout} s: {args}\nstderr: {err.read().decode(errors='replace')[-4000:]}")
+            time.sleep(0.02)
+        p.returncode = os.waitstatus_to_exitcode(status)
+        out.seek(0)
+        err.seek(0)
+        r = subprocess.CompletedProcess(args, p.returncode, out.read().decode(errors="replace"),
+                                        err.read().decode(errors="replace"))
+    peak = usage.ru_maxrss * 1024
+    assert peak < peak_rss, f"peak RSS {peak >> 20} MiB >= {peak_rss >> 20} MiB: {args}\n{r.stderr[-2000:]}"
+    return r

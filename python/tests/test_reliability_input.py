@@ -1,13 +1,13 @@
 """Bad input is a skipped sample, never an abort, a hang or a wrong index: decompression bombs,
 FIFOs, devices, sockets, a 1 TiB sparse file, symlink loops and files that change mid-epoch,
 through the CLI (``python -m stoker.cli bench --json``, also ``--decode-only``) and the Python
-package. Each run is a subprocess with a timeout and a 4 GiB address-space limit, so an abort
-(SIGABRT on a failed allocation) or a hang fails the test instead of killing pytest."""
+package. Each run is a subprocess with a timeout, a 4 GiB address-space limit and a bound on
+its peak RSS, so an abort (SIGABRT on a failed allocation), a hang or an allocation sized from
+a hostile header fails the test instead of killing pytest."""
 
 import io
 import json
 import os
-import resource
 import shutil
 import socket
 import struct
@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import run_bounded
 
 ADDRESS_SPACE = 4 << 30
 TIMEOUT = 120
@@ -26,15 +27,8 @@ MAX_FILE_BYTES = 256 << 20
 DEMO_IMAGES = 96
 
 
-def _limits() -> None:
-    resource.setrlimit(resource.RLIMIT_AS, (ADDRESS_SPACE, ADDRESS_SPACE))
-
-
 def run(args: list[str], timeout: int = TIMEOUT) -> subprocess.CompletedProcess[str]:
-    try:
-        return subprocess.run(args, capture_output=True, text=True, timeout=timeout, preexec_fn=_limits)
-    except subprocess.TimeoutExpired as e:
-        pytest.fail(f"hung for {timeout} s: {args}\nstderr: {e.stderr!r}")
+    return run_bounded(args, timeout, address_space=ADDRESS_SPACE)
 
 
 def bench(root: Path, *flags: str) -> dict[str, Any]:

@@ -6,20 +6,20 @@ blocking the suite."""
 
 import json
 import os
-import subprocess
 import sys
 import textwrap
 
 import numpy as np
 import pytest
 import stoker
+from helpers import run_bounded
 
 
 def _child(code, *args, timeout=120):
-    """Runs `code` in a fresh interpreter (with an address-space limit); returns the result."""
-    script = "import resource\nresource.setrlimit(resource.RLIMIT_AS, (8 << 30, 8 << 30))\n" + textwrap.dedent(code)
-    return subprocess.run([sys.executable, "-c", script, *map(str, args)], capture_output=True, text=True,
-                          timeout=timeout)
+    """Runs `code` in a fresh interpreter, with an address-space limit and a bound on its peak
+    RSS (`helpers.run_bounded`); returns the result."""
+    return run_bounded([sys.executable, "-c", textwrap.dedent(code), *map(str, args)], timeout,
+                       address_space=8 << 30)
 
 
 def _loader(root, **kw):

@@ -18,11 +18,11 @@ from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 import stoker
+from helpers import run_bounded
 
 
 def cli(*args, timeout=600):
-    return subprocess.run([sys.executable, "-m", "stoker.cli", *map(str, args)], capture_output=True, text=True,
-                          timeout=timeout)
+    return run_bounded([sys.executable, "-m", "stoker.cli", *map(str, args)], timeout)
 
 
 def images(demo):
@@ -181,13 +181,10 @@ def silent_server():
     return srv.getsockname()[1], held, close
 
 
-def run_bounded(code, timeout):
+def run_python(code, timeout):
     env = dict(os.environ, STOKER_OBJECT_TIMEOUT="2")
-    try:
-        r = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=env, capture_output=True, text=True,
-                           timeout=timeout)
-    except subprocess.TimeoutExpired:
-        pytest.fail(f"no error within {timeout} s: a stalled object store hangs the loader")
+    r = run_bounded([sys.executable, "-c", textwrap.dedent(code)], timeout, env=env,
+                    hang="no error: a stalled object store hangs the loader")
     assert r.returncode == 0, r.stdout + r.stderr
     return json.loads(r.stdout.strip().splitlines()[-1])
 
@@ -195,7 +192,7 @@ def run_bounded(code, timeout):
 def test_a_stalled_object_store_is_a_clear_error_within_a_bound():
     port, held, close = silent_server()
     try:
-        out = run_bounded(f"""
+        out = run_python(f"""
             import json, time, stoker
             t = time.monotonic()
             try:
@@ -241,7 +238,7 @@ def test_stalled_sample_reads_end_in_bounded_time_and_drop_does_not_wait(demo, t
     threading.Thread(target=server.serve_forever, daemon=True).start()
     url = f"http://127.0.0.1:{server.server_address[1]}/shard-000000.tar"
     try:
-        out = run_bounded(f"""
+        out = run_python(f"""
             import json, time, stoker
             loader = stoker.ImageLoader("{url}", 2, preset="imagenet-val", output="numpy", io_threads=4)
             out = {{"samples": loader.num_samples}}
