@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Shards vs ImageFolder, and `--max-side 512` shards vs originals, with `stoker bench`.
 
-Packs the benchmark ImageFolder (``bench-data/imagenet-like``, made by ``compare_torchvision.py``
-or ``stoker demo --out ... --images 2560 --no-bench``) into shards twice (as is, and with
+Packs the benchmark ImageFolder (``bench-data/imagenet-like-v2``, made by
+``benches/make_imagenet_like.py``, ImageNet's sizes and bytes per pixel) into shards twice (as is, and with
 ``--max-side 512``), then runs ``stoker bench --json --no-digest`` on the three sources
 interleaved, ``--repeats`` rounds, and prints medians and paired ratios.
 
@@ -24,14 +24,17 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--data", type=Path, default=ROOT / "bench-data" / "imagenet-like")
+    ap.add_argument("--data", type=Path, default=ROOT / "bench-data" / "imagenet-like-v2")
     ap.add_argument("--preset", default="imagenet-train")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--stoker", type=Path, default=ROOT / "target" / "release" / "stoker")
     ap.add_argument("--out", type=Path, default=ROOT / "bench-shards.json")
     args = ap.parse_args()
-    shards = args.data.parent / "shards"
-    small = args.data.parent / "shards-max512"
+    if not args.data.exists():
+        subprocess.run([sys.executable, str(ROOT / "benches" / "make_imagenet_like.py"), "--out", str(args.data),
+                        "--check"], check=True)
+    shards = args.data.parent / f"{args.data.name}-shards"
+    small = args.data.parent / f"{args.data.name}-shards-max512"
     for dst, extra in ((shards, []), (small, ["--max-side", "512"])):
         if not dst.exists():
             subprocess.run([str(args.stoker), "pack", str(args.data), str(dst), *extra], check=True)

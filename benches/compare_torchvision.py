@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Side-by-side benchmark: `stoker bench` vs torchvision's ImageFolder + DataLoader.
 
-Both load the same generated ImageFolder (ImageNet-like JPEGs) with the same preset, one epoch
+Both load the same generated ImageFolder (JPEGs with ImageNet's sizes and bytes per pixel,
+made by ``benches/make_imagenet_like.py``) with the same preset, one epoch
 each, interleaved A B A B ... so machine noise hits both alike; medians are reported, with
 ratios. Measured per run:
 
@@ -21,7 +22,7 @@ Also measured: a pure single-thread full-size libjpeg-turbo decode of the same f
 over ``stoker.ImageLoader(..., output="torch")`` (the installed package), compared with both the
 CLI (the cost of the Python API) and the DataLoader.
 
-Usage: python3 benches/compare_torchvision.py [--images 2560] [--repeats 3] [--preset imagenet-train] [--python]
+Usage: python3 benches/compare_torchvision.py [--images 2000] [--repeats 3] [--preset imagenet-train] [--python]
 Writes JSON to --out (default bench-results.json) and prints a Markdown table.
 """
 
@@ -149,8 +150,9 @@ def stoker_python_runner(args):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--data", type=Path, default=ROOT / "bench-data" / "imagenet-like")
-    ap.add_argument("--images", type=int, default=2560, help="images to generate if --data does not exist")
+    ap.add_argument("--data", type=Path, default=ROOT / "bench-data" / "imagenet-like-v2")
+    ap.add_argument("--images", type=int, default=2000,
+                    help="images to generate (benches/make_imagenet_like.py) if --data does not exist")
     ap.add_argument("--preset", default="imagenet-train", choices=["imagenet-train", "imagenet-val"])
     ap.add_argument("--batch-size", type=int, default=256)
     ap.add_argument("--workers", type=int, default=os.cpu_count(), help="DataLoader num_workers (default: cores)")
@@ -167,8 +169,8 @@ def main():
         return stoker_python_runner(args)
 
     if not args.data.exists():
-        subprocess.run([str(args.stoker), "demo", "--out", str(args.data), "--images", str(args.images),
-                        "--no-bench"], check=True)
+        subprocess.run([sys.executable, str(ROOT / "benches" / "make_imagenet_like.py"), "--out", str(args.data),
+                        "--images", str(args.images), "--check"], check=True)
     files = sum(1 for _ in args.data.rglob("*.jpg"))
     stoker_cmd = [str(args.stoker), "bench", str(args.data), "--preset", args.preset, "--batch-size",
                   str(args.batch_size), "--json", "--no-digest"]
