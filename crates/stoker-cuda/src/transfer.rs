@@ -21,6 +21,13 @@
 //! holding every device slot gets an error instead of a hang, shutting a run down returns every
 //! undelivered slot to the device pool, and a run replaced by a newer [`DeviceStage::run`] is
 //! stale (its iterator says so).
+//!
+//! Regions named by [`DeviceStage::with_detached`] (an image loader's labels) are copied into
+//! small buffers of their own instead of the slot, handed out as [`DeviceRegion`]s: a consumer
+//! that keeps the labels of every batch (metrics, logging) does not keep the batch's images
+//! buffer, so the slot goes back to the pool when the images are dropped. Those small buffers
+//! follow the same release rule (written again only after their consumer streams passed the
+//! release point) and are allocated on demand, so keeping them costs only their few bytes.
 
 use crate::driver::{DeviceMem, Event, Gpu, Stream};
 use crossbeam_channel::{bounded, Receiver, RecvTimeoutError, Sender};
@@ -189,10 +196,10 @@ impl Release {
         }
     }
 
-    /// Whether every release point has passed (never waits; a full-device sync is pending
-    /// until [`Release::wait`] does it).
-    fn passed(&self) -> bool {
-        !self.full_sync && self.events[..self.pending].iter().all(|e| e.is_done().unwrap_or(false))
+    /// Whether every release event has passed (never waits; a pending full-device sync is
+    /// left to [`Release::wait`]).
+    fn events_passed(&self) -> bool {
+        self.events[..self.pending].iter().all(|e| e.is_done().unwrap_or(false))
     }
 
     /// Waits (polling, so `cancel` is honoured) until every release point has passed.
@@ -242,6 +249,21 @@ struct DeviceSlot {
     meta: Option<Box<dyn Any + Send + Sync>>,
     /// Bytes copied per region.
     lens: Vec<usize>,
+    /// The detached regions of the batch in this slot: `(region, buffer)`.
+    side: Vec<(usize, SideBuf)>,
+}
+
+/// A small buffer a detached region is copied into (see [`DeviceStage::with_detached`]).
+struct SideBuf {
+    mem: DeviceMem,
+    release: Release,
+}
+
+impl Drop for SideBuf {
+    fn drop(&mut self) {
+        // Never free memory that queued consumer work may still read.
+        self.release.wait_all();
+    }
 }
 
 impl Drop for DeviceSlot {
@@ -259,6 +281,87 @@ struct Pool {
     capacities: Vec<usize>,
     /// Batches the consumer has received and not yet dropped.
     held: AtomicUsize,
+    /// Free buffers for detached regions.
+    side: Arc<SideList>,
+}
+
+/// Free buffers for detached regions, by region. Shared with the live [`DeviceRegion`]s
+/// apart from the pool, so that kept labels never keep the pool's slots alive.
+#[derive(Default)]
+struct SideList(Mutex<Vec<(usize, SideBuf)>>);
+
+impl SideList {
+    fn put(&self, region: usize, buf: SideBuf) {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).push((region, buf));
+    }
+}
+
+/// One region of a batch in a device buffer of its own (an image batch's labels): it keeps
+/// only that small buffer alive, not the batch's slot. Same stream rules as [`DeviceBatch`].
+pub struct DeviceRegion {
+    buf: Option<SideBuf>,
+    region: usize,
+    len: usize,
+    views: Views,
+    side: Arc<SideList>,
+    gpu: Arc<Gpu>,
+}
+
+impl std::fmt::Debug for DeviceRegion {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DeviceRegion").field("region", &self.region).field("len", &self.len).finish()
+    }
+}
+
+impl DeviceRegion {
+    fn mem(&self) -> &DeviceMem {
+        &self.buf.as_ref().expect("live region has a buffer").mem
+    }
+
+    /// Device address of the bytes.
+    pub fn ptr(&self) -> u64 {
+        self.mem().ptr()
+    }
+
+    /// Bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the region holds no bytes.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// CUDA ordinal of the device holding it.
+    pub fn ordinal(&self) -> u32 {
+        self.gpu.ordinal()
+    }
+
+    /// As [`DeviceBatch::sync_stream`].
+    pub fn sync_stream(&self, stream: Option<usize>) -> Result<()> {
+        self.views.sync_stream(stream)
+    }
+
+    /// Blocks the calling thread until the copy has completed.
+    pub fn synchronize(&self) -> Result<()> {
+        self.views.ready.synchronize()
+    }
+
+    /// Reads the bytes back (waits for the copy first): for checks, never on a training path.
+    pub fn read(&self, out: &mut Vec<u8>) -> Result<()> {
+        self.synchronize()?;
+        out.resize(self.len, 0);
+        self.mem().read_into(out)
+    }
+}
+
+impl Drop for DeviceRegion {
+    fn drop(&mut self) {
+        let Some(mut buf) = self.buf.take() else { return };
+        buf.release.record(self.views.take());
+        self.side.put(self.region, buf);
+    }
 }
 
 /// A batch in device memory. Its bytes are valid on a stream only after
@@ -268,6 +371,8 @@ pub struct DeviceBatch<M> {
     slot: Option<DeviceSlot>,
     lens: Vec<usize>,
     meta: M,
+    /// Regions copied into buffers of their own, by region index.
+    detached: Vec<Option<Arc<DeviceRegion>>>,
     pool: Arc<Pool>,
     views: Views,
     gpu: Arc<Gpu>,
@@ -296,7 +401,16 @@ impl<M> DeviceBatch<M> {
 
     /// Device address of region `i` (images = 0, labels = 1; or array columns in order).
     pub fn region_ptr(&self, i: usize) -> u64 {
-        self.slot().regions[i].ptr()
+        match self.detached.get(i) {
+            Some(Some(r)) => r.ptr(),
+            _ => self.slot().regions[i].ptr(),
+        }
+    }
+
+    /// Region `i` when it lives in a buffer of its own ([`DeviceStage::with_detached`]): a
+    /// view of it that keeps only that buffer alive, not this batch's slot.
+    pub fn detached(&self, i: usize) -> Option<&Arc<DeviceRegion>> {
+        self.detached.get(i).and_then(|r| r.as_ref())
     }
 
     /// Bytes of region `i` in this batch.
@@ -325,6 +439,9 @@ impl<M> DeviceBatch<M> {
     /// Reads region `i` back from the GPU into `out` (waits for the copy first): for checks and
     /// digests, never on a training path.
     pub fn read_region(&self, i: usize, out: &mut Vec<u8>) -> Result<()> {
+        if let Some(r) = self.detached(i) {
+            return r.read(out);
+        }
         self.synchronize()?;
         out.resize(self.lens[i], 0);
         self.slot().regions[i].read_into(out)
@@ -346,6 +463,8 @@ pub struct DeviceStage {
     stream: Arc<Stream>,
     pool: Arc<Pool>,
     active: Mutex<Option<Arc<Run<DeviceSlot>>>>,
+    /// Regions copied into buffers of their own.
+    detached: Vec<usize>,
 }
 
 impl std::fmt::Debug for DeviceStage {
@@ -377,11 +496,21 @@ impl DeviceStage {
                 seq: 0,
                 meta: None,
                 lens: vec![],
+                side: vec![],
             };
             free_tx.send(slot).map_err(|_| Error::Internal("device pool channel full".into()))?;
         }
-        let pool = Arc::new(Pool { free_tx, free_rx, slots, capacities, held: AtomicUsize::new(0) });
-        Ok(DeviceStage { gpu, stream, pool, active: Mutex::new(None) })
+        let pool =
+            Arc::new(Pool { free_tx, free_rx, slots, capacities, held: AtomicUsize::new(0), side: Arc::default() });
+        Ok(DeviceStage { gpu, stream, pool, active: Mutex::new(None), detached: vec![] })
+    }
+
+    /// Copies regions `regions` (indexes into the capacities) into small buffers of their own
+    /// instead of the slot, so that a consumer keeping them does not keep the slot: an image
+    /// loader's labels (region 1). Out-of-range indexes are ignored.
+    pub fn with_detached(mut self, regions: &[usize]) -> Self {
+        self.detached = regions.iter().copied().filter(|&r| r < self.pool.capacities.len()).collect();
+        self
     }
 
     /// The device.
@@ -426,6 +555,7 @@ impl DeviceStage {
             pool: self.pool.clone(),
             cancel: run.cancel_flag(),
             telemetry: telemetry.clone(),
+            detached: self.detached.clone(),
         };
         let (me, out) = (Arc::downgrade(&run), outcome.clone());
         run.spawn("stoker-transfer".into(), move || {
@@ -465,6 +595,7 @@ struct Transfer {
     pool: Arc<Pool>,
     cancel: Arc<AtomicBool>,
     telemetry: Option<Arc<Telemetry>>,
+    detached: Vec<usize>,
 }
 
 /// A host batch whose copy may still be reading it: dropping it (on an error or an unwinding
@@ -499,6 +630,10 @@ impl Transfer {
                 Err(RecvTimeoutError::Disconnected) => return Ok(None),
             }
         };
+        // Detached buffers of an undelivered batch (a run shut down early) go back.
+        for (region, buf) in slot.side.drain(..) {
+            self.pool.side.put(region, buf);
+        }
         match slot.release.wait(&self.cancel) {
             Ok(true) => Ok(Some(slot)),
             Ok(false) => {
@@ -508,6 +643,23 @@ impl Transfer {
             Err(e) => {
                 let _ = self.pool.free_tx.send(slot);
                 Err(e)
+            }
+        }
+    }
+
+    /// A buffer for detached region `region`: a free one whose release points have passed,
+    /// else a new one. `None`: cancelled.
+    fn side_buf(&self, region: usize) -> Result<Option<SideBuf>> {
+        let found = {
+            let mut free = self.pool.side.0.lock().unwrap_or_else(|p| p.into_inner());
+            let at = free.iter().position(|(r, b)| *r == region && b.release.events_passed());
+            at.map(|i| free.swap_remove(i).1)
+        };
+        match found {
+            Some(mut buf) => Ok(buf.release.wait(&self.cancel)?.then_some(buf)),
+            None => {
+                let mem = DeviceMem::new(&self.gpu, self.pool.capacities[region])?;
+                Ok(Some(SideBuf { mem, release: Release::new(&self.gpu) }))
             }
         }
     }
@@ -542,7 +694,7 @@ impl Transfer {
             let b = host.host.as_ref().expect("host batch present until the copy completed");
             regions.clear();
             b.regions(&mut regions);
-            let enqueued = (|| -> Result<()> {
+            let enqueued = (|| -> Result<bool> {
                 if regions.len() != slot.regions.len() {
                     return Err(Error::Internal(format!(
                         "a batch of {} regions for a device slot of {}",
@@ -550,19 +702,34 @@ impl Transfer {
                         slot.regions.len()
                     )));
                 }
+                for &r in &self.detached {
+                    match self.side_buf(r)? {
+                        Some(buf) => slot.side.push((r, buf)),
+                        None => return Ok(false),
+                    }
+                }
                 slot.start.record(self.stream.raw())?;
-                for (&(src, len), dst) in regions.iter().zip(&slot.regions) {
+                for (i, (&(src, len), dst)) in regions.iter().zip(&slot.regions).enumerate() {
+                    let dst = slot.side.iter().find(|(r, _)| *r == i).map_or(dst, |(_, b)| &b.mem);
                     // SAFETY: `host` (which owns the source memory, pinned by the loader's
                     // allocator) is kept alive below until the `ready` event has completed,
                     // and `InFlight` waits for the stream if this thread leaves early.
                     unsafe { dst.copy_from_host(src, len, &self.stream)? };
                 }
-                slot.ready.record(self.stream.raw())
+                slot.ready.record(self.stream.raw())?;
+                Ok(true)
             })();
-            if let Err(e) = enqueued {
-                let _ = self.stream.synchronize();
-                let _ = self.pool.free_tx.send(slot);
-                return Err(e);
+            match enqueued {
+                Ok(true) => {}
+                Ok(false) => {
+                    let _ = self.pool.free_tx.send(slot);
+                    return Ok(());
+                }
+                Err(e) => {
+                    let _ = self.stream.synchronize();
+                    let _ = self.pool.free_tx.send(slot);
+                    return Err(e);
+                }
             }
             let (start, ready) = (slot.start.clone(), slot.ready.clone());
             slot.lens = regions.iter().map(|r| r.1).collect();
@@ -670,8 +837,29 @@ impl<M: Send + 'static> DeviceIter<M> {
         };
         self.pool.held.fetch_add(1, Ordering::AcqRel);
         let lens = std::mem::take(&mut slot.lens);
+        let mut detached: Vec<Option<Arc<DeviceRegion>>> = (0..lens.len()).map(|_| None).collect();
+        for (region, buf) in slot.side.drain(..) {
+            if let Some(d) = detached.get_mut(region) {
+                *d = Some(Arc::new(DeviceRegion {
+                    buf: Some(buf),
+                    region,
+                    len: lens[region],
+                    views: Views::new(slot.ready.clone()),
+                    side: self.pool.side.clone(),
+                    gpu: self.gpu.clone(),
+                }));
+            }
+        }
         let views = Views::new(slot.ready.clone());
-        Ok(DeviceBatch { slot: Some(slot), lens, meta, pool: self.pool.clone(), views, gpu: self.gpu.clone() })
+        Ok(DeviceBatch {
+            slot: Some(slot),
+            lens,
+            meta,
+            detached,
+            pool: self.pool.clone(),
+            views,
+            gpu: self.gpu.clone(),
+        })
     }
 }
 

@@ -231,9 +231,11 @@ impl<S: Send + 'static> Run<S> {
                     drop(guard);
                     drop(pending);
                     return match self.ended()? {
-                        Wait::Cancelled if !self.cancelled() && !self.finished.load(Ordering::Acquire) => Err(Error::Internal(
-                            "worker threads stopped before the epoch ended (please report this)".into(),
-                        )),
+                        Wait::Cancelled if !self.cancelled() && !self.finished.load(Ordering::Acquire) => {
+                            Err(Error::Internal(
+                                "worker threads stopped before the epoch ended (please report this)".into(),
+                            ))
+                        }
                         w => Ok(w),
                     };
                 }
