@@ -1,54 +1,59 @@
 #!/usr/bin/env python3
-"""GPU benchmark: a training loop fed by `stoker.ImageLoader(device="cuda")` vs torchvision's
-ImageFolder + DataLoader (pinned memory, `.cuda(non_blocking=True)`).
+"""GPU benchmark: a training loop fed by `stoker.ImageLoader(device="cuda")` vs PyTorch's
+DataLoader, plain and in its strongest hand-written form.
 
 Each batch gets the same fixed amount of GPU work (`--step-ms`, default 20 ms): it reads the whole
 batch (its mean goes into an accumulator) and runs a calibrated number of bf16 4096 x 4096 matmuls
-on the consumer's current stream. The number of matmuls is calibrated once, in a separate process,
-and the same count is given to every run. Contenders:
+on the consumer's current (compute) stream. The number of matmuls is calibrated once, in a
+separate process, and the same count is given to every run. Contenders:
 
 - stoker: `stoker.ImageLoader(root, batch_size, preset=..., shuffle=True, drop_last=True,
-  device="cuda")`: float32 batches normalised on the GPU (uint8 crosses the bus);
-- DataLoader: `ImageFolder` with the torchvision transforms of the same preset (imagenet-train:
-  RandomResizedCrop(224), RandomHorizontalFlip, ToTensor, Normalize), `DataLoader(num_workers=
-  --workers, pin_memory=True, persistent_workers=False, shuffle=True, drop_last=True)`, both tensors
-  moved with `.cuda(non_blocking=True)`.
+  device="cuda")`: uint8 crosses the bus, float32 is made on the GPU;
+- dataloader (the plain recipe): `ImageFolder` with the torchvision transforms of the same preset
+  (imagenet-train: RandomResizedCrop(224), RandomHorizontalFlip, ToTensor, Normalize),
+  `DataLoader(num_workers=--workers, pin_memory=True, persistent_workers=True, shuffle=True,
+  drop_last=True)`, float32 moved with `.cuda(non_blocking=True)` on the compute stream;
+- dataloader-uint8 (the strongest hand-written PyTorch pipeline): the same geometry ending in
+  `PILToTensor` (uint8 crosses the bus: 4x fewer bytes), `pin_memory=True`, persistent workers;
+  batch k+1 is copied (`non_blocking=True`) and normalised on a side stream while step k runs,
+  and the compute stream waits on the side stream's event (`record_stream` keeps the allocator
+  honest).
 
-Every run is a fresh subprocess (this script re-invoked with `--run stoker|dataloader`, printing
-one JSON line); contenders alternate A B A B ... for `--repeats` rounds so machine noise hits both
-alike, and medians are reported with stoker / DataLoader ratios. The files are read once before
-the first run (when they fit in half the available RAM) so both start with a warm page cache.
+Every run is a fresh subprocess (this script re-invoked with `--run NAME`, printing one JSON
+line); contenders alternate for `--repeats` rounds so machine noise hits all alike, and medians
+are reported with ratios to stoker. The files are read once before the first run (when they fit
+in half the available RAM) so all start with a warm page cache.
 
-Measured per run:
+Timing modes (`--timing`):
 
-- images/s over the loop, after `--warmup` batches (not measured);
-- GPU-wait fraction: the loop synchronises the GPU after each step, so a step's time is its real
-  GPU time and the GPU is idle while the loop waits for data. Waiting for data is the time in
-  `next()` (for the DataLoader including the `.cuda()` calls) plus a synchronisation of the
-  consumer's stream that finishes any copy still outstanding (stoker makes the stream wait on its
-  copy event; the DataLoader's copy runs on the stream itself). Fraction = wait / loop time;
-- CPU-seconds per 1000 images: `getrusage` of the process (SELF) plus its reaped children
-  (CHILDREN: the DataLoader's workers, which are not persistent, so they are joined when an epoch
-  ends or the loop stops), from just before the loader is made to the end of the loop, divided by
-  every image delivered (warm-up included, as a worker's CPU time cannot be split by batch);
-- peak host memory of the process tree: RSS and PSS summed over the processes, sampled every
-  100 ms from /proc by the parent;
-- peak GPU memory for data: torch's allocator peak above the baseline before the loop
-  (`torch.cuda.max_memory_allocated`: the DataLoader's batches) plus stoker's device pool
-  (`stoker.cuda_memory_in_use()[0]`, peak sampled at every step); and the device-wide used
-  memory (`torch.cuda.mem_get_info`), peak above the baseline, sampled at every step;
-- stoker only: `report()["transfer"]["gbps"]` (bytes over the GPU time of its H2D copies), the
-  pinned host-to-device bandwidth that `stoker doctor --json` measures (`gpus[0]
-  ["h2d_pinned_gbps"]`) and their ratio, `report()["starvation"]` and the bottleneck stage.
+- `events` (default; what a real training loop does): no synchronisation per step. A CUDA event
+  is recorded on the compute stream just before each step's work and one just after; the loop
+  never waits for the GPU, so `next()` overlaps the previous steps' GPU work as it would in
+  training. After the loop, GPU idle time = the sum of the gaps between one step's end event
+  and the next step's start event (the compute stream had nothing to do: it waited for data),
+  and the GPU-idle fraction = idle / (last end - first start), both on the GPU's clock.
+  images/s = measured images / wall time from the first measured `next()` to the end of the
+  last step (synchronised once, at the end).
+- `per-step` (the older, stricter measure): the loop synchronises the GPU after each step, so
+  the loader's `next()` latency (which a real loop hides behind the previous step) counts as
+  GPU wait. Kept for comparison with earlier results.
 
-Usage (a machine with an NVIDIA GPU, PyTorch and torchvision; 16 cores used here):
+Measured per run besides: CPU-seconds per 1000 images (`getrusage` of the process plus its
+reaped children: the DataLoader's persistent workers are shut down and joined before the count
+is taken), peak RSS/PSS of the process tree (sampled every 100 ms from /proc by the parent),
+peak GPU memory for data (torch's allocator peak above the baseline, plus stoker's device pool),
+and for stoker its own report (transfer GB/s, starvation, bottleneck) and the pinned bandwidth
+`stoker doctor --json` measures.
+
+Usage (a machine with an NVIDIA GPU, PyTorch and torchvision):
 
     python3 benches/gpu_train_step.py --images 10240 --batch-size 256 --repeats 3 --step-ms 20 \\
         --out benches/results-gpu-train-step.json
-    python3 benches/gpu_train_step.py --root /data/imagenet/train --batches 300
+    python3 benches/gpu_train_step.py --root /data/imagenet/train --batches 300 --timing per-step
     python3 benches/gpu_train_step.py --dry-run      # prints the plan; needs no GPU
 
-Writes JSON to --out and prints a Markdown table.
+Without a GPU the script says so and exits with status 2 (after `--help` and `--dry-run`, which
+need none). Writes JSON to --out and prints a Markdown table.
 """
 
 import argparse
@@ -138,6 +143,10 @@ def calibrate(args):
                       "gpu": torch.cuda.get_device_name(0)}))
 
 
+CONTENDERS = ("stoker", "dataloader", "dataloader-uint8")
+MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
+
+
 def stoker_batches(loader, epochs):
     """(images, labels) on the GPU, epoch after epoch; each epoch's iterator is closed (its threads
     joined) when it ends or when the consumer stops early."""
@@ -152,31 +161,87 @@ def stoker_batches(loader, epochs):
 
 
 def dataloader_batches(loader, epochs):
-    """(images, labels) copied to the GPU, epoch after epoch. Dropping an epoch's iterator shuts
-    its (non-persistent) workers down and joins them, so their CPU time reaches RUSAGE_CHILDREN."""
+    """The plain recipe: float32 batches copied to the GPU on the compute stream, epoch after
+    epoch (persistent workers: the same worker processes serve every epoch)."""
+    for epoch in range(epochs):
+        del epoch  # the DataLoader's sampler reshuffles every epoch by itself
+        for images, labels in loader:
+            yield images.cuda(non_blocking=True), labels.cuda(non_blocking=True)
+
+
+def prefetched_batches(loader, epochs):
+    """The strongest hand-written pipeline: uint8 pinned batches are copied and normalised on a
+    side stream one batch ahead of the training step; the compute stream waits on the side
+    stream's event before it uses a batch, and `record_stream` tells the caching allocator that
+    the compute stream uses the memory (so it is not reused while the step still reads it)."""
+    import torch
+
+    side = torch.cuda.Stream()
+    mean = torch.tensor(MEAN, device="cuda").view(1, 3, 1, 1) * 255
+    std = torch.tensor(STD, device="cuda").view(1, 3, 1, 1) * 255
+
+    def upload(images, labels):
+        with torch.cuda.stream(side):
+            x = images.cuda(non_blocking=True)
+            y = labels.cuda(non_blocking=True)
+            x = x.float().sub_(mean).div_(std)
+            ready = torch.cuda.Event()
+            ready.record(side)
+        return x, y, ready
+
     for _ in range(epochs):
-        it = iter(loader)
-        try:
-            for images, labels in it:
-                yield images.cuda(non_blocking=True), labels.cuda(non_blocking=True)
-        finally:
-            del it
+        pending = None
+        for images, labels in loader:
+            nxt = upload(images, labels)
+            if pending is not None:
+                yield finish(pending)
+            pending = nxt
+        if pending is not None:
+            yield finish(pending)
 
 
-def make_dataloader(args):
+def finish(pending):
+    """Hands a prefetched batch to the compute stream (see `prefetched_batches`)."""
+    import torch
+
+    x, y, ready = pending
+    stream = torch.cuda.current_stream()
+    stream.wait_event(ready)
+    x.record_stream(stream)
+    y.record_stream(stream)
+    return x, y
+
+
+def make_dataloader(args, uint8):
     import torch
     import torchvision.transforms as T
     from torchvision.datasets import ImageFolder
 
-    norm = T.Normalize([0.485, 0.456, 0.406], [0.229, 0.224, 0.225])
     if args.preset == "imagenet-train":
-        tf = T.Compose([T.RandomResizedCrop(224), T.RandomHorizontalFlip(), T.ToTensor(), norm])
+        geometry = [T.RandomResizedCrop(224), T.RandomHorizontalFlip()]
     else:
-        tf = T.Compose([T.Resize(256), T.CenterCrop(224), T.ToTensor(), norm])
+        geometry = [T.Resize(256), T.CenterCrop(224)]
+    tail = [T.PILToTensor()] if uint8 else [T.ToTensor(), T.Normalize(MEAN, STD)]
     torch.manual_seed(0)
-    return torch.utils.data.DataLoader(ImageFolder(str(args.root), transform=tf), batch_size=args.batch_size,
-                                       shuffle=True, num_workers=args.workers, pin_memory=True,
-                                       persistent_workers=False, drop_last=True)
+    return torch.utils.data.DataLoader(ImageFolder(str(args.root), transform=T.Compose(geometry + tail)),
+                                       batch_size=args.batch_size, shuffle=True, num_workers=args.workers,
+                                       pin_memory=True, persistent_workers=True, drop_last=True)
+
+
+def shut_down_workers(loader):
+    """Joins a DataLoader's persistent workers, so their CPU time reaches RUSAGE_CHILDREN."""
+    it = getattr(loader, "_iterator", None)
+    if it is not None and hasattr(it, "_shutdown_workers"):
+        it._shutdown_workers()
+    loader._iterator = None
+
+
+def idle_gaps(starts, ends, warmup):
+    """GPU idle of the compute stream from the step events: the gaps between one step's end and
+    the next step's start (ms), and the span from the first measured start to the last end."""
+    gaps = [ends[k].elapsed_time(starts[k + 1]) for k in range(warmup, len(starts) - 1)]
+    span = starts[warmup].elapsed_time(ends[-1])
+    return gaps, span
 
 
 def train(args):
@@ -204,15 +269,20 @@ def train(args):
         loader = stoker.ImageLoader(str(args.root), args.batch_size, preset=args.preset, shuffle=True,
                                     drop_last=True, device="cuda")
         batches = stoker_batches(loader, epochs)
-    else:
-        loader = make_dataloader(args)
+    elif args.run == "dataloader":
+        loader = make_dataloader(args, uint8=False)
         batches = dataloader_batches(loader, epochs)
+    else:
+        loader = make_dataloader(args, uint8=True)
+        batches = prefetched_batches(loader, epochs)
 
     stream = torch.cuda.current_stream()
-    wait = 0.0
+    per_step = args.timing == "per-step"
+    wait = next_seconds = 0.0
     measured_batches = measured_images = all_images = 0
     peak_used = base_used
     peak_stoker_device = peak_stoker_pinned = 0
+    starts, ends = [], []
     t_start = t_end = None
     k = 0
     while args.batches is None or measured_batches < args.batches:
@@ -221,10 +291,18 @@ def train(args):
             images, labels = next(batches)
         except StopIteration:
             break
-        stream.synchronize()  # a copy still outstanding is waiting for data too
         t1 = time.perf_counter()
+        if per_step:
+            stream.synchronize()  # a copy still outstanding is waiting for data too
+            t1 = time.perf_counter()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record(stream)
         step(images, labels)
-        torch.cuda.synchronize()
+        end.record(stream)
+        starts.append(start)
+        ends.append(end)
+        if per_step:
+            torch.cuda.synchronize()
         t2 = time.perf_counter()
         n = images.shape[0]
         all_images += n
@@ -232,22 +310,31 @@ def train(args):
             t_start = t0
         if k >= args.warmup:
             wait += t1 - t0
+            next_seconds += t1 - t0
             measured_batches += 1
             measured_images += n
             t_end = t2
         k += 1
-        free, total = torch.cuda.mem_get_info()
-        peak_used = max(peak_used, total - free)
+        if per_step or k % 16 == 0:  # mem_get_info synchronises the device: rarely, without per-step sync
+            free, total = torch.cuda.mem_get_info()
+            peak_used = max(peak_used, total - free)
         if stoker is not None:
             device_bytes, pinned_bytes = stoker.cuda_memory_in_use()
             peak_stoker_device = max(peak_stoker_device, device_bytes)
             peak_stoker_pinned = max(peak_stoker_pinned, pinned_bytes)
+    torch.cuda.synchronize()
+    if t_end is not None:
+        t_end = time.perf_counter() if not per_step else t_end
     images = labels = None
-    batches.close()  # closes the epoch's iterator: stoker's threads / the DataLoader's workers are joined
+    batches.close()  # closes the epoch's iterator: stoker's threads are joined
+    if args.run != "stoker":
+        shut_down_workers(loader)  # persistent workers: joined now, so their CPU time is counted
     gc.collect()
     cpu = cpu_seconds() - cpu0
     if measured_batches == 0:
         raise SystemExit(f"no batch after the {args.warmup} warm-up batches: use more images or --epochs")
+    gaps, span = idle_gaps(starts, ends, args.warmup)
+    idle_ms = sum(gaps)
 
     seconds = t_end - t_start
     torch_peak = torch.cuda.max_memory_allocated() - base_allocated
@@ -258,8 +345,15 @@ def train(args):
         "images": measured_images,
         "seconds": seconds,
         "images_per_sec": measured_images / seconds,
-        "wait_seconds": wait,
-        "gpu_wait_fraction": wait / seconds,
+        "timing": args.timing,
+        "next_seconds": next_seconds,
+        # per-step: host time waiting for data with the GPU drained; events: the GPU's own idle gaps.
+        "wait_seconds": wait if per_step else idle_ms / 1e3,
+        "gpu_wait_fraction": wait / seconds if per_step else idle_ms / span,
+        "gpu_idle_ms": idle_ms,
+        "gpu_idle_gap_ms_median": statistics.median(gaps) if gaps else 0.0,
+        "gpu_idle_gap_ms_max": max(gaps) if gaps else 0.0,
+        "gpu_span_ms": span,
         "all_images": all_images,
         "cpu_seconds": cpu,
         "cpu_s_per_1000": cpu / all_images * 1000,
@@ -281,6 +375,7 @@ def train(args):
         })
     else:
         result["workers"] = args.workers
+        del loader
     print(json.dumps(result))
 
 
@@ -332,7 +427,7 @@ def doctor_bandwidth():
 def child_cmd(args, run, step_iters=None):
     cmd = [sys.executable, os.path.abspath(__file__), "--run", run, "--root", str(args.root), "--preset", args.preset,
            "--batch-size", str(args.batch_size), "--workers", str(args.workers), "--warmup", str(args.warmup),
-           "--step-ms", str(args.step_ms)]
+           "--step-ms", str(args.step_ms), "--timing", args.timing]
     cmd += ["--epochs", str(args.epochs)] if args.batches is None else ["--batches", str(args.batches)]
     if step_iters is not None:
         cmd += ["--step-iters", str(step_iters)]
@@ -362,7 +457,12 @@ def main():
     ap.add_argument("--workers", type=int, default=os.cpu_count(), help="DataLoader num_workers (default: cores)")
     ap.add_argument("--out", type=Path, default=ROOT / "bench-gpu-results.json")
     ap.add_argument("--dry-run", action="store_true", help="print the plan and exit (needs no GPU)")
-    ap.add_argument("--run", choices=["stoker", "dataloader", "calibrate"], help=argparse.SUPPRESS)
+    ap.add_argument("--timing", choices=["events", "per-step"], default="events",
+                    help="events: no per-step synchronisation, GPU idle gaps from CUDA events (default); "
+                         "per-step: synchronise after every step (the older, stricter measure)")
+    ap.add_argument("--contenders", default=",".join(CONTENDERS),
+                    help=f"comma-separated subset of {', '.join(CONTENDERS)} (default: all)")
+    ap.add_argument("--run", choices=[*CONTENDERS, "calibrate"], help=argparse.SUPPRESS)
     ap.add_argument("--step-iters", type=int, help=argparse.SUPPRESS)
     args = ap.parse_args()
     for name in ("images", "batch_size", "epochs", "repeats", "workers"):
@@ -372,6 +472,12 @@ def main():
         ap.error("--batches must be at least 1")
     if args.warmup < 0 or args.step_ms <= 0:
         ap.error("--warmup must be >= 0 and --step-ms > 0")
+    names = [c.strip() for c in args.contenders.split(",") if c.strip()]
+    unknown = sorted(set(names) - set(CONTENDERS))
+    if unknown or "stoker" not in names or len(names) < 2:
+        ap.error(f"--contenders: stoker and at least one of {', '.join(CONTENDERS[1:])}; unknown: {unknown}")
+    if args.run is None and not args.dry_run:
+        require_gpu()
 
     if args.run == "calibrate":
         return calibrate(args)
@@ -389,9 +495,10 @@ def main():
         print(f"data: {args.root} ({state}{f', {args.images} demo images' if make_demo else ''})")
         print(f"preset {args.preset}, batch {args.batch_size}, {length} per run after {args.warmup} warm-up "
               f"batches, {args.step_ms:g} ms of GPU work per batch")
-        print(f"{args.repeats} rounds of: stoker, dataloader (DataLoader num_workers={args.workers}); medians")
+        print(f"{args.repeats} rounds of: {', '.join(names)} (DataLoader num_workers={args.workers}, persistent "
+              f"workers); timing: {args.timing}; medians")
         print("calibration: " + " ".join(child_cmd(args, "calibrate")))
-        for run in ("stoker", "dataloader"):
+        for run in names:
             print(f"{run}: " + " ".join(child_cmd(args, run, step_iters="N")))
         print(f"bandwidth reference: stoker doctor --json; results: {args.out}")
         return None
@@ -412,7 +519,6 @@ def main():
     print(f"{cal['gpu']}: {cal['iters']} bf16 matmuls of {MATMUL_SIZE} ({cal['ms_per_matmul']:.3f} ms each) make a "
           f"{cal['step_ms']:.1f} ms step", file=sys.stderr)
 
-    names = ["stoker", "dataloader"]
     runs = {name: [] for name in names}
     for r in range(args.repeats):
         for name in names:
@@ -420,28 +526,31 @@ def main():
             rec = json.loads(out.strip().splitlines()[-1])
             rec.update({"peak_rss_tree": rss, "peak_pss_tree": pss, "process_wall": wall})
             runs[name].append(rec)
-            print(f"run {r + 1} {name:10s} {rec['images_per_sec']:8.1f} img/s  wait {rec['gpu_wait_fraction']:6.1%}"
+            print(f"run {r + 1} {name:16s} {rec['images_per_sec']:8.1f} img/s  GPU idle {rec['gpu_wait_fraction']:6.1%}"
                   f"  {rec['cpu_s_per_1000']:6.2f} CPU-s/1000  RSS {rss / MiB:7.0f} MiB"
                   f"  GPU data {rec['gpu_data_peak_bytes'] / MiB:6.0f} MiB", file=sys.stderr)
 
     def med(name, key):
         return statistics.median(x[key] for x in runs[name])
 
-    metrics = ["images_per_sec", "gpu_wait_fraction", "cpu_s_per_1000", "peak_rss_tree", "peak_pss_tree",
-               "gpu_data_peak_bytes", "gpu_torch_peak_bytes", "gpu_stoker_peak_bytes", "gpu_used_delta_peak_bytes"]
+    metrics = ["images_per_sec", "gpu_wait_fraction", "next_seconds", "cpu_s_per_1000", "peak_rss_tree",
+               "peak_pss_tree", "gpu_data_peak_bytes", "gpu_torch_peak_bytes", "gpu_stoker_peak_bytes",
+               "gpu_used_delta_peak_bytes"]
     summary = {
         "machine": {"cpus": os.cpu_count(), "affinity": len(os.sched_getaffinity(0)), "gpu": cal["gpu"]},
         "data": str(args.root), "files": files, "preset": args.preset, "batch_size": args.batch_size,
         "epochs": args.epochs if args.batches is None else None, "batches": args.batches, "warmup": args.warmup,
-        "workers": args.workers, "repeats": args.repeats, "step_ms": args.step_ms, "calibration": cal,
-        "doctor_h2d_pinned_gbps": pinned_gbps, "doctor_h2d_pageable_gbps": pageable_gbps, "runs": runs,
+        "workers": args.workers, "repeats": args.repeats, "step_ms": args.step_ms, "timing": args.timing,
+        "calibration": cal, "doctor_h2d_pinned_gbps": pinned_gbps, "doctor_h2d_pageable_gbps": pageable_gbps,
+        "runs": runs,
     }
     for key in metrics:
-        a, b = med("stoker", key), med("dataloader", key)
-        summary[key] = {"stoker": a, "dataloader": b, "ratio": ratio(a, b)}
-    pairs = list(zip(runs["stoker"], runs["dataloader"], strict=True))
-    summary["paired_ratio_images_per_sec"] = statistics.median(a["images_per_sec"] / b["images_per_sec"]
-                                                               for a, b in pairs)
+        values = {name: med(name, key) for name in names}
+        summary[key] = {**values, "ratio_to_stoker": {n: ratio(v, values["stoker"]) for n, v in values.items()}}
+    summary["paired_ratio_images_per_sec"] = {
+        name: statistics.median(a["images_per_sec"] / b["images_per_sec"]
+                                for a, b in zip(runs["stoker"], runs[name], strict=True))
+        for name in names if name != "stoker"}
     transfer_gbps = med("stoker", "transfer_gbps")
     summary["stoker_transfer_gbps"] = transfer_gbps
     summary["stoker_transfer_vs_pinned"] = ratio(transfer_gbps, pinned_gbps)
@@ -453,18 +562,20 @@ def main():
 
     s = summary
     threads = runs["stoker"][0]["threads"]
+    idle = "GPU idle fraction (CUDA events)" if args.timing == "events" else "GPU-wait fraction (per-step sync)"
     print(f"\n{files} images, preset {args.preset}, batch {args.batch_size}, {args.step_ms:g} ms GPU step "
           f"({cal['iters']} bf16 matmuls), {cal['gpu']}; stoker threads={threads}, DataLoader num_workers="
-          f"{args.workers}; medians of {args.repeats} interleaved runs\n")
-    print("| metric | stoker (device=\"cuda\") | DataLoader + .cuda() | stoker / DataLoader |")
-    print("|---|---|---|---|")
+          f"{args.workers} (persistent); timing {args.timing}; medians of {args.repeats} interleaved runs\n")
+    print("| metric | " + " | ".join(names) + " |")
+    print("|---" * (len(names) + 1) + "|")
 
     def row(label, key, scale=1.0, unit="", digits=1):
-        a, b = s[key]["stoker"] / scale, s[key]["dataloader"] / scale
-        print(f"| {label} | {a:.{digits}f}{unit} | {b:.{digits}f}{unit} | {fmt_ratio(s[key]['ratio'])} |")
+        cells = [f"{s[key][n] / scale:.{digits}f}{unit}" for n in names]
+        print(f"| {label} | " + " | ".join(cells) + " |")
 
     row("images/s", "images_per_sec")
-    row("GPU-wait fraction", "gpu_wait_fraction", scale=0.01, unit=" %")
+    row(idle, "gpu_wait_fraction", scale=0.01, unit=" %")
+    row("host time in next(), s", "next_seconds", digits=2)
     row("CPU-s per 1000 images", "cpu_s_per_1000", digits=2)
     row("peak RSS, process tree", "peak_rss_tree", scale=MiB, unit=" MiB", digits=0)
     row("peak PSS, process tree", "peak_pss_tree", scale=MiB, unit=" MiB", digits=0)
@@ -472,7 +583,9 @@ def main():
         unit=" MiB", digits=0)
     row("peak GPU memory used, device-wide delta (mem_get_info)", "gpu_used_delta_peak_bytes", scale=MiB,
         unit=" MiB", digits=0)
-    print(f"\npaired images/s ratio: {s['paired_ratio_images_per_sec']:.2f}x")
+    for name, r in s["paired_ratio_images_per_sec"].items():
+        print(f"\npaired images/s ratio stoker / {name}: {r:.2f}x", end="")
+    print()
     pinned = "n/a" if pinned_gbps is None else f"{pinned_gbps:.1f} GB/s"
     print(f"stoker H2D copies: {transfer_gbps:.1f} GB/s (report()['transfer']); stoker doctor pinned H2D: {pinned}; "
           f"ratio {fmt_ratio(s['stoker_transfer_vs_pinned'])}")
@@ -481,6 +594,20 @@ def main():
           f"{s['stoker_pinned_peak_bytes'] / MiB:.0f} MiB")
     print(f"\nJSON: {args.out}")
     return None
+
+
+def require_gpu():
+    """Exits with status 2 and the reason when there is no GPU to measure on."""
+    try:
+        import torch
+    except ImportError:
+        raise SystemExit("gpu_train_step.py: PyTorch is not installed; it needs PyTorch with CUDA and an NVIDIA "
+                         "GPU (--dry-run prints the plan without one)") from None
+    if not torch.cuda.is_available():
+        print(f"gpu_train_step.py: no usable CUDA GPU (PyTorch {torch.__version__}: torch.cuda.is_available() "
+              "is False); this benchmark needs an NVIDIA GPU (--dry-run prints the plan without one)",
+              file=sys.stderr)
+        raise SystemExit(2)
 
 
 if __name__ == "__main__":

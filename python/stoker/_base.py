@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import atexit
 import importlib
 import json
 import os
 import sys
+import weakref
 from typing import Any, Callable, Protocol, Sequence
 
 from .errors import ConfigError, DeviceError
@@ -13,6 +15,38 @@ from .errors import ConfigError, DeviceError
 # Loaders inherited through fork() are replaced in the child; the originals are kept alive here
 # (never dropped), because their threads and locks belong to the parent process.
 _INHERITED: list[Any] = []
+
+
+# Every live iteration of this process, weakly: at interpreter exit they are closed (their
+# transfer and worker threads joined) before the CUDA driver shuts down, so no stoker thread
+# calls into a driver that is going away.
+_LIVE: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def track(iteration: Any) -> Any:
+    """Registers an iteration (anything with ``close()``) to be closed at interpreter exit;
+    returns it. Objects that cannot be weakly referenced are left alone."""
+    try:
+        _LIVE.add(iteration)
+    except TypeError:
+        pass
+    return iteration
+
+
+def close_live_iterations() -> int:
+    """Closes every live iteration of this process (the ``atexit`` hook); returns how many.
+    Never raises: interpreter exit must go on."""
+    closed = 0
+    for it in list(_LIVE):
+        try:
+            it.close()
+            closed += 1
+        except Exception:  # noqa: BLE001 - best effort at exit
+            pass
+    return closed
+
+
+atexit.register(close_live_iterations)
 
 
 class _Native(Protocol):
@@ -104,15 +138,33 @@ def gpu_present() -> bool:
     return bool(json.loads(_stoker.cuda_probe_json())["devices"])
 
 
+def normalize_table(mean: Sequence[float], std: Sequence[float]) -> Any:
+    """The CPU path's normalisation table (``crates/stoker/src/ops``): for channel ``c`` and
+    byte ``v``, ``(v / 255 - mean[c]) / std[c]`` computed in IEEE float32 with true division,
+    exactly as the engine computes it (``mean``/``std`` rounded to float32 first, like the
+    engine's arguments). A ``(channels, 256)`` float32 NumPy array."""
+    import numpy as np
+
+    v = np.arange(256, dtype=np.float32)
+    m = np.asarray([float(x) for x in mean], dtype=np.float32)
+    s = np.asarray([float(x) for x in std], dtype=np.float32)
+    with np.errstate(all="ignore"):
+        table: Any = (v[None, :] / np.float32(255.0) - m[:, None]) / s[:, None]
+    return table.astype(np.float32)
+
+
 class Normalizer:
     """uint8 images to normalised ``dtype`` with torch ops, on the tensor's device and the
-    current stream: ``(x / 255 - mean) / std`` in float32 with the CPU path's exact operations
-    (so float32 results are bit-identical to host batches), then cast. This is how batches that
-    crossed the bus as uint8 are normalised on the GPU."""
+    current stream. This is how batches that crossed the bus as uint8 are normalised on the GPU.
+
+    Bit-identical to host batches by construction: the engine normalises through a table of
+    ``(v / 255 - mean) / std`` per channel and byte value; this looks the bytes up in the same
+    table (:func:`normalize_table`, float32 arithmetic on the host), so no device arithmetic is
+    involved (CUDA's division by a scalar multiplies by the reciprocal, 1 ulp off for some
+    values). float16/bfloat16 are the float32 values rounded to nearest even, as on the CPU."""
 
     def __init__(self, mean: Sequence[float], std: Sequence[float], dtype: Any, channels_last: bool) -> None:
-        self._mean = [float(m) for m in mean]
-        self._std = [float(s) for s in std]
+        self._table = normalize_table(mean, std)
         self._dtype = str(dtype).replace("torch.", "")  # a name or a torch dtype
         self._channels_last = channels_last
         self._consts: dict[Any, tuple[Any, Any]] = {}
@@ -122,12 +174,15 @@ class Normalizer:
 
         c = self._consts.get(x.device)
         if c is None:
+            channels = self._table.shape[0]
             shape = (1, 1, 1, -1) if self._channels_last else (1, -1, 1, 1)
-            mean = torch.tensor(self._mean, dtype=torch.float32).reshape(shape).to(x.device)
-            std = torch.tensor(self._std, dtype=torch.float32).reshape(shape).to(x.device)
-            c = self._consts[x.device] = (mean, std)
-        y = x.to(torch.float32)
-        y.div_(255.0).sub_(c[0]).div_(c[1])
+            table = torch.from_numpy(self._table.reshape(-1).copy()).to(x.device)
+            offsets = (torch.arange(channels, dtype=torch.int32) * 256).reshape(shape).to(x.device)
+            c = self._consts[x.device] = (table, offsets)
+        table, offsets = c
+        # Flat index of (channel, byte) into the table: an exact gather, no arithmetic on floats.
+        index = x.to(torch.int32).add_(offsets)
+        y = table.index_select(0, index.reshape(-1)).reshape(x.shape)
         return y if self._dtype == "float32" else y.to(getattr(torch, self._dtype))
 
 
@@ -142,6 +197,7 @@ class BatchIterator:
         self._convert = convert
         self._views = views
         self._first = first
+        track(self)
 
     def __iter__(self) -> BatchIterator:
         return self
@@ -248,5 +304,6 @@ class LoaderBase:
         native.load_state(seed, epoch, next_batch)
 
 
-__all__ = ["BatchIterator", "LoaderBase", "Normalizer", "check_device", "converter", "device_ordinal", "gpu_present",
+__all__ = ["BatchIterator", "LoaderBase", "Normalizer", "check_device", "close_live_iterations", "normalize_table",
+           "track", "converter", "device_ordinal", "gpu_present",
            "local_rank"]

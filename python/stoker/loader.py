@@ -9,7 +9,7 @@ import os
 from typing import Any, Iterator, Sequence
 
 from . import _stoker
-from ._base import BatchIterator, LoaderBase, Normalizer, check_device, converter
+from ._base import BatchIterator, LoaderBase, Normalizer, check_device, converter, track
 from .errors import ConfigError
 from .transforms import Transform, compile_transforms, dtype_name
 
@@ -178,7 +178,8 @@ class ImageLoader(LoaderBase):
     def batches(self) -> _stoker.Iterator:
         """The raw batch iterator (``stoker._stoker.Batch`` objects with ``images``, ``labels``,
         ``indices``, ``index``), for callers that convert themselves."""
-        return self._loader().iter()
+        it: _stoker.Iterator = track(self._loader().iter())
+        return it
 
     def report(self) -> dict[str, Any]:
         """Telemetry: per-stage counters, starvation, the bottleneck verdict, skipped files."""

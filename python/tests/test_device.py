@@ -124,3 +124,23 @@ def test_doctor_json_lists_no_gpus():
     assert proc.returncode == 0, proc.stderr
     report = json.loads(proc.stdout)
     assert report["gpus"] == [], report["gpus"]
+
+
+def test_normaliser_table_is_the_cpu_paths_arithmetic_for_every_byte():
+    # The GPU normaliser looks bytes up in this table; here the same code runs on CPU tensors and
+    # must equal the engine's float32 output for every byte value of every channel.
+    torch = pytest.importorskip("torch")
+    from stoker._base import Normalizer, normalize_table
+    from stoker.transforms import IMAGENET_MEAN, IMAGENET_STD
+
+    table = normalize_table(IMAGENET_MEAN, IMAGENET_STD)
+    assert table.shape == (3, 256) and table.dtype == np.float32
+    for c in range(3):
+        want = (np.arange(256, dtype=np.float32) / np.float32(255.0) - np.float32(IMAGENET_MEAN[c])) \
+            / np.float32(IMAGENET_STD[c])
+        assert np.array_equal(table[c], want)
+    x = torch.arange(256, dtype=torch.uint8).repeat(3, 1).reshape(1, 3, 16, 16).contiguous()
+    y = Normalizer(IMAGENET_MEAN, IMAGENET_STD, torch.float32, channels_last=False)(x)
+    assert torch.equal(y, torch.from_numpy(table).reshape(1, 3, 16, 16))
+    nhwc = Normalizer(IMAGENET_MEAN, IMAGENET_STD, "float16", channels_last=True)(x.permute(0, 2, 3, 1).contiguous())
+    assert torch.equal(nhwc, torch.from_numpy(table).reshape(1, 3, 16, 16).permute(0, 2, 3, 1).half())

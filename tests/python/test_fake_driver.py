@@ -1,8 +1,11 @@
 """The Python side of GPU batches (placement, CUDA DLPack export and its stream argument, the
 device pool's held-all error, memory released on drop) against the stand-in driver
-``crates/stoker-cli/tests/fake_cuda.c``, which runs copies later on a thread per stream. A test
-double in CI, not a GPU: ``tests/gpu`` checks the real thing where a GPU exists. Each scenario runs
-in a child process because the driver library is found through ``LD_LIBRARY_PATH`` at start-up.
+``crates/stoker-cli/tests/fake_cuda.c``, which runs copies later on a thread per stream (the
+legacy default stream included), keeps a context per device and a current-context stack per
+thread, and can run out of memory or fail for good on request. A test double in CI, not a GPU:
+``tests/gpu`` checks the real thing where a GPU exists. Each scenario runs in a child process
+because the driver library is found through ``LD_LIBRARY_PATH`` at start-up; the scenarios reach
+the stand-in driver themselves through ctypes (the same library stoker loaded).
 """
 
 import json
@@ -94,3 +97,292 @@ def test_cuda_probe_sees_the_driver(fake_driver):
     probe = json.loads(r.stdout)
     assert probe["driver_library"] and probe["cuda_driver_version"] == 12000
     assert len(probe["devices"]) == 1
+
+
+# What the scenarios below share: the driver through ctypes, and the host batches to compare with.
+PRELUDE = textwrap.dedent("""
+    import ctypes, gc, json, os, sys
+    import stoker
+    from stoker import _stoker
+
+    root = sys.argv[1]
+    cuda = ctypes.CDLL("libcuda.so")
+    ARGS = json.dumps({"batch_size": 16, "preset": "imagenet-val", "dtype": "uint8", "prefetch": 1})
+
+    def check(r, what):
+        assert r == 0, f"{what} -> {r}"
+
+    def current():
+        c = ctypes.c_void_p()
+        check(cuda.cuCtxGetCurrent(ctypes.byref(c)), "cuCtxGetCurrent")
+        return c.value
+
+    def primary(ordinal):
+        c = ctypes.c_void_p()
+        check(cuda.cuDevicePrimaryCtxRetain(ctypes.byref(c), ordinal), "retain")
+        return c.value
+
+    def active(ordinal):
+        flags, on = ctypes.c_uint(), ctypes.c_int()
+        check(cuda.cuDevicePrimaryCtxGetState(ordinal, ctypes.byref(flags), ctypes.byref(on)), "state")
+        return bool(on.value)
+
+    def bus_id(ordinal):
+        buf = ctypes.create_string_buffer(64)
+        check(cuda.cuDeviceGetPCIBusId(buf, 64, ordinal), "bus id")
+        return buf.value.decode()
+
+    def read(ptr, n):
+        out = ctypes.create_string_buffer(n)
+        check(cuda.cuMemcpyDtoH_v2(out, ctypes.c_uint64(ptr), ctypes.c_size_t(n)), "DtoH")
+        return out.raw
+
+    def host_batches():
+        import numpy as np
+        host = _stoker.Loader([root], ARGS, "cpu", 0)
+        out = [(np.from_dlpack(b.images).tobytes(), np.from_dlpack(b.labels).tobytes()) for b in host.iter()]
+        del host
+        return out
+""")
+
+
+def run_scenario(fake_driver, demo_root, body, timeout=120, **env):
+    """Runs PRELUDE + ``body`` against the stand-in driver; returns its stdout."""
+    full = dict(os.environ, LD_LIBRARY_PATH=str(fake_driver), FAKE_CUDA_COPY_DELAY_US="2000")
+    full.pop("CUDA_VISIBLE_DEVICES", None)
+    full.pop("LOCAL_RANK", None)
+    full.update(env)
+    r = subprocess.run([sys.executable, "-c", PRELUDE + textwrap.dedent(body), str(demo_root)], env=full,
+                       capture_output=True, text=True, timeout=timeout)
+    assert r.returncode == 0, f"exit {r.returncode}\\n{r.stdout}\\n{r.stderr}"
+    assert "panicked" not in r.stderr, r.stderr
+    return r.stdout
+
+
+def test_device_choice_follows_local_rank_and_cuda_visible_devices(fake_driver, demo_root):
+    out = run_scenario(fake_driver, demo_root, """
+        # Four GPUs on the machine, two visible: CUDA renumbers them 0 and 1.
+        probe = stoker.cuda_probe()
+        assert [d["index"] for d in probe["devices"]] == [0, 1], probe
+        assert [d["pci_bus_id"] for d in probe["devices"]] == ["0000:12:00.0", "0000:13:00.0"], probe
+        # 'cuda' = LOCAL_RANK (torch has not initialised CUDA), a CUDA ordinal: physical GPU 3.
+        loader = stoker.ImageLoader(root, 16, preset="imagenet-val", dtype="uint8", device="cuda")
+        assert loader.device == "cuda:1", loader.device
+        assert active(1) and not active(0), (active(0), active(1))
+        assert bus_id(1) == "0000:13:00.0"
+        b = next(loader.batches())
+        assert b.device == "cuda:1" and b.images.__dlpack_device__() == (2, 1)
+        del b, loader
+        gc.collect()
+        assert not active(1), "the primary context is released with the loader"
+        # 'auto' means the same device; 'cuda:N' is CUDA's ordinal N, and there are two.
+        assert stoker.ImageLoader(root, 16, preset="imagenet-val", dtype="uint8", device="auto").device == "cuda:1"
+        assert stoker.ImageLoader(root, 16, preset="imagenet-val", dtype="uint8", device="cuda:0").device == "cuda:0"
+        try:
+            _stoker.Loader([root], ARGS, "cuda:2", 0)
+        except stoker.DeviceError as e:
+            assert "driver sees 2 device(s)" in str(e), e
+        else:
+            raise AssertionError("cuda:2 opened with two visible devices")
+        # PyTorch's current device wins over LOCAL_RANK once PyTorch has initialised CUDA.
+        import types
+        from stoker._base import device_ordinal
+        fake_torch = types.SimpleNamespace(cuda=types.SimpleNamespace(is_initialized=lambda: True,
+                                                                      current_device=lambda: 0))
+        sys.modules["torch"] = fake_torch
+        assert device_ordinal() == 0
+        fake_torch.cuda.is_initialized = lambda: False
+        assert device_ordinal() == 1
+        print("ok")
+    """, FAKE_CUDA_DEVICES="4", CUDA_VISIBLE_DEVICES="2,3", LOCAL_RANK="1")
+    assert out.strip().endswith("ok"), out
+
+
+def test_callers_current_context_is_left_alone(fake_driver, demo_root):
+    out = run_scenario(fake_driver, demo_root, """
+        # The caller (PyTorch, say) works on device 1; stoker loads onto device 0.
+        mine = primary(1)
+        check(cuda.cuCtxPushCurrent_v2(ctypes.c_void_p(mine)), "push")
+        native = _stoker.Loader([root], ARGS, "cuda:0", 0)
+        assert current() == mine, "creating a loader changed the current context"
+        n = 0
+        for b in native.iter():
+            for s in (None, 1, 2, -1):
+                b.images.__dlpack__(stream=s)
+                b.labels.__dlpack__(stream=s)
+            assert current() == mine, f"batch {n} changed the current context"
+            n += 1
+            del b
+            gc.collect()
+            assert current() == mine, f"dropping batch {n} changed the current context"
+        assert n > 2
+        it = native.iter()
+        next(it)
+        it.close()
+        del it, native
+        gc.collect()
+        assert current() == mine, "dropping the loader changed the current context"
+        assert not active(0), "device 0's primary context is still retained"
+        # With no context current at all, none is left current.
+        check(cuda.cuCtxPopCurrent_v2(None), "pop")
+        assert current() is None
+        native = _stoker.Loader([root], ARGS, "cuda", 0)
+        b = next(native.iter())
+        b.images.__dlpack__(stream=None)
+        del b, native
+        gc.collect()
+        assert current() is None, "stoker left a context current"
+        print("ok")
+    """, FAKE_CUDA_DEVICES="2")
+    assert out.strip().endswith("ok"), out
+
+
+def test_legacy_default_stream_work_finishes_before_the_memory_is_reused(fake_driver, demo_root):
+    # The consumer reads each batch on the legacy default stream with a slow copy (200 ms); the
+    # device pool has 3 slots, so batch 3 reuses batch 0's memory. Were it reused before the
+    # queued read ran, the bytes read would be batch 3's.
+    out = run_scenario(fake_driver, demo_root, """
+        expected = host_batches()
+        check(cuda.cuCtxPushCurrent_v2(ctypes.c_void_p(primary(0))), "push")
+        native = _stoker.Loader([root], ARGS, "cuda:0", 0)
+        assert native.device_slots == 3, native.device_slots
+        reads = []
+        it = native.iter()
+        for k in range(6):
+            b = next(it)
+            b.images.__dlpack__(stream=None)  # the legacy default stream waits for the copy
+            n = len(expected[k][0])
+            buf = ctypes.create_string_buffer(n)
+            check(cuda.cuMemcpyDtoHAsync_v2(buf, ctypes.c_uint64(b.images.data_ptr), ctypes.c_size_t(n),
+                                            ctypes.c_void_p(1)), "DtoH async")
+            reads.append(buf)
+            del b  # released: its memory may be reused once the legacy stream passed this point
+        check(cuda.cuStreamSynchronize(ctypes.c_void_p(1)), "sync")
+        for k, buf in enumerate(reads):
+            assert buf.raw == expected[k][0], f"batch {k} was overwritten before the legacy stream read it"
+        it.close()
+        print("ok")
+    """, FAKE_CUDA_DTOH_DELAY_US="200000")
+    assert out.strip().endswith("ok"), out
+
+
+def test_labels_never_keep_the_images_buffer(fake_driver, demo_root):
+    out = run_scenario(fake_driver, demo_root, """
+        expected = host_batches()
+        check(cuda.cuCtxPushCurrent_v2(ctypes.c_void_p(primary(0))), "push")
+        native = _stoker.Loader([root], ARGS, "cuda:0", 0)
+        kept = []  # every labels view and capsule of the epoch, as metrics code would keep them
+        for b in native.iter():
+            labels = b.labels
+            kept.append((labels, labels.__dlpack__(stream=1)))
+            b.images.__dlpack__(stream=1)
+            del b, labels  # the images go; the labels stay
+        assert len(kept) == len(expected) > native.device_slots, (len(kept), native.device_slots)
+        for (labels, _), (_, want) in zip(kept, expected):
+            assert labels.__dlpack_device__() == (2, 0)
+            assert read(labels.data_ptr, len(want)) == want
+        # Kept labels keep only their own few bytes: the pool goes with the loader.
+        del native
+        gc.collect()
+        assert stoker.cuda_memory_in_use()[0] == len(kept) * 16 * 8, stoker.cuda_memory_in_use()
+        del kept, labels, _
+        gc.collect()
+        assert stoker.cuda_memory_in_use() == (0, 0), stoker.cuda_memory_in_use()
+        print("ok")
+    """)
+    assert out.strip().endswith("ok"), out
+
+
+def test_out_of_device_memory_is_a_clear_error(fake_driver, demo_root):
+    images = 16 * 3 * 224 * 224
+    pool = 3 * (images + 16 * 8)
+    out = run_scenario(fake_driver, demo_root, """
+        limit = int(os.environ["FAKE_CUDA_MEM_LIMIT"])
+        big = json.dumps({"batch_size": 64, "preset": "imagenet-val", "dtype": "uint8", "prefetch": 1})
+        try:
+            _stoker.Loader([root], big, "cuda", 0)
+        except stoker.DeviceError as e:
+            assert "cannot allocate" in str(e) and "out of memory" in str(e), e
+        else:
+            raise AssertionError("a pool larger than the device was allocated")
+        gc.collect()
+        assert stoker.cuda_memory_in_use() == (0, 0), stoker.cuda_memory_in_use()
+        # The pool fits, with room for two batches' labels: keeping every batch's labels runs
+        # the device out of memory mid-epoch, which is an error from next(), not a hang.
+        native = _stoker.Loader([root], ARGS, "cuda", 0)
+        kept = []
+        try:
+            for b in native.iter():
+                kept.append(b.labels)
+                del b
+        except stoker.DeviceError as e:
+            assert "cannot allocate" in str(e), e
+            assert len(kept) == 2, len(kept)
+        else:
+            raise AssertionError("labels allocated past the device's memory")
+        print("ok")
+    """, FAKE_CUDA_MEM_LIMIT=str(pool + 2 * 16 * 8))
+    assert out.strip().endswith("ok"), out
+
+
+def test_a_sticky_driver_error_ends_the_iteration_with_an_error(fake_driver, demo_root):
+    out = run_scenario(fake_driver, demo_root, """
+        native = _stoker.Loader([root], ARGS, "cuda", 0)
+        n = 0
+        try:
+            for b in native.iter():
+                n += 1
+                del b
+        except stoker.DeviceError as e:
+            assert "illegal memory access" in str(e), e
+        else:
+            raise AssertionError("a failed driver went unnoticed")
+        assert n <= 3, n
+        del native
+        gc.collect()
+        print("ok")
+    """, timeout=60, FAKE_CUDA_STICKY_AFTER="4")
+    assert out.strip().endswith("ok"), out
+
+
+EXIT_SCRIPT = textwrap.dedent("""
+    import atexit, glob, os, sys
+
+    def transfer_threads():
+        names = []
+        for comm in glob.glob("/proc/self/task/*/comm"):
+            try:
+                names.append(open(comm).read().strip())
+            except OSError:
+                pass
+        return [n for n in names if n == "stoker-transfer"]
+
+    def after_stokers_hook():
+        # atexit runs handlers last-in first-out: this one is registered before stoker is
+        # imported (which registers stoker's), so it runs after it, just before the driver goes.
+        left = transfer_threads()
+        if left:
+            sys.stderr.write(f"transfer threads still running at exit: {left}\\\\n")
+            sys.stderr.flush()
+            os._exit(3)
+        print("clean")
+        sys.stdout.flush()
+
+    atexit.register(after_stokers_hook)
+    import stoker
+
+    loader = stoker.ImageLoader(sys.argv[1], 16, preset="imagenet-val", dtype="uint8", device="cuda", prefetch=1)
+    it = loader.batches()
+    b = next(it)  # mid-epoch: the transfer thread is copying the next batches
+    assert transfer_threads(), "the transfer thread is running"
+    print("exiting")
+""")
+
+
+def test_interpreter_exit_with_a_live_iterator_stops_the_transfer_thread_first(fake_driver, demo_root):
+    env = dict(os.environ, LD_LIBRARY_PATH=str(fake_driver), FAKE_CUDA_COPY_DELAY_US="2000")
+    r = subprocess.run([sys.executable, "-c", EXIT_SCRIPT, str(demo_root)], env=env, capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 0, f"exit {r.returncode}\\n{r.stdout}\\n{r.stderr}"
+    assert r.stdout.split() == ["exiting", "clean"], r.stdout
+    assert "panicked" not in r.stderr, r.stderr

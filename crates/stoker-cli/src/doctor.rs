@@ -1,7 +1,8 @@
 //! `stoker doctor`: what this machine offers a data loader, in three steps: [`collect`] the
 //! facts (CPU allowance, memory, /dev/shm, SIMD, GPUs and their links, host-to-device
 //! bandwidth), [`advise`] from them (a pure function, tested on made-up machines), [`print`]
-//! them as a report or as JSON.
+//! them as a report or as JSON. GPUs are named by CUDA ordinal (`cuda:N`, after
+//! `CUDA_VISIBLE_DEVICES`), and NVML's details are matched to them by PCI bus id.
 
 use anyhow::Result;
 use clap::Args;
@@ -104,7 +105,7 @@ pub fn collect(bandwidth: bool) -> Facts {
                     d.h2d_pinned_gbps = Some(bw.pinned_gbps);
                     d.h2d_pageable_gbps = Some(bw.pageable_gbps);
                 }
-                Err(e) => bandwidth_errors.push(format!("GPU {}: bandwidth not measured: {e}", d.index)),
+                Err(e) => bandwidth_errors.push(format!("cuda:{}: bandwidth not measured: {e}", d.index)),
             }
         }
     }
@@ -168,7 +169,7 @@ pub fn advise(f: &Facts) -> Vec<String> {
         if let (Some(g), Some(mg)) = (d.pcie_generation, d.pcie_max_generation) {
             if g < mg {
                 advice.push(format!(
-                    "GPU {}: PCIe link at gen {g} of {mg} (idle links downshift; check under load)",
+                    "cuda:{}: PCIe link at gen {g} of {mg} (idle links downshift; check under load)",
                     d.index
                 ));
             }
@@ -178,14 +179,14 @@ pub fn advise(f: &Facts) -> Vec<String> {
         if let (Some(w), Some(mw)) = (d.pcie_width, d.pcie_max_width) {
             if w < mw {
                 advice.push(format!(
-                    "GPU {}: PCIe link runs x{w} of x{mw} lanes: host-to-device copies are capped",
+                    "cuda:{}: PCIe link runs x{w} of x{mw} lanes: host-to-device copies are capped",
                     d.index
                 ));
             }
         }
         if let (Some(p), Some(q)) = (d.h2d_pinned_gbps, d.h2d_pageable_gbps) {
             advice.push(format!(
-                "GPU {}: host-to-device {p:.1} GB/s from pinned memory, {q:.1} GB/s from pageable: \
+                "cuda:{}: host-to-device {p:.1} GB/s from pinned memory, {q:.1} GB/s from pageable: \
                  device='cuda' copies from pinned buffers on its own stream; batches cross as uint8 \
                  (224x224x3 = 147 KiB per image, so {:.0}k images/s fit through this link)",
                 d.index,
@@ -242,10 +243,17 @@ pub fn print(f: &Facts, advice: &[String], json: bool) -> Result<()> {
             f.gpu.nvidia_driver_version.clone().unwrap_or_default(),
             f.gpu.cuda_driver_version.map(|v| format!("{}.{}", v / 1000, (v % 1000) / 10)).unwrap_or_default()
         );
+        if let Some(note) = &f.gpu.nvml_note {
+            println!("GPU details: {note}");
+        }
+        // CUDA ordinals (what `device="cuda:N"` opens, after CUDA_VISIBLE_DEVICES), with the PCI
+        // bus id that ties each to NVML's listing of every GPU.
         for d in &f.gpu.devices {
             println!(
-                "GPU {}: {}, {} ({} free), PCIe gen {} x{} (max gen {} x{}){}",
+                "cuda:{} ({}{}): {}, {} ({} free), PCIe gen {} x{} (max gen {} x{}){}",
                 d.index,
+                d.pci_bus_id.as_deref().unwrap_or("bus id unknown"),
+                d.nvml_index.map(|i| format!(", NVML {i}")).unwrap_or_default(),
                 d.name,
                 gib(Some(d.memory_bytes)),
                 gib(Some(d.free_bytes)),

@@ -3,7 +3,10 @@
 //! thread per stream. A host buffer reused before its copy completed, a copy into a slot the
 //! consumer still holds, or lost batches would change the digest read back from "device" memory.
 //! This checks stoker's ordering and bookkeeping in CI; it says nothing about a real GPU, which
-//! `tests/gpu` covers on a GPU machine.
+//! `tests/gpu` covers on a GPU machine. The stand-in also models several devices behind
+//! `CUDA_VISIBLE_DEVICES`, running out of device memory and a sticky driver error; the Python
+//! side of those (context restoration, device choice, default-stream ordering) is in
+//! `tests/python/test_fake_driver.py`.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -93,4 +96,61 @@ fn doctor_measures_bandwidth_when_a_driver_answers() {
     assert_eq!(gpus.len(), 1, "{v}");
     assert!(gpus[0]["h2d_pinned_gbps"].as_f64().unwrap() > 0.0, "{v}");
     assert!(gpus[0]["h2d_pageable_gbps"].as_f64().unwrap() > 0.0, "{v}");
+}
+
+/// Runs `cmd` to completion, or kills it after `secs` and fails (nothing may hang).
+fn output_within(mut cmd: Command, secs: u64) -> std::process::Output {
+    use std::process::Stdio;
+    let mut child = cmd.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("start stoker");
+    let t0 = std::time::Instant::now();
+    while child.try_wait().expect("wait").is_none() {
+        if t0.elapsed().as_secs() > secs {
+            let _ = child.kill();
+            panic!("stoker did not finish within {secs} s");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    child.wait_with_output().expect("collect output")
+}
+
+#[test]
+fn doctor_lists_cuda_ordinals_after_cuda_visible_devices() {
+    let tmp = tempfile::tempdir().unwrap();
+    let Some(lib) = build_fake_driver(tmp.path()) else { return };
+    let mut cmd = stoker();
+    cmd.args(["doctor", "--json", "--no-bandwidth"]).env("LD_LIBRARY_PATH", lib.parent().unwrap());
+    cmd.env("FAKE_CUDA_DEVICES", "4").env("CUDA_VISIBLE_DEVICES", "3,1");
+    let out = output_within(cmd, 60);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let gpus = v["gpus"].as_array().unwrap();
+    // CUDA renumbers the visible devices from 0; the bus id says which physical GPU each is.
+    let ids: Vec<_> = gpus.iter().map(|g| (g["index"].as_u64().unwrap(), g["pci_bus_id"].as_str().unwrap())).collect();
+    assert_eq!(ids, [(0, "0000:13:00.0"), (1, "0000:11:00.0")], "{v}");
+}
+
+#[test]
+fn out_of_device_memory_and_a_sticky_error_are_clear_errors() {
+    let tmp = tempfile::tempdir().unwrap();
+    let Some(lib) = build_fake_driver(tmp.path()) else { return };
+    let root = tmp.path().join("demo");
+    let st = stoker().args(["demo", "--images", "100", "--no-bench", "--out"]).arg(&root).status().unwrap();
+    assert!(st.success());
+    let bench = |env: (&str, &str)| {
+        let mut cmd = stoker();
+        cmd.arg("bench").arg(&root).args(["--json", "--epochs", "1", "--batch-size", "16", "--threads", "2"]);
+        cmd.args(["--preset", "imagenet-val", "--dtype", "uint8", "--device", "cuda"]);
+        cmd.env("LD_LIBRARY_PATH", lib.parent().unwrap()).env("FAKE_CUDA_COPY_DELAY_US", "2000").env(env.0, env.1);
+        output_within(cmd, 120)
+    };
+    let out = bench(("FAKE_CUDA_MEM_LIMIT", "1000000"));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(err.contains("cannot allocate") && err.contains("out of memory"), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+    let out = bench(("FAKE_CUDA_STICKY_AFTER", "6"));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(err.contains("illegal memory access"), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
 }

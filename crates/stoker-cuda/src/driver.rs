@@ -9,7 +9,6 @@
 
 use crate::CudaError;
 use cudarc::driver::sys::{self, CUresult};
-use cudarc::driver::CudaContext;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -49,23 +48,67 @@ pub(crate) fn check(r: CUresult, call: &str) -> Result<(), stoker::Error> {
     Err(stoker::Error::Device(format!("{call} failed: {r:?} {text}")))
 }
 
-/// One GPU: its ordinal, name and retained primary context.
+/// One GPU: its CUDA ordinal, name, PCI bus id and retained primary context.
+///
+/// The primary context is retained with `cuDevicePrimaryCtxRetain`, which does not touch the
+/// calling thread's current context, and released on drop with `cuDevicePrimaryCtxRelease`,
+/// which does not either (cudarc's `CudaContext` binds itself on creation and on drop, and
+/// never restores what was current: that changed PyTorch's current device).
 pub struct Gpu {
-    ctx: Arc<CudaContext>,
+    ctx: sys::CUcontext,
+    dev: sys::CUdevice,
     ordinal: u32,
     name: String,
+    pci_bus_id: String,
     count: u32,
 }
 
+// SAFETY: a context handle may be used from any thread of the process; it is never mutated
+// after `open`, and it stays valid until `drop` releases it.
+unsafe impl Send for Gpu {}
+// SAFETY: as above.
+unsafe impl Sync for Gpu {}
+
 impl std::fmt::Debug for Gpu {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Gpu").field("ordinal", &self.ordinal).field("name", &self.name).finish()
+        f.debug_struct("Gpu")
+            .field("ordinal", &self.ordinal)
+            .field("name", &self.name)
+            .field("pci_bus_id", &self.pci_bus_id)
+            .finish()
     }
 }
 
+/// A C string written by the driver into `buf`.
+fn c_text(buf: &[std::ffi::c_char]) -> String {
+    let bytes: Vec<u8> = buf.iter().take_while(|&&c| c != 0).map(|&c| c as u8).collect();
+    String::from_utf8_lossy(&bytes).into_owned()
+}
+
+/// Name and PCI bus id (`domain:bus:device.function`) of CUDA device `dev`; the driver must be
+/// initialised (any successful `cuda_device_count`).
+pub(crate) fn device_identity(dev: sys::CUdevice) -> Result<(String, String), stoker::Error> {
+    let mut name = [0 as std::ffi::c_char; 256];
+    // SAFETY: the driver is initialised; writes at most `len` bytes, NUL-terminated.
+    check(unsafe { sys::cuDeviceGetName(name.as_mut_ptr(), name.len() as i32, dev) }, "cuDeviceGetName")?;
+    let mut bus = [0 as std::ffi::c_char; 64];
+    // SAFETY: as above.
+    check(unsafe { sys::cuDeviceGetPCIBusId(bus.as_mut_ptr(), bus.len() as i32, dev) }, "cuDeviceGetPCIBusId")?;
+    Ok((c_text(&name), c_text(&bus)))
+}
+
+/// The CUDA device of ordinal `ordinal` (the driver must be initialised).
+pub(crate) fn device_handle(ordinal: u32) -> Result<sys::CUdevice, stoker::Error> {
+    let mut dev: sys::CUdevice = 0;
+    // SAFETY: the driver is initialised; writes one handle.
+    check(unsafe { sys::cuDeviceGet(&mut dev, ordinal as i32) }, "cuDeviceGet")?;
+    Ok(dev)
+}
+
 impl Gpu {
-    /// Opens device `ordinal` (its primary context). Without a driver, or with fewer devices,
-    /// the error says so; this never panics (cudarc's lazy loader is gated and caught).
+    /// Opens device `ordinal` (a CUDA ordinal: after `CUDA_VISIBLE_DEVICES`), retaining its
+    /// primary context without making it current. Without a driver, or with fewer devices, the
+    /// error says so; this never panics (cudarc's lazy loader is gated and caught).
     pub fn open(ordinal: u32) -> Result<Arc<Gpu>, CudaError> {
         // The gated driver check `probe` uses: the library, cuInit, the device count.
         let (_, count) = crate::cuda_device_count().map_err(CudaError::Unavailable)?;
@@ -76,26 +119,22 @@ impl Gpu {
         if ordinal >= count {
             return Err(CudaError::NoSuchDevice { ordinal, count });
         }
-        let r = catch_unwind(AssertUnwindSafe(|| -> Result<Arc<Gpu>, CudaError> {
-            // CudaContext::new makes the context current on this thread, which may be a user's
-            // thread with another device's context current (PyTorch tracks its device that
-            // way): put the previous one back.
-            let mut prev: sys::CUcontext = std::ptr::null_mut();
-            // SAFETY: the driver is initialised (device_count called cuInit); writes one handle.
-            let had_prev = unsafe { sys::cuCtxGetCurrent(&mut prev) } == CUresult::CUDA_SUCCESS;
-            let ctx = CudaContext::new(ordinal as usize)
-                .map_err(|e| CudaError::Unavailable(format!("cannot open cuda:{ordinal}: {e:?}")));
-            if had_prev {
-                // SAFETY: `prev` was current on this thread a moment ago (or null, which unbinds).
-                let _ = unsafe { sys::cuCtxSetCurrent(prev) };
-            }
-            let ctx = ctx?;
-            let name = ctx.name().unwrap_or_else(|_| format!("CUDA device {ordinal}"));
-            Ok(Arc::new(Gpu { ctx, ordinal, name, count }))
+        let r = catch_unwind(AssertUnwindSafe(|| -> Result<Arc<Gpu>, stoker::Error> {
+            let dev = device_handle(ordinal)?;
+            let (name, pci_bus_id) = device_identity(dev)?;
+            let mut ctx: sys::CUcontext = std::ptr::null_mut();
+            // SAFETY: the driver is initialised and `dev` is valid; writes one handle. Retaining
+            // does not change any thread's current context.
+            check(unsafe { sys::cuDevicePrimaryCtxRetain(&mut ctx, dev) }, "cuDevicePrimaryCtxRetain")?;
+            Ok(Arc::new(Gpu { ctx, dev, ordinal, name, pci_bus_id, count }))
         }));
-        r.unwrap_or_else(|_| {
-            Err(CudaError::Unavailable("libcuda lacks a required symbol (a stub or mismatched driver library)".into()))
-        })
+        match r {
+            Ok(Ok(gpu)) => Ok(gpu),
+            Ok(Err(e)) => Err(CudaError::Unavailable(format!("cannot open cuda:{ordinal}: {e}"))),
+            Err(_) => Err(CudaError::Unavailable(
+                "libcuda lacks a required symbol (a stub or mismatched driver library)".into(),
+            )),
+        }
     }
 
     /// The CUDA ordinal.
@@ -108,29 +147,35 @@ impl Gpu {
         &self.name
     }
 
+    /// The PCI bus id as CUDA reports it (`domain:bus:device.function`, hexadecimal).
+    pub fn pci_bus_id(&self) -> &str {
+        &self.pci_bus_id
+    }
+
     /// Devices the driver sees.
     pub fn device_count(&self) -> u32 {
         self.count
     }
 
     /// Makes this GPU's context current on the calling thread until the guard is dropped,
-    /// then restores whatever was current before.
+    /// then restores whatever was current before (pushed on the thread's context stack and
+    /// popped again, so the caller's stack is left exactly as it was).
     pub(crate) fn bind(&self) -> Result<CtxGuard, stoker::Error> {
         let mut prev: sys::CUcontext = std::ptr::null_mut();
         // SAFETY: writes one context handle.
         check(unsafe { sys::cuCtxGetCurrent(&mut prev) }, "cuCtxGetCurrent")?;
-        let ours = self.ctx.cu_ctx();
-        if prev == ours {
-            return Ok(CtxGuard { prev: None });
+        if prev == self.ctx {
+            return Ok(CtxGuard { pushed: false, _not_send: std::marker::PhantomData });
         }
-        // SAFETY: `ours` is the retained primary context, alive as long as `self.ctx`.
-        check(unsafe { sys::cuCtxSetCurrent(ours) }, "cuCtxSetCurrent")?;
-        Ok(CtxGuard { prev: Some(prev) })
+        // SAFETY: `self.ctx` is the retained primary context, alive as long as `self`.
+        check(unsafe { sys::cuCtxPushCurrent_v2(self.ctx) }, "cuCtxPushCurrent")?;
+        Ok(CtxGuard { pushed: true, _not_send: std::marker::PhantomData })
     }
 
     /// Makes this GPU's context current on the calling thread for good (threads stoker owns).
     pub(crate) fn bind_forever(&self) -> Result<(), stoker::Error> {
-        self.ctx.bind_to_thread().map_err(|e| stoker::Error::Device(format!("cuCtxSetCurrent failed: {e:?}")))
+        // SAFETY: `self.ctx` is the retained primary context, alive as long as `self`.
+        check(unsafe { sys::cuCtxSetCurrent(self.ctx) }, "cuCtxSetCurrent")
     }
 
     /// Waits until every stream of this context is idle.
@@ -141,16 +186,28 @@ impl Gpu {
     }
 }
 
-/// Restores the thread's previous context on drop.
+impl Drop for Gpu {
+    fn drop(&mut self) {
+        // SAFETY: retained once in `open`, released once here; releasing does not change the
+        // calling thread's current context.
+        let _ = unsafe { sys::cuDevicePrimaryCtxRelease_v2(self.dev) };
+    }
+}
+
+/// Restores the thread's previous context on drop (pops what [`Gpu::bind`] pushed).
 pub(crate) struct CtxGuard {
-    prev: Option<sys::CUcontext>,
+    pushed: bool,
+    /// A context stack is per thread: the guard must be dropped where it was made.
+    _not_send: std::marker::PhantomData<*const ()>,
 }
 
 impl Drop for CtxGuard {
     fn drop(&mut self) {
-        if let Some(prev) = self.prev {
-            // SAFETY: `prev` was current on this thread a moment ago (or null, which unbinds).
-            let _ = unsafe { sys::cuCtxSetCurrent(prev) };
+        if self.pushed {
+            let mut popped: sys::CUcontext = std::ptr::null_mut();
+            // SAFETY: `bind` pushed one context on this thread's stack (guards are not Send,
+            // so this runs on the same thread); popping it restores the caller's.
+            let _ = unsafe { sys::cuCtxPopCurrent_v2(&mut popped) };
         }
     }
 }

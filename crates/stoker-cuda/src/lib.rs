@@ -25,7 +25,9 @@ mod transfer;
 pub use bandwidth::{measure_h2d, Bandwidth};
 pub use driver::{memory_in_use, Gpu, STREAM_LEGACY, STREAM_PER_THREAD};
 pub use pinned::PinnedAllocator;
-pub use transfer::{image_regions, ArrayMeta, DeviceBatch, DeviceIter, DeviceStage, HostBatch, ImageMeta};
+pub use transfer::{
+    image_regions, ArrayMeta, DeviceBatch, DeviceIter, DeviceRegion, DeviceStage, HostBatch, ImageMeta,
+};
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
@@ -125,11 +127,16 @@ pub fn place(requested: &str, default_ordinal: u32) -> stoker::Result<(Placement
     Ok((Placement::Cuda(gpu), report(format!("cuda:{n}"), None)))
 }
 
-/// One GPU as NVML and the driver report it.
+/// One GPU as the driver and NVML report it.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct GpuInfo {
-    /// CUDA ordinal.
+    /// CUDA ordinal (what `cuda:N` means: after `CUDA_VISIBLE_DEVICES`).
     pub index: u32,
+    /// PCI bus id as CUDA reports it (`domain:bus:device.function`).
+    pub pci_bus_id: Option<String>,
+    /// NVML's index of the same device (matched by PCI bus id; NVML lists every GPU of the
+    /// machine, whatever `CUDA_VISIBLE_DEVICES` says).
+    pub nvml_index: Option<u32>,
     /// Product name.
     pub name: String,
     /// Total memory in bytes.
@@ -159,10 +166,12 @@ pub struct CudaProbe {
     pub cuda_driver_version: Option<i32>,
     /// NVIDIA driver version string from NVML.
     pub nvidia_driver_version: Option<String>,
-    /// Devices found.
+    /// Devices CUDA sees, by CUDA ordinal.
     pub devices: Vec<GpuInfo>,
     /// Why there is no usable GPU, when there is none.
     pub unavailable_reason: Option<String>,
+    /// Why NVML's link and memory details are missing, when they are.
+    pub nvml_note: Option<String>,
 }
 
 impl CudaProbe {
@@ -194,31 +203,47 @@ pub(crate) fn cuda_device_count() -> Result<(i32, usize), String> {
     }
 }
 
-fn nvml_devices() -> Result<(String, Vec<GpuInfo>), String> {
-    let nvml = nvml_wrapper::Nvml::init().map_err(|e| format!("NVML: {e}"))?;
-    let driver = nvml.sys_driver_version().unwrap_or_default();
-    let n = nvml.device_count().map_err(|e| format!("NVML: {e}"))?;
-    let mut out = vec![];
-    for i in 0..n {
-        let d = nvml.device_by_index(i).map_err(|e| format!("NVML device {i}: {e}"))?;
-        let mem = d.memory_info().ok();
-        out.push(GpuInfo {
-            index: i,
-            name: d.name().unwrap_or_else(|_| "unknown".into()),
-            memory_bytes: mem.as_ref().map(|m| m.total).unwrap_or(0),
-            free_bytes: mem.as_ref().map(|m| m.free).unwrap_or(0),
-            pcie_generation: d.current_pcie_link_gen().ok(),
-            pcie_width: d.current_pcie_link_width().ok(),
-            pcie_max_generation: d.max_pcie_link_gen().ok(),
-            pcie_max_width: d.max_pcie_link_width().ok(),
-            h2d_pinned_gbps: None,
-            h2d_pageable_gbps: None,
-        });
-    }
-    Ok((driver, out))
+/// A PCI bus id as numbers `(domain, bus, device, function)`: CUDA writes `0000:17:00.0`,
+/// NVML `00000000:17:00.0`; both name the same device.
+pub fn parse_pci_bus_id(id: &str) -> Option<(u32, u32, u32, u32)> {
+    let id = id.trim().trim_end_matches('\0');
+    let (domain, rest) = id.split_once(':')?;
+    let (bus, rest) = rest.split_once(':')?;
+    let (device, function) = rest.split_once('.')?;
+    let hex = |s: &str| u32::from_str_radix(s.trim(), 16).ok();
+    Some((hex(domain)?, hex(bus)?, hex(device)?, hex(function)?))
 }
 
-/// Looks for a driver and GPUs; never fails and never panics.
+/// The devices CUDA sees (ordinal, name, PCI bus id); never panics.
+fn cuda_devices(count: usize) -> Vec<(u32, String, Option<String>)> {
+    (0..count as u32)
+        .map(|i| {
+            let ident =
+                catch_unwind(AssertUnwindSafe(|| driver::device_handle(i).and_then(driver::device_identity).ok()))
+                    .ok()
+                    .flatten();
+            match ident {
+                Some((name, bus)) => (i, name, Some(bus)),
+                None => (i, format!("CUDA device {i}"), None),
+            }
+        })
+        .collect()
+}
+
+/// NVML's view of the GPU at `bus` (a CUDA PCI bus id): `(nvml index, info)`.
+fn nvml_match<'n>(nvml: &'n nvml_wrapper::Nvml, bus: &str) -> Option<(u32, nvml_wrapper::Device<'n>)> {
+    let want = parse_pci_bus_id(bus)?;
+    let n = nvml.device_count().ok()?;
+    (0..n).find_map(|i| {
+        let d = nvml.device_by_index(i).ok()?;
+        let id = d.pci_info().ok()?.bus_id;
+        (parse_pci_bus_id(&id) == Some(want)).then_some((i, d))
+    })
+}
+
+/// Looks for a driver and GPUs; never fails and never panics. Devices are listed by CUDA
+/// ordinal (what `cuda:N` opens, after `CUDA_VISIBLE_DEVICES`); NVML's details are matched to
+/// them by PCI bus id, so an NVML index is never taken for a CUDA ordinal.
 pub fn probe() -> CudaProbe {
     let mut p = CudaProbe {
         driver_library: false,
@@ -226,41 +251,54 @@ pub fn probe() -> CudaProbe {
         nvidia_driver_version: None,
         devices: vec![],
         unavailable_reason: None,
+        nvml_note: None,
     };
-    match cuda_device_count() {
-        Err(e) => p.unavailable_reason = Some(e),
-        Ok((version, count)) => {
-            p.driver_library = true;
-            p.cuda_driver_version = Some(version);
-            if count == 0 {
-                p.unavailable_reason = Some("the driver reports no CUDA device".into());
-            }
-            match nvml_devices() {
-                Ok((driver, devices)) => {
-                    p.nvidia_driver_version = Some(driver);
-                    p.devices = devices;
-                }
-                Err(e) if count > 0 => {
-                    // The driver sees GPUs but NVML is missing: list them without link details.
-                    p.unavailable_reason = None;
-                    p.devices = (0..count as u32)
-                        .map(|index| GpuInfo {
-                            index,
-                            name: format!("CUDA device {index} ({e})"),
-                            memory_bytes: 0,
-                            free_bytes: 0,
-                            pcie_generation: None,
-                            pcie_width: None,
-                            pcie_max_generation: None,
-                            pcie_max_width: None,
-                            h2d_pinned_gbps: None,
-                            h2d_pageable_gbps: None,
-                        })
-                        .collect();
-                }
-                Err(e) => p.unavailable_reason = Some(e),
+    let (version, count) = match cuda_device_count() {
+        Err(e) => {
+            p.unavailable_reason = Some(e);
+            return p;
+        }
+        Ok(x) => x,
+    };
+    p.driver_library = true;
+    p.cuda_driver_version = Some(version);
+    if count == 0 {
+        p.unavailable_reason = Some("the driver reports no CUDA device".into());
+        return p;
+    }
+    let nvml = nvml_wrapper::Nvml::init().map_err(|e| format!("NVML: {e}"));
+    match &nvml {
+        Ok(n) => p.nvidia_driver_version = n.sys_driver_version().ok(),
+        Err(e) => p.nvml_note = Some(format!("{e}; link and memory details unavailable")),
+    }
+    for (index, name, bus) in cuda_devices(count) {
+        let mut info = GpuInfo {
+            index,
+            pci_bus_id: bus.clone(),
+            nvml_index: None,
+            name,
+            memory_bytes: 0,
+            free_bytes: 0,
+            pcie_generation: None,
+            pcie_width: None,
+            pcie_max_generation: None,
+            pcie_max_width: None,
+            h2d_pinned_gbps: None,
+            h2d_pageable_gbps: None,
+        };
+        if let (Ok(nvml), Some(bus)) = (&nvml, bus.as_deref()) {
+            if let Some((i, d)) = nvml_match(nvml, bus) {
+                let mem = d.memory_info().ok();
+                info.nvml_index = Some(i);
+                info.memory_bytes = mem.as_ref().map(|m| m.total).unwrap_or(0);
+                info.free_bytes = mem.as_ref().map(|m| m.free).unwrap_or(0);
+                info.pcie_generation = d.current_pcie_link_gen().ok();
+                info.pcie_width = d.current_pcie_link_width().ok();
+                info.pcie_max_generation = d.max_pcie_link_gen().ok();
+                info.pcie_max_width = d.max_pcie_link_width().ok();
             }
         }
+        p.devices.push(info);
     }
     p
 }
@@ -289,6 +327,14 @@ mod tests {
         let e = place("gpu", 0).unwrap_err();
         assert!(e.to_string().contains("invalid argument `device`"), "{e}");
         assert_eq!(memory_in_use(), (0, 0));
+    }
+
+    #[test]
+    fn pci_bus_ids_of_cuda_and_nvml_compare_equal() {
+        assert_eq!(parse_pci_bus_id("0000:17:00.0"), parse_pci_bus_id("00000000:17:00.0"));
+        assert_eq!(parse_pci_bus_id("0000:1a:00.0"), Some((0, 0x1a, 0, 0)));
+        assert_ne!(parse_pci_bus_id("0000:17:00.0"), parse_pci_bus_id("0000:18:00.0"));
+        assert_eq!(parse_pci_bus_id("garbage"), None);
     }
 
     #[test]

@@ -14,13 +14,28 @@
 //! kernels is never overwritten (the race PyTorch's caching allocator leaves open for
 //! side-stream copies). The host buffer returns to its pool as soon as its copy has completed.
 //! No call on the consumer's thread waits for the GPU.
+//!
+//! The thread, the queue of copied slots, cancellation and shutdown are the engine's shared
+//! ordered [`Run`] (the one under the image pipeline and `ArrayLoader`): the transfer thread is
+//! started by [`Run::spawn`] (a panic becomes the consumer's error, never a wait), a consumer
+//! holding every device slot gets an error instead of a hang, shutting a run down returns every
+//! undelivered slot to the device pool, and a run replaced by a newer [`DeviceStage::run`] is
+//! stale (its iterator says so).
+//!
+//! Regions named by [`DeviceStage::with_detached`] (an image loader's labels) are copied into
+//! small buffers of their own instead of the slot, handed out as [`DeviceRegion`]s: a consumer
+//! that keeps the labels of every batch (metrics, logging) does not keep the batch's images
+//! buffer, so the slot goes back to the pool when the images are dropped. Those small buffers
+//! follow the same release rule (written again only after their consumer streams passed the
+//! release point) and are allocated on demand, so keeping them costs only their few bytes.
 
 use crate::driver::{DeviceMem, Event, Gpu, Stream};
 use crossbeam_channel::{bounded, Receiver, RecvTimeoutError, Sender};
+use std::any::Any;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
+use stoker::pipeline::{Run, Wait};
 use stoker::telemetry::{ConsumerClock, Telemetry};
 use stoker::{DType, Error, Layout, Result};
 
@@ -106,24 +121,91 @@ impl HostBatch for stoker::arrays::ArrayBatch {
     }
 }
 
-/// One device slot: a buffer per region, the copy's events, and the release events recorded
-/// on the consumer's streams.
-struct DeviceSlot {
-    regions: Vec<DeviceMem>,
-    start: Arc<Event>,
+/// The streams a batch was used on, for its release events.
+#[derive(Default)]
+struct Consumers {
+    streams: Vec<usize>,
+    unknown: bool,
+}
+
+/// What the consumer's views of one copy share: the copy's `ready` event and the streams they
+/// were used on.
+struct Views {
     ready: Arc<Event>,
-    release: Vec<Event>,
+    consumers: Mutex<Consumers>,
+}
+
+impl Views {
+    fn new(ready: Arc<Event>) -> Self {
+        Views { ready, consumers: Mutex::new(Consumers::default()) }
+    }
+
+    fn sync_stream(&self, stream: Option<usize>) -> Result<()> {
+        let mut c = self.consumers.lock().unwrap_or_else(|p| p.into_inner());
+        match stream {
+            None => c.unknown = true,
+            Some(s) => {
+                self.ready.wait_on(s as cudarc::driver::sys::CUstream)?;
+                if !c.streams.contains(&s) {
+                    c.streams.push(s);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn take(&self) -> Consumers {
+        std::mem::take(&mut *self.consumers.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+}
+
+/// The release points of one piece of device memory: events recorded on the consumer's
+/// streams when it let go of the memory. The memory is written again only after they passed.
+struct Release {
+    events: Vec<Event>,
     pending: usize,
-    /// The batch was used on a stream stoker was not told about: wait for the whole device.
+    /// The memory was used on a stream stoker was not told about: wait for the whole device.
     full_sync: bool,
     gpu: Arc<Gpu>,
 }
 
-impl DeviceSlot {
-    /// Waits (polling, so `cancel` is honoured) until every stream the last batch in this
-    /// slot was used on has passed its release point. `Ok(false)`: cancelled.
-    fn wait_released(&mut self, cancel: &AtomicBool) -> Result<bool> {
-        for ev in &self.release[..self.pending] {
+impl Release {
+    fn new(gpu: &Arc<Gpu>) -> Self {
+        Release { events: vec![], pending: 0, full_sync: false, gpu: gpu.clone() }
+    }
+
+    /// Records a release event on every stream in `c` (on the consumer's thread: enqueues
+    /// only, never waits).
+    fn record(&mut self, c: Consumers) {
+        self.full_sync |= c.unknown;
+        for s in c.streams {
+            if self.events.len() == self.pending {
+                match Event::new(&self.gpu, false) {
+                    Ok(ev) => self.events.push(ev),
+                    Err(_) => {
+                        self.full_sync = true;
+                        continue;
+                    }
+                }
+            }
+            if self.events[self.pending].record(s as cudarc::driver::sys::CUstream).is_ok() {
+                self.pending += 1;
+            } else {
+                self.full_sync = true;
+            }
+        }
+    }
+
+    /// Whether every release event has passed (never waits; a pending full-device sync is
+    /// left to [`Release::wait`]).
+    fn events_passed(&self) -> bool {
+        self.events[..self.pending].iter().all(|e| e.is_done().unwrap_or(false))
+    }
+
+    /// Waits (polling, so `cancel` is honoured) until every release point has passed.
+    /// `Ok(false)`: cancelled.
+    fn wait(&mut self, cancel: &AtomicBool) -> Result<bool> {
+        for ev in &self.events[..self.pending] {
             let mut nap = Duration::from_micros(20);
             while !ev.is_done()? {
                 if cancel.load(Ordering::Acquire) {
@@ -140,17 +222,54 @@ impl DeviceSlot {
         }
         Ok(true)
     }
+
+    /// Blocks until every release point has passed (before the memory is freed).
+    fn wait_all(&mut self) {
+        for ev in &self.events[..self.pending] {
+            let _ = ev.synchronize();
+        }
+        self.pending = 0;
+        if self.full_sync {
+            let _ = self.gpu.synchronize();
+            self.full_sync = false;
+        }
+    }
+}
+
+/// One device slot: a buffer per region, the copy's events, the release events recorded on
+/// the consumer's streams, and (between the copy and the hand-off) the batch it holds.
+struct DeviceSlot {
+    regions: Vec<DeviceMem>,
+    start: Arc<Event>,
+    ready: Arc<Event>,
+    release: Release,
+    /// Sequence number of the batch in this run (what the ordered run waits for).
+    seq: usize,
+    /// The batch's description (a `HostBatch::Meta`), until the consumer takes it.
+    meta: Option<Box<dyn Any + Send + Sync>>,
+    /// Bytes copied per region.
+    lens: Vec<usize>,
+    /// The detached regions of the batch in this slot: `(region, buffer)`.
+    side: Vec<(usize, SideBuf)>,
+}
+
+/// A small buffer a detached region is copied into (see [`DeviceStage::with_detached`]).
+struct SideBuf {
+    mem: DeviceMem,
+    release: Release,
+}
+
+impl Drop for SideBuf {
+    fn drop(&mut self) {
+        // Never free memory that queued consumer work may still read.
+        self.release.wait_all();
+    }
 }
 
 impl Drop for DeviceSlot {
     fn drop(&mut self) {
         // Never free memory that queued consumer work may still read.
-        for ev in &self.release[..self.pending] {
-            let _ = ev.synchronize();
-        }
-        if self.full_sync {
-            let _ = self.gpu.synchronize();
-        }
+        self.release.wait_all();
         let _ = self.ready.synchronize();
     }
 }
@@ -162,13 +281,87 @@ struct Pool {
     capacities: Vec<usize>,
     /// Batches the consumer has received and not yet dropped.
     held: AtomicUsize,
+    /// Free buffers for detached regions.
+    side: Arc<SideList>,
 }
 
-/// The streams a batch was used on, for its release events.
+/// Free buffers for detached regions, by region. Shared with the live [`DeviceRegion`]s
+/// apart from the pool, so that kept labels never keep the pool's slots alive.
 #[derive(Default)]
-struct Consumers {
-    streams: Vec<usize>,
-    unknown: bool,
+struct SideList(Mutex<Vec<(usize, SideBuf)>>);
+
+impl SideList {
+    fn put(&self, region: usize, buf: SideBuf) {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).push((region, buf));
+    }
+}
+
+/// One region of a batch in a device buffer of its own (an image batch's labels): it keeps
+/// only that small buffer alive, not the batch's slot. Same stream rules as [`DeviceBatch`].
+pub struct DeviceRegion {
+    buf: Option<SideBuf>,
+    region: usize,
+    len: usize,
+    views: Views,
+    side: Arc<SideList>,
+    gpu: Arc<Gpu>,
+}
+
+impl std::fmt::Debug for DeviceRegion {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DeviceRegion").field("region", &self.region).field("len", &self.len).finish()
+    }
+}
+
+impl DeviceRegion {
+    fn mem(&self) -> &DeviceMem {
+        &self.buf.as_ref().expect("live region has a buffer").mem
+    }
+
+    /// Device address of the bytes.
+    pub fn ptr(&self) -> u64 {
+        self.mem().ptr()
+    }
+
+    /// Bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the region holds no bytes.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// CUDA ordinal of the device holding it.
+    pub fn ordinal(&self) -> u32 {
+        self.gpu.ordinal()
+    }
+
+    /// As [`DeviceBatch::sync_stream`].
+    pub fn sync_stream(&self, stream: Option<usize>) -> Result<()> {
+        self.views.sync_stream(stream)
+    }
+
+    /// Blocks the calling thread until the copy has completed.
+    pub fn synchronize(&self) -> Result<()> {
+        self.views.ready.synchronize()
+    }
+
+    /// Reads the bytes back (waits for the copy first): for checks, never on a training path.
+    pub fn read(&self, out: &mut Vec<u8>) -> Result<()> {
+        self.synchronize()?;
+        out.resize(self.len, 0);
+        self.mem().read_into(out)
+    }
+}
+
+impl Drop for DeviceRegion {
+    fn drop(&mut self) {
+        let Some(mut buf) = self.buf.take() else { return };
+        buf.release.record(self.views.take());
+        self.side.put(self.region, buf);
+    }
 }
 
 /// A batch in device memory. Its bytes are valid on a stream only after
@@ -178,10 +371,11 @@ pub struct DeviceBatch<M> {
     slot: Option<DeviceSlot>,
     lens: Vec<usize>,
     meta: M,
+    /// Regions copied into buffers of their own, by region index.
+    detached: Vec<Option<Arc<DeviceRegion>>>,
     pool: Arc<Pool>,
-    consumers: Mutex<Consumers>,
-    /// Handed to the consumer (counted in `pool.held`).
-    received: AtomicBool,
+    views: Views,
+    gpu: Arc<Gpu>,
 }
 
 impl<M> std::fmt::Debug for DeviceBatch<M> {
@@ -202,12 +396,21 @@ impl<M> DeviceBatch<M> {
 
     /// CUDA ordinal of the device holding the batch.
     pub fn ordinal(&self) -> u32 {
-        self.slot().gpu.ordinal()
+        self.gpu.ordinal()
     }
 
     /// Device address of region `i` (images = 0, labels = 1; or array columns in order).
     pub fn region_ptr(&self, i: usize) -> u64 {
-        self.slot().regions[i].ptr()
+        match self.detached.get(i) {
+            Some(Some(r)) => r.ptr(),
+            _ => self.slot().regions[i].ptr(),
+        }
+    }
+
+    /// Region `i` when it lives in a buffer of its own ([`DeviceStage::with_detached`]): a
+    /// view of it that keeps only that buffer alive, not this batch's slot.
+    pub fn detached(&self, i: usize) -> Option<&Arc<DeviceRegion>> {
+        self.detached.get(i).and_then(|r| r.as_ref())
     }
 
     /// Bytes of region `i` in this batch.
@@ -225,27 +428,20 @@ impl<M> DeviceBatch<M> {
     /// the caller synchronises by other means; the memory is then reused only after the whole
     /// device has gone idle past the release.
     pub fn sync_stream(&self, stream: Option<usize>) -> Result<()> {
-        let mut c = self.consumers.lock().unwrap_or_else(|p| p.into_inner());
-        match stream {
-            None => c.unknown = true,
-            Some(s) => {
-                self.slot().ready.wait_on(s as cudarc::driver::sys::CUstream)?;
-                if !c.streams.contains(&s) {
-                    c.streams.push(s);
-                }
-            }
-        }
-        Ok(())
+        self.views.sync_stream(stream)
     }
 
     /// Blocks the calling thread until the copy has completed (for host-side readers).
     pub fn synchronize(&self) -> Result<()> {
-        self.slot().ready.synchronize()
+        self.views.ready.synchronize()
     }
 
     /// Reads region `i` back from the GPU into `out` (waits for the copy first): for checks and
     /// digests, never on a training path.
     pub fn read_region(&self, i: usize, out: &mut Vec<u8>) -> Result<()> {
+        if let Some(r) = self.detached(i) {
+            return r.read(out);
+        }
         self.synchronize()?;
         out.resize(self.lens[i], 0);
         self.slot().regions[i].read_into(out)
@@ -255,45 +451,9 @@ impl<M> DeviceBatch<M> {
 impl<M> Drop for DeviceBatch<M> {
     fn drop(&mut self) {
         let Some(mut slot) = self.slot.take() else { return };
-        let c = std::mem::take(&mut *self.consumers.lock().unwrap_or_else(|p| p.into_inner()));
-        slot.full_sync |= c.unknown;
-        for s in c.streams {
-            if slot.release.len() == slot.pending {
-                match Event::new(&slot.gpu, false) {
-                    Ok(ev) => slot.release.push(ev),
-                    Err(_) => {
-                        slot.full_sync = true;
-                        continue;
-                    }
-                }
-            }
-            let k = slot.pending;
-            if slot.release[k].record(s as cudarc::driver::sys::CUstream).is_ok() {
-                slot.pending += 1;
-            } else {
-                slot.full_sync = true;
-            }
-        }
-        if self.received.load(Ordering::Acquire) {
-            self.pool.held.fetch_sub(1, Ordering::AcqRel);
-        }
+        slot.release.record(self.views.take());
+        self.pool.held.fetch_sub(1, Ordering::AcqRel);
         let _ = self.pool.free_tx.send(slot);
-    }
-}
-
-/// Stop flag and thread of one running transfer.
-struct Run {
-    cancel: AtomicBool,
-    thread: Mutex<Option<JoinHandle<()>>>,
-}
-
-impl Run {
-    fn stop(&self) {
-        self.cancel.store(true, Ordering::Release);
-        let t = self.thread.lock().unwrap_or_else(|p| p.into_inner()).take();
-        if let Some(t) = t {
-            let _ = t.join();
-        }
     }
 }
 
@@ -302,7 +462,9 @@ pub struct DeviceStage {
     gpu: Arc<Gpu>,
     stream: Arc<Stream>,
     pool: Arc<Pool>,
-    active: Mutex<Option<Arc<Run>>>,
+    active: Mutex<Option<Arc<Run<DeviceSlot>>>>,
+    /// Regions copied into buffers of their own.
+    detached: Vec<usize>,
 }
 
 impl std::fmt::Debug for DeviceStage {
@@ -330,15 +492,25 @@ impl DeviceStage {
                 regions,
                 start: Arc::new(Event::new(&gpu, true)?),
                 ready: Arc::new(Event::new(&gpu, true)?),
-                release: vec![],
-                pending: 0,
-                full_sync: false,
-                gpu: gpu.clone(),
+                release: Release::new(&gpu),
+                seq: 0,
+                meta: None,
+                lens: vec![],
+                side: vec![],
             };
             free_tx.send(slot).map_err(|_| Error::Internal("device pool channel full".into()))?;
         }
-        let pool = Arc::new(Pool { free_tx, free_rx, slots, capacities, held: AtomicUsize::new(0) });
-        Ok(DeviceStage { gpu, stream, pool, active: Mutex::new(None) })
+        let pool =
+            Arc::new(Pool { free_tx, free_rx, slots, capacities, held: AtomicUsize::new(0), side: Arc::default() });
+        Ok(DeviceStage { gpu, stream, pool, active: Mutex::new(None), detached: vec![] })
+    }
+
+    /// Copies regions `regions` (indexes into the capacities) into small buffers of their own
+    /// instead of the slot, so that a consumer keeping them does not keep the slot: an image
+    /// loader's labels (region 1). Out-of-range indexes are ignored.
+    pub fn with_detached(mut self, regions: &[usize]) -> Self {
+        self.detached = regions.iter().copied().filter(|&r| r < self.pool.capacities.len()).collect();
+        self
     }
 
     /// The device.
@@ -356,173 +528,262 @@ impl DeviceStage {
         self.pool.slots * self.pool.capacities.iter().sum::<usize>()
     }
 
+    /// Stops the running transfer (if any) now: its thread is joined, undelivered slots go
+    /// back to the pool, and its iterator ends with a stale error naming `why`.
+    pub fn stop(&self, why: &str) {
+        let old = self.active.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(old) = old {
+            old.make_stale(why);
+        }
+    }
+
     /// Starts forwarding the batches that `poll` yields (a host iterator's `next_timeout`) to
-    /// the GPU; stops any previous run of this stage first. Copies are counted in `telemetry`'s
-    /// transfer stage, and the consumer's waits in its consumer stage.
+    /// the GPU; a previous run of this stage is stopped first and its iterator becomes stale.
+    /// Copies are counted in `telemetry`'s transfer stage, and the consumer's waits in its
+    /// consumer stage.
     pub fn run<B, P>(&self, poll: P, telemetry: Option<Arc<Telemetry>>) -> Result<DeviceIter<B::Meta>>
     where
         B: HostBatch,
         P: FnMut(Duration) -> Option<Option<Result<B>>> + Send + 'static,
     {
-        if let Some(old) = self.active.lock().unwrap_or_else(|p| p.into_inner()).take() {
-            old.stop();
-        }
-        let run = Arc::new(Run { cancel: AtomicBool::new(false), thread: Mutex::new(None) });
-        let (tx, rx) = bounded(self.pool.slots);
-        let (gpu, stream, pool, r, tel) =
-            (self.gpu.clone(), self.stream.clone(), self.pool.clone(), run.clone(), telemetry.clone());
-        let handle = std::thread::Builder::new()
-            .name("stoker-transfer".into())
-            .spawn(move || {
-                let res = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                    transfer_loop(&gpu, &stream, &pool, &r.cancel, poll, &tx, tel.as_deref())
-                }));
-                if res.is_err() {
-                    let _ = tx.send(Err(Error::Internal("the transfer thread panicked".into())));
-                }
-            })
-            .map_err(|e| Error::Internal(format!("cannot start the transfer thread: {e}")))?;
-        *run.thread.lock().unwrap_or_else(|p| p.into_inner()) = Some(handle);
+        self.stop("a newer iteration of this loader started");
+        let (run, done) = Run::new(self.pool.slots, self.pool.free_tx.clone());
+        let outcome = Arc::new(Mutex::new(None));
+        let ctx = Transfer {
+            gpu: self.gpu.clone(),
+            stream: self.stream.clone(),
+            pool: self.pool.clone(),
+            cancel: run.cancel_flag(),
+            telemetry: telemetry.clone(),
+            detached: self.detached.clone(),
+        };
+        let (me, out) = (Arc::downgrade(&run), outcome.clone());
+        run.spawn("stoker-transfer".into(), move || {
+            let r = ctx.forward(poll, &done);
+            if let Err(e) = r {
+                *out.lock().unwrap_or_else(|p| p.into_inner()) = Some(e);
+            }
+            if let Some(run) = me.upgrade() {
+                run.finish();
+            }
+        })?;
         *self.active.lock().unwrap_or_else(|p| p.into_inner()) = Some(run.clone());
-        Ok(DeviceIter { rx, run, pool: self.pool.clone(), telemetry, clock: ConsumerClock::default(), done: false })
+        Ok(DeviceIter {
+            run,
+            outcome,
+            next: 0,
+            pool: self.pool.clone(),
+            gpu: self.gpu.clone(),
+            telemetry,
+            clock: ConsumerClock::default(),
+            done: false,
+            _meta: std::marker::PhantomData,
+        })
     }
 }
 
 impl Drop for DeviceStage {
     fn drop(&mut self) {
-        if let Some(run) = self.active.lock().unwrap_or_else(|p| p.into_inner()).take() {
-            run.stop();
+        self.stop("the loader was dropped");
+    }
+}
+
+/// What the transfer thread works with.
+struct Transfer {
+    gpu: Arc<Gpu>,
+    stream: Arc<Stream>,
+    pool: Arc<Pool>,
+    cancel: Arc<AtomicBool>,
+    telemetry: Option<Arc<Telemetry>>,
+    detached: Vec<usize>,
+}
+
+/// A host batch whose copy may still be reading it: dropping it (on an error or an unwinding
+/// panic) waits for stoker's stream first, so host memory never goes back to its pool early.
+struct InFlight<'a, B> {
+    host: Option<B>,
+    stream: &'a Stream,
+}
+
+impl<B> Drop for InFlight<'_, B> {
+    fn drop(&mut self) {
+        if self.host.is_some() {
+            let _ = self.stream.synchronize();
         }
     }
 }
 
-fn transfer_loop<B, P>(
-    gpu: &Gpu,
-    stream: &Stream,
-    pool: &Arc<Pool>,
-    cancel: &AtomicBool,
-    mut poll: P,
-    out: &Sender<Result<DeviceBatch<B::Meta>>>,
-    tel: Option<&Telemetry>,
-) where
-    B: HostBatch,
-    P: FnMut(Duration) -> Option<Option<Result<B>>>,
-{
-    if let Err(e) = gpu.bind_forever() {
-        let _ = out.send(Err(e));
-        return;
+impl Transfer {
+    fn cancelled(&self) -> bool {
+        self.cancel.load(Ordering::Acquire)
     }
-    let mut regions = Vec::new();
-    loop {
-        if cancel.load(Ordering::Acquire) {
-            return;
-        }
-        let host = match poll(POLL) {
-            None => continue,
-            Some(None) => return,
-            Some(Some(Err(e))) => {
-                let _ = out.send(Err(e));
-                return;
-            }
-            Some(Some(Ok(b))) => b,
-        };
-        let t0 = Instant::now();
+
+    /// Takes a free device slot whose release points have passed; `None`: cancelled.
+    fn take_slot(&self) -> Result<Option<DeviceSlot>> {
         let mut slot = loop {
-            if cancel.load(Ordering::Acquire) {
-                return;
+            if self.cancelled() {
+                return Ok(None);
             }
-            match pool.free_rx.recv_timeout(POLL) {
+            match self.pool.free_rx.recv_timeout(POLL) {
                 Ok(s) => break s,
                 Err(RecvTimeoutError::Timeout) => continue,
-                Err(RecvTimeoutError::Disconnected) => return,
+                Err(RecvTimeoutError::Disconnected) => return Ok(None),
             }
         };
-        let step = (|| -> Result<bool> {
-            if !slot.wait_released(cancel)? {
-                return Ok(false);
+        // Detached buffers of an undelivered batch (a run shut down early) go back.
+        for (region, buf) in slot.side.drain(..) {
+            self.pool.side.put(region, buf);
+        }
+        match slot.release.wait(&self.cancel) {
+            Ok(true) => Ok(Some(slot)),
+            Ok(false) => {
+                let _ = self.pool.free_tx.send(slot);
+                Ok(None)
             }
+            Err(e) => {
+                let _ = self.pool.free_tx.send(slot);
+                Err(e)
+            }
+        }
+    }
+
+    /// A buffer for detached region `region`: a free one whose release points have passed,
+    /// else a new one. `None`: cancelled.
+    fn side_buf(&self, region: usize) -> Result<Option<SideBuf>> {
+        let found = {
+            let mut free = self.pool.side.0.lock().unwrap_or_else(|p| p.into_inner());
+            let at = free.iter().position(|(r, b)| *r == region && b.release.events_passed());
+            at.map(|i| free.swap_remove(i).1)
+        };
+        match found {
+            Some(mut buf) => Ok(buf.release.wait(&self.cancel)?.then_some(buf)),
+            None => {
+                let mem = DeviceMem::new(&self.gpu, self.pool.capacities[region])?;
+                Ok(Some(SideBuf { mem, release: Release::new(&self.gpu) }))
+            }
+        }
+    }
+
+    /// Forwards host batches until the input ends (`Ok`), the run is cancelled (`Ok`) or
+    /// something fails (the error, delivered after the batches before it).
+    fn forward<B, P>(&self, mut poll: P, done: &Sender<DeviceSlot>) -> Result<()>
+    where
+        B: HostBatch,
+        P: FnMut(Duration) -> Option<Option<Result<B>>>,
+    {
+        self.gpu.bind_forever()?;
+        let tel = self.telemetry.as_deref();
+        let mut regions = Vec::new();
+        for seq in 0.. {
+            let host = loop {
+                if self.cancelled() {
+                    return Ok(());
+                }
+                match poll(POLL) {
+                    None => continue,
+                    Some(None) => return Ok(()),
+                    Some(Some(r)) => break r?,
+                }
+            };
+            let host = InFlight { host: Some(host), stream: &self.stream };
+            let t0 = Instant::now();
+            let Some(mut slot) = self.take_slot()? else { return Ok(()) };
             if let Some(t) = tel {
                 t.transfer.add_wait(t0.elapsed());
             }
+            let b = host.host.as_ref().expect("host batch present until the copy completed");
             regions.clear();
-            host.regions(&mut regions);
-            if regions.len() != slot.regions.len() {
-                return Err(Error::Internal(format!(
-                    "a batch of {} regions for a device slot of {}",
-                    regions.len(),
-                    slot.regions.len()
-                )));
+            b.regions(&mut regions);
+            let enqueued = (|| -> Result<bool> {
+                if regions.len() != slot.regions.len() {
+                    return Err(Error::Internal(format!(
+                        "a batch of {} regions for a device slot of {}",
+                        regions.len(),
+                        slot.regions.len()
+                    )));
+                }
+                for &r in &self.detached {
+                    match self.side_buf(r)? {
+                        Some(buf) => slot.side.push((r, buf)),
+                        None => return Ok(false),
+                    }
+                }
+                slot.start.record(self.stream.raw())?;
+                for (i, (&(src, len), dst)) in regions.iter().zip(&slot.regions).enumerate() {
+                    let dst = slot.side.iter().find(|(r, _)| *r == i).map_or(dst, |(_, b)| &b.mem);
+                    // SAFETY: `host` (which owns the source memory, pinned by the loader's
+                    // allocator) is kept alive below until the `ready` event has completed,
+                    // and `InFlight` waits for the stream if this thread leaves early.
+                    unsafe { dst.copy_from_host(src, len, &self.stream)? };
+                }
+                slot.ready.record(self.stream.raw())?;
+                Ok(true)
+            })();
+            match enqueued {
+                Ok(true) => {}
+                Ok(false) => {
+                    let _ = self.pool.free_tx.send(slot);
+                    return Ok(());
+                }
+                Err(e) => {
+                    let _ = self.stream.synchronize();
+                    let _ = self.pool.free_tx.send(slot);
+                    return Err(e);
+                }
             }
-            slot.start.record(stream.raw())?;
-            for (&(src, len), dst) in regions.iter().zip(&slot.regions) {
-                // SAFETY: `host` (which owns the source memory, pinned by the loader's
-                // allocator) is kept alive below until the `ready` event has completed.
-                unsafe { dst.copy_from_host(src, len, stream)? };
+            let (start, ready) = (slot.start.clone(), slot.ready.clone());
+            slot.lens = regions.iter().map(|r| r.1).collect();
+            let bytes: usize = slot.lens.iter().sum();
+            slot.seq = seq;
+            slot.meta = Some(Box::new(b.meta()));
+            // The run's queue holds at most `slots` slots and this one is out of the pool, so
+            // the send never blocks; it fails only when the run was shut down.
+            let sent = match done.send(slot) {
+                Ok(()) => true,
+                Err(crossbeam_channel::SendError(slot)) => {
+                    let _ = self.pool.free_tx.send(slot);
+                    false
+                }
+            };
+            // The consumer already has the batch (its stream waits on `ready`); this thread
+            // waits for the copy only to hand the pinned host buffer back to its pool.
+            let copied = ready.synchronize();
+            let ms = copied.as_ref().ok().and_then(|_| ready.elapsed_since(&start).ok());
+            copied?;
+            let mut host = host;
+            drop(host.host.take());
+            if let (Some(t), Some(ms)) = (tel, ms) {
+                t.add_transfer(bytes, Duration::from_secs_f64(f64::from(ms) * 1e-3));
             }
-            slot.ready.record(stream.raw())?;
-            Ok(true)
-        })();
-        match step {
-            Ok(true) => {}
-            Ok(false) => {
-                let _ = pool.free_tx.send(slot);
-                return;
-            }
-            Err(e) => {
-                // Make sure no copy still reads the host batch before it is dropped.
-                let _ = stream.synchronize();
-                let _ = pool.free_tx.send(slot);
-                let _ = out.send(Err(e));
-                return;
+            if !sent {
+                return Ok(());
             }
         }
-        let (start, ready) = (slot.start.clone(), slot.ready.clone());
-        let lens: Vec<usize> = regions.iter().map(|r| r.1).collect();
-        let bytes: usize = lens.iter().sum();
-        let batch = DeviceBatch {
-            slot: Some(slot),
-            lens,
-            meta: host.meta(),
-            pool: pool.clone(),
-            consumers: Mutex::new(Consumers::default()),
-            received: AtomicBool::new(false),
-        };
-        let sent = out.send(Ok(batch)).is_ok();
-        // The consumer already has the batch (its stream waits on `ready`); this thread waits
-        // for the copy only to hand the pinned host buffer back to its pool.
-        let copied = ready.synchronize();
-        let ms = copied.as_ref().ok().and_then(|_| ready.elapsed_since(&start).ok());
-        drop(host);
-        if let Err(e) = copied {
-            let _ = out.send(Err(e));
-            return;
-        }
-        if let (Some(t), Some(ms)) = (tel, ms) {
-            t.add_transfer(bytes, Duration::from_secs_f64(f64::from(ms) * 1e-3));
-        }
-        if !sent {
-            return;
-        }
+        Ok(())
     }
 }
 
 /// Batches on the GPU, in order. Dropping it stops the transfer thread and the host pipeline.
 pub struct DeviceIter<M> {
-    rx: Receiver<Result<DeviceBatch<M>>>,
-    run: Arc<Run>,
+    run: Arc<Run<DeviceSlot>>,
+    /// The transfer thread's error, delivered after the batches before it.
+    outcome: Arc<Mutex<Option<Error>>>,
+    next: usize,
     pool: Arc<Pool>,
+    gpu: Arc<Gpu>,
     telemetry: Option<Arc<Telemetry>>,
     clock: ConsumerClock,
     done: bool,
+    _meta: std::marker::PhantomData<fn() -> M>,
 }
 
 impl<M> std::fmt::Debug for DeviceIter<M> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("DeviceIter").field("done", &self.done).finish()
+        f.debug_struct("DeviceIter").field("next", &self.next).field("done", &self.done).finish()
     }
 }
 
-impl<M> DeviceIter<M> {
+impl<M: Send + 'static> DeviceIter<M> {
     /// Like [`Iterator::next`], but gives up after `timeout`: `None` means "not yet",
     /// `Some(None)` the end of the pass.
     pub fn next_timeout(&mut self, timeout: Duration) -> Option<Option<Result<DeviceBatch<M>>>> {
@@ -530,43 +791,86 @@ impl<M> DeviceIter<M> {
             return Some(None);
         }
         self.clock.waiting(self.telemetry.as_deref().map(|t| &t.consumer));
-        match self.rx.recv_timeout(timeout) {
-            Ok(Ok(b)) => {
-                b.received.store(true, Ordering::Release);
-                self.pool.held.fetch_add(1, Ordering::AcqRel);
+        let pool = &self.pool;
+        // Waiting while holding every device buffer would never end: say so instead.
+        let held_all = || {
+            let held = pool.held.load(Ordering::Acquire);
+            (held >= pool.slots).then(|| {
+                Error::Memory(format!(
+                    "all {held} device batch buffers are held by the consumer, so no new batch can be copied; \
+                     release batches (drop tensors) sooner or raise prefetch"
+                ))
+            })
+        };
+        let deadline = Instant::now() + timeout;
+        match self.run.wait_for(self.next, Some(deadline), |s| s.seq, held_all) {
+            Ok(Wait::Slot(slot)) => {
+                self.next += 1;
+                let r = self.hand_off(slot);
+                if r.is_err() {
+                    self.finish();
+                }
                 self.clock.delivered(self.telemetry.as_deref().map(|t| &t.consumer));
-                Some(Some(Ok(b)))
+                Some(Some(r))
             }
-            Ok(Err(e)) => {
+            Ok(Wait::TimedOut) => None,
+            Ok(Wait::Cancelled) => {
+                let e = self.outcome.lock().unwrap_or_else(|p| p.into_inner()).take();
+                self.finish();
+                Some(e.map(Err))
+            }
+            Err(e) => {
                 self.finish();
                 Some(Some(Err(e)))
-            }
-            Err(RecvTimeoutError::Timeout) => {
-                // Waiting while holding every device buffer would never end: say so instead.
-                let held = self.pool.held.load(Ordering::Acquire);
-                if held >= self.pool.slots {
-                    self.finish();
-                    return Some(Some(Err(Error::Memory(format!(
-                        "all {held} device batch buffers are held by the consumer, so no new batch can be copied; \
-                         release batches (drop tensors) sooner or raise prefetch"
-                    )))));
-                }
-                None
-            }
-            Err(RecvTimeoutError::Disconnected) => {
-                self.finish();
-                Some(None)
             }
         }
     }
 
-    fn finish(&mut self) {
-        self.done = true;
-        self.run.stop();
+    /// Wraps a copied slot into the consumer's batch.
+    fn hand_off(&self, mut slot: DeviceSlot) -> Result<DeviceBatch<M>> {
+        let meta = match slot.meta.take().map(|m| m.downcast::<M>()) {
+            Some(Ok(m)) => *m,
+            _ => {
+                let _ = self.pool.free_tx.send(slot);
+                return Err(Error::Internal("a device batch without its description (please report this)".into()));
+            }
+        };
+        self.pool.held.fetch_add(1, Ordering::AcqRel);
+        let lens = std::mem::take(&mut slot.lens);
+        let mut detached: Vec<Option<Arc<DeviceRegion>>> = (0..lens.len()).map(|_| None).collect();
+        for (region, buf) in slot.side.drain(..) {
+            if let Some(d) = detached.get_mut(region) {
+                *d = Some(Arc::new(DeviceRegion {
+                    buf: Some(buf),
+                    region,
+                    len: lens[region],
+                    views: Views::new(slot.ready.clone()),
+                    side: self.pool.side.clone(),
+                    gpu: self.gpu.clone(),
+                }));
+            }
+        }
+        let views = Views::new(slot.ready.clone());
+        Ok(DeviceBatch {
+            slot: Some(slot),
+            lens,
+            meta,
+            detached,
+            pool: self.pool.clone(),
+            views,
+            gpu: self.gpu.clone(),
+        })
     }
 }
 
-impl<M> Iterator for DeviceIter<M> {
+impl<M> DeviceIter<M> {
+    fn finish(&mut self) {
+        self.done = true;
+        self.run.shutdown();
+    }
+}
+
+impl<M: Send + 'static> Iterator for DeviceIter<M> {
     type Item = Result<DeviceBatch<M>>;
 
     fn next(&mut self) -> Option<Self::Item> {
@@ -580,6 +884,6 @@ impl<M> Iterator for DeviceIter<M> {
 
 impl<M> Drop for DeviceIter<M> {
     fn drop(&mut self) {
-        self.run.stop();
+        self.run.shutdown();
     }
 }

@@ -10,7 +10,7 @@ use pyo3::types::PyCapsule;
 use std::sync::Arc;
 use std::time::Duration;
 use stoker::telemetry::Telemetry;
-use stoker_cuda::{DeviceBatch, DeviceIter, DeviceStage, HostBatch};
+use stoker_cuda::{DeviceBatch, DeviceIter, DeviceRegion, DeviceStage, HostBatch};
 
 /// A host iteration the bindings poll (images or arrays).
 pub(crate) trait HostIter: Send + 'static {
@@ -100,6 +100,12 @@ pub(crate) trait StreamSync: Send + Sync {
 impl<M: Send + Sync + 'static> StreamSync for DeviceBatch<M> {
     fn sync_stream(&self, stream: Option<usize>) -> stoker::Result<()> {
         DeviceBatch::sync_stream(self, stream)
+    }
+}
+
+impl StreamSync for DeviceRegion {
+    fn sync_stream(&self, stream: Option<usize>) -> stoker::Result<()> {
+        DeviceRegion::sync_stream(self, stream)
     }
 }
 

@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use stoker::{Batch, DType, EpochIter, Loader, SamplerState};
-use stoker_cuda::DeviceStage;
+use stoker_cuda::{DeviceRegion, DeviceStage};
 
 /// How long one wait lasts before Python gets a chance to handle signals (Ctrl-C).
 const SIGNAL_POLL: Duration = Duration::from_millis(50);
@@ -71,7 +71,9 @@ impl PyLoader {
             let (prefetch, limit) = (config.prefetch, config.memory_limit);
             let loader = Loader::new_in(dataset.source, config, placement.allocator().as_ref())?;
             loader.report_not_samples(&dataset.not_samples);
-            let stage = placement.stage(stoker_cuda::image_regions(&loader), prefetch, limit)?;
+            // Labels get device buffers of their own, so keeping them never keeps the images'.
+            let stage =
+                placement.stage(stoker_cuda::image_regions(&loader), prefetch, limit)?.map(|s| s.with_detached(&[1]));
             let device = report.used.clone();
             loader.telemetry().set_device(report);
             Ok(PyLoader { loader, classes: dataset.classes, samples, sampler, stage, device })
@@ -266,7 +268,7 @@ type Held = device::Held<Batch>;
 
 /// An iteration over (the rest of) an epoch. Waits release the GIL; Ctrl-C is honoured
 /// between 50 ms waits and stops every worker thread.
-#[pyclass(frozen, name = "Iterator", module = "stoker._stoker")]
+#[pyclass(frozen, weakref, name = "Iterator", module = "stoker._stoker")]
 pub struct PyIter {
     inner: Mutex<Option<Iter>>,
     pid: u32,
@@ -376,13 +378,20 @@ impl PyBatch {
     /// The images as a DLPack-exporting tensor view.
     #[getter]
     fn images(&self) -> PyTensor {
-        PyTensor { batch: self.inner.clone(), labels: false }
+        PyTensor { src: Source::Images(self.inner.clone()) }
     }
 
-    /// The labels (int64) as a DLPack-exporting tensor view.
+    /// The labels (int64) as a DLPack-exporting tensor view. On a GPU they live in a small
+    /// device buffer of their own: keeping them does not keep the images' buffer.
     #[getter]
     fn labels(&self) -> PyTensor {
-        PyTensor { batch: self.inner.clone(), labels: true }
+        match &self.inner {
+            Held::Device(b) => match b.detached(1) {
+                Some(r) => PyTensor { src: Source::DeviceLabels(r.clone(), b.meta().shape[0]) },
+                None => PyTensor { src: Source::Labels(self.inner.clone()) },
+            },
+            Held::Host(_) => PyTensor { src: Source::Labels(self.inner.clone()) },
+        }
     }
 
     /// Batch number within the epoch.
@@ -426,8 +435,17 @@ impl PyBatch {
 /// `__dlpack__`.
 #[pyclass(frozen, name = "Tensor", module = "stoker._stoker")]
 pub struct PyTensor {
-    batch: Held,
-    labels: bool,
+    src: Source,
+}
+
+/// What a tensor view shows.
+enum Source {
+    /// A batch's images.
+    Images(Held),
+    /// A batch's labels, in its buffer.
+    Labels(Held),
+    /// A GPU batch's labels in their own buffer (`len` labels), without the batch.
+    DeviceLabels(Arc<DeviceRegion>, usize),
 }
 
 fn dl_dtype(d: DType) -> DLDataType {
@@ -440,10 +458,19 @@ fn dl_dtype(d: DType) -> DLDataType {
 
 impl PyTensor {
     fn view(&self) -> (View, Location) {
-        match &self.batch {
+        let (batch, labels) = match &self.src {
+            Source::Images(b) => (b, false),
+            Source::Labels(b) => (b, true),
+            Source::DeviceLabels(r, n) => {
+                let owner: Arc<dyn Send + Sync> = r.clone();
+                let view = View { data: r.ptr() as *const u8, shape: vec![*n as i64], dtype: DLDataType::I64, owner };
+                return (view, Location::Cuda { batch: r.clone(), ordinal: r.ordinal() });
+            }
+        };
+        match batch {
             Held::Host(b) => {
                 let owner: Arc<dyn Send + Sync> = b.clone();
-                let view = if self.labels {
+                let view = if labels {
                     View {
                         data: b.labels_ptr().cast::<u8>(),
                         shape: vec![b.len() as i64],
@@ -463,7 +490,7 @@ impl PyTensor {
             Held::Device(b) => {
                 let owner: Arc<dyn Send + Sync> = b.clone();
                 let m = b.meta();
-                let view = if self.labels {
+                let view = if labels {
                     View {
                         data: b.region_ptr(1) as *const u8,
                         shape: vec![m.shape[0] as i64],

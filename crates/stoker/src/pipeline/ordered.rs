@@ -14,6 +14,10 @@
 //!   iterator object that owns the run is alive elsewhere (a newer iteration, `set_epoch`).
 //! - **Stale runs say so**: [`Run::make_stale`] shuts a run down and makes every later wait
 //!   an error naming why (a newer `iter()`, `set_epoch`, `load_state_dict`).
+//! - **Producers that find the end themselves**: a producer that does not know the batch count
+//!   up front (the CUDA transfer stage forwards whatever its host iterator yields) calls
+//!   [`Run::finish`] before it returns; the waits then deliver every queued slot and end with
+//!   [`Wait::Cancelled`] instead of reporting threads that stopped early.
 
 use crate::error::{Error, Result};
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
@@ -66,6 +70,8 @@ pub struct Run<S> {
     dead: Mutex<Option<String>>,
     /// Why this run may no longer be iterated.
     stale: Mutex<Option<String>>,
+    /// The producer reached the end of its input (see [`Run::finish`]).
+    finished: AtomicBool,
 }
 
 impl<S: Send + 'static> Run<S> {
@@ -81,6 +87,7 @@ impl<S: Send + 'static> Run<S> {
             free_tx,
             dead: Mutex::new(None),
             stale: Mutex::new(None),
+            finished: AtomicBool::new(false),
         };
         (Arc::new(run), done_tx)
     }
@@ -115,6 +122,12 @@ impl<S: Send + 'static> Run<S> {
             .map_err(|e| Error::Internal(format!("cannot start a thread: {e}")))?;
         lock(&self.threads).push(h);
         Ok(())
+    }
+
+    /// Says that the producer has queued its last slot: once the queue is drained and closed,
+    /// a wait ends with [`Wait::Cancelled`] (the end of the pass) rather than an error.
+    pub fn finish(&self) {
+        self.finished.store(true, Ordering::Release);
     }
 
     /// Marks the run stale (`why` says what replaced it) and shuts it down.
@@ -218,9 +231,11 @@ impl<S: Send + 'static> Run<S> {
                     drop(guard);
                     drop(pending);
                     return match self.ended()? {
-                        Wait::Cancelled if !self.cancelled() => Err(Error::Internal(
-                            "worker threads stopped before the epoch ended (please report this)".into(),
-                        )),
+                        Wait::Cancelled if !self.cancelled() && !self.finished.load(Ordering::Acquire) => {
+                            Err(Error::Internal(
+                                "worker threads stopped before the epoch ended (please report this)".into(),
+                            ))
+                        }
                         w => Ok(w),
                     };
                 }
@@ -373,6 +388,30 @@ mod tests {
         std::thread::sleep(Duration::from_millis(50));
         run.shutdown();
         assert!(waiter.join().unwrap().is_ok(), "a cancelled wait ends without an error");
+    }
+
+    #[test]
+    fn a_finished_producer_delivers_its_queue_then_ends() {
+        let (free_tx, free_rx) = pool(3);
+        let (run, done) = Run::new(3, free_tx.clone());
+        let me = Arc::downgrade(&run);
+        run.spawn("test-finisher".into(), move || {
+            for b in 0..2 {
+                let _ = free_rx.recv().unwrap();
+                done.send(b).unwrap();
+            }
+            me.upgrade().unwrap().finish();
+        })
+        .unwrap();
+        for b in 0..2 {
+            assert!(matches!(run.wait_for(b, None, |s| *s, no_check), Ok(Wait::Slot(s)) if s == b));
+        }
+        assert!(matches!(run.wait_for(2, None, |s| *s, no_check), Ok(Wait::Cancelled)));
+        // Without `finish`, the same early end is an error (see `a_dead_worker...`).
+        let (run, done) = Run::new(1, free_tx);
+        drop(done);
+        let err = run.wait_for(0, None, |s: &usize| *s, no_check).unwrap_err();
+        assert!(err.to_string().contains("stopped before the epoch ended"), "{err}");
     }
 
     #[test]
