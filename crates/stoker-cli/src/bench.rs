@@ -233,7 +233,8 @@ pub fn bench(root: &str, o: &BenchOpts) -> Result<()> {
     stoker::args::DeviceSpec::parse(&o.device)?;
     let dataset = stoker::source::open(&[root.to_string()])?;
     let (samples, classes) = (dataset.source.len(), dataset.classes.len());
-    let (placement, device_report) = stoker_cuda::place(&o.device, 0)?;
+    // `cuda` means this rank's GPU under torchrun, as in the Python package.
+    let (placement, device_report) = stoker_cuda::place(&o.device, stoker::args::local_rank()?)?;
     let (prefetch, limit, batch_size) = (config.prefetch, config.memory_limit, config.sampler.batch_size);
     let loader = Loader::new_in(dataset.source, config, placement.allocator().as_ref())?;
     loader.report_not_samples(&dataset.not_samples);

@@ -154,3 +154,30 @@ fn out_of_device_memory_and_a_sticky_error_are_clear_errors() {
     assert!(err.contains("illegal memory access"), "{err}");
     assert!(!err.contains("panicked"), "{err}");
 }
+
+#[test]
+fn bench_device_cuda_is_this_ranks_gpu_under_torchrun() {
+    let tmp = tempfile::tempdir().unwrap();
+    let Some(lib) = build_fake_driver(tmp.path()) else { return };
+    let root = tmp.path().join("demo");
+    let st = stoker().args(["demo", "--images", "20", "--no-bench", "--out"]).arg(&root).status().unwrap();
+    assert!(st.success());
+    let used = |local_rank: &str| {
+        let mut cmd = stoker();
+        cmd.arg("bench").arg(&root).args(["--json", "--batch-size", "8", "--preset", "imagenet-val"]);
+        cmd.args(["--dtype", "uint8", "--device", "cuda"]).env("LD_LIBRARY_PATH", lib.parent().unwrap());
+        cmd.env("FAKE_CUDA_DEVICES", "4").env("CUDA_VISIBLE_DEVICES", "2,3").env("LOCAL_RANK", local_rank);
+        let out = output_within(cmd, 120);
+        let err = String::from_utf8_lossy(&out.stderr).to_string();
+        if !out.status.success() {
+            return Err(err);
+        }
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        Ok(v["device"]["used"].as_str().unwrap_or_default().to_string())
+    };
+    assert_eq!(used("1").unwrap(), "cuda:1");
+    assert_eq!(used("0").unwrap(), "cuda:0");
+    // Two GPUs are visible: rank 2 on this node has none, and says so.
+    let err = used("2").unwrap_err();
+    assert!(err.contains("cuda:2") && !err.contains("panicked"), "{err}");
+}

@@ -561,8 +561,8 @@ pub fn make_demo(py: Python<'_>, root: PathBuf, images: usize, seed: u64) -> PyR
 
 /// torchrun's `LOCAL_RANK` (0 when unset); a value that is not a number is a `ConfigError`.
 #[pyfunction]
-pub fn local_rank() -> PyResult<usize> {
-    Ok(stoker::args::env_usize("LOCAL_RANK").py_err()?.unwrap_or(0))
+pub fn local_rank() -> PyResult<u32> {
+    stoker::args::local_rank().py_err()
 }
 
 /// The canonical name of an output dtype (`uint8`, `float16`, `float32`; aliases such as

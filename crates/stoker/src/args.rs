@@ -201,6 +201,13 @@ impl DeviceSpec {
     }
 }
 
+/// This process's GPU index on its node: torchrun's `LOCAL_RANK`, 0 when unset (the CUDA
+/// ordinal that `device="cuda"` means when no framework has chosen a current device).
+pub fn local_rank() -> Result<u32> {
+    let r = env_usize("LOCAL_RANK")?.unwrap_or(0);
+    u32::try_from(r).map_err(|_| Error::config("LOCAL_RANK", format!("{r} is not a GPU index")))
+}
+
 /// An integer from the environment (torchrun's `RANK`, `WORLD_SIZE`, `LOCAL_RANK`); unset or
 /// empty is `None`.
 pub fn env_usize(name: &str) -> Result<Option<usize>> {
