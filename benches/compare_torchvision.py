@@ -13,7 +13,9 @@ ratios. Measured per run:
   persistent, so they are joined when the epoch ends). Interpreter and `import torch` time is
   excluded for the DataLoader, process start-up and indexing is included for stoker;
 - peak memory of the whole process tree, sampled every 100 ms: the sum of RSS (what the issue
-  asks for) and the sum of PSS (shared pages split between processes, fairer to forked workers).
+  asks for) and the sum of PSS (shared pages split between processes, fairer to forked workers);
+- each loader's own footprint: that peak PSS minus the peak PSS of a process that only imported
+  torch and torchvision and ran the same number of loop iterations (measured in every round).
 
 Also measured: a pure single-thread full-size libjpeg-turbo decode of the same files
 (`stoker bench --decode-only`), to compare with stoker's per-thread rate.
@@ -129,9 +131,26 @@ def torch_runner(args):
     print(json.dumps({"images": n, "seconds": seconds, "cpu_seconds": cpu() - c0}))
 
 
+def baseline_runner(args):
+    """Child mode: what a training script costs without a loader: import torch and torchvision,
+    run the loop's iterations with nothing to load. Its peak PSS is subtracted from the others'
+    to give each loader's own footprint."""
+    import torch
+    import torchvision  # noqa: F401
+
+    files = sum(1 for _ in args.data.rglob("*.jpg"))
+    t0 = time.perf_counter()
+    x = torch.zeros(1)
+    for _ in range(files // args.batch_size):
+        x += 1
+    print(json.dumps({"images": 0, "seconds": time.perf_counter() - t0, "cpu_seconds": 0.0}))
+
+
 def stoker_python_runner(args):
-    """Child mode: one epoch through the Python API; prints a JSON line."""
+    """Child mode: one epoch through the Python API; prints a JSON line. torch is imported
+    before the clock starts, as a training script has (the loader imports it on first use)."""
     import stoker
+    import torch  # noqa: F401
 
     loader = stoker.ImageLoader(str(args.data), batch_size=args.batch_size, preset=args.preset, shuffle=True,
                                 drop_last=True, output="torch")
@@ -162,7 +181,10 @@ def main():
     ap.add_argument("--python", action="store_true", help="also time the Python API (stoker.ImageLoader)")
     ap.add_argument("--torch-runner", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--python-runner", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--baseline-runner", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.baseline_runner:
+        return baseline_runner(args)
     if args.torch_runner:
         return torch_runner(args)
     if args.python_runner:
@@ -182,11 +204,15 @@ def main():
     contenders = [("stoker", stoker_cmd), ("torchvision", torch_cmd)]
     if args.python:
         contenders.insert(1, ("stoker-python", python_cmd))
+    baseline_cmd = [sys.executable, __file__, "--baseline-runner", "--data", str(args.data), "--batch-size",
+                    str(args.batch_size)]
     runs = {name: [] for name, _ in contenders}
+    baseline_pss = []
     # Warm the page cache (and the imports) once for each, not counted.
     for _, cmd in contenders:
         run_measured(cmd)
     for r in range(args.repeats):
+        baseline_pss.append(run_measured(baseline_cmd)[2])
         for name, cmd in contenders:
             out, rss, pss, wall = run_measured(cmd)
             j = json.loads(out) if name == "stoker" else json.loads(out.strip().splitlines()[-1])
@@ -222,6 +248,14 @@ def main():
     threads = runs["stoker"][0]["threads"]
     per_thread = med("stoker", "images_per_sec") / threads
     summary["stoker_per_thread_images_per_sec"] = per_thread
+    # Each loader's own memory: its tree's peak PSS minus that of a process that only imported
+    # torch and torchvision and ran the loop (the CLI imports neither: its whole PSS is its own).
+    base = statistics.median(baseline_pss)
+    summary["baseline_pss_torch_only"] = base
+    summary["footprint_pss"] = {"stoker": med("stoker", "peak_pss_tree"),
+                                "torchvision": med("torchvision", "peak_pss_tree") - base}
+    if args.python:
+        summary["footprint_pss"]["stoker-python"] = med("stoker-python", "peak_pss_tree") - base
     summary["pure_decode_images_per_sec"] = decode["images_per_sec"]
     summary["per_thread_vs_pure_decode"] = per_thread / decode["images_per_sec"]
     args.out.write_text(json.dumps(summary, indent=2))
@@ -240,7 +274,12 @@ def main():
           f" {s['peak_rss_tree']['torchvision'] / 2**20:.0f} MiB | {s['peak_rss_tree']['ratio']:.2f}x |")
     print(f"| peak PSS, process tree | {s['peak_pss_tree']['stoker'] / 2**20:.0f} MiB |"
           f" {s['peak_pss_tree']['torchvision'] / 2**20:.0f} MiB | {s['peak_pss_tree']['ratio']:.2f}x |")
+    fp = summary["footprint_pss"]
+    print(f"| loader's own footprint (PSS minus torch-only, {base / 2**20:.0f} MiB) | {fp['stoker'] / 2**20:.0f} MiB "
+          f"(CLI, no torch) | {fp['torchvision'] / 2**20:.0f} MiB | {fp['stoker'] / fp['torchvision']:.2f}x |")
     if args.python:
+        print(f"| Python API: loader's own footprint | {fp['stoker-python'] / 2**20:.0f} MiB | | "
+              f"{fp['stoker-python'] / fp['torchvision']:.2f}x vs DataLoader |")
         for key in ["images_per_sec", "cpu_s_per_1000", "peak_rss_tree", "peak_pss_tree"]:
             summary[key]["stoker-python"] = med("stoker-python", key)
         py_vs_cli = [p["images_per_sec"] / c["images_per_sec"] for p, c in zip(runs["stoker-python"], runs["stoker"],
