@@ -139,18 +139,16 @@ def gpu_present() -> bool:
 
 
 def normalize_table(mean: Sequence[float], std: Sequence[float]) -> Any:
-    """The CPU path's normalisation table (``crates/stoker/src/ops``): for channel ``c`` and
-    byte ``v``, ``(v / 255 - mean[c]) / std[c]`` computed in IEEE float32 with true division,
-    exactly as the engine computes it (``mean``/``std`` rounded to float32 first, like the
-    engine's arguments). A ``(channels, 256)`` float32 NumPy array."""
+    """The engine's normalisation table (``stoker::ops::normalize_table``, the CPU path's own
+    values): for channel ``c`` and byte ``v``, ``(v / 255 - mean[c]) / std[c]`` in float32 with
+    true division. A ``(3, 256)`` float32 NumPy array."""
     import numpy as np
 
-    v = np.arange(256, dtype=np.float32)
-    m = np.asarray([float(x) for x in mean], dtype=np.float32)
-    s = np.asarray([float(x) for x in std], dtype=np.float32)
-    with np.errstate(all="ignore"):
-        table: Any = (v[None, :] / np.float32(255.0) - m[:, None]) / s[:, None]
-    return table.astype(np.float32)
+    from . import _stoker
+
+    raw = _stoker.normalize_table([float(m) for m in mean], [float(s) for s in std])
+    table: Any = np.frombuffer(raw, dtype="<f4").reshape(3, 256).copy()
+    return table
 
 
 class Normalizer:

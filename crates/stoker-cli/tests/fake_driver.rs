@@ -31,6 +31,17 @@ fn build_fake_driver(dir: &Path) -> Option<PathBuf> {
     None
 }
 
+/// The stand-in driver and a demo dataset of `images` JPEGs under `tmp`: `(libcuda path, root)`;
+/// `None` (with the reason printed) when no C compiler is here.
+fn driver_and_demo(tmp: &Path, images: usize) -> Option<(PathBuf, PathBuf)> {
+    let lib = build_fake_driver(tmp)?;
+    let root = tmp.join("demo");
+    let st =
+        stoker().args(["demo", "--images", &images.to_string(), "--no-bench", "--out"]).arg(&root).status().unwrap();
+    assert!(st.success());
+    Some((lib, root))
+}
+
 fn bench_json(root: &Path, lib_dir: Option<&Path>, extra: &[&str]) -> Result<serde_json::Value, String> {
     let mut cmd = stoker();
     cmd.arg("bench").arg(root).args(["--json", "--epochs", "2", "--batch-size", "16", "--threads", "2"]);
@@ -48,11 +59,8 @@ fn bench_json(root: &Path, lib_dir: Option<&Path>, extra: &[&str]) -> Result<ser
 #[test]
 fn device_batches_read_back_equal_host_batches_through_a_slow_asynchronous_driver() {
     let tmp = tempfile::tempdir().unwrap();
-    let Some(lib) = build_fake_driver(tmp.path()) else { return };
+    let Some((lib, root)) = driver_and_demo(tmp.path(), 150) else { return };
     let lib_dir = lib.parent().unwrap();
-    let root = tmp.path().join("demo");
-    let st = stoker().args(["demo", "--images", "150", "--no-bench", "--out"]).arg(&root).status().unwrap();
-    assert!(st.success());
 
     let host = bench_json(&root, None, &["--device", "cpu"]).unwrap();
     for prefetch in ["1", "3"] {
@@ -132,10 +140,7 @@ fn doctor_lists_cuda_ordinals_after_cuda_visible_devices() {
 #[test]
 fn out_of_device_memory_and_a_sticky_error_are_clear_errors() {
     let tmp = tempfile::tempdir().unwrap();
-    let Some(lib) = build_fake_driver(tmp.path()) else { return };
-    let root = tmp.path().join("demo");
-    let st = stoker().args(["demo", "--images", "100", "--no-bench", "--out"]).arg(&root).status().unwrap();
-    assert!(st.success());
+    let Some((lib, root)) = driver_and_demo(tmp.path(), 100) else { return };
     let bench = |env: (&str, &str)| {
         let mut cmd = stoker();
         cmd.arg("bench").arg(&root).args(["--json", "--epochs", "1", "--batch-size", "16", "--threads", "2"]);
@@ -158,10 +163,7 @@ fn out_of_device_memory_and_a_sticky_error_are_clear_errors() {
 #[test]
 fn bench_device_cuda_is_this_ranks_gpu_under_torchrun() {
     let tmp = tempfile::tempdir().unwrap();
-    let Some(lib) = build_fake_driver(tmp.path()) else { return };
-    let root = tmp.path().join("demo");
-    let st = stoker().args(["demo", "--images", "20", "--no-bench", "--out"]).arg(&root).status().unwrap();
-    assert!(st.success());
+    let Some((lib, root)) = driver_and_demo(tmp.path(), 20) else { return };
     let used = |local_rank: &str| {
         let mut cmd = stoker();
         cmd.arg("bench").arg(&root).args(["--json", "--batch-size", "8", "--preset", "imagenet-val"]);

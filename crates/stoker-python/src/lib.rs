@@ -42,6 +42,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(loader::dtype_name, m)?)?;
     m.add_function(wrap_pyfunction!(loader::local_rank, m)?)?;
     m.add_function(wrap_pyfunction!(loader::preset_json, m)?)?;
+    m.add_function(wrap_pyfunction!(loader::normalize_table, m)?)?;
     m.add_function(wrap_pyfunction!(loader::cuda_probe_json, m)?)?;
     m.add_function(wrap_pyfunction!(loader::cuda_memory_in_use, m)?)?;
     m.add_function(wrap_pyfunction!(loader::cuda_bandwidth_json, m)?)?;

@@ -604,6 +604,15 @@ pub fn preset_json(name: &str) -> PyResult<String> {
     serde_json::to_string(&spec).map_err(|e| errors::to_py(stoker::Error::Internal(e.to_string())))
 }
 
+/// The engine's normalisation table (`stoker::ops::normalize_table`): three rows of 256
+/// float32 values as little-endian bytes, for the GPU normaliser's lookup.
+#[pyfunction]
+pub fn normalize_table<'py>(py: Python<'py>, mean: [f32; 3], std: [f32; 3]) -> Bound<'py, pyo3::types::PyBytes> {
+    let bytes: Vec<u8> =
+        stoker::ops::normalize_table(mean, std).iter().flatten().flat_map(|v| v.to_le_bytes()).collect();
+    pyo3::types::PyBytes::new(py, &bytes)
+}
+
 /// What the CUDA probe found (driver, devices, or why there is none) as JSON.
 #[pyfunction]
 pub fn cuda_probe_json(py: Python<'_>) -> String {

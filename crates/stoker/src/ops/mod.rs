@@ -202,6 +202,20 @@ pub struct Geometry {
     pub flip: bool,
 }
 
+/// The normalisation of every byte value, per channel: `(v / 255 - mean) / std` in float32
+/// with true division. The one definition of stoker's normalisation: the CPU path writes
+/// these values, and the GPU path (which receives uint8) looks bytes up in the same table, so
+/// both give the same bits.
+pub fn normalize_table(mean: [f32; 3], std: [f32; 3]) -> Box<[[f32; 256]; 3]> {
+    let mut t = Box::new([[0f32; 256]; 3]);
+    for c in 0..3 {
+        for v in 0..256 {
+            t[c][v] = (v as f32 / 255.0 - mean[c]) / std[c];
+        }
+    }
+    t
+}
+
 /// A compiled, validated transform.
 #[derive(Debug, Clone)]
 pub struct TransformPlan {
@@ -315,13 +329,7 @@ impl TransformPlan {
             None
         } else {
             let (mean, std) = normalize.unwrap_or(([0.0; 3], [1.0; 3]));
-            let mut t = Box::new([[0f32; 256]; 3]);
-            for c in 0..3 {
-                for v in 0..256 {
-                    t[c][v] = (v as f32 / 255.0 - mean[c]) / std[c];
-                }
-            }
-            Some(t)
+            Some(normalize_table(mean, std))
         };
         Ok(TransformPlan { spec: spec.clone(), geo, out_h, out_w, flip_p, lut })
     }
