@@ -107,12 +107,25 @@ def torch_runner(args):
     import torchvision.transforms as T
     from torchvision.datasets import ImageFolder
 
-    norm = T.Normalize([0.485, 0.456, 0.406], [0.229, 0.224, 0.225])
-    if args.preset == "imagenet-train":
-        tf = T.Compose([T.RandomResizedCrop(224), T.RandomHorizontalFlip(), T.ToTensor(), norm])
+    mean, std = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
+    if args.v2:
+        # The fastest stock recipe: libjpeg-turbo through torchvision.io.decode_jpeg on uint8
+        # tensors, v2 transforms, float conversion last.
+        import torchvision.transforms.v2 as T2
+        from torchvision.io import ImageReadMode, decode_jpeg, read_file
+
+        geo = [T2.RandomResizedCrop(224, antialias=True), T2.RandomHorizontalFlip()] \
+            if args.preset == "imagenet-train" else [T2.Resize(256, antialias=True), T2.CenterCrop(224)]
+        tf = T2.Compose([*geo, T2.ToDtype(torch.float32, scale=True), T2.Normalize(mean, std)])
+        ds = ImageFolder(args.data, transform=tf,
+                         loader=lambda p: decode_jpeg(read_file(p), mode=ImageReadMode.RGB))
     else:
-        tf = T.Compose([T.Resize(256), T.CenterCrop(224), T.ToTensor(), norm])
-    ds = ImageFolder(args.data, transform=tf)
+        norm = T.Normalize(mean, std)
+        if args.preset == "imagenet-train":
+            tf = T.Compose([T.RandomResizedCrop(224), T.RandomHorizontalFlip(), T.ToTensor(), norm])
+        else:
+            tf = T.Compose([T.Resize(256), T.CenterCrop(224), T.ToTensor(), norm])
+        ds = ImageFolder(args.data, transform=tf)
     torch.manual_seed(0)
     loader = torch.utils.data.DataLoader(ds, batch_size=args.batch_size, shuffle=True, num_workers=args.workers,
                                          drop_last=True)
@@ -179,6 +192,8 @@ def main():
     ap.add_argument("--stoker", type=Path, default=ROOT / "target" / "release" / "stoker")
     ap.add_argument("--out", type=Path, default=ROOT / "bench-results.json")
     ap.add_argument("--python", action="store_true", help="also time the Python API (stoker.ImageLoader)")
+    ap.add_argument("--v2", action="store_true",
+                    help="also time the DataLoader with torchvision.io.decode_jpeg and v2 transforms")
     ap.add_argument("--torch-runner", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--python-runner", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--baseline-runner", action="store_true", help=argparse.SUPPRESS)
@@ -202,6 +217,8 @@ def main():
     python_cmd = [sys.executable, __file__, "--python-runner", "--data", str(args.data), "--preset", args.preset,
                   "--batch-size", str(args.batch_size)]
     contenders = [("stoker", stoker_cmd), ("torchvision", torch_cmd)]
+    if args.v2:
+        contenders.append(("torchvision-v2", [*torch_cmd, "--v2"]))
     if args.python:
         contenders.insert(1, ("stoker-python", python_cmd))
     baseline_cmd = [sys.executable, __file__, "--baseline-runner", "--data", str(args.data), "--batch-size",
@@ -303,6 +320,18 @@ def main():
               f"{summary['python_vs_dataloader_images_per_cpu_second']:.2f}x images per CPU-s vs DataLoader |")
         print(f"| Python API: peak RSS, process tree | {s['peak_rss_tree']['stoker-python'] / 2**20:.0f} MiB | | "
               f"{summary['python_vs_dataloader_rss']:.2f}x vs DataLoader |")
+        args.out.write_text(json.dumps(summary, indent=2))
+    if args.v2:
+        v2 = runs["torchvision-v2"]
+        adv = statistics.median(b["cpu_s_per_1000"] / a["cpu_s_per_1000"] for a, b in zip(runs["stoker"], v2,
+                                                                                           strict=True))
+        summary["torchvision_v2"] = {"cpu_s_per_1000": med("torchvision-v2", "cpu_s_per_1000"),
+                                     "images_per_sec": med("torchvision-v2", "images_per_sec"),
+                                     "peak_pss_tree": med("torchvision-v2", "peak_pss_tree"),
+                                     "stoker_images_per_cpu_second_ratio": adv}
+        t = summary["torchvision_v2"]
+        print(f"| DataLoader, decode_jpeg + v2 transforms | {t['cpu_s_per_1000']:.2f} CPU-s/1000, "
+              f"{t['images_per_sec']:.1f} img/s | | stoker: {adv:.2f}x images per CPU-s (paired) |")
         args.out.write_text(json.dumps(summary, indent=2))
     print(f"\nstoker per-thread rate {per_thread:.1f} img/s vs pure full-size libjpeg-turbo decode "
           f"{decode['images_per_sec']:.1f} img/s (1 thread): {summary['per_thread_vs_pure_decode']:.2f}x; "
