@@ -83,6 +83,14 @@ class ImageLoader(LoaderBase):
     budget of a pass (a count, or a fraction such as ``0.05`` / ``'5%'``; default 10% of the
     epoch, at least 100): past it the iteration raises :class:`DatasetError` with the last
     reasons instead of delivering near-empty batches when storage goes away.
+    ``cache='ram'`` (``/dev/shm``) or ``cache=DIRECTORY`` (local disk) keeps each image's decoded
+    pixels, so it is decoded once per run: the first epoch decodes every image at full resolution
+    and stores it until ``cache_bytes`` (e.g. ``'8GiB'``; default a quarter of MemAvailable for
+    ``'ram'``, half the free space for a directory) is used; later epochs, and other processes
+    given the same cache, read the stored pixels instead of decoding. Batches are bit-identical
+    to ``cache=None, dct_scaling=False, roi=False``. ``report()['cache']`` counts hits, misses,
+    bytes and the decode time saved. ``dct_scaling`` and ``roi`` (default on) let JPEGs be decoded
+    at a reduced DCT scale and only around the crop; turning them off decodes every image whole.
     ``threads='auto'`` uses the process's CPU allowance (affinity mask and cgroup quota;
     ``STOKER_NUM_THREADS`` overrides it).
 
@@ -103,7 +111,9 @@ class ImageLoader(LoaderBase):
                  memory_limit: int | str | None = None, on_error: str = "skip", output: str = "auto",
                  rank: int | None = None, world_size: int | None = None, layout: str = "NCHW",
                  dtype: Any = None, apply_exif: bool = True, device: str = "cpu", max_pixels: int | None = None,
-                 max_file_bytes: int | str | None = None, max_failures: int | float | str | None = None) -> None:
+                 max_file_bytes: int | str | None = None, max_failures: int | float | str | None = None,
+                 cache: str | os.PathLike[str] | None = None, cache_bytes: int | str | None = None,
+                 dct_scaling: bool = True, roi: bool = True) -> None:
         ops: list[dict[str, Any]] | None = None
         out_dtype: str | None = None
         if transforms is not None:
@@ -141,7 +151,8 @@ class ImageLoader(LoaderBase):
             batch_size=batch_size, shuffle=shuffle, shard_window=shard_window, seed=seed, drop_last=drop_last,
             rank=rank, world_size=world_size, threads=threads, io_threads=io_threads, prefetch=prefetch,
             memory_limit=memory_limit, on_error=on_error, max_pixels=max_pixels, max_file_bytes=max_file_bytes,
-            max_failures=max_failures)
+            max_failures=max_failures, cache=os.fspath(cache) if isinstance(cache, os.PathLike) else cache,
+            cache_bytes=cache_bytes, dct_scaling=dct_scaling, roi=roi)
         self._start()
 
     def _new_native(self) -> _stoker.Loader:

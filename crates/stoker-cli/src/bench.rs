@@ -89,6 +89,15 @@ pub struct BenchOpts {
     /// with the last reasons (default: 10% of the epoch, at least 100).
     #[arg(long)]
     pub max_failures: Option<String>,
+    /// Decoded-pixel cache: `ram` (/dev/shm) or a directory on local disk. The first epoch
+    /// decodes every image at full resolution and stores it; later epochs (and other processes
+    /// with the same cache) read the pixels instead of decoding.
+    #[arg(long)]
+    pub cache: Option<String>,
+    /// The cache's byte budget (e.g. 8GiB; default a quarter of MemAvailable for `ram`, half the
+    /// free space for a directory). Filled until used, never evicted.
+    #[arg(long)]
+    pub cache_bytes: Option<String>,
     /// Instead of loading: decode every file once at full size on one thread (the pure
     /// libjpeg-turbo rate that stoker's per-thread rate is compared with).
     #[arg(long)]
@@ -132,6 +141,8 @@ impl BenchOpts {
             ("max_pixels", self.max_pixels.clone()),
             ("max_file_bytes", self.max_file_bytes.clone()),
             ("max_failures", self.max_failures.clone()),
+            ("cache", self.cache.clone()),
+            ("cache_bytes", self.cache_bytes.clone()),
         ]))?)
     }
 
@@ -246,7 +257,9 @@ pub fn bench(root: &str, o: &BenchOpts) -> Result<()> {
     let t0 = Instant::now();
     let mut digest = stoker::Digest::new();
     let (mut images, mut batches) = (0usize, 0usize);
+    let mut per_epoch = vec![];
     for epoch in 0..epochs {
+        let (e_cpu, e_t, e_images) = (cpu_seconds(), Instant::now(), images);
         loader.set_epoch(epoch);
         bar.set_message(format!("{}/{}", epoch + 1, epochs));
         match &stage {
@@ -277,6 +290,14 @@ pub fn bench(root: &str, o: &BenchOpts) -> Result<()> {
                 }
             }
         }
+        let (n, cpu) = (images - e_images, cpu_seconds() - e_cpu);
+        per_epoch.push(serde_json::json!({
+            "epoch": epoch,
+            "images": n,
+            "seconds": e_t.elapsed().as_secs_f64(),
+            "cpu_seconds": cpu,
+            "cpu_seconds_per_1000": if n > 0 { cpu / n as f64 * 1000.0 } else { 0.0 },
+        }));
     }
     let seconds = t0.elapsed().as_secs_f64();
     let cpu = cpu_seconds() - cpu0;
@@ -312,6 +333,8 @@ pub fn bench(root: &str, o: &BenchOpts) -> Result<()> {
             "bottleneck": report.bottleneck,
             "device": report.device,
             "transfer": report.transfer,
+            "cache": report.cache,
+            "per_epoch": per_epoch,
             "digest": if o.no_digest { serde_json::Value::Null } else { digest.hex().into() },
         });
         println!("{}", serde_json::to_string_pretty(&out)?);

@@ -9,6 +9,7 @@
 //! a number, `"2GiB"` and `2147483648` are both sizes.
 
 use crate::arrays::ArrayConfig;
+use crate::cache::{CacheLocation, CacheSpec};
 use crate::error::{Error, Result};
 use crate::ops::{DType, Layout, OpSpec, TransformSpec};
 use crate::pipeline::{ErrorPolicy, LoaderConfig};
@@ -336,7 +337,8 @@ fn transform(a: &mut Taker) -> Result<TransformSpec> {
 /// `layout`, `apply_exif`, `shuffle` (`False`, `True`, `global`, `shards`), `shard_window`,
 /// `seed`, `drop_last`, `rank`, `world_size` (torchrun's environment by default), `threads`,
 /// `io_threads`, `prefetch`, `memory_limit`, `on_error` (`skip`, `raise`), `dct_scaling`,
-/// `roi`, `max_pixels`, `max_file_bytes`, `max_failures`. An unknown name is an error.
+/// `roi`, `max_pixels`, `max_file_bytes`, `max_failures`, `cache`, `cache_bytes`. An unknown
+/// name is an error.
 pub fn loader_config(args: Args) -> Result<LoaderConfig> {
     let mut a = Taker(args);
     let transform = transform(&mut a)?;
@@ -363,8 +365,28 @@ pub fn loader_config(args: Args) -> Result<LoaderConfig> {
     if let Some(v) = a.take("max_failures") {
         c.max_failures = max_failures(&v)?;
     }
+    c.cache = cache(&mut a)?;
     a.finish()?;
     Ok(c)
+}
+
+/// The decoded-pixel cache: `cache` (`"ram"` or a directory) and `cache_bytes` (a byte size).
+/// Whether the directory can be written is checked when the loader opens it.
+fn cache(a: &mut Taker) -> Result<Option<CacheSpec>> {
+    let bytes = a.take("cache_bytes").map(|v| bytes("cache_bytes", &v)).transpose()?;
+    let location = match a.take("cache") {
+        None => None,
+        Some(Value::String(s)) if s == "ram" => Some(CacheLocation::Ram),
+        Some(Value::String(s)) if !s.trim().is_empty() => Some(CacheLocation::Dir(s.into())),
+        Some(v) => {
+            return Err(Error::config("cache", format!("expected None, 'ram' or a directory, got {}", shown(&v))))
+        }
+    };
+    match location {
+        Some(location) => Ok(Some(CacheSpec { location, bytes })),
+        None if bytes.is_some() => Err(Error::config("cache_bytes", "needs cache='ram' or a cache directory")),
+        None => Ok(None),
+    }
 }
 
 /// An [`ArrayConfig`] from named arguments: `batch_size`, `shuffle` (`False`, `True`), `seed`,
@@ -458,6 +480,15 @@ mod tests {
         assert!(err(json!({})).contains("`preset`"));
         assert!(err(json!({"preset": "imagenet-val", "shuffle": "yes"})).contains("'shards'"));
         assert!(err(json!({"preset": "imagenet-val", "on_error": "ignore"})).contains("skip, raise"));
+        let c = loader_config(args(json!({"preset": "imagenet-val", "cache": "ram", "cache_bytes": "8GiB"}))).unwrap();
+        assert_eq!(c.cache, Some(CacheSpec { location: CacheLocation::Ram, bytes: Some(8 << 30) }));
+        let c = loader_config(args(json!({"preset": "imagenet-val", "cache": "/tmp/c"}))).unwrap();
+        assert_eq!(c.cache, Some(CacheSpec { location: CacheLocation::Dir("/tmp/c".into()), bytes: None }));
+        assert!(err(json!({"preset": "imagenet-val", "cache": "ram", "cache_bytes": "8 parsecs"}))
+            .contains("`cache_bytes`"));
+        assert!(err(json!({"preset": "imagenet-val", "cache_bytes": "1GiB"})).contains("`cache_bytes`: needs cache"));
+        assert!(err(json!({"preset": "imagenet-val", "cache": 3})).contains("`cache`: expected None, 'ram'"));
+        assert!(err(json!({"preset": "imagenet-val", "cache": ""})).contains("`cache`"));
         assert!(array_config(args(json!({"shuffle": "shards"}))).unwrap_err().to_string().contains("False or True"));
     }
 }

@@ -42,6 +42,7 @@
 pub mod args;
 pub mod arrays;
 pub mod buffer;
+pub mod cache;
 pub mod cpu;
 pub mod decode;
 pub mod demo;

@@ -224,6 +224,8 @@ pub struct Report {
     pub device: DeviceReport,
     /// Host-to-device copies, when batches go to a GPU.
     pub transfer: Option<TransferReport>,
+    /// The decoded-pixel cache's counters, when the loader has one.
+    pub cache: Option<crate::cache::CacheReport>,
 }
 
 impl Telemetry {
@@ -321,6 +323,7 @@ impl Telemetry {
             skipped: self.skipped.lock().expect("telemetry lock").clone(),
             device,
             transfer,
+            cache: None,
         }
     }
 }
@@ -432,6 +435,25 @@ impl Report {
                 t.bytes as f64 / (1 << 20) as f64,
                 t.copy_seconds,
                 t.gbps
+            ));
+        }
+        if let Some(c) = &self.cache {
+            let mib = |b: u64| b as f64 / (1 << 20) as f64;
+            s.push_str(&format!(
+                "cache {}: {} hits, {} misses; stored {} ({:.1} MiB, {} over budget), read {:.1} MiB; \
+                 used {:.1} of {:.1} MiB; decode time saved {:.2} s (lookups {:.2} s, fills {:.2} s)\n",
+                c.dir,
+                c.hits,
+                c.misses,
+                c.stored,
+                mib(c.stored_bytes),
+                c.not_stored_budget,
+                mib(c.read_bytes),
+                mib(c.used_bytes),
+                mib(c.budget_bytes),
+                c.decode_seconds_saved,
+                c.lookup_seconds,
+                c.fill_seconds
             ));
         }
         if let Some(n) = &self.device.note {

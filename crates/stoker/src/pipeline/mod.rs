@@ -85,6 +85,11 @@ pub struct LoaderConfig {
     /// near-empty batches (a storage outage, a broken dataset).
     #[serde(default)]
     pub max_failures: MaxFailures,
+    /// The decoded-pixel cache (`None`: decode every epoch). With a cache, every image is
+    /// decoded at full resolution (`dct_scaling` and `roi` are not used), so batches are the
+    /// same whether a sample's pixels came from the cache or from a decode.
+    #[serde(default)]
+    pub cache: Option<crate::cache::CacheSpec>,
 }
 
 /// How many samples of one pass over an epoch may fail (be skipped) before the iteration
@@ -142,6 +147,7 @@ impl LoaderConfig {
             max_pixels: default_max_pixels(),
             max_file_bytes: DEFAULT_MAX_FILE_BYTES,
             max_failures: MaxFailures::Default,
+            cache: None,
         }
     }
 }
@@ -159,6 +165,8 @@ struct Shared {
     decode_opts: DecodeOptions,
     max_file_bytes: u64,
     max_failures: MaxFailures,
+    /// The decoded-pixel cache, if any.
+    cache: Option<crate::cache::Cache>,
     /// Computed on first use (it reads every sample's name).
     fingerprint: std::sync::OnceLock<Fingerprint>,
     /// Worker scratch (decoder, resampler) and read buffers kept between epochs, so a new
@@ -247,10 +255,14 @@ impl Loader {
         // One batch being filled, `prefetch` ready, one held by the consumer.
         let slots = BufferPool::plan(config.prefetch + 2, batch_bytes, config.memory_limit)?;
         let pool = BufferPool::new_in(slots, batch_size, plan.sample_bytes(), alloc)?;
+        let cache =
+            config.cache.as_ref().map(|c| crate::cache::Cache::open(c, config.transform.apply_exif)).transpose()?;
+        // A cache holds full-resolution pixels: every image is decoded that way, cached or not.
+        let full = cache.is_some();
         let decode_opts = DecodeOptions {
             apply_exif: config.transform.apply_exif,
-            dct_scaling: config.dct_scaling,
-            roi: config.roi,
+            dct_scaling: config.dct_scaling && !full,
+            roi: config.roi && !full,
             max_pixels: config.max_pixels,
         };
         Ok(Loader {
@@ -267,6 +279,7 @@ impl Loader {
                 decode_opts,
                 max_file_bytes: config.max_file_bytes,
                 max_failures: config.max_failures,
+                cache,
                 fingerprint: std::sync::OnceLock::new(),
                 stash: Mutex::new(Stash::default()),
                 read_high_water: std::sync::atomic::AtomicUsize::new(0),
@@ -382,7 +395,9 @@ impl Loader {
 
     /// Telemetry since the loader was made (or last reset), with the bottleneck verdict.
     pub fn report(&self) -> Report {
-        self.shared.telemetry.report(self.shared.threads, self.shared.io_threads, self.shared.allowance)
+        let mut r = self.shared.telemetry.report(self.shared.threads, self.shared.io_threads, self.shared.allowance);
+        r.cache = self.shared.cache.as_ref().map(|c| c.report());
+        r
     }
 
     /// The live counters (a transfer stage outside this crate records into them).
@@ -393,6 +408,9 @@ impl Loader {
     /// Zeroes the telemetry.
     pub fn reset_report(&self) {
         self.shared.telemetry.reset();
+        if let Some(c) = &self.shared.cache {
+            c.reset();
+        }
     }
 
     /// Starts an iteration of the current epoch: at its first batch, or where a state loaded
@@ -838,6 +856,9 @@ fn decode_loop(
 }
 
 fn process(sh: &Shared, dec: &mut Decoder, rs: &mut Resampler, epoch: u64, task: &Task, data: &[u8]) -> Result<i64> {
+    if let Some(cache) = &sh.cache {
+        return process_cached(sh, cache, dec, rs, epoch, task, data);
+    }
     let index = task.slot.index(task.pos) as usize;
     let t0 = Instant::now();
     let nopath = Path::new("");
@@ -853,6 +874,55 @@ fn process(sh: &Shared, dec: &mut Decoder, rs: &mut Resampler, epoch: u64, task:
     // SAFETY: this worker owns position `task.pos` of the slot until `complete` is called.
     let out = unsafe { task.slot.sample_mut(task.pos) };
     plan.write(hwc, g.flip, out);
+    sh.telemetry.ops.record(t1.elapsed());
+    Ok(sh.source.label(index))
+}
+
+/// [`process`] with a cache: the pixels of the whole image come from the cache entry of the
+/// file's bytes, or from a full-resolution decode that is then stored. The ops see the same
+/// pixels and the same source box either way; they equal those of the uncached path with
+/// `dct_scaling` and `roi` off, whose region is the whole image with the box unchanged.
+fn process_cached(
+    sh: &Shared,
+    cache: &crate::cache::Cache,
+    dec: &mut Decoder,
+    rs: &mut Resampler,
+    epoch: u64,
+    task: &Task,
+    data: &[u8],
+) -> Result<i64> {
+    let index = task.slot.index(task.pos) as usize;
+    let t0 = Instant::now();
+    let nopath = Path::new("");
+    let mut rng = Rng::new(sh.sampler.spec().seed, rng::stream::AUGMENT ^ (epoch << 8), index as u64);
+    let plan = &sh.plan;
+    let (oh, ow) = plan.output_size();
+    let key = crate::cache::Cache::key(data);
+    let hashed = t0.elapsed();
+    let hwc = if let Some(e) = cache.get(key, sh.decode_opts.max_pixels, hashed) {
+        let g = plan.geometry(e.width, e.height, &mut rng);
+        let t1 = Instant::now();
+        sh.telemetry.decode.record(t1 - t0);
+        (rs.resample(e.pixels(), e.width, e.height, g.bbox, g.hard, g.dst, ow, oh)?, g.flip, t1)
+    } else {
+        let info = dec.info(data, nopath)?;
+        let g = plan.geometry(info.width, info.height, &mut rng);
+        let whole = [0.0, 0.0, info.width as f64, info.height as f64];
+        let td = Instant::now();
+        let region = dec.decode(data, nopath, &info, whole, (info.width, info.height))?;
+        let decoded = td.elapsed();
+        if (region.width, region.height) != (info.width, info.height) {
+            return Err(Error::Internal("a full decode returned a part of the image".into()));
+        }
+        cache.put(key, region.pixels, region.width, region.height, decoded);
+        let t1 = Instant::now();
+        sh.telemetry.decode.record(t1 - t0);
+        (rs.resample(region.pixels, region.width, region.height, g.bbox, g.hard, g.dst, ow, oh)?, g.flip, t1)
+    };
+    let (hwc, flip, t1) = hwc;
+    // SAFETY: this worker owns position `task.pos` of the slot until `complete` is called.
+    let out = unsafe { task.slot.sample_mut(task.pos) };
+    plan.write(hwc, flip, out);
     sh.telemetry.ops.record(t1.elapsed());
     Ok(sh.source.label(index))
 }

@@ -230,6 +230,15 @@ impl<S: Send + 'static> Run<S> {
                 Err(RecvTimeoutError::Disconnected) => {
                     drop(guard);
                     drop(pending);
+                    // A panicking worker drops its senders while unwinding, before `spawn`
+                    // records why and cancels the run: give it a moment to say why.
+                    let t0 = Instant::now();
+                    while !self.cancelled()
+                        && !self.finished.load(Ordering::Acquire)
+                        && t0.elapsed() < Duration::from_secs(1)
+                    {
+                        std::thread::sleep(Duration::from_millis(1));
+                    }
                     return match self.ended()? {
                         Wait::Cancelled if !self.cancelled() && !self.finished.load(Ordering::Acquire) => {
                             Err(Error::Internal(

@@ -1,0 +1,203 @@
+//! The decoded-pixel cache through the whole pipeline: fill and hit counts, bit-identity with
+//! the uncached full-resolution path, bad entries, the budget, changed files, bad arguments.
+
+mod common;
+
+use common::*;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use stoker::cache::{Cache, CacheLocation, CacheReport, CacheSpec};
+use stoker::*;
+
+const N: usize = 24;
+
+fn dataset(dir: &Path) -> PathBuf {
+    let root = demo_folder(dir, N - 1);
+    // One EXIF-rotated image: the cache holds pixels after orientation.
+    let (w, h) = (200, 120);
+    let data = with_exif(&jpeg(&photo_sized("rocket", w, h), w, h, 90), 6);
+    let class = std::fs::read_dir(&root).unwrap().flatten().next().unwrap().path();
+    std::fs::write(class.join("zz_rotated.jpg"), data).unwrap();
+    root
+}
+
+fn config(cache: Option<&Path>, bytes: Option<u64>) -> LoaderConfig {
+    let mut c = LoaderConfig::new(5, TransformSpec::preset("imagenet-train").unwrap());
+    c.sampler.shuffle = true;
+    c.sampler.seed = 3;
+    c.threads = Some(2);
+    c.cache = cache.map(|d| CacheSpec { location: CacheLocation::Dir(d.to_path_buf()), bytes });
+    c
+}
+
+/// The documented uncached twin of a cached loader: full-resolution decoding.
+fn uncached_full(c: &LoaderConfig) -> LoaderConfig {
+    let mut c = c.clone();
+    c.cache = None;
+    c.dct_scaling = false;
+    c.roi = false;
+    c
+}
+
+fn loader(root: &Path, c: LoaderConfig) -> Loader {
+    Loader::new(Arc::new(ImageFolder::new(root).unwrap()), c).unwrap()
+}
+
+/// Digest and sample count of one epoch, and the cache counters of that epoch alone.
+fn epoch(l: &Loader, e: u64) -> (String, usize, Option<CacheReport>) {
+    l.set_epoch(e);
+    l.reset_report();
+    let mut d = Digest::new();
+    let mut n = 0;
+    for b in l.iter().unwrap() {
+        let b = b.unwrap();
+        n += b.len();
+        d.update(&b);
+    }
+    (d.hex(), n, l.report().cache)
+}
+
+fn entry_paths(cache_dir: &Path, root: &Path) -> Vec<PathBuf> {
+    let cache = Cache::open(&CacheSpec { location: CacheLocation::Dir(cache_dir.into()), bytes: None }, true).unwrap();
+    let mut files: Vec<PathBuf> = walk(root);
+    files.sort();
+    files.iter().map(|f| cache.entry_path(Cache::key(&std::fs::read(f).unwrap()))).collect()
+}
+
+fn walk(dir: &Path) -> Vec<PathBuf> {
+    let mut out = vec![];
+    for e in std::fs::read_dir(dir).unwrap().flatten() {
+        if e.file_type().unwrap().is_dir() {
+            out.extend(walk(&e.path()));
+        } else {
+            out.push(e.path());
+        }
+    }
+    out
+}
+
+#[test]
+fn first_epoch_fills_later_epochs_hit_and_batches_equal_the_full_resolution_path() {
+    let d = tempfile::tempdir().unwrap();
+    let root = dataset(d.path());
+    let cdir = d.path().join("cache");
+    let cached = loader(&root, config(Some(&cdir), None));
+    let plain = loader(&root, uncached_full(&config(Some(&cdir), None)));
+    for e in 0..3 {
+        let (digest, n, rep) = epoch(&cached, e);
+        let (want, m, _) = epoch(&plain, e);
+        assert_eq!((n, m), (N, N));
+        assert_eq!(digest, want, "epoch {e}: cached batches differ from the uncached full-resolution ones");
+        let rep = rep.unwrap();
+        if e == 0 {
+            assert_eq!((rep.hits, rep.misses, rep.stored), (0, N as u64, N as u64), "{rep:?}");
+            assert!(rep.stored_bytes > 0 && rep.used_bytes == rep.stored_bytes, "{rep:?}");
+        } else {
+            assert_eq!((rep.hits, rep.misses, rep.stored), (N as u64, 0, 0), "{rep:?}");
+            assert!(rep.read_bytes > 0 && rep.decode_seconds_saved > 0.0, "{rep:?}");
+        }
+    }
+    // A second loader (another process would see the same files) starts with every hit.
+    let again = loader(&root, config(Some(&cdir), None));
+    let (digest, _, rep) = epoch(&again, 7);
+    assert_eq!(digest, epoch(&plain, 7).0);
+    let rep = rep.unwrap();
+    assert_eq!((rep.hits, rep.misses), (N as u64, 0));
+    // The report and its text name the cache.
+    assert!(again.report().to_text().contains("hits"));
+}
+
+#[test]
+fn truncated_corrupt_and_foreign_entries_are_misses_and_are_replaced() {
+    let d = tempfile::tempdir().unwrap();
+    let root = dataset(d.path());
+    let cdir = d.path().join("cache");
+    let plain = loader(&root, uncached_full(&config(None, None)));
+    let (want, _, _) = epoch(&plain, 1);
+    epoch(&loader(&root, config(Some(&cdir), None)), 0);
+    let entries = entry_paths(&cdir, &root);
+    assert!(entries.iter().all(|p| p.is_file()));
+    // Truncated.
+    let f = std::fs::OpenOptions::new().write(true).open(&entries[0]).unwrap();
+    f.set_len(std::fs::metadata(&entries[0]).unwrap().len() - 1).unwrap();
+    // A corrupt header (height changed: the length no longer matches).
+    let mut b = std::fs::read(&entries[1]).unwrap();
+    b[24] ^= 0x10;
+    std::fs::write(&entries[1], b).unwrap();
+    // Foreign: another image's entry under this key.
+    std::fs::copy(&entries[3], &entries[2]).unwrap();
+    // Garbage.
+    std::fs::write(&entries[4], b"not an entry").unwrap();
+    let l = loader(&root, config(Some(&cdir), None));
+    let (digest, n, rep) = epoch(&l, 1);
+    assert_eq!((digest, n), (want.clone(), N));
+    let rep = rep.unwrap();
+    assert_eq!((rep.hits, rep.misses, rep.replaced), (N as u64 - 4, 4, 4), "{rep:?}");
+    let (digest, _, rep) = epoch(&l, 1);
+    assert_eq!(digest, want);
+    assert_eq!(rep.unwrap().hits, N as u64, "the bad entries were rewritten");
+}
+
+#[test]
+fn a_budget_smaller_than_the_dataset_stores_only_up_to_it() {
+    let d = tempfile::tempdir().unwrap();
+    let root = dataset(d.path());
+    let cdir = d.path().join("cache");
+    // Fill once without a limit to learn the entry sizes.
+    let full_dir = d.path().join("full");
+    let (_, _, rep) = epoch(&loader(&root, config(Some(&full_dir), None)), 0);
+    let total = rep.unwrap().stored_bytes;
+    let budget = total / 2;
+    let l = loader(&root, config(Some(&cdir), Some(budget)));
+    let (_, _, rep) = epoch(&l, 0);
+    let rep = rep.unwrap();
+    assert!(rep.stored > 0 && rep.stored < N as u64, "{rep:?}");
+    assert!(rep.stored_bytes <= budget && rep.used_bytes <= budget, "{rep:?}");
+    assert_eq!(rep.stored + rep.not_stored_budget, N as u64, "{rep:?}");
+    let stored = rep.stored;
+    // Never evict: the next epoch hits exactly what was stored and stores nothing more.
+    let (digest, _, rep) = epoch(&l, 1);
+    let rep = rep.unwrap();
+    assert_eq!((rep.hits, rep.misses, rep.stored), (stored, N as u64 - stored, 0), "{rep:?}");
+    assert_eq!(digest, epoch(&loader(&root, uncached_full(&config(None, None))), 1).0);
+    let on_disk: u64 = walk(&cdir)
+        .iter()
+        .filter(|p| p.extension().is_some_and(|e| e == "px"))
+        .map(|p| std::fs::metadata(p).unwrap().len())
+        .sum();
+    assert!(on_disk <= budget, "{on_disk} > {budget}");
+    // Another loader sharing the directory shares the budget.
+    let other = loader(&root, config(Some(&cdir), Some(budget)));
+    let rep = epoch(&other, 2).2.unwrap();
+    assert_eq!(rep.stored, 0, "{rep:?}");
+}
+
+#[test]
+fn a_changed_source_file_is_not_served_stale() {
+    let d = tempfile::tempdir().unwrap();
+    let root = dataset(d.path());
+    let cdir = d.path().join("cache");
+    epoch(&loader(&root, config(Some(&cdir), None)), 0);
+    let mut files = walk(&root);
+    files.sort();
+    // Same name, new pixels (and size).
+    let (w, h) = (300, 200);
+    std::fs::write(&files[5], jpeg(&photo_sized("coffee", w, h), w, h, 80)).unwrap();
+    let l = loader(&root, config(Some(&cdir), None));
+    let (digest, _, rep) = epoch(&l, 1);
+    let rep = rep.unwrap();
+    assert_eq!((rep.hits, rep.misses), (N as u64 - 1, 1), "{rep:?}");
+    assert_eq!(digest, epoch(&loader(&root, uncached_full(&config(None, None))), 1).0);
+}
+
+#[test]
+fn an_unusable_cache_directory_is_a_config_error_naming_cache() {
+    let d = tempfile::tempdir().unwrap();
+    let root = dataset(d.path());
+    let file = d.path().join("a-file");
+    std::fs::write(&file, b"x").unwrap();
+    let c = config(Some(&file.join("sub")), None);
+    let e = Loader::new(Arc::new(ImageFolder::new(&root).unwrap()), c).unwrap_err();
+    assert!(matches!(e, Error::Config { .. }), "{e}");
+    assert!(e.to_string().contains("`cache`") && e.to_string().contains("a-file"), "{e}");
+}
