@@ -88,8 +88,12 @@ class ImageLoader(LoaderBase):
     and stores it until ``cache_bytes`` (e.g. ``'8GiB'``; default a quarter of MemAvailable for
     ``'ram'``, half the free space for a directory) is used; later epochs, and other processes
     given the same cache, read the stored pixels instead of decoding. Batches are bit-identical
-    to ``cache=None, dct_scaling=False, roi=False``. ``report()['cache']`` counts hits, misses,
-    bytes and the decode time saved. ``dct_scaling`` and ``roi`` (default on) let JPEGs be decoded
+    to ``cache=None, dct_scaling=False, roi=False``. ``cache_max_side=N`` stores images whose
+    longer side exceeds N pixels reduced to N instead (DCT-scaled decode, then antialiased
+    resampling; the crops are drawn on the original size): smaller entries and cheaper cached
+    epochs, with pixels that differ slightly from full resolution; batches still do not depend
+    on what the cache holds. ``report()['cache']`` counts hits, misses, bytes and the decode
+    time saved. ``dct_scaling`` and ``roi`` (default on) let JPEGs be decoded
     at a reduced DCT scale and only around the crop; turning them off decodes every image whole.
     ``threads='auto'`` uses the process's CPU allowance (affinity mask and cgroup quota;
     ``STOKER_NUM_THREADS`` overrides it).
@@ -113,7 +117,7 @@ class ImageLoader(LoaderBase):
                  dtype: Any = None, apply_exif: bool = True, device: str = "cpu", max_pixels: int | None = None,
                  max_file_bytes: int | str | None = None, max_failures: int | float | str | None = None,
                  cache: str | os.PathLike[str] | None = None, cache_bytes: int | str | None = None,
-                 dct_scaling: bool = True, roi: bool = True) -> None:
+                 cache_max_side: int | None = None, dct_scaling: bool = True, roi: bool = True) -> None:
         ops: list[dict[str, Any]] | None = None
         out_dtype: str | None = None
         if transforms is not None:
@@ -152,7 +156,7 @@ class ImageLoader(LoaderBase):
             rank=rank, world_size=world_size, threads=threads, io_threads=io_threads, prefetch=prefetch,
             memory_limit=memory_limit, on_error=on_error, max_pixels=max_pixels, max_file_bytes=max_file_bytes,
             max_failures=max_failures, cache=os.fspath(cache) if isinstance(cache, os.PathLike) else cache,
-            cache_bytes=cache_bytes, dct_scaling=dct_scaling, roi=roi)
+            cache_bytes=cache_bytes, cache_max_side=cache_max_side, dct_scaling=dct_scaling, roi=roi)
         self._start()
 
     def _new_native(self) -> _stoker.Loader:

@@ -104,6 +104,10 @@ def test_cache_arguments_are_checked(demo, tmp_path):
         stoker.ImageLoader(demo, 8, preset="imagenet-val", cache_bytes="1GiB")
     with pytest.raises(stoker.ConfigError, match="`cache`"):
         stoker.ImageLoader(demo, 8, preset="imagenet-val", cache=3)  # type: ignore[arg-type]
+    with pytest.raises(stoker.ConfigError, match="`cache_max_side`: needs cache"):
+        stoker.ImageLoader(demo, 8, preset="imagenet-val", cache_max_side=256)
+    with pytest.raises(stoker.ConfigError, match="`cache_max_side`"):
+        stoker.ImageLoader(demo, 8, preset="imagenet-val", cache=tmp_path / "c", cache_max_side=0)
     r = subprocess.run([sys.executable, "-m", "stoker.cli", "bench", str(demo), "--cache", str(tmp_path / "c"),
                         "--cache-bytes", "0"], capture_output=True, text=True, timeout=120)
     assert r.returncode != 0 and "--cache-bytes" in r.stderr, r.stderr
@@ -127,3 +131,21 @@ def test_two_processes_filling_one_cache_at_once_share_its_budget(demo, tmp_path
     on_disk = sum(f.stat().st_size for f in cache.rglob("*.px"))
     assert 0 < on_disk <= budget
     assert not list(cache.rglob(".tmp-*")), "no temporary file is left behind"
+
+
+def test_a_max_side_cache_reads_what_it_filled_and_stays_close_to_full_resolution(demo, tmp_path):
+    kw = dict(batch_size=16, preset="imagenet-val", shuffle=True, seed=2, output="numpy", dtype="uint8")
+    filling = stoker.ImageLoader(demo, cache=tmp_path / "c", cache_max_side=160, **kw)
+    first, rep = epoch_arrays(filling, 0)
+    assert (rep["misses"], rep["stored"], rep["max_side"]) == (96, 96, 160), rep
+    # A second loader (another process would do the same) only hits, and gets the same batches.
+    reading = stoker.ImageLoader(demo, cache=tmp_path / "c", cache_max_side=160, **kw)
+    again, rep = epoch_arrays(reading, 0)
+    same(again, first)
+    assert (rep["hits"], rep["misses"]) == (96, 0), rep
+    # Entries hold at most 160 px on a side, so far fewer bytes than full resolution.
+    full = stoker.ImageLoader(demo, cache=tmp_path / "full", **kw)
+    want, rep_full = epoch_arrays(full, 0)
+    assert rep["used_bytes"] < rep_full["used_bytes"] / 2, (rep, rep_full)
+    diff = np.mean([np.abs(a.astype(int) - b.astype(int)).mean() for (a, _), (b, _) in zip(first, want)])
+    assert diff < 8.0, diff

@@ -98,6 +98,11 @@ pub struct BenchOpts {
     /// free space for a directory). Filled until used, never evicted.
     #[arg(long)]
     pub cache_bytes: Option<String>,
+    /// Store images whose longer side exceeds this many pixels reduced to it (DCT-scaled
+    /// decoding, then antialiased resampling): smaller entries and cheaper cached epochs, with
+    /// pixels that differ from a full-resolution decode. Default: full resolution.
+    #[arg(long)]
+    pub cache_max_side: Option<String>,
     /// Instead of loading: decode every file once at full size on one thread (the pure
     /// libjpeg-turbo rate that stoker's per-thread rate is compared with).
     #[arg(long)]
@@ -143,6 +148,7 @@ impl BenchOpts {
             ("max_failures", self.max_failures.clone()),
             ("cache", self.cache.clone()),
             ("cache_bytes", self.cache_bytes.clone()),
+            ("cache_max_side", self.cache_max_side.clone()),
         ]))?)
     }
 

@@ -337,7 +337,8 @@ fn transform(a: &mut Taker) -> Result<TransformSpec> {
 /// `layout`, `apply_exif`, `shuffle` (`False`, `True`, `global`, `shards`), `shard_window`,
 /// `seed`, `drop_last`, `rank`, `world_size` (torchrun's environment by default), `threads`,
 /// `io_threads`, `prefetch`, `memory_limit`, `on_error` (`skip`, `raise`), `dct_scaling`,
-/// `roi`, `max_pixels`, `max_file_bytes`, `max_failures`, `cache`, `cache_bytes`. An unknown
+/// `roi`, `max_pixels`, `max_file_bytes`, `max_failures`, `cache`, `cache_bytes`,
+/// `cache_max_side`. An unknown
 /// name is an error.
 pub fn loader_config(args: Args) -> Result<LoaderConfig> {
     let mut a = Taker(args);
@@ -370,10 +371,12 @@ pub fn loader_config(args: Args) -> Result<LoaderConfig> {
     Ok(c)
 }
 
-/// The decoded-pixel cache: `cache` (`"ram"` or a directory) and `cache_bytes` (a byte size).
-/// Whether the directory can be written is checked when the loader opens it.
+/// The decoded-pixel cache: `cache` (`"ram"` or a directory), `cache_bytes` (a byte size) and
+/// `cache_max_side` (pixels). Whether the directory can be written is checked when the loader
+/// opens it.
 fn cache(a: &mut Taker) -> Result<Option<CacheSpec>> {
     let bytes = a.take("cache_bytes").map(|v| bytes("cache_bytes", &v)).transpose()?;
+    let max_side = a.take("cache_max_side").map(|v| positive("cache_max_side", &v)).transpose()?;
     let location = match a.take("cache") {
         None => None,
         Some(Value::String(s)) if s == "ram" => Some(CacheLocation::Ram),
@@ -383,8 +386,9 @@ fn cache(a: &mut Taker) -> Result<Option<CacheSpec>> {
         }
     };
     match location {
-        Some(location) => Ok(Some(CacheSpec { location, bytes })),
+        Some(location) => Ok(Some(CacheSpec { location, bytes, max_side })),
         None if bytes.is_some() => Err(Error::config("cache_bytes", "needs cache='ram' or a cache directory")),
+        None if max_side.is_some() => Err(Error::config("cache_max_side", "needs cache='ram' or a cache directory")),
         None => Ok(None),
     }
 }
@@ -481,14 +485,21 @@ mod tests {
         assert!(err(json!({"preset": "imagenet-val", "shuffle": "yes"})).contains("'shards'"));
         assert!(err(json!({"preset": "imagenet-val", "on_error": "ignore"})).contains("skip, raise"));
         let c = loader_config(args(json!({"preset": "imagenet-val", "cache": "ram", "cache_bytes": "8GiB"}))).unwrap();
-        assert_eq!(c.cache, Some(CacheSpec { location: CacheLocation::Ram, bytes: Some(8 << 30) }));
+        assert_eq!(c.cache, Some(CacheSpec { location: CacheLocation::Ram, bytes: Some(8 << 30), max_side: None }));
         let c = loader_config(args(json!({"preset": "imagenet-val", "cache": "/tmp/c"}))).unwrap();
-        assert_eq!(c.cache, Some(CacheSpec { location: CacheLocation::Dir("/tmp/c".into()), bytes: None }));
+        assert_eq!(
+            c.cache,
+            Some(CacheSpec { location: CacheLocation::Dir("/tmp/c".into()), bytes: None, max_side: None })
+        );
         assert!(err(json!({"preset": "imagenet-val", "cache": "ram", "cache_bytes": "8 parsecs"}))
             .contains("`cache_bytes`"));
         assert!(err(json!({"preset": "imagenet-val", "cache_bytes": "1GiB"})).contains("`cache_bytes`: needs cache"));
         assert!(err(json!({"preset": "imagenet-val", "cache": 3})).contains("`cache`: expected None, 'ram'"));
         assert!(err(json!({"preset": "imagenet-val", "cache": ""})).contains("`cache`"));
+        let c = loader_config(args(json!({"preset": "imagenet-val", "cache": "ram", "cache_max_side": 320}))).unwrap();
+        assert_eq!(c.cache.unwrap().max_side, Some(320));
+        assert!(err(json!({"preset": "imagenet-val", "cache_max_side": 320})).contains("`cache_max_side`: needs cache"));
+        assert!(err(json!({"preset": "imagenet-val", "cache": "ram", "cache_max_side": 0})).contains("at least 1"));
         assert!(array_config(args(json!({"shuffle": "shards"}))).unwrap_err().to_string().contains("False or True"));
     }
 }

@@ -3,17 +3,21 @@
 //! Decoding is the floor of per-image CPU, and every epoch pays it again for the same pixels.
 //! With a cache, the first time an image is decoded its full-resolution RGB8 pixels (after EXIF
 //! orientation) are written to a file of their own; later epochs (and other processes on the
-//! host) memory-map that file and skip decoding. Policy: fill until the byte budget is used,
+//! host) memory-map that file and skip decoding. With a `max_side`, images whose longer side
+//! exceeds it are stored reduced to it instead (DCT-scaled decoding, then the antialiased
+//! resampler): smaller entries and cheaper later epochs, at the price of pixels that differ
+//! from a full-resolution decode. Policy: fill until the byte budget is used,
 //! never evict (each epoch visits the samples in a new random order, so eviction would only
 //! replace one cached image with another).
 //!
 //! Layout: `ROOT/v1-SETTINGS/KK/KEY.px`, where `ROOT` is `/dev/shm/stoker-cache-UID`
 //! (`cache="ram"`) or the directory given, `SETTINGS` a hash of what decides the pixels (the
-//! entry format and whether EXIF orientation is applied: other settings use another
-//! directory), and `KEY` the 128-bit xxh3 hash of the encoded file's bytes (content-addressed:
+//! entry format, whether EXIF orientation is applied and the `max_side`: other settings use
+//! another directory), and `KEY` the 128-bit xxh3 hash of the encoded file's bytes (content-addressed:
 //! a changed source file has another key, so stale pixels are never served; identical files
-//! share one entry). An entry is a 64-byte header (magic, version, channels, width, height,
-//! payload length, the content hash, the decode time) followed by the pixels. It is written to
+//! share one entry). An entry is an 80-byte header (magic, version, channels, the stored width
+//! and height, the source image's width and height, payload length, the content hash, the
+//! decode time, then an xxh3 checksum of those 64 bytes) followed by the pixels. It is written to
 //! a temporary name in the same folder and renamed into place, so a crash leaves no partial
 //! entry under a real name; a reader checks the whole header (against the key, `max_pixels` and
 //! the file's length) before mapping, and anything that does not match is a miss whose entry is
@@ -50,12 +54,15 @@ pub struct CacheSpec {
     /// The byte budget (`None`: a quarter of `MemAvailable` for `ram`, half the free space of
     /// the file system for a directory; both capped by the file system's free space).
     pub bytes: Option<u64>,
+    /// Store images whose longer side exceeds this reduced to it (`None`: full resolution,
+    /// bit-identical batches).
+    pub max_side: Option<usize>,
 }
 
 const MAGIC: [u8; 8] = *b"STKPIX\0\x01";
-const VERSION: u32 = 1;
+const VERSION: u32 = 2;
 /// Bytes before the pixels.
-pub const HEADER: usize = 64;
+pub const HEADER: usize = 80;
 const CHANNELS: u32 = 3;
 
 /// Counters of one cache in one process.
@@ -83,6 +90,8 @@ pub struct CacheReport {
     pub budget_bytes: u64,
     /// Bytes stored in this cache directory by all processes (the shared `usage` count).
     pub used_bytes: u64,
+    /// The longer side entries are reduced to (`None`: full resolution).
+    pub max_side: Option<usize>,
     /// Samples whose pixels came from the cache (no decode).
     pub hits: u64,
     /// Samples decoded (not in the cache, or an entry that failed its checks).
@@ -113,6 +122,7 @@ pub struct CacheReport {
 pub struct Cache {
     dir: PathBuf,
     budget: u64,
+    max_side: Option<usize>,
     usage: File,
     /// `flock` excludes other processes only (this process's threads share one open file
     /// description), so the threads of this process take this lock first.
@@ -122,8 +132,12 @@ pub struct Cache {
 }
 
 /// What decides an entry's pixels; another value is another directory.
-fn settings_hash(apply_exif: bool) -> u64 {
-    let s = format!("stoker-pixels v{VERSION} rgb8 full-resolution exif={apply_exif}");
+fn settings_hash(apply_exif: bool, max_side: Option<usize>) -> u64 {
+    let size = match max_side {
+        None => "full-resolution".to_string(),
+        Some(m) => format!("max-side={m} dct-scaled+bilinear-antialiased"),
+    };
+    let s = format!("stoker-pixels v{VERSION} rgb8 {size} exif={apply_exif}");
     xxhash_rust::xxh3::xxh3_64(s.as_bytes())
 }
 
@@ -207,6 +221,11 @@ pub struct Entry {
     pub width: usize,
     /// Height in pixels.
     pub height: usize,
+    /// Width of the source image (after orientation) these pixels were made from; equal to
+    /// `width` unless the entry was reduced to the cache's `max_side`.
+    pub source_width: usize,
+    /// Height of the source image (after orientation).
+    pub source_height: usize,
     decode_ns: u64,
 }
 
@@ -232,10 +251,12 @@ impl Drop for Entry {
 }
 
 /// A parsed header.
-#[derive(Debug, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Header {
-    width: u64,
-    height: u64,
+    width: u32,
+    height: u32,
+    source_width: u32,
+    source_height: u32,
     payload: u64,
     key: u128,
     decode_ns: u64,
@@ -246,11 +267,15 @@ fn encode_header(h: &Header) -> [u8; HEADER] {
     b[0..8].copy_from_slice(&MAGIC);
     b[8..12].copy_from_slice(&VERSION.to_le_bytes());
     b[12..16].copy_from_slice(&CHANNELS.to_le_bytes());
-    b[16..24].copy_from_slice(&h.width.to_le_bytes());
-    b[24..32].copy_from_slice(&h.height.to_le_bytes());
+    b[16..20].copy_from_slice(&h.width.to_le_bytes());
+    b[20..24].copy_from_slice(&h.height.to_le_bytes());
+    b[24..28].copy_from_slice(&h.source_width.to_le_bytes());
+    b[28..32].copy_from_slice(&h.source_height.to_le_bytes());
     b[32..40].copy_from_slice(&h.payload.to_le_bytes());
     b[40..56].copy_from_slice(&h.key.to_le_bytes());
     b[56..64].copy_from_slice(&h.decode_ns.to_le_bytes());
+    let sum = xxhash_rust::xxh3::xxh3_64(&b[..64]);
+    b[64..72].copy_from_slice(&sum.to_le_bytes());
     b
 }
 
@@ -262,15 +287,24 @@ fn check_header(b: &[u8; HEADER], key: u128, file_len: u64, max_pixels: u64) -> 
     if b[0..8] != MAGIC || u32_at(8) != VERSION || u32_at(12) != CHANNELS {
         return None;
     }
+    if u64_at(64) != xxhash_rust::xxh3::xxh3_64(&b[..64]) || b[72..80] != [0; 8] {
+        return None;
+    }
     let h = Header {
-        width: u64_at(16),
-        height: u64_at(24),
+        width: u32_at(16),
+        height: u32_at(20),
+        source_width: u32_at(24),
+        source_height: u32_at(28),
         payload: u64_at(32),
         key: u128::from_le_bytes(b[40..56].try_into().expect("16 bytes")),
         decode_ns: u64_at(56),
     };
-    let pixels = h.width.checked_mul(h.height)?;
-    if h.width == 0 || h.height == 0 || pixels > max_pixels || h.key != key {
+    let pixels = u64::from(h.width) * u64::from(h.height);
+    let source_pixels = u64::from(h.source_width) * u64::from(h.source_height);
+    if h.width == 0 || h.height == 0 || h.width > h.source_width || h.height > h.source_height {
+        return None;
+    }
+    if source_pixels > max_pixels || h.key != key {
         return None;
     }
     let payload = pixels.checked_mul(CHANNELS as u64)?;
@@ -298,7 +332,10 @@ impl Cache {
             }
             CacheLocation::Dir(d) => d.clone(),
         };
-        let dir = root.join(format!("v{VERSION}-{:016x}", settings_hash(apply_exif)));
+        if spec.max_side == Some(0) {
+            return Err(Error::config("cache_max_side", "must be at least 1"));
+        }
+        let dir = root.join(format!("v{VERSION}-{:016x}", settings_hash(apply_exif, spec.max_side)));
         let bad = |what: &str, e: std::io::Error| {
             Error::config("cache", format!("cannot use {} as a cache directory ({what}: {e})", root.display()))
         };
@@ -333,6 +370,7 @@ impl Cache {
         Ok(Cache {
             dir,
             budget,
+            max_side: spec.max_side,
             usage,
             usage_lock: std::sync::Mutex::new(()),
             stats: Stats::default(),
@@ -348,6 +386,24 @@ impl Cache {
     /// The byte budget.
     pub fn budget(&self) -> u64 {
         self.budget
+    }
+
+    /// The longer side entries are reduced to (`None`: full resolution).
+    pub fn max_side(&self) -> Option<usize> {
+        self.max_side
+    }
+
+    /// The size an image of `width` x `height` is stored at: itself, or scaled so that its
+    /// longer side is `max_side` (each side rounded, at least 1) when it is longer.
+    pub fn stored_size(&self, width: usize, height: usize) -> (usize, usize) {
+        match self.max_side {
+            Some(m) if width.max(height) > m => {
+                let s = m as f64 / width.max(height) as f64;
+                let side = |v: usize| ((v as f64 * s).round() as usize).clamp(1, m);
+                (side(width), side(height))
+            }
+            _ => (width, height),
+        }
     }
 
     /// The key of an encoded file: the 128-bit xxh3 of its bytes.
@@ -406,7 +462,15 @@ impl Cache {
         if ptr == libc::MAP_FAILED {
             return None;
         }
-        Some(Entry { ptr, len, width: h.width as usize, height: h.height as usize, decode_ns: h.decode_ns })
+        Some(Entry {
+            ptr,
+            len,
+            width: h.width as usize,
+            height: h.height as usize,
+            source_width: h.source_width as usize,
+            source_height: h.source_height as usize,
+            decode_ns: h.decode_ns,
+        })
     }
 
     /// Reserves `n` bytes of the shared budget; false when they do not fit.
@@ -433,10 +497,16 @@ impl Cache {
         }
     }
 
-    /// Stores the `width` x `height` RGB8 `pixels` of the file with `key`, decoded in
-    /// `decode`, if the budget allows. A failure to write is counted, never an error.
-    pub fn put(&self, key: u128, pixels: &[u8], width: usize, height: usize, decode: Duration) {
+    /// Stores the `width` x `height` RGB8 `pixels` of the file with `key`, made in `decode`
+    /// from a source image of `source = (width, height)` (see [`Cache::stored_size`]), if the
+    /// budget allows. A failure to write is counted, never an error.
+    pub fn put(&self, key: u128, pixels: &[u8], width: usize, height: usize, source: (usize, usize), decode: Duration) {
         let t0 = std::time::Instant::now();
+        let dims = [width, height, source.0, source.1].map(u32::try_from);
+        let [Ok(width), Ok(height), Ok(source_width), Ok(source_height)] = dims else {
+            self.stats.write_errors.fetch_add(1, Ordering::Relaxed);
+            return;
+        };
         let path = self.path(key);
         let total = (HEADER + pixels.len()) as u64;
         let existing = std::fs::symlink_metadata(&path).ok();
@@ -452,8 +522,10 @@ impl Cache {
             return;
         }
         let header = Header {
-            width: width as u64,
-            height: height as u64,
+            width,
+            height,
+            source_width,
+            source_height,
             payload: pixels.len() as u64,
             key,
             decode_ns: decode.as_nanos() as u64,
@@ -493,6 +565,7 @@ impl Cache {
             dir: self.dir.display().to_string(),
             budget_bytes: self.budget,
             used_bytes: self.used(),
+            max_side: self.max_side,
             hits: get(&s.hits),
             misses: get(&s.misses),
             stored: get(&s.stored),
@@ -534,16 +607,32 @@ mod tests {
 
     #[test]
     fn headers_are_checked_against_key_length_and_limit() {
-        let h = Header { width: 4, height: 2, payload: 24, key: 7, decode_ns: 5 };
+        let h = Header { width: 4, height: 2, source_width: 8, source_height: 3, payload: 24, key: 7, decode_ns: 5 };
         let b = encode_header(&h);
-        assert_eq!(check_header(&b, 7, 64 + 24, 100), Some(h));
-        assert!(check_header(&b, 8, 64 + 24, 100).is_none(), "another key");
-        assert!(check_header(&b, 7, 64 + 23, 100).is_none(), "truncated");
-        assert!(check_header(&b, 7, 64 + 24, 7).is_none(), "over max_pixels");
+        assert_eq!(check_header(&b, 7, HEADER as u64 + 24, 100), Some(h));
+        assert!(check_header(&b, 8, HEADER as u64 + 24, 100).is_none(), "another key");
+        assert!(check_header(&b, 7, HEADER as u64 + 23, 100).is_none(), "truncated");
+        assert!(check_header(&b, 7, HEADER as u64 + 24, 23).is_none(), "source over max_pixels");
         let mut bad = b;
         bad[0] ^= 1;
-        assert!(check_header(&bad, 7, 64 + 24, 100).is_none(), "magic");
-        let huge = encode_header(&Header { width: u64::MAX, height: 3, payload: 0, key: 7, decode_ns: 0 });
-        assert!(check_header(&huge, 7, 64, u64::MAX).is_none(), "overflow");
+        assert!(check_header(&bad, 7, HEADER as u64 + 24, 100).is_none(), "magic");
+        let mut bad = b;
+        bad[24] ^= 1;
+        assert!(check_header(&bad, 7, HEADER as u64 + 24, 100).is_none(), "source width (checksum)");
+        let huge = Header {
+            width: u32::MAX,
+            height: 3,
+            source_width: u32::MAX,
+            source_height: 3,
+            payload: 0,
+            key: 7,
+            decode_ns: 0,
+        };
+        assert!(check_header(&encode_header(&huge), 7, HEADER as u64, u64::MAX).is_none(), "payload mismatch");
+        let bigger = Header { width: 9, height: 2, payload: 54, ..h };
+        assert!(
+            check_header(&encode_header(&bigger), 7, HEADER as u64 + 54, 100).is_none(),
+            "stored larger than source"
+        );
     }
 }

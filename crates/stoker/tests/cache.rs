@@ -7,6 +7,7 @@ use common::*;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use stoker::cache::{Cache, CacheLocation, CacheReport, CacheSpec};
+use stoker::decode::{DecodeOptions, Decoder};
 use stoker::*;
 
 const N: usize = 24;
@@ -26,7 +27,7 @@ fn config(cache: Option<&Path>, bytes: Option<u64>) -> LoaderConfig {
     c.sampler.shuffle = true;
     c.sampler.seed = 3;
     c.threads = Some(2);
-    c.cache = cache.map(|d| CacheSpec { location: CacheLocation::Dir(d.to_path_buf()), bytes });
+    c.cache = cache.map(|d| CacheSpec { location: CacheLocation::Dir(d.to_path_buf()), bytes, max_side: None });
     c
 }
 
@@ -58,7 +59,9 @@ fn epoch(l: &Loader, e: u64) -> (String, usize, Option<CacheReport>) {
 }
 
 fn entry_paths(cache_dir: &Path, root: &Path) -> Vec<PathBuf> {
-    let cache = Cache::open(&CacheSpec { location: CacheLocation::Dir(cache_dir.into()), bytes: None }, true).unwrap();
+    let cache =
+        Cache::open(&CacheSpec { location: CacheLocation::Dir(cache_dir.into()), bytes: None, max_side: None }, true)
+            .unwrap();
     let mut files: Vec<PathBuf> = walk(root);
     files.sort();
     files.iter().map(|f| cache.entry_path(Cache::key(&std::fs::read(f).unwrap()))).collect()
@@ -120,7 +123,7 @@ fn truncated_corrupt_and_foreign_entries_are_misses_and_are_replaced() {
     // Truncated.
     let f = std::fs::OpenOptions::new().write(true).open(&entries[0]).unwrap();
     f.set_len(std::fs::metadata(&entries[0]).unwrap().len() - 1).unwrap();
-    // A corrupt header (height changed: the length no longer matches).
+    // A corrupt header (the source width changed: the checksum no longer matches).
     let mut b = std::fs::read(&entries[1]).unwrap();
     b[24] ^= 0x10;
     std::fs::write(&entries[1], b).unwrap();
@@ -200,4 +203,88 @@ fn an_unusable_cache_directory_is_a_config_error_naming_cache() {
     let e = Loader::new(Arc::new(ImageFolder::new(&root).unwrap()), c).unwrap_err();
     assert!(matches!(e, Error::Config { .. }), "{e}");
     assert!(e.to_string().contains("`cache`") && e.to_string().contains("a-file"), "{e}");
+}
+
+/// A loader whose cache reduces images to `max_side` (and an optional budget).
+fn reduced(root: &Path, cdir: &Path, max_side: usize, bytes: Option<u64>, preset: &str) -> Loader {
+    let mut c = config(Some(cdir), bytes);
+    c.transform = TransformSpec::preset(preset).unwrap().with_dtype(DType::Uint8);
+    c.cache.as_mut().unwrap().max_side = Some(max_side);
+    loader(root, c)
+}
+
+/// All the bytes of one epoch's batches, in order.
+fn epoch_bytes(l: &Loader, e: u64) -> Vec<u8> {
+    l.set_epoch(e);
+    l.iter().unwrap().flat_map(|b| b.unwrap().data().to_vec()).collect()
+}
+
+#[test]
+fn a_max_side_cache_stores_reduced_images_and_gives_the_same_batches_whatever_it_holds() {
+    let d = tempfile::tempdir().unwrap();
+    let root = dataset(d.path());
+    let cdir = d.path().join("cache");
+    let side = 96;
+    // Filling (every sample a miss) and reading (every sample a hit) give the same batches.
+    let filling = reduced(&root, &cdir, side, None, "imagenet-train");
+    let first = epoch_bytes(&filling, 4);
+    let rep = filling.report().cache.unwrap();
+    assert_eq!((rep.misses, rep.stored, rep.max_side), (N as u64, N as u64, Some(side)), "{rep:?}");
+    let reading = reduced(&root, &cdir, side, None, "imagenet-train");
+    assert_eq!(epoch_bytes(&reading, 4), first, "hits and misses must give the same pixels");
+    assert_eq!(reading.report().cache.unwrap().hits, N as u64);
+    // So does a cache whose budget holds only some of the images (misses not stored are
+    // reduced the same way).
+    let half = reduced(&root, &d.path().join("half"), side, Some(rep.stored_bytes / 2), "imagenet-train");
+    assert_eq!(epoch_bytes(&half, 4), first);
+    let rep_half = half.report().cache.unwrap();
+    assert!(rep_half.not_stored_budget > 0 && rep_half.stored > 0, "{rep_half:?}");
+
+    // The entries: longer side `side`, the source's oriented size recorded, and smaller files
+    // than full resolution.
+    let cache =
+        Cache::open(&CacheSpec { location: CacheLocation::Dir(cdir.clone()), bytes: None, max_side: Some(side) }, true)
+            .unwrap();
+    let mut files = walk(&root);
+    files.sort();
+    let mut dec = Decoder::new(DecodeOptions::default()).unwrap();
+    for f in &files {
+        let data = std::fs::read(f).unwrap();
+        let info = dec.info(&data, f).unwrap();
+        let entry = std::fs::read(cache.entry_path(Cache::key(&data))).unwrap();
+        let u32_at = |o: usize| u32::from_le_bytes(entry[o..o + 4].try_into().unwrap()) as usize;
+        let (w, h, sw, sh) = (u32_at(16), u32_at(20), u32_at(24), u32_at(28));
+        assert_eq!((sw, sh), (info.width, info.height), "{}", f.display());
+        assert_eq!(w.max(h), side.min(sw.max(sh)), "{}: stored {w}x{h} of {sw}x{sh}", f.display());
+        assert_eq!(cache.stored_size(sw, sh), (w, h));
+        assert_eq!(entry.len(), stoker::cache::HEADER + w * h * 3);
+    }
+    // Another max_side is another directory; full resolution another again.
+    let other = |m| {
+        Cache::open(&CacheSpec { location: CacheLocation::Dir(cdir.clone()), bytes: None, max_side: m }, true)
+            .unwrap()
+            .dir()
+            .to_path_buf()
+    };
+    assert_ne!(other(Some(side)), other(Some(side + 1)));
+    assert_ne!(other(Some(side)), other(None));
+
+    // The crops are the uncached ones (drawn on the source size, then scaled): a reduced cache
+    // gives batches close to full resolution (a wrongly scaled box would not be).
+    let mut plain = config(None, None);
+    plain.transform = TransformSpec::preset("imagenet-val").unwrap().with_dtype(DType::Uint8);
+    let want = epoch_bytes(&loader(&root, plain), 2);
+    let got = epoch_bytes(&reduced(&root, &d.path().join("val"), 200, None, "imagenet-val"), 2);
+    let diff = mean_abs(&got, &want);
+    assert!(diff < 6.0, "reduced to 200 px vs full resolution: mean difference {diff}");
+    let bad = mean_abs(&epoch_bytes(&reduced(&root, &d.path().join("tiny"), 8, None, "imagenet-val"), 2), &want);
+    assert!(bad > diff, "an 8-px cache ({bad}) must differ more than a 200-px one ({diff})");
+}
+
+#[test]
+fn a_zero_max_side_is_a_config_error() {
+    let d = tempfile::tempdir().unwrap();
+    let spec = CacheSpec { location: CacheLocation::Dir(d.path().into()), bytes: None, max_side: Some(0) };
+    let e = Cache::open(&spec, true).unwrap_err();
+    assert!(e.to_string().contains("`cache_max_side`"), "{e}");
 }

@@ -86,8 +86,9 @@ pub struct LoaderConfig {
     #[serde(default)]
     pub max_failures: MaxFailures,
     /// The decoded-pixel cache (`None`: decode every epoch). With a cache, every image is
-    /// decoded at full resolution (`dct_scaling` and `roi` are not used), so batches are the
-    /// same whether a sample's pixels came from the cache or from a decode.
+    /// decoded whole (`roi` is not used), at full resolution (`dct_scaling` is not used either)
+    /// unless the cache has a `max_side`, so batches are the same whether a sample's pixels came
+    /// from the cache or from a decode.
     #[serde(default)]
     pub cache: Option<crate::cache::CacheSpec>,
 }
@@ -257,12 +258,13 @@ impl Loader {
         let pool = BufferPool::new_in(slots, batch_size, plan.sample_bytes(), alloc)?;
         let cache =
             config.cache.as_ref().map(|c| crate::cache::Cache::open(c, config.transform.apply_exif)).transpose()?;
-        // A cache holds full-resolution pixels: every image is decoded that way, cached or not.
-        let full = cache.is_some();
+        // A cache holds whole images: at full resolution every image is decoded that way, cached
+        // or not; reduced to a `max_side`, DCT scaling (when allowed) makes the reduction cheap.
+        let full = cache.as_ref().is_some_and(|c| c.max_side().is_none());
         let decode_opts = DecodeOptions {
             apply_exif: config.transform.apply_exif,
             dct_scaling: config.dct_scaling && !full,
-            roi: config.roi && !full,
+            roi: config.roi && cache.is_none(),
             max_pixels: config.max_pixels,
         };
         Ok(Loader {
@@ -879,9 +881,12 @@ fn process(sh: &Shared, dec: &mut Decoder, rs: &mut Resampler, epoch: u64, task:
 }
 
 /// [`process`] with a cache: the pixels of the whole image come from the cache entry of the
-/// file's bytes, or from a full-resolution decode that is then stored. The ops see the same
-/// pixels and the same source box either way; they equal those of the uncached path with
-/// `dct_scaling` and `roi` off, whose region is the whole image with the box unchanged.
+/// file's bytes, or from a decode of the whole image that is then stored. The ops see the same
+/// pixels and the same source box either way, so batches do not depend on what the cache
+/// holds. At full resolution they equal those of the uncached path with `dct_scaling` and
+/// `roi` off, whose region is the whole image with the box unchanged. With a `max_side`, the
+/// box is drawn on the source image's size (the same crops as without a cache) and scaled to
+/// the stored pixels.
 fn process_cached(
     sh: &Shared,
     cache: &crate::cache::Cache,
@@ -899,25 +904,47 @@ fn process_cached(
     let (oh, ow) = plan.output_size();
     let key = crate::cache::Cache::key(data);
     let hashed = t0.elapsed();
+    // The source box on the stored pixels: exact (a factor of 1) at full resolution.
+    let scaled = |b: [f64; 4], (w, h): (usize, usize), (sw, sh): (usize, usize)| {
+        if (w, h) == (sw, sh) {
+            return b;
+        }
+        let (fx, fy) = (w as f64 / sw as f64, h as f64 / sh as f64);
+        [b[0] * fx, b[1] * fy, b[2] * fx, b[3] * fy]
+    };
     let hwc = if let Some(e) = cache.get(key, sh.decode_opts.max_pixels, hashed) {
-        let g = plan.geometry(e.width, e.height, &mut rng);
+        let g = plan.geometry(e.source_width, e.source_height, &mut rng);
         let t1 = Instant::now();
         sh.telemetry.decode.record(t1 - t0);
-        (rs.resample(e.pixels(), e.width, e.height, g.bbox, g.hard, g.dst, ow, oh)?, g.flip, t1)
+        let bbox = scaled(g.bbox, (e.width, e.height), (e.source_width, e.source_height));
+        (rs.resample(e.pixels(), e.width, e.height, bbox, g.hard, g.dst, ow, oh)?, g.flip, t1)
     } else {
         let info = dec.info(data, nopath)?;
         let g = plan.geometry(info.width, info.height, &mut rng);
+        let source = (info.width, info.height);
+        let (tw, th) = cache.stored_size(info.width, info.height);
         let whole = [0.0, 0.0, info.width as f64, info.height as f64];
         let td = Instant::now();
-        let region = dec.decode(data, nopath, &info, whole, (info.width, info.height))?;
-        let decoded = td.elapsed();
-        if (region.width, region.height) != (info.width, info.height) {
+        // At full resolution, the whole image; with a `max_side`, the smallest DCT scale that
+        // still covers the stored size.
+        let region = dec.decode(data, nopath, &info, whole, (tw, th))?;
+        let reduced;
+        let pixels = if (region.width, region.height) == (tw, th) {
+            region.pixels
+        } else if (tw, th) == source {
             return Err(Error::Internal("a full decode returned a part of the image".into()));
-        }
-        cache.put(key, region.pixels, region.width, region.height, decoded);
+        } else {
+            let whole = [0.0, 0.0, region.width as f64, region.height as f64];
+            reduced =
+                rs.resample(region.pixels, region.width, region.height, whole, false, [0, 0, tw, th], tw, th)?.to_vec();
+            &reduced[..]
+        };
+        let decoded = td.elapsed();
+        cache.put(key, pixels, tw, th, source, decoded);
         let t1 = Instant::now();
         sh.telemetry.decode.record(t1 - t0);
-        (rs.resample(region.pixels, region.width, region.height, g.bbox, g.hard, g.dst, ow, oh)?, g.flip, t1)
+        let bbox = scaled(g.bbox, (tw, th), source);
+        (rs.resample(pixels, tw, th, bbox, g.hard, g.dst, ow, oh)?, g.flip, t1)
     };
     let (hwc, flip, t1) = hwc;
     // SAFETY: this worker owns position `task.pos` of the slot until `complete` is called.
