@@ -488,6 +488,20 @@ impl Cache {
         }
     }
 
+    /// Whether an entry of `pixel_bytes` for `key` could still be stored: the budget has room
+    /// for it, or a (bad) entry under this key would be replaced. When it could not, the miss
+    /// is counted in `not_stored_budget` and the caller need not decode the whole image. The
+    /// budget only fills (nothing is evicted), so a `false` stays `false`; a `true` may still
+    /// end in a refusal by [`Cache::put`] when other threads filled the budget meanwhile.
+    pub fn may_store(&self, key: u128, pixel_bytes: usize) -> bool {
+        let total = (HEADER as u64).saturating_add(pixel_bytes as u64);
+        if self.used().saturating_add(total) <= self.budget || self.path(key).symlink_metadata().is_ok() {
+            return true;
+        }
+        self.stats.not_stored_budget.fetch_add(1, Ordering::Relaxed);
+        false
+    }
+
     /// Bytes stored in this cache by all processes.
     pub fn used(&self) -> u64 {
         let mut b = [0u8; 8];

@@ -260,11 +260,13 @@ impl Loader {
             config.cache.as_ref().map(|c| crate::cache::Cache::open(c, config.transform.apply_exif)).transpose()?;
         // A cache holds whole images: at full resolution every image is decoded that way, cached
         // or not; reduced to a `max_side`, DCT scaling (when allowed) makes the reduction cheap.
+        // A miss that the budget cannot store is decoded like an uncached sample: around the
+        // crop (`roi`), which at full resolution gives the same pixels within the crop.
         let full = cache.as_ref().is_some_and(|c| c.max_side().is_none());
         let decode_opts = DecodeOptions {
             apply_exif: config.transform.apply_exif,
             dct_scaling: config.dct_scaling && !full,
-            roi: config.roi && cache.is_none(),
+            roi: config.roi && (cache.is_none() || full),
             max_pixels: config.max_pixels,
         };
         Ok(Loader {
@@ -861,32 +863,53 @@ fn process(sh: &Shared, dec: &mut Decoder, rs: &mut Resampler, epoch: u64, task:
     if let Some(cache) = &sh.cache {
         return process_cached(sh, cache, dec, rs, epoch, task, data);
     }
-    let index = task.slot.index(task.pos) as usize;
     let t0 = Instant::now();
     let nopath = Path::new("");
     let info = dec.info(data, nopath)?;
-    let mut rng = Rng::new(sh.sampler.spec().seed, rng::stream::AUGMENT ^ (epoch << 8), index as u64);
-    let plan = &sh.plan;
-    let g = plan.geometry(info.width, info.height, &mut rng);
-    let (oh, ow) = plan.output_size();
+    let g = sh.plan.geometry(info.width, info.height, &mut augment_rng(sh, epoch, task));
     let region = dec.decode(data, nopath, &info, g.bbox, (g.dst[2], g.dst[3]))?;
+    finish(sh, rs, task, t0, region.pixels, (region.width, region.height), region.bbox, &g)
+}
+
+/// The random stream of one sample's augmentations (seed, epoch, dataset index).
+fn augment_rng(sh: &Shared, epoch: u64, task: &Task) -> Rng {
+    let index = task.slot.index(task.pos);
+    Rng::new(sh.sampler.spec().seed, rng::stream::AUGMENT ^ (epoch << 8), u64::from(index))
+}
+
+/// The ops of one sample whose pixels (`size` RGB8) are ready: resamples `bbox` of them as `g`
+/// says into the sample's slot, records the decode time (since `t0`) and the ops time, and
+/// returns the label.
+#[allow(clippy::too_many_arguments)]
+fn finish(
+    sh: &Shared,
+    rs: &mut Resampler,
+    task: &Task,
+    t0: Instant,
+    pixels: &[u8],
+    size: (usize, usize),
+    bbox: [f64; 4],
+    g: &crate::ops::Geometry,
+) -> Result<i64> {
     let t1 = Instant::now();
     sh.telemetry.decode.record(t1 - t0);
-    let hwc = rs.resample(region.pixels, region.width, region.height, region.bbox, g.hard, g.dst, ow, oh)?;
+    let (oh, ow) = sh.plan.output_size();
+    let hwc = rs.resample(pixels, size.0, size.1, bbox, g.hard, g.dst, ow, oh)?;
     // SAFETY: this worker owns position `task.pos` of the slot until `complete` is called.
     let out = unsafe { task.slot.sample_mut(task.pos) };
-    plan.write(hwc, g.flip, out);
+    sh.plan.write(hwc, g.flip, out);
     sh.telemetry.ops.record(t1.elapsed());
-    Ok(sh.source.label(index))
+    Ok(sh.source.label(task.slot.index(task.pos) as usize))
 }
 
 /// [`process`] with a cache: the pixels of the whole image come from the cache entry of the
 /// file's bytes, or from a decode of the whole image that is then stored. The ops see the same
 /// pixels and the same source box either way, so batches do not depend on what the cache
 /// holds. At full resolution they equal those of the uncached path with `dct_scaling` and
-/// `roi` off, whose region is the whole image with the box unchanged. With a `max_side`, the
-/// box is drawn on the source image's size (the same crops as without a cache) and scaled to
-/// the stored pixels.
+/// `roi` off, whose region is the whole image with the box unchanged; a miss that the budget
+/// cannot store is decoded around the crop only, which at full resolution gives the same pixels
+/// within it. With a `max_side`, the box is drawn on the source image's size (the same crops as
+/// without a cache) and scaled to the stored pixels.
 fn process_cached(
     sh: &Shared,
     cache: &crate::cache::Cache,
@@ -896,15 +919,11 @@ fn process_cached(
     task: &Task,
     data: &[u8],
 ) -> Result<i64> {
-    let index = task.slot.index(task.pos) as usize;
     let t0 = Instant::now();
     let nopath = Path::new("");
-    let mut rng = Rng::new(sh.sampler.spec().seed, rng::stream::AUGMENT ^ (epoch << 8), index as u64);
-    let plan = &sh.plan;
-    let (oh, ow) = plan.output_size();
+    let mut rng = augment_rng(sh, epoch, task);
     let key = crate::cache::Cache::key(data);
-    let hashed = t0.elapsed();
-    // The source box on the stored pixels: exact (a factor of 1) at full resolution.
+    // The source box on the stored pixels: unchanged (exact) at full resolution.
     let scaled = |b: [f64; 4], (w, h): (usize, usize), (sw, sh): (usize, usize)| {
         if (w, h) == (sw, sh) {
             return b;
@@ -912,46 +931,39 @@ fn process_cached(
         let (fx, fy) = (w as f64 / sw as f64, h as f64 / sh as f64);
         [b[0] * fx, b[1] * fy, b[2] * fx, b[3] * fy]
     };
-    let hwc = if let Some(e) = cache.get(key, sh.decode_opts.max_pixels, hashed) {
-        let g = plan.geometry(e.source_width, e.source_height, &mut rng);
-        let t1 = Instant::now();
-        sh.telemetry.decode.record(t1 - t0);
+    if let Some(e) = cache.get(key, sh.decode_opts.max_pixels, t0.elapsed()) {
+        let g = sh.plan.geometry(e.source_width, e.source_height, &mut rng);
         let bbox = scaled(g.bbox, (e.width, e.height), (e.source_width, e.source_height));
-        (rs.resample(e.pixels(), e.width, e.height, bbox, g.hard, g.dst, ow, oh)?, g.flip, t1)
+        return finish(sh, rs, task, t0, e.pixels(), (e.width, e.height), bbox, &g);
+    }
+    let info = dec.info(data, nopath)?;
+    let g = sh.plan.geometry(info.width, info.height, &mut rng);
+    let source = (info.width, info.height);
+    let (tw, th) = cache.stored_size(info.width, info.height);
+    if cache.max_side().is_none() && !cache.may_store(key, tw.saturating_mul(th).saturating_mul(3)) {
+        // Full resolution and no room left: decode as the uncached path does with
+        // `dct_scaling` off.
+        let region = dec.decode(data, nopath, &info, g.bbox, (g.dst[2], g.dst[3]))?;
+        return finish(sh, rs, task, t0, region.pixels, (region.width, region.height), region.bbox, &g);
+    }
+    let whole = [0.0, 0.0, info.width as f64, info.height as f64];
+    let td = Instant::now();
+    // At full resolution, the whole image; with a `max_side`, the smallest DCT scale that
+    // still covers the stored size, then resampled to it.
+    let region = dec.decode(data, nopath, &info, whole, (tw, th))?;
+    let reduced;
+    let pixels = if (region.width, region.height) == (tw, th) {
+        region.pixels
+    } else if (tw, th) == source {
+        return Err(Error::Internal("a full decode returned a part of the image".into()));
     } else {
-        let info = dec.info(data, nopath)?;
-        let g = plan.geometry(info.width, info.height, &mut rng);
-        let source = (info.width, info.height);
-        let (tw, th) = cache.stored_size(info.width, info.height);
-        let whole = [0.0, 0.0, info.width as f64, info.height as f64];
-        let td = Instant::now();
-        // At full resolution, the whole image; with a `max_side`, the smallest DCT scale that
-        // still covers the stored size.
-        let region = dec.decode(data, nopath, &info, whole, (tw, th))?;
-        let reduced;
-        let pixels = if (region.width, region.height) == (tw, th) {
-            region.pixels
-        } else if (tw, th) == source {
-            return Err(Error::Internal("a full decode returned a part of the image".into()));
-        } else {
-            let whole = [0.0, 0.0, region.width as f64, region.height as f64];
-            reduced =
-                rs.resample(region.pixels, region.width, region.height, whole, false, [0, 0, tw, th], tw, th)?.to_vec();
-            &reduced[..]
-        };
-        let decoded = td.elapsed();
-        cache.put(key, pixels, tw, th, source, decoded);
-        let t1 = Instant::now();
-        sh.telemetry.decode.record(t1 - t0);
-        let bbox = scaled(g.bbox, (tw, th), source);
-        (rs.resample(pixels, tw, th, bbox, g.hard, g.dst, ow, oh)?, g.flip, t1)
+        let whole = [0.0, 0.0, region.width as f64, region.height as f64];
+        reduced =
+            rs.resample(region.pixels, region.width, region.height, whole, false, [0, 0, tw, th], tw, th)?.to_vec();
+        &reduced[..]
     };
-    let (hwc, flip, t1) = hwc;
-    // SAFETY: this worker owns position `task.pos` of the slot until `complete` is called.
-    let out = unsafe { task.slot.sample_mut(task.pos) };
-    plan.write(hwc, flip, out);
-    sh.telemetry.ops.record(t1.elapsed());
-    Ok(sh.source.label(index))
+    cache.put(key, pixels, tw, th, source, td.elapsed());
+    finish(sh, rs, task, t0, pixels, (tw, th), scaled(g.bbox, (tw, th), source), &g)
 }
 
 /// A finished batch: a view of one pool buffer. The buffer returns to the pool on drop.
