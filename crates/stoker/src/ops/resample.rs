@@ -11,7 +11,7 @@
 //!
 //! All buffers are reused: after warm-up a call allocates nothing. The [`Kernel`] is chosen
 //! once, at construction, from what the CPU has: AVX2 (horizontal pass two rows at a time with
-//! `vpmaddwd` on the weights split into two 11-bit halves, vertical pass the same way), SSE4.1,
+//! `vpmaddwd` on the weights split into two 11-bit halves, vertical pass in 8 lanes), SSE4.1,
 //! or portable Rust; all give the same bytes, and the tests force each one.
 
 /// Fixed-point precision of the coefficients, as Pillow's `PRECISION_BITS` for 8-bit images.
@@ -326,83 +326,19 @@ fn vertical_row_generic(tmp: &[u8], row_len: usize, start: usize, k: &[i32], acc
     }
 }
 
-/// One output row of the vertical pass with AVX2 and `vpmaddwd`: two input rows' bytes
-/// interleaved as words, weights split into 11-bit halves as in [`MaddWeights`], 16 output bytes
-/// per step with the accumulators in registers. Exactly [`vertical_row_generic`]'s result.
-///
 /// # Safety
 /// The CPU must support AVX2.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
 unsafe fn vertical_row_avx2(tmp: &[u8], row_len: usize, start: usize, k: &[i32], acc: &mut [i32], out: &mut [u8]) {
-    use std::arch::x86_64::*;
-    assert!(!k.is_empty() && (start + k.len()) * row_len <= tmp.len() && out.len() >= row_len);
-    let pairs = k.len().div_ceil(2);
-    let split = |t: usize| {
-        let w = k.get(t).copied().unwrap_or(0);
-        (w >> 11, w & 2047)
-    };
-    let half = _mm256_set1_epi32(1 << (PRECISION_BITS - 1));
-    let base = tmp.as_ptr();
-    let dst = out.as_mut_ptr();
-    let body = row_len / 16 * 16;
-    for j in (0..body).step_by(16) {
-        let (mut h0, mut l0, mut h1, mut l1) =
-            (_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256());
-        for q in 0..pairs {
-            let (ta, tb) = (2 * q, (2 * q + 1).min(k.len() - 1));
-            let ((ha, la), (hb, lb)) = (split(2 * q), split(2 * q + 1));
-            let wh = _mm256_set1_epi32((ha & 0xFFFF) | (hb << 16));
-            let wl = _mm256_set1_epi32(la | (lb << 16));
-            // SAFETY: rows start + ta and start + tb are inside `tmp` (asserted) and
-            // j + 16 <= row_len; an odd last tap reads its own row again, with weight 0.
-            let (a, b) = unsafe {
-                (
-                    _mm_loadu_si128(base.add((start + ta) * row_len + j).cast()),
-                    _mm_loadu_si128(base.add((start + tb) * row_len + j).cast()),
-                )
-            };
-            let lo = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(a, b));
-            let hi = _mm256_cvtepu8_epi16(_mm_unpackhi_epi8(a, b));
-            h0 = _mm256_add_epi32(h0, _mm256_madd_epi16(lo, wh));
-            l0 = _mm256_add_epi32(l0, _mm256_madd_epi16(lo, wl));
-            h1 = _mm256_add_epi32(h1, _mm256_madd_epi16(hi, wh));
-            l1 = _mm256_add_epi32(l1, _mm256_madd_epi16(hi, wl));
-        }
-        let r0 = _mm256_srai_epi32::<{ PRECISION_BITS as i32 }>(_mm256_add_epi32(
-            _mm256_add_epi32(_mm256_slli_epi32::<11>(h0), l0),
-            half,
-        ));
-        let r1 = _mm256_srai_epi32::<{ PRECISION_BITS as i32 }>(_mm256_add_epi32(
-            _mm256_add_epi32(_mm256_slli_epi32::<11>(h1), l1),
-            half,
-        ));
-        // Saturating packs (clip8); packs works within 128-bit lanes, so restore the order.
-        let w16 = _mm256_permute4x64_epi64::<0xD8>(_mm256_packs_epi32(r0, r1));
-        let b8 = _mm_packus_epi16(_mm256_castsi256_si128(w16), _mm256_extracti128_si256::<1>(w16));
-        // SAFETY: j + 16 <= row_len <= out.len().
-        unsafe { _mm_storeu_si128(dst.add(j).cast(), b8) };
-    }
-    if body < row_len {
-        let n = row_len - body;
-        acc[..n].fill(1 << (PRECISION_BITS - 1));
-        for (t, &w) in k.iter().enumerate() {
-            let src = &tmp[(start + t) * row_len + body..(start + t + 1) * row_len];
-            for (a, &p) in acc[..n].iter_mut().zip(src) {
-                *a += p as i32 * w;
-            }
-        }
-        for (o, &a) in out[body..row_len].iter_mut().zip(acc.iter()) {
-            *o = clip8(a);
-        }
-    }
+    vertical_row_generic(tmp, row_len, start, k, acc, out)
 }
 
 /// A code path of the resampler. All give the same bytes; [`BoxResampler::new`] picks the
 /// fastest this CPU has, [`BoxResampler::with_kernel`] forces one (for tests and benchmarks).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Kernel {
-    /// AVX2: both passes with `vpmaddwd` (horizontal two rows at a time, vertical 16 bytes).
+    /// AVX2: horizontal pass two rows at a time with `vpmaddwd`, vertical pass in 8 lanes.
     Avx2,
     /// SSE4.1: horizontal pass one pixel per vector; portable vertical pass.
     Sse41,
