@@ -229,6 +229,7 @@ pub struct TransformPlan {
     /// Per channel, value (0..=255) → output element bits (f32 or f16 bits in the low half).
     lut: Option<Box<[[f32; 256]; 3]>>,
     /// The normalisation `lut` tabulates, for the vector kernel.
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     norm: write::Norm,
     /// Whether `write` uses the AVX2 kernel: the CPU has AVX2 and F16C and the kernel's
     /// arithmetic was checked to give exactly `lut`'s values.

@@ -157,6 +157,7 @@ unsafe fn horizontal_row_sse41(row: &[u8], c: &Coeffs, out: &mut [u8]) {
 /// `[hi0 hi1 hi0 hi1 hi0 hi1 0 0]` repeated for each 128-bit lane (one lane per image row),
 /// then the same for `lo`. Taps past a window's end have weight 0.
 #[derive(Debug, Default)]
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 struct MaddWeights {
     /// Pairs of taps per output pixel (`ceil(max taps / 2)`).
     pairs: usize,
@@ -165,6 +166,7 @@ struct MaddWeights {
     w: Vec<i16>,
 }
 
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 impl MaddWeights {
     fn build(&mut self, c: &Coeffs, lanes: usize) {
         let maxn = c.bounds.iter().map(|b| b.1).max().unwrap_or(0);
@@ -375,6 +377,7 @@ impl Kernel {
 pub struct BoxResampler {
     h: Coeffs,
     v: Coeffs,
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     hw: MaddWeights,
     tmp: Vec<u8>,
     acc: Vec<i32>,
