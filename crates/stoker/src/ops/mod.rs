@@ -12,9 +12,11 @@
 //! |---|---|
 //! | `geometry.rs` | torchvision's crop sampling, resize sizes, center-crop rounding |
 //! | `resample.rs` | Pillow-compatible antialiased bilinear box resampling, SIMD, allocation-free |
+//! | `write.rs` | vector kernels of the final write (flip, deinterleave, normalise, dtype) |
 
 pub mod geometry;
 pub mod resample;
+mod write;
 
 use crate::error::{Error, Result};
 use crate::rng::Rng;
@@ -226,6 +228,12 @@ pub struct TransformPlan {
     flip_p: f64,
     /// Per channel, value (0..=255) → output element bits (f32 or f16 bits in the low half).
     lut: Option<Box<[[f32; 256]; 3]>>,
+    /// The normalisation `lut` tabulates, for the vector kernel.
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    norm: write::Norm,
+    /// Whether `write` uses the AVX2 kernel: the CPU has AVX2 and F16C and the kernel's
+    /// arithmetic was checked to give exactly `lut`'s values.
+    simd: bool,
 }
 
 impl TransformPlan {
@@ -325,13 +333,14 @@ impl TransformPlan {
         if normalize.is_some() && spec.dtype == DType::Uint8 {
             return Err(Error::config("dtype", "Normalize needs a float dtype (float16/float32), not uint8"));
         }
-        let lut = if spec.dtype == DType::Uint8 {
-            None
-        } else {
-            let (mean, std) = normalize.unwrap_or(([0.0; 3], [1.0; 3]));
-            Some(normalize_table(mean, std))
-        };
-        Ok(TransformPlan { spec: spec.clone(), geo, out_h, out_w, flip_p, lut })
+        let (mean, std) = normalize.unwrap_or(([0.0; 3], [1.0; 3]));
+        let norm = write::Norm { mean, std };
+        let table = normalize_table(mean, std);
+        // The vector kernel is used only where it was checked to reproduce the table bit for bit
+        // (for uint8 the check just says whether the CPU has the instructions).
+        let simd = write::simd_matches_table(&table, &norm);
+        let lut = if spec.dtype == DType::Uint8 { None } else { Some(table) };
+        Ok(TransformPlan { spec: spec.clone(), geo, out_h, out_w, flip_p, lut, norm, simd })
     }
 
     /// The spec this plan was compiled from.
@@ -407,9 +416,30 @@ impl TransformPlan {
     /// Writes `hwc` (`out_h * out_w * 3` RGB8) into one sample's slot `out` with flip,
     /// normalisation, dtype and layout applied.
     pub fn write(&self, hwc: &[u8], flip: bool, out: &mut [u8]) {
+        self.write_with(hwc, flip, out, self.simd)
+    }
+
+    /// [`write`](Self::write) with the vector kernel (`simd`, only honoured where the plan
+    /// found it usable) or the portable path.
+    fn write_with(&self, hwc: &[u8], flip: bool, out: &mut [u8], simd: bool) {
         let (h, w) = (self.out_h, self.out_w);
         debug_assert_eq!(hwc.len(), h * w * 3);
         debug_assert_eq!(out.len(), self.sample_bytes());
+        #[cfg(target_arch = "x86_64")]
+        if simd && self.simd && !(self.spec.dtype == DType::Uint8 && self.spec.layout == Layout::NHWC && !flip) {
+            let (lut, layout, norm) = (self.lut.as_deref(), self.spec.layout, &self.norm);
+            // SAFETY: `self.simd` is true only when the CPU has AVX2 and F16C and the kernel's
+            // arithmetic reproduces `lut` exactly (checked in `compile`).
+            unsafe {
+                match self.spec.dtype {
+                    DType::Uint8 => write::write_avx2::<{ write::OUT_U8 }>(hwc, h, w, flip, layout, norm, lut, out),
+                    DType::Float16 => write::write_avx2::<{ write::OUT_F16 }>(hwc, h, w, flip, layout, norm, lut, out),
+                    DType::Float32 => write::write_avx2::<{ write::OUT_F32 }>(hwc, h, w, flip, layout, norm, lut, out),
+                }
+            }
+            return;
+        }
+        let _ = simd;
         let src_x = |x: usize| if flip { w - 1 - x } else { x };
         match (self.spec.dtype, self.spec.layout) {
             (DType::Uint8, Layout::NHWC) => {
@@ -614,6 +644,66 @@ mod tests {
         p.write(&hwc, true, bytes);
         // flipped: pixel 0 is (255, 0, 255), pixel 1 is (0, 255, 0); planes R, G, B.
         assert_eq!(out, vec![1.0, -1.0, -1.0, 1.0, 1.0, -1.0]);
+    }
+
+    /// Deterministic pseudo-random bytes.
+    fn noise(n: usize, seed: u64) -> Vec<u8> {
+        let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+        (0..n)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                (x >> 24) as u8
+            })
+            .collect()
+    }
+
+    #[test]
+    fn simd_write_equals_the_portable_write() {
+        let sizes = [(1, 1), (1, 7), (2, 8), (3, 9), (5, 16), (4, 17), (7, 31), (6, 33), (224, 224), (9, 250)];
+        let norms = [None, Some((IMAGENET_MEAN, IMAGENET_STD)), Some(([0.5, 0.25, 0.0], [0.5, 0.3, 2.0]))];
+        let mut checked = 0;
+        for dtype in [DType::Uint8, DType::Float16, DType::Float32] {
+            for layout in [Layout::NCHW, Layout::NHWC] {
+                for norm in norms {
+                    if dtype == DType::Uint8 && norm.is_some() {
+                        continue;
+                    }
+                    for (i, &(h, w)) in sizes.iter().enumerate() {
+                        let mut ops = vec![OpSpec::CenterCrop { size: [h, w] }];
+                        if let Some((mean, std)) = norm {
+                            ops.push(OpSpec::Normalize { mean, std });
+                        }
+                        let p =
+                            TransformPlan::compile(&TransformSpec { ops, dtype, layout, apply_exif: true }).unwrap();
+                        if !p.simd {
+                            eprintln!("no AVX2/F16C (or the check failed): SIMD write not tested");
+                            return;
+                        }
+                        let hwc = noise(h * w * 3, i as u64);
+                        for flip in [false, true] {
+                            // f32 storage for alignment; compared as bytes.
+                            let mut a = vec![0f32; p.sample_bytes().div_ceil(4)];
+                            let mut b = vec![0f32; a.len()];
+                            let n = p.sample_bytes();
+                            // SAFETY: (test) viewing f32 vectors as their bytes.
+                            let (ab, bb) = unsafe {
+                                (
+                                    &mut std::slice::from_raw_parts_mut(a.as_mut_ptr().cast::<u8>(), a.len() * 4)[..n],
+                                    &mut std::slice::from_raw_parts_mut(b.as_mut_ptr().cast::<u8>(), b.len() * 4)[..n],
+                                )
+                            };
+                            p.write_with(&hwc, flip, ab, true);
+                            p.write_with(&hwc, flip, bb, false);
+                            assert!(ab == bb, "{dtype:?} {layout:?} {norm:?} {h}x{w} flip={flip}");
+                            checked += 1;
+                        }
+                    }
+                }
+            }
+        }
+        assert_eq!(checked, 2 * 2 * 10 * (1 + 3 + 3));
     }
 
     #[test]

@@ -9,8 +9,10 @@
 //! resizing first then cropping does) or *hard* (crop first, then resize: the filter is clipped
 //! at the box, as `img.crop(box).resize(size)` does).
 //!
-//! All buffers are reused: after warm-up a call allocates nothing. The horizontal pass uses
-//! SSE4.1 and the vertical pass AVX2 when the CPU has them (checked at run time).
+//! All buffers are reused: after warm-up a call allocates nothing. The [`Kernel`] is chosen
+//! once, at construction, from what the CPU has: AVX2 (horizontal pass two rows at a time with
+//! `vpmaddwd` on the weights split into two 11-bit halves, vertical pass in 8 lanes), SSE4.1,
+//! or portable Rust; all give the same bytes, and the tests force each one.
 
 /// Fixed-point precision of the coefficients, as Pillow's `PRECISION_BITS` for 8-bit images.
 const PRECISION_BITS: u32 = 32 - 8 - 2;
@@ -145,50 +147,169 @@ unsafe fn horizontal_row_sse41(row: &[u8], c: &Coeffs, out: &mut [u8]) {
     }
 }
 
-/// Two rows of the horizontal pass at once with AVX2: both rows share the windows and weights,
-/// so each tap is one 8-lane multiply-add (`[r, g, b, _]` of row A and of row B). Same integer
-/// arithmetic as the portable path, so the result is identical.
+/// The horizontal weights rearranged for the `vpmaddwd` kernel. Each 22-bit weight `w` is
+/// split as `w = hi * 2^11 + lo` with `0 <= lo < 2^11`, both fitting `i16`, so that
+/// `sum(p * w) = (sum(p * hi) << 11) + sum(p * lo)` exactly (no sum overflows `i32`: the
+/// portable path's own sum is below 2^31 and these are smaller), and `vpmaddwd` does two taps
+/// of three channels per instruction.
+///
+/// Per output pixel and pair of taps `(t0, t1)`: a 128-bit vector of eight words
+/// `[hi0 hi1 hi0 hi1 hi0 hi1 0 0]` repeated for each 128-bit lane (one lane per image row),
+/// then the same for `lo`. Taps past a window's end have weight 0.
+#[derive(Debug, Default)]
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+struct MaddWeights {
+    /// Pairs of taps per output pixel (`ceil(max taps / 2)`).
+    pairs: usize,
+    /// 128-bit lanes each vector is repeated in.
+    lanes: usize,
+    w: Vec<i16>,
+}
+
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+impl MaddWeights {
+    fn build(&mut self, c: &Coeffs, lanes: usize) {
+        let maxn = c.bounds.iter().map(|b| b.1).max().unwrap_or(0);
+        let pairs = maxn.div_ceil(2).max(1);
+        self.pairs = pairs;
+        self.lanes = lanes;
+        let per = 16 * lanes;
+        grow(&mut self.w, c.bounds.len() * pairs * per, 0);
+        for (xx, &(_, n)) in c.bounds.iter().enumerate() {
+            let k = &c.k[xx * c.ksize..xx * c.ksize + n];
+            for q in 0..pairs {
+                let w0 = k.get(2 * q).copied().unwrap_or(0);
+                let w1 = k.get(2 * q + 1).copied().unwrap_or(0);
+                let (h0, l0, h1, l1) = ((w0 >> 11) as i16, (w0 & 2047) as i16, (w1 >> 11) as i16, (w1 & 2047) as i16);
+                let hv = [h0, h1, h0, h1, h0, h1, 0, 0];
+                let lv = [l0, l1, l0, l1, l0, l1, 0, 0];
+                let base = (xx * pairs + q) * per;
+                for l in 0..lanes {
+                    self.w[base + 8 * l..base + 8 * l + 8].copy_from_slice(&hv);
+                    self.w[base + 8 * (lanes + l)..base + 8 * (lanes + l) + 8].copy_from_slice(&lv);
+                }
+            }
+        }
+    }
+}
+
+/// Two rows of the horizontal pass at once with AVX2 and `vpmaddwd` (see [`MaddWeights`]):
+/// row A in the low 128-bit lane, row B in the high one; one 16-byte load per row covers four
+/// taps, a byte shuffle puts a pair of taps as words `[r0 r1 g0 g1 b0 b1 0 0]`, and two
+/// `vpmaddwd` (high and low weight halves) accumulate them. Exactly the portable path's
+/// integer result. `P` is the number of pairs (`mw.pairs`), or 0 for "read it at run time".
 ///
 /// # Safety
-/// The CPU must support AVX2.
+/// The CPU must support AVX2; `mw` must be built from `c` with 2 lanes.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
-unsafe fn horizontal_rows2_avx2(row_a: &[u8], row_b: &[u8], c: &Coeffs, out_a: &mut [u8], out_b: &mut [u8]) {
+unsafe fn horizontal_rows2_madd<const P: usize>(
+    row_a: &[u8],
+    row_b: &[u8],
+    c: &Coeffs,
+    mw: &MaddWeights,
+    out_a: &mut [u8],
+    out_b: &mut [u8],
+) {
     use std::arch::x86_64::*;
-    debug_assert_eq!(row_a.len(), row_b.len());
+    let pairs = if P == 0 { mw.pairs } else { P };
+    assert!(pairs == mw.pairs && mw.lanes == 2 && mw.w.len() >= c.bounds.len() * pairs * 32);
+    assert!(row_a.len() == row_b.len() && out_a.len() >= c.bounds.len() * 3 && out_b.len() >= c.bounds.len() * 3);
+    let loads = pairs.div_ceil(2);
+    // Bytes read from a window's first pixel: loads at pixels 0, 4, 8, ..., 16 bytes each.
+    let reach = 12 * (loads - 1) + 16;
+    const Z: i8 = -128;
+    let sh0 = _mm256_setr_epi8(
+        0, Z, 3, Z, 1, Z, 4, Z, 2, Z, 5, Z, Z, Z, Z, Z, 0, Z, 3, Z, 1, Z, 4, Z, 2, Z, 5, Z, Z, Z, Z, Z,
+    );
+    let sh1 = _mm256_setr_epi8(
+        6, Z, 9, Z, 7, Z, 10, Z, 8, Z, 11, Z, Z, Z, Z, Z, 6, Z, 9, Z, 7, Z, 10, Z, 8, Z, 11, Z, Z, Z, Z, Z,
+    );
     let half = _mm256_set1_epi32(1 << (PRECISION_BITS - 1));
     let (pa, pb) = (row_a.as_ptr(), row_b.as_ptr());
-    for (xx, ((&(start, n), oa), ob)) in
-        c.bounds.iter().zip(out_a.chunks_exact_mut(3)).zip(out_b.chunks_exact_mut(3)).enumerate()
-    {
-        let k = &c.k[xx * c.ksize..xx * c.ksize + n];
-        if (start + n) * 3 + 1 > row_a.len() {
-            oa.copy_from_slice(&pixel_scalar(&row_a[start * 3..(start + n) * 3], k));
-            ob.copy_from_slice(&pixel_scalar(&row_b[start * 3..(start + n) * 3], k));
+    let (oa, ob) = (out_a.as_mut_ptr(), out_b.as_mut_ptr());
+    let len = row_a.len();
+    let dw = c.bounds.len();
+    let wbase = mw.w.as_ptr();
+    for (xx, &(start, n)) in c.bounds.iter().enumerate() {
+        let off = start * 3;
+        if off + reach > len {
+            let k = &c.k[xx * c.ksize..xx * c.ksize + n];
+            out_a[xx * 3..xx * 3 + 3].copy_from_slice(&pixel_scalar(&row_a[off..(start + n) * 3], k));
+            out_b[xx * 3..xx * 3 + 3].copy_from_slice(&pixel_scalar(&row_b[off..(start + n) * 3], k));
             continue;
         }
-        let mut acc = half;
-        for (t, &w) in k.iter().enumerate() {
-            let off = (start + t) * 3;
-            // SAFETY: off + 4 <= (start + n) * 3 + 1 <= len of both rows, checked above.
-            let (va, vb) = unsafe {
-                (
-                    std::ptr::read_unaligned(pa.add(off).cast::<i32>()),
-                    std::ptr::read_unaligned(pb.add(off).cast::<i32>()),
-                )
-            };
-            let px = _mm256_cvtepu8_epi32(_mm_unpacklo_epi32(_mm_cvtsi32_si128(va), _mm_cvtsi32_si128(vb)));
-            acc = _mm256_add_epi32(acc, _mm256_mullo_epi32(px, _mm256_set1_epi32(w)));
+        // SAFETY: pixel xx's weights are the 32 * pairs words at xx * pairs * 32 (length
+        // asserted above).
+        let wp = unsafe { wbase.add(xx * pairs * 32) };
+        let mut ah = _mm256_setzero_si256();
+        let mut al = _mm256_setzero_si256();
+        for g in 0..loads {
+            let o = off + 12 * g;
+            // SAFETY: o + 16 <= off + reach <= len (checked above) for both rows; the weight
+            // reads stay within pixel xx's 32 * pairs words (q < pairs).
+            unsafe {
+                let v = _mm256_inserti128_si256::<1>(
+                    _mm256_castsi128_si256(_mm_loadu_si128(pa.add(o).cast())),
+                    _mm_loadu_si128(pb.add(o).cast()),
+                );
+                let q = 2 * g;
+                let x = _mm256_shuffle_epi8(v, sh0);
+                ah = _mm256_add_epi32(ah, _mm256_madd_epi16(x, _mm256_loadu_si256(wp.add(q * 32).cast())));
+                al = _mm256_add_epi32(al, _mm256_madd_epi16(x, _mm256_loadu_si256(wp.add(q * 32 + 16).cast())));
+                if q + 1 < pairs {
+                    let x = _mm256_shuffle_epi8(v, sh1);
+                    ah = _mm256_add_epi32(ah, _mm256_madd_epi16(x, _mm256_loadu_si256(wp.add(q * 32 + 32).cast())));
+                    al = _mm256_add_epi32(al, _mm256_madd_epi16(x, _mm256_loadu_si256(wp.add(q * 32 + 48).cast())));
+                }
+            }
         }
-        let shifted = _mm256_srai_epi32(acc, PRECISION_BITS as i32);
-        // [a_r a_g a_b _ | b_r b_g b_b _] -> saturating packs, as clip8 does.
-        let lo = _mm256_castsi256_si128(shifted);
-        let hi = _mm256_extracti128_si256(shifted, 1);
-        let packed = _mm_packus_epi16(_mm_packs_epi32(lo, hi), _mm_setzero_si128());
+        let acc = _mm256_add_epi32(_mm256_add_epi32(_mm256_slli_epi32::<11>(ah), al), half);
+        let shifted = _mm256_srai_epi32::<{ PRECISION_BITS as i32 }>(acc);
+        // [a_r a_g a_b 0 | b_r b_g b_b 0] -> saturating packs, as clip8 does.
+        let packed = _mm_packus_epi16(
+            _mm_packs_epi32(_mm256_castsi256_si128(shifted), _mm256_extracti128_si256::<1>(shifted)),
+            _mm_setzero_si128(),
+        );
         let v = _mm_cvtsi128_si64(packed) as u64;
-        let bytes = v.to_le_bytes();
-        oa.copy_from_slice(&bytes[..3]);
-        ob.copy_from_slice(&bytes[4..7]);
+        if xx + 1 < dw {
+            // SAFETY: 4 bytes at xx * 3 end by (xx + 1) * 3 + 1 <= dw * 3 <= both outputs'
+            // lengths (asserted); the 4th byte is pixel xx + 1's, written next.
+            unsafe {
+                std::ptr::write_unaligned(oa.add(xx * 3).cast::<u32>(), v as u32);
+                std::ptr::write_unaligned(ob.add(xx * 3).cast::<u32>(), (v >> 32) as u32);
+            }
+        } else {
+            let bytes = v.to_le_bytes();
+            out_a[xx * 3..xx * 3 + 3].copy_from_slice(&bytes[..3]);
+            out_b[xx * 3..xx * 3 + 3].copy_from_slice(&bytes[4..7]);
+        }
+    }
+}
+
+/// [`horizontal_rows2_madd`] specialised for the common pair counts.
+///
+/// # Safety
+/// As [`horizontal_rows2_madd`].
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn horizontal_rows2_avx2(
+    row_a: &[u8],
+    row_b: &[u8],
+    c: &Coeffs,
+    mw: &MaddWeights,
+    out_a: &mut [u8],
+    out_b: &mut [u8],
+) {
+    // SAFETY: forwarded from the caller.
+    unsafe {
+        match mw.pairs {
+            1 => horizontal_rows2_madd::<1>(row_a, row_b, c, mw, out_a, out_b),
+            2 => horizontal_rows2_madd::<2>(row_a, row_b, c, mw, out_a, out_b),
+            3 => horizontal_rows2_madd::<3>(row_a, row_b, c, mw, out_a, out_b),
+            4 => horizontal_rows2_madd::<4>(row_a, row_b, c, mw, out_a, out_b),
+            _ => horizontal_rows2_madd::<0>(row_a, row_b, c, mw, out_a, out_b),
+        }
     }
 }
 
@@ -215,30 +336,73 @@ unsafe fn vertical_row_avx2(tmp: &[u8], row_len: usize, start: usize, k: &[i32],
     vertical_row_generic(tmp, row_len, start, k, acc, out)
 }
 
+/// A code path of the resampler. All give the same bytes; [`BoxResampler::new`] picks the
+/// fastest this CPU has, [`BoxResampler::with_kernel`] forces one (for tests and benchmarks).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Kernel {
+    /// AVX2: horizontal pass two rows at a time with `vpmaddwd`, vertical pass in 8 lanes.
+    Avx2,
+    /// SSE4.1: horizontal pass one pixel per vector; portable vertical pass.
+    Sse41,
+    /// Plain Rust, any CPU.
+    #[default]
+    Portable,
+}
+
+impl Kernel {
+    /// Every kernel, fastest first.
+    pub const ALL: [Kernel; 3] = [Kernel::Avx2, Kernel::Sse41, Kernel::Portable];
+
+    /// Whether this CPU can run the kernel.
+    pub fn available(self) -> bool {
+        match self {
+            Kernel::Portable => true,
+            #[cfg(target_arch = "x86_64")]
+            Kernel::Avx2 => is_x86_feature_detected!("avx2"),
+            #[cfg(target_arch = "x86_64")]
+            Kernel::Sse41 => is_x86_feature_detected!("sse4.1"),
+            #[cfg(not(target_arch = "x86_64"))]
+            _ => false,
+        }
+    }
+
+    /// The fastest kernel this CPU can run.
+    pub fn best() -> Kernel {
+        Kernel::ALL.into_iter().find(|k| k.available()).unwrap_or(Kernel::Portable)
+    }
+}
+
 /// Reusable resampling state (coefficients, intermediate rows, accumulators, output).
 #[derive(Debug, Default)]
 pub struct BoxResampler {
     h: Coeffs,
     v: Coeffs,
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    hw: MaddWeights,
     tmp: Vec<u8>,
     acc: Vec<i32>,
-    sse41: bool,
-    avx2: bool,
+    kernel: Kernel,
 }
 
 impl BoxResampler {
     /// A resampler using the best SIMD level this CPU has.
     pub fn new() -> Self {
-        #[cfg(target_arch = "x86_64")]
-        let (sse41, avx2) = (is_x86_feature_detected!("sse4.1"), is_x86_feature_detected!("avx2"));
-        #[cfg(not(target_arch = "x86_64"))]
-        let (sse41, avx2) = (false, false);
-        BoxResampler { sse41, avx2, ..Default::default() }
+        BoxResampler { kernel: Kernel::best(), ..Default::default() }
     }
 
     /// The portable code path only (for testing the SIMD paths against it).
     pub fn portable() -> Self {
         BoxResampler::default()
+    }
+
+    /// A resampler forced to `kernel`, or `None` if this CPU cannot run it.
+    pub fn with_kernel(kernel: Kernel) -> Option<Self> {
+        kernel.available().then(|| BoxResampler { kernel, ..Default::default() })
+    }
+
+    /// The kernel this resampler runs.
+    pub fn kernel(&self) -> Kernel {
+        self.kernel
     }
 
     /// Resamples the box `bbox = (left, top, width, height)` of `src` (`sw` x `sh` RGB8,
@@ -274,14 +438,16 @@ impl BoxResampler {
         // Horizontal pass over only the rows the vertical pass reads.
         let mut r0 = 0;
         #[cfg(target_arch = "x86_64")]
-        if self.avx2 {
+        if self.kernel == Kernel::Avx2 {
+            self.hw.build(&self.h, 2);
             while r0 + 2 <= rows {
                 let (ya, yb) = (y0 + first + r0, y0 + first + r0 + 1);
                 let row_a = &src[(ya * sw + x0) * 3..(ya * sw + x1) * 3];
                 let row_b = &src[(yb * sw + x0) * 3..(yb * sw + x1) * 3];
                 let (head, tail) = self.tmp[r0 * row_len..(r0 + 2) * row_len].split_at_mut(row_len);
-                // SAFETY: AVX2 support was detected at construction.
-                unsafe { horizontal_rows2_avx2(row_a, row_b, &self.h, head, tail) };
+                // SAFETY: the kernel is only chosen when AVX2 is available; `hw` was just built
+                // from `h` with 2 lanes.
+                unsafe { horizontal_rows2_avx2(row_a, row_b, &self.h, &self.hw, head, tail) };
                 r0 += 2;
             }
         }
@@ -290,8 +456,8 @@ impl BoxResampler {
             let row = &src[(y * sw + x0) * 3..(y * sw + x1) * 3];
             let dst = &mut self.tmp[r * row_len..(r + 1) * row_len];
             #[cfg(target_arch = "x86_64")]
-            if self.sse41 {
-                // SAFETY: SSE4.1 support was detected at construction.
+            if matches!(self.kernel, Kernel::Avx2 | Kernel::Sse41) {
+                // SAFETY: both kernels are only chosen when SSE4.1 is available (AVX2 implies it).
                 unsafe { horizontal_row_sse41(row, &self.h, dst) };
                 continue;
             }
@@ -304,8 +470,8 @@ impl BoxResampler {
             let k = &self.v.k[yy * self.v.ksize..yy * self.v.ksize + n];
             let o = &mut out[(dy + yy) * out_stride + dx * 3..(dy + yy) * out_stride + dx * 3 + row_len];
             #[cfg(target_arch = "x86_64")]
-            if self.avx2 {
-                // SAFETY: AVX2 support was detected at construction.
+            if self.kernel == Kernel::Avx2 {
+                // SAFETY: the kernel is only chosen when AVX2 is available.
                 unsafe { vertical_row_avx2(&self.tmp, row_len, start - first, k, &mut self.acc, o) };
                 continue;
             }
@@ -357,6 +523,118 @@ mod tests {
             BoxResampler::new().resample_into(&src, w, bbox, clip, dw, dh, &mut a, 0, 0, dw * 3);
             BoxResampler::portable().resample_into(&src, w, bbox, clip, dw, dh, &mut b, 0, 0, dw * 3);
             assert_eq!(a, b, "{bbox:?}");
+        }
+    }
+
+    /// xorshift64: deterministic test randomness.
+    struct Xs(u64);
+    impl Xs {
+        fn next(&mut self) -> u64 {
+            self.0 ^= self.0 << 13;
+            self.0 ^= self.0 >> 7;
+            self.0 ^= self.0 << 17;
+            self.0
+        }
+        /// Uniform in `lo..=hi`.
+        fn int(&mut self, lo: usize, hi: usize) -> usize {
+            lo + (self.next() % (hi - lo + 1) as u64) as usize
+        }
+        fn unit(&mut self) -> f64 {
+            (self.next() >> 11) as f64 / (1u64 << 53) as f64
+        }
+    }
+
+    /// Resamples with `kernel` and with the portable path into a padded canvas and compares.
+    #[allow(clippy::too_many_arguments)]
+    fn check(
+        kernel: Kernel,
+        src: &[u8],
+        w: usize,
+        bbox: [f64; 4],
+        clip: [usize; 4],
+        dw: usize,
+        dh: usize,
+        pad: (usize, usize),
+    ) {
+        let (ow, oh) = (dw + 2 * pad.0, dh + 2 * pad.1);
+        let mut a = vec![7u8; ow * oh * 3];
+        let mut b = a.clone();
+        let mut ka = BoxResampler::with_kernel(kernel).unwrap();
+        assert_eq!(ka.kernel(), kernel);
+        ka.resample_into(src, w, bbox, clip, dw, dh, &mut a, pad.0, pad.1, ow * 3);
+        BoxResampler::portable().resample_into(src, w, bbox, clip, dw, dh, &mut b, pad.0, pad.1, ow * 3);
+        assert!(a == b, "{kernel:?}: src width {w}, bbox {bbox:?}, clip {clip:?}, out {dw}x{dh}, pad {pad:?}");
+    }
+
+    #[test]
+    fn every_kernel_equals_the_portable_path_on_random_boxes() {
+        let mut rng = Xs(0x5EED_1234_ABCD_0001);
+        let kernels: Vec<Kernel> = Kernel::ALL.into_iter().filter(|k| k.available()).collect();
+        eprintln!("kernels tested: {kernels:?}");
+        let mut cases = 0;
+        for i in 0..400usize {
+            // Small and odd sizes often, a few large ones.
+            let (w, h) = if i.is_multiple_of(40) {
+                (rng.int(300, 700), rng.int(200, 500))
+            } else {
+                (rng.int(1, 70), rng.int(1, 50))
+            };
+            let src: Vec<u8> = (0..w * h * 3).map(|_| rng.next() as u8).collect();
+            let hard = rng.next().is_multiple_of(2);
+            // A box, sometimes touching the image's edges, sometimes the whole image.
+            let (bx, by, bw, bh) = match rng.next() % 4 {
+                0 => (0.0, 0.0, w as f64, h as f64),
+                1 => {
+                    let bw = rng.int(1, w) as f64;
+                    let bh = rng.int(1, h) as f64;
+                    (w as f64 - bw, h as f64 - bh, bw, bh)
+                }
+                _ => {
+                    let bw = (rng.unit() * w as f64).max(0.5);
+                    let bh = (rng.unit() * h as f64).max(0.5);
+                    (rng.unit() * (w as f64 - bw), rng.unit() * (h as f64 - bh), bw, bh)
+                }
+            };
+            let clip = if hard {
+                let l = (bx.floor() as usize).min(w - 1);
+                let t = (by.floor() as usize).min(h - 1);
+                let r = ((bx + bw).ceil() as usize).clamp(l + 1, w);
+                let b = ((by + bh).ceil() as usize).clamp(t + 1, h);
+                [l, t, r, b]
+            } else {
+                [0, 0, w, h]
+            };
+            // Downscales, upscales and 1-pixel outputs.
+            let pick = |rng: &mut Xs, n: f64| match rng.next() % 5 {
+                0 => 1,
+                1 => rng.int(1, 7),
+                2 => (n * (1.0 + 3.0 * rng.unit())).ceil() as usize,
+                _ => ((n * rng.unit()).ceil() as usize).max(1),
+            };
+            let (dw, dh) = (pick(&mut rng, bw).min(400), pick(&mut rng, bh).min(400));
+            let pad = if rng.next().is_multiple_of(3) { (rng.int(0, 5), rng.int(0, 5)) } else { (0, 0) };
+            for &k in &kernels {
+                check(k, &src, w, [bx, by, bw, bh], clip, dw, dh, pad);
+                cases += 1;
+            }
+        }
+        assert!(cases >= 400);
+    }
+
+    #[test]
+    fn every_kernel_equals_the_portable_path_on_train_like_crops() {
+        // ImageNet-like sizes cropped and resized to 224, as RandomResizedCrop does.
+        let mut rng = Xs(0xC0FF_EE00_0000_0042);
+        for _ in 0..12 {
+            let (w, h) = (rng.int(200, 640), rng.int(200, 480));
+            let src: Vec<u8> = (0..w * h * 3).map(|_| rng.next() as u8).collect();
+            let (bw, bh) = (rng.int(8, w), rng.int(8, h));
+            let (l, t) = (rng.int(0, w - bw), rng.int(0, h - bh));
+            for k in Kernel::ALL.into_iter().filter(|k| k.available()) {
+                let bbox = [l as f64, t as f64, bw as f64, bh as f64];
+                check(k, &src, w, bbox, [l, t, l + bw, t + bh], 224, 224, (0, 0));
+                check(k, &src, w, bbox, [0, 0, w, h], 224, 224, (0, 0));
+            }
         }
     }
 
