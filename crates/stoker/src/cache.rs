@@ -3,14 +3,18 @@
 //! Decoding is the floor of per-image CPU, and every epoch pays it again for the same pixels.
 //! With a cache, the first time an image is decoded its full-resolution RGB8 pixels (after EXIF
 //! orientation) are written to a file of their own; later epochs (and other processes on the
-//! host) memory-map that file and skip decoding. With a `max_side`, images whose longer side
+//! host) read the rows of that file a crop needs and skip decoding. The files live in the page
+//! cache (on tmpfs for `ram`), so processes sharing a cache share one copy of its pixels; each
+//! process copies only the rows of the sample in hand into a reused buffer. (Mapping each entry
+//! instead was measured slower: a map and unmap per sample, with its page-table and TLB work in
+//! a multi-threaded process.) With a `max_side`, images whose longer side
 //! exceeds it are stored reduced to it instead (DCT-scaled decoding, then the antialiased
 //! resampler): smaller entries and cheaper later epochs, at the price of pixels that differ
 //! from a full-resolution decode. Policy: fill until the byte budget is used,
 //! never evict (each epoch visits the samples in a new random order, so eviction would only
 //! replace one cached image with another).
 //!
-//! Layout: `ROOT/v1-SETTINGS/KK/KEY.px`, where `ROOT` is `/dev/shm/stoker-cache-UID`
+//! Layout: `ROOT/v2-SETTINGS/KK/KEY.px`, where `ROOT` is `/dev/shm/stoker-cache-UID`
 //! (`cache="ram"`) or the directory given, `SETTINGS` a hash of what decides the pixels (the
 //! entry format, whether EXIF orientation is applied and the `max_side`: other settings use
 //! another directory), and `KEY` the 128-bit xxh3 hash of the encoded file's bytes (content-addressed:
@@ -20,9 +24,9 @@
 //! decode time, then an xxh3 checksum of those 64 bytes) followed by the pixels. It is written to
 //! a temporary name in the same folder and renamed into place, so a crash leaves no partial
 //! entry under a real name; a reader checks the whole header (against the key, `max_pixels` and
-//! the file's length) before mapping, and anything that does not match is a miss whose entry is
+//! the file's length) before reading, and anything that does not match is a miss whose entry is
 //! replaced. Published entries are never modified in place (a replacement is a new file renamed
-//! over the old name), so a mapping stays valid while it is used.
+//! over the old name), so an open entry stays valid while it is used.
 //!
 //! Budget: `ROOT/v1-SETTINGS/usage` holds the bytes stored by all processes, updated under an
 //! exclusive `flock`, so processes sharing a cache share its budget; it is initialised from the
@@ -40,7 +44,7 @@ use std::time::Duration;
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum CacheLocation {
-    /// Shared memory: `/dev/shm/stoker-cache-UID` (tmpfs; mapped pages are shared by processes).
+    /// Shared memory: `/dev/shm/stoker-cache-UID` (tmpfs; its pages are shared by processes).
     Ram,
     /// A directory on local disk.
     Dir(PathBuf),
@@ -111,7 +115,7 @@ pub struct CacheReport {
     /// Decode time the hits did not spend: the sum of the decode times recorded in their
     /// entries when they were filled (by whichever process filled them).
     pub decode_seconds_saved: f64,
-    /// Time spent finding, checking and mapping entries (hashing the file's bytes included).
+    /// Time spent finding, checking and opening entries (hashing the file's bytes included).
     pub lookup_seconds: f64,
     /// Time spent writing entries.
     pub fill_seconds: f64,
@@ -213,10 +217,10 @@ fn scan_bytes(dir: &Path) -> u64 {
     total
 }
 
-/// A mapped, checked entry: the pixels of one image.
+/// An open, checked entry: the pixels of one image, read on demand.
+#[derive(Debug)]
 pub struct Entry {
-    ptr: *mut libc::c_void,
-    len: usize,
+    file: File,
     /// Width in pixels.
     pub width: usize,
     /// Height in pixels.
@@ -227,27 +231,6 @@ pub struct Entry {
     /// Height of the source image (after orientation).
     pub source_height: usize,
     decode_ns: u64,
-}
-
-// SAFETY: the mapping is read-only and owned by this value; nothing else unmaps it.
-unsafe impl Send for Entry {}
-
-impl Entry {
-    /// The RGB8 pixels, `width * height * 3` bytes.
-    pub fn pixels(&self) -> &[u8] {
-        // SAFETY: `ptr..ptr+len` is a live read-only mapping of the whole entry file (checked to
-        // be `HEADER + width*height*3` bytes long when mapped); stoker never truncates or
-        // rewrites a published entry (replacements are renamed over it, a new inode), so the
-        // pages stay valid while `self` lives.
-        unsafe { std::slice::from_raw_parts((self.ptr as *const u8).add(HEADER), self.len - HEADER) }
-    }
-}
-
-impl Drop for Entry {
-    fn drop(&mut self) {
-        // SAFETY: `ptr`/`len` are exactly what mmap returned; the mapping is unmapped once.
-        unsafe { libc::munmap(self.ptr, self.len) };
-    }
 }
 
 /// A parsed header.
@@ -425,13 +408,12 @@ impl Cache {
     /// corrupt or foreign file, or one over `max_pixels`); never an error.
     pub fn get(&self, key: u128, max_pixels: u64, spent: Duration) -> Option<Entry> {
         let t0 = std::time::Instant::now();
-        let e = self.map(key, max_pixels);
+        let e = self.open_entry(key, max_pixels);
         let ns = (t0.elapsed() + spent).as_nanos() as u64;
         self.stats.lookup_ns.fetch_add(ns, Ordering::Relaxed);
         match &e {
             Some(e) => {
                 self.stats.hits.fetch_add(1, Ordering::Relaxed);
-                self.stats.read_bytes.fetch_add((e.len - HEADER) as u64, Ordering::Relaxed);
                 self.stats.saved_ns.fetch_add(e.decode_ns, Ordering::Relaxed);
             }
             None => {
@@ -441,8 +423,7 @@ impl Cache {
         e
     }
 
-    fn map(&self, key: u128, max_pixels: u64) -> Option<Entry> {
-        use std::os::fd::AsRawFd;
+    fn open_entry(&self, key: u128, max_pixels: u64) -> Option<Entry> {
         let f = std::fs::OpenOptions::new()
             .read(true)
             .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
@@ -455,22 +436,35 @@ impl Cache {
         let mut b = [0u8; HEADER];
         f.read_exact_at(&mut b, 0).ok()?;
         let h = check_header(&b, key, meta.len(), max_pixels)?;
-        let len = usize::try_from(meta.len()).ok()?;
-        // SAFETY: a fresh read-only shared mapping of `len` bytes of an open regular file whose
-        // length was just checked; the result is checked against MAP_FAILED before use.
-        let ptr = unsafe { libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ, libc::MAP_SHARED, f.as_raw_fd(), 0) };
-        if ptr == libc::MAP_FAILED {
-            return None;
-        }
         Some(Entry {
-            ptr,
-            len,
+            file: f,
             width: h.width as usize,
             height: h.height as usize,
             source_width: h.source_width as usize,
             source_height: h.source_height as usize,
             decode_ns: h.decode_ns,
         })
+    }
+
+    /// Reads rows `rows.start..rows.end` (clamped to the image) of `entry` into `buf` and
+    /// returns them, `width * 3` bytes per row: only the rows a crop needs are copied, into a
+    /// buffer the caller reuses (no mapping, so no page-table and TLB work per sample). A read
+    /// that comes up short (the file was truncated since it was checked) is an error.
+    pub fn read_rows<'a>(
+        &self,
+        entry: &Entry,
+        rows: std::ops::Range<usize>,
+        buf: &'a mut Vec<u8>,
+    ) -> std::io::Result<&'a [u8]> {
+        let (y0, y1) = (rows.start.min(entry.height), rows.end.min(entry.height));
+        let row = entry.width * 3;
+        let n = y1.saturating_sub(y0) * row;
+        if buf.len() < n {
+            buf.resize(n, 0);
+        }
+        entry.file.read_exact_at(&mut buf[..n], (HEADER + y0 * row) as u64)?;
+        self.stats.read_bytes.fetch_add(n as u64, Ordering::Relaxed);
+        Ok(&buf[..n])
     }
 
     /// Reserves `n` bytes of the shared budget; false when they do not fit.
@@ -527,7 +521,7 @@ impl Cache {
         if existing.is_some() {
             // An entry another process published since our lookup, or a bad one (the lookup
             // failed its checks): only a bad one is replaced, without charging the budget twice.
-            if self.map(key, u64::MAX).is_some() {
+            if self.open_entry(key, u64::MAX).is_some() {
                 return;
             }
             self.stats.replaced.fetch_add(1, Ordering::Relaxed);

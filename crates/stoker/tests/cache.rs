@@ -288,3 +288,19 @@ fn a_zero_max_side_is_a_config_error() {
     let e = Cache::open(&spec, true).unwrap_err();
     assert!(e.to_string().contains("`cache_max_side`"), "{e}");
 }
+
+#[test]
+fn a_full_resolution_cache_equals_the_full_resolution_path_for_resize_and_center_crop_too() {
+    let d = tempfile::tempdir().unwrap();
+    let root = dataset(d.path());
+    let cdir = d.path().join("cache");
+    let mut c = config(Some(&cdir), None);
+    c.transform = TransformSpec::preset("imagenet-val").unwrap();
+    let cached = loader(&root, c.clone());
+    let plain = loader(&root, uncached_full(&c));
+    for e in 0..2 {
+        let (got, n, rep) = epoch(&cached, e);
+        assert_eq!(n, N);
+        assert_eq!(got, epoch(&plain, e).0, "epoch {e} ({:?})", rep.map(|r| (r.hits, r.misses)));
+    }
+}

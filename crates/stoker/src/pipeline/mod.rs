@@ -902,6 +902,12 @@ fn finish(
     Ok(sh.source.label(task.slot.index(task.pos) as usize))
 }
 
+thread_local! {
+    /// The rows of a cache entry that the sample in hand needs (one buffer per decode thread,
+    /// reused: no allocation per sample once it has grown to the largest crop).
+    static CACHE_ROWS: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
 /// [`process`] with a cache: the pixels of the whole image come from the cache entry of the
 /// file's bytes, or from a decode of the whole image that is then stored. The ops see the same
 /// pixels and the same source box either way, so batches do not depend on what the cache
@@ -931,10 +937,34 @@ fn process_cached(
         let (fx, fy) = (w as f64 / sw as f64, h as f64 / sh as f64);
         [b[0] * fx, b[1] * fy, b[2] * fx, b[3] * fy]
     };
+    // The rows of the stored image the resampler reads, `y0..y1`. A crop box (hard) reads
+    // nothing outside its integer hull, so at full resolution (integer boxes) a window around it
+    // gives exactly the same pixels as the whole image. With a `max_side` (fractional boxes) a
+    // window with the filter's reach as margin is used for hits and misses alike, so they agree.
+    // Otherwise (a resize window at full resolution), every row.
+    let window = |[_, by, _, bh]: [f64; 4], g: &crate::ops::Geometry, height: usize| {
+        if !(g.hard || cache.max_side().is_some()) {
+            return (0, height);
+        }
+        let my = (bh / g.dst[3].max(1) as f64).max(1.0) + 2.0;
+        let y0 = ((by - my).floor().max(0.0) as usize).min(height - 1);
+        (y0, ((by + bh + my).ceil() as usize).clamp(y0 + 1, height))
+    };
     if let Some(e) = cache.get(key, sh.decode_opts.max_pixels, t0.elapsed()) {
         let g = sh.plan.geometry(e.source_width, e.source_height, &mut rng);
-        let bbox = scaled(g.bbox, (e.width, e.height), (e.source_width, e.source_height));
-        return finish(sh, rs, task, t0, e.pixels(), (e.width, e.height), bbox, &g);
+        let [bx, by, bw, bh] = scaled(g.bbox, (e.width, e.height), (e.source_width, e.source_height));
+        let (y0, y1) = window([bx, by, bw, bh], &g, e.height);
+        let read = CACHE_ROWS.with_borrow_mut(|buf| -> Result<i64> {
+            let rows = cache
+                .read_rows(&e, y0..y1, buf)
+                .map_err(|err| Error::Internal(format!("cannot read a checked cache entry: {err}")))?;
+            finish(sh, rs, task, t0, rows, (e.width, y1 - y0), [bx, by - y0 as f64, bw, bh], &g)
+        });
+        // An entry that cannot be read (truncated since it was checked) is decoded instead.
+        if let Ok(label) = read {
+            return Ok(label);
+        }
+        rng = augment_rng(sh, epoch, task);
     }
     let info = dec.info(data, nopath)?;
     let g = sh.plan.geometry(info.width, info.height, &mut rng);
@@ -963,7 +993,10 @@ fn process_cached(
         &reduced[..]
     };
     cache.put(key, pixels, tw, th, source, td.elapsed());
-    finish(sh, rs, task, t0, pixels, (tw, th), scaled(g.bbox, (tw, th), source), &g)
+    let [bx, by, bw, bh] = scaled(g.bbox, (tw, th), source);
+    let (y0, y1) = window([bx, by, bw, bh], &g, th);
+    let rows = &pixels[y0 * tw * 3..y1 * tw * 3];
+    finish(sh, rs, task, t0, rows, (tw, y1 - y0), [bx, by - y0 as f64, bw, bh], &g)
 }
 
 /// A finished batch: a view of one pool buffer. The buffer returns to the pool on drop.
