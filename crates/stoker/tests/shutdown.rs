@@ -29,7 +29,7 @@ fn dropping_mid_epoch_stops_every_thread_promptly() {
         drop(it);
         assert!(t.elapsed() < Duration::from_secs(2), "drop took {:?}", t.elapsed());
     }
-    assert_eq!(thread_count(), before);
+    assert_eq!(thread_count_settled(before, Duration::from_millis(500)), before);
     assert_eq!(before, 0);
     // The state says where the abandoned iteration stopped; a new iteration starts the epoch
     // over (DataLoader's rule), unless that state is loaded.
@@ -52,5 +52,5 @@ fn dropping_mid_epoch_stops_every_thread_promptly() {
     drop(second);
     drop(first);
     drop(loader);
-    assert_eq!(thread_count(), before);
+    assert_eq!(thread_count_settled(before, Duration::from_millis(500)), before);
 }

@@ -95,3 +95,18 @@ pub fn thread_count() -> usize {
         .filter(|t| std::fs::read_to_string(t.path().join("comm")).is_ok_and(|n| n.starts_with("stoker-")))
         .count()
 }
+
+/// [`thread_count`] once it has dropped to `want` or `within` has passed. A joined thread can
+/// stay listed in `/proc/self/task` for a moment after `pthread_join` returns (the kernel
+/// clears the joined-on thread id before it reaps the task), so a count right after a join
+/// can be one too high on a loaded machine.
+pub fn thread_count_settled(want: usize, within: std::time::Duration) -> usize {
+    let end = std::time::Instant::now() + within;
+    loop {
+        let n = thread_count();
+        if n <= want || std::time::Instant::now() >= end {
+            return n;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+}
