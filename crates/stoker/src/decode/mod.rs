@@ -258,11 +258,10 @@ impl Decoder {
         let sbox = [bx * fx, by * fy, bw * fx, bh * fy];
         let (mut x0, mut y0, mut x1, mut y1) = (0usize, 0usize, sw, sh);
         if self.opts.roi {
-            // Margin: the resampling filter's reach (support 1 for bilinear, times the downscale
-            // factor) plus two pixels, so pixels near the box edge see the same neighbours as in
-            // a full decode.
-            let mx = (sbox[2] / out.0 as f64).max(1.0) + 2.0;
-            let my = (sbox[3] / out.1 as f64).max(1.0) + 2.0;
+            // Margin: the resampling filter's reach, so pixels near the box edge see the same
+            // neighbours as in a full decode.
+            let mx = crate::ops::resample::filter_margin(sbox[2], out.0);
+            let my = crate::ops::resample::filter_margin(sbox[3], out.1);
             y0 = (sbox[1] - my).floor().max(0.0) as usize;
             y1 = ((sbox[1] + sbox[3] + my).ceil() as usize).min(sh);
             if let Some(align) = h.scaled_mcu_width(num) {

@@ -14,6 +14,14 @@
 //! `vpmaddwd` on the weights split into two 11-bit halves, vertical pass in 8 lanes), SSE4.1,
 //! or portable Rust; all give the same bytes, and the tests force each one.
 
+/// The margin, in source pixels, to keep around a box of `box_len` pixels resampled to
+/// `out_len` so that pixels near its edge see the same neighbours as in the whole image: the
+/// bilinear filter's reach (support 1, times the downscale factor) plus two pixels. Used by
+/// region decoding and by the cache's row reads.
+pub fn filter_margin(box_len: f64, out_len: usize) -> f64 {
+    (box_len / out_len as f64).max(1.0) + 2.0
+}
+
 /// Fixed-point precision of the coefficients, as Pillow's `PRECISION_BITS` for 8-bit images.
 const PRECISION_BITS: u32 = 32 - 8 - 2;
 

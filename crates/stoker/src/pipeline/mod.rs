@@ -946,7 +946,7 @@ fn process_cached(
         if !(g.hard || cache.max_side().is_some()) {
             return (0, height);
         }
-        let my = (bh / g.dst[3].max(1) as f64).max(1.0) + 2.0;
+        let my = crate::ops::resample::filter_margin(bh, g.dst[3].max(1));
         let y0 = ((by - my).floor().max(0.0) as usize).min(height - 1);
         (y0, ((by + bh + my).ceil() as usize).clamp(y0 + 1, height))
     };
