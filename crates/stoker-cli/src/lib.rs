@@ -1,5 +1,5 @@
 //! `stoker`: bench a dataset, build and bench the embedded demo, pack and index shards, export
-//! transformed samples, check the machine.
+//! transformed samples, check the machine, watch a training job.
 //!
 //! The command line lives in this library so that the Python package's `stoker` entry point
 //! runs the very same code ([`run_from`]); `main.rs` is a two-line wrapper. One module per
@@ -12,6 +12,7 @@ mod demo;
 mod doctor;
 mod export;
 mod index;
+mod monitor;
 mod pack;
 mod util;
 
@@ -39,6 +40,9 @@ enum Cmd {
     Index(index::IndexArgs),
     /// Write transformed samples to .npy files (for comparisons against other loaders).
     Export(export::ExportArgs),
+    /// Watch any training job (`--pid PID` or `-- CMD ...`): CPU, memory, I/O per process and
+    /// thread, the host, the GPUs (NVML); then say why its GPU waits and what to change.
+    Monitor(monitor::MonitorArgs),
 }
 
 fn run(cli: Cli) -> anyhow::Result<()> {
@@ -49,6 +53,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Cmd::Doctor(a) => doctor::run(&a),
         Cmd::Index(a) => index::run(&a),
         Cmd::Export(a) => export::run(&a),
+        Cmd::Monitor(a) => monitor::run(&a),
     }
 }
 

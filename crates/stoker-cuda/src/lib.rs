@@ -12,6 +12,8 @@
 //! - [`PinnedAllocator`]: page-locked batch buffers for the engine's pool.
 //! - [`DeviceStage`]: the transfer stage (own stream, events, device pool with release events).
 //! - [`measure_h2d`]: host-to-device bandwidth, pinned and pageable.
+//! - [`GpuSampler`]: utilisation, memory, PCIe traffic and processes of every GPU, per tick
+//!   (`stoker monitor`).
 //!
 //! Every raw driver call lives in the private `driver` module.
 
@@ -19,11 +21,13 @@
 
 mod bandwidth;
 mod driver;
+mod gpu_monitor;
 mod pinned;
 mod transfer;
 
 pub use bandwidth::{measure_h2d, Bandwidth};
 pub use driver::{memory_in_use, Gpu, STREAM_LEGACY, STREAM_PER_THREAD};
+pub use gpu_monitor::{pcie_lane_bytes_per_s, GpuSample, GpuSampler, GpuStatic};
 pub use pinned::PinnedAllocator;
 pub use transfer::{
     image_regions, ArrayMeta, DeviceBatch, DeviceIter, DeviceRegion, DeviceStage, HostBatch, ImageMeta,
