@@ -1,7 +1,7 @@
 //! Reading a process tree and the host from `/proc`, cheaply enough to do ten times a second:
 //! the files read at every tick stay open and are re-read with `pread` (no path walk, no
-//! open/close per read), the tree is walked through `task/*/children`, and what changes slowly
-//! (context switches, PSS, I/O bytes, `/dev/shm`) is read once a second.
+//! open/close per read); the tree and thread lists, context switches, I/O bytes and `/dev/shm` are
+//! read once a second, and PSS (`smaps_rollup`, whose making walks every page table) every 30.
 
 use std::collections::{HashMap, HashSet};
 use std::fs::File;
@@ -169,12 +169,35 @@ pub struct HostRead {
 struct TaskFiles {
     stat: Option<Held>,
     sched: Option<Held>,
+    last: Option<Stat>,
+}
+
+struct ProcFiles {
+    stat: Option<Held>,
+    statm: Option<Held>,
+    tids: Vec<u32>,
+    last: Option<Stat>,
+}
+
+/// How much to read at a tick.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Depth {
+    /// Every tick: each process's `statm` (resident pages) and each thread's `schedstat` (CPU
+    /// time and run-queue wait), all through held files; `stat` files only where the kernel
+    /// keeps no `schedstat`.
+    Fast,
+    /// Once a second: also the thread lists, process and thread `stat` and `status`, and `io`.
+    Slow,
+    /// Every few seconds: also `smaps_rollup` (PSS), by far the dearest file: the kernel walks
+    /// every page table of the process to make it.
+    Full,
 }
 
 /// Reads a process tree and the host; keeps the files of each thread open between ticks.
 pub struct Reader {
     proc_root: std::path::PathBuf,
     tasks: HashMap<(u32, u32), TaskFiles>,
+    procs: HashMap<u32, ProcFiles>,
     host_stat: Option<Held>,
     loadavg: Option<Held>,
     meminfo: Option<Held>,
@@ -198,6 +221,7 @@ impl Reader {
             meminfo: Held::open(&root.join("meminfo")),
             proc_root: root,
             tasks: HashMap::new(),
+            procs: HashMap::new(),
             children_file,
         }
     }
@@ -247,41 +271,83 @@ impl Reader {
         out
     }
 
-    /// Reads processes `pids` (and their threads); `slow` adds the once-a-second files.
-    pub fn read_procs(&mut self, pids: &[u32], slow: bool) -> Vec<ProcRead> {
+    /// Reads processes `pids` (and their threads) to `depth`.
+    pub fn read_procs(&mut self, pids: &[u32], depth: Depth) -> Vec<ProcRead> {
+        let slow = depth != Depth::Fast;
         let mut out = Vec::with_capacity(pids.len());
         let mut live = HashSet::new();
         for &pid in pids {
             let dir = self.proc_root.join(pid.to_string());
-            let Some(stat) = std::fs::read_to_string(dir.join("stat")).ok().as_deref().and_then(parse_stat) else {
-                continue;
-            };
-            let mut p = ProcRead { pid, stat, ..ProcRead::default() };
-            if let Ok(rd) = std::fs::read_dir(dir.join("task")) {
-                for t in rd.flatten() {
-                    let Some(tid) = t.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else { continue };
-                    live.insert((pid, tid));
-                    let files = self.tasks.entry((pid, tid)).or_insert_with(|| {
-                        let tdir = t.path();
-                        TaskFiles { stat: Held::open(&tdir.join("stat")), sched: Held::open(&tdir.join("schedstat")) }
-                    });
-                    let Some(stat) = files.stat.as_mut().and_then(|h| h.read()).and_then(parse_stat) else { continue };
-                    let sched = files.sched.as_mut().and_then(|h| h.read()).and_then(parse_schedstat);
-                    let switches = if slow {
-                        std::fs::read_to_string(t.path().join("status")).ok().as_deref().and_then(parse_switches)
-                    } else {
-                        None
-                    };
-                    p.threads.push(ThreadRead { tid, stat, sched, switches });
+            let entry = self.procs.entry(pid).or_insert_with(|| ProcFiles {
+                stat: Held::open(&dir.join("stat")),
+                statm: Held::open(&dir.join("statm")),
+                tids: vec![],
+                last: None,
+            });
+            let fresh = entry.last.is_none();
+            if slow || fresh {
+                match entry.stat.as_mut().and_then(|h| h.read()).and_then(parse_stat) {
+                    Some(st) => entry.last = Some(st),
+                    None => continue,
                 }
             }
-            if slow {
+            let Some(mut stat) = entry.last.clone() else { continue };
+            // statm: "size resident shared text lib data dt", in pages.
+            match entry
+                .statm
+                .as_mut()
+                .and_then(|h| h.read())
+                .and_then(|s| s.split_ascii_whitespace().nth(1)?.parse().ok())
+            {
+                Some(rss) => stat.rss_pages = rss,
+                None => continue,
+            }
+            if slow || entry.tids.is_empty() {
+                entry.tids = std::fs::read_dir(dir.join("task"))
+                    .map(|rd| rd.flatten().filter_map(|t| t.file_name().to_str()?.parse::<u32>().ok()).collect())
+                    .unwrap_or_default();
+            }
+            let mut p = ProcRead { pid, stat, ..ProcRead::default() };
+            for &tid in &entry.tids {
+                live.insert((pid, tid));
+                let files = self.tasks.entry((pid, tid)).or_insert_with(|| {
+                    let tdir = dir.join(format!("task/{tid}"));
+                    TaskFiles {
+                        stat: Held::open(&tdir.join("stat")),
+                        sched: Held::open(&tdir.join("schedstat")),
+                        last: None,
+                    }
+                });
+                let sched = files.sched.as_mut().and_then(|h| h.read()).and_then(parse_schedstat);
+                if slow || sched.is_none() || files.last.is_none() {
+                    if let Some(st) = files.stat.as_mut().and_then(|h| h.read()).and_then(parse_stat) {
+                        files.last = Some(st);
+                    } else if sched.is_none() {
+                        // Gone since the list was read.
+                        continue;
+                    }
+                }
+                let Some(stat) = files.last.clone() else { continue };
+                let switches = if slow {
+                    std::fs::read_to_string(dir.join(format!("task/{tid}/status")))
+                        .ok()
+                        .as_deref()
+                        .and_then(parse_switches)
+                } else {
+                    None
+                };
+                p.threads.push(ThreadRead { tid, stat, sched, switches });
+            }
+            if depth == Depth::Full {
                 p.pss = std::fs::read_to_string(dir.join("smaps_rollup")).ok().as_deref().and_then(parse_pss);
+            }
+            if slow {
                 p.io = std::fs::read_to_string(dir.join("io")).ok().as_deref().and_then(parse_io);
             }
             out.push(p);
         }
         self.tasks.retain(|k, _| live.contains(k));
+        self.procs.retain(|k, _| pids.contains(k));
         out
     }
 
@@ -399,7 +465,7 @@ mod tests {
             })
             .unwrap();
         barrier.wait();
-        let procs = r.read_procs(&[me], true);
+        let procs = r.read_procs(&[me], Depth::Full);
         barrier.wait();
         t.join().unwrap();
         assert_eq!(procs.len(), 1);

@@ -367,8 +367,10 @@ pub fn evaluate(cx: &Context) -> Vec<Verdict> {
     }
 
     // Memory growth: after a warm-up, a straight-line rise that is still rising at the end.
+    // The last half second is left out too: a job that ends frees its memory while exiting.
     let warm = (0.25 * duration).max(2.0) + cx.ticks[0].t;
-    let late: Vec<&Tick> = cx.ticks.iter().filter(|t| t.t >= warm).collect();
+    let end = cx.ticks.last().map(|t| t.t).unwrap_or(0.0) - 0.5;
+    let late: Vec<&Tick> = cx.ticks.iter().filter(|t| t.t >= warm && t.t <= end).collect();
     if late.len() >= 10 && late.last().map(|t| t.t).unwrap_or(0.0) - late[0].t >= 2.0 {
         let pts: Vec<(f64, f64)> = late.iter().map(|t| (t.t, t.tree_rss as f64)).collect();
         let half: Vec<(f64, f64)> = pts[pts.len() / 2..].to_vec();

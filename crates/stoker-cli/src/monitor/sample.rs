@@ -1,7 +1,7 @@
 //! Turns successive `/proc` and NVML readings into ticks (rates over each interval) and a
 //! summary per process and thread over the whole run.
 
-use super::procfs::{self, ProcRead, Reader};
+use super::procfs::{self, Depth, ProcRead, Reader};
 use serde::Serialize;
 use std::collections::HashMap;
 use std::time::Instant;
@@ -46,9 +46,9 @@ pub struct Tick {
     pub tree_rss: u64,
     /// Proportional set size of the tree (shared pages split; last once-a-second reading).
     pub tree_pss: Option<u64>,
-    /// Threads in the tree, and how many were runnable (state R) at the tick.
+    /// Threads in the tree.
     pub tree_threads: u32,
-    /// Runnable threads of the tree.
+    /// Threads of the tree in state R at their last once-a-second reading.
     pub tree_runnable: u32,
     /// Of the time the tree's threads wanted a CPU, the fraction they waited for one
     /// (`schedstat`); `None` when the kernel does not keep it or nothing ran.
@@ -172,6 +172,9 @@ impl ProcSummary {
     }
 }
 
+/// PSS is read at every this many once-a-second ticks (the first one included).
+const PSS_EVERY: u64 = 30;
+
 /// One core's (busy, steal, total) clock ticks since boot.
 type CoreTicks = (u64, u64, u64);
 
@@ -191,6 +194,8 @@ pub struct Sampler {
     shm_used: Option<u64>,
     tree_pss: Option<u64>,
     last_slow: Option<Instant>,
+    slow_ticks: u64,
+    pids: Vec<u32>,
     /// Ticks so far.
     pub ticks: Vec<Tick>,
     /// Every process seen.
@@ -226,6 +231,8 @@ impl Sampler {
             shm_used: None,
             tree_pss: None,
             last_slow: None,
+            slow_ticks: 0,
+            pids: vec![],
             ticks: vec![],
             procs: HashMap::new(),
             shm_size: None,
@@ -246,8 +253,20 @@ impl Sampler {
             self.last_slow = Some(now);
         }
         let t = now.duration_since(self.start).as_secs_f64();
-        let pids = self.reader.tree(self.root);
-        let reads = self.reader.read_procs(&pids, slow);
+        let depth = if !slow {
+            Depth::Fast
+        } else {
+            self.slow_ticks += 1;
+            if self.slow_ticks % PSS_EVERY == 1 {
+                Depth::Full
+            } else {
+                Depth::Slow
+            }
+        };
+        if slow || self.pids.is_empty() {
+            self.pids = self.reader.tree(self.root);
+        }
+        let reads = self.reader.read_procs(&self.pids, depth);
         let host = self.reader.read_host(slow);
         let gpus = self.gpu.as_ref().map(|g| g.sample()).unwrap_or_default();
         self.mem_total = host.mem_total;
