@@ -174,19 +174,17 @@ struct TaskFiles {
 
 struct ProcFiles {
     stat: Option<Held>,
-    statm: Option<Held>,
     tids: Vec<u32>,
-    last: Option<Stat>,
 }
 
 /// How much to read at a tick.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Depth {
-    /// Every tick: each process's `statm` (resident pages) and each thread's `schedstat` (CPU
-    /// time and run-queue wait), all through held files; `stat` files only where the kernel
-    /// keeps no `schedstat`.
+    /// Every tick: each process's `stat` (CPU of all its threads, dead ones included; resident
+    /// pages) and each thread's `schedstat` (CPU time and run-queue wait), all through held
+    /// files; a thread's `stat` only where the kernel keeps no `schedstat`.
     Fast,
-    /// Once a second: also the thread lists, process and thread `stat` and `status`, and `io`.
+    /// Once a second: also the thread lists, thread `stat` and `status`, and `io`.
     Slow,
     /// Every few seconds: also `smaps_rollup` (PSS), by far the dearest file: the kernel walks
     /// every page table of the process to make it.
@@ -278,30 +276,13 @@ impl Reader {
         let mut live = HashSet::new();
         for &pid in pids {
             let dir = self.proc_root.join(pid.to_string());
-            let entry = self.procs.entry(pid).or_insert_with(|| ProcFiles {
-                stat: Held::open(&dir.join("stat")),
-                statm: Held::open(&dir.join("statm")),
-                tids: vec![],
-                last: None,
-            });
-            let fresh = entry.last.is_none();
-            if slow || fresh {
-                match entry.stat.as_mut().and_then(|h| h.read()).and_then(parse_stat) {
-                    Some(st) => entry.last = Some(st),
-                    None => continue,
-                }
-            }
-            let Some(mut stat) = entry.last.clone() else { continue };
-            // statm: "size resident shared text lib data dt", in pages.
-            match entry
-                .statm
-                .as_mut()
-                .and_then(|h| h.read())
-                .and_then(|s| s.split_ascii_whitespace().nth(1)?.parse().ok())
-            {
-                Some(rss) => stat.rss_pages = rss,
-                None => continue,
-            }
+            let entry = self
+                .procs
+                .entry(pid)
+                .or_insert_with(|| ProcFiles { stat: Held::open(&dir.join("stat")), tids: vec![] });
+            // The process's own stat every tick: its CPU counters include threads that came and
+            // went between two thread listings.
+            let Some(stat) = entry.stat.as_mut().and_then(|h| h.read()).and_then(parse_stat) else { continue };
             if slow || entry.tids.is_empty() {
                 entry.tids = std::fs::read_dir(dir.join("task"))
                     .map(|rd| rd.flatten().filter_map(|t| t.file_name().to_str()?.parse::<u32>().ok()).collect())

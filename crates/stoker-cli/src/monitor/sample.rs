@@ -172,8 +172,10 @@ impl ProcSummary {
     }
 }
 
-/// PSS is read at every this many once-a-second ticks (the first one included).
+/// PSS is read at every this many once-a-second ticks...
 const PSS_EVERY: u64 = 30;
+/// ...from this one on (the third second: past a job's first allocations).
+const PSS_FIRST: u64 = 3;
 
 /// One core's (busy, steal, total) clock ticks since boot.
 type CoreTicks = (u64, u64, u64);
@@ -190,6 +192,7 @@ pub struct Sampler {
     page: u64,
     last: Option<(Instant, Vec<CoreTicks>)>,
     prev_threads: HashMap<(u32, u32), (u64, (u64, u64))>,
+    prev_procs: HashMap<u32, u64>,
     prev_io: Option<(f64, u64)>,
     shm_used: Option<u64>,
     tree_pss: Option<u64>,
@@ -227,6 +230,7 @@ impl Sampler {
             page: procfs::page_size(),
             last: None,
             prev_threads: HashMap::new(),
+            prev_procs: HashMap::new(),
             prev_io: None,
             shm_used: None,
             tree_pss: None,
@@ -257,7 +261,7 @@ impl Sampler {
             Depth::Fast
         } else {
             self.slow_ticks += 1;
-            if self.slow_ticks % PSS_EVERY == 1 {
+            if self.slow_ticks % PSS_EVERY == PSS_FIRST {
                 Depth::Full
             } else {
                 Depth::Slow
@@ -314,6 +318,7 @@ impl Sampler {
             gpus,
         };
         let mut next = HashMap::new();
+        let mut next_procs = HashMap::new();
         let (mut run_ns, mut wait_ns) = (0u64, 0u64);
         let mut pss_sum: Option<u64> = None;
         let mut read_sum: Option<u64> = None;
@@ -339,6 +344,14 @@ impl Sampler {
                 cpu += c;
                 busiest = busiest.max(c);
             }
+            // The process's CPU from its own counters (threads that lived between two thread
+            // listings count too): the kernel sums its threads' nanosecond run times and reports
+            // them in clock ticks, so one tick's figure is within 1/CLK_TCK/dt cores.
+            let total = p.stat.utime + p.stat.stime;
+            next_procs.insert(p.pid, total);
+            if let Some(&prev) = self.prev_procs.get(&p.pid) {
+                cpu = total.saturating_sub(prev) as f64 / self.clk / dt;
+            }
             let rss = p.stat.rss_pages * self.page;
             tick.tree_cpu += cpu;
             tick.tree_rss += rss;
@@ -351,6 +364,7 @@ impl Sampler {
             tick.procs.push(ProcTick { pid: p.pid, cpu, busiest_thread: busiest, rss });
         }
         self.prev_threads = next;
+        self.prev_procs = next_procs;
         if pss_sum.is_some() {
             self.tree_pss = pss_sum;
         }
@@ -373,6 +387,7 @@ impl Sampler {
 
     fn seed_threads(&mut self, reads: &[ProcRead]) {
         for p in reads {
+            self.prev_procs.insert(p.pid, p.stat.utime + p.stat.stime);
             for th in &p.threads {
                 self.prev_threads
                     .insert((p.pid, th.tid), (th.stat.utime + th.stat.stime, th.sched.unwrap_or_default()));
