@@ -1,9 +1,11 @@
 //! `stoker bench`: load a dataset as fast as possible and report throughput, CPU, memory and
 //! the bottleneck; `--decode-only` measures libjpeg-turbo alone on one thread.
 
+use crate::series::{self, Recorder};
 use crate::util::{cpu_seconds, peak_rss_bytes, progress};
-use anyhow::Result;
+use anyhow::{Context, Result};
 use clap::Args;
+use std::path::PathBuf;
 use std::time::Instant;
 use stoker::{Loader, LoaderConfig};
 
@@ -114,6 +116,10 @@ pub struct BenchOpts {
     /// Print one JSON object instead of the human summary.
     #[arg(long)]
     pub json: bool,
+    /// Also write a self-contained HTML report to this file (opens offline in any browser):
+    /// throughput, CPU, memory and consumer waiting over time, the stage table, the verdicts.
+    #[arg(long, value_name = "FILE")]
+    pub report: Option<PathBuf>,
 }
 
 impl BenchOpts {
@@ -257,6 +263,12 @@ pub fn bench(root: &str, o: &BenchOpts) -> Result<()> {
     loader.report_not_samples(&dataset.not_samples);
     let stage = placement.stage(stoker_cuda::image_regions(&loader), prefetch, limit)?;
     loader.telemetry().set_device(device_report);
+    // The report's file is created now, so that a bad path fails before the run, not after.
+    let report_file = match &o.report {
+        Some(p) => Some(std::fs::File::create(p).with_context(|| format!("--report: cannot create {}", p.display()))?),
+        None => None,
+    };
+    let mut recorder = report_file.as_ref().map(|_| Recorder::start());
     let total_batches = loader.len() as u64 * epochs;
     let bar = progress(total_batches, o.json, "{spinner} epoch {msg} [{bar:30}] {pos}/{len} batches {per_sec} ({eta})");
     let cpu0 = cpu_seconds();
@@ -270,7 +282,7 @@ pub fn bench(root: &str, o: &BenchOpts) -> Result<()> {
         bar.set_message(format!("{}/{}", epoch + 1, epochs));
         match &stage {
             None => {
-                for b in loader.iter()? {
+                for b in series::timed(recorder.as_mut(), loader.iter()?, |b| b.as_ref().map_or(0, |b| b.len())) {
                     let b = b?;
                     if !o.no_digest {
                         digest.update(&b);
@@ -283,7 +295,8 @@ pub fn bench(root: &str, o: &BenchOpts) -> Result<()> {
             Some(stage) => {
                 let mut host = loader.iter()?.forwarding();
                 let (mut data, mut labels) = (vec![], vec![]);
-                for b in stage.run(move |t| host.next_timeout(t), Some(loader.telemetry().clone()))? {
+                let on_device = stage.run(move |t| host.next_timeout(t), Some(loader.telemetry().clone()))?;
+                for b in series::timed(recorder.as_mut(), on_device, |b| b.as_ref().map_or(0, |b| b.meta().shape[0])) {
                     let b = b?;
                     if !o.no_digest {
                         b.read_region(0, &mut data)?;
@@ -312,6 +325,29 @@ pub fn bench(root: &str, o: &BenchOpts) -> Result<()> {
     let ips = images as f64 / seconds;
     let per1000 = if images > 0 { cpu / images as f64 * 1000.0 } else { 0.0 };
     let rss = peak_rss_bytes();
+    if let (Some(mut file), Some(mut rec), Some(path)) = (report_file, recorder, o.report.as_ref()) {
+        rec.finish();
+        let facts = series::Facts {
+            root,
+            samples,
+            classes,
+            images,
+            batches,
+            epochs,
+            batch_size,
+            seconds,
+            cpu_seconds: cpu,
+            peak_rss: rss,
+            threads: loader.threads(),
+            io_threads: loader.io_threads(),
+            allowance: stoker::cpu::allowance().effective,
+            pool_bytes: loader.pool().total_bytes() as u64,
+            pool_slots: loader.pool().slots(),
+        };
+        let html = crate::html::render(&series::page(&facts, o, &report, &rec));
+        std::io::Write::write_all(&mut file, html.as_bytes())
+            .with_context(|| format!("--report: cannot write {}", path.display()))?;
+    }
     if o.json {
         let out = serde_json::json!({
             "root": root,
@@ -342,6 +378,7 @@ pub fn bench(root: &str, o: &BenchOpts) -> Result<()> {
             "cache": report.cache,
             "per_epoch": per_epoch,
             "digest": if o.no_digest { serde_json::Value::Null } else { digest.hex().into() },
+            "report": o.report.as_ref().map(|p| p.to_string_lossy()),
         });
         println!("{}", serde_json::to_string_pretty(&out)?);
     } else {
@@ -359,6 +396,9 @@ pub fn bench(root: &str, o: &BenchOpts) -> Result<()> {
         print!("{}", report.to_text());
         if !o.no_digest {
             println!("digest {}", digest.hex());
+        }
+        if let Some(p) = &o.report {
+            println!("report written to {}", p.display());
         }
     }
     Ok(())

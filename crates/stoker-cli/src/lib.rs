@@ -11,8 +11,10 @@ mod bench;
 mod demo;
 mod doctor;
 mod export;
+mod html;
 mod index;
 mod pack;
+mod series;
 mod util;
 
 use clap::{Parser, Subcommand};
