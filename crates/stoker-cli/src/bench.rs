@@ -249,6 +249,11 @@ fn decode_only(root: &str, o: &BenchOpts) -> Result<()> {
 /// Loads `root` with the loader `o` describes for `--epochs` passes and prints the summary.
 pub fn bench(root: &str, o: &BenchOpts) -> Result<()> {
     if o.decode_only {
+        if o.report.is_some() {
+            anyhow::bail!(
+                "--report: not available with --decode-only (a single-thread decode loop has no pipeline to chart)"
+            );
+        }
         return decode_only(root, o);
     }
     let config = o.loader_config()?;
