@@ -284,6 +284,9 @@ pub fn bench(root: &str, o: &BenchOpts) -> Result<()> {
     for epoch in 0..epochs {
         let (e_cpu, e_t, e_images) = (cpu_seconds(), Instant::now(), images);
         loader.set_epoch(epoch);
+        if let (Some(r), true) = (recorder.as_mut(), epochs > 1) {
+            r.mark(format!("epoch {}", epoch + 1));
+        }
         bar.set_message(format!("{}/{}", epoch + 1, epochs));
         match &stage {
             None => {

@@ -53,6 +53,9 @@ pub(crate) struct Chart {
     pub y_max: Option<f64>,
     /// The lines.
     pub series: Vec<Series>,
+    /// Moments to mark with a dashed vertical line and a label: `(seconds since start, label)`,
+    /// e.g. the start of each epoch.
+    pub markers: Vec<(f64, String)>,
 }
 
 /// One line of a chart.
@@ -290,9 +293,12 @@ fn nice_ceil(x: f64) -> f64 {
     (x / step).ceil() * step
 }
 
-/// A tick label with as many decimals as the step needs; thousands as `k`, millions as `M`.
-fn label(v: f64, step: f64) -> String {
-    let (v, step, suffix) = if step >= 1e6 {
+/// A tick label with as many decimals as the step needs; with `si`, thousands as `k` and
+/// millions as `M`.
+fn label(v: f64, step: f64, si: bool) -> String {
+    let (v, step, suffix) = if !si {
+        (v, step, "")
+    } else if step >= 1e6 {
         (v / 1e6, step / 1e6, "M")
     } else if step >= 1e3 {
         (v / 1e3, step / 1e3, "k")
@@ -369,7 +375,7 @@ fn chart(h: &mut String, c: &Chart, k: usize) {
             l + pw,
             l - 6.0,
             y + 4.0,
-            esc(&label(v, ystep))
+            esc(&label(v, ystep, true))
         );
     }
     let (xstep, xt) = ticks(x0, x1, 10);
@@ -382,7 +388,7 @@ fn chart(h: &mut String, c: &Chart, k: usize) {
             t + ph,
             t + ph + 5.0,
             t + ph + 18.0,
-            esc(&label(v, xstep))
+            esc(&label(v, xstep, false))
         );
     }
     let _ = writeln!(
@@ -394,6 +400,29 @@ fn chart(h: &mut String, c: &Chart, k: usize) {
         t + ph / 2.0,
         esc(&c.unit)
     );
+    // Markers: a dashed line each; a label where it does not run into the previous one.
+    let mut labelled = f64::NEG_INFINITY;
+    for (mt, text) in &c.markers {
+        if !mt.is_finite() || *mt < x0 || *mt > x1 {
+            continue;
+        }
+        let x = px(*mt);
+        let _ = writeln!(
+            h,
+            "<line class=\"marker\" x1=\"{x:.1}\" x2=\"{x:.1}\" y1=\"{t}\" y2=\"{:.1}\" stroke=\"#999\" stroke-dasharray=\"4 3\"/>",
+            t + ph
+        );
+        if x - labelled >= 70.0 {
+            labelled = x;
+            let _ = writeln!(
+                h,
+                "<text x=\"{:.1}\" y=\"{:.1}\" font-size=\"11\" fill=\"#666\">{}</text>",
+                x + 3.0,
+                t + 11.0,
+                esc(text)
+            );
+        }
+    }
     // The lines, clipped to the plot area.
     let _ = writeln!(
         h,
@@ -484,6 +513,7 @@ mod tests {
             unit: nasty.into(),
             y_max: None,
             series: vec![Series::new(nasty, ramp(5))],
+            markers: vec![],
         }]);
         r.title = nasty.into();
         r.subtitle = nasty.into();
@@ -522,6 +552,7 @@ mod tests {
             unit: "u".into(),
             y_max: None,
             series: vec![Series::new("s", pts)],
+            markers: vec![],
         }]));
         assert!(!h.contains("NaN") && !h.contains("inf"), "a non-finite value reached the SVG");
         assert_eq!(h.matches("<path class=\"series\"").count(), 1);
@@ -531,6 +562,7 @@ mod tests {
             unit: "u".into(),
             y_max: None,
             series: vec![Series::new("s", vec![(0.0, f64::NAN), (1.0, f64::NEG_INFINITY)])],
+            markers: vec![],
         }]));
         assert!(h.contains(">no data</text>"));
     }
@@ -538,12 +570,13 @@ mod tests {
     #[test]
     fn an_empty_chart_says_no_data() {
         let h = render(&report(vec![
-            Chart { title: "nothing".into(), unit: "u".into(), y_max: None, series: vec![] },
+            Chart { title: "nothing".into(), unit: "u".into(), y_max: None, series: vec![], markers: vec![] },
             Chart {
                 title: "empty series".into(),
                 unit: "u".into(),
                 y_max: Some(100.0),
                 series: vec![Series::new("a", vec![])],
+                markers: vec![],
             },
         ]));
         assert_eq!(h.matches(">no data</text>").count(), 2);
@@ -555,6 +588,7 @@ mod tests {
             unit: "u".into(),
             y_max: None,
             series: vec![Series::new("full", ramp(10)), Series::new("empty", vec![])],
+            markers: vec![],
         }]));
         assert!(!h.contains(">no data</text>"));
         assert!(h.contains("empty <span class=\"nodata\">(no data)</span>"));
@@ -565,7 +599,8 @@ mod tests {
     fn nothing_is_fetched_from_elsewhere() {
         let mut series: Vec<Series> = (0..12).map(|k| Series::new(format!("s{k}"), ramp(100 + k))).collect();
         series.push(Series::new("one point", vec![(1.0, 2.0)]));
-        let h = render(&report(vec![Chart { title: "c".into(), unit: "u".into(), y_max: None, series }]));
+        let h =
+            render(&report(vec![Chart { title: "c".into(), unit: "u".into(), y_max: None, series, markers: vec![] }]));
         for bad in ["http://", "https://", "src=", "href=", "@import", "<script", "<link", "<img"] {
             assert!(!h.contains(bad), "found {bad}");
         }
@@ -589,6 +624,7 @@ mod tests {
             unit: "images/s".into(),
             y_max: None,
             series: vec![Series::new("a", ramp(30)), Series::new("b", ramp(30)).color(4)],
+            markers: vec![],
         }]));
         assert!(h.contains("time (s)") && h.contains(">images/s</text>"));
         assert!(h.contains(&format!("stroke=\"{}\"", PALETTE[0])));
@@ -600,14 +636,36 @@ mod tests {
     }
 
     #[test]
+    fn markers_draw_a_line_and_a_label_inside_the_time_axis() {
+        let markers = vec![
+            (0.0, "epoch 1".to_string()),
+            (1.5, "epoch <2>".to_string()),
+            (1.55, "too close to label".to_string()),
+            (f64::NAN, "nan".to_string()),
+            (99.0, "after the end".to_string()),
+        ];
+        let h = render(&report(vec![Chart {
+            title: "c".into(),
+            unit: "u".into(),
+            y_max: None,
+            series: vec![Series::new("a", ramp(30))],
+            markers,
+        }]));
+        assert_eq!(h.matches("class=\"marker\"").count(), 3);
+        assert!(h.contains(">epoch 1</text>") && h.contains(">epoch &lt;2&gt;</text>"));
+        assert!(!h.contains("too close") && !h.contains(">nan<") && !h.contains("after the end"));
+    }
+
+    #[test]
     fn ticks_and_labels_are_round() {
         let (step, t) = ticks(0.0, 100.0, 5);
         assert_eq!(step, 20.0);
         assert_eq!(t, vec![0.0, 20.0, 40.0, 60.0, 80.0, 100.0]);
         assert_eq!(nice_ceil(2345.0), 2500.0);
-        assert_eq!(label(2500.0, 500.0), "2500");
-        assert_eq!(label(25_000.0, 5000.0), "25k");
-        assert_eq!(label(0.30000000000000004, 0.1), "0.3");
-        assert_eq!(label(-0.0, 0.5), "0.0");
+        assert_eq!(label(2500.0, 500.0, true), "2500");
+        assert_eq!(label(25_000.0, 5000.0, true), "25k");
+        assert_eq!(label(25_000.0, 5000.0, false), "25000");
+        assert_eq!(label(0.30000000000000004, 0.1, true), "0.3");
+        assert_eq!(label(-0.0, 0.5, true), "0.0");
     }
 }

@@ -54,6 +54,7 @@ pub(crate) struct Recorder {
     images: u64,
     wait: f64,
     samples: Vec<Sample>,
+    markers: Vec<(f64, String)>,
 }
 
 /// This process's resident set in bytes, from `/proc/self/statm` (Linux).
@@ -69,7 +70,15 @@ impl Recorder {
     /// Starts the clock with a first sample at time 0.
     pub fn start() -> Self {
         let now = Instant::now();
-        let mut r = Recorder { t0: now, cpu0: cpu_seconds(), last: now, images: 0, wait: 0.0, samples: vec![] };
+        let mut r = Recorder {
+            t0: now,
+            cpu0: cpu_seconds(),
+            last: now,
+            images: 0,
+            wait: 0.0,
+            samples: vec![],
+            markers: vec![],
+        };
         r.sample(now);
         r
     }
@@ -94,6 +103,11 @@ impl Recorder {
         if now - self.last >= MIN_GAP {
             self.sample(now);
         }
+    }
+
+    /// Marks this moment in every chart (`label`: what starts, e.g. `epoch 2`).
+    pub fn mark(&mut self, label: impl Into<String>) {
+        self.markers.push(((Instant::now() - self.t0).as_secs_f64(), label.into()));
     }
 
     /// Takes the last sample (at the end of the run).
@@ -286,12 +300,14 @@ pub(crate) fn page(f: &Facts, o: &BenchOpts, report: &Report, rec: &Recorder) ->
             series: vec![
                 Series::new(format!("delivered ({WINDOW:.0} s window)"), rec.throughput()).color(COLOR_THROUGHPUT)
             ],
+            markers: rec.markers.clone(),
         },
         Chart {
             title: "CPU".into(),
             unit: "cores".into(),
             y_max: Some(f.allowance as f64),
             series: vec![Series::new("stoker process", rec.cpu_cores()).color(COLOR_CPU)],
+            markers: rec.markers.clone(),
         },
         Chart {
             title: "Memory".into(),
@@ -302,12 +318,14 @@ pub(crate) fn page(f: &Facts, o: &BenchOpts, report: &Report, rec: &Recorder) ->
                 Series::new(format!("batch buffers ({} slots)", f.pool_slots), vec![(0.0, pool), (span, pool)])
                     .color(COLOR_POOL),
             ],
+            markers: rec.markers.clone(),
         },
         Chart {
             title: "Consumer waiting for data".into(),
             unit: "%".into(),
             y_max: Some(100.0),
             series: vec![Series::new("time in next()", rec.wait_percent()).color(COLOR_WAIT)],
+            markers: rec.markers.clone(),
         },
     ];
     let stages = Table {
@@ -369,7 +387,7 @@ mod tests {
 
     fn rec(samples: Vec<Sample>) -> Recorder {
         let now = Instant::now();
-        Recorder { t0: now, cpu0: 0.0, last: now, images: 0, wait: 0.0, samples }
+        Recorder { t0: now, cpu0: 0.0, last: now, images: 0, wait: 0.0, samples, markers: vec![] }
     }
 
     fn s(t: f64, images: u64, cpu: f64, wait: f64) -> Sample {
