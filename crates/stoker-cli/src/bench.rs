@@ -3,7 +3,7 @@
 
 use crate::series::{self, Recorder};
 use crate::util::{cpu_seconds, peak_rss_bytes, progress};
-use anyhow::{Context, Result};
+use anyhow::Result;
 use clap::Args;
 use std::path::PathBuf;
 use std::time::Instant;
@@ -269,10 +269,7 @@ pub fn bench(root: &str, o: &BenchOpts) -> Result<()> {
     let stage = placement.stage(stoker_cuda::image_regions(&loader), prefetch, limit)?;
     loader.telemetry().set_device(device_report);
     // The report's file is created now, so that a bad path fails before the run, not after.
-    let report_file = match &o.report {
-        Some(p) => Some(std::fs::File::create(p).with_context(|| format!("--report: cannot create {}", p.display()))?),
-        None => None,
-    };
+    let report_file = o.report.as_deref().map(series::ReportFile::create).transpose()?;
     let mut recorder = report_file.as_ref().map(|_| Recorder::start());
     let total_batches = loader.len() as u64 * epochs;
     let bar = progress(total_batches, o.json, "{spinner} epoch {msg} [{bar:30}] {pos}/{len} batches {per_sec} ({eta})");
@@ -333,7 +330,7 @@ pub fn bench(root: &str, o: &BenchOpts) -> Result<()> {
     let ips = images as f64 / seconds;
     let per1000 = if images > 0 { cpu / images as f64 * 1000.0 } else { 0.0 };
     let rss = peak_rss_bytes();
-    if let (Some(mut file), Some(mut rec), Some(path)) = (report_file, recorder, o.report.as_ref()) {
+    if let (Some(file), Some(mut rec)) = (report_file, recorder) {
         rec.finish();
         let facts = series::Facts {
             root,
@@ -352,9 +349,7 @@ pub fn bench(root: &str, o: &BenchOpts) -> Result<()> {
             pool_bytes: loader.pool().total_bytes() as u64,
             pool_slots: loader.pool().slots(),
         };
-        let html = crate::html::render(&series::page(&facts, o, &report, &rec));
-        std::io::Write::write_all(&mut file, html.as_bytes())
-            .with_context(|| format!("--report: cannot write {}", path.display()))?;
+        file.write(&crate::html::render(&series::page(&facts, o, &report, &rec)))?;
     }
     if o.json {
         let out = serde_json::json!({

@@ -10,6 +10,9 @@
 use crate::bench::BenchOpts;
 use crate::html::{Chart, HtmlReport, HtmlVerdict, Series, Table};
 use crate::util::cpu_seconds;
+use anyhow::{Context, Result};
+use std::io::Write;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 use stoker::telemetry::Report;
 
@@ -195,6 +198,38 @@ impl<I: Iterator, F: Fn(&I::Item) -> usize> Iterator for Timed<'_, I, F> {
             rec.delivered((self.count)(i), t.elapsed());
         }
         item
+    }
+}
+
+/// The report's file, created before the run so that a bad path fails at once; removed again
+/// when the run fails before [`ReportFile::write`] (no empty report is left behind).
+pub(crate) struct ReportFile {
+    path: PathBuf,
+    file: Option<std::fs::File>,
+}
+
+impl ReportFile {
+    /// Creates (or truncates) `path`; errors name `--report` and the path.
+    pub fn create(path: &Path) -> Result<Self> {
+        let file =
+            std::fs::File::create(path).with_context(|| format!("--report: cannot create {}", path.display()))?;
+        Ok(ReportFile { path: path.to_path_buf(), file: Some(file) })
+    }
+
+    /// Writes the page and keeps the file.
+    pub fn write(mut self, html: &str) -> Result<()> {
+        let mut file = self.file.take().expect("written once");
+        file.write_all(html.as_bytes())
+            .and_then(|()| file.flush())
+            .with_context(|| format!("--report: cannot write {}", self.path.display()))
+    }
+}
+
+impl Drop for ReportFile {
+    fn drop(&mut self) {
+        if self.file.take().is_some() {
+            let _ = std::fs::remove_file(&self.path);
+        }
     }
 }
 
@@ -426,6 +461,19 @@ mod tests {
         assert!(r.samples.len() >= 2);
         // Without a recorder it only forwards.
         assert_eq!(timed(None, [1usize].into_iter(), |_| 0).count(), 1);
+    }
+
+    #[test]
+    fn a_report_file_is_removed_unless_written() {
+        let d = tempfile::tempdir().unwrap();
+        let (kept, dropped) = (d.path().join("kept.html"), d.path().join("dropped.html"));
+        ReportFile::create(&kept).unwrap().write("<p>x</p>").unwrap();
+        assert_eq!(std::fs::read_to_string(&kept).unwrap(), "<p>x</p>");
+        drop(ReportFile::create(&dropped).unwrap());
+        assert!(!dropped.exists(), "a failed run left its empty report behind");
+        let bad = d.path().join("missing").join("r.html");
+        let e = format!("{:#}", ReportFile::create(&bad).err().unwrap());
+        assert!(e.starts_with(&format!("--report: cannot create {}", bad.display())), "{e}");
     }
 
     #[test]
