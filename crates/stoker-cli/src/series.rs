@@ -271,7 +271,7 @@ pub(crate) struct Facts<'a> {
 pub(crate) fn page(f: &Facts, o: &BenchOpts, report: &Report, rec: &Recorder) -> HtmlReport {
     let ips = if f.seconds > 0.0 { f.images as f64 / f.seconds } else { 0.0 };
     let per1000 = if f.images > 0 { f.cpu_seconds / f.images as f64 * 1000.0 } else { 0.0 };
-    let meta = vec![
+    let mut meta = vec![
         ("images/s".to_string(), format!("{ips:.1}")),
         ("images".into(), format!("{} in {} batches, {} epoch(s)", f.images, f.batches, f.epochs)),
         ("wall time".into(), format!("{:.2} s", f.seconds)),
@@ -281,6 +281,18 @@ pub(crate) fn page(f: &Facts, o: &BenchOpts, report: &Report, rec: &Recorder) ->
         ("threads".into(), format!("{} decode + {} I/O (allowance {})", f.threads, f.io_threads, f.allowance)),
         ("device".into(), report.device.used.clone()),
     ];
+    if let Some(t) = &report.transfer {
+        meta.push((
+            "host-to-device".into(),
+            format!("{:.1} MiB in {} copies, {:.1} GB/s", t.bytes as f64 / MIB, t.batches, t.gbps),
+        ));
+    }
+    if let Some(c) = &report.cache {
+        meta.push((
+            "cache".into(),
+            format!("{} hits, {} misses, {:.2} s of decoding saved", c.hits, c.misses, c.decode_seconds_saved),
+        ));
+    }
     let b = &report.bottleneck;
     let severity = if b.stage == "consumer" {
         "ok"
