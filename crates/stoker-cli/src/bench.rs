@@ -269,7 +269,7 @@ pub fn bench(root: &str, o: &BenchOpts) -> Result<()> {
     let stage = placement.stage(stoker_cuda::image_regions(&loader), prefetch, limit)?;
     loader.telemetry().set_device(device_report);
     // The report's file is created now, so that a bad path fails before the run, not after.
-    let report_file = o.report.as_deref().map(series::ReportFile::create).transpose()?;
+    let report_file = o.report.as_deref().map(|p| series::ReportFile::create(p, "--report")).transpose()?;
     let mut recorder = report_file.as_ref().map(|_| Recorder::start());
     let total_batches = loader.len() as u64 * epochs;
     let bar = progress(total_batches, o.json, "{spinner} epoch {msg} [{bar:30}] {pos}/{len} batches {per_sec} ({eta})");

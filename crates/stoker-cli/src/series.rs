@@ -205,15 +205,16 @@ impl<I: Iterator, F: Fn(&I::Item) -> usize> Iterator for Timed<'_, I, F> {
 /// when the run fails before [`ReportFile::write`] (no empty report is left behind).
 pub(crate) struct ReportFile {
     path: PathBuf,
+    flag: &'static str,
     file: Option<std::fs::File>,
 }
 
 impl ReportFile {
-    /// Creates (or truncates) `path`; errors name `--report` and the path.
-    pub fn create(path: &Path) -> Result<Self> {
-        let file =
-            std::fs::File::create(path).with_context(|| format!("--report: cannot create {}", path.display()))?;
-        Ok(ReportFile { path: path.to_path_buf(), file: Some(file) })
+    /// Creates (or truncates) `path`, given by `flag` (`--report`, `--out`); errors name the
+    /// flag and the path.
+    pub fn create(path: &Path, flag: &'static str) -> Result<Self> {
+        let file = std::fs::File::create(path).with_context(|| format!("{flag}: cannot create {}", path.display()))?;
+        Ok(ReportFile { path: path.to_path_buf(), flag, file: Some(file) })
     }
 
     /// Writes the page and keeps the file.
@@ -221,7 +222,7 @@ impl ReportFile {
         let mut file = self.file.take().expect("written once");
         file.write_all(html.as_bytes())
             .and_then(|()| file.flush())
-            .with_context(|| format!("--report: cannot write {}", self.path.display()))
+            .with_context(|| format!("{}: cannot write {}", self.flag, self.path.display()))
     }
 }
 
@@ -479,12 +480,12 @@ mod tests {
     fn a_report_file_is_removed_unless_written() {
         let d = tempfile::tempdir().unwrap();
         let (kept, dropped) = (d.path().join("kept.html"), d.path().join("dropped.html"));
-        ReportFile::create(&kept).unwrap().write("<p>x</p>").unwrap();
+        ReportFile::create(&kept, "--report").unwrap().write("<p>x</p>").unwrap();
         assert_eq!(std::fs::read_to_string(&kept).unwrap(), "<p>x</p>");
-        drop(ReportFile::create(&dropped).unwrap());
+        drop(ReportFile::create(&dropped, "--out").unwrap());
         assert!(!dropped.exists(), "a failed run left its empty report behind");
         let bad = d.path().join("missing").join("r.html");
-        let e = format!("{:#}", ReportFile::create(&bad).err().unwrap());
+        let e = format!("{:#}", ReportFile::create(&bad, "--report").err().unwrap());
         assert!(e.starts_with(&format!("--report: cannot create {}", bad.display())), "{e}");
     }
 
