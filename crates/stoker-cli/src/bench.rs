@@ -1,9 +1,11 @@
 //! `stoker bench`: load a dataset as fast as possible and report throughput, CPU, memory and
 //! the bottleneck; `--decode-only` measures libjpeg-turbo alone on one thread.
 
+use crate::series::{self, Recorder};
 use crate::util::{cpu_seconds, peak_rss_bytes, progress};
 use anyhow::Result;
 use clap::Args;
+use std::path::PathBuf;
 use std::time::Instant;
 use stoker::{Loader, LoaderConfig};
 
@@ -114,6 +116,10 @@ pub struct BenchOpts {
     /// Print one JSON object instead of the human summary.
     #[arg(long)]
     pub json: bool,
+    /// Also write a self-contained HTML report to this file (opens offline in any browser):
+    /// throughput, CPU, memory and consumer waiting over time, the stage table, the verdicts.
+    #[arg(long, value_name = "FILE")]
+    pub report: Option<PathBuf>,
 }
 
 impl BenchOpts {
@@ -243,6 +249,11 @@ fn decode_only(root: &str, o: &BenchOpts) -> Result<()> {
 /// Loads `root` with the loader `o` describes for `--epochs` passes and prints the summary.
 pub fn bench(root: &str, o: &BenchOpts) -> Result<()> {
     if o.decode_only {
+        if o.report.is_some() {
+            anyhow::bail!(
+                "--report: not available with --decode-only (a single-thread decode loop has no pipeline to chart)"
+            );
+        }
         return decode_only(root, o);
     }
     let config = o.loader_config()?;
@@ -257,6 +268,9 @@ pub fn bench(root: &str, o: &BenchOpts) -> Result<()> {
     loader.report_not_samples(&dataset.not_samples);
     let stage = placement.stage(stoker_cuda::image_regions(&loader), prefetch, limit)?;
     loader.telemetry().set_device(device_report);
+    // The report's file is created now, so that a bad path fails before the run, not after.
+    let report_file = o.report.as_deref().map(|p| series::ReportFile::create(p, "--report")).transpose()?;
+    let mut recorder = report_file.as_ref().map(|_| Recorder::start());
     let total_batches = loader.len() as u64 * epochs;
     let bar = progress(total_batches, o.json, "{spinner} epoch {msg} [{bar:30}] {pos}/{len} batches {per_sec} ({eta})");
     let cpu0 = cpu_seconds();
@@ -267,10 +281,13 @@ pub fn bench(root: &str, o: &BenchOpts) -> Result<()> {
     for epoch in 0..epochs {
         let (e_cpu, e_t, e_images) = (cpu_seconds(), Instant::now(), images);
         loader.set_epoch(epoch);
+        if let (Some(r), true) = (recorder.as_mut(), epochs > 1) {
+            r.mark(format!("epoch {}", epoch + 1));
+        }
         bar.set_message(format!("{}/{}", epoch + 1, epochs));
         match &stage {
             None => {
-                for b in loader.iter()? {
+                for b in series::timed(recorder.as_mut(), loader.iter()?, |b| b.as_ref().map_or(0, |b| b.len())) {
                     let b = b?;
                     if !o.no_digest {
                         digest.update(&b);
@@ -283,7 +300,8 @@ pub fn bench(root: &str, o: &BenchOpts) -> Result<()> {
             Some(stage) => {
                 let mut host = loader.iter()?.forwarding();
                 let (mut data, mut labels) = (vec![], vec![]);
-                for b in stage.run(move |t| host.next_timeout(t), Some(loader.telemetry().clone()))? {
+                let on_device = stage.run(move |t| host.next_timeout(t), Some(loader.telemetry().clone()))?;
+                for b in series::timed(recorder.as_mut(), on_device, |b| b.as_ref().map_or(0, |b| b.meta().shape[0])) {
                     let b = b?;
                     if !o.no_digest {
                         b.read_region(0, &mut data)?;
@@ -312,6 +330,27 @@ pub fn bench(root: &str, o: &BenchOpts) -> Result<()> {
     let ips = images as f64 / seconds;
     let per1000 = if images > 0 { cpu / images as f64 * 1000.0 } else { 0.0 };
     let rss = peak_rss_bytes();
+    if let (Some(file), Some(mut rec)) = (report_file, recorder) {
+        rec.finish();
+        let facts = series::Facts {
+            root,
+            samples,
+            classes,
+            images,
+            batches,
+            epochs,
+            batch_size,
+            seconds,
+            cpu_seconds: cpu,
+            peak_rss: rss,
+            threads: loader.threads(),
+            io_threads: loader.io_threads(),
+            allowance: stoker::cpu::allowance().effective,
+            pool_bytes: loader.pool().total_bytes() as u64,
+            pool_slots: loader.pool().slots(),
+        };
+        file.write(&crate::html::render(&series::page(&facts, o, &report, &rec)))?;
+    }
     if o.json {
         let out = serde_json::json!({
             "root": root,
@@ -342,6 +381,7 @@ pub fn bench(root: &str, o: &BenchOpts) -> Result<()> {
             "cache": report.cache,
             "per_epoch": per_epoch,
             "digest": if o.no_digest { serde_json::Value::Null } else { digest.hex().into() },
+            "report": o.report.as_ref().map(|p| p.to_string_lossy()),
         });
         println!("{}", serde_json::to_string_pretty(&out)?);
     } else {
@@ -359,6 +399,9 @@ pub fn bench(root: &str, o: &BenchOpts) -> Result<()> {
         print!("{}", report.to_text());
         if !o.no_digest {
             println!("digest {}", digest.hex());
+        }
+        if let Some(p) = &o.report {
+            println!("report written to {}", p.display());
         }
     }
     Ok(())

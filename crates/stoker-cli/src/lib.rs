@@ -11,9 +11,11 @@ mod bench;
 mod demo;
 mod doctor;
 mod export;
+mod html;
 mod index;
 mod monitor;
 mod pack;
+mod series;
 mod util;
 
 use clap::{Parser, Subcommand};
