@@ -117,8 +117,16 @@ def problems(report):
     return [v["rule"] for v in report["verdicts"] if v["severity"] != "ok"]
 
 
-def test_a_starved_dataloader_job_is_input_bound(stoker_bin, tmp_path, fake_nvml):
-    r = monitor(stoker_bin, tmp_path, INPUT_BOUND, 7, nvml=fake_nvml)
+@pytest.fixture(scope="module")
+def starved(stoker_bin, tmp_path_factory, fake_nvml):
+    """The input-bound job watched once, with its JSON and its HTML report."""
+    d = tmp_path_factory.mktemp("starved")
+    page = d / "report.html"
+    return monitor(stoker_bin, d, INPUT_BOUND, 7, "--out", str(page), nvml=fake_nvml), page
+
+
+def test_a_starved_dataloader_job_is_input_bound(starved):
+    r, _ = starved
     assert r["gpus"][0]["name"] == "Fake GPU 0"
     rules = problems(r)
     assert "input-bound" in rules, json.dumps(r["verdicts"], indent=1)
@@ -130,6 +138,42 @@ def test_a_starved_dataloader_job_is_input_bound(stoker_bin, tmp_path, fake_nvml
     main = next(p for p in r["processes"] if p["role"] == "main")
     assert main["gpus"] and main["gpus"][0][0] == 0
     assert r["gpus"][0]["job_pids"] == [main["pid"]]
+
+
+def test_the_monitor_report_renders_in_a_browser(starved, tmp_path):
+    from test_html_report import SERIES_PATH, find_browser, pixels_of
+
+    browser = find_browser()
+    r, page = starved
+    html = page.read_text()
+    for ref in ("http://", "https://", "src=", "href=", "<script", "<link", "<img"):
+        assert ref not in html, f"network reference {ref!r} in the report"
+    for title in ("CPU of the job, per process", "Host CPU and run queue", "Memory", "GPU utilisation",
+                  "GPU memory used", "PCIe traffic", "Processes (busiest first)", "Busiest threads",
+                  "Input-bound"):
+        assert title in html, title
+    assert "no data" not in html
+    series = SERIES_PATH.findall(html)
+    names = [n for n, _, _ in series]
+    assert "whole job" in names and "GPU 0" in names, names
+    for name, d, _ in series:
+        assert d.count("L") >= 10, f"{name}: {d[:200]}"
+    shot = tmp_path / "shot.png"
+    width, height = 1200, 3600
+    out = subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
+                          f"--user-data-dir={tmp_path / 'profile'}", f"--screenshot={shot}",
+                          f"--window-size={width},{height}", page.as_uri()],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and shot.exists(), out.stderr[-3000:]
+    import numpy as np
+    from PIL import Image
+
+    img = np.asarray(Image.open(shot).convert("RGB")).astype(np.int16)
+    assert (img.min(axis=2) < 200).mean() > 0.02
+    # The GPU utilisation line (the only line in its chart's colour besides the job's total CPU,
+    # which shares palette entry 0) and every process line are drawn, not just their legend keys.
+    for name, _, color in series:
+        assert pixels_of(img, color) > 300, (name, color)
 
 
 def test_a_fed_job_raises_no_alarm(stoker_bin, tmp_path, fake_nvml):

@@ -7,6 +7,7 @@
 //! host-to-device traffic, each with its evidence and the change to make.
 
 mod procfs;
+mod report;
 mod rules;
 mod sample;
 
@@ -90,6 +91,8 @@ pub fn run(a: &MonitorArgs) -> Result<()> {
             bail!("--duration: must be a positive number of seconds, got {d}");
         }
     }
+    // Made before the job starts, so a bad path fails at once (and is removed if the watch fails).
+    let out_file = a.out.as_deref().map(|p| crate::series::ReportFile::create(p, "--out")).transpose()?;
     let mut child = None;
     let pid = match (a.pid, a.command.is_empty()) {
         (Some(p), true) => {
@@ -186,12 +189,8 @@ pub fn run(a: &MonitorArgs) -> Result<()> {
     };
     let verdicts = rules::evaluate(&cx);
     let report = build_json(&sampler, &target, &verdicts, interval, watched, own_cpu, cores, allowance.effective);
-    if let Some(path) = &a.out {
-        let html = report_html(&report);
-        if html.is_empty() {
-            bail!("--out: the HTML report is not in this build yet");
-        }
-        std::fs::write(path, html).with_context(|| format!("cannot write the report to {}", path.display()))?;
+    if let Some(f) = out_file {
+        f.write(&report_html(&report))?;
     }
     if a.json {
         let mut out = std::io::stdout().lock();
@@ -447,10 +446,9 @@ fn print_human(s: &Sampler, verdicts: &[Verdict], report: &serde_json::Value) {
     );
 }
 
-/// The HTML report of a monitor run (filled in by the html module's renderer).
+/// The HTML report of a monitor run: the JSON object drawn as a page.
 fn report_html(report: &serde_json::Value) -> String {
-    let _ = report;
-    String::new()
+    crate::html::render(&report::build(report))
 }
 
 #[cfg(test)]
