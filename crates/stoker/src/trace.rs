@@ -73,6 +73,19 @@ impl Args {
     pub fn fields(v: Value) -> Self {
         Args::Fields(Box::new(v))
     }
+
+    /// Numeric arguments by name (for crates without `serde_json`); whole numbers are written
+    /// as integers, NaN as null.
+    pub fn numbers(pairs: &[(&str, f64)]) -> Self {
+        let obj = pairs
+            .iter()
+            .map(|&(k, v)| {
+                let v = if v.fract() == 0.0 && v.abs() < 9.0e15 { Value::from(v as i64) } else { Value::from(v) };
+                (k.to_string(), v)
+            })
+            .collect();
+        Args::Fields(Box::new(Value::Object(obj)))
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -120,6 +133,8 @@ pub struct TraceStats {
 /// A bounded recorder of trace events shared by a loader's threads.
 pub struct Tracer {
     id: u64,
+    /// The process that made it (a fork child does not write its copy over the parent's file).
+    pid: u32,
     start: Instant,
     path: Option<PathBuf>,
     ring: Mutex<Ring>,
@@ -155,6 +170,7 @@ impl Tracer {
         let max = max_events.max(1);
         Tracer {
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
+            pid: std::process::id(),
             start: Instant::now(),
             path,
             ring: Mutex::new(Ring {
@@ -176,6 +192,13 @@ impl Tracer {
     /// The file the loader writes the trace to.
     pub fn path(&self) -> Option<&Path> {
         self.path.as_deref()
+    }
+
+    /// The file to write automatically (end of a pass, drop): [`Tracer::path`], except in a
+    /// child process forked after the tracer was made, whose copy of the events would
+    /// overwrite the parent's file.
+    pub fn auto_path(&self) -> Option<&Path> {
+        self.path.as_deref().filter(|_| std::process::id() == self.pid)
     }
 
     /// Events held and dropped.
@@ -383,6 +406,13 @@ mod tests {
         assert!(std::fs::read_dir(dir.path()).unwrap().count() == 1, "no temporary file left");
         t.instant("deliver", "batch", now, Args::None);
         assert!(t.write(&path, &|_| String::new()).unwrap());
+    }
+
+    #[test]
+    fn numeric_arguments() {
+        let a = Args::numbers(&[("seq", 3.0), ("gpu_ms", 0.25), ("nan", f64::NAN)]);
+        let Args::Fields(v) = a else { panic!("fields") };
+        assert_eq!(serde_json::to_string(&v).unwrap(), r#"{"gpu_ms":0.25,"nan":null,"seq":3}"#);
     }
 
     #[test]

@@ -467,7 +467,7 @@ impl Drop for Loader {
     /// reported on stderr: a drop has no caller to return it to.
     fn drop(&mut self) {
         if let Some(t) = &self.shared.tracer {
-            if let Some(path) = t.path() {
+            if let Some(path) = t.auto_path() {
                 if let Err(e) = write_trace(&self.shared, t, path) {
                     eprintln!("stoker: {e}");
                 }
@@ -673,7 +673,7 @@ impl EpochIter {
     /// iteration has ended well).
     fn trace_pass_end(&self) {
         if let Some(t) = &self.shared.tracer {
-            if let Some(path) = t.path() {
+            if let Some(path) = t.auto_path() {
                 if let Err(e) = write_trace(&self.shared, t, path) {
                     eprintln!("stoker: {e}");
                 }
