@@ -98,8 +98,9 @@ class ImageLoader(LoaderBase):
     on each named stoker thread with the sample's index, path and batch, the consumer's ``wait``
     and ``step`` spans, batch deliveries, buffer waits, failures and CUDA copies. It keeps the last
     ``trace_events`` events (default 200000) and is written, atomically, at the end of every
-    completed pass and when the loader is deleted; :meth:`save_trace` writes it on request. ``dct_scaling`` and ``roi`` (default on) let JPEGs be decoded
-    at a reduced DCT scale and only around the crop; turning them off decodes every image whole.
+    completed pass and when the loader is deleted; :meth:`save_trace` writes it on request.
+    ``dct_scaling`` and ``roi`` (default on) let JPEGs be decoded at a reduced DCT scale and only
+    around the crop; turning them off decodes every image whole.
     ``threads='auto'`` uses the process's CPU allowance (affinity mask and cgroup quota;
     ``STOKER_NUM_THREADS`` overrides it).
 

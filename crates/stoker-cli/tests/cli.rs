@@ -76,7 +76,7 @@ fn bench_trace_writes_a_perfetto_trace() {
     assert_eq!(run["trace"], trace.to_str().unwrap());
     let doc: serde_json::Value = serde_json::from_slice(&std::fs::read(&trace).unwrap()).unwrap();
     let events = doc["traceEvents"].as_array().unwrap();
-    let named = |n: &str| events.iter().filter(move |e| e["name"] == n);
+    let named = |n: &'static str| events.iter().filter(move |e| e["name"] == n);
     // 40 images, batches of 16 without the last partial one: 32 samples and 2 batches an epoch.
     assert_eq!(named("read").count(), 64);
     assert_eq!(named("decode").count(), 64);
