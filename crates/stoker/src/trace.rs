@@ -29,7 +29,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
 use std::time::Instant;
 
-/// The ring size when none is given: 200 000 events (~16 MiB in memory, ~40 MB of JSON),
+/// The ring size when none is given: 200 000 events (under 20 MiB in memory, ~32 MB of JSON),
 /// a few minutes of a busy loader.
 pub const DEFAULT_MAX_EVENTS: usize = 200_000;
 
