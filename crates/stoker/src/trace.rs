@@ -20,7 +20,7 @@
 //!
 //! Timestamps are microseconds since the tracer was made (a monotonic clock).
 
-use serde_json::{json, Value};
+use serde_json::Value;
 use std::cell::Cell;
 use std::collections::VecDeque;
 use std::io::Write;
@@ -269,74 +269,94 @@ impl Tracer {
     /// The trace as one JSON document (`describe` gives a sample's path from its dataset index).
     /// Events are sorted by start time; metadata (process and thread names) comes first.
     pub fn to_json(&self, describe: &dyn Fn(u32) -> String) -> Value {
-        let (events, dropped, max) = {
-            let r = lock(&self.ring);
-            (r.events.iter().cloned().collect::<Vec<_>>(), r.dropped, r.max)
-        };
-        self.document(events, dropped, max, describe)
+        let mut out = Vec::new();
+        let (events, dropped, max, _) = self.snapshot();
+        self.write_json(&mut out, events, dropped, max, describe).expect("writing to memory");
+        serde_json::from_slice(&out).expect("the writer writes JSON")
     }
 
-    fn document(&self, mut events: Vec<Event>, dropped: u64, max: usize, describe: &dyn Fn(u32) -> String) -> Value {
+    /// The ring's events, dropped count, size and total recorded.
+    fn snapshot(&self) -> (Vec<Event>, u64, usize, u64) {
+        let r = lock(&self.ring);
+        (r.events.iter().cloned().collect(), r.dropped, r.max, r.total)
+    }
+
+    /// Streams the document: written by hand (a `serde_json::Value` per event took seconds for
+    /// a full ring), with strings escaped by `serde_json`.
+    fn write_json(
+        &self,
+        w: &mut dyn Write,
+        mut events: Vec<Event>,
+        dropped: u64,
+        max: usize,
+        describe: &dyn Fn(u32) -> String,
+    ) -> std::io::Result<()> {
+        fn text(w: &mut dyn Write, s: &str) -> std::io::Result<()> {
+            serde_json::to_writer(w, s).map_err(std::io::Error::from)
+        }
         let pid = std::process::id();
-        let mut out = Vec::with_capacity(events.len() + 8);
-        out.push(json!({"name": "process_name", "ph": "M", "pid": pid, "tid": 0, "args": {"name": "stoker"}}));
+        write!(
+            w,
+            r#"{{"traceEvents":[{{"name":"process_name","ph":"M","pid":{pid},"tid":0,"args":{{"name":"stoker"}}}}"#
+        )?;
         for (i, (_, name)) in lock(&self.threads).iter().enumerate() {
             let tid = i + 1;
-            out.push(json!({"name": "thread_name", "ph": "M", "pid": pid, "tid": tid, "args": {"name": name}}));
-            out.push(
-                json!({"name": "thread_sort_index", "ph": "M", "pid": pid, "tid": tid, "args": {"sort_index": tid}}),
-            );
+            write!(w, ",\n{{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":{pid},\"tid\":{tid},\"args\":{{\"name\":")?;
+            text(w, name)?;
+            write!(w, "}}}},\n{{\"name\":\"thread_sort_index\",\"ph\":\"M\",\"pid\":{pid},\"tid\":{tid},\"args\":{{\"sort_index\":{tid}}}}}")?;
         }
         events.sort_by_key(|e| e.ts);
         for e in events {
-            let args = match e.args {
-                Args::None => json!({}),
-                Args::Sample { index, batch } => json!({"index": index, "path": describe(index), "batch": batch}),
-                Args::Failure { index, batch, reason } => {
-                    json!({"index": index, "path": describe(index), "batch": batch, "reason": &*reason})
-                }
-                Args::Fields(v) => *v,
-            };
-            let mut ev = json!({"name": e.name, "cat": e.cat, "ts": us(e.ts), "pid": pid, "tid": e.tid, "args": args});
-            let obj = ev.as_object_mut().expect("an object");
+            w.write_all(b",\n{\"name\":")?;
+            text(w, e.name)?;
+            w.write_all(b",\"cat\":")?;
+            text(w, e.cat)?;
+            write!(w, ",\"ts\":{:.3},\"pid\":{pid},\"tid\":{}", us(e.ts), e.tid)?;
             match e.phase {
-                Phase::Complete => {
-                    obj.insert("ph".into(), "X".into());
-                    obj.insert("dur".into(), us(e.dur).into());
-                }
-                Phase::Instant => {
-                    obj.insert("ph".into(), "i".into());
-                    obj.insert("s".into(), "t".into());
-                }
+                Phase::Complete => write!(w, ",\"ph\":\"X\",\"dur\":{:.3}", us(e.dur))?,
+                Phase::Instant => w.write_all(b",\"ph\":\"i\",\"s\":\"t\"")?,
             }
-            out.push(ev);
+            w.write_all(b",\"args\":")?;
+            match e.args {
+                Args::None => w.write_all(b"{}")?,
+                Args::Sample { index, batch } => {
+                    write!(w, "{{\"index\":{index},\"batch\":{batch},\"path\":")?;
+                    text(w, &describe(index))?;
+                    w.write_all(b"}")?;
+                }
+                Args::Failure { index, batch, reason } => {
+                    write!(w, "{{\"index\":{index},\"batch\":{batch},\"path\":")?;
+                    text(w, &describe(index))?;
+                    w.write_all(b",\"reason\":")?;
+                    text(w, &reason)?;
+                    w.write_all(b"}")?;
+                }
+                Args::Fields(v) => serde_json::to_writer(&mut *w, &v).map_err(std::io::Error::from)?,
+            }
+            w.write_all(b"}")?;
         }
-        json!({
-            "traceEvents": out,
-            "displayTimeUnit": "ms",
-            "otherData": {"stoker": env!("CARGO_PKG_VERSION"), "dropped_events": dropped, "max_events": max},
-        })
+        write!(w, "\n],\"displayTimeUnit\":\"ms\",\"otherData\":{{\"stoker\":")?;
+        text(w, env!("CARGO_PKG_VERSION"))?;
+        writeln!(w, ",\"dropped_events\":{dropped},\"max_events\":{max}}}}}")
     }
 
     /// Writes the trace to `path` atomically (a temporary file in the same folder, then a
     /// rename). Returns `false` without writing when this file already holds every event
     /// recorded so far (the end of a pass followed by the loader's drop).
     pub fn write(&self, path: &Path, describe: &dyn Fn(u32) -> String) -> std::io::Result<bool> {
-        let (events, dropped, max, total) = {
+        {
             let r = lock(&self.ring);
             if r.written.as_ref().is_some_and(|(p, n)| p == path && *n == r.total) {
                 return Ok(false);
             }
-            (r.events.iter().cloned().collect::<Vec<_>>(), r.dropped, r.max, r.total)
-        };
-        let doc = self.document(events, dropped, max, describe);
+        }
+        let (events, dropped, max, total) = self.snapshot();
         let mut name = path.file_name().map(|n| n.to_os_string()).unwrap_or_else(|| "trace.json".into());
         name.push(format!(".tmp{}", std::process::id()));
         let tmp = path.with_file_name(name);
         let written = (|| {
-            let mut w = std::io::BufWriter::new(std::fs::File::create(&tmp)?);
-            serde_json::to_writer(&mut w, &doc)?;
-            w.write_all(b"\n")?;
+            let mut w = std::io::BufWriter::with_capacity(1 << 20, std::fs::File::create(&tmp)?);
+            self.write_json(&mut w, events, dropped, max, describe)?;
             // No fsync: the rename keeps readers from ever seeing half a file, and a trace is
             // not worth stalling the consumer for the disk (~0.1-0.5 s on a busy one).
             w.into_inner().map_err(|e| e.into_error())?;

@@ -210,3 +210,49 @@ fn the_trace_is_written_on_drop_and_on_request() {
     let e = l.write_trace(&asked).unwrap_err().to_string();
     assert!(e.contains("`trace`") && e.contains("tracing is off"), "{e}");
 }
+
+/// The price of one event, alone and with 4 threads recording at once (what the overhead
+/// notes quote; run with `--ignored --nocapture`). The bound is loose: it catches a lock or an
+/// allocation gone wrong, not a slow machine.
+#[test]
+#[ignore = "a measurement; run with --ignored --nocapture"]
+fn cost_of_an_event() {
+    use std::time::Instant;
+    use stoker::trace::{Args, Tracer};
+    let per_event = |threads: usize| {
+        let t = Arc::new(Tracer::new(200_000, None));
+        let n = 500_000u32;
+        let t0 = Instant::now();
+        std::thread::scope(|s| {
+            for k in 0..threads {
+                let t = t.clone();
+                std::thread::Builder::new()
+                    .name(format!("stoker-decode-{k}"))
+                    .spawn_scoped(s, move || {
+                        for i in 0..n {
+                            let now = Instant::now();
+                            t.span("decode", "sample", now, now, Args::Sample { index: i, batch: i / 256 });
+                        }
+                    })
+                    .unwrap();
+            }
+        });
+        t0.elapsed().as_nanos() as f64 / f64::from(n) / threads as f64
+    };
+    let (one, four) = (per_event(1), per_event(4));
+    let t = Tracer::new(200_000, None);
+    let now = Instant::now();
+    for i in 0..200_000 {
+        t.span("decode", "sample", now, now, Args::Sample { index: i, batch: 0 });
+    }
+    let w0 = Instant::now();
+    let dir = tempfile::tempdir().unwrap();
+    t.write(&dir.path().join("t.json"), &|i| format!("/data/train/n01440764/{i:08}.JPEG")).unwrap();
+    let write = w0.elapsed();
+    let bytes = std::fs::metadata(dir.path().join("t.json")).unwrap().len();
+    println!(
+        "ns per event (incl. Instant::now): 1 thread {one:.0}, 4 threads {four:.0} (wall / events); \
+         writing a full ring of 200000: {write:?}, {bytes} bytes"
+    );
+    assert!(one < 5_000.0 && four < 50_000.0, "{one} {four}");
+}
