@@ -266,12 +266,12 @@ impl Loader {
         let pool = BufferPool::new_in(slots, batch_size, plan.sample_bytes(), alloc)?;
         let cache =
             config.cache.as_ref().map(|c| crate::cache::Cache::open(c, config.transform.apply_exif)).transpose()?;
+        let tracer =
+            config.trace.as_ref().map(|t| check_trace(t).map(|()| Arc::new(Tracer::from_spec(t)))).transpose()?;
         // A cache holds whole images: at full resolution every image is decoded that way, cached
         // or not; reduced to a `max_side`, DCT scaling (when allowed) makes the reduction cheap.
         // A miss that the budget cannot store is decoded like an uncached sample: around the
         // crop (`roi`), which at full resolution gives the same pixels within the crop.
-        let tracer =
-            config.trace.as_ref().map(|t| check_trace(t).map(|()| Arc::new(Tracer::from_spec(t)))).transpose()?;
         let full = cache.as_ref().is_some_and(|c| c.max_side().is_none());
         let decode_opts = DecodeOptions {
             apply_exif: config.transform.apply_exif,
