@@ -358,7 +358,7 @@ impl Tracer {
             let mut w = std::io::BufWriter::with_capacity(1 << 20, std::fs::File::create(&tmp)?);
             self.write_json(&mut w, events, dropped, max, describe)?;
             // No fsync: the rename keeps readers from ever seeing half a file, and a trace is
-            // not worth stalling the consumer for the disk (~0.1-0.5 s on a busy one).
+            // not worth making the consumer wait for the disk at the end of every pass.
             w.into_inner().map_err(|e| e.into_error())?;
             std::fs::rename(&tmp, path)
         })();
