@@ -93,8 +93,14 @@ class ImageLoader(LoaderBase):
     resampling; the crops are drawn on the original size): smaller entries and cheaper cached
     epochs, with pixels that differ slightly from full resolution; batches still do not depend
     on what the cache holds. ``report()['cache']`` counts hits, misses, bytes and the decode
-    time saved. ``dct_scaling`` and ``roi`` (default on) let JPEGs be decoded
-    at a reduced DCT scale and only around the crop; turning them off decodes every image whole.
+    time saved. ``trace='trace.json'`` records a Chrome/Perfetto trace (open it in
+    https://ui.perfetto.dev): a span per sample stage (``read``, ``decode`` or ``cache``, ``ops``)
+    on each named stoker thread with the sample's index, path and batch, the consumer's ``wait``
+    and ``step`` spans, batch deliveries, buffer waits, failures and CUDA copies. It keeps the last
+    ``trace_events`` events (default 200000) and is written, atomically, at the end of every
+    completed pass and when the loader is deleted; :meth:`save_trace` writes it on request.
+    ``dct_scaling`` and ``roi`` (default on) let JPEGs be decoded at a reduced DCT scale and only
+    around the crop; turning them off decodes every image whole.
     ``threads='auto'`` uses the process's CPU allowance (affinity mask and cgroup quota;
     ``STOKER_NUM_THREADS`` overrides it).
 
@@ -117,7 +123,8 @@ class ImageLoader(LoaderBase):
                  dtype: Any = None, apply_exif: bool = True, device: str = "cpu", max_pixels: int | None = None,
                  max_file_bytes: int | str | None = None, max_failures: int | float | str | None = None,
                  cache: str | os.PathLike[str] | None = None, cache_bytes: int | str | None = None,
-                 cache_max_side: int | None = None, dct_scaling: bool = True, roi: bool = True) -> None:
+                 cache_max_side: int | None = None, dct_scaling: bool = True, roi: bool = True,
+                 trace: str | os.PathLike[str] | None = None, trace_events: int | None = None) -> None:
         ops: list[dict[str, Any]] | None = None
         out_dtype: str | None = None
         if transforms is not None:
@@ -156,7 +163,8 @@ class ImageLoader(LoaderBase):
             rank=rank, world_size=world_size, threads=threads, io_threads=io_threads, prefetch=prefetch,
             memory_limit=memory_limit, on_error=on_error, max_pixels=max_pixels, max_file_bytes=max_file_bytes,
             max_failures=max_failures, cache=os.fspath(cache) if isinstance(cache, os.PathLike) else cache,
-            cache_bytes=cache_bytes, cache_max_side=cache_max_side, dct_scaling=dct_scaling, roi=roi)
+            cache_bytes=cache_bytes, cache_max_side=cache_max_side, dct_scaling=dct_scaling, roi=roi,
+            trace=os.fspath(trace) if isinstance(trace, os.PathLike) else trace, trace_events=trace_events)
         self._start()
 
     def _new_native(self) -> _stoker.Loader:
@@ -204,6 +212,17 @@ class ImageLoader(LoaderBase):
     def report_text(self) -> str:
         """The human summary with the stage table and the bottleneck verdict."""
         return self._loader().report_text()
+
+    @property
+    def trace_path(self) -> str | None:
+        """The ``trace=`` file, or ``None`` when tracing is off."""
+        return self._loader().trace_path
+
+    def save_trace(self, path: str | os.PathLike[str] | None = None) -> str:
+        """Writes the trace recorded so far (the last ``trace_events`` events) to ``path``
+        (default: the ``trace=`` file) now, atomically; returns the path written. Raises
+        :class:`ConfigError` when the loader was made without ``trace=``."""
+        return self._loader().save_trace(path)
 
     def __repr__(self) -> str:
         root = self._roots[0] if len(self._roots) == 1 else self._roots

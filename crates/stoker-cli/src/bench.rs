@@ -120,6 +120,14 @@ pub struct BenchOpts {
     /// throughput, CPU, memory and consumer waiting over time, the stage table, the verdicts.
     #[arg(long, value_name = "FILE")]
     pub report: Option<PathBuf>,
+    /// Write a Chrome/Perfetto trace (ui.perfetto.dev, chrome://tracing) of every sample's
+    /// read, decode and ops on each thread, the batch deliveries and the consumer's waits to
+    /// this file: at the end of each epoch and of the run.
+    #[arg(long)]
+    pub trace: Option<String>,
+    /// The trace keeps the last N events (default 200000).
+    #[arg(long)]
+    pub trace_events: Option<String>,
 }
 
 impl BenchOpts {
@@ -155,6 +163,8 @@ impl BenchOpts {
             ("cache", self.cache.clone()),
             ("cache_bytes", self.cache_bytes.clone()),
             ("cache_max_side", self.cache_max_side.clone()),
+            ("trace", self.trace.clone()),
+            ("trace_events", self.trace_events.clone()),
         ]))?)
     }
 
@@ -326,6 +336,10 @@ pub fn bench(root: &str, o: &BenchOpts) -> Result<()> {
     let seconds = t0.elapsed().as_secs_f64();
     let cpu = cpu_seconds() - cpu0;
     bar.finish_and_clear();
+    // The run's last events (a GPU run's last copies) after the last pass's write.
+    if let Some(path) = loader.trace_path() {
+        loader.write_trace(path)?;
+    }
     let report = loader.report();
     let ips = images as f64 / seconds;
     let per1000 = if images > 0 { cpu / images as f64 * 1000.0 } else { 0.0 };
@@ -382,6 +396,7 @@ pub fn bench(root: &str, o: &BenchOpts) -> Result<()> {
             "per_epoch": per_epoch,
             "digest": if o.no_digest { serde_json::Value::Null } else { digest.hex().into() },
             "report": o.report.as_ref().map(|p| p.to_string_lossy()),
+            "trace": loader.trace_path(),
         });
         println!("{}", serde_json::to_string_pretty(&out)?);
     } else {

@@ -63,3 +63,37 @@ fn argument_errors_name_the_flag_once() {
     let out = stoker().arg("bench").arg(d.path().join("missing")).output().unwrap();
     assert!(String::from_utf8_lossy(&out.stderr).contains("no such file or folder"));
 }
+
+#[test]
+fn bench_trace_writes_a_perfetto_trace() {
+    let d = tempfile::tempdir().unwrap();
+    let data = d.path().join("data");
+    let st = stoker().args(["demo", "--images", "40", "--no-bench", "--out"]).arg(&data).status().unwrap();
+    assert!(st.success());
+    std::fs::remove_file(data.join("LICENSE.md")).unwrap();
+    let trace = d.path().join("out.json");
+    let run = bench_json(&data, &["--epochs", "2", "--trace", trace.to_str().unwrap()]);
+    assert_eq!(run["trace"], trace.to_str().unwrap());
+    let doc: serde_json::Value = serde_json::from_slice(&std::fs::read(&trace).unwrap()).unwrap();
+    let events = doc["traceEvents"].as_array().unwrap();
+    let named = |n: &'static str| events.iter().filter(move |e| e["name"] == n);
+    // 40 images, batches of 16 without the last partial one: 32 samples and 2 batches an epoch.
+    assert_eq!(named("read").count(), 64);
+    assert_eq!(named("decode").count(), 64);
+    assert_eq!(named("ops").count(), 64);
+    let delivered: Vec<(u64, u64)> = named("deliver")
+        .map(|e| (e["args"]["epoch"].as_u64().unwrap(), e["args"]["batch"].as_u64().unwrap()))
+        .collect();
+    assert_eq!(delivered, [(0, 0), (0, 1), (1, 0), (1, 1)]);
+    assert_eq!(named("wait").count(), 4);
+    let threads: Vec<&str> = named("thread_name").map(|e| e["args"]["name"].as_str().unwrap()).collect();
+    for t in ["stoker-dispatch", "stoker-io-0", "stoker-decode-0", "consumer (main)"] {
+        assert!(threads.contains(&t), "{t} in {threads:?}");
+    }
+    assert_eq!(doc["otherData"]["max_events"], 200_000);
+    assert!(named("read").all(|e| e["args"]["path"].as_str().unwrap().starts_with(data.to_str().unwrap())));
+    // A bad ring size names its flag.
+    let out = stoker().arg("bench").arg(&data).args(["--trace", "t.json", "--trace-events", "0"]).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.starts_with("error: --trace-events: must be at least 1"), "{err}");
+}

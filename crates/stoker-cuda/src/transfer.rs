@@ -37,6 +37,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use stoker::pipeline::{Run, Wait};
 use stoker::telemetry::{ConsumerClock, Telemetry};
+use stoker::trace::{Args as TraceArgs, Tracer};
 use stoker::{DType, Error, Layout, Result};
 
 const POLL: Duration = Duration::from_millis(20);
@@ -465,6 +466,8 @@ pub struct DeviceStage {
     active: Mutex<Option<Arc<Run<DeviceSlot>>>>,
     /// Regions copied into buffers of their own.
     detached: Vec<usize>,
+    /// The loader's trace recorder, if tracing is on.
+    tracer: Option<Arc<Tracer>>,
 }
 
 impl std::fmt::Debug for DeviceStage {
@@ -502,7 +505,7 @@ impl DeviceStage {
         }
         let pool =
             Arc::new(Pool { free_tx, free_rx, slots, capacities, held: AtomicUsize::new(0), side: Arc::default() });
-        Ok(DeviceStage { gpu, stream, pool, active: Mutex::new(None), detached: vec![] })
+        Ok(DeviceStage { gpu, stream, pool, active: Mutex::new(None), detached: vec![], tracer: None })
     }
 
     /// Copies regions `regions` (indexes into the capacities) into small buffers of their own
@@ -510,6 +513,14 @@ impl DeviceStage {
     /// loader's labels (region 1). Out-of-range indexes are ignored.
     pub fn with_detached(mut self, regions: &[usize]) -> Self {
         self.detached = regions.iter().copied().filter(|&r| r < self.pool.capacities.len()).collect();
+        self
+    }
+
+    /// Records the copies (`copy` spans with bytes and GPU time), the waits for a free device
+    /// buffer and the consumer's waits and deliveries into `tracer` (a loader's
+    /// [`stoker::Loader::tracer`]); `None` records nothing.
+    pub fn with_tracer(mut self, tracer: Option<Arc<Tracer>>) -> Self {
+        self.tracer = tracer;
         self
     }
 
@@ -556,6 +567,7 @@ impl DeviceStage {
             cancel: run.cancel_flag(),
             telemetry: telemetry.clone(),
             detached: self.detached.clone(),
+            tracer: self.tracer.clone(),
         };
         let (me, out) = (Arc::downgrade(&run), outcome.clone());
         run.spawn("stoker-transfer".into(), move || {
@@ -577,6 +589,9 @@ impl DeviceStage {
             telemetry,
             clock: ConsumerClock::default(),
             done: false,
+            tracer: self.tracer.clone(),
+            trace_wait: None,
+            trace_last: None,
             _meta: std::marker::PhantomData,
         })
     }
@@ -596,6 +611,7 @@ struct Transfer {
     cancel: Arc<AtomicBool>,
     telemetry: Option<Arc<Telemetry>>,
     detached: Vec<usize>,
+    tracer: Option<Arc<Tracer>>,
 }
 
 /// A host batch whose copy may still be reading it: dropping it (on an error or an unwinding
@@ -688,8 +704,12 @@ impl Transfer {
             let host = InFlight { host: Some(host), stream: &self.stream };
             let t0 = Instant::now();
             let Some(mut slot) = self.take_slot()? else { return Ok(()) };
+            let t1 = Instant::now();
             if let Some(t) = tel {
-                t.transfer.add_wait(t0.elapsed());
+                t.transfer.add_wait(t1 - t0);
+            }
+            if let Some(t) = &self.tracer {
+                t.span("wait_device_buffer", "transfer", t0, t1, TraceArgs::numbers(&[("seq", seq as f64)]));
             }
             let b = host.host.as_ref().expect("host batch present until the copy completed");
             regions.clear();
@@ -755,6 +775,11 @@ impl Transfer {
             if let (Some(t), Some(ms)) = (tel, ms) {
                 t.add_transfer(bytes, Duration::from_secs_f64(f64::from(ms) * 1e-3));
             }
+            if let Some(t) = &self.tracer {
+                let ms = ms.map_or(f64::NAN, f64::from);
+                let args = TraceArgs::numbers(&[("seq", seq as f64), ("bytes", bytes as f64), ("gpu_ms", ms)]);
+                t.span("copy", "transfer", t1, Instant::now(), args);
+            }
             if !sent {
                 return Ok(());
             }
@@ -774,6 +799,10 @@ pub struct DeviceIter<M> {
     telemetry: Option<Arc<Telemetry>>,
     clock: ConsumerClock,
     done: bool,
+    tracer: Option<Arc<Tracer>>,
+    /// Tracing: when the current wait began, and when the last batch was handed over.
+    trace_wait: Option<Instant>,
+    trace_last: Option<Instant>,
     _meta: std::marker::PhantomData<fn() -> M>,
 }
 
@@ -791,6 +820,9 @@ impl<M: Send + 'static> DeviceIter<M> {
             return Some(None);
         }
         self.clock.waiting(self.telemetry.as_deref().map(|t| &t.consumer));
+        if self.tracer.is_some() {
+            self.trace_wait.get_or_insert_with(Instant::now);
+        }
         let pool = &self.pool;
         // Waiting while holding every device buffer would never end: say so instead.
         let held_all = || {
@@ -811,6 +843,7 @@ impl<M: Send + 'static> DeviceIter<M> {
                     self.finish();
                 }
                 self.clock.delivered(self.telemetry.as_deref().map(|t| &t.consumer));
+                self.trace_delivered();
                 Some(Some(r))
             }
             Ok(Wait::TimedOut) => None,
@@ -824,6 +857,21 @@ impl<M: Send + 'static> DeviceIter<M> {
                 Some(Some(Err(e)))
             }
         }
+    }
+
+    /// Traces a delivery of batch `self.next - 1` (in this pass's order): the consumer's wait
+    /// for it, its step since the previous one, and the hand-over.
+    fn trace_delivered(&mut self) {
+        let Some(t) = &self.tracer else { return };
+        let now = Instant::now();
+        let waited = self.trace_wait.take().unwrap_or(now);
+        let seq = self.next - 1;
+        if let Some(last) = self.trace_last.take() {
+            t.span("step", "consumer", last, waited, TraceArgs::None);
+        }
+        t.span("wait", "consumer", waited, now, TraceArgs::numbers(&[("seq", seq as f64)]));
+        t.instant("deliver", "batch", now, TraceArgs::numbers(&[("seq", seq as f64)]));
+        self.trace_last = Some(now);
     }
 
     /// Wraps a copied slot into the consumer's batch.

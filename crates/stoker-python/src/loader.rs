@@ -72,8 +72,10 @@ impl PyLoader {
             let loader = Loader::new_in(dataset.source, config, placement.allocator().as_ref())?;
             loader.report_not_samples(&dataset.not_samples);
             // Labels get device buffers of their own, so keeping them never keeps the images'.
-            let stage =
-                placement.stage(stoker_cuda::image_regions(&loader), prefetch, limit)?.map(|s| s.with_detached(&[1]));
+            let tracer = loader.tracer().cloned();
+            let stage = placement
+                .stage(stoker_cuda::image_regions(&loader), prefetch, limit)?
+                .map(|s| s.with_detached(&[1]).with_tracer(tracer));
             let device = report.used.clone();
             loader.telemetry().set_device(report);
             Ok(PyLoader { loader, classes: dataset.classes, samples, sampler, stage, device })
@@ -246,6 +248,25 @@ impl PyLoader {
 
     fn reset_report(&self) {
         self.loader.reset_report();
+    }
+
+    /// The trace file (`trace=`), or None when tracing is off.
+    #[getter]
+    fn trace_path(&self) -> Option<String> {
+        self.loader.trace_path().map(|p| p.display().to_string())
+    }
+
+    /// Writes the trace recorded so far to `path` (default: the `trace=` file) now, with the
+    /// GIL released; returns the path written.
+    #[pyo3(signature = (path=None))]
+    fn save_trace(&self, py: Python<'_>, path: Option<PathBuf>) -> PyResult<String> {
+        errors::contain(|| {
+            let path = path.or_else(|| self.loader.trace_path().map(PathBuf::from)).ok_or_else(|| {
+                errors::config("trace", "tracing is off: make the loader with trace=PATH to record a trace")
+            })?;
+            py.detach(|| self.loader.write_trace(&path)).py_err()?;
+            Ok(path.display().to_string())
+        })
     }
 
     /// Starts iterating from the current state; ends any previous iteration of this loader.

@@ -338,8 +338,7 @@ fn transform(a: &mut Taker) -> Result<TransformSpec> {
 /// `seed`, `drop_last`, `rank`, `world_size` (torchrun's environment by default), `threads`,
 /// `io_threads`, `prefetch`, `memory_limit`, `on_error` (`skip`, `raise`), `dct_scaling`,
 /// `roi`, `max_pixels`, `max_file_bytes`, `max_failures`, `cache`, `cache_bytes`,
-/// `cache_max_side`. An unknown
-/// name is an error.
+/// `cache_max_side`, `trace`, `trace_events`. An unknown name is an error.
 pub fn loader_config(args: Args) -> Result<LoaderConfig> {
     let mut a = Taker(args);
     let transform = transform(&mut a)?;
@@ -367,6 +366,7 @@ pub fn loader_config(args: Args) -> Result<LoaderConfig> {
         c.max_failures = max_failures(&v)?;
     }
     c.cache = cache(&mut a)?;
+    c.trace = trace(&mut a)?;
     a.finish()?;
     Ok(c)
 }
@@ -390,6 +390,22 @@ fn cache(a: &mut Taker) -> Result<Option<CacheSpec>> {
         None if bytes.is_some() => Err(Error::config("cache_bytes", "needs cache='ram' or a cache directory")),
         None if max_side.is_some() => Err(Error::config("cache_max_side", "needs cache='ram' or a cache directory")),
         None => Ok(None),
+    }
+}
+
+/// The trace: `trace` (the file) and `trace_events` (the ring's size, default
+/// [`crate::trace::DEFAULT_MAX_EVENTS`]). Whether the file's folder exists is checked when the
+/// loader is made.
+fn trace(a: &mut Taker) -> Result<Option<crate::trace::TraceSpec>> {
+    let max_events = a.take("trace_events").map(|v| positive("trace_events", &v)).transpose()?;
+    match a.take("trace") {
+        None if max_events.is_some() => Err(Error::config("trace_events", "needs trace=PATH (the trace file)")),
+        None => Ok(None),
+        Some(Value::String(s)) if !s.trim().is_empty() => Ok(Some(crate::trace::TraceSpec {
+            path: s.into(),
+            max_events: max_events.unwrap_or(crate::trace::DEFAULT_MAX_EVENTS),
+        })),
+        Some(v) => Err(Error::config("trace", format!("expected None or a file path, got {}", shown(&v)))),
     }
 }
 
@@ -501,5 +517,25 @@ mod tests {
         assert!(err(json!({"preset": "imagenet-val", "cache_max_side": 320})).contains("`cache_max_side`: needs cache"));
         assert!(err(json!({"preset": "imagenet-val", "cache": "ram", "cache_max_side": 0})).contains("at least 1"));
         assert!(array_config(args(json!({"shuffle": "shards"}))).unwrap_err().to_string().contains("False or True"));
+    }
+
+    #[test]
+    fn trace_arguments() {
+        let c = loader_config(args(json!({"preset": "imagenet-val", "trace": "/tmp/t.json", "trace_events": "50"})))
+            .unwrap();
+        let t = c.trace.unwrap();
+        assert_eq!((t.path.to_str(), t.max_events), (Some("/tmp/t.json"), 50));
+        let c = loader_config(args(json!({"preset": "imagenet-val", "trace": "t.json"}))).unwrap();
+        assert_eq!(c.trace.unwrap().max_events, crate::trace::DEFAULT_MAX_EVENTS);
+        assert!(loader_config(args(json!({"preset": "imagenet-val"}))).unwrap().trace.is_none());
+        let err = |v: Value| loader_config(args(v)).unwrap_err().to_string();
+        let e = err(json!({"preset": "imagenet-val", "trace": "t.json", "trace_events": 0}));
+        assert!(e.contains("`trace_events`") && e.contains("at least 1"), "{e}");
+        assert!(
+            err(json!({"preset": "imagenet-val", "trace": "t.json", "trace_events": -3})).contains("`trace_events`")
+        );
+        assert!(err(json!({"preset": "imagenet-val", "trace_events": 10})).contains("`trace_events`: needs trace"));
+        assert!(err(json!({"preset": "imagenet-val", "trace": 5})).contains("`trace`: expected None or a file path"));
+        assert!(err(json!({"preset": "imagenet-val", "trace": " "})).contains("`trace`"));
     }
 }

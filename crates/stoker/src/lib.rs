@@ -14,6 +14,7 @@
 //! - [`buffer`]: the fixed pool of batch buffers (memory cap and backpressure).
 //! - [`pipeline`]: threads, queues, ordered delivery, prompt shutdown.
 //! - [`telemetry`]: per-stage counters and the bottleneck verdict.
+//! - [`trace`]: Chrome/Perfetto traces of every sample's stages on every thread.
 //!
 //! ```no_run
 //! use std::sync::Arc;
@@ -54,6 +55,7 @@ pub mod rng;
 pub mod sampler;
 pub mod source;
 pub mod telemetry;
+pub mod trace;
 
 pub use error::{Error, Result};
 pub use ops::{DType, Layout, OpSpec, ResizeSize, TransformPlan, TransformSpec};

@@ -27,6 +27,7 @@ use crate::rng::{self, Rng};
 use crate::sampler::{Fingerprint, Position, Sampler, SamplerSpec, SamplerState};
 use crate::source::Source;
 use crate::telemetry::{ConsumerClock, Report, Skipped, Telemetry};
+use crate::trace::{Args as TraceArgs, TraceSpec, Tracer};
 use crossbeam_channel::{bounded, Receiver, RecvTimeoutError, Sender};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -91,6 +92,10 @@ pub struct LoaderConfig {
     /// from the cache or from a decode.
     #[serde(default)]
     pub cache: Option<crate::cache::CacheSpec>,
+    /// Record a trace of every sample's stages (see [`crate::trace`]); `None`: no tracing, at
+    /// no cost.
+    #[serde(default)]
+    pub trace: Option<TraceSpec>,
 }
 
 /// How many samples of one pass over an epoch may fail (be skipped) before the iteration
@@ -149,6 +154,7 @@ impl LoaderConfig {
             max_file_bytes: DEFAULT_MAX_FILE_BYTES,
             max_failures: MaxFailures::Default,
             cache: None,
+            trace: None,
         }
     }
 }
@@ -159,6 +165,8 @@ struct Shared {
     plan: TransformPlan,
     pool: BufferPool,
     telemetry: Arc<Telemetry>,
+    /// The trace recorder, when tracing is on (checked once per event site).
+    tracer: Option<Arc<Tracer>>,
     threads: usize,
     io_threads: usize,
     allowance: usize,
@@ -258,6 +266,8 @@ impl Loader {
         let pool = BufferPool::new_in(slots, batch_size, plan.sample_bytes(), alloc)?;
         let cache =
             config.cache.as_ref().map(|c| crate::cache::Cache::open(c, config.transform.apply_exif)).transpose()?;
+        let tracer =
+            config.trace.as_ref().map(|t| check_trace(t).map(|()| Arc::new(Tracer::from_spec(t)))).transpose()?;
         // A cache holds whole images: at full resolution every image is decoded that way, cached
         // or not; reduced to a `max_side`, DCT scaling (when allowed) makes the reduction cheap.
         // A miss that the budget cannot store is decoded like an uncached sample: around the
@@ -276,6 +286,7 @@ impl Loader {
                 plan,
                 pool,
                 telemetry: Arc::default(),
+                tracer,
                 threads,
                 io_threads,
                 allowance,
@@ -409,6 +420,27 @@ impl Loader {
         &self.shared.telemetry
     }
 
+    /// The trace recorder, when tracing is on (a transfer stage outside this crate records
+    /// into it).
+    pub fn tracer(&self) -> Option<&Arc<Tracer>> {
+        self.shared.tracer.as_ref()
+    }
+
+    /// The file the trace is written to: at the end of each completed pass and when the loader
+    /// is dropped (and by [`Loader::write_trace`]).
+    pub fn trace_path(&self) -> Option<&Path> {
+        self.shared.tracer.as_ref().and_then(|t| t.path())
+    }
+
+    /// Writes the trace recorded so far (the last `trace_events` events) to `path` now,
+    /// atomically (a temporary file, then a rename). An error when tracing is off.
+    pub fn write_trace(&self, path: &Path) -> Result<()> {
+        let tracer = self.shared.tracer.as_ref().ok_or_else(|| {
+            Error::config("trace", "tracing is off: make the loader with trace=PATH to record a trace")
+        })?;
+        write_trace(&self.shared, tracer, path)
+    }
+
     /// Zeroes the telemetry.
     pub fn reset_report(&self) {
         self.shared.telemetry.reset();
@@ -428,6 +460,47 @@ impl Loader {
         *self.active.lock().unwrap_or_else(|p| p.into_inner()) = Some(it.core.clone());
         Ok(it)
     }
+}
+
+impl Drop for Loader {
+    /// Writes the trace, when there is one with events not yet in its file. A failure is
+    /// reported on stderr: a drop has no caller to return it to.
+    fn drop(&mut self) {
+        if let Some(t) = &self.shared.tracer {
+            if let Some(path) = t.auto_path() {
+                if let Err(e) = write_trace(&self.shared, t, path) {
+                    eprintln!("stoker: {e}");
+                }
+            }
+        }
+    }
+}
+
+/// Refuses a trace file in a folder that does not exist, when the loader is made rather than
+/// when the first pass ends.
+fn check_trace(t: &TraceSpec) -> Result<()> {
+    let dir = t.path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    if !dir.is_dir() {
+        return Err(Error::config("trace", format!("the folder of {} does not exist", t.path.display())));
+    }
+    if t.path.is_dir() {
+        return Err(Error::config(
+            "trace",
+            format!("{} is a folder; give a file such as trace.json", t.path.display()),
+        ));
+    }
+    Ok(())
+}
+
+/// Writes `tracer`'s events to `path`, with the samples' paths from the source.
+fn write_trace(sh: &Shared, tracer: &Tracer, path: &Path) -> Result<()> {
+    let describe = |i: u32| sh.source.describe(i as usize).display().to_string();
+    tracer.write(path, &describe).map(drop).map_err(|e| Error::io(path, &e))
+}
+
+/// A sample's trace arguments: dataset index and batch.
+fn sample_args(task: &Task) -> TraceArgs {
+    TraceArgs::Sample { index: task.slot.index(task.pos), batch: task.slot.batch.load(Ordering::Relaxed) as u32 }
 }
 
 struct Task {
@@ -461,6 +534,10 @@ pub struct EpochIter {
     failure_limit: u64,
     /// Samples delivered in this pass.
     delivered: u64,
+    /// Tracing: when the current wait in `next()` began, and when (and which) batch was last
+    /// handed over.
+    trace_wait: Option<Instant>,
+    trace_last: Option<(Instant, usize)>,
 }
 
 /// What an iteration shares with its loader, so that starting a new iteration (or
@@ -528,6 +605,8 @@ impl EpochIter {
             delivered: 0,
             last_failures: Vec::new(),
             failure_limit: shared.max_failures.limit(shared.sampler.samples_per_rank()),
+            trace_wait: None,
+            trace_last: None,
         };
         {
             let (sh, cancel, order) = (shared.clone(), cancel.clone(), order.clone());
@@ -575,6 +654,33 @@ impl EpochIter {
         }
     }
 
+    /// Traces a delivery: the consumer's wait for it, its step since the previous batch, and
+    /// the hand-over itself.
+    fn trace_delivered(&mut self, batch: usize, samples: usize) {
+        let Some(t) = &self.shared.tracer else { return };
+        let now = Instant::now();
+        let waited = self.trace_wait.take().unwrap_or(now);
+        if let (Some((last, prev)), true) = (self.trace_last.take(), self.consumer_telemetry) {
+            t.span("step", "consumer", last, waited, TraceArgs::fields(serde_json::json!({"after_batch": prev})));
+        }
+        t.span("wait", "consumer", waited, now, TraceArgs::fields(serde_json::json!({"batch": batch})));
+        let args = serde_json::json!({"batch": batch, "epoch": self.epoch, "samples": samples});
+        t.instant("deliver", "batch", now, TraceArgs::fields(args));
+        self.trace_last = Some((now, batch));
+    }
+
+    /// At the end of a completed pass: writes the trace file (a failure goes to stderr, the
+    /// iteration has ended well).
+    fn trace_pass_end(&self) {
+        if let Some(t) = &self.shared.tracer {
+            if let Some(path) = t.auto_path() {
+                if let Err(e) = write_trace(&self.shared, t, path) {
+                    eprintln!("stoker: {e}");
+                }
+            }
+        }
+    }
+
     fn wait_for(&mut self, batch: usize, deadline: Option<Instant>) -> Result<Wait<Arc<Slot>>> {
         let pool = &self.shared.pool;
         self.core.run.wait_for(
@@ -604,6 +710,9 @@ impl EpochIter {
     fn poll(&mut self, deadline: Option<Instant>) -> Option<Option<Result<Batch>>> {
         let consumer = self.consumer_telemetry.then_some(&self.shared.telemetry.consumer);
         self.clock.waiting(consumer);
+        if self.shared.tracer.is_some() {
+            self.trace_wait.get_or_insert_with(Instant::now);
+        }
         loop {
             if self.finished {
                 return Some(None);
@@ -622,7 +731,11 @@ impl EpochIter {
                 )))));
             }
             if self.next_batch >= self.end || self.core.run.cancelled() {
+                let completed = self.next_batch >= self.end;
                 self.shutdown();
+                if completed {
+                    self.trace_pass_end();
+                }
                 return Some(None);
             }
             let slot = match self.wait_for(self.next_batch, deadline) {
@@ -681,6 +794,7 @@ impl EpochIter {
             self.clock.delivered(self.consumer_telemetry.then_some(&tel.consumer));
             tel.add_samples(len);
             self.delivered += len as u64;
+            self.trace_delivered(self.next_batch - 1, len);
             self.shared.pool.held.fetch_add(1, Ordering::AcqRel);
             let plan = &self.shared.plan;
             return Some(Some(Ok(Batch {
@@ -723,7 +837,11 @@ fn dispatch(sh: &Shared, cancel: &AtomicBool, order: &[u32], start: usize, end: 
                 Err(RecvTimeoutError::Disconnected) => return,
             }
         };
-        sh.telemetry.buffers.add_wait(t0.elapsed());
+        let t1 = Instant::now();
+        sh.telemetry.buffers.add_wait(t1 - t0);
+        if let Some(t) = &sh.tracer {
+            t.span("wait_buffer", "backpressure", t0, t1, TraceArgs::fields(serde_json::json!({"batch": b})));
+        }
         if cancel.load(Ordering::Acquire) {
             let _ = sh.pool.free_tx.send(slot);
             return;
@@ -758,6 +876,10 @@ fn fail(sh: &Shared, task: Task, err: Error, done: &Sender<Arc<Slot>>) {
         Error::Decode { reason, .. } => Error::Decode { path: path.clone(), reason },
         other => other,
     };
+    if let Some(t) = &sh.tracer {
+        let batch = task.slot.batch.load(Ordering::Relaxed) as u32;
+        t.instant("failed", "sample", Instant::now(), TraceArgs::Failure { index, batch, reason: err.reason().into() });
+    }
     sh.telemetry.skip(Skipped { index, path: path.display().to_string(), reason: err.reason() });
     task.slot.errors.lock().expect("slot errors lock").push((index, err));
     complete(sh, task, None, done);
@@ -789,7 +911,11 @@ fn io_loop(
         }
         let read = sh.source.read(task.slot.index(task.pos) as usize, &mut buf, sh.max_file_bytes);
         sh.read_high_water.fetch_max(buf.capacity(), Ordering::Relaxed);
-        sh.telemetry.read.record(t0.elapsed());
+        let t1 = Instant::now();
+        sh.telemetry.read.record(t1 - t0);
+        if let Some(t) = &sh.tracer {
+            t.span("read", "sample", t0, t1, sample_args(&task));
+        }
         if let Err(e) = work.send(Work { task, bytes: buf, read }) {
             let w = e.into_inner();
             complete(sh, w.task, None, &done);
@@ -868,7 +994,7 @@ fn process(sh: &Shared, dec: &mut Decoder, rs: &mut Resampler, epoch: u64, task:
     let info = dec.info(data, nopath)?;
     let g = sh.plan.geometry(info.width, info.height, &mut augment_rng(sh, epoch, task));
     let region = dec.decode(data, nopath, &info, g.bbox, (g.dst[2], g.dst[3]))?;
-    finish(sh, rs, task, t0, region.pixels, (region.width, region.height), region.bbox, &g)
+    finish(sh, rs, task, t0, "decode", region.pixels, (region.width, region.height), region.bbox, &g)
 }
 
 /// The random stream of one sample's augmentations (seed, epoch, dataset index).
@@ -878,14 +1004,15 @@ fn augment_rng(sh: &Shared, epoch: u64, task: &Task) -> Rng {
 }
 
 /// The ops of one sample whose pixels (`size` RGB8) are ready: resamples `bbox` of them as `g`
-/// says into the sample's slot, records the decode time (since `t0`) and the ops time, and
-/// returns the label.
+/// says into the sample's slot, records the decode time (since `t0`; traced as `got`:
+/// `decode`, or `cache` for pixels read from the cache) and the ops time, and returns the label.
 #[allow(clippy::too_many_arguments)]
 fn finish(
     sh: &Shared,
     rs: &mut Resampler,
     task: &Task,
     t0: Instant,
+    got: &'static str,
     pixels: &[u8],
     size: (usize, usize),
     bbox: [f64; 4],
@@ -898,7 +1025,12 @@ fn finish(
     // SAFETY: this worker owns position `task.pos` of the slot until `complete` is called.
     let out = unsafe { task.slot.sample_mut(task.pos) };
     sh.plan.write(hwc, g.flip, out);
-    sh.telemetry.ops.record(t1.elapsed());
+    let t2 = Instant::now();
+    sh.telemetry.ops.record(t2 - t1);
+    if let Some(t) = &sh.tracer {
+        t.span(got, "sample", t0, t1, sample_args(task));
+        t.span("ops", "sample", t1, t2, sample_args(task));
+    }
     Ok(sh.source.label(task.slot.index(task.pos) as usize))
 }
 
@@ -958,7 +1090,7 @@ fn process_cached(
             let rows = cache
                 .read_rows(&e, y0..y1, buf)
                 .map_err(|err| Error::Internal(format!("cannot read a checked cache entry: {err}")))?;
-            finish(sh, rs, task, t0, rows, (e.width, y1 - y0), [bx, by - y0 as f64, bw, bh], &g)
+            finish(sh, rs, task, t0, "cache", rows, (e.width, y1 - y0), [bx, by - y0 as f64, bw, bh], &g)
         });
         // An entry that cannot be read (truncated since it was checked) is decoded instead.
         if let Ok(label) = read {
@@ -974,7 +1106,7 @@ fn process_cached(
         // Full resolution and no room left: decode as the uncached path does with
         // `dct_scaling` off.
         let region = dec.decode(data, nopath, &info, g.bbox, (g.dst[2], g.dst[3]))?;
-        return finish(sh, rs, task, t0, region.pixels, (region.width, region.height), region.bbox, &g);
+        return finish(sh, rs, task, t0, "decode", region.pixels, (region.width, region.height), region.bbox, &g);
     }
     let whole = [0.0, 0.0, info.width as f64, info.height as f64];
     let td = Instant::now();
@@ -996,7 +1128,7 @@ fn process_cached(
     let [bx, by, bw, bh] = scaled(g.bbox, (tw, th), source);
     let (y0, y1) = window([bx, by, bw, bh], &g, th);
     let rows = &pixels[y0 * tw * 3..y1 * tw * 3];
-    finish(sh, rs, task, t0, rows, (tw, y1 - y0), [bx, by - y0 as f64, bw, bh], &g)
+    finish(sh, rs, task, t0, "decode", rows, (tw, y1 - y0), [bx, by - y0 as f64, bw, bh], &g)
 }
 
 /// A finished batch: a view of one pool buffer. The buffer returns to the pool on drop.
