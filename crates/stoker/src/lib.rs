@@ -14,6 +14,7 @@
 //! - [`buffer`]: the fixed pool of batch buffers (memory cap and backpressure).
 //! - [`pipeline`]: threads, queues, ordered delivery, prompt shutdown.
 //! - [`telemetry`]: per-stage counters and the bottleneck verdict.
+//! - [`tune`], [`budget`]: `threads`/`prefetch="auto"` and the host-wide CPU share.
 //!
 //! ```no_run
 //! use std::sync::Arc;
@@ -41,6 +42,7 @@
 
 pub mod args;
 pub mod arrays;
+pub mod budget;
 pub mod buffer;
 pub mod cache;
 pub mod cpu;
@@ -54,6 +56,7 @@ pub mod rng;
 pub mod sampler;
 pub mod source;
 pub mod telemetry;
+pub mod tune;
 
 pub use error::{Error, Result};
 pub use ops::{DType, Layout, OpSpec, ResizeSize, TransformPlan, TransformSpec};
