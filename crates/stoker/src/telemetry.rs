@@ -511,7 +511,10 @@ fn tuning_text(t: &crate::tune::TuningReport) -> String {
     s.push('\n');
     match (t.share, t.host_cores, t.processes_sharing) {
         (Some(share), Some(cores), Some(p)) => s.push_str(&format!(
-            "cpu share: {share} of {cores} host cores, {p} process(es) sharing ({})\n",
+            "cpu share: {share} of {cores} host cores, {p} process(es) sharing (at least {} core(s), at most {} \
+             process(es) so far; {})\n",
+            t.share_min.unwrap_or(share),
+            t.processes_sharing_max.unwrap_or(p),
             t.registry.as_deref().unwrap_or("")
         )),
         _ => {

@@ -100,6 +100,10 @@ pub struct TuningReport {
     pub host_cores: Option<usize>,
     /// Processes in the registry (this one included), when shared.
     pub processes_sharing: Option<usize>,
+    /// The smallest share this loader has had, when shared.
+    pub share_min: Option<usize>,
+    /// The most processes that shared the host with it at once, when shared.
+    pub processes_sharing_max: Option<usize>,
     /// Whether the first epoch's tuning is over (the setting holds).
     pub converged: bool,
     /// Why sharing is off, if it is.
@@ -132,6 +136,8 @@ struct State {
     /// The thread limit (budget and share) at the last batch.
     last_limit: usize,
     share: Option<Share>,
+    share_min: Option<usize>,
+    processes_max: Option<usize>,
     decisions: Vec<Decision>,
 }
 
@@ -183,6 +189,8 @@ impl Tuner {
                 converged: !spec.auto_threads && !spec.auto_prefetch,
                 follow_share: false,
                 last_limit: limit,
+                share_min: share.as_ref().map(|s| s.cores_for_me),
+                processes_max: share.as_ref().map(|s| s.processes),
                 share,
                 decisions: vec![],
             }),
@@ -269,6 +277,8 @@ impl Tuner {
                     let why = format!("{} process(es) share {} cores", s.processes, s.cores);
                     self.decide(&mut st, "share", old, s.cores_for_me, why);
                 }
+                st.share_min = Some(st.share_min.map_or(s.cores_for_me, |m| m.min(s.cores_for_me)));
+                st.processes_max = Some(st.processes_max.map_or(s.processes, |m| m.max(s.processes)));
                 st.share = Some(s);
             }
         }
@@ -366,6 +376,8 @@ impl Tuner {
             share: share.as_ref().map(|s| s.cores_for_me),
             host_cores: share.as_ref().map(|s| s.cores),
             processes_sharing: share.as_ref().map(|s| s.processes),
+            share_min: st.share_min,
+            processes_sharing_max: st.processes_max,
             converged: st.converged,
             note: self.note.clone(),
             decisions: st.decisions.clone(),
