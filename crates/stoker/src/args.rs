@@ -429,8 +429,8 @@ pub fn array_config(args: Args) -> Result<ArrayConfig> {
     let mut a = Taker(args);
     let sampler = sampler(&mut a, false)?;
     let (threads, prefetch, memory_limit) = common(&mut a)?;
-    let prefetch = prefetch
-        .ok_or_else(|| Error::config("prefetch", "'auto' is for image loaders; give ArrayLoader a number"))?;
+    let prefetch =
+        prefetch.ok_or_else(|| Error::config("prefetch", "'auto' is for image loaders; give ArrayLoader a number"))?;
     a.finish()?;
     Ok(ArrayConfig { sampler, threads, prefetch, memory_limit })
 }

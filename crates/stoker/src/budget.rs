@@ -192,9 +192,7 @@ impl Locked {
         let mut out: Vec<Entry> = vec![];
         for line in text.lines() {
             match Entry::parse(line) {
-                Some(e) if start_time(e.pid) == Some(e.start) && !out.iter().any(|o| o.key() == e.key()) => {
-                    out.push(e)
-                }
+                Some(e) if start_time(e.pid) == Some(e.start) && !out.iter().any(|o| o.key() == e.key()) => out.push(e),
                 _ => changed = true,
             }
         }

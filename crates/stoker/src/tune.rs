@@ -162,7 +162,8 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 impl Tuner {
     /// A tuner for `spec`, registered in `registry` (`None`: not shared).
     pub fn new(spec: TuneSpec, registry: Option<Registry>) -> Self {
-        let (kind, demand) = if spec.auto_threads { (Kind::Auto, spec.threads_max) } else { (Kind::Fixed, spec.threads_max) };
+        let (kind, demand) =
+            if spec.auto_threads { (Kind::Auto, spec.threads_max) } else { (Kind::Fixed, spec.threads_max) };
         let (registration, note) = match registry {
             None => (None, Some("sharing is off (STOKER_SHARED_BUDGET=0)".to_string())),
             Some(r) => match r.register(kind, demand) {
@@ -350,7 +351,10 @@ impl Tuner {
         if self.spec.auto_prefetch {
             let p = self.prefetch.load(Ordering::Relaxed);
             let at_limit = !self.spec.auto_threads || self.active.load(Ordering::Relaxed) >= limit;
-            if starved > STARVED && gated > 0.1 && p < self.spec.prefetch_max && (at_limit || workers < 0.75 * active as f64)
+            if starved > STARVED
+                && gated > 0.1
+                && p < self.spec.prefetch_max
+                && (at_limit || workers < 0.75 * active as f64)
             {
                 let why = format!("consumer waited {} while the dispatcher was gated {}", pct(starved), pct(gated));
                 self.decide(st, "prefetch", p, p + 1, why);

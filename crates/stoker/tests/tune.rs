@@ -21,7 +21,13 @@ fn serial() -> MutexGuard<'static, ()> {
     g
 }
 
-fn loader(root: &std::path::Path, bs: usize, threads: Option<usize>, budget: Option<f64>, auto_prefetch: bool) -> Loader {
+fn loader(
+    root: &std::path::Path,
+    bs: usize,
+    threads: Option<usize>,
+    budget: Option<f64>,
+    auto_prefetch: bool,
+) -> Loader {
     let mut c = LoaderConfig::new(bs, TransformSpec::preset("imagenet-train").unwrap());
     c.sampler.shuffle = true;
     c.sampler.seed = 3;
@@ -139,7 +145,7 @@ fn dropping_an_auto_iterator_mid_epoch_stops_every_thread() {
         it.next().unwrap().unwrap();
         std::thread::sleep(Duration::from_millis(30));
     }
-    assert!(thread_count() >= before + 4 + 1);
+    assert!(thread_count() > before + 4, "four decode workers, the dispatcher and the I/O threads");
     let t = Instant::now();
     drop(it);
     assert!(t.elapsed() < Duration::from_secs(2), "drop took {:?}", t.elapsed());
