@@ -7,8 +7,9 @@
 //!   so shutdown stays prompt). It starts at the limit, `min(threads_max, share)`, and the tuner
 //!   looks at windows of delivered batches (at least [`WINDOW_BATCHES`] batches and
 //!   [`WINDOW_MIN`]): when the consumer waited more than [`STARVED`] of a window and the active
-//!   workers were busy, it adds one; when the consumer did not wait and one worker fewer would
-//!   still have done the window's work at most 80% busy, it removes one. A raise after starvation
+//!   workers were more than half busy (not held up by reads), it adds one; when the consumer
+//!   did not wait and one worker fewer would still have done the window's work at most 80%
+//!   busy, it removes one. A raise after starvation
 //!   sets a floor that later lowering respects, so the search ends. After one epoch's batches the
 //!   setting holds; the share is still re-read every [`crate::budget::REFRESH`] and caps it, and a
 //!   loader that settled below its budget lowers its demand in the registry, giving the rest to
@@ -335,7 +336,7 @@ impl Tuner {
         let pct = |x: f64| format!("{:.0}%", x * 100.0);
         if self.spec.auto_threads {
             let mut next = st.tuned.min(limit);
-            if starved > STARVED && next < limit && workers > 0.75 * active as f64 {
+            if starved > STARVED && next < limit && workers > 0.5 * active as f64 {
                 next += 1;
                 st.floor = next;
                 let why = format!("consumer waited {}, {workers:.2} workers busy", pct(starved));
