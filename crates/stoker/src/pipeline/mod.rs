@@ -335,7 +335,8 @@ impl Loader {
         self.len() == 0
     }
 
-    /// Decode threads.
+    /// Decode threads started (autotuned: the most that may take work; see
+    /// [`Report::tuning`] for how many do).
     pub fn threads(&self) -> usize {
         self.shared.threads
     }
