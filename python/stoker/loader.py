@@ -101,8 +101,14 @@ class ImageLoader(LoaderBase):
     completed pass and when the loader is deleted; :meth:`save_trace` writes it on request.
     ``dct_scaling`` and ``roi`` (default on) let JPEGs be decoded at a reduced DCT scale and only
     around the crop; turning them off decodes every image whole.
-    ``threads='auto'`` uses the process's CPU allowance (affinity mask and cgroup quota;
-    ``STOKER_NUM_THREADS`` overrides it).
+    ``threads='auto'`` (the default) starts one decode thread per core of ``cpu_budget`` (cores;
+    default the process's CPU allowance: affinity mask and cgroup quota) and, during the first
+    epoch, lowers the number that take work to the fewest that keep the consumer from waiting;
+    ``threads=N`` (or ``STOKER_NUM_THREADS``) is a fixed count. ``prefetch='auto'`` lets up to 8
+    batches (within ``memory_limit``, else 1 GiB) get ahead when the consumer waits in bursts.
+    Loaders in all processes on the host share its cores through a registry in ``/dev/shm``
+    (``STOKER_BUDGET_FILE`` names another file, ``STOKER_SHARED_BUDGET=0`` turns sharing off);
+    ``report()['tuning']`` shows the setting, the share and the tuner's decisions.
 
     ``device='cuda'`` (``'cuda:N'``; ``'cuda'`` is PyTorch's current device, else ``LOCAL_RANK``)
     delivers CUDA tensors: batch buffers are page-locked, each finished batch is copied on
@@ -117,7 +123,8 @@ class ImageLoader(LoaderBase):
     def __init__(self, root: str | os.PathLike[str] | Sequence[str | os.PathLike[str]], batch_size: int = 256, *,
                  preset: str | None = None, transforms: Sequence[Transform] | None = None,
                  shuffle: bool | str = False, seed: int = 0, drop_last: bool = False, shard_window: int = 4,
-                 threads: int | str = "auto", io_threads: int | None = None, prefetch: int = 2,
+                 threads: int | str = "auto", io_threads: int | None = None, prefetch: int | str = 2,
+                 cpu_budget: float | None = None,
                  memory_limit: int | str | None = None, on_error: str = "skip", output: str = "auto",
                  rank: int | None = None, world_size: int | None = None, layout: str = "NCHW",
                  dtype: Any = None, apply_exif: bool = True, device: str = "cpu", max_pixels: int | None = None,
@@ -161,6 +168,7 @@ class ImageLoader(LoaderBase):
             preset=preset, ops=ops, dtype=out_dtype, layout=layout, apply_exif=apply_exif,
             batch_size=batch_size, shuffle=shuffle, shard_window=shard_window, seed=seed, drop_last=drop_last,
             rank=rank, world_size=world_size, threads=threads, io_threads=io_threads, prefetch=prefetch,
+            cpu_budget=cpu_budget,
             memory_limit=memory_limit, on_error=on_error, max_pixels=max_pixels, max_file_bytes=max_file_bytes,
             max_failures=max_failures, cache=os.fspath(cache) if isinstance(cache, os.PathLike) else cache,
             cache_bytes=cache_bytes, cache_max_side=cache_max_side, dct_scaling=dct_scaling, roi=roi,

@@ -30,9 +30,16 @@ pub struct BenchOpts {
     /// Samples per batch.
     #[arg(long, default_value = "256")]
     pub batch_size: String,
-    /// Decode threads: a number, or auto (the process's CPU allowance).
+    /// Decode threads: a number (fixed), or auto (tuned during the first epoch within
+    /// --cpu-budget and the host-wide share; STOKER_SHARED_BUDGET=0 turns sharing off).
     #[arg(long, default_value = "auto")]
     pub threads: String,
+    /// Cores autotuned threads may use, e.g. 2 or 1.5 (default: the CPU allowance).
+    #[arg(long)]
+    pub cpu_budget: Option<String>,
+    /// Simulate a training step: the consumer sleeps this many milliseconds per batch, so autotuning has something to tune against.
+    #[arg(long)]
+    pub consumer_ms: Option<String>,
     /// I/O threads (reads run apart from decode).
     #[arg(long)]
     pub io_threads: Option<String>,
@@ -45,7 +52,8 @@ pub struct BenchOpts {
     /// Cap on batch-buffer memory, e.g. 2GiB, 512MB or 1000000.
     #[arg(long)]
     pub memory_limit: Option<String>,
-    /// Finished batches queued ahead of the consumer.
+    /// Finished batches queued ahead of the consumer: a number, or auto (tuned, up to 8 within
+    /// --memory-limit).
     #[arg(long, default_value = "2")]
     pub prefetch: String,
     /// Bad-sample policy: skip or raise.
@@ -151,6 +159,7 @@ impl BenchOpts {
             ("seed", Some(self.seed.clone())),
             ("drop_last", flag(!self.keep_last)),
             ("threads", Some(self.threads.clone())),
+            ("cpu_budget", self.cpu_budget.clone()),
             ("io_threads", self.io_threads.clone()),
             ("prefetch", Some(self.prefetch.clone())),
             ("memory_limit", self.memory_limit.clone()),
@@ -166,6 +175,15 @@ impl BenchOpts {
             ("trace", self.trace.clone()),
             ("trace_events", self.trace_events.clone()),
         ]))?)
+    }
+
+    /// `--consumer-ms`, checked: the simulated step per batch.
+    pub fn consumer_step(&self) -> Result<std::time::Duration> {
+        let Some(ms) = &self.consumer_ms else { return Ok(std::time::Duration::ZERO) };
+        match ms.trim().parse::<f64>() {
+            Ok(v) if v.is_finite() && (0.0..=600_000.0).contains(&v) => Ok(std::time::Duration::from_secs_f64(v / 1e3)),
+            _ => anyhow::bail!("invalid argument `--consumer-ms`: expected milliseconds in [0, 600000], got {ms:?}"),
+        }
     }
 
     /// `--epochs`, checked.
@@ -268,6 +286,7 @@ pub fn bench(root: &str, o: &BenchOpts) -> Result<()> {
     }
     let config = o.loader_config()?;
     let epochs = o.epochs()?;
+    let step = o.consumer_step()?;
     stoker::args::DeviceSpec::parse(&o.device)?;
     let dataset = stoker::source::open(&[root.to_string()])?;
     let (samples, classes) = (dataset.source.len(), dataset.classes.len());
@@ -305,6 +324,10 @@ pub fn bench(root: &str, o: &BenchOpts) -> Result<()> {
                     images += b.len();
                     batches += 1;
                     bar.inc(1);
+                    drop(b);
+                    if !step.is_zero() {
+                        std::thread::sleep(step);
+                    }
                 }
             }
             Some(stage) => {
@@ -321,6 +344,10 @@ pub fn bench(root: &str, o: &BenchOpts) -> Result<()> {
                     images += b.meta().shape[0];
                     batches += 1;
                     bar.inc(1);
+                    drop(b);
+                    if !step.is_zero() {
+                        std::thread::sleep(step);
+                    }
                 }
             }
         }
@@ -393,6 +420,9 @@ pub fn bench(root: &str, o: &BenchOpts) -> Result<()> {
             "device": report.device,
             "transfer": report.transfer,
             "cache": report.cache,
+            "consumer_ms": step.as_secs_f64() * 1e3,
+            "threads_active": report.tuning.as_ref().map(|t| t.threads_active),
+            "tuning": report.tuning,
             "per_epoch": per_epoch,
             "digest": if o.no_digest { serde_json::Value::Null } else { digest.hex().into() },
             "report": o.report.as_ref().map(|p| p.to_string_lossy()),

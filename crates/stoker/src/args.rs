@@ -82,6 +82,29 @@ pub fn threads(arg: &str, v: &Value) -> Result<Option<usize>> {
     }
 }
 
+/// A prefetch depth: a positive integer, or `auto` (`None`: tuned, see [`crate::tune`]).
+pub fn prefetch(arg: &str, v: &Value) -> Result<Option<usize>> {
+    match v {
+        Value::String(s) if s == "auto" => Ok(None),
+        _ => positive(arg, v)
+            .map(Some)
+            .map_err(|_| Error::config(arg, format!("expected a positive integer or 'auto', got {}", shown(v)))),
+    }
+}
+
+/// A CPU budget in cores: a positive number (`2`, `1.5`, `"1.5"`), at most 4096.
+pub fn cpu_budget(arg: &str, v: &Value) -> Result<f64> {
+    let n = match v {
+        Value::Number(n) => n.as_f64(),
+        Value::String(s) => s.trim().parse::<f64>().ok(),
+        _ => None,
+    };
+    match n {
+        Some(c) if c.is_finite() && c > 0.0 && c <= 4096.0 => Ok(c),
+        _ => Err(Error::config(arg, format!("expected a number of cores in (0, 4096], got {}", shown(v)))),
+    }
+}
+
 /// A byte count: a positive integer, or text such as `2GiB`, `512MB`, `1.5G`, `1000000`
 /// (units B, KB, KiB, MB, MiB, GB, GiB, TB, TiB; decimal ones are powers of 1000).
 pub fn bytes(arg: &str, v: &Value) -> Result<u64> {
@@ -292,9 +315,10 @@ fn sampler(a: &mut Taker, shards: bool) -> Result<SamplerSpec> {
     })
 }
 
-fn common(a: &mut Taker) -> Result<(Option<usize>, usize, Option<u64>)> {
+/// Threads, prefetch (`None`: `auto`) and the memory cap.
+fn common(a: &mut Taker) -> Result<(Option<usize>, Option<usize>, Option<u64>)> {
     let threads = a.take("threads").map(|v| threads("threads", &v)).transpose()?.flatten();
-    let prefetch = a.take("prefetch").map(|v| positive("prefetch", &v)).transpose()?.unwrap_or(2);
+    let prefetch = a.take("prefetch").map(|v| prefetch("prefetch", &v)).transpose()?.unwrap_or(Some(2));
     let memory_limit = a.take("memory_limit").map(|v| bytes("memory_limit", &v)).transpose()?;
     Ok((threads, prefetch, memory_limit))
 }
@@ -336,7 +360,7 @@ fn transform(a: &mut Taker) -> Result<TransformSpec> {
 /// A [`LoaderConfig`] from named arguments: `batch_size`, `preset` or `ops`, `dtype`,
 /// `layout`, `apply_exif`, `shuffle` (`False`, `True`, `global`, `shards`), `shard_window`,
 /// `seed`, `drop_last`, `rank`, `world_size` (torchrun's environment by default), `threads`,
-/// `io_threads`, `prefetch`, `memory_limit`, `on_error` (`skip`, `raise`), `dct_scaling`,
+/// `io_threads`, `prefetch` (a number or `auto`), `cpu_budget`, `memory_limit`, `on_error` (`skip`, `raise`), `dct_scaling`,
 /// `roi`, `max_pixels`, `max_file_bytes`, `max_failures`, `cache`, `cache_bytes`,
 /// `cache_max_side`, `trace`, `trace_events`. An unknown name is an error.
 pub fn loader_config(args: Args) -> Result<LoaderConfig> {
@@ -345,7 +369,13 @@ pub fn loader_config(args: Args) -> Result<LoaderConfig> {
     let sampler = sampler(&mut a, true)?;
     let mut c = LoaderConfig::new(sampler.batch_size, transform);
     c.sampler = sampler;
-    (c.threads, c.prefetch, c.memory_limit) = common(&mut a)?;
+    let prefetch;
+    (c.threads, prefetch, c.memory_limit) = common(&mut a)?;
+    match prefetch {
+        Some(n) => c.prefetch = n,
+        None => c.prefetch_auto = true,
+    }
+    c.cpu_budget = a.take("cpu_budget").map(|v| cpu_budget("cpu_budget", &v)).transpose()?;
     c.io_threads = a.take("io_threads").map(|v| positive("io_threads", &v)).transpose()?;
     if let Some(p) = a.take("on_error") {
         c.on_error = ErrorPolicy::parse(text("on_error", &p, "skip or raise")?)?;
@@ -415,6 +445,8 @@ pub fn array_config(args: Args) -> Result<ArrayConfig> {
     let mut a = Taker(args);
     let sampler = sampler(&mut a, false)?;
     let (threads, prefetch, memory_limit) = common(&mut a)?;
+    let prefetch =
+        prefetch.ok_or_else(|| Error::config("prefetch", "'auto' is for image loaders; give ArrayLoader a number"))?;
     a.finish()?;
     Ok(ArrayConfig { sampler, threads, prefetch, memory_limit })
 }
@@ -537,5 +569,26 @@ mod tests {
         assert!(err(json!({"preset": "imagenet-val", "trace_events": 10})).contains("`trace_events`: needs trace"));
         assert!(err(json!({"preset": "imagenet-val", "trace": 5})).contains("`trace`: expected None or a file path"));
         assert!(err(json!({"preset": "imagenet-val", "trace": " "})).contains("`trace`"));
+    }
+
+    #[test]
+    fn autotune_arguments() {
+        let c = loader_config(args(json!({"preset": "imagenet-val", "prefetch": "auto", "cpu_budget": 1.5}))).unwrap();
+        assert!(c.prefetch_auto);
+        assert_eq!(c.cpu_budget, Some(1.5));
+        let c = loader_config(from_text([
+            ("preset", Some("imagenet-val".to_string())),
+            ("cpu_budget", Some("3".into())),
+            ("prefetch", Some("4".into())),
+        ]))
+        .unwrap();
+        assert_eq!((c.cpu_budget, c.prefetch, c.prefetch_auto), (Some(3.0), 4, false));
+        let err = |v: Value| loader_config(args(v)).unwrap_err().to_string();
+        for bad in [json!(0), json!(-1), json!("lots"), json!(true), json!(1e9)] {
+            let e = err(json!({"preset": "imagenet-val", "cpu_budget": bad}));
+            assert!(e.contains("`cpu_budget`") && e.contains("number of cores"), "{e}");
+        }
+        assert!(err(json!({"preset": "imagenet-val", "prefetch": "soon"})).contains("`prefetch`"));
+        assert!(array_config(args(json!({"prefetch": "auto"}))).unwrap_err().to_string().contains("`prefetch`"));
     }
 }

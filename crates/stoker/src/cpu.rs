@@ -81,12 +81,22 @@ pub fn parse_cpu_max(s: &str) -> Option<f64> {
 
 /// The default number of decode threads: the allowance, or `STOKER_NUM_THREADS` when set.
 pub fn default_threads() -> usize {
-    if let Some(n) = std::env::var("STOKER_NUM_THREADS").ok().and_then(|v| v.trim().parse::<usize>().ok()) {
-        if n > 0 {
-            return n;
-        }
+    env_threads().unwrap_or_else(|| allowance().effective)
+}
+
+/// `STOKER_NUM_THREADS`, when set to a positive integer (a fixed count, as if given).
+pub fn env_threads() -> Option<usize> {
+    std::env::var("STOKER_NUM_THREADS").ok().and_then(|v| v.trim().parse::<usize>().ok()).filter(|&n| n > 0)
+}
+
+/// The default CPU budget of an autotuned loader, in cores: the allowance, with a fractional
+/// cgroup quota kept as it is (1.5 cores is a budget of 1.5, so one thread).
+pub fn default_budget() -> f64 {
+    let a = allowance();
+    match a.cgroup_quota {
+        Some(q) => q.min(a.affinity as f64).max(1.0),
+        None => a.effective as f64,
     }
-    allowance().effective
 }
 
 #[cfg(test)]

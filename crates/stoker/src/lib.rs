@@ -15,6 +15,7 @@
 //! - [`pipeline`]: threads, queues, ordered delivery, prompt shutdown.
 //! - [`telemetry`]: per-stage counters and the bottleneck verdict.
 //! - [`trace`]: Chrome/Perfetto traces of every sample's stages on every thread.
+//! - [`tune`], [`budget`]: `threads`/`prefetch="auto"` and the host-wide CPU share.
 //!
 //! ```no_run
 //! use std::sync::Arc;
@@ -42,6 +43,7 @@
 
 pub mod args;
 pub mod arrays;
+pub mod budget;
 pub mod buffer;
 pub mod cache;
 pub mod cpu;
@@ -56,6 +58,7 @@ pub mod sampler;
 pub mod source;
 pub mod telemetry;
 pub mod trace;
+pub mod tune;
 
 pub use error::{Error, Result};
 pub use ops::{DType, Layout, OpSpec, ResizeSize, TransformPlan, TransformSpec};

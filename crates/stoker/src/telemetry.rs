@@ -37,6 +37,16 @@ impl StageCounters {
         self.wait_ns.fetch_add(wait.as_nanos() as u64, Ordering::Relaxed);
     }
 
+    /// Total busy nanoseconds so far.
+    pub fn busy_ns(&self) -> u64 {
+        self.busy_ns.load(Ordering::Relaxed)
+    }
+
+    /// Total waiting nanoseconds so far.
+    pub fn wait_ns(&self) -> u64 {
+        self.wait_ns.load(Ordering::Relaxed)
+    }
+
     fn snapshot(&self, name: &str, threads: usize, wall: f64) -> StageReport {
         let busy = self.busy_ns.load(Ordering::Relaxed) as f64 * 1e-9;
         StageReport {
@@ -226,6 +236,8 @@ pub struct Report {
     pub transfer: Option<TransferReport>,
     /// The decoded-pixel cache's counters, when the loader has one.
     pub cache: Option<crate::cache::CacheReport>,
+    /// Threads, prefetch and the host-wide CPU share: as set or as tuned (image loaders).
+    pub tuning: Option<crate::tune::TuningReport>,
 }
 
 impl Telemetry {
@@ -324,6 +336,7 @@ impl Telemetry {
             device,
             transfer,
             cache: None,
+            tuning: None,
         }
     }
 }
@@ -456,6 +469,9 @@ impl Report {
                 c.fill_seconds
             ));
         }
+        if let Some(t) = &self.tuning {
+            s.push_str(&tuning_text(t));
+        }
         if let Some(n) = &self.device.note {
             s.push_str(&format!("device: {} (asked {}): {n}\n", self.device.used, self.device.requested));
         }
@@ -474,4 +490,41 @@ impl Report {
         }
         s
     }
+}
+
+/// The tuning lines of [`Report::to_text`].
+fn tuning_text(t: &crate::tune::TuningReport) -> String {
+    let mode = |auto: bool| if auto { "auto" } else { "fixed" };
+    let mut s = format!(
+        "threads {} ({}, {} started, cpu_budget {}); prefetch {} ({}, up to {})",
+        t.threads_active,
+        mode(t.threads_auto),
+        t.threads_max,
+        t.cpu_budget,
+        t.prefetch_active,
+        mode(t.prefetch_auto),
+        t.prefetch_max
+    );
+    if t.threads_auto || t.prefetch_auto {
+        s.push_str(if t.converged { ", tuned" } else { ", tuning" });
+    }
+    s.push('\n');
+    match (t.share, t.host_cores, t.processes_sharing) {
+        (Some(share), Some(cores), Some(p)) => s.push_str(&format!(
+            "cpu share: {share} of {cores} host cores, {p} process(es) sharing (at least {} core(s), at most {} \
+             process(es) so far; {})\n",
+            t.share_min.unwrap_or(share),
+            t.processes_sharing_max.unwrap_or(p),
+            t.registry.as_deref().unwrap_or("")
+        )),
+        _ => {
+            if let Some(n) = &t.note {
+                s.push_str(&format!("cpu share: not shared: {n}\n"));
+            }
+        }
+    }
+    for d in &t.decisions {
+        s.push_str(&format!("  tune @batch {}: {} {} -> {} ({})\n", d.batch, d.knob, d.from, d.to, d.reason));
+    }
+    s
 }

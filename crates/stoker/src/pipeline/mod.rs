@@ -62,12 +62,19 @@ pub struct LoaderConfig {
     pub sampler: SamplerSpec,
     /// The transform.
     pub transform: TransformSpec,
-    /// Decode threads (`None`: the CPU allowance, or `STOKER_NUM_THREADS`).
+    /// Decode threads (`None`: autotuned within `cpu_budget`, see [`crate::tune`]; a set
+    /// `STOKER_NUM_THREADS` is a fixed count).
     pub threads: Option<usize>,
     /// I/O threads (`None`: 2, or fewer with a single decode thread).
     pub io_threads: Option<usize>,
-    /// Finished batches that may wait ahead of the consumer.
+    /// Finished batches that may wait ahead of the consumer (with `prefetch_auto`, the start).
     pub prefetch: usize,
+    /// `prefetch="auto"`: tuned up to [`crate::tune::AUTO_PREFETCH_MAX`] within the memory cap.
+    #[serde(default)]
+    pub prefetch_auto: bool,
+    /// Cores autotuned threads may use (`None`: the CPU allowance).
+    #[serde(default)]
+    pub cpu_budget: Option<f64>,
     /// Cap on the bytes of all batch buffers together.
     pub memory_limit: Option<u64>,
     /// Bad-sample policy.
@@ -146,6 +153,8 @@ impl LoaderConfig {
             threads: None,
             io_threads: None,
             prefetch: 2,
+            prefetch_auto: false,
+            cpu_budget: None,
             memory_limit: None,
             on_error: ErrorPolicy::Skip,
             dct_scaling: true,
@@ -176,6 +185,8 @@ struct Shared {
     max_failures: MaxFailures,
     /// The decoded-pixel cache, if any.
     cache: Option<crate::cache::Cache>,
+    /// Active threads, prefetch gate and CPU share (fixed settings included).
+    tuner: crate::tune::Tuner,
     /// Computed on first use (it reads every sample's name).
     fingerprint: std::sync::OnceLock<Fingerprint>,
     /// Worker scratch (decoder, resampler) and read buffers kept between epochs, so a new
@@ -240,11 +251,14 @@ impl Loader {
         }
         let plan = TransformPlan::compile(&config.transform)?;
         let allowance = crate::cpu::allowance().effective;
-        let threads = match config.threads {
+        let fixed = match config.threads {
             Some(0) => return Err(Error::config("threads", "must be at least 1 (or auto)")),
-            Some(n) => n,
-            None => crate::cpu::default_threads(),
+            Some(n) => Some(n),
+            None => crate::cpu::env_threads(),
         };
+        let cpu_budget = config.cpu_budget.unwrap_or_else(crate::cpu::default_budget);
+        // An autotuned loader starts a worker per whole core of its budget.
+        let threads = fixed.unwrap_or((cpu_budget + 1e-9).floor().max(1.0) as usize);
         let io_threads = match config.io_threads {
             Some(0) => return Err(Error::config("io_threads", "must be at least 1")),
             Some(n) => n,
@@ -262,7 +276,12 @@ impl Loader {
         let batch_size = config.sampler.batch_size;
         let batch_bytes = batch_size * plan.sample_bytes();
         // One batch being filled, `prefetch` ready, one held by the consumer.
-        let slots = BufferPool::plan(config.prefetch + 2, batch_bytes, config.memory_limit)?;
+        let slots = if config.prefetch_auto {
+            let limit = config.memory_limit.unwrap_or(crate::tune::AUTO_PREFETCH_BYTES.max(4 * batch_bytes as u64));
+            BufferPool::plan(crate::tune::AUTO_PREFETCH_MAX + 2, batch_bytes, Some(limit))?
+        } else {
+            BufferPool::plan(config.prefetch + 2, batch_bytes, config.memory_limit)?
+        };
         let pool = BufferPool::new_in(slots, batch_size, plan.sample_bytes(), alloc)?;
         let cache =
             config.cache.as_ref().map(|c| crate::cache::Cache::open(c, config.transform.apply_exif)).transpose()?;
@@ -279,6 +298,18 @@ impl Loader {
             roi: config.roi && (cache.is_none() || full),
             max_pixels: config.max_pixels,
         };
+        let tuner = crate::tune::Tuner::new(
+            crate::tune::TuneSpec {
+                auto_threads: fixed.is_none(),
+                threads_max: threads,
+                auto_prefetch: config.prefetch_auto,
+                prefetch_max: if config.prefetch_auto { slots.saturating_sub(2).max(1) } else { config.prefetch },
+                prefetch: config.prefetch,
+                cpu_budget: if fixed.is_some() { config.cpu_budget.unwrap_or(threads as f64) } else { cpu_budget },
+                epoch_batches: sampler.num_batches(),
+            },
+            crate::budget::Registry::from_env(),
+        );
         Ok(Loader {
             shared: Arc::new(Shared {
                 source,
@@ -295,6 +326,7 @@ impl Loader {
                 max_file_bytes: config.max_file_bytes,
                 max_failures: config.max_failures,
                 cache,
+                tuner,
                 fingerprint: std::sync::OnceLock::new(),
                 stash: Mutex::new(Stash::default()),
                 read_high_water: std::sync::atomic::AtomicUsize::new(0),
@@ -314,7 +346,8 @@ impl Loader {
         self.len() == 0
     }
 
-    /// Decode threads.
+    /// Decode threads started (autotuned: the most that may take work; see
+    /// [`Report::tuning`] for how many do).
     pub fn threads(&self) -> usize {
         self.shared.threads
     }
@@ -410,8 +443,10 @@ impl Loader {
 
     /// Telemetry since the loader was made (or last reset), with the bottleneck verdict.
     pub fn report(&self) -> Report {
-        let mut r = self.shared.telemetry.report(self.shared.threads, self.shared.io_threads, self.shared.allowance);
+        let tuning = self.shared.tuner.report();
+        let mut r = self.shared.telemetry.report(tuning.threads_active, self.shared.io_threads, self.shared.allowance);
         r.cache = self.shared.cache.as_ref().map(|c| c.report());
+        r.tuning = Some(tuning);
         r
     }
 
@@ -623,8 +658,9 @@ impl EpochIter {
         for k in 0..shared.threads {
             let (sh, cancel, rx, btx, done) =
                 (shared.clone(), cancel.clone(), work_rx.clone(), bytes_tx.clone(), done_tx.clone());
-            run.spawn(format!("stoker-decode-{k}"), move || decode_loop(&sh, &cancel, epoch, rx, btx, done))?;
+            run.spawn(format!("stoker-decode-{k}"), move || decode_loop(&sh, k, &cancel, epoch, rx, btx, done))?;
         }
+        shared.tuner.consumed(start);
         shared.telemetry.start();
         Ok(it)
     }
@@ -785,6 +821,7 @@ impl EpochIter {
             }
             self.next_batch += 1;
             self.state.advance(self.next_batch);
+            self.shared.tuner.consumed(self.next_batch);
             let len = slot.len.load(Ordering::Acquire);
             if len == 0 {
                 let _ = self.shared.pool.free_tx.send(slot);
@@ -793,6 +830,7 @@ impl EpochIter {
             let tel = &self.shared.telemetry;
             self.clock.delivered(self.consumer_telemetry.then_some(&tel.consumer));
             tel.add_samples(len);
+            self.shared.tuner.on_batch(tel);
             self.delivered += len as u64;
             self.trace_delivered(self.next_batch - 1, len);
             self.shared.pool.held.fetch_add(1, Ordering::AcqRel);
@@ -827,6 +865,9 @@ impl Drop for EpochIter {
 fn dispatch(sh: &Shared, cancel: &AtomicBool, order: &[u32], start: usize, end: usize, tasks: Sender<Task>) {
     for b in start..end {
         let t0 = Instant::now();
+        if sh.tuner.gate(b, cancel).is_none() {
+            return;
+        }
         let slot = loop {
             if cancel.load(Ordering::Acquire) {
                 return;
@@ -923,8 +964,10 @@ fn io_loop(
     }
 }
 
+#[allow(clippy::too_many_arguments)]
 fn decode_loop(
     sh: &Shared,
+    k: usize,
     cancel: &AtomicBool,
     epoch: u64,
     work: Receiver<Work>,
@@ -949,6 +992,11 @@ fn decode_loop(
     };
     loop {
         let t_wait = Instant::now();
+        // Autotuned: only the first `threads_active` workers take work.
+        if !sh.tuner.wait_turn(k, cancel) {
+            sh.stash.lock().expect("stash lock").workers.push((decoder, resampler));
+            return;
+        }
         let Ok(w) = work.recv() else {
             sh.stash.lock().expect("stash lock").workers.push((decoder, resampler));
             return;

@@ -1,0 +1,256 @@
+//! Autotuning (`threads`/`prefetch="auto"`) and the host-wide CPU registry. The loader tests
+//! run one at a time (they count threads and time the consumer) with the shared registry
+//! turned off, so other stoker processes on the host cannot change their shares; the registry
+//! tests use their own temporary files.
+
+mod common;
+
+use common::*;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+use stoker::budget::{Kind, Registry};
+use stoker::tune::{TuneSpec, Tuner, TuningReport};
+use stoker::*;
+
+/// Serialises the loader tests and turns sharing off for them.
+fn serial() -> MutexGuard<'static, ()> {
+    static LOCK: Mutex<()> = Mutex::new(());
+    let g = LOCK.lock().unwrap_or_else(|p| p.into_inner());
+    std::env::set_var("STOKER_SHARED_BUDGET", "0");
+    std::env::remove_var("STOKER_NUM_THREADS");
+    g
+}
+
+fn loader(
+    root: &std::path::Path,
+    bs: usize,
+    threads: Option<usize>,
+    budget: Option<f64>,
+    auto_prefetch: bool,
+) -> Loader {
+    let mut c = LoaderConfig::new(bs, TransformSpec::preset("imagenet-train").unwrap());
+    c.sampler.shuffle = true;
+    c.sampler.seed = 3;
+    c.threads = threads;
+    c.cpu_budget = budget;
+    c.prefetch_auto = auto_prefetch;
+    Loader::new(Arc::new(ImageFolder::new(root).unwrap()), c).unwrap()
+}
+
+fn tuning(l: &Loader) -> TuningReport {
+    l.report().tuning.expect("image loaders report their tuning")
+}
+
+/// Iterates one epoch, sleeping `step(batch)` after each batch; returns every batch's bytes
+/// and labels.
+fn epoch(l: &Loader, step: impl Fn(usize) -> Duration) -> Vec<(Vec<u8>, Vec<i64>)> {
+    let mut out = vec![];
+    for (i, b) in l.iter().unwrap().enumerate() {
+        let b = b.unwrap();
+        out.push((b.data().to_vec(), b.labels().to_vec()));
+        drop(b);
+        std::thread::sleep(step(i));
+    }
+    out
+}
+
+#[test]
+fn auto_and_fixed_threads_give_identical_batches() {
+    let _g = serial();
+    let d = tempfile::tempdir().unwrap();
+    let root = demo_folder(d.path(), 40);
+    let fixed = loader(&root, 8, Some(1), None, false);
+    let auto = loader(&root, 8, None, Some(3.0), true);
+    let t = tuning(&auto);
+    assert!(t.threads_auto && t.prefetch_auto && !t.shared);
+    assert_eq!(t.threads_max, 3);
+    assert_eq!(auto.threads(), 3);
+    for e in 0..2 {
+        fixed.set_epoch(e);
+        auto.set_epoch(e);
+        let (a, b) = (epoch(&fixed, |_| Duration::ZERO), epoch(&auto, |_| Duration::ZERO));
+        assert_eq!(a.len(), 5);
+        assert!(a == b, "epoch {e}: autotuned batches differ from fixed ones");
+    }
+    // An explicit count is fixed: every worker active, no tuning.
+    let f = tuning(&fixed);
+    assert!(!f.threads_auto && !f.prefetch_auto);
+    assert_eq!((f.threads_active, f.threads_max, f.prefetch_active), (1, 1, 2));
+    assert!(f.decisions.is_empty());
+}
+
+#[test]
+fn a_slow_consumer_settles_below_the_cap() {
+    let _g = serial();
+    let d = tempfile::tempdir().unwrap();
+    let root = demo_folder(d.path(), 96);
+    let l = loader(&root, 4, None, Some(4.0), false);
+    assert_eq!(tuning(&l).threads_active, 4, "an autotuned loader starts at its limit");
+    epoch(&l, |_| Duration::from_millis(40));
+    let t = tuning(&l);
+    assert!(t.converged, "{t:?}");
+    assert!(t.threads_active < t.threads_max, "a consumer slower than one decode thread: {t:?}");
+    assert!(t.decisions.iter().any(|d| d.knob == "threads" && d.to < d.from), "{t:?}");
+    // The setting holds in the next epoch; the report text shows it.
+    l.set_epoch(1);
+    let n = epoch(&l, |_| Duration::ZERO).len();
+    assert_eq!(n, 24);
+    assert_eq!(tuning(&l).threads_active, t.threads_active);
+    let text = l.report().to_text();
+    assert!(text.contains(&format!("threads {} (auto, 4 started", t.threads_active)), "{text}");
+}
+
+#[test]
+fn a_fast_consumer_brings_threads_back_up_to_the_cap() {
+    let _g = serial();
+    let d = tempfile::tempdir().unwrap();
+    let root = demo_folder(d.path(), 240);
+    let l = loader(&root, 4, None, Some(2.0), false);
+    // Slow for the first third of the epoch (threads go down), then as fast as it can.
+    epoch(&l, |i| if i < 20 { Duration::from_millis(60) } else { Duration::ZERO });
+    let t = tuning(&l);
+    let lowest = t.decisions.iter().filter(|d| d.knob == "threads").map(|d| d.to).min();
+    assert_eq!(lowest, Some(1), "the slow phase lowers threads: {t:?}");
+    assert_eq!(t.threads_active, 2, "the fast phase raises them to the cap: {t:?}");
+    assert!(t.decisions.iter().any(|d| d.knob == "threads" && d.to > d.from && d.reason.contains("waited")));
+}
+
+#[test]
+fn auto_prefetch_stays_within_the_memory_cap() {
+    let _g = serial();
+    let d = tempfile::tempdir().unwrap();
+    let root = demo_folder(d.path(), 16);
+    let mut c = LoaderConfig::new(4, TransformSpec::preset("imagenet-train").unwrap());
+    c.prefetch_auto = true;
+    let batch = 4 * 3 * 224 * 224 * 4;
+    c.memory_limit = Some(5 * batch as u64);
+    let l = Loader::new(Arc::new(ImageFolder::new(&root).unwrap()), c).unwrap();
+    assert_eq!(l.pool().slots(), 5);
+    assert!(l.pool().total_bytes() <= 5 * batch);
+    let t = tuning(&l);
+    assert_eq!((t.prefetch_max, t.prefetch_active), (3, 2));
+    assert_eq!(l.iter().unwrap().count(), 4);
+}
+
+#[test]
+fn dropping_an_auto_iterator_mid_epoch_stops_every_thread() {
+    let _g = serial();
+    let d = tempfile::tempdir().unwrap();
+    let root = demo_folder(d.path(), 64);
+    let before = thread_count();
+    // Four workers, most of them parked once a slow consumer lowers the count.
+    let l = loader(&root, 4, None, Some(4.0), true);
+    let mut it = l.iter().unwrap();
+    for _ in 0..8 {
+        it.next().unwrap().unwrap();
+        std::thread::sleep(Duration::from_millis(30));
+    }
+    assert!(thread_count() > before + 4, "four decode workers, the dispatcher and the I/O threads");
+    let t = Instant::now();
+    drop(it);
+    assert!(t.elapsed() < Duration::from_secs(2), "drop took {:?}", t.elapsed());
+    assert_eq!(thread_count_settled(before, Duration::from_millis(500)), before);
+}
+
+fn temp_registry(d: &tempfile::TempDir) -> Registry {
+    Registry::at(d.path().join("budget"))
+}
+
+#[test]
+fn two_loaders_split_the_host_and_deregister_on_drop() {
+    let d = tempfile::tempdir().unwrap();
+    let reg = temp_registry(&d);
+    let cores = stoker::budget::host_cores();
+    let a = reg.register(Kind::Auto, cores).unwrap();
+    let b = reg.register(Kind::Auto, cores).unwrap();
+    let (sa, sb) = (a.share(true).unwrap(), b.share(true).unwrap());
+    assert_eq!((sa.loaders, sa.processes, sa.cores), (2, 1, cores));
+    assert!(sa.cores_for_me + sb.cores_for_me <= cores.max(2), "{sa:?} {sb:?}");
+    assert!(sa.cores_for_me >= 1 && sb.cores_for_me >= 1);
+    assert!(sa.cores_for_me.abs_diff(sb.cores_for_me) <= 1, "an even split: {sa:?} {sb:?}");
+    // A loader that settles lower gives the rest back.
+    b.set_demand(1).unwrap();
+    assert_eq!(a.share(true).unwrap().cores_for_me, (cores - 1).max(1));
+    drop(b);
+    assert_eq!(a.share(true).unwrap().cores_for_me, cores);
+    drop(a);
+    assert!(reg.entries().unwrap().is_empty());
+}
+
+#[test]
+fn dead_registrants_are_pruned() {
+    let d = tempfile::tempdir().unwrap();
+    let reg = temp_registry(&d);
+    // A process that has exited, and this pid with another start time (a reused pid).
+    let mut child = std::process::Command::new("true").spawn().unwrap();
+    let dead = child.id();
+    child.wait().unwrap();
+    let me = std::process::id();
+    std::fs::write(reg.path(), format!("{dead} 1 1 a 8\n{me} 1 1 f 8\n")).unwrap();
+    let a = reg.register(Kind::Auto, 2).unwrap();
+    let s = a.share(true).unwrap();
+    assert_eq!((s.loaders, s.processes), (1, 1), "{s:?}");
+    assert_eq!(s.cores_for_me, 2.min(s.cores));
+    let text = std::fs::read_to_string(reg.path()).unwrap();
+    assert_eq!(text.lines().count(), 1, "{text}");
+    assert!(text.starts_with(&format!("{me} ")) && !text.contains(&format!("{dead} ")), "{text}");
+}
+
+#[test]
+fn a_corrupt_registry_is_reset_and_a_broken_path_is_reported() {
+    let d = tempfile::tempdir().unwrap();
+    let reg = temp_registry(&d);
+    std::fs::write(reg.path(), b"\xff\xfe garbage\n1 2\n\x00\x00\n").unwrap();
+    let a = reg.register(Kind::Auto, 1).unwrap();
+    assert_eq!(a.share(true).unwrap().loaders, 1);
+    let entries = reg.entries().unwrap();
+    assert_eq!(entries.len(), 1);
+    assert_eq!(entries[0].pid, std::process::id());
+    // A registry that cannot be opened: the loader runs unshared and says why.
+    let dir = Registry::at(d.path());
+    let err = dir.register(Kind::Auto, 1).unwrap_err().to_string();
+    assert!(err.contains(&d.path().display().to_string()), "{err}");
+    let spec = TuneSpec {
+        auto_threads: true,
+        threads_max: 2,
+        auto_prefetch: false,
+        prefetch_max: 2,
+        prefetch: 2,
+        cpu_budget: 2.0,
+        epoch_batches: 10,
+    };
+    let t = Tuner::new(spec, Some(dir)).report();
+    assert!(!t.shared && t.share.is_none());
+    assert!(t.note.as_deref().is_some_and(|n| n.contains("cannot use the CPU registry")), "{t:?}");
+    assert_eq!(t.threads_active, 2);
+}
+
+#[test]
+fn a_loader_in_the_registry_reports_its_share() {
+    let _g = serial();
+    let d = tempfile::tempdir().unwrap();
+    let root = demo_folder(d.path(), 16);
+    let file = d.path().join("budget");
+    std::env::set_var("STOKER_SHARED_BUDGET", "1");
+    std::env::set_var("STOKER_BUDGET_FILE", &file);
+    let cores = stoker::budget::host_cores();
+    let other = Registry::at(&file).register(Kind::Fixed, cores).unwrap();
+    let l = loader(&root, 4, None, Some(cores as f64), false);
+    std::env::set_var("STOKER_SHARED_BUDGET", "0");
+    std::env::remove_var("STOKER_BUDGET_FILE");
+    let t = tuning(&l);
+    assert!(t.shared, "{t:?}");
+    assert_eq!(t.share, Some(1), "a fixed loader holding every core leaves one: {t:?}");
+    assert_eq!(t.processes_sharing, Some(1));
+    assert_eq!(t.threads_active, 1);
+    drop(other);
+    std::thread::sleep(stoker::budget::REFRESH + Duration::from_millis(100));
+    assert_eq!(l.iter().unwrap().count(), 4);
+    // The share is re-read while iterating: the fixed loader left.
+    let t = tuning(&l);
+    assert_eq!(t.share, Some(cores), "{t:?}");
+    assert_eq!(t.threads_active, cores, "{t:?}");
+    assert!(l.report().to_text().contains("cpu share:"));
+    drop(l);
+    assert!(Registry::at(&file).entries().unwrap().is_empty(), "deregistered on drop");
+}
