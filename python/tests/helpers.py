@@ -1,11 +1,13 @@
 """Small helpers shared by the tests."""
 
+import hashlib
 import os
 import resource
 import subprocess
 import tempfile
 import time
 
+import numpy as np
 import pytest
 
 #: Address space a bounded child may map: an allocation sized from a hostile header fails in
@@ -56,3 +58,12 @@ def run_bounded(args: list[str], timeout: float, *, env: dict[str, str] | None =
     peak = usage.ru_maxrss * 1024
     assert peak < peak_rss, f"peak RSS {peak >> 20} MiB >= {peak_rss >> 20} MiB: {args}\n{r.stderr[-2000:]}"
     return r
+
+
+def digest(loader):
+    """SHA-256 of every batch's images and labels in delivery order."""
+    h = hashlib.sha256()
+    for images, labels in loader:
+        h.update(np.ascontiguousarray(images).tobytes())
+        h.update(np.asarray(labels).tobytes())
+    return h.hexdigest()

@@ -1,12 +1,11 @@
 """Autotuning (threads/prefetch='auto', cpu_budget) and the host-wide CPU registry, from Python."""
 
-import hashlib
 import os
 import time
 
-import numpy as np
 import pytest
 import stoker
+from helpers import digest
 
 
 @pytest.fixture(autouse=True)
@@ -15,13 +14,6 @@ def unshared(monkeypatch):
     monkeypatch.setenv("STOKER_SHARED_BUDGET", "0")
     monkeypatch.delenv("STOKER_NUM_THREADS", raising=False)
 
-
-def digest(loader):
-    h = hashlib.sha256()
-    for images, labels in loader:
-        h.update(np.ascontiguousarray(images).tobytes())
-        h.update(np.asarray(labels).tobytes())
-    return h.hexdigest()
 
 
 def test_auto_batches_equal_fixed_ones(demo):

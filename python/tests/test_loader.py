@@ -2,7 +2,6 @@
 
 import _thread
 import gc
-import hashlib
 import json
 import os
 import threading
@@ -11,16 +10,8 @@ import time
 import numpy as np
 import pytest
 import stoker
-from helpers import thread_count
+from helpers import digest, thread_count
 from stoker import transforms as T
-
-
-def digest(loader):
-    h = hashlib.sha256()
-    for images, labels in loader:
-        h.update(np.ascontiguousarray(images).tobytes())
-        h.update(np.asarray(labels).tobytes())
-    return h.hexdigest()
 
 
 def test_shapes_dtypes_and_labels(demo):

@@ -104,9 +104,11 @@ fn a_slow_consumer_settles_below_the_cap() {
 fn a_fast_consumer_brings_threads_back_up_to_the_cap() {
     let _g = serial();
     let d = tempfile::tempdir().unwrap();
-    let root = demo_folder(d.path(), 240);
+    let root = demo_folder(d.path(), 600);
     let l = loader(&root, 4, None, Some(2.0), false);
-    // Slow for the first third of the epoch (threads go down), then as fast as it can.
+    // Slow for the first 20 batches (threads go down), then as fast as it can for 130 more: long
+    // enough for several tuning windows of at least 150 ms after the change (with 60 batches the
+    // fast phase could fit in one window that also held slow batches, and no raise came).
     epoch(&l, |i| if i < 20 { Duration::from_millis(60) } else { Duration::ZERO });
     let t = tuning(&l);
     let lowest = t.decisions.iter().filter(|d| d.knob == "threads").map(|d| d.to).min();

@@ -339,6 +339,7 @@ fn build_json(
             "tree_rss_first_bytes": ticks.first().map(|t| t.tree_rss),
             "tree_rss_last_bytes": ticks.last().map(|t| t.tree_rss),
             "tree_rss_peak_bytes": ticks.iter().map(|t| t.tree_rss).max(),
+            "tree_rss_slope_bytes_per_s": rules::fit(&ticks.iter().map(|t| (t.t, t.tree_rss as f64)).collect::<Vec<_>>()).map(|f| f.0),
             "tree_pss_last_bytes": ticks.iter().rev().find_map(|t| t.tree_pss),
             "processes_seen": procs.len(),
             "host_busy_mean_cores": ticks.iter().map(|t| t.host_busy).sum::<f64>() / n,

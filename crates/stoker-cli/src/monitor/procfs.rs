@@ -396,26 +396,25 @@ pub fn cmdline(pid: u32) -> String {
         .unwrap_or_default()
 }
 
+/// A positive `sysconf` value, else `default`.
+fn sysconf(name: libc::c_int, default: u64) -> u64 {
+    // SAFETY: sysconf only reads a configuration value.
+    let v = unsafe { libc::sysconf(name) };
+    if v > 0 {
+        v as u64
+    } else {
+        default
+    }
+}
+
 /// Clock ticks per second (`sysconf(_SC_CLK_TCK)`).
 pub fn clock_ticks() -> f64 {
-    // SAFETY: sysconf only reads a configuration value.
-    let t = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
-    if t > 0 {
-        t as f64
-    } else {
-        100.0
-    }
+    sysconf(libc::_SC_CLK_TCK, 100) as f64
 }
 
 /// The size of a page, bytes.
 pub fn page_size() -> u64 {
-    // SAFETY: sysconf only reads a configuration value.
-    let p = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
-    if p > 0 {
-        p as u64
-    } else {
-        4096
-    }
+    sysconf(libc::_SC_PAGESIZE, 4096)
 }
 
 #[cfg(test)]
