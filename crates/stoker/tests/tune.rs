@@ -256,3 +256,36 @@ fn a_loader_in_the_registry_reports_its_share() {
     drop(l);
     assert!(Registry::at(&file).entries().unwrap().is_empty(), "deregistered on drop");
 }
+
+/// Regression: a worker told to stop (the pass was dropped) used to leave the tuner's wait and
+/// return at once, leaving queued tasks uncompleted; their batch buffers never came back to the
+/// pool, and a later pass (here the resumed epoch of the soak test) waited for them forever.
+#[test]
+fn passes_dropped_with_work_queued_give_every_buffer_back() {
+    let _g = serial();
+    let d = tempfile::tempdir().unwrap();
+    let root = demo_folder(d.path(), 96);
+    for threads in [Some(2), None] {
+        let l = Arc::new(loader(&root, 16, threads, Some(2.0), false));
+        let (tx, rx) = std::sync::mpsc::channel();
+        let l2 = l.clone();
+        std::thread::spawn(move || {
+            // Dropped while the queues still hold tasks: at once, a moment later, after a batch.
+            for k in 0..12 {
+                let mut it = l2.iter().unwrap();
+                match k % 3 {
+                    0 => {}
+                    1 => std::thread::sleep(Duration::from_millis(3)),
+                    _ => drop(it.next().unwrap().unwrap()),
+                }
+                drop(it);
+            }
+            let _ = tx.send(l2.iter().unwrap().count());
+        });
+        let n = rx.recv_timeout(Duration::from_secs(30)).unwrap_or_else(|_| {
+            panic!("threads {threads:?}: a whole pass after dropped ones did not finish in 30 s: buffers were lost")
+        });
+        assert_eq!(n, 6, "threads {threads:?}");
+        assert_eq!(l.pool().held(), 0);
+    }
+}

@@ -992,11 +992,10 @@ fn decode_loop(
     };
     loop {
         let t_wait = Instant::now();
-        // Autotuned: only the first `threads_active` workers take work.
-        if !sh.tuner.wait_turn(k, cancel) {
-            sh.stash.lock().expect("stash lock").workers.push((decoder, resampler));
-            return;
-        }
+        // Autotuned: only the first `threads_active` workers take work. A cancelled pass ends
+        // the wait but not the loop: every queued task must still complete (below), or its
+        // batch buffer never returns to the pool and the next pass waits for it forever.
+        let _ = sh.tuner.wait_turn(k, cancel);
         let Ok(w) = work.recv() else {
             sh.stash.lock().expect("stash lock").workers.push((decoder, resampler));
             return;
