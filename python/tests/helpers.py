@@ -25,6 +25,22 @@ def thread_count() -> int:
     return len(os.listdir("/proc/self/task"))
 
 
+#: How long a joined thread may still be listed in `/proc/self/task`: `pthread_join` returns
+#: when the kernel clears the thread's tid, a moment before the task is released, and on a
+#: loaded machine that moment stretches. Joining is what the tests check; the listing only
+#: catches up with it.
+SETTLE = 0.5
+
+
+def settled_thread_count(at_most: int, within: float = SETTLE) -> int:
+    """The thread count once it is `at_most` or `within` seconds have passed, whichever is
+    first (see `SETTLE`)."""
+    deadline = time.monotonic() + within
+    while (n := thread_count()) > at_most and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return n
+
+
 def _limit_address_space(limit: int) -> None:
     resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
 

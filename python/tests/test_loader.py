@@ -10,7 +10,7 @@ import time
 import numpy as np
 import pytest
 import stoker
-from helpers import digest, thread_count
+from helpers import digest, settled_thread_count, thread_count
 from stoker import transforms as T
 
 
@@ -193,23 +193,20 @@ def test_keyboard_interrupt_and_del_stop_every_thread(big_demo):
             for _batch in loader:
                 time.sleep(0.02)
     timer.join()
-    deadline = time.monotonic() + 2
-    while thread_count() > base and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert thread_count() == base
+    assert settled_thread_count(base, within=2) == base
     # An iterator abandoned half-way, then `del loader` mid-epoch.
     it = iter(loader)
     next(it)
     assert thread_count() > base
     del it
     gc.collect()
-    assert thread_count() == base
+    assert settled_thread_count(base) == base
     it = iter(loader)
     next(it)
     del loader
     del it
     gc.collect()
-    assert thread_count() == base
+    assert settled_thread_count(base) == base
 
 
 def test_abandoned_iteration_then_new_epoch(demo):

@@ -346,7 +346,7 @@ def test_a_sticky_driver_error_ends_the_iteration_with_an_error(fake_driver, dem
 
 
 EXIT_SCRIPT = textwrap.dedent("""
-    import atexit, glob, os, sys
+    import atexit, glob, os, sys, time
 
     def transfer_threads():
         names = []
@@ -360,6 +360,12 @@ EXIT_SCRIPT = textwrap.dedent("""
     def after_stokers_hook():
         # atexit runs handlers last-in first-out: this one is registered before stoker is
         # imported (which registers stoker's), so it runs after it, just before the driver goes.
+        # A joined thread can stay listed in /proc for a moment after pthread_join returns (the
+        # kernel clears its tid before it releases the task): give the listing 0.5 s to catch
+        # up. Without stoker's hook the thread waits for a free slot forever and stays listed.
+        deadline = time.monotonic() + 0.5
+        while transfer_threads() and time.monotonic() < deadline:
+            time.sleep(0.01)
         left = transfer_threads()
         if left:
             sys.stderr.write(f"transfer threads still running at exit: {left}\\\\n")
