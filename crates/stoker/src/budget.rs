@@ -14,6 +14,13 @@
 //! dealt out one at a time, round-robin in registration order, to the autotuned loaders whose
 //! demand is not met. Every autotuned loader gets at least one core, so more loaders than cores
 //! oversubscribe by that one thread each rather than stall.
+//!
+//! The lock is never waited for without end: a process that holds it (stopped, traced, hung)
+//! must not stop every loader on the host. It is taken with `LOCK_NB`, retried with short sleeps
+//! until a deadline: [`LOCK_WAIT`] to register or deregister (a loader that cannot register runs
+//! without sharing, on its own `cpu_budget`, and its report says so), [`REFRESH_LOCK_WAIT`] to
+//! re-read the share on the consumer's thread (a busy registry keeps the last share until the
+//! next refresh).
 
 use crate::error::{Error, Result};
 use std::fs::{File, OpenOptions};
@@ -26,6 +33,13 @@ use std::time::{Duration, Instant};
 
 /// How often a registration re-reads the file.
 pub const REFRESH: Duration = Duration::from_millis(500);
+
+/// The longest wait for the registry's lock when a loader registers, deregisters or lists it.
+pub const LOCK_WAIT: Duration = Duration::from_millis(1500);
+
+/// The longest wait for the registry's lock when a registration re-reads its share or changes
+/// its demand (on the consumer's thread, every [`REFRESH`]).
+pub const REFRESH_LOCK_WAIT: Duration = Duration::from_millis(20);
 
 /// The registry file's default path.
 pub const DEFAULT_FILE: &str = "/dev/shm/stoker-cpu-budget";
@@ -156,13 +170,77 @@ pub struct Registry {
     path: PathBuf,
 }
 
+/// Why the registry could not be used.
+#[derive(Debug, thiserror::Error)]
+pub enum RegistryError {
+    /// Another process held the lock past the deadline (a stopped, traced or hung process).
+    #[error("{}: {}", .path.display(), busy_reason(*.waited))]
+    Busy {
+        /// The registry file.
+        path: PathBuf,
+        /// How long the lock was waited for.
+        waited: Duration,
+    },
+    /// The file could not be opened, read or written.
+    #[error(transparent)]
+    Other(#[from] Error),
+}
+
+fn busy_reason(waited: Duration) -> String {
+    format!("the registry is busy: locked by another process for more than {:.1} s", waited.as_secs_f64())
+}
+
+impl RegistryError {
+    /// Whether the lock was held by another process past the deadline.
+    pub fn is_busy(&self) -> bool {
+        matches!(self, RegistryError::Busy { .. })
+    }
+}
+
+impl From<RegistryError> for Error {
+    fn from(e: RegistryError) -> Self {
+        match e {
+            RegistryError::Busy { path, waited } => Error::Io { path, reason: busy_reason(waited) },
+            RegistryError::Other(e) => e,
+        }
+    }
+}
+
+/// Takes an exclusive `flock` on `file` within `wait`: `LOCK_NB` attempts with sleeps that
+/// grow from 1 ms to 50 ms. `Ok(false)`: still held by someone else at the deadline.
+fn lock_within(file: &File, wait: Duration) -> std::io::Result<bool> {
+    let deadline = Instant::now() + wait;
+    let mut pause = Duration::from_millis(1);
+    loop {
+        // SAFETY: flock on a file descriptor we own; with LOCK_NB it never blocks. The lock is
+        // released when the descriptor closes (when `Locked` drops).
+        let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+        if rc == 0 {
+            return Ok(true);
+        }
+        let e = std::io::Error::last_os_error();
+        match e.raw_os_error() {
+            Some(libc::EWOULDBLOCK) => {}
+            Some(libc::EINTR) => continue,
+            _ => return Err(e),
+        }
+        let now = Instant::now();
+        if now >= deadline {
+            return Ok(false);
+        }
+        std::thread::sleep(pause.min(deadline - now));
+        pause = (pause * 2).min(Duration::from_millis(50));
+    }
+}
+
 /// Holds the registry's lock while alive.
 struct Locked {
     file: File,
 }
 
 impl Locked {
-    fn open(path: &Path) -> Result<Locked> {
+    /// Opens the registry and takes its lock, waiting at most `wait`.
+    fn open(path: &Path, wait: Duration) -> std::result::Result<Locked, RegistryError> {
         use std::os::unix::fs::OpenOptionsExt;
         let file = OpenOptions::new()
             .read(true)
@@ -172,13 +250,11 @@ impl Locked {
             .mode(0o666)
             .open(path)
             .map_err(|e| Error::io(path, &e))?;
-        // SAFETY: flock on a file descriptor we own; it blocks until the lock is ours and is
-        // released when the descriptor closes (when `Locked` drops).
-        let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) };
-        if rc != 0 {
-            return Err(Error::io(path, &std::io::Error::last_os_error()));
+        match lock_within(&file, wait) {
+            Ok(true) => Ok(Locked { file }),
+            Ok(false) => Err(RegistryError::Busy { path: path.to_path_buf(), waited: wait }),
+            Err(e) => Err(Error::io(path, &e).into()),
         }
-        Ok(Locked { file })
     }
 
     /// The live entries, and whether anything was dropped (dead or unparsable).
@@ -237,7 +313,7 @@ impl Registry {
 
     /// The live entries (pruning dead and unparsable ones from the file).
     pub fn entries(&self) -> Result<Vec<Entry>> {
-        let mut l = Locked::open(&self.path)?;
+        let mut l = Locked::open(&self.path, LOCK_WAIT)?;
         let (entries, changed) = l.read();
         if changed {
             l.write(&entries, &self.path)?;
@@ -245,8 +321,9 @@ impl Registry {
         Ok(entries)
     }
 
-    /// Registers this process's loader, wanting `demand` cores.
-    pub fn register(&self, kind: Kind, demand: usize) -> Result<Registration> {
+    /// Registers this process's loader, wanting `demand` cores. Gives up with
+    /// [`RegistryError::Busy`] when another process holds the lock for [`LOCK_WAIT`].
+    pub fn register(&self, kind: Kind, demand: usize) -> std::result::Result<Registration, RegistryError> {
         static NEXT: AtomicU64 = AtomicU64::new(1);
         let pid = std::process::id();
         let start = start_time(pid)
@@ -257,8 +334,9 @@ impl Registry {
             entry: Mutex::new(entry),
             cached: Mutex::new(None),
             cores: host_cores(),
+            busy_refreshes: AtomicU64::new(0),
         };
-        reg.update(|_| ())?;
+        reg.update(|_| (), LOCK_WAIT)?;
         Ok(reg)
     }
 }
@@ -271,14 +349,18 @@ pub struct Registration {
     entry: Mutex<Entry>,
     cached: Mutex<Option<(Instant, Share)>>,
     cores: usize,
+    /// Refreshes that found the lock held past [`REFRESH_LOCK_WAIT`].
+    busy_refreshes: AtomicU64,
 }
 
 impl Registration {
-    /// Reads (and rewrites) the file under its lock with this entry present, after `change`.
-    fn update(&self, change: impl FnOnce(&mut Entry)) -> Result<Share> {
+    /// Reads (and rewrites) the file under its lock (waiting at most `wait` for it) with this
+    /// entry present, after `change`. The change stays in memory when the file cannot be
+    /// written, so the next successful update records it.
+    fn update(&self, change: impl FnOnce(&mut Entry), wait: Duration) -> std::result::Result<Share, RegistryError> {
         let mut me = self.entry.lock().unwrap_or_else(|p| p.into_inner());
         change(&mut me);
-        let mut l = Locked::open(&self.registry.path)?;
+        let mut l = Locked::open(&self.registry.path, wait)?;
         let (mut entries, _) = l.read();
         match entries.iter_mut().find(|e| e.key() == me.key()) {
             Some(e) => *e = me.clone(),
@@ -296,19 +378,49 @@ impl Registration {
     }
 
     /// This loader's share, re-read from the file when the last read is older than
-    /// [`REFRESH`] (or `force`). A file that cannot be read keeps the last share.
+    /// [`REFRESH`] (or `force`), waiting at most [`REFRESH_LOCK_WAIT`] for the lock. A file
+    /// that cannot be read, or a lock held by another process, keeps the last share until the
+    /// next refresh.
     pub fn share(&self, force: bool) -> Option<Share> {
         let cached = self.cached.lock().unwrap_or_else(|p| p.into_inner()).clone();
         match cached {
             Some((t, s)) if !force && t.elapsed() < REFRESH => Some(s),
-            old => self.update(|_| ()).ok().or(old.map(|(_, s)| s)),
+            old => match self.update(|_| (), REFRESH_LOCK_WAIT) {
+                Ok(s) => Some(s),
+                Err(e) => self.keep(old, &e),
+            },
         }
     }
 
+    /// After a failed refresh: the last share, tried again after [`REFRESH`] rather than at
+    /// the next call.
+    fn keep(&self, old: Option<(Instant, Share)>, e: &RegistryError) -> Option<Share> {
+        if e.is_busy() {
+            self.busy_refreshes.fetch_add(1, Ordering::Relaxed);
+        }
+        let (_, s) = old?;
+        *self.cached.lock().unwrap_or_else(|p| p.into_inner()) = Some((Instant::now(), s.clone()));
+        Some(s)
+    }
+
     /// Changes the demand (an autotuned loader that settled below its budget gives the rest
-    /// back).
+    /// back). `None` when the file could not be updated now (the lock was busy, ...): the new
+    /// demand is written by the next refresh that gets the lock.
     pub fn set_demand(&self, demand: usize) -> Option<Share> {
-        self.update(|e| e.demand = demand.max(1)).ok()
+        match self.update(|e| e.demand = demand.max(1), REFRESH_LOCK_WAIT) {
+            Ok(s) => Some(s),
+            Err(e) => {
+                let cached = self.cached.lock().unwrap_or_else(|p| p.into_inner()).clone();
+                self.keep(cached, &e);
+                None
+            }
+        }
+    }
+
+    /// Refreshes (and demand changes) that found the registry's lock held by another process
+    /// past [`REFRESH_LOCK_WAIT`] and kept the last share.
+    pub fn busy_refreshes(&self) -> u64 {
+        self.busy_refreshes.load(Ordering::Relaxed)
     }
 
     /// The registry file.
@@ -323,7 +435,9 @@ impl Drop for Registration {
         if me.pid != std::process::id() {
             return;
         }
-        if let Ok(mut l) = Locked::open(&self.registry.path) {
+        // Waits at most LOCK_WAIT: an entry left behind by a busy registry is pruned once
+        // this process has exited.
+        if let Ok(mut l) = Locked::open(&self.registry.path, LOCK_WAIT) {
             let (mut entries, _) = l.read();
             entries.retain(|e| e.key() != me.key());
             let _ = l.write(&entries, &self.registry.path);
@@ -362,5 +476,35 @@ mod tests {
     fn own_start_time_is_readable() {
         assert!(start_time(std::process::id()).is_some());
         assert_eq!(start_time(u32::MAX), None);
+    }
+
+    #[test]
+    fn a_held_lock_is_waited_for_until_the_deadline_only() {
+        let d = tempfile::tempdir().unwrap();
+        let path = d.path().join("budget");
+        let reg = Registry::at(&path);
+        let held = Locked::open(&path, LOCK_WAIT).unwrap();
+        let t = Instant::now();
+        let err = reg.register(Kind::Auto, 2).unwrap_err();
+        assert!(err.is_busy(), "{err}");
+        assert!(t.elapsed() >= LOCK_WAIT && t.elapsed() < LOCK_WAIT * 10, "{:?}", t.elapsed());
+        assert!(err.to_string().contains(&path.display().to_string()) && err.to_string().contains("busy"), "{err}");
+        assert!(reg.entries().is_err());
+        drop(held);
+        // Once it is free, registration works; a refresh under a held lock keeps the last
+        // share, counts it, and does not try again before REFRESH.
+        let a = reg.register(Kind::Auto, 2).unwrap();
+        let before = a.share(true).unwrap();
+        let held = Locked::open(&path, LOCK_WAIT).unwrap();
+        let t = Instant::now();
+        assert_eq!(a.share(true), Some(before.clone()));
+        assert!(t.elapsed() < LOCK_WAIT, "{:?}", t.elapsed());
+        assert_eq!(a.busy_refreshes(), 1);
+        assert_eq!(a.share(false), Some(before));
+        assert_eq!(a.busy_refreshes(), 1, "a busy registry is retried after REFRESH, not at every batch");
+        assert_eq!(a.set_demand(1), None);
+        drop(held);
+        assert_eq!(a.share(true).unwrap().loaders, 1);
+        assert_eq!(reg.entries().unwrap()[0].demand, 1, "the deferred demand was written");
     }
 }

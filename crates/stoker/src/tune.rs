@@ -19,6 +19,9 @@
 //!   batches get ahead of the consumer. The tuner raises it when the consumer waited although
 //!   the dispatcher was held back by that gate (a bursty consumer), never past the pool.
 //! - An explicit number keeps the fixed behaviour exactly: every worker takes work, no gate.
+//! - The registry never blocks a loader: when another process holds its lock past
+//!   [`crate::budget::LOCK_WAIT`], the loader runs unshared and the report says so
+//!   (`registry_busy`, `note`).
 
 use crate::budget::{Kind, Registration, Registry, Share};
 use crate::telemetry::Telemetry;
@@ -109,6 +112,12 @@ pub struct TuningReport {
     pub converged: bool,
     /// Why sharing is off, if it is.
     pub note: Option<String>,
+    /// Sharing was skipped because another process held the registry's lock past
+    /// [`crate::budget::LOCK_WAIT`] when this loader started (`note` says more).
+    pub registry_busy: bool,
+    /// Re-reads of the share that found the registry's lock held by another process and kept
+    /// the last share.
+    pub registry_busy_refreshes: u64,
     /// The tuner's changes, oldest first (at most 64).
     pub decisions: Vec<Decision>,
 }
@@ -153,6 +162,7 @@ pub struct Tuner {
     gate_wait_ns: AtomicU64,
     registration: Option<Registration>,
     note: Option<String>,
+    registry_busy: bool,
     state: Mutex<State>,
 }
 
@@ -165,11 +175,19 @@ impl Tuner {
     pub fn new(spec: TuneSpec, registry: Option<Registry>) -> Self {
         let (kind, demand) =
             if spec.auto_threads { (Kind::Auto, spec.threads_max) } else { (Kind::Fixed, spec.threads_max) };
-        let (registration, note) = match registry {
-            None => (None, Some("sharing is off (STOKER_SHARED_BUDGET=0)".to_string())),
+        let (registration, note, registry_busy) = match registry {
+            None => (None, Some("sharing is off (STOKER_SHARED_BUDGET=0)".to_string()), false),
             Some(r) => match r.register(kind, demand) {
-                Ok(reg) => (Some(reg), None),
-                Err(e) => (None, Some(format!("cannot use the CPU registry {}: {e}", r.path().display()))),
+                Ok(reg) => (Some(reg), None, false),
+                // A stopped or hung process holds the lock: go on alone rather than wait.
+                Err(e) if e.is_busy() => (
+                    None,
+                    Some(format!(
+                        "sharing skipped: {e} (a stopped or hung process?); this loader uses its own cpu_budget"
+                    )),
+                    true,
+                ),
+                Err(e) => (None, Some(format!("cannot use the CPU registry {}: {e}", r.path().display())), false),
             },
         };
         let share = registration.as_ref().and_then(|r| r.share(false));
@@ -183,6 +201,7 @@ impl Tuner {
             gate_wait_ns: AtomicU64::new(0),
             registration,
             note,
+            registry_busy,
             state: Mutex::new(State {
                 window: None,
                 batches: 0,
@@ -385,6 +404,8 @@ impl Tuner {
             processes_sharing_max: st.processes_max,
             converged: st.converged,
             note: self.note.clone(),
+            registry_busy: self.registry_busy,
+            registry_busy_refreshes: self.registration.as_ref().map_or(0, |r| r.busy_refreshes()),
             decisions: st.decisions.clone(),
         }
     }

@@ -15,14 +15,24 @@
 //!
 //! So a request that never gets an answer fails after about 2 to 3 request timeouts (60 to 90 s
 //! by default; about 4 to 6 s with `STOKER_OBJECT_TIMEOUT=2`).
+//!
+//! A store that stalls is paid once, not once per sample: a [`Breaker`] per store counts the
+//! requests that failed in a row with a timeout or a connection failure (each after its own
+//! retries). At [`TRIP_AFTER`] of them the circuit opens: the requests still in flight are
+//! abandoned at once, and every later request fails at once with the store's URL and the last
+//! cause, so a pass ends (its failure budget is spent in no time, or `on_error="raise"` raises)
+//! about 2 request timeouts after the store stopped answering, whatever the number of samples.
+//! After a cool-down of one request timeout, one request at a time probes the store; any
+//! answer (even an error status) closes the circuit.
 
 use super::shards::{glob_match, ShardMeta, ShardSource, Storage};
 use crate::error::{Error, Result};
 use futures::StreamExt;
 use object_store::path::Path as ObjPath;
 use object_store::{BackoffConfig, ClientConfigKey, ObjectStore, ObjectStoreExt, RetryConfig};
-use std::sync::Arc;
-use std::time::Duration;
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 /// Default request timeout, in seconds.
 const DEFAULT_TIMEOUT_S: f64 = 30.0;
@@ -97,10 +107,197 @@ fn describe(e: &object_store::Error) -> String {
     text
 }
 
+/// Whether `e` says the store did not answer: a timeout, or a connection that could not be
+/// made or broke (as opposed to an answer, even an error status).
+fn unreachable(e: &object_store::Error) -> bool {
+    use object_store::client::{HttpError, HttpErrorKind};
+    let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(c) = cause {
+        if let Some(h) = c.downcast_ref::<HttpError>() {
+            return matches!(
+                h.kind(),
+                HttpErrorKind::Timeout | HttpErrorKind::Connect | HttpErrorKind::Request | HttpErrorKind::Interrupted
+            );
+        }
+        if let Some(io) = c.downcast_ref::<std::io::Error>() {
+            use std::io::ErrorKind as K;
+            if matches!(
+                io.kind(),
+                K::TimedOut | K::ConnectionRefused | K::ConnectionReset | K::ConnectionAborted | K::NotConnected
+            ) {
+                return true;
+            }
+        }
+        cause = c.source();
+    }
+    false
+}
+
+/// Requests that fail in a row with a timeout or a connection failure, each after its own
+/// retries, before the circuit of their store opens.
+const TRIP_AFTER: u32 = 2;
+
+/// The circuit breaker of one store (see the module doc).
+struct Breaker {
+    /// The store, for messages (`scheme://authority`).
+    base: String,
+    /// How long an open circuit fails requests at once before one probes the store.
+    cooldown: Duration,
+    state: Mutex<Circuit>,
+    /// Wakes the requests in flight when the circuit opens, so that they are abandoned.
+    opened: tokio::sync::Notify,
+}
+
+#[derive(Debug, Default)]
+struct Circuit {
+    /// Requests that failed in a row without an answer.
+    failures: u32,
+    /// Since when the circuit is open, and why (the last failure); `None`: closed.
+    open: Option<(Instant, String)>,
+    /// A probe of an open circuit is in flight.
+    probing: bool,
+}
+
+/// What [`Breaker::admit`] lets a request do.
+#[derive(Debug, PartialEq, Eq)]
+enum Admit {
+    /// Go ahead (the circuit is closed).
+    Go,
+    /// Go ahead as the one probe of an open circuit.
+    Probe,
+}
+
+fn lock(m: &Mutex<Circuit>) -> std::sync::MutexGuard<'_, Circuit> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Breaker {
+    fn new(base: &str, cooldown: Duration) -> Self {
+        Breaker {
+            base: base.to_string(),
+            cooldown,
+            state: Mutex::new(Circuit::default()),
+            opened: tokio::sync::Notify::new(),
+        }
+    }
+
+    /// The error of a request refused or abandoned because the circuit is open.
+    fn refusal(&self, since: Instant, why: &str, now: Instant) -> String {
+        let wait = self.cooldown.saturating_sub(now.saturating_duration_since(since));
+        format!(
+            "object store {} is not answering: {TRIP_AFTER} requests in a row failed (the last: {why}); \
+             failing at once, the store is tried again in {:.1} s",
+            self.base,
+            wait.as_secs_f64()
+        )
+    }
+
+    /// Whether a request may be sent now; `Err`: the circuit is open, with the error to give.
+    fn admit(&self, now: Instant) -> std::result::Result<Admit, String> {
+        let mut c = lock(&self.state);
+        match &c.open {
+            None => Ok(Admit::Go),
+            Some((since, why)) => {
+                if c.probing || now.saturating_duration_since(*since) < self.cooldown {
+                    Err(self.refusal(*since, why, now))
+                } else {
+                    c.probing = true;
+                    Ok(Admit::Probe)
+                }
+            }
+        }
+    }
+
+    /// Records how a request ended: `Some(why)` when the store did not answer, `None` when it
+    /// did (successfully or not). Opens the circuit on the [`TRIP_AFTER`]th failure in a row
+    /// (or on a failed probe) and wakes the requests in flight.
+    fn record(&self, admit: &Admit, failure: Option<String>, now: Instant) {
+        let mut c = lock(&self.state);
+        if *admit == Admit::Probe {
+            c.probing = false;
+        }
+        match failure {
+            None => *c = Circuit::default(),
+            Some(why) => {
+                c.failures = c.failures.saturating_add(1);
+                let reopen = c.open.is_some() && *admit == Admit::Probe;
+                if reopen || (c.open.is_none() && c.failures >= TRIP_AFTER) {
+                    c.open = Some((now, why));
+                    drop(c);
+                    self.opened.notify_waiters();
+                }
+            }
+        }
+    }
+
+    /// The error for a request abandoned because the circuit opened while it was in flight.
+    fn abandoned(&self) -> String {
+        let c = lock(&self.state);
+        match &c.open {
+            Some((since, why)) => self.refusal(*since, why, Instant::now()),
+            None => format!("object store {}: request abandoned", self.base),
+        }
+    }
+
+    /// Runs one request on `rt` under the breaker: refused at once while the circuit is open,
+    /// abandoned as soon as it opens. The error is the request's, with its causes.
+    fn call<T>(
+        &self,
+        rt: &tokio::runtime::Runtime,
+        request: impl Future<Output = object_store::Result<T>>,
+    ) -> std::result::Result<T, RequestFailure> {
+        // Registered before the circuit is checked, so that an opening in between is seen.
+        let opened = self.opened.notified();
+        let admit = self.admit(Instant::now()).map_err(RequestFailure::Refused)?;
+        let out = rt.block_on(async {
+            let request = std::pin::pin!(request);
+            let opened = std::pin::pin!(opened);
+            match futures::future::select(request, opened).await {
+                futures::future::Either::Left((r, _)) => Some(r),
+                futures::future::Either::Right(_) => None,
+            }
+        });
+        match out {
+            Some(Ok(v)) => {
+                self.record(&admit, None, Instant::now());
+                Ok(v)
+            }
+            Some(Err(e)) => {
+                let text = describe(&e);
+                self.record(&admit, unreachable(&e).then(|| text.clone()), Instant::now());
+                Err(RequestFailure::Failed(e, text))
+            }
+            None => {
+                if admit == Admit::Probe {
+                    lock(&self.state).probing = false;
+                }
+                Err(RequestFailure::Refused(self.abandoned()))
+            }
+        }
+    }
+}
+
+/// Why a request under a [`Breaker`] gave no result.
+enum RequestFailure {
+    /// The request failed: the error and its text with causes.
+    Failed(object_store::Error, String),
+    /// Not sent, or abandoned: the circuit of the store is open.
+    Refused(String),
+}
+
+impl RequestFailure {
+    fn text(self) -> String {
+        match self {
+            RequestFailure::Failed(_, t) | RequestFailure::Refused(t) => t,
+        }
+    }
+}
+
 /// A store and the object keys of the shards in it.
 struct Remote {
     rt: tokio::runtime::Runtime,
     store: Arc<dyn ObjectStore>,
+    breaker: Breaker,
     keys: Vec<ObjPath>,
     names: Vec<String>,
 }
@@ -108,7 +305,10 @@ struct Remote {
 impl Storage for Remote {
     fn read_at(&self, shard: usize, offset: u64, buf: &mut [u8]) -> std::result::Result<(), String> {
         let range = offset..offset + buf.len() as u64;
-        let bytes = self.rt.block_on(self.store.get_range(&self.keys[shard], range)).map_err(|e| describe(&e))?;
+        let bytes = self
+            .breaker
+            .call(&self.rt, self.store.get_range(&self.keys[shard], range))
+            .map_err(RequestFailure::text)?;
         if bytes.len() != buf.len() {
             return Err(format!("short read: {} of {} bytes", bytes.len(), buf.len()));
         }
@@ -131,10 +331,9 @@ fn split_url(url: &str) -> Result<(String, String)> {
     Ok((format!("{scheme}://{authority}"), key.to_string()))
 }
 
-fn store_for(base: &str) -> Result<Arc<dyn ObjectStore>> {
+fn store_for(base: &str, limits: &Limits) -> Result<Arc<dyn ObjectStore>> {
     let scheme = base.split("://").next().unwrap_or("");
     let err = |e: object_store::Error| Error::Dataset(format!("{base}: cannot open object store: {}", describe(&e)));
-    let limits = Limits::from_env()?;
     let store: Arc<dyn ObjectStore> = match scheme {
         "s3" | "s3a" => {
             use object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey};
@@ -185,10 +384,14 @@ fn store_for(base: &str) -> Result<Arc<dyn ObjectStore>> {
 }
 
 /// Opens shards at object-store URLs (one store; `*`/`?` in the last component are matched
-/// against a listing of the prefix).
+/// against a listing of the prefix). Every request goes through the store's [`Breaker`], so a
+/// store that stops answering while many shards are opened costs about two request bounds, not
+/// two per shard.
 pub(crate) fn open(urls: &[String]) -> Result<ShardSource> {
     let (base, _) = split_url(&urls[0])?;
-    let store = store_for(&base)?;
+    let limits = Limits::from_env()?;
+    let store = store_for(&base, &limits)?;
+    let breaker = Breaker::new(&base, limits.request);
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .thread_name("stoker-object-store")
@@ -204,20 +407,19 @@ pub(crate) fn open(urls: &[String]) -> Result<ShardSource> {
         let (dir, name) = key.rsplit_once('/').unwrap_or(("", key.as_str()));
         if name.contains(['*', '?']) {
             let prefix = ObjPath::from(dir);
-            let mut found: Vec<String> = rt.block_on(async {
+            let listing = breaker.call(&rt, async {
                 let mut out = vec![];
                 let mut list = store.list(Some(&prefix));
                 while let Some(meta) = list.next().await {
-                    let meta =
-                        meta.map_err(|e| Error::Dataset(format!("{base}/{dir}: cannot list: {}", describe(&e))))?;
-                    let loc = meta.location.to_string();
+                    let loc = meta?.location.to_string();
                     let file = loc.rsplit('/').next().unwrap_or(&loc);
                     if glob_match(name, file) {
                         out.push(loc);
                     }
                 }
-                Ok::<_, Error>(out)
-            })?;
+                Ok::<_, object_store::Error>(out)
+            });
+            let mut found = listing.map_err(|e| Error::Dataset(format!("{base}/{dir}: cannot list: {}", e.text())))?;
             found.sort();
             if found.is_empty() {
                 return Err(Error::Dataset(format!("no object matches {url}")));
@@ -231,16 +433,20 @@ pub(crate) fn open(urls: &[String]) -> Result<ShardSource> {
     for key in &keys {
         let path = ObjPath::from(key.as_str());
         let name = format!("{base}/{key}");
-        let size = rt
-            .block_on(store.head(&path))
-            .map_err(|e| Error::Dataset(format!("{name}: cannot open shard: {}", describe(&e))))?
+        let size = breaker
+            .call(&rt, store.head(&path))
+            .map_err(|e| Error::Dataset(format!("{name}: cannot open shard: {}", e.text())))?
             .size;
         let idx_name = format!("{name}.idx");
         let idx_path = ObjPath::from(format!("{key}.idx"));
-        let idx = rt
-            .block_on(async { store.get(&idx_path).await?.bytes().await })
-            .map(|b| b.to_vec())
-            .map_err(|e| describe(&e));
+        let idx = match breaker.call(&rt, async { store.get(&idx_path).await?.bytes().await }) {
+            Ok(b) => Ok(b.to_vec()),
+            // The store stopped answering: say so now rather than after trying every shard.
+            Err(RequestFailure::Refused(why)) => {
+                return Err(Error::Dataset(format!("{idx_name}: cannot read the shard index: {why}")));
+            }
+            Err(e) => Err(e.text()),
+        };
         metas.push(ShardMeta { name, size, index: (idx_name, idx) });
     }
     let dir = keys[0].rsplit_once('/').map(|(d, _)| format!("{d}/")).unwrap_or_default();
@@ -248,16 +454,19 @@ pub(crate) fn open(urls: &[String]) -> Result<ShardSource> {
     // classes.json is optional; any error other than its absence (a timeout, a server error) is
     // reported rather than silently giving a dataset without class names. S3 answers 403, not
     // 404, for a missing object when the caller may not list the bucket: absent too.
-    let classes = match rt.block_on(async { store.get(&classes_path).await?.bytes().await }) {
+    let classes = match breaker.call(&rt, async { store.get(&classes_path).await?.bytes().await }) {
         Ok(b) => Some(String::from_utf8_lossy(&b).into_owned()),
-        Err(object_store::Error::NotFound { .. } | object_store::Error::PermissionDenied { .. }) => None,
+        Err(RequestFailure::Failed(
+            object_store::Error::NotFound { .. } | object_store::Error::PermissionDenied { .. },
+            _,
+        )) => None,
         Err(e) => {
-            return Err(Error::Dataset(format!("{base}/{dir}classes.json: cannot read: {}", describe(&e))));
+            return Err(Error::Dataset(format!("{base}/{dir}classes.json: cannot read: {}", e.text())));
         }
     };
     let names = metas.iter().map(|m| m.name.clone()).collect();
     let keys = keys.into_iter().map(|k| ObjPath::from(k.as_str())).collect();
-    ShardSource::assemble(metas, classes, Box::new(Remote { rt, store, keys, names }))
+    ShardSource::assemble(metas, classes, Box::new(Remote { rt, store, breaker, keys, names }))
 }
 
 #[cfg(test)]
@@ -268,7 +477,8 @@ mod tests {
     fn urls() {
         assert_eq!(split_url("s3://b/x/y.tar").unwrap(), ("s3://b".into(), "x/y.tar".into()));
         assert!(split_url("s3:///x").is_err());
-        assert!(store_for("ftp://h").unwrap_err().to_string().contains("unsupported URL scheme"));
+        let limits = Limits::from_env().unwrap();
+        assert!(store_for("ftp://h", &limits).unwrap_err().to_string().contains("unsupported URL scheme"));
     }
 
     #[test]
@@ -279,5 +489,76 @@ mod tests {
         assert_eq!(l.retry.retry_timeout, l.request * 2);
         let [(_, t), (_, c)] = l.client_config();
         assert!(t.ends_with("ms") && c.ends_with("ms"));
+    }
+
+    fn timeout() -> object_store::Error {
+        let e = object_store::client::HttpError::new(
+            object_store::client::HttpErrorKind::Timeout,
+            std::io::Error::new(std::io::ErrorKind::TimedOut, "operation timed out"),
+        );
+        object_store::Error::Generic { store: "test", source: Box::new(e) }
+    }
+
+    #[test]
+    fn timeouts_and_refused_connections_count_answers_do_not() {
+        assert!(unreachable(&timeout()));
+        let refused = std::io::Error::from(std::io::ErrorKind::ConnectionRefused);
+        assert!(unreachable(&object_store::Error::Generic { store: "t", source: Box::new(refused) }));
+        let missing = object_store::Error::NotFound { path: "x".into(), source: "404".into() };
+        assert!(!unreachable(&missing));
+    }
+
+    #[test]
+    fn the_circuit_opens_after_failures_in_a_row_and_a_probe_closes_it() {
+        let b = Breaker::new("http://h:1", Duration::from_secs(10));
+        let t0 = Instant::now();
+        // An answer between two failures resets the count.
+        assert_eq!(b.admit(t0), Ok(Admit::Go));
+        b.record(&Admit::Go, Some("timed out".into()), t0);
+        b.record(&Admit::Go, None, t0);
+        b.record(&Admit::Go, Some("timed out".into()), t0);
+        assert_eq!(b.admit(t0), Ok(Admit::Go));
+        b.record(&Admit::Go, Some("timed out again".into()), t0);
+        // Open: refused at once, naming the store and the cause.
+        let why = b.admit(t0 + Duration::from_secs(1)).unwrap_err();
+        assert!(why.contains("http://h:1") && why.contains("timed out again") && why.contains("in 9.0 s"), "{why}");
+        // After the cool-down, one probe at a time.
+        let later = t0 + Duration::from_secs(11);
+        assert_eq!(b.admit(later), Ok(Admit::Probe));
+        assert!(b.admit(later).is_err());
+        // A failed probe opens it again for a whole cool-down ...
+        b.record(&Admit::Probe, Some("still down".into()), later);
+        assert!(b.admit(later + Duration::from_secs(9)).unwrap_err().contains("still down"));
+        // ... an answered one closes it.
+        let again = later + Duration::from_secs(10);
+        assert_eq!(b.admit(again), Ok(Admit::Probe));
+        b.record(&Admit::Probe, None, again);
+        assert_eq!(b.admit(again), Ok(Admit::Go));
+    }
+
+    #[test]
+    fn requests_in_flight_are_abandoned_when_the_circuit_opens() {
+        let b = Arc::new(Breaker::new("http://h:1", Duration::from_secs(60)));
+        let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+        let stuck = {
+            let b = b.clone();
+            std::thread::spawn(move || {
+                let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+                let t0 = Instant::now();
+                let r = b.call(&rt, futures::future::pending::<object_store::Result<()>>());
+                (t0.elapsed(), r.map_err(RequestFailure::text).unwrap_err())
+            })
+        };
+        std::thread::sleep(Duration::from_millis(100));
+        for _ in 0..TRIP_AFTER {
+            let r = b.call(&rt, async { Err::<(), _>(timeout()) });
+            assert!(matches!(r, Err(RequestFailure::Failed(..))));
+        }
+        let (waited, why) = stuck.join().unwrap();
+        assert!(waited < Duration::from_secs(30), "{waited:?}");
+        assert!(why.contains("is not answering") && why.contains("timed out"), "{why}");
+        // Later requests are not sent at all.
+        let r = b.call::<()>(&rt, async { panic!("a request was sent through an open circuit") });
+        assert!(matches!(r, Err(RequestFailure::Refused(_))));
     }
 }
