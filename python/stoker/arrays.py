@@ -13,8 +13,8 @@ from .loader import arguments_json, want_torch
 
 
 def _column(a: Any) -> Any:
-    """A `.npy` path (memory-mapped by stoker) or an object exporting its memory through the
-    buffer protocol (NumPy arrays, ``bytes``, ``bytearray``, ...), which stoker reads in place
+    """A `.npy` path (its rows read by stoker as batches need them) or an object exporting its
+    memory through the buffer protocol (NumPy arrays, ``bytes``, ``bytearray``, ...), which stoker reads in place
     and checks itself (C-contiguous, a supported element type, at least one dimension)."""
     if isinstance(a, (str, os.PathLike)):
         path = os.fspath(a)
@@ -36,7 +36,8 @@ def _column(a: Any) -> Any:
 
 class ArrayLoader(LoaderBase):
     """Batches of rows from equally long arrays: NumPy arrays (any C-contiguous numeric dtype)
-    or ``.npy`` files, which are memory-mapped (only the rows a batch touches are read).
+    or ``.npy`` files, of which only the rows a batch needs are read (positional reads: a file
+    truncated meanwhile raises ``ReadError``; a file of at most 32 MiB is read whole when opened).
 
     ``for x, y in stoker.ArrayLoader(x, y, batch_size=256, shuffle=True)`` yields one tensor per
     array, gathered by the sampler's indices with parallel row copies into pooled buffers and
