@@ -128,6 +128,7 @@ pub struct Telemetry {
     samples: AtomicU64,
     skipped: Mutex<Vec<Skipped>>,
     skipped_total: AtomicU64,
+    decode_warnings: AtomicU64,
     started: Mutex<Option<Instant>>,
     wall_ns: AtomicU64,
 }
@@ -149,6 +150,7 @@ impl Default for Telemetry {
             samples: AtomicU64::new(0),
             skipped: Mutex::new(Vec::new()),
             skipped_total: AtomicU64::new(0),
+            decode_warnings: AtomicU64::new(0),
             started: Mutex::new(None),
             wall_ns: AtomicU64::new(0),
         }
@@ -230,6 +232,9 @@ pub struct Report {
     pub skipped_count: u64,
     /// The skipped samples (at most [`MAX_SKIPPED_LISTED`]).
     pub skipped: Vec<Skipped>,
+    /// Images decoded and delivered despite a libjpeg warning (corrupt data that libjpeg
+    /// recovered from, in the header or the scan data: Pillow and torchvision load them too).
+    pub decode_warnings: u64,
     /// Where batches go.
     pub device: DeviceReport,
     /// Host-to-device copies, when batches go to a GPU.
@@ -281,6 +286,13 @@ impl Telemetry {
         }
     }
 
+    /// Counts `n` images decoded despite a libjpeg warning (see [`Report::decode_warnings`]).
+    pub fn add_decode_warnings(&self, n: u64) {
+        if n > 0 {
+            self.decode_warnings.fetch_add(n, Ordering::Relaxed);
+        }
+    }
+
     /// Zeroes every counter.
     pub fn reset(&self) {
         for s in [&self.read, &self.decode, &self.ops, &self.buffers, &self.consumer, &self.transfer] {
@@ -290,6 +302,7 @@ impl Telemetry {
         self.samples.store(0, Ordering::Relaxed);
         self.skipped.lock().expect("telemetry lock").clear();
         self.skipped_total.store(0, Ordering::Relaxed);
+        self.decode_warnings.store(0, Ordering::Relaxed);
         *self.started.lock().expect("telemetry lock") = None;
         self.wall_ns.store(0, Ordering::Relaxed);
     }
@@ -333,6 +346,7 @@ impl Telemetry {
             bottleneck,
             skipped_count: self.skipped_total.load(Ordering::Relaxed),
             skipped: self.skipped.lock().expect("telemetry lock").clone(),
+            decode_warnings: self.decode_warnings.load(Ordering::Relaxed),
             device,
             transfer,
             cache: None,
@@ -479,6 +493,12 @@ impl Report {
             "bottleneck: {} ({})\n  -> {}\n",
             self.bottleneck.stage, self.bottleneck.reason, self.bottleneck.suggestion
         ));
+        if self.decode_warnings > 0 {
+            s.push_str(&format!(
+                "decoded {} image(s) despite libjpeg warnings (corrupt data libjpeg recovered from)\n",
+                self.decode_warnings
+            ));
+        }
         if self.skipped_count > 0 {
             s.push_str(&format!("skipped {} bad sample(s):\n", self.skipped_count));
             for k in self.skipped.iter().take(20) {

@@ -1,41 +1,36 @@
-//! EXIF orientation from a JPEG's APP1 segment: a bounds-checked parser of untrusted bytes.
+//! EXIF orientation: from a JPEG's first `Exif` APP1 segment or a PNG's `eXIf` chunk (found by
+//! [`super::markers`]), read from the TIFF structure's first IFD as Pillow's `getexif()` reads
+//! it. A bounds-checked parser of untrusted bytes: anything malformed is "no orientation".
+//!
+//! Orientation stored elsewhere (XMP `tiff:Orientation`, a PNG text chunk "Raw profile type
+//! exif") is not read.
+
+use super::markers;
 
 /// The EXIF orientation (1..=8) of a JPEG, or `None` when absent or malformed.
 pub fn jpeg_orientation(data: &[u8]) -> Option<u8> {
-    if data.len() < 4 || data[0] != 0xFF || data[1] != 0xD8 {
-        return None;
+    markers::jpeg_layout(data).exif.and_then(app1_orientation)
+}
+
+/// The orientation in the EXIF data of a JPEG's APP1 segment, after its `Exif\0\0` prefix
+/// ([`markers::JpegLayout::exif`]).
+pub fn app1_orientation(tiff: &[u8]) -> Option<u8> {
+    // Pillow strips up to two `Exif\0\0` prefixes; the segment's own was the first.
+    tiff_orientation(tiff.strip_prefix(b"Exif\0\0").unwrap_or(tiff))
+}
+
+/// The EXIF orientation (1..=8) of a PNG (its `eXIf` chunk), or `None` when absent or malformed.
+pub fn png_orientation(data: &[u8]) -> Option<u8> {
+    markers::png_exif(data).and_then(exif_orientation)
+}
+
+/// The orientation in EXIF data that may start with one or two `Exif\0\0` prefixes (Pillow
+/// strips up to two; PNG writers differ on whether the chunk has one).
+fn exif_orientation(mut data: &[u8]) -> Option<u8> {
+    for _ in 0..2 {
+        data = data.strip_prefix(b"Exif\0\0").unwrap_or(data);
     }
-    let mut pos = 2;
-    while pos + 4 <= data.len() {
-        if data[pos] != 0xFF {
-            return None;
-        }
-        let marker = data[pos + 1];
-        if marker == 0xFF {
-            pos += 1;
-            continue;
-        }
-        // Start of scan or end of image: no more metadata.
-        if marker == 0xDA || marker == 0xD9 {
-            return None;
-        }
-        let len = u16::from_be_bytes([data[pos + 2], data[pos + 3]]) as usize;
-        if len < 2 {
-            return None;
-        }
-        let seg_start = pos + 4;
-        let seg_end = (pos + 2 + len).min(data.len());
-        if marker == 0xE1 {
-            let seg = &data[seg_start..seg_end];
-            if seg.len() > 6 && &seg[..6] == b"Exif\0\0" {
-                if let Some(o) = tiff_orientation(&seg[6..]) {
-                    return Some(o);
-                }
-            }
-        }
-        pos += 2 + len;
-    }
-    None
+    tiff_orientation(data)
 }
 
 fn tiff_orientation(t: &[u8]) -> Option<u8> {
@@ -64,7 +59,14 @@ fn tiff_orientation(t: &[u8]) -> Option<u8> {
     for k in 0..n.min(512) {
         let e = ifd + 2 + k * 12;
         if u16_at(e)? == 0x0112 {
-            let v = u16_at(e + 8)?;
+            // The value as its field type says (SHORT as the standard has it; BYTE, LONG and
+            // their signed kinds are read too, as Pillow does).
+            let v = match u16_at(e + 2)? {
+                1 | 6 => u32::from(*t.get(e + 8)?),
+                3 | 8 => u32::from(u16_at(e + 8)?),
+                4 | 9 => u32_at(e + 8)?,
+                _ => return None,
+            };
             return (1..=8).contains(&v).then_some(v as u8);
         }
     }
@@ -106,6 +108,35 @@ mod tests {
             assert_eq!(jpeg_orientation(&exif_prefix(o, true)), Some(o as u8));
             assert_eq!(jpeg_orientation(&exif_prefix(o, false)), Some(o as u8));
         }
+    }
+
+    #[test]
+    fn png_exif_chunks_and_other_field_types() {
+        let jpeg = exif_prefix(6, false);
+        let tiff = &jpeg[12..]; // after SOI, APP1, length and "Exif\0\0"
+        let mut png = b"\x89PNG\r\n\x1a\n".to_vec();
+        for prefix in [&b""[..], b"Exif\0\0", b"Exif\0\0Exif\0\0"] {
+            let data = [prefix, tiff].concat();
+            let mut p = png.clone();
+            p.extend_from_slice(&(data.len() as u32).to_be_bytes());
+            p.extend_from_slice(b"eXIf");
+            p.extend_from_slice(&data);
+            p.extend_from_slice(&[0; 4]);
+            assert_eq!(png_orientation(&p), Some(6), "prefix {prefix:?}");
+        }
+        png.extend_from_slice(b"garbage");
+        assert_eq!(png_orientation(&png), None);
+        // The value as a LONG (type 4), big-endian: its low half is the orientation.
+        let mut long = exif_prefix(0, false);
+        let e = 12 + 10; // tiff start + IFD offset 8 + entry count 2
+        long[e + 2..e + 4].copy_from_slice(&4u16.to_be_bytes());
+        long[e + 8..e + 12].copy_from_slice(&3u32.to_be_bytes());
+        assert_eq!(jpeg_orientation(&long), Some(3));
+        // Bytes that are not a marker before the APP1 segment are skipped, as libjpeg and
+        // Pillow skip them.
+        let p = exif_prefix(8, true);
+        let junk = [&p[..2], &[0x00, 0x11, 0x22, 0x33][..], &p[2..]].concat();
+        assert_eq!(jpeg_orientation(&junk), Some(8));
     }
 
     #[test]

@@ -6,6 +6,13 @@
 //!
 //! Every handle carries libjpeg-turbo's own limits ([`JpegLimits`]), so a decompression bomb is
 //! refused inside the library too, not only by the header check in [`super::Decoder::info`].
+//!
+//! libjpeg *warnings* (corrupt data it recovered from: extraneous bytes before a marker, a bad
+//! Huffman code, a premature end of a data segment) are not errors here, in the header as in
+//! the scan data, as for Pillow and torchvision; the first one is kept
+//! ([`JpegDecoder::take_warning`]) so the caller can count it. TurboJPEG reports a warning and
+//! a fatal error that follows one with the same code, so a failure is a warning only when its
+//! message is one of libjpeg's warning messages ([`is_warning_message`]).
 
 use std::ffi::CStr;
 use turbojpeg_sys as tj;
@@ -23,6 +30,8 @@ pub struct JpegHeader {
     pub colorspace: i32,
     /// Whether the image is lossless JPEG (no DCT scaling, no cropping).
     pub lossless: bool,
+    /// Bits per sample (8 for almost every JPEG; 12 or 16 for some medical and raw images).
+    pub precision: i32,
 }
 
 impl JpegHeader {
@@ -98,19 +107,36 @@ impl JpegLimits {
 pub struct JpegDecoder {
     handle: tj::tjhandle,
     limits: JpegLimits,
+    /// The first libjpeg warning since [`JpegDecoder::take_warning`] was last called.
+    warning: Option<String>,
 }
 
 // SAFETY: a TurboJPEG handle is an independent heap object with no thread affinity; it is used
 // from one thread at a time (every method takes `&mut self`).
 unsafe impl Send for JpegDecoder {}
 
-/// A decode failure: the message, and whether libjpeg called it a warning (data still produced).
+/// A decode failure (always fatal: warnings are not errors, see [`JpegDecoder::take_warning`]).
 #[derive(Debug, Clone)]
 pub struct JpegError {
     /// libjpeg-turbo's message.
     pub message: String,
-    /// `true` for a warning (e.g. corrupt data that was still decoded), `false` for a fatal error.
+    /// Whether libjpeg had warned about this image before the fatal error.
     pub warning: bool,
+}
+
+/// Whether `message` is one of libjpeg's warnings (`JWRN_*` in `jerror.h`): corrupt data that
+/// libjpeg recovered from. None of its fatal errors (`JERR_*`) starts like one of these.
+pub fn is_warning_message(message: &str) -> bool {
+    const WARNINGS: [&str; 7] = [
+        "Corrupt JPEG data: ",
+        "Premature end of JPEG file",
+        "Unknown Adobe color transform code",
+        "Inconsistent progression sequence for component",
+        "Warning: unknown JFIF revision number",
+        "Invalid SOS parameters for sequential JPEG",
+        "Application transferred too many scanlines",
+    ];
+    WARNINGS.iter().any(|w| message.starts_with(w))
 }
 
 /// A new decompression handle with `limits` set, or `None` if libjpeg-turbo refuses either.
@@ -124,6 +150,9 @@ fn limited_handle(limits: JpegLimits) -> Option<tj::tjhandle> {
         (tj::TJPARAM_TJPARAM_MAXPIXELS, limits.tj_max_pixels()),
         (tj::TJPARAM_TJPARAM_MAXMEMORY, limits.tj_max_memory_mib()),
         (tj::TJPARAM_TJPARAM_SCANLIMIT, SCAN_LIMIT),
+        // No marker is kept: the ICC profile (the default) is never used, and a malformed one
+        // would only add a warning ("bad ICC marker") where Pillow loads the file silently.
+        (tj::TJPARAM_TJPARAM_SAVEMARKERS, 0),
     ];
     for (param, value) in params {
         // SAFETY: `handle` is a valid decompression handle; `param` is a TurboJPEG parameter id
@@ -142,7 +171,7 @@ impl JpegDecoder {
     pub fn new(max_pixels: u64) -> Result<Self, String> {
         let limits = JpegLimits { max_pixels };
         let handle = limited_handle(limits).ok_or("libjpeg-turbo: cannot create a decompressor with limits")?;
-        Ok(JpegDecoder { handle, limits })
+        Ok(JpegDecoder { handle, limits, warning: None })
     }
 
     /// The limits this decoder's handle carries.
@@ -150,24 +179,40 @@ impl JpegDecoder {
         self.limits
     }
 
-    /// Takes the handle's error, then replaces the handle with a fresh one.
+    /// The first libjpeg warning since the last call (header reads and decodes both note
+    /// theirs), or `None`.
+    pub fn take_warning(&mut self) -> Option<String> {
+        self.warning.take()
+    }
+
+    /// The outcome of a TurboJPEG call that returned `r`: `Ok(true)` when it succeeded with a
+    /// libjpeg warning (noted for [`JpegDecoder::take_warning`]), `Ok(false)` without one, or
+    /// the fatal error.
     ///
-    /// After a failure (or a warning) a TurboJPEG 3.1 handle can keep stale state: its warning
-    /// flag stays set, and the libjpeg state machine may resume mid-stream on the next header
-    /// read, reporting the previous image's dimensions. Errors are rare, so a new handle (with
-    /// the same limits) is the simple, certain cure.
-    fn error(&mut self) -> JpegError {
+    /// After a fatal error a TurboJPEG 3.1 handle can keep stale state: the libjpeg state
+    /// machine may resume mid-stream on the next header read, reporting the previous image's
+    /// dimensions. Errors are rare, so a new handle (with the same limits) replaces it, the
+    /// simple, certain cure. After a warning libjpeg has finished or aborted the image
+    /// (`jpeg_abort_decompress`) and the handle is clean.
+    fn outcome(&mut self, r: std::ffi::c_int) -> Result<bool, JpegError> {
+        if r == 0 {
+            return Ok(false);
+        }
         // SAFETY: `handle` is valid; tj3GetErrorStr returns a NUL-terminated string owned by the
-        // handle (or a static one), which is copied before the handle is destroyed.
-        let message = unsafe { CStr::from_ptr(tj::tj3GetErrorStr(self.handle)) }.to_string_lossy().into_owned();
+        // handle (or a thread-local one), which is copied before the handle is destroyed.
+        let message = unsafe { CStr::from_ptr(tj::tj3GetErrorStr(self.handle)) }.to_string_lossy().trim().to_string();
         // SAFETY: `handle` is valid.
         let code = unsafe { tj::tj3GetErrorCode(self.handle) };
+        if code == tj::TJERR_TJERR_WARNING as i32 && is_warning_message(&message) {
+            self.warning.get_or_insert(message);
+            return Ok(true);
+        }
         if let Some(fresh) = limited_handle(self.limits) {
             // SAFETY: the old handle is valid and destroyed exactly once; `fresh` replaces it.
             unsafe { tj::tj3Destroy(self.handle) };
             self.handle = fresh;
         }
-        JpegError { message: message.trim().to_string(), warning: code == tj::TJERR_TJERR_WARNING as i32 }
+        Err(JpegError { message, warning: code == tj::TJERR_TJERR_WARNING as i32 })
     }
 
     fn get(&mut self, param: tj::TJPARAM) -> i32 {
@@ -175,22 +220,26 @@ impl JpegDecoder {
         unsafe { tj::tj3Get(self.handle, param as i32) }
     }
 
-    /// Reads the header of `data`.
+    /// Reads the header of `data`. A libjpeg warning while reading it (e.g. "4 extraneous
+    /// bytes before marker 0xdb") is noted, not an error: libjpeg read the whole header.
     pub fn header(&mut self, data: &[u8]) -> Result<JpegHeader, JpegError> {
         // SAFETY: `data` is a live slice of `data.len()` bytes; libjpeg-turbo only reads it.
         let r = unsafe { tj::tj3DecompressHeader(self.handle, data.as_ptr(), data.len() as tj::size_t) };
-        if r != 0 {
-            return Err(self.error());
-        }
+        self.outcome(r)?;
         let h = JpegHeader {
             width: self.get(tj::TJPARAM_TJPARAM_JPEGWIDTH).max(0) as usize,
             height: self.get(tj::TJPARAM_TJPARAM_JPEGHEIGHT).max(0) as usize,
             subsamp: self.get(tj::TJPARAM_TJPARAM_SUBSAMP),
             colorspace: self.get(tj::TJPARAM_TJPARAM_COLORSPACE),
             lossless: self.get(tj::TJPARAM_TJPARAM_LOSSLESS) != 0,
+            precision: self.get(tj::TJPARAM_TJPARAM_PRECISION),
         };
         if h.width == 0 || h.height == 0 {
             return Err(JpegError { message: "JPEG header has a zero dimension".into(), warning: false });
+        }
+        if h.colorspace < 0 {
+            let message = "could not determine the colorspace of the JPEG image".into();
+            return Err(JpegError { message, warning: false });
         }
         Ok(h)
     }
@@ -198,7 +247,8 @@ impl JpegDecoder {
     /// Decodes `data` at scale
     /// `num/8`, restricted to `region = (x, y, w, h)` in scaled coordinates (x aligned to
     /// [`JpegHeader::scaled_mcu_width`]), into `out` with `channels` = 3 (RGB) or 4 (CMYK) bytes
-    /// per pixel and rows of `w * channels` bytes.
+    /// per pixel and rows of `w * channels` bytes. A libjpeg warning is noted (see
+    /// [`JpegDecoder::take_warning`]), not an error: the pixels were produced.
     pub fn decode(
         &mut self,
         data: &[u8],
@@ -222,13 +272,11 @@ impl JpegDecoder {
         self.header(data)?;
         let sf = tj::tjscalingfactor { num: (num / g) as i32, denom: (8 / g) as i32 };
         // SAFETY: `handle` is valid; the scaling factor is one of n/8, which TurboJPEG supports.
-        if unsafe { tj::tj3SetScalingFactor(self.handle, sf) } != 0 {
-            return Err(self.error());
-        }
+        let r = unsafe { tj::tj3SetScalingFactor(self.handle, sf) };
+        self.outcome(r)?;
         // SAFETY: `handle` is valid and the header was read, as tj3SetCroppingRegion requires.
-        if unsafe { tj::tj3SetCroppingRegion(self.handle, region) } != 0 {
-            return Err(self.error());
-        }
+        let r = unsafe { tj::tj3SetCroppingRegion(self.handle, region) };
+        self.outcome(r)?;
         let format = if channels == 4 { tj::TJPF_TJPF_CMYK } else { tj::TJPF_TJPF_RGB };
         // SAFETY: `out` holds at least `h` rows of `w * channels` bytes (checked above), which is
         // what tj3Decompress8 writes for the cropping region set above.
@@ -242,9 +290,7 @@ impl JpegDecoder {
                 format,
             )
         };
-        if r != 0 {
-            return Err(self.error());
-        }
+        self.outcome(r)?;
         // Reset the region so a later header()/decode() of another file starts clean.
         let none = tj::tjregion { x: 0, y: 0, w: 0, h: 0 };
         // SAFETY: `handle` is valid; an all-zero region means "uncropped".

@@ -4,8 +4,16 @@
 //! sample and the output size, then decodes only the rows and (iMCU-aligned) columns around that
 //! box, at the smallest DCT scale (1/8, 1/4, 1/2 or 1) that still covers the output size. PNG goes
 //! through the `png` crate (full decode). Grayscale and CMYK become RGB, alpha is dropped, and the
-//! EXIF orientation of JPEGs is applied unless turned off (to match torchvision's PIL loader,
-//! which ignores it).
+//! EXIF orientation (a JPEG's `Exif` APP1 segment, a PNG's `eXIf` chunk: what Pillow's
+//! `ImageOps.exif_transpose` reads, XMP aside) is applied unless turned off (to match
+//! torchvision's PIL loader, which ignores it).
+//!
+//! Whether a file is good is decided as Pillow decides it, and the same way whatever part of it
+//! an epoch's crop decodes: libjpeg *warnings* (corrupt data it recovered from) are tolerated in
+//! the header as in the scan data and counted ([`Decoder::take_warnings`]); a JPEG whose data
+//! ends without an end-of-image marker is truncated, judged from its structure before any
+//! decoding (a crop that stops above the missing rows would otherwise never notice); a JPEG of
+//! more than 8 bits per sample is named as unsupported.
 //!
 //! Untrusted headers never size anything unchecked: an image over
 //! [`DecodeOptions::max_pixels`] is refused from its header (JPEG SOF, PNG IHDR) before any
@@ -17,10 +25,12 @@
 //! | file | role |
 //! |---|---|
 //! | `jpeg.rs` | safe wrapper over TurboJPEG 3 with cropping and scaling |
+//! | `markers.rs` | JPEG marker segments and PNG chunks: scan start, end marker, EXIF data |
 //! | `exif.rs` | EXIF orientation parser |
 
 pub mod exif;
 pub mod jpeg;
+pub mod markers;
 
 use crate::error::{Error, Result};
 use jpeg::{JpegDecoder, JpegHeader};
@@ -60,7 +70,7 @@ pub struct ImageInfo {
     pub width: usize,
     /// Height after orientation.
     pub height: usize,
-    /// EXIF orientation applied (1 = none).
+    /// EXIF orientation applied (1 = none), for JPEG and PNG.
     pub orientation: u8,
     format: Format,
     header: Option<JpegHeader>,
@@ -153,6 +163,10 @@ pub struct Decoder {
     scratch: Vec<u8>,
     aux: Vec<u8>,
     png_dims: (usize, usize),
+    /// Whether libjpeg warned about the image in hand (its header or its data).
+    warned: bool,
+    /// Images decoded despite a libjpeg warning, since [`Decoder::take_warnings`].
+    warnings: u64,
 }
 
 impl std::fmt::Debug for Decoder {
@@ -165,7 +179,7 @@ impl Decoder {
     /// A decoder with options `opts`.
     pub fn new(opts: DecodeOptions) -> Result<Self> {
         let jpeg = JpegDecoder::new(opts.max_pixels).map_err(Error::Internal)?;
-        Ok(Decoder { jpeg, opts, scratch: vec![], aux: vec![], png_dims: (0, 0) })
+        Ok(Decoder { jpeg, opts, scratch: vec![], aux: vec![], png_dims: (0, 0), warned: false, warnings: 0 })
     }
 
     /// The options.
@@ -173,20 +187,50 @@ impl Decoder {
         self.opts
     }
 
+    /// How many images were decoded despite a libjpeg warning (corrupt data that libjpeg
+    /// recovered from, in the header or the scan data, as Pillow does) since the last call;
+    /// resets the count. An image counts once per successful [`Decoder::decode`].
+    pub fn take_warnings(&mut self) -> u64 {
+        std::mem::take(&mut self.warnings)
+    }
+
     /// Reads the size (after orientation) of the image in `data`; `path` names it in errors.
+    ///
+    /// The verdict on a file (good, or why not) is made here, from the whole file, so it does
+    /// not depend on what part of it [`Decoder::decode`] is then asked for.
     pub fn info(&mut self, data: &[u8], path: &Path) -> Result<ImageInfo> {
+        self.warned = false;
+        let _ = self.jpeg.take_warning();
         match sniff(data) {
             Format::Jpeg => {
                 let h =
                     self.jpeg.header(data).map_err(|e| Error::decode(path, format!("invalid JPEG: {}", e.message)))?;
+                self.warned = self.jpeg.take_warning().is_some();
+                if h.precision > 8 {
+                    return Err(Error::decode(
+                        path,
+                        format!("unsupported: {}-bit JPEG (stoker decodes 8-bit JPEG)", h.precision),
+                    ));
+                }
                 check_pixels(path, h.width, h.height, self.opts.max_pixels)?;
-                let orientation = if self.opts.apply_exif { exif::jpeg_orientation(data).unwrap_or(1) } else { 1 };
+                let layout = markers::jpeg_layout(data);
+                if let Some(scan) = layout.scan_data {
+                    if !markers::has_end_marker(data, scan) {
+                        return Err(Error::decode(
+                            path,
+                            "corrupt JPEG: truncated file (the data ends without an end-of-image marker)",
+                        ));
+                    }
+                }
+                let orientation =
+                    if self.opts.apply_exif { layout.exif.and_then(exif::app1_orientation).unwrap_or(1) } else { 1 };
                 let (width, height) = if orientation >= 5 { (h.height, h.width) } else { (h.width, h.height) };
                 Ok(ImageInfo { width, height, orientation, format: Format::Jpeg, header: Some(h) })
             }
             Format::Png => {
-                let (w, h) = self.decode_png(data, path)?;
-                Ok(ImageInfo { width: w, height: h, orientation: 1, format: Format::Png, header: None })
+                let orientation = if self.opts.apply_exif { exif::png_orientation(data).unwrap_or(1) } else { 1 };
+                let (w, h) = self.decode_png(data, path, orientation)?;
+                Ok(ImageInfo { width: w, height: h, orientation, format: Format::Png, header: None })
             }
             Format::Unsupported(name) => {
                 Err(Error::decode(path, format!("unsupported image format {name} (stoker decodes JPEG and PNG)")))
@@ -291,7 +335,8 @@ impl Decoder {
     }
 
     /// `region = (x, y, w, h)` at scale `num/8` into `self.scratch` as RGB (through `self.aux`
-    /// for CMYK); returns its size in bytes.
+    /// for CMYK); returns its size in bytes. Counts the image as decoded with warnings when
+    /// libjpeg warned about its header ([`Decoder::info`]) or its data.
     fn jpeg_region(
         &mut self,
         data: &[u8],
@@ -304,14 +349,18 @@ impl Decoder {
         let max = self.opts.max_pixels;
         let err = |e: jpeg::JpegError| Error::decode(path, jpeg_reason(&e.message, max));
         let n = checked_size(path, &[w, h, 3])?;
-        if channels == 4 {
+        let warned = if channels == 4 {
             let cmyk = scratch(&mut self.aux, checked_size(path, &[w, h, 4])?, path)?;
-            decode_tolerant(&mut self.jpeg, data, num, region, 4, cmyk).map_err(err)?;
+            let warned = decode_tolerant(&mut self.jpeg, data, num, region, 4, cmyk).map_err(err)?;
             let rgb = scratch(&mut self.scratch, n, path)?;
             cmyk_to_rgb(&self.aux, rgb);
+            warned
         } else {
             let rgb = scratch(&mut self.scratch, n, path)?;
-            decode_tolerant(&mut self.jpeg, data, num, region, 3, rgb).map_err(err)?;
+            decode_tolerant(&mut self.jpeg, data, num, region, 3, rgb).map_err(err)?
+        };
+        if std::mem::take(&mut self.warned) || warned {
+            self.warnings += 1;
         }
         Ok(n)
     }
@@ -335,7 +384,9 @@ impl Decoder {
         out
     }
 
-    fn decode_png(&mut self, data: &[u8], path: &Path) -> Result<(usize, usize)> {
+    /// Decodes a whole PNG into `self.scratch` as RGB8, oriented by EXIF `orientation`; returns
+    /// its size (after orientation).
+    fn decode_png(&mut self, data: &[u8], path: &Path, orientation: u8) -> Result<(usize, usize)> {
         let perr = |e: png::DecodingError| Error::decode(path, format!("invalid PNG: {e}"));
         let limits = png::Limits { bytes: PNG_LIMIT_BYTES };
         let mut dec = png::Decoder::new_with_limits(std::io::Cursor::new(data), limits);
@@ -388,6 +439,19 @@ impl Decoder {
                 }
             }
         }
+        let (w, h) = if orientation != 1 {
+            let n = w * h * 3; // the size of `rgb`, checked above
+            let dst = scratch(&mut self.aux, n, path)?;
+            orient(&self.scratch[..n], w, h, orientation, dst);
+            std::mem::swap(&mut self.scratch, &mut self.aux);
+            if orientation >= 5 {
+                (h, w)
+            } else {
+                (w, h)
+            }
+        } else {
+            (w, h)
+        };
         self.png_dims = (w, h);
         Ok((w, h))
     }
@@ -406,8 +470,10 @@ fn jpeg_reason(message: &str, max_pixels: u64) -> String {
     }
 }
 
-/// Decodes, accepting libjpeg *warnings* (e.g. extraneous bytes) except a premature end of data,
-/// which means the file is truncated. Fatal errors are errors.
+/// Decodes, accepting libjpeg *warnings* (e.g. a bad Huffman code) except a premature end of
+/// the file, which means it is truncated; returns whether libjpeg warned. Fatal errors are
+/// errors. (A file without an end-of-image marker is refused by [`Decoder::info`] before any
+/// decoding; this is the backstop for one whose end marker lies where libjpeg never reads.)
 fn decode_tolerant(
     dec: &mut JpegDecoder,
     data: &[u8],
@@ -415,13 +481,13 @@ fn decode_tolerant(
     region: (usize, usize, usize, usize),
     channels: usize,
     out: &mut [u8],
-) -> Result<(), jpeg::JpegError> {
-    match dec.decode(data, num, region, channels, out) {
-        Err(e) if e.message.contains("Premature end") => {
-            Err(jpeg::JpegError { message: format!("truncated file ({})", e.message), warning: e.warning })
+) -> std::result::Result<bool, jpeg::JpegError> {
+    dec.decode(data, num, region, channels, out)?;
+    match dec.take_warning() {
+        Some(w) if w.starts_with("Premature end") => {
+            Err(jpeg::JpegError { message: format!("truncated file ({w})"), warning: true })
         }
-        Err(e) if e.warning => Ok(()),
-        r => r,
+        w => Ok(w.is_some()),
     }
 }
 
@@ -481,5 +547,206 @@ mod tests {
         assert_eq!(dst, [0, 255, 0, 255, 0, 0]);
         orient(&src, 2, 1, 2, &mut dst);
         assert_eq!(dst, [0, 255, 0, 255, 0, 0]);
+    }
+}
+
+/// Decoding decided as Pillow decides, and the same way for every crop (issue 19, item 8).
+#[cfg(test)]
+mod reference_tests {
+    use super::*;
+
+    /// A smooth, photo-like RGB8 test image.
+    fn pattern(w: usize, h: usize) -> Vec<u8> {
+        let mut px = Vec::with_capacity(w * h * 3);
+        for y in 0..h {
+            for x in 0..w {
+                px.extend_from_slice(&[(x * 255 / w) as u8, (y * 255 / h) as u8, ((x + y) * 127 / (w + h)) as u8]);
+            }
+        }
+        px
+    }
+
+    fn jpeg(w: usize, h: usize) -> Vec<u8> {
+        let mut c = turbojpeg::Compressor::new().unwrap();
+        c.set_quality(90).unwrap();
+        c.set_subsamp(turbojpeg::Subsamp::Sub2x2).unwrap();
+        let px = pattern(w, h);
+        let img = turbojpeg::Image {
+            pixels: &px[..],
+            width: w,
+            pitch: w * 3,
+            height: h,
+            format: turbojpeg::PixelFormat::RGB,
+        };
+        c.compress_to_vec(img).unwrap()
+    }
+
+    /// `data` with `insert` placed before its first `FF marker`.
+    fn insert_before(data: &[u8], marker: u8, insert: &[u8]) -> Vec<u8> {
+        let at = data.windows(2).position(|w| w == [0xFF, marker]).unwrap();
+        [&data[..at], insert, &data[at..]].concat()
+    }
+
+    fn decoder() -> Decoder {
+        Decoder::new(DecodeOptions::default()).unwrap()
+    }
+
+    /// Decodes like the pipeline: info, then the box `bbox` to `out`.
+    fn crop(dec: &mut Decoder, data: &[u8], bbox: [f64; 4], out: (usize, usize)) -> Result<Vec<u8>> {
+        let info = dec.info(data, Path::new("x.jpg"))?;
+        dec.decode(data, Path::new("x.jpg"), &info, bbox, out).map(|r| r.pixels.to_vec())
+    }
+
+    #[test]
+    fn a_warning_in_the_header_is_tolerated_and_counted() {
+        let good = jpeg(96, 64);
+        let (want, w, h) = decoder().decode_full(&good, Path::new("good.jpg")).unwrap();
+        // libjpeg: "Corrupt JPEG data: 4 extraneous bytes before marker 0xdb" while reading the
+        // header (Pillow loads the file).
+        let junk = insert_before(&good, 0xDB, &[0x00, 0x11, 0x22, 0x33]);
+        let mut dec = decoder();
+        assert_eq!(dec.decode_full(&junk, Path::new("junk.jpg")).unwrap(), (want.clone(), w, h));
+        assert_eq!(dec.take_warnings(), 1);
+        assert_eq!(dec.take_warnings(), 0);
+        // Every path: a cropped, DCT-scaled region too; a clean file is not counted.
+        crop(&mut dec, &junk, [10.0, 20.0, 64.0, 40.0], (16, 10)).unwrap();
+        crop(&mut dec, &good, [10.0, 20.0, 64.0, 40.0], (16, 10)).unwrap();
+        assert_eq!(dec.take_warnings(), 1);
+        // The handle is clean afterwards: the next file decodes exactly.
+        assert_eq!(dec.decode_full(&good, Path::new("good.jpg")).unwrap(), (want, w, h));
+    }
+
+    #[test]
+    fn a_bad_icc_marker_is_not_even_read() {
+        // An APP2 ICC_PROFILE chunk numbered 2 of 1 ("bad ICC marker" if libjpeg assembled ICC
+        // profiles; stoker never uses them, and Pillow loads the file).
+        let good = jpeg(48, 32);
+        let mut app2 = vec![0xFF, 0xE2, 0x00, 0x14];
+        app2.extend_from_slice(b"ICC_PROFILE\0");
+        app2.extend_from_slice(&[2, 1, 9, 9, 9, 9]);
+        let bad = [&good[..2], &app2[..], &good[2..]].concat();
+        let mut dec = decoder();
+        assert_eq!(
+            dec.decode_full(&bad, Path::new("icc.jpg")).unwrap(),
+            decoder().decode_full(&good, Path::new("g")).unwrap()
+        );
+        assert_eq!(dec.take_warnings(), 0);
+    }
+
+    #[test]
+    fn a_fatal_error_after_a_warning_is_an_error() {
+        // Extraneous bytes (a warning), then a SOF segment whose length is wrong (fatal:
+        // "Bogus marker length"). TurboJPEG gives both the same error code.
+        let good = jpeg(48, 32);
+        let mut bad = insert_before(&good, 0xDB, &[0x00, 0x11, 0x22, 0x33]);
+        let sof = bad.windows(2).position(|w| w == [0xFF, 0xC0]).unwrap();
+        bad[sof + 3] += 3;
+        let e = decoder().info(&bad, Path::new("bad.jpg")).unwrap_err().to_string();
+        assert!(e.contains("invalid JPEG") && e.contains("Bogus marker length"), "{e}");
+    }
+
+    #[test]
+    fn a_truncated_jpeg_is_refused_whatever_the_crop() {
+        // The file without its final two bytes (the end-of-image marker): Pillow refuses it
+        // ("image file is truncated"). A crop of the top rows never reads the end of the data;
+        // the verdict must not depend on it.
+        let good = jpeg(256, 192);
+        let cut = &good[..good.len() - 2];
+        let mut dec = decoder();
+        for (bbox, out) in [
+            ([0.0, 0.0, 64.0, 32.0], (64, 32)),
+            ([100.0, 150.0, 150.0, 42.0], (150, 42)),
+            ([0.0, 0.0, 256.0, 192.0], (32, 24)),
+            ([8.0, 8.0, 16.0, 16.0], (16, 16)),
+        ] {
+            let e = crop(&mut dec, cut, bbox, out).unwrap_err().to_string();
+            assert!(e.contains("truncated") && e.contains("corrupt JPEG"), "{bbox:?}: {e}");
+            crop(&mut dec, &good, bbox, out).unwrap();
+        }
+        // Bytes after the end marker (camera trailers) are fine.
+        let trailer = [&good[..], b"trailing data"].concat();
+        crop(&mut dec, &trailer, [0.0, 0.0, 64.0, 32.0], (64, 32)).unwrap();
+    }
+
+    #[test]
+    fn a_12_bit_jpeg_is_named_unsupported() {
+        use turbojpeg_sys as tj;
+        let (w, h) = (32usize, 24usize);
+        let px: Vec<i16> = pattern(w, h).iter().map(|&v| i16::from(v) * 16).collect();
+        // SAFETY: plain FFI constructor; checked for null.
+        let handle = unsafe { tj::tj3Init(tj::TJINIT_TJINIT_COMPRESS as i32) };
+        assert!(!handle.is_null());
+        let (mut buf, mut size): (*mut u8, tj::size_t) = (std::ptr::null_mut(), 0);
+        // SAFETY: `handle` is a valid compressor; `px` holds `h` rows of `w * 3` samples; TurboJPEG
+        // allocates `buf` (freed below with tj3Free) and writes its size to `size`.
+        let data = unsafe {
+            assert_eq!(tj::tj3Set(handle, tj::TJPARAM_TJPARAM_SUBSAMP as i32, tj::TJSAMP_TJSAMP_444), 0);
+            assert_eq!(tj::tj3Set(handle, tj::TJPARAM_TJPARAM_QUALITY as i32, 90), 0);
+            let r =
+                tj::tj3Compress12(handle, px.as_ptr(), w as i32, 0, h as i32, tj::TJPF_TJPF_RGB, &mut buf, &mut size);
+            assert_eq!(r, 0);
+            let data = std::slice::from_raw_parts(buf, size as usize).to_vec();
+            tj::tj3Free(buf.cast());
+            tj::tj3Destroy(handle);
+            data
+        };
+        let e = decoder().info(&data, Path::new("deep.jpg")).unwrap_err().to_string();
+        assert!(e.contains("unsupported: 12-bit JPEG"), "{e}");
+        assert!(e.contains("deep.jpg"), "{e}");
+    }
+
+    fn png_with_exif(w: usize, h: usize, exif: Option<(&[u8], bool)>) -> Vec<u8> {
+        let mut out = vec![];
+        {
+            let mut enc = png::Encoder::new(&mut out, w as u32, h as u32);
+            enc.set_color(png::ColorType::Rgb);
+            enc.set_depth(png::BitDepth::Eight);
+            let mut wr = enc.write_header().unwrap();
+            if let Some((e, false)) = exif {
+                wr.write_chunk(png::chunk::eXIf, e).unwrap();
+            }
+            wr.write_image_data(&pattern(w, h)).unwrap();
+            if let Some((e, true)) = exif {
+                wr.write_chunk(png::chunk::eXIf, e).unwrap();
+            }
+            wr.finish().unwrap();
+        }
+        out
+    }
+
+    /// Little-endian TIFF data with one IFD entry: orientation `o`.
+    fn tiff(o: u16) -> Vec<u8> {
+        let mut t = b"II*\0".to_vec();
+        t.extend_from_slice(&8u32.to_le_bytes());
+        t.extend_from_slice(&1u16.to_le_bytes());
+        t.extend_from_slice(&0x0112u16.to_le_bytes());
+        t.extend_from_slice(&3u16.to_le_bytes());
+        t.extend_from_slice(&1u32.to_le_bytes());
+        t.extend_from_slice(&o.to_le_bytes());
+        t.extend_from_slice(&[0; 6]);
+        t
+    }
+
+    #[test]
+    fn png_exif_orientation_is_applied() {
+        let (w, h) = (12, 7);
+        let plain = pattern(w, h);
+        for o in 1..=8u16 {
+            for after_idat in [false, true] {
+                let t = tiff(o);
+                let data = png_with_exif(w, h, Some((&t, after_idat)));
+                let mut dec = decoder();
+                let (px, pw, ph) = dec.decode_full(&data, Path::new("o.png")).unwrap();
+                let mut want = vec![0; w * h * 3];
+                orient(&plain, w, h, o as u8, &mut want);
+                let dims = if o >= 5 { (h, w) } else { (w, h) };
+                assert_eq!(((pw, ph), &px), (dims, &want), "orientation {o}, after IDAT {after_idat}");
+                // Off: the stored pixels.
+                let mut off = Decoder::new(DecodeOptions { apply_exif: false, ..DecodeOptions::default() }).unwrap();
+                assert_eq!(off.decode_full(&data, Path::new("o.png")).unwrap(), (plain.clone(), w, h));
+            }
+        }
+        let none = png_with_exif(w, h, None);
+        assert_eq!(decoder().decode_full(&none, Path::new("n.png")).unwrap(), (plain, w, h));
     }
 }
