@@ -16,6 +16,7 @@ import threading
 from functools import partial
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 
+import numpy as np
 import pytest
 import stoker
 from helpers import run_bounded
@@ -81,6 +82,92 @@ def test_tarfile_shards_with_long_and_non_ascii_names_load_every_sample(demo, tm
     assert sorted(seen) == list(range(len(items))), f"skipped: {report['skipped']}"
     assert report["skipped_count"] == 0
     assert labels == [label for label, _, _ in items]
+
+
+# --- what shards drop: hard links, labels (issue 19, item 10) ---------------------------------
+
+def linked_folder(demo, root, n=6):
+    """``root/v/KEY.jpg`` + ``KEY.cls`` for ``n`` demo images, and for every other one a second
+    name ``KEY-link.jpg`` (a hard link: one file, two names) with its own ``.cls``. Returns
+    (key, label) in name order."""
+    (root / "v").mkdir(parents=True)
+    keys = []
+    for k, (label, _, path) in enumerate(images(demo)[:: len(images(demo)) // n][:n]):
+        shutil.copy(path, root / "v" / f"s{k}.jpg")
+        (root / "v" / f"s{k}.cls").write_text(str(label))
+        keys.append((f"s{k}", label))
+        if k % 2 == 0:
+            os.link(root / "v" / f"s{k}.jpg", root / "v" / f"s{k}-link.jpg")
+            (root / "v" / f"s{k}-link.cls").write_text(str(label))
+            keys.append((f"s{k}-link", label))
+    return sorted(keys)
+
+
+def link_members(shard):
+    with tarfile.open(shard) as t:
+        return [m.name for m in t.getmembers() if m.islnk()]
+
+
+@pytest.mark.parametrize("writer", ["tarfile-pax", "tarfile-gnu", "gnu-tar", "gnu-tar-posix"])
+def test_hard_linked_members_read_the_file_they_link_to(demo, tmp_path, writer):
+    # Regression: the second name of a hard-linked file (a link member without data, as GNU
+    # tar and tarfile write it) was dropped without a word.
+    src = tmp_path / "src"
+    keys = linked_folder(demo, src)
+    shard = tmp_path / "linked.tar"
+    if writer.startswith("tarfile"):
+        fmt = tarfile.PAX_FORMAT if writer.endswith("pax") else tarfile.GNU_FORMAT
+        with tarfile.open(shard, "w", format=fmt) as tar:
+            tar.add(src / "v", arcname="v")  # sorted; a second name of an inode becomes a link
+    else:
+        if shutil.which("tar") is None:
+            pytest.skip("GNU tar is not installed")
+        fmt = ["--format=posix"] if writer.endswith("posix") else []
+        subprocess.run(["tar", "-cf", str(shard), "--sort=name", *fmt, "-C", str(src), "v"], check=True)
+    assert len(link_members(shard)) == 3, link_members(shard)
+    r = cli("index", shard)
+    assert r.returncode == 0, r.stderr
+    assert f"{len(keys)} samples indexed" in r.stdout, r.stdout
+    seen, labels, report = coverage(str(shard))
+    assert sorted(seen) == list(range(len(keys))) and report["skipped_count"] == 0, report["skipped"]
+    with tarfile.open(shard) as t:  # samples follow the archive's order
+        order = [os.path.basename(m.name)[: -len(".jpg")] for m in t.getmembers() if m.name.endswith(".jpg")]
+    assert sorted(order) == [k for k, _ in keys]
+    assert labels == [dict(keys)[k] for k in order]
+    # Both names of a file decode to the same pixels, whichever one the writer made the link.
+    loader = stoker.ImageLoader(str(shard), len(keys), preset="imagenet-val", output="numpy")
+    batch, _ = next(iter(loader))
+    for k, name in enumerate(order):
+        if name.endswith("-link"):
+            assert np.array_equal(batch[k], batch[order.index(name[: -len("-link")])]), name
+
+
+def test_class_name_labels_go_through_classes_json_and_bad_labels_drop_only_their_sample(demo, tmp_path):
+    # Regression: a .cls holding a class name (WebDataset's ImageNet shards use n01440764)
+    # refused the whole shard; an image without .cls got label -1.
+    items = images(demo)[:12]
+    classes = sorted({f"n0{1000000 + cls_index:07d}" for cls_index, _, _ in items})
+    wnid = {k: f"n0{1000000 + k:07d}" for k, _, _ in items}
+    out = tmp_path / "wds"
+    out.mkdir()
+    bad = {3: None, 5: b"", 8: b"n99999999"}  # no .cls, an empty one, a class not in classes.json
+    with tarfile.open(out / "train-0.tar", "w", format=tarfile.GNU_FORMAT) as tar:
+        for i, (k, _, path) in enumerate(items):
+            members = [(f"s{i:02d}.jpg", path.read_bytes())]
+            cls = bad.get(i, wnid[k].encode())
+            if cls is not None:
+                members.append((f"s{i:02d}.cls", cls))
+            for name, payload in members:
+                info = tarfile.TarInfo(name)
+                info.size = len(payload)
+                tar.addfile(info, io.BytesIO(payload))
+    (out / "classes.json").write_text(json.dumps(classes))
+    r = cli("index", out / "train-0.tar")
+    assert r.returncode == 0, r.stderr
+    seen, labels, _ = coverage(str(out / "train-0.tar"))
+    good = [i for i in range(len(items)) if i not in bad]
+    assert len(seen) == len(good)
+    assert labels == [classes.index(wnid[items[i][0]]) for i in good]
 
 
 # --- stoker pack -------------------------------------------------------------------------------

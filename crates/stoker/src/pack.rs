@@ -15,7 +15,7 @@
 use crate::decode::{sniff, DecodeOptions, Decoder, Format};
 use crate::error::{Error, Result};
 use crate::ops::Resampler;
-use crate::source::shards::{encode_index, index_path, partial_path, write_atomic, IndexEntry};
+use crate::source::shards::{encode_index, index_path, partial_path, write_atomic, IndexEntry, Label};
 use crate::source::{tar, ImageFolder, Source};
 use crate::telemetry::Skipped;
 use std::path::{Path, PathBuf};
@@ -176,7 +176,7 @@ impl ShardWriter<'_> {
             member,
             offset: m.offset,
             length: m.size,
-            label,
+            label: Label::Index(label),
             fingerprint: m.fingerprint,
         });
         Ok(())

@@ -1,7 +1,8 @@
 //! Tar shards: pack → load round trip, determinism, `--max-side`, and the promised errors for
 //! truncated shards, missing/mismatched/corrupt indexes; names of any length and UTF-8 (ours and
 //! hand-made pax/GNU headers), refusing/overwriting an earlier run, no partial files left behind,
-//! and indexing in bounded memory (a counting allocator: this binary's global allocator).
+//! indexing in bounded memory (a counting allocator: this binary's global allocator), and what
+//! shards drop (hard links, missing or bad labels, class names) listed with the reason.
 
 mod common;
 
@@ -492,8 +493,144 @@ fn indexing_streams_the_shard() {
     let largest = LARGEST.with(|l| l.get());
     assert!(largest < 1 << 20, "indexing allocated {largest} bytes at once");
     let s = ShardSource::open(std::slice::from_ref(&shard)).unwrap();
-    assert_eq!((s.member(1), s.label(1)), ("small/a.jpg", 5));
+    // The huge image has no label while the other has one: not a sample, and said so.
+    assert_eq!((s.len(), s.member(0), s.label(0)), (1, "small/a.jpg", 5));
+    assert_eq!(s.not_samples().len(), 1);
+    assert!(s.not_samples()[0].0.to_string_lossy().ends_with("big.tar:big/huge.jpg"));
+    assert!(s.not_samples()[0].1.contains("no label"), "{}", s.not_samples()[0].1);
     let mut buf = vec![];
-    s.read(1, &mut buf, u64::MAX).unwrap();
+    s.read(0, &mut buf, u64::MAX).unwrap();
     assert_eq!(buf, img);
+}
+
+/// A hard (`b'1'`) or symbolic (`b'2'`) link header named `name`, linking to `target`.
+fn link_header(name: &str, target: &str, typeflag: u8) -> [u8; 512] {
+    let mut h = raw_header(name.as_bytes(), 0, typeflag, false);
+    h[157..157 + target.len()].copy_from_slice(target.as_bytes());
+    h[148..156].fill(b' ');
+    let sum: u32 = h.iter().map(|&b| b as u32).sum();
+    h[148..156].copy_from_slice(format!("{sum:06o}\0 ").as_bytes());
+    h
+}
+
+fn push_file(t: &mut Vec<u8>, name: &str, data: &[u8]) {
+    t.extend_from_slice(&raw_header(name.as_bytes(), data.len() as u64, b'0', false));
+    t.extend_from_slice(data);
+    pad(t);
+}
+
+#[test]
+fn shards_say_what_they_drop() {
+    // Regression (issue 19): hard-linked members were dropped, an image without .cls got label
+    // -1, a .cls holding a class name refused the whole shard. Now: links read the earlier
+    // member, class names go through classes.json, and every image that is not a sample is
+    // listed with its reason; one bad member never refuses the shard.
+    let d = tempfile::tempdir().unwrap();
+    let img = |k: usize| jpeg(&photo_sized("rocket", 40 + 8 * k, 32), 40 + 8 * k, 32, 90);
+    let mut t = vec![];
+    let sample = |t: &mut Vec<u8>, key: &str, k: usize, cls: Option<&[u8]>| {
+        push_file(t, &format!("{key}.jpg"), &img(k));
+        if let Some(c) = cls {
+            push_file(t, &format!("{key}.cls"), c);
+        }
+    };
+    sample(&mut t, "s/a", 0, Some(b"3"));
+    sample(&mut t, "s/b", 1, Some(b"n01440764\n")); // a class name
+    sample(&mut t, "s/c", 2, None); // no label
+    sample(&mut t, "s/d", 3, Some(b"")); // empty
+    sample(&mut t, "s/e", 4, Some(b"-2")); // negative
+    t.extend_from_slice(&link_header("s/f.jpg", "s/a.jpg", b'1')); // GNU tar's second link
+    push_file(&mut t, "s/f.cls", b"1");
+    t.extend_from_slice(&link_header("s/g.jpg", "s/missing.jpg", b'1'));
+    push_file(&mut t, "s/g.cls", b"1");
+    t.extend_from_slice(&link_header("s/h.jpg", "a.jpg", b'2'));
+    push_file(&mut t, "s/h.cls", b"1");
+    sample(&mut t, "s/i", 5, Some(b"7")); // out of range of classes.json
+    push_file(&mut t, "s/j.jpg", &img(6));
+    t.extend_from_slice(&link_header("s/j.cls", "s/a.cls", b'1')); // a linked label
+    sample(&mut t, "s/k", 7, Some(&[b'1'; 5000])); // not a label
+    t.extend_from_slice(&[0u8; 1024]);
+    let shard = d.path().join("mixed.tar");
+    std::fs::write(&shard, &t).unwrap();
+    assert_eq!(write_index(&shard).unwrap(), 6, "a, b, c, f, i, j (the others are dropped already)");
+    let classes = ["n00000000", "n01440764", "x", "y", "z"];
+    std::fs::write(d.path().join("classes.json"), serde_json::to_string(&classes).unwrap()).unwrap();
+
+    let s = ShardSource::open(std::slice::from_ref(&shard)).unwrap();
+    let got: Vec<(&str, i64)> = (0..s.len()).map(|i| (s.member(i), s.label(i))).collect();
+    assert_eq!(got, [("s/a.jpg", 3), ("s/b.jpg", 1), ("s/f.jpg", 1), ("s/j.jpg", 3)]);
+    let (mut a, mut f) = (vec![], vec![]);
+    s.read(0, &mut a, u64::MAX).unwrap();
+    s.read(2, &mut f, u64::MAX).unwrap();
+    assert_eq!((&a, &f), (&img(0), &img(0)), "the hard link reads its target's bytes");
+    let why = |key: &str| -> String {
+        let path = format!("mixed.tar:s/{key}.jpg");
+        let found = s.not_samples().iter().find(|(p, _)| p.to_string_lossy().ends_with(&path));
+        found.unwrap_or_else(|| panic!("{key} not listed: {:?}", s.not_samples())).1.clone()
+    };
+    assert_eq!(s.not_samples().len(), 7, "{:?}", s.not_samples());
+    for (key, reason) in [
+        ("c", "no label"),
+        ("d", "s/d.cls is empty"),
+        ("e", "negative number (-2)"),
+        ("g", "hard link to \"s/missing.jpg\""),
+        ("h", "symbolic link"),
+        ("i", "label 7 is out of range"),
+        ("k", "has 5000 bytes"),
+    ] {
+        assert!(why(key).contains(reason), "{key}: {}", why(key));
+    }
+    // Through a loader: the samples delivered, the others in the report with their reasons.
+    let source = Arc::new(s);
+    let loader = Loader::new(source.clone(), LoaderConfig::new(2, val_u8())).unwrap();
+    loader.report_not_samples(source.not_samples());
+    let mut labels = vec![];
+    for b in loader.iter().unwrap() {
+        labels.extend_from_slice(b.unwrap().labels());
+    }
+    assert_eq!(labels, [3, 1, 1, 3]);
+    let r = loader.report();
+    assert_eq!(r.skipped_count, 7);
+    assert!(!r.skipped.iter().any(|k| k.path.ends_with("s/b.jpg")));
+    assert!(r.skipped.iter().any(|k| k.path.ends_with("s/g.jpg") && k.reason.contains("hard link")));
+
+    // Without classes.json: a class name cannot be mapped, and nothing is out of range.
+    std::fs::remove_file(d.path().join("classes.json")).unwrap();
+    let s = ShardSource::open(std::slice::from_ref(&shard)).unwrap();
+    let got: Vec<(&str, i64)> = (0..s.len()).map(|i| (s.member(i), s.label(i))).collect();
+    assert_eq!(got, [("s/a.jpg", 3), ("s/f.jpg", 1), ("s/i.jpg", 7), ("s/j.jpg", 3)]);
+    let b = s.not_samples().iter().find(|(p, _)| p.to_string_lossy().ends_with("s/b.jpg")).unwrap();
+    assert!(b.1.contains("\"n01440764\" is a class name") && b.1.contains("no classes.json"), "{}", b.1);
+}
+
+#[test]
+fn shards_without_any_label_are_an_unlabelled_dataset() {
+    let d = tempfile::tempdir().unwrap();
+    let mut t = vec![];
+    for k in 0..3 {
+        push_file(&mut t, &format!("u/{k}.jpg"), &jpeg(&photo_sized("chelsea", 32, 24), 32, 24, 90));
+    }
+    stoker::source::tar::finish(&mut t);
+    let shard = d.path().join("u.tar");
+    std::fs::write(&shard, &t).unwrap();
+    write_index(&shard).unwrap();
+    let s = ShardSource::open(std::slice::from_ref(&shard)).unwrap();
+    assert_eq!(((0..3).map(|i| s.label(i)).collect::<Vec<_>>(), s.not_samples().len()), (vec![-1, -1, -1], 0));
+}
+
+#[test]
+fn shards_where_no_image_is_a_sample_say_why() {
+    let d = tempfile::tempdir().unwrap();
+    let mut t = vec![];
+    push_file(&mut t, "x/a.jpg", &jpeg(&photo_sized("chelsea", 32, 24), 32, 24, 90));
+    push_file(&mut t, "x/a.cls", b"cat");
+    stoker::source::tar::finish(&mut t);
+    let shard = d.path().join("x.tar");
+    std::fs::write(&shard, &t).unwrap();
+    write_index(&shard).unwrap();
+    let e = ShardSource::open(std::slice::from_ref(&shard)).unwrap_err().to_string();
+    assert!(
+        e.contains("none of the 1 image members") && e.contains("x.tar:x/a.jpg") && e.contains("classes.json"),
+        "{e}"
+    );
 }

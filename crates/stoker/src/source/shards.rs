@@ -14,6 +14,23 @@
 //! needs memory for the index, not for the shard; an index is written under a temporary name
 //! and renamed into place. Tar member names are only compared as strings, never used as
 //! filesystem paths.
+//!
+//! Shards say what they drop. One bad member is that sample's problem, never the shard's: the
+//! index keeps every image member with what its `.cls` holds ([`Label`]: an integer, a class
+//! name, nothing, or why it cannot be used), and opening the shards decides, listing every image
+//! that is not a sample with the reason ([`ShardSource::not_samples`], shown in the loader's
+//! report):
+//! - an integer label is the label (out of range of a `classes.json` beside the shards: not a
+//!   sample);
+//! - a class name (WebDataset's ImageNet shards hold `n01440764`) is mapped through the
+//!   `classes.json` beside the shards (the list `stoker pack` writes); without one, or when the
+//!   name is not in it, the image is not a sample;
+//! - an image without `.cls` is not a sample when other images of the shards have labels; when
+//!   none has one, the dataset is unlabelled and every label is -1;
+//! - a `.cls` that is not a label (empty, not UTF-8, larger than 4 KiB, a negative number)
+//!   leaves its image out;
+//! - a hard-linked member reads the data of the earlier member it links to; a link that cannot
+//!   be resolved, a symbolic link, a device or a FIFO named like an image is not a sample.
 
 use super::tar;
 use super::{Source, IMG_EXTENSIONS};
@@ -24,13 +41,29 @@ use std::path::{Path, PathBuf};
 
 /// The first index format (no header fingerprints).
 const MAGIC_V1: &[u8; 8] = b"STKIDX1\0";
-/// The index format written now.
-const MAGIC: &[u8; 8] = b"STKIDX2\0";
+/// The second format (fingerprints; labels as integers, -1 for none).
+const MAGIC_V2: &[u8; 8] = b"STKIDX2\0";
+/// The index format written now (labels as [`Label`]).
+const MAGIC: &[u8; 8] = b"STKIDX3\0";
 
 /// Largest `.cls` member accepted (a label is a short decimal integer).
 const MAX_LABEL_BYTES: u64 = 4096;
 
-/// One indexed sample.
+/// What an image member's `KEY.cls` holds, as indexed; [`ShardSource`] decides from it (and the
+/// `classes.json` beside the shards) whether the image is a sample and with which label.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Label {
+    /// An integer label.
+    Index(i64),
+    /// A class name, mapped through `classes.json` when the shards are opened.
+    Name(String),
+    /// No `KEY.cls` for this image.
+    Missing,
+    /// Not a sample, and why (a `.cls` that is not a label, a link that cannot be read).
+    Dropped(String),
+}
+
+/// One indexed image member.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct IndexEntry {
     /// WebDataset key.
@@ -41,8 +74,8 @@ pub struct IndexEntry {
     pub offset: u64,
     /// Image data length.
     pub length: u64,
-    /// Label from `KEY.cls` (-1 when absent).
-    pub label: i64,
+    /// What `KEY.cls` holds.
+    pub label: Label,
     /// [`tar::Header::fingerprint`] of the member's header (0: unknown, a first-format index).
     pub fingerprint: u64,
 }
@@ -90,24 +123,65 @@ pub fn index_members(data: &[u8], shard: &Path) -> Result<Vec<IndexEntry>> {
     index_reader(std::io::Cursor::new(data), data.len() as u64, shard)
 }
 
-/// Groups the members of the tar archive in `reader` (`total` bytes) into samples (image +
-/// optional `.cls`), streaming: image data is skipped, only headers and labels are read.
+/// What the `.cls` member `name` holding `raw` says.
+fn parse_label(name: &str, raw: &[u8]) -> Label {
+    let Ok(text) = std::str::from_utf8(raw) else {
+        return Label::Dropped(format!("its label {name} is not UTF-8 text"));
+    };
+    let text = text.trim();
+    if text.is_empty() {
+        return Label::Dropped(format!("its label {name} is empty"));
+    }
+    match text.parse::<i64>() {
+        Ok(v) if v >= 0 => Label::Index(v),
+        Ok(v) => Label::Dropped(format!("its label {name} holds a negative number ({v})")),
+        Err(_) => Label::Name(text.to_string()),
+    }
+}
+
+/// Groups the members of the tar archive in `reader` (`total` bytes) into image entries with
+/// what their `.cls` holds, streaming: image data is skipped, only headers and labels are read.
+/// A member that is not a label or cannot be read is its image's problem ([`Label::Dropped`]),
+/// not the shard's; a shard whose tar structure is broken is an error.
 pub fn index_reader<R: Read + Seek>(reader: R, total: u64, shard: &Path) -> Result<Vec<IndexEntry>> {
     let invalid = |e: String| Error::decode(shard, format!("invalid shard: {e}"));
     let mut r = tar::Reader::new(reader, total);
     let mut out: Vec<IndexEntry> = vec![];
-    let mut labels: std::collections::HashMap<String, i64> = std::collections::HashMap::new();
+    let mut labels: std::collections::HashMap<String, Label> = std::collections::HashMap::new();
+    // Members without data: an image is listed as not a sample, a label drops its image.
+    let note_unread =
+        |unread: Vec<tar::Unread>, out: &mut Vec<IndexEntry>, labels: &mut std::collections::HashMap<String, Label>| {
+            for u in unread {
+                let Some((key, ext)) = split_key(&u.name) else { continue };
+                let ext = ext.to_ascii_lowercase();
+                if ext == "cls" {
+                    labels.insert(key.to_string(), Label::Dropped(format!("its label {} is {}", u.name, u.reason)));
+                } else if IMG_EXTENSIONS.contains(&ext.as_str()) {
+                    out.push(IndexEntry {
+                        key: key.to_string(),
+                        member: u.name.clone(),
+                        offset: u.offset,
+                        length: 0,
+                        label: Label::Dropped(format!("the member is {}", u.reason)),
+                        fingerprint: 0,
+                    });
+                }
+            }
+        };
     while let Some(m) = r.next_member().map_err(invalid)? {
+        note_unread(r.take_unread(), &mut out, &mut labels);
         let Some((key, ext)) = split_key(&m.name) else { continue };
         let ext_l = ext.to_ascii_lowercase();
         if ext_l == "cls" {
-            let raw = r
-                .read_data(MAX_LABEL_BYTES)
-                .map_err(|e| Error::decode(shard, format!("invalid shard: member {}: {e}", m.name)))?;
-            let text = String::from_utf8_lossy(&raw);
-            let label: i64 = text.trim().parse().map_err(|_| {
-                Error::decode(shard, format!("member {}: label {:?} is not an integer", m.name, text.trim()))
-            })?;
+            let label = if m.size > MAX_LABEL_BYTES {
+                Label::Dropped(format!(
+                    "its label {} has {} bytes (a label has at most {MAX_LABEL_BYTES})",
+                    m.name, m.size
+                ))
+            } else {
+                let raw = r.read_data(MAX_LABEL_BYTES).map_err(|e| invalid(format!("member {}: {e}", m.name)))?;
+                parse_label(&m.name, &raw)
+            };
             labels.insert(key.to_string(), label);
         } else if IMG_EXTENSIONS.contains(&ext_l.as_str()) {
             out.push(IndexEntry {
@@ -115,73 +189,122 @@ pub fn index_reader<R: Read + Seek>(reader: R, total: u64, shard: &Path) -> Resu
                 member: m.name.clone(),
                 offset: m.offset,
                 length: m.size,
-                label: -1,
+                label: Label::Missing,
                 fingerprint: m.fingerprint,
             });
         }
     }
+    note_unread(r.take_unread(), &mut out, &mut labels);
     for e in &mut out {
-        if let Some(&l) = labels.get(&e.key) {
-            e.label = l;
+        if e.label == Label::Missing {
+            if let Some(l) = labels.get(&e.key) {
+                e.label = l.clone();
+            }
         }
     }
     Ok(out)
 }
 
 /// Serialises an index for a shard of `shard_size` bytes.
+///
+/// Format 3 (`STKIDX3`), little-endian: magic, shard size (u64), entry count (u64), then per
+/// entry: data offset, length and header fingerprint (u64 each), the member name (u32 length,
+/// UTF-8), the label kind (u8: 0 integer, 1 class name, 2 missing, 3 dropped) and its value (an
+/// i64 for an integer, a u32 length and UTF-8 text for a name or a reason, nothing for
+/// missing); last, an xxh3 checksum of everything before it (u64).
 pub fn encode_index(entries: &[IndexEntry], shard_size: u64) -> Vec<u8> {
     let mut b = MAGIC.to_vec();
     b.extend_from_slice(&shard_size.to_le_bytes());
     b.extend_from_slice(&(entries.len() as u64).to_le_bytes());
+    let text = |b: &mut Vec<u8>, t: &str| {
+        b.extend_from_slice(&(t.len() as u32).to_le_bytes());
+        b.extend_from_slice(t.as_bytes());
+    };
     for e in entries {
         b.extend_from_slice(&e.offset.to_le_bytes());
         b.extend_from_slice(&e.length.to_le_bytes());
-        b.extend_from_slice(&e.label.to_le_bytes());
         b.extend_from_slice(&e.fingerprint.to_le_bytes());
-        b.extend_from_slice(&(e.member.len() as u32).to_le_bytes());
-        b.extend_from_slice(e.member.as_bytes());
+        text(&mut b, &e.member);
+        match &e.label {
+            Label::Index(v) => {
+                b.push(0);
+                b.extend_from_slice(&v.to_le_bytes());
+            }
+            Label::Name(n) => {
+                b.push(1);
+                text(&mut b, n);
+            }
+            Label::Missing => b.push(2),
+            Label::Dropped(why) => {
+                b.push(3);
+                text(&mut b, why);
+            }
+        }
     }
     let sum = xxhash_rust::xxh3::xxh3_64(&b);
     b.extend_from_slice(&sum.to_le_bytes());
     b
 }
 
-/// Parses an index (either format); returns the entries and the shard size it was made for.
+/// Parses an index (any format); returns the entries and the shard size it was made for. In
+/// the first two formats a label of -1 meant "no `.cls`".
 pub fn decode_index(b: &[u8], path: &Path) -> Result<(Vec<IndexEntry>, u64)> {
     let bad = |why: &str| Error::decode(path, format!("invalid shard index: {why}"));
-    if b.len() < 32 || (&b[..8] != MAGIC && &b[..8] != MAGIC_V1) {
-        return Err(bad("not a stoker index (bad magic)"));
-    }
-    let v1 = &b[..8] == MAGIC_V1;
+    let version = match b.get(..8) {
+        Some(m) if b.len() >= 32 && m == MAGIC_V1 => 1,
+        Some(m) if b.len() >= 32 && m == MAGIC_V2 => 2,
+        Some(m) if b.len() >= 32 && m == MAGIC => 3,
+        _ => return Err(bad("not a stoker index (bad magic)")),
+    };
     let (body, sum) = b.split_at(b.len() - 8);
     if xxhash_rust::xxh3::xxh3_64(body) != u64::from_le_bytes(sum.try_into().expect("8 bytes")) {
         return Err(bad("checksum mismatch (corrupt or truncated index)"));
     }
-    let u64_at = |o: usize| -> Result<u64> {
-        body.get(o..o + 8).map(|s| u64::from_le_bytes(s.try_into().expect("8 bytes"))).ok_or_else(|| bad("truncated"))
+    let mut pos: usize = 8;
+    let mut take = |n: usize| -> Result<&[u8]> {
+        let s = body.get(pos..pos.checked_add(n).ok_or_else(|| bad("truncated"))?).ok_or_else(|| bad("truncated"))?;
+        pos += n;
+        Ok(s)
     };
-    let shard_size = u64_at(8)?;
-    let count = u64_at(16)? as usize;
-    let fixed = if v1 { 28 } else { 36 };
-    let mut pos = 24;
-    let mut out = Vec::with_capacity(count.min(body.len() / fixed));
+    let u64_of = |s: &[u8]| u64::from_le_bytes(s.try_into().expect("8 bytes"));
+    let u32_of = |s: &[u8]| u32::from_le_bytes(s.try_into().expect("4 bytes")) as usize;
+    let utf8 = |s: &[u8], what: &str| String::from_utf8(s.to_vec()).map_err(|_| bad(&format!("{what} is not UTF-8")));
+    let shard_size = u64_of(take(8)?);
+    let count = u64_of(take(8)?) as usize;
+    let mut out = Vec::with_capacity(count.min(body.len() / 29));
     for _ in 0..count {
-        let offset = u64_at(pos)?;
-        let length = u64_at(pos + 8)?;
-        let label = u64_at(pos + 16)? as i64;
-        let fingerprint = if v1 { 0 } else { u64_at(pos + 24)? };
-        let n = body
-            .get(pos + fixed - 4..pos + fixed)
-            .map(|s| u32::from_le_bytes(s.try_into().expect("4 bytes")))
-            .ok_or_else(|| bad("truncated"))? as usize;
-        let name = body.get(pos + fixed..pos + fixed + n).ok_or_else(|| bad("truncated"))?;
-        let member = String::from_utf8(name.to_vec()).map_err(|_| bad("member name is not UTF-8"))?;
+        let offset = u64_of(take(8)?);
+        let length = u64_of(take(8)?);
+        let (member, label, fingerprint);
+        if version < 3 {
+            let l = u64_of(take(8)?) as i64;
+            label = if l == -1 { Label::Missing } else { Label::Index(l) };
+            fingerprint = if version == 1 { 0 } else { u64_of(take(8)?) };
+            let n = u32_of(take(4)?);
+            member = utf8(take(n)?, "member name")?;
+        } else {
+            fingerprint = u64_of(take(8)?);
+            let n = u32_of(take(4)?);
+            member = utf8(take(n)?, "member name")?;
+            label = match take(1)?[0] {
+                0 => Label::Index(u64_of(take(8)?) as i64),
+                1 => {
+                    let n = u32_of(take(4)?);
+                    Label::Name(utf8(take(n)?, "a class name")?)
+                }
+                2 => Label::Missing,
+                3 => {
+                    let n = u32_of(take(4)?);
+                    Label::Dropped(utf8(take(n)?, "a reason")?)
+                }
+                k => return Err(bad(&format!("unknown label kind {k}"))),
+            };
+        }
         let key = split_key(&member).map(|(k, _)| k.to_string()).unwrap_or_else(|| member.clone());
         if offset < tar::BLOCK as u64 || offset.checked_add(length).is_none_or(|end| end > shard_size) {
             return Err(bad(&format!("entry {member} lies outside the shard")));
         }
         out.push(IndexEntry { key, member, offset, length, label, fingerprint });
-        pos += fixed + n;
     }
     if pos != body.len() {
         return Err(bad("trailing bytes"));
@@ -190,13 +313,15 @@ pub fn decode_index(b: &[u8], path: &Path) -> Result<(Vec<IndexEntry>, u64)> {
 }
 
 /// Builds and writes the sidecar index of an existing shard, streaming it (memory for the
-/// index, not for the shard); returns its samples.
+/// index, not for the shard); returns how many image members it indexed that are not dropped
+/// already (whether one without a usable label is a sample is decided when the shards are
+/// opened).
 pub fn write_index(shard: &Path) -> Result<usize> {
     let file = std::fs::File::open(shard).map_err(|e| Error::io(shard, &e))?;
     let size = file.metadata().map_err(|e| Error::io(shard, &e))?.len();
     let entries = index_reader(file, size, shard)?;
     write_atomic(&index_path(shard), &encode_index(&entries, size))?;
-    Ok(entries.len())
+    Ok(entries.iter().filter(|e| !matches!(e.label, Label::Dropped(_))).count())
 }
 
 /// Where shard bytes come from: local files, or objects in a store.
@@ -243,6 +368,8 @@ pub struct ShardSource {
     members: String,
     member_ends: Vec<u64>,
     classes: Vec<String>,
+    /// Image members that are not samples, with the reason.
+    not_samples: Vec<(PathBuf, String)>,
 }
 
 impl std::fmt::Debug for ShardSource {
@@ -299,8 +426,14 @@ impl ShardSource {
             members: String::new(),
             member_ends: vec![],
             classes: vec![],
+            not_samples: vec![],
         };
-        for (k, m) in metas.into_iter().enumerate() {
+        if let Some(text) = classes {
+            out.classes = serde_json::from_str(&text)
+                .map_err(|e| Error::Dataset(format!("invalid classes.json beside the shards: {e}")))?;
+        }
+        let mut shards = vec![];
+        for m in metas {
             let (idx, bytes) = m.index;
             let bytes = bytes.map_err(|e| {
                 Error::Dataset(format!(
@@ -315,23 +448,44 @@ impl ShardSource {
                     m.size
                 )));
             }
+            shards.push((m.name, entries));
+        }
+        let resolve = Labels::new(&out.classes, shards.iter().flat_map(|(_, e)| e));
+        for (k, (name, entries)) in shards.into_iter().enumerate() {
             for e in entries {
+                let label = match resolve.label(&e) {
+                    Ok(l) => l,
+                    Err(why) => {
+                        out.not_samples.push((PathBuf::from(format!("{name}:{}", e.member)), why));
+                        continue;
+                    }
+                };
                 let len = u32::try_from(e.length)
-                    .map_err(|_| Error::decode(&m.name, format!("member {} is larger than 4 GiB", e.member)))?;
-                out.samples.push((k as u32, e.offset, len, e.label));
+                    .map_err(|_| Error::decode(&name, format!("member {} is larger than 4 GiB", e.member)))?;
+                out.samples.push((k as u32, e.offset, len, label));
                 out.fingerprints.push(e.fingerprint);
                 out.members.push_str(&e.member);
                 out.member_ends.push(out.members.len() as u64);
             }
         }
-        if let Some(text) = classes {
-            out.classes = serde_json::from_str(&text)
-                .map_err(|e| Error::Dataset(format!("invalid classes.json beside the shards: {e}")))?;
-        }
         if out.samples.is_empty() {
-            return Err(Error::Dataset("the shards hold no image samples".into()));
+            return Err(Error::Dataset(match out.not_samples.first() {
+                None => "the shards hold no image samples".into(),
+                Some((p, why)) => format!(
+                    "none of the {} image members of the shards is a sample; the first: {}: {why}",
+                    out.not_samples.len(),
+                    p.display()
+                ),
+            }));
         }
         Ok(out)
+    }
+
+    /// The image members that are not samples, with the reason (a `.cls` that is not a label,
+    /// a class name missing from `classes.json`, no `.cls` where others have one, a link that
+    /// cannot be read): reported, never read.
+    pub fn not_samples(&self) -> &[(PathBuf, String)] {
+        &self.not_samples
     }
 
     /// Class names, when the shards came with a `classes.json`.
@@ -343,6 +497,49 @@ impl ShardSource {
     pub fn member(&self, i: usize) -> &str {
         let start = if i == 0 { 0 } else { self.member_ends[i - 1] as usize };
         &self.members[start..self.member_ends[i] as usize]
+    }
+}
+
+/// The rules that turn what an index holds ([`Label`]) into a label, for one set of shards.
+struct Labels<'a> {
+    /// Class names in label order (`classes.json`), by name.
+    classes: std::collections::HashMap<&'a str, usize>,
+    class_count: usize,
+    /// Whether any image of the shards has a label (else the dataset is unlabelled: -1).
+    labelled: bool,
+}
+
+impl<'a> Labels<'a> {
+    fn new<'e>(classes: &'a [String], entries: impl Iterator<Item = &'e IndexEntry>) -> Self {
+        let mut by_name = std::collections::HashMap::new();
+        for (i, c) in classes.iter().enumerate() {
+            by_name.entry(c.as_str()).or_insert(i);
+        }
+        let mut entries = entries;
+        let labelled = entries.any(|e| matches!(e.label, Label::Index(_) | Label::Name(_)));
+        Labels { classes: by_name, class_count: classes.len(), labelled }
+    }
+
+    /// The label of `e`, or why it is not a sample.
+    fn label(&self, e: &IndexEntry) -> std::result::Result<i64, String> {
+        match &e.label {
+            Label::Index(v) if *v < 0 => Err(format!("its label is a negative number ({v})")),
+            Label::Index(v) if self.class_count > 0 && *v as u64 >= self.class_count as u64 => Err(format!(
+                "its label {v} is out of range: the classes.json beside the shards names {} classes",
+                self.class_count
+            )),
+            Label::Index(v) => Ok(*v),
+            Label::Name(n) => match self.classes.get(n.as_str()) {
+                Some(&i) => Ok(i as i64),
+                None if self.class_count == 0 => Err(format!(
+                    "its label {n:?} is a class name, and there is no classes.json beside the shards to map it to a class index"
+                )),
+                None => Err(format!("its label {n:?} is not a class of the classes.json beside the shards")),
+            },
+            Label::Missing if !self.labelled => Ok(-1),
+            Label::Missing => Err(format!("no label: the shard has no {}.cls (other images have labels)", e.key)),
+            Label::Dropped(why) => Err(why.clone()),
+        }
     }
 }
 
@@ -479,14 +676,21 @@ mod tests {
 
     #[test]
     fn index_round_trip_and_corruption() {
-        let e = vec![IndexEntry {
+        let one = IndexEntry {
             key: "a/x".into(),
             member: "a/x.jpg".into(),
             offset: 512,
             length: 10,
-            label: 3,
+            label: Label::Index(3),
             fingerprint: 7,
-        }];
+        };
+        let e = vec![
+            one.clone(),
+            IndexEntry { label: Label::Name("n01440764".into()), ..one.clone() },
+            IndexEntry { label: Label::Missing, ..one.clone() },
+            IndexEntry { label: Label::Dropped("its label a/x.cls is empty".into()), ..one.clone() },
+            IndexEntry { label: Label::Index(-7), key: "é".into(), member: "é.png".into(), ..one.clone() },
+        ];
         let b = encode_index(&e, 2048);
         assert_eq!(decode_index(&b, Path::new("i")).unwrap(), (e.clone(), 2048));
         for cut in [0, 7, 20, b.len() - 1] {
@@ -497,6 +701,54 @@ mod tests {
         assert!(decode_index(&flip, Path::new("i")).unwrap_err().to_string().contains("checksum"));
         let outside = encode_index(&[IndexEntry { offset: 4096, ..e[0].clone() }], 2048);
         assert!(decode_index(&outside, Path::new("i")).unwrap_err().to_string().contains("outside"));
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn any_entries_round_trip(
+            entries in proptest::collection::vec((".{0,40}", 0u8..4, proptest::prelude::any::<i64>(), ".{0,60}"), 0..6)
+        ) {
+            let entries: Vec<IndexEntry> = entries
+                .into_iter()
+                .enumerate()
+                .map(|(k, (member, kind, v, text))| IndexEntry {
+                    key: split_key(&member).map(|(k, _)| k.to_string()).unwrap_or_else(|| member.clone()),
+                    member,
+                    offset: 512 * (k as u64 + 1),
+                    length: k as u64,
+                    label: match kind {
+                        0 => Label::Index(v),
+                        1 => Label::Name(text),
+                        2 => Label::Missing,
+                        _ => Label::Dropped(text),
+                    },
+                    fingerprint: v as u64,
+                })
+                .collect();
+            let b = encode_index(&entries, 1 << 20);
+            proptest::prop_assert_eq!(decode_index(&b, Path::new("i")).unwrap(), (entries, 1 << 20));
+        }
+    }
+
+    #[test]
+    fn second_format_indexes_are_still_read() {
+        // STKIDX2: offset, length, label (-1: no .cls), fingerprint, name length, name.
+        let mut b = MAGIC_V2.to_vec();
+        for v in [2048u64, 2] {
+            b.extend_from_slice(&v.to_le_bytes());
+        }
+        for (label, name) in [(5i64, "a/x.jpg"), (-1, "a/y.jpg")] {
+            for v in [512u64, 10, label as u64, 9] {
+                b.extend_from_slice(&v.to_le_bytes());
+            }
+            b.extend_from_slice(&(name.len() as u32).to_le_bytes());
+            b.extend_from_slice(name.as_bytes());
+        }
+        let sum = xxhash_rust::xxh3::xxh3_64(&b);
+        b.extend_from_slice(&sum.to_le_bytes());
+        let (e, _) = decode_index(&b, Path::new("i")).unwrap();
+        assert_eq!((&e[0].label, &e[1].label), (&Label::Index(5), &Label::Missing));
+        assert_eq!((e[1].key.as_str(), e[1].fingerprint), ("a/y", 9));
     }
 
     #[test]
@@ -519,7 +771,7 @@ mod tests {
                 member: "a/x.jpg".into(),
                 offset: 512,
                 length: 10,
-                label: 3,
+                label: Label::Index(3),
                 fingerprint: 0
             }
         );

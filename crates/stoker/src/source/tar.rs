@@ -4,6 +4,13 @@
 //! input: parsing is bounds-checked, the size of a long-name or pax record is capped
 //! ([`MAX_META`]) and errors say what is wrong and at which byte.
 //!
+//! Hard links are members too: GNU tar and Python's `tarfile` store the second and later names
+//! of a file with several links as a link header (type `1`) naming the first, without data. The
+//! reader resolves such a link to the data of the earlier member it names; a link it cannot
+//! resolve (its target is not an earlier file of the archive), a symbolic link, a device or a
+//! FIFO has no data to read, and is listed with the reason ([`Reader::take_unread`]) instead of
+//! being dropped in silence.
+//!
 //! The [`Reader`] streams: it reads headers and skips member data with a seek, so listing a
 //! shard costs its headers, not its size, in memory and I/O. The [`Writer`] uses a plain ustar
 //! header when a name fits one (ASCII, at most 100 bytes, or split at a '/' into the 155-byte
@@ -44,6 +51,18 @@ const OCTAL_MAX: u64 = (1 << 33) - 1;
 
 /// The name a pax extended header itself carries (as Python's `tarfile` writes it).
 const PAX_NAME: &str = "././@PaxHeader";
+
+/// A member that has a name but no data stoker reads (see [`Reader::take_unread`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Unread {
+    /// Member name (as for [`Member::name`]).
+    pub name: String,
+    /// Offset just after its header (where its data would be; it has none to read).
+    pub offset: u64,
+    /// Why it is not read ("a symbolic link to ...", "a hard link to ..., which is not an
+    /// earlier member of this shard", ...).
+    pub reason: String,
+}
 
 fn octal(field: &[u8]) -> Option<u64> {
     // Base-256 (GNU) for large values: high bit set in the first byte.
@@ -94,6 +113,8 @@ pub struct Header {
     pub size: u64,
     /// The type flag (`b'0'` or 0 for a regular file, `b'x'` pax, `b'L'` GNU long name, ...).
     pub typeflag: u8,
+    /// The link target field (hard and symbolic links), as stored in this header.
+    pub linkname: Vec<u8>,
 }
 
 impl Header {
@@ -114,7 +135,7 @@ impl Header {
                 name = [prefix, b"/", &name].concat();
             }
         }
-        Ok(Header { name, size, typeflag: h[156] })
+        Ok(Header { name, size, typeflag: h[156], linkname: field(&h[157..257]).to_vec() })
     }
 
     /// Whether this header starts a regular file (`0`, NUL or contiguous `7`).
@@ -132,9 +153,20 @@ impl Header {
     }
 }
 
+/// What pax and GNU records before a header say about it.
+#[derive(Debug, Default)]
+struct Overrides {
+    /// The member name (pax `path`, GNU `L`).
+    path: Option<Vec<u8>>,
+    /// The link target (pax `linkpath`, GNU `K`).
+    linkpath: Option<Vec<u8>>,
+    /// The data size (pax `size`).
+    size: Option<u64>,
+}
+
 /// Parses the records of a pax extended header (`LEN KEY=VALUE\n`, LEN counting the whole
-/// record) and keeps `path` and `size`.
-fn parse_pax(raw: &[u8], path: &mut Option<Vec<u8>>, size: &mut Option<u64>) -> Result<(), String> {
+/// record) and keeps `path`, `linkpath` and `size`.
+fn parse_pax(raw: &[u8], over: &mut Overrides) -> Result<(), String> {
     let mut rest = raw;
     while !rest.is_empty() {
         if rest.iter().all(|&b| b == 0) {
@@ -154,15 +186,16 @@ fn parse_pax(raw: &[u8], path: &mut Option<Vec<u8>>, size: &mut Option<u64>) -> 
         let (key, value) = (&kv[..eq], &kv[eq + 1..]);
         match key {
             // An empty value unsets the keyword (the header field applies again).
-            b"path" => *path = (!value.is_empty()).then(|| value.to_vec()),
-            b"size" if value.is_empty() => *size = None,
+            b"path" => over.path = (!value.is_empty()).then(|| value.to_vec()),
+            b"linkpath" => over.linkpath = (!value.is_empty()).then(|| value.to_vec()),
+            b"size" if value.is_empty() => over.size = None,
             b"size" => {
                 let v = std::str::from_utf8(value)
                     .ok()
                     .filter(|s| s.bytes().all(|b| b.is_ascii_digit()))
                     .and_then(|s| s.parse().ok())
                     .ok_or("the size record is not a number")?;
-                *size = Some(v);
+                over.size = Some(v);
             }
             _ => {}
         }
@@ -185,12 +218,26 @@ pub struct Reader<R> {
     /// Data offset and size of the member last returned.
     current: Option<(u64, u64)>,
     done: bool,
+    /// Every file (and resolved hard link) so far by name: data offset, size, fingerprint (a
+    /// hard link names an earlier member).
+    files: std::collections::HashMap<Vec<u8>, (u64, u64, u64)>,
+    /// Members with a name but nothing to read, since the last [`Reader::take_unread`].
+    unread: Vec<Unread>,
 }
 
 impl<R: Read + Seek> Reader<R> {
     /// A reader of the archive in `inner` (read from offset 0), `total` bytes long.
     pub fn new(inner: R, total: u64) -> Self {
-        Reader { inner, total, next: 0, at: None, current: None, done: false }
+        Reader {
+            inner,
+            total,
+            next: 0,
+            at: None,
+            current: None,
+            done: false,
+            files: std::collections::HashMap::new(),
+            unread: vec![],
+        }
     }
 
     fn read_at(&mut self, offset: u64, buf: &mut [u8]) -> Result<(), String> {
@@ -208,8 +255,10 @@ impl<R: Read + Seek> Reader<R> {
         Ok(())
     }
 
-    /// The next regular-file member, `None` at the end of the archive. Long-name and pax
-    /// records are applied; directories, links and other entries are skipped.
+    /// The next regular-file member (or hard link resolved to an earlier one), `None` at the end
+    /// of the archive. Long-name and pax records are applied; directories are skipped; symbolic
+    /// links, devices, FIFOs and hard links that cannot be resolved are noted for
+    /// [`Reader::take_unread`].
     pub fn next_member(&mut self) -> Result<Option<Member>, String> {
         let r = self.advance();
         if r.is_err() {
@@ -218,9 +267,16 @@ impl<R: Read + Seek> Reader<R> {
         r
     }
 
+    /// The members since the last call that have a name but nothing stoker reads (symbolic
+    /// links, devices, FIFOs, hard links to no earlier member), each with the reason, in
+    /// archive order.
+    pub fn take_unread(&mut self) -> Vec<Unread> {
+        std::mem::take(&mut self.unread)
+    }
+
     fn advance(&mut self) -> Result<Option<Member>, String> {
         self.current = None;
-        let (mut long_name, mut size_override): (Option<Vec<u8>>, Option<u64>) = (None, None);
+        let mut over = Overrides::default();
         let block = BLOCK as u64;
         loop {
             if self.done {
@@ -244,7 +300,9 @@ impl<R: Read + Seek> Reader<R> {
                 Some(rest) => format!("bad header checksum at byte {pos}{rest}"),
                 None => format!("{e} at byte {pos}"),
             })?;
-            let size = if hd.is_file() { size_override.unwrap_or(hd.size) } else { hd.size };
+            // A pax `size` applies to the header that follows the pax records, whatever its type.
+            let meta = matches!(hd.typeflag, b'L' | b'K' | b'x' | b'g');
+            let size = if meta { hd.size } else { over.size.unwrap_or(hd.size) };
             let data = pos + block;
             if data.checked_add(size).is_none_or(|end| end > total) {
                 return Err(format!(
@@ -253,36 +311,68 @@ impl<R: Read + Seek> Reader<R> {
             }
             self.next = data + size.div_ceil(block) * block;
             match hd.typeflag {
-                b'L' | b'x' => {
-                    let what = if hd.typeflag == b'L' { "GNU long name" } else { "pax header" };
+                b'L' | b'K' | b'x' => {
+                    let what = match hd.typeflag {
+                        b'L' => "GNU long name",
+                        b'K' => "GNU long link name",
+                        _ => "pax header",
+                    };
                     if size > MAX_META {
                         return Err(format!("{what} of {size} bytes at byte {pos} (at most {MAX_META} accepted)"));
                     }
                     let mut raw = vec![0u8; size as usize];
                     self.read_at(data, &mut raw)?;
-                    if hd.typeflag == b'L' {
-                        long_name = Some(field(&raw).to_vec());
-                    } else {
-                        parse_pax(&raw, &mut long_name, &mut size_override)
-                            .map_err(|e| format!("malformed pax header at byte {pos}: {e}"))?;
+                    match hd.typeflag {
+                        b'L' => over.path = Some(field(&raw).to_vec()),
+                        b'K' => over.linkpath = Some(field(&raw).to_vec()),
+                        _ => parse_pax(&raw, &mut over)
+                            .map_err(|e| format!("malformed pax header at byte {pos}: {e}"))?,
                     }
                 }
-                // A pax global header, a GNU long link name: nothing a sample needs.
-                b'g' | b'K' => {}
+                // A pax global header: nothing a sample needs.
+                b'g' => {}
                 _ if hd.is_file() => {
-                    let name = long_name.take().unwrap_or_else(|| hd.name.clone());
+                    let name = over.path.take().unwrap_or_else(|| hd.name.clone());
+                    let fingerprint = hd.fingerprint();
+                    self.files.insert(name.clone(), (data, size, fingerprint));
                     self.current = Some((data, size));
                     return Ok(Some(Member {
                         name: String::from_utf8_lossy(&name).into_owned(),
                         offset: data,
                         size,
-                        fingerprint: hd.fingerprint(),
+                        fingerprint,
                     }));
                 }
-                _ => {
-                    // Directories, links, ...: not samples; their long names end here.
-                    long_name = None;
-                    size_override = None;
+                // A directory: not a sample, nothing lost.
+                b'5' => over = Overrides::default(),
+                kind => {
+                    let name = over.path.take().unwrap_or_else(|| hd.name.clone());
+                    let target = over.linkpath.take().unwrap_or_else(|| hd.linkname.clone());
+                    over = Overrides::default();
+                    let shown = String::from_utf8_lossy(&target).into_owned();
+                    if kind == b'1' {
+                        if let Some(&(offset, size, fingerprint)) = self.files.get(&target) {
+                            // A hard link reads the data of the member it names.
+                            self.files.insert(name.clone(), (offset, size, fingerprint));
+                            self.current = Some((offset, size));
+                            let name = String::from_utf8_lossy(&name).into_owned();
+                            return Ok(Some(Member { name, offset, size, fingerprint }));
+                        }
+                    }
+                    let reason = match kind {
+                        b'1' => format!("a hard link to {shown:?}, which is not an earlier file of this shard"),
+                        b'2' => {
+                            format!("a symbolic link to {shown:?} (shards are read by member, links are not followed)")
+                        }
+                        b'3' | b'4' => "a device file, not data".to_string(),
+                        b'6' => "a FIFO, not data".to_string(),
+                        k => format!("a tar member of type {:?}, not a regular file", k as char),
+                    };
+                    self.unread.push(Unread {
+                        name: String::from_utf8_lossy(&name).into_owned(),
+                        offset: data,
+                        reason,
+                    });
                 }
             }
         }
@@ -544,17 +634,86 @@ mod tests {
             let r = pax_record("path", &v);
             let (len, _) = std::str::from_utf8(&r).unwrap().split_once(' ').unwrap();
             assert_eq!(len.parse::<usize>().unwrap(), r.len(), "{n}");
-            let mut p = None;
-            parse_pax(&r, &mut p, &mut None).unwrap();
-            assert_eq!(p, (n > 0).then_some(v));
+            let mut o = Overrides::default();
+            parse_pax(&r, &mut o).unwrap();
+            assert_eq!(o.path, (n > 0).then_some(v));
         }
-        let mut p = None;
-        let mut s = None;
-        parse_pax(b"30 mtime=1350244992.023960108\n16 path=a\nb.jpg\n11 size=42\n\0\0", &mut p, &mut s).unwrap();
-        assert_eq!((p.as_deref(), s), (Some(&b"a\nb.jpg"[..]), Some(42)));
+        let mut o = Overrides::default();
+        let raw = b"30 mtime=1350244992.023960108\n16 path=a\nb.jpg\n11 size=42\n18 linkpath=t.jpg\n\0\0";
+        parse_pax(raw, &mut o).unwrap();
+        assert_eq!((o.path.as_deref(), o.size), (Some(&b"a\nb.jpg"[..]), Some(42)));
+        assert_eq!(o.linkpath.as_deref(), Some(&b"t.jpg"[..]));
         for bad in [&b"5 path=abc\n"[..], b"x path=a\n", b"9 patha\n", b"99 path=a\n", b"10 size=x\n"] {
-            assert!(parse_pax(bad, &mut None, &mut None).is_err(), "{bad:?}");
+            assert!(parse_pax(bad, &mut Overrides::default()).is_err(), "{bad:?}");
         }
+    }
+
+    /// A header block of type `typeflag` linking to `target`.
+    fn link_header(name: &str, target: &str, typeflag: u8) -> [u8; BLOCK] {
+        let mut h = ustar_header(name.as_bytes(), b"", 0, typeflag);
+        h[157..157 + target.len()].copy_from_slice(target.as_bytes());
+        h[148..156].fill(b' ');
+        let sum: u64 = h.iter().map(|&b| b as u64).sum();
+        h[148..156].copy_from_slice(format!("{sum:06o}\0 ").as_bytes());
+        h
+    }
+
+    #[test]
+    fn hard_links_read_the_earlier_member_and_other_links_are_listed() {
+        let mut t = vec![];
+        let first = append_member(&mut t, "a/one.jpg", b"the pixels");
+        t.extend_from_slice(&link_header("a/two.jpg", "a/one.jpg", b'1'));
+        t.extend_from_slice(&link_header("a/three.jpg", "a/two.jpg", b'1')); // a link to a link
+        t.extend_from_slice(&link_header("a/early.jpg", "a/later.jpg", b'1'));
+        t.extend_from_slice(&link_header("a/sym.jpg", "one.jpg", b'2'));
+        t.extend_from_slice(&ustar_header(b"a/dir.jpg/", b"", 0, b'5'));
+        append_member(&mut t, "a/later.jpg", b"x");
+        finish(&mut t);
+        let mut r = Reader::new(io::Cursor::new(&t), t.len() as u64);
+        let mut got = vec![];
+        while let Some(m) = r.next_member().unwrap() {
+            got.push((m.name.clone(), m.offset, m.size, m.fingerprint, r.read_data(100).unwrap()));
+        }
+        let same = |name: &str| (name.to_string(), first.offset, first.size, first.fingerprint, b"the pixels".to_vec());
+        assert_eq!(got[..3], [same("a/one.jpg"), same("a/two.jpg"), same("a/three.jpg")]);
+        assert_eq!(got.len(), 4);
+        let unread = r.take_unread();
+        let names: Vec<&str> = unread.iter().map(|u| u.name.as_str()).collect();
+        assert_eq!(names, ["a/early.jpg", "a/sym.jpg"]);
+        assert!(
+            unread[0].reason.contains("hard link to \"a/later.jpg\"") && unread[0].reason.contains("not an earlier")
+        );
+        assert!(unread[1].reason.contains("symbolic link"), "{}", unread[1].reason);
+        assert!(r.take_unread().is_empty());
+        // Every listed member's header is a file header with the member's fingerprint.
+        for m in list_members(&t).unwrap() {
+            let h = Header::parse(&t[m.offset as usize - BLOCK..m.offset as usize]).unwrap();
+            assert!(h.is_file() && h.fingerprint() == m.fingerprint);
+        }
+    }
+
+    #[test]
+    fn long_link_targets_from_gnu_and_pax_records() {
+        let long = format!("{}/one.jpg", "d".repeat(120));
+        let mut t = vec![];
+        let first = append_member(&mut t, &long, b"data");
+        // GNU: a `K` record holds the target.
+        let target = [long.as_bytes(), b"\0"].concat();
+        t.extend_from_slice(&ustar_header(b"././@LongLink", b"", target.len() as u64, b'K'));
+        t.extend_from_slice(&target);
+        t.resize(t.len().div_ceil(BLOCK) * BLOCK, 0);
+        t.extend_from_slice(&link_header("gnu.jpg", &long[..100], b'1'));
+        // pax: a `linkpath` record.
+        let rec = pax_record("linkpath", long.as_bytes());
+        t.extend_from_slice(&ustar_header(PAX_NAME.as_bytes(), b"", rec.len() as u64, b'x'));
+        t.extend_from_slice(&rec);
+        t.resize(t.len().div_ceil(BLOCK) * BLOCK, 0);
+        t.extend_from_slice(&link_header("pax.jpg", "cut", b'1'));
+        finish(&mut t);
+        let m = list_members(&t).unwrap();
+        let names: Vec<&str> = m.iter().map(|m| m.name.as_str()).collect();
+        assert_eq!(names, [long.as_str(), "gnu.jpg", "pax.jpg"]);
+        assert!(m.iter().all(|m| (m.offset, m.size, m.fingerprint) == (first.offset, 4, first.fingerprint)));
     }
 
     #[test]
