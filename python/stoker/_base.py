@@ -5,6 +5,7 @@ from __future__ import annotations
 import atexit
 import importlib
 import json
+import operator
 import os
 import sys
 import weakref
@@ -65,7 +66,7 @@ class _Native(Protocol):
     def state(self) -> tuple[int, int, int]: ...
     def load_state(self, seed: int, epoch: int, next_batch: int, resume: bool = True) -> None: ...
     def fingerprint_json(self) -> str: ...
-    def check_fingerprint(self, saved_json: str) -> None: ...
+    def load_state_json(self, state_json: str) -> None: ...
 
 
 def torch_module() -> Any:
@@ -285,21 +286,25 @@ class LoaderBase:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restores a position from :meth:`state_dict`: the next ``iter()`` resumes with exactly
-        the batches that were still to come (a running iterator becomes stale). A state saved
-        by a loader with another dataset, batch size, sharding, shuffle or transform is refused
-        with a :class:`ConfigError` naming the field."""
+        the batches that were still to come (a running iterator becomes stale). The engine checks
+        the state field by field (``seed``, ``epoch``, ``next_batch``: non-negative integers;
+        ``version``; the ``fingerprint``'s fields); a bad value, or a state saved by a loader with
+        another dataset, batch size, sharding, shuffle or transform, is refused with a
+        :class:`ConfigError` naming the field."""
         try:
-            seed, epoch, next_batch = int(state["seed"]), int(state["epoch"]), int(state["next_batch"])
-        except (KeyError, TypeError, ValueError):
-            raise ConfigError("invalid argument `state`: expected a dict from state_dict() with seed, epoch, "
-                              "next_batch") from None
-        native = self._base()
-        if "fingerprint" in state:
-            native.check_fingerprint(json.dumps(state["fingerprint"]))
-        elif state.get("world_size", self.world_size) != self.world_size:
-            raise ConfigError(f"invalid argument `state`: saved with world_size={state['world_size']}, "
-                              f"this loader has {self.world_size}")
-        native.load_state(seed, epoch, next_batch)
+            text = json.dumps(state, default=_json_integer, allow_nan=False)
+        except (TypeError, ValueError, RecursionError) as e:
+            raise ConfigError(f"invalid argument `state`: expected a dict from state_dict(): {e}") from None
+        self._base().load_state_json(text)
+
+
+def _json_integer(value: Any) -> int:
+    """For ``json.dumps``: integer-like objects (NumPy integers, 0-d integer tensors) as ints;
+    anything else cannot be part of a state."""
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise TypeError(f"{value!r} (of type {type(value).__name__}) is not a value of a state") from None
 
 
 __all__ = ["BatchIterator", "LoaderBase", "Normalizer", "check_device", "close_live_iterations", "normalize_table",

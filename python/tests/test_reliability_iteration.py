@@ -140,8 +140,10 @@ def test_a_panicking_transform_is_an_error_not_a_hang(demo):
     r = _child("""
         import sys, stoker
         from stoker import transforms as T
-        loader = stoker.ImageLoader(sys.argv[1], 4, transforms=[T.CenterCrop((2**32, 2**32))], output="numpy")
         try:
+            # The output size is refused when the loader is made (a ConfigError); it used to
+            # reach a panic further in. Either way: a StokerError, never a PanicException.
+            loader = stoker.ImageLoader(sys.argv[1], 4, transforms=[T.CenterCrop((2**32, 2**32))], output="numpy")
             for _ in loader:
                 pass
         except Exception as e:          # a StokerError, never a PanicException (BaseException)

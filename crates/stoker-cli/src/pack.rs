@@ -48,7 +48,10 @@ pub fn run(a: &PackArgs) -> Result<()> {
         shard_size: bytes("shard_size", &text(&a.shard_size))?,
         max_side: a.max_side.as_ref().map(|m| positive("max_side", &text(m))).transpose()?,
         quality: i32::try_from(non_negative("quality", &text(&a.quality))?).unwrap_or(i32::MAX),
-        threads: threads("threads", &text(&a.threads))?.unwrap_or_else(stoker::cpu::default_threads),
+        threads: match threads("threads", &text(&a.threads))? {
+            Some(n) => n,
+            None => stoker::cpu::try_default_threads()?,
+        },
         prefix: a.prefix.clone(),
         overwrite: a.overwrite,
     };

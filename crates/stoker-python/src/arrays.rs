@@ -188,11 +188,12 @@ impl PyArrayLoader {
             .map_err(|e| errors::to_py(stoker::Error::Internal(e.to_string())))
     }
 
-    /// Refuses a saved fingerprint (JSON) that does not match this loader, naming the field.
-    fn check_fingerprint(&self, saved_json: &str) -> PyResult<()> {
-        let saved: serde_json::Value = serde_json::from_str(saved_json)
-            .map_err(|e| errors::config("state", format!("fingerprint is not JSON: {e}")))?;
-        self.loader.fingerprint().check(&saved).py_err()
+    /// Restores a state dict given as JSON (`load_state_dict`): checked field by field and
+    /// against this loader's fingerprint, each error naming the field.
+    fn load_state_json(&self, state_json: &str) -> PyResult<()> {
+        errors::contain(|| {
+            crate::loader::load_state_json(state_json, &self.loader.fingerprint(), |st| self.loader.load_state(st))
+        })
     }
 
     fn iter(&self, py: Python<'_>) -> PyResult<PyArrayIter> {

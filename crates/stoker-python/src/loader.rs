@@ -19,7 +19,8 @@ const SIGNAL_POLL: Duration = Duration::from_millis(50);
 #[pyclass(frozen, name = "Loader", module = "stoker._stoker")]
 pub struct PyLoader {
     loader: Loader,
-    classes: Vec<String>,
+    /// Exact class names (bytes on Linux): Python gets them as `os.listdir` shows them.
+    classes: Vec<std::ffi::OsString>,
     samples: usize,
     sampler: stoker::SamplerSpec,
     /// The transfer stage when batches go to a GPU.
@@ -48,6 +49,20 @@ pub fn json_of(v: &Bound<'_, PyAny>) -> serde_json::Value {
     } else {
         serde_json::Value::String(v.repr().map(|r| r.to_string()).unwrap_or_default())
     }
+}
+
+/// Loads a state dict (its JSON, from `load_state_dict`) into a loader whose fingerprint is
+/// `mine`: the engine checks it field by field ([`stoker::args::saved_state`]), then `load`
+/// restores the position.
+pub fn load_state_json(
+    json: &str,
+    mine: &stoker::Fingerprint,
+    load: impl FnOnce(SamplerState) -> stoker::Result<()>,
+) -> PyResult<()> {
+    let state: serde_json::Value = serde_json::from_str(json)
+        .map_err(|e| errors::config("state", format!("expected a dict from state_dict(), not JSON: {e}")))?;
+    let st = stoker::args::saved_state(&state, mine).py_err()?;
+    load(st).py_err()
 }
 
 /// An `epoch` argument, checked by the engine.
@@ -109,12 +124,12 @@ impl PyLoader {
         })
     }
 
-    /// Refuses a saved fingerprint (JSON) that does not match this loader, naming the field.
-    fn check_fingerprint(&self, py: Python<'_>, saved_json: &str) -> PyResult<()> {
+    /// Restores a state dict given as JSON (`load_state_dict`): checked field by field and
+    /// against this loader's fingerprint, each error naming the field.
+    fn load_state_json(&self, py: Python<'_>, state_json: &str) -> PyResult<()> {
         errors::contain(|| {
-            let saved: serde_json::Value = serde_json::from_str(saved_json)
-                .map_err(|e| errors::config("state", format!("fingerprint is not JSON: {e}")))?;
-            py.detach(|| self.loader.fingerprint().check(&saved)).py_err()
+            let mine = py.detach(|| self.loader.fingerprint().clone());
+            load_state_json(state_json, &mine, |st| self.loader.load_state(st))
         })
     }
 
@@ -158,9 +173,10 @@ impl PyLoader {
         self.loader.len()
     }
 
-    /// Class names in label order.
+    /// Class names in label order, as `os.listdir` shows them (a name that is not UTF-8 has
+    /// `surrogateescape` escapes).
     #[getter]
-    fn classes(&self) -> Vec<String> {
+    fn classes(&self) -> Vec<std::ffi::OsString> {
         self.classes.clone()
     }
 

@@ -7,20 +7,49 @@
 //! A value is a [`serde_json::Value`]: Python sends its keywords as JSON, the CLI sends flag
 //! text as JSON strings. So `batch_size` may be `256` (Python) or `"256"` (CLI); `True` is not
 //! a number, `"2GiB"` and `2147483648` are both sizes.
+//!
+//! The same holds for what comes from elsewhere: every environment variable stoker reads
+//! ([`env_threads`], [`env_usize`], [`object_timeout`], [`budget_env`]) and a state dict a user
+//! hands back ([`saved_state`]) are checked here, field by field, and a bad value is an
+//! [`Error::Config`] naming it and what is allowed, never ignored, never a panic or an OS
+//! failure further in. Sizes are bounded where they meet memory: a batch buffer whose size
+//! overflows or exceeds [`MAX_BATCH_BYTES`], more than [`MAX_THREADS`] threads or
+//! [`MAX_PREFETCH`] prefetched batches are refused here, so the engine's own arithmetic on
+//! them cannot overflow.
 
 use crate::arrays::ArrayConfig;
 use crate::cache::{CacheLocation, CacheSpec};
 use crate::error::{Error, Result};
 use crate::ops::{DType, Layout, OpSpec, TransformSpec};
 use crate::pipeline::{ErrorPolicy, LoaderConfig};
-use crate::sampler::SamplerSpec;
+use crate::sampler::{Fingerprint, SamplerSpec, SamplerState};
 use serde_json::{Map, Value};
+use std::path::PathBuf;
+use std::time::Duration;
 
 /// Arguments by name (Python spelling: `batch_size`, `memory_limit`).
 pub type Args = Map<String, Value>;
 
 /// The shard window `shuffle="shards"` uses when none is given.
 pub const DEFAULT_SHARD_WINDOW: usize = 4;
+
+/// The most threads of one kind a loader starts (`threads`, `io_threads`,
+/// `STOKER_NUM_THREADS`, and the cores of a `cpu_budget`, one decode thread each). Far above
+/// any useful count (a decode thread per core of the largest hosts), far below where starting
+/// them fails (`ulimit -u`, the stack space of 100000 threads).
+pub const MAX_THREADS: usize = 1024;
+
+/// The most batches a loader prefetches (each is a batch buffer of its own).
+pub const MAX_PREFETCH: usize = 1024;
+
+/// The largest batch buffer: 128 TiB, the whole address space of a process on x86-64 (47 bits
+/// of user space), so no machine can hold a larger one. A batch size whose buffer is larger, or
+/// whose size does not fit in 64 bits, is refused before anything is allocated.
+pub const MAX_BATCH_BYTES: u64 = 1 << 47;
+
+/// Bytes a batch slot keeps per sample besides the sample itself: its label (8), its dataset
+/// index (4) and its status (1).
+pub const SLOT_BYTES_PER_SAMPLE: u64 = 13;
 
 fn shown(v: &Value) -> String {
     match v {
@@ -71,28 +100,47 @@ fn text<'a>(arg: &str, v: &'a Value, allowed: &str) -> Result<&'a str> {
     v.as_str().ok_or_else(|| Error::config(arg, format!("expected a string ({allowed}), got {}", shown(v))))
 }
 
-/// A thread count: `auto` (`None`: the process's CPU allowance) or a positive integer.
+/// A positive integer of at most `max` (`what` names the unit in the message: "threads").
+fn bounded(arg: &str, v: &Value, max: usize, what: &str) -> Result<usize> {
+    let n = unsigned(arg, v, "a positive integer")?;
+    if n == 0 || n > max as u64 {
+        return Err(Error::config(arg, format!("must be from 1 to {max} {what}, got {n}")));
+    }
+    Ok(n as usize)
+}
+
+/// A thread count: `auto` (`None`: the process's CPU allowance) or an integer from 1 to
+/// [`MAX_THREADS`].
 pub fn threads(arg: &str, v: &Value) -> Result<Option<usize>> {
     match v {
         Value::Null => Ok(None),
         Value::String(s) if s == "auto" => Ok(None),
-        _ => positive(arg, v)
-            .map(Some)
-            .map_err(|_| Error::config(arg, format!("expected a positive integer or 'auto', got {}", shown(v)))),
+        _ => match unsigned(arg, v, "") {
+            Ok(_) => bounded(arg, v, MAX_THREADS, "threads (or 'auto')").map(Some),
+            Err(_) => Err(Error::config(arg, format!("expected a positive integer or 'auto', got {}", shown(v)))),
+        },
     }
 }
 
-/// A prefetch depth: a positive integer, or `auto` (`None`: tuned, see [`crate::tune`]).
+/// A fixed thread count (`io_threads`): an integer from 1 to [`MAX_THREADS`].
+pub fn thread_count(arg: &str, v: &Value) -> Result<usize> {
+    bounded(arg, v, MAX_THREADS, "threads")
+}
+
+/// A prefetch depth: an integer from 1 to [`MAX_PREFETCH`], or `auto` (`None`: tuned, see
+/// [`crate::tune`]).
 pub fn prefetch(arg: &str, v: &Value) -> Result<Option<usize>> {
     match v {
         Value::String(s) if s == "auto" => Ok(None),
-        _ => positive(arg, v)
-            .map(Some)
-            .map_err(|_| Error::config(arg, format!("expected a positive integer or 'auto', got {}", shown(v)))),
+        _ => match unsigned(arg, v, "") {
+            Ok(_) => bounded(arg, v, MAX_PREFETCH, "batches (or 'auto')").map(Some),
+            Err(_) => Err(Error::config(arg, format!("expected a positive integer or 'auto', got {}", shown(v)))),
+        },
     }
 }
 
-/// A CPU budget in cores: a positive number (`2`, `1.5`, `"1.5"`), at most 4096.
+/// A CPU budget in cores: a positive number (`2`, `1.5`, `"1.5"`), at most [`MAX_THREADS`]
+/// (an autotuned loader starts a decode thread per whole core of it).
 pub fn cpu_budget(arg: &str, v: &Value) -> Result<f64> {
     let n = match v {
         Value::Number(n) => n.as_f64(),
@@ -100,8 +148,32 @@ pub fn cpu_budget(arg: &str, v: &Value) -> Result<f64> {
         _ => None,
     };
     match n {
-        Some(c) if c.is_finite() && c > 0.0 && c <= 4096.0 => Ok(c),
-        _ => Err(Error::config(arg, format!("expected a number of cores in (0, 4096], got {}", shown(v)))),
+        Some(c) if c.is_finite() && c > 0.0 && c <= MAX_THREADS as f64 => Ok(c),
+        _ => Err(Error::config(arg, format!("expected a number of cores in (0, {MAX_THREADS}], got {}", shown(v)))),
+    }
+}
+
+/// Bytes of one batch buffer of `batch_size` samples of `sample_bytes` each, with the slot's
+/// bookkeeping ([`SLOT_BYTES_PER_SAMPLE`]): an error naming `batch_size` when the size does not
+/// fit in 64 bits or exceeds [`MAX_BATCH_BYTES`]. Every caller that sizes a buffer from a batch
+/// size checks it here first, so its own multiplications cannot overflow.
+pub fn batch_bytes(batch_size: usize, sample_bytes: u64) -> Result<u64> {
+    let per = sample_bytes.checked_add(SLOT_BYTES_PER_SAMPLE);
+    match per.and_then(|p| p.checked_mul(batch_size as u64)) {
+        Some(b) if b <= MAX_BATCH_BYTES => Ok(b),
+        Some(b) => Err(Error::config(
+            "batch_size",
+            format!(
+                "{batch_size} samples need a batch buffer of at least {b} bytes ({:.0} TiB), more than any machine \
+                 can hold (at most {} TiB); lower batch_size",
+                b as f64 / (1u64 << 40) as f64,
+                MAX_BATCH_BYTES >> 40
+            ),
+        )),
+        None => Err(Error::config(
+            "batch_size",
+            format!("{batch_size} samples need a batch buffer whose size in bytes does not fit in 64 bits; lower batch_size"),
+        )),
     }
 }
 
@@ -228,20 +300,135 @@ impl DeviceSpec {
 /// This process's GPU index on its node: torchrun's `LOCAL_RANK`, 0 when unset (the CUDA
 /// ordinal that `device="cuda"` means when no framework has chosen a current device).
 pub fn local_rank() -> Result<u32> {
-    let r = env_usize("LOCAL_RANK")?.unwrap_or(0);
+    local_rank_in(&process_env)
+}
+
+fn local_rank_in(env: Env<'_>) -> Result<u32> {
+    let r = usize_in(env, "LOCAL_RANK")?.unwrap_or(0);
     u32::try_from(r).map_err(|_| Error::config("LOCAL_RANK", format!("{r} is not a GPU index")))
+}
+
+/// Where environment variables are read: the process's environment ([`process_env`]), or in
+/// tests a table of their own (tests that changed the process's environment would race with
+/// every other test of the binary that reads it).
+type Env<'a> = &'a dyn Fn(&str) -> Option<std::ffi::OsString>;
+
+/// The process's environment.
+fn process_env(name: &str) -> Option<std::ffi::OsString> {
+    std::env::var_os(name)
+}
+
+/// The text of environment variable `name`, trimmed; unset or blank is `None`. A value that is
+/// not UTF-8 is an error naming the variable (`allowed` says what it may be).
+pub fn env_text(name: &str, allowed: &str) -> Result<Option<String>> {
+    text_in(&process_env, name, allowed)
+}
+
+fn text_in(env: Env<'_>, name: &str, allowed: &str) -> Result<Option<String>> {
+    match env(name).map(|v| v.into_string()) {
+        None => Ok(None),
+        Some(Ok(v)) if v.trim().is_empty() => Ok(None),
+        Some(Ok(v)) => Ok(Some(v.trim().to_string())),
+        Some(Err(v)) => Err(Error::config(name, format!("environment variable {name}={v:?} is not text: {allowed}"))),
+    }
 }
 
 /// An integer from the environment (torchrun's `RANK`, `WORLD_SIZE`, `LOCAL_RANK`); unset or
 /// empty is `None`.
 pub fn env_usize(name: &str) -> Result<Option<usize>> {
-    match std::env::var(name) {
-        Ok(v) if v.trim().is_empty() => Ok(None),
-        Ok(v) => v.trim().parse::<usize>().map(Some).map_err(|_| {
-            Error::config(name, format!("environment variable {name}={v:?}: expected a non-negative integer"))
-        }),
-        Err(_) => Ok(None),
+    usize_in(&process_env, name)
+}
+
+fn usize_in(env: Env<'_>, name: &str) -> Result<Option<usize>> {
+    let allowed = "expected a non-negative integer";
+    let Some(v) = text_in(env, name, allowed)? else { return Ok(None) };
+    v.parse::<usize>()
+        .map(Some)
+        .map_err(|_| Error::config(name, format!("environment variable {name}={v:?}: {allowed}")))
+}
+
+/// The environment variable that fixes the decode thread count.
+pub const THREADS_VAR: &str = "STOKER_NUM_THREADS";
+
+/// `STOKER_NUM_THREADS`: a fixed decode thread count from 1 to [`MAX_THREADS`], as if given as
+/// `threads=`; unset or empty is `None`. Anything else (`abc`, `1e9`, `0`, `100000`) is an
+/// error naming the variable.
+pub fn env_threads() -> Result<Option<usize>> {
+    threads_in(&process_env)
+}
+
+fn threads_in(env: Env<'_>) -> Result<Option<usize>> {
+    let allowed = format!("expected a whole number of threads from 1 to {MAX_THREADS}, or unset it");
+    let Some(v) = text_in(env, THREADS_VAR, &allowed)? else { return Ok(None) };
+    match v.parse::<u64>() {
+        Ok(n) if n >= 1 && n <= MAX_THREADS as u64 => Ok(Some(n as usize)),
+        _ => Err(Error::config(THREADS_VAR, format!("environment variable {THREADS_VAR}={v:?}: {allowed}"))),
     }
+}
+
+/// The environment variable that bounds each object-store request, in seconds.
+pub const OBJECT_TIMEOUT_VAR: &str = "STOKER_OBJECT_TIMEOUT";
+
+/// `STOKER_OBJECT_TIMEOUT`: an object-store request's time bound, a positive number of seconds
+/// up to a day (`5`, `0.5`); unset or empty is `None` (the default).
+pub fn object_timeout() -> Result<Option<Duration>> {
+    timeout_in(&process_env)
+}
+
+fn timeout_in(env: Env<'_>) -> Result<Option<Duration>> {
+    let allowed = "must be a positive number of seconds, at most 86400 (a day)";
+    let Some(v) = text_in(env, OBJECT_TIMEOUT_VAR, allowed)? else { return Ok(None) };
+    match v.parse::<f64>() {
+        Ok(s) if s.is_finite() && s > 0.0 && s <= 86_400.0 => Ok(Some(Duration::from_secs_f64(s))),
+        _ => Err(Error::config(
+            OBJECT_TIMEOUT_VAR,
+            format!("environment variable {OBJECT_TIMEOUT_VAR}={v:?}: {allowed}"),
+        )),
+    }
+}
+
+/// Where the loaders of a host share its CPU (see [`crate::budget`]), from the environment.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BudgetEnv {
+    /// `STOKER_SHARED_BUDGET` turns sharing off.
+    Off,
+    /// The default registry file.
+    Default,
+    /// `STOKER_BUDGET_FILE`: this registry file.
+    File(PathBuf),
+}
+
+/// `STOKER_SHARED_BUDGET` (sharing on by default; `0`, `false`, `off`, `no` turn it off, `1`,
+/// `true`, `on`, `yes` keep it on) and `STOKER_BUDGET_FILE` (the registry file, when sharing is
+/// on: a file path whose folder exists, not a folder itself). Anything else is an error naming
+/// the variable.
+pub fn budget_env() -> Result<BudgetEnv> {
+    budget_in(&process_env)
+}
+
+fn budget_in(env: Env<'_>) -> Result<BudgetEnv> {
+    const SHARED: &str = "STOKER_SHARED_BUDGET";
+    const FILE: &str = "STOKER_BUDGET_FILE";
+    let allowed = "expected 0, false, off or no (no sharing) or 1, true, on or yes (sharing, the default)";
+    if let Some(v) = text_in(env, SHARED, allowed)? {
+        match v.to_ascii_lowercase().as_str() {
+            "0" | "false" | "off" | "no" => return Ok(BudgetEnv::Off),
+            "1" | "true" | "on" | "yes" => {}
+            _ => return Err(Error::config(SHARED, format!("environment variable {SHARED}={v:?}: {allowed}"))),
+        }
+    }
+    let Some(path) = env(FILE).filter(|p| !p.is_empty()).map(PathBuf::from) else {
+        return Ok(BudgetEnv::Default);
+    };
+    let bad = |why: &str| Error::config(FILE, format!("environment variable {FILE}={path:?}: {why}"));
+    if path.is_dir() {
+        return Err(bad("is a folder; name a file (it is created when missing)"));
+    }
+    let parent = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(std::path::Path::new("."));
+    if !parent.is_dir() {
+        return Err(bad("its folder does not exist"));
+    }
+    Ok(BudgetEnv::File(path))
 }
 
 /// Takes the arguments one by one; what is left at the end is an unknown argument.
@@ -261,10 +448,10 @@ impl Taker {
 }
 
 /// Rank and world size: given, else torchrun's `RANK` / `WORLD_SIZE`, else 0 of 1.
-fn ranks(a: &mut Taker) -> Result<(usize, usize)> {
+fn ranks(a: &mut Taker, env: Env<'_>) -> Result<(usize, usize)> {
     let world_size = match a.take("world_size") {
         Some(v) => positive("world_size", &v)?,
-        None => match env_usize("WORLD_SIZE")? {
+        None => match usize_in(env, "WORLD_SIZE")? {
             Some(0) => {
                 return Err(Error::config("WORLD_SIZE", "environment variable WORLD_SIZE=0: must be at least 1"))
             }
@@ -274,7 +461,7 @@ fn ranks(a: &mut Taker) -> Result<(usize, usize)> {
     };
     let rank = match a.take("rank") {
         Some(v) => non_negative("rank", &v)? as usize,
-        None => env_usize("RANK")?.unwrap_or(0),
+        None => usize_in(env, "RANK")?.unwrap_or(0),
     };
     if rank >= world_size {
         return Err(Error::config(
@@ -287,8 +474,11 @@ fn ranks(a: &mut Taker) -> Result<(usize, usize)> {
 
 /// The sampler's arguments: `batch_size` (default 256), `shuffle`, `seed`, `drop_last`,
 /// `rank`, `world_size`; `shard_window` when `shards` is allowed.
-fn sampler(a: &mut Taker, shards: bool) -> Result<SamplerSpec> {
+fn sampler(a: &mut Taker, shards: bool, env: Env<'_>) -> Result<SamplerSpec> {
     let batch_size = a.take("batch_size").map(|v| positive("batch_size", &v)).transpose()?.unwrap_or(256);
+    // Whatever a sample holds, its slot keeps at least a byte and the bookkeeping; the exact
+    // bound, with the sample's size, is checked by the kind of loader.
+    batch_bytes(batch_size, 1)?;
     let allowed = if shards { "False, True, 'global' or 'shards'" } else { "False or True" };
     let (shuffle, by_shards) = match a.take("shuffle") {
         None => (false, false),
@@ -303,7 +493,7 @@ fn sampler(a: &mut Taker, shards: bool) -> Result<SamplerSpec> {
     let window = a.take("shard_window").map(|v| positive("shard_window", &v)).transpose()?;
     let seed = a.take("seed").map(|v| non_negative("seed", &v)).transpose()?.unwrap_or(0);
     let drop_last = a.take("drop_last").map(|v| boolean("drop_last", &v)).transpose()?.unwrap_or(false);
-    let (rank, world_size) = ranks(a)?;
+    let (rank, world_size) = ranks(a, env)?;
     Ok(SamplerSpec {
         batch_size,
         shuffle,
@@ -315,9 +505,13 @@ fn sampler(a: &mut Taker, shards: bool) -> Result<SamplerSpec> {
     })
 }
 
-/// Threads, prefetch (`None`: `auto`) and the memory cap.
-fn common(a: &mut Taker) -> Result<(Option<usize>, Option<usize>, Option<u64>)> {
-    let threads = a.take("threads").map(|v| threads("threads", &v)).transpose()?.flatten();
+/// Threads (`None`: `auto`; `STOKER_NUM_THREADS` when not given), prefetch (`None`: `auto`)
+/// and the memory cap.
+fn common(a: &mut Taker, env: Env<'_>) -> Result<(Option<usize>, Option<usize>, Option<u64>)> {
+    let given = a.take("threads").map(|v| threads("threads", &v)).transpose()?.flatten();
+    // Checked even when `threads` is given: a bad value in the environment is never ignored.
+    let from_env = threads_in(env)?;
+    let threads = given.or(from_env);
     let prefetch = a.take("prefetch").map(|v| prefetch("prefetch", &v)).transpose()?.unwrap_or(Some(2));
     let memory_limit = a.take("memory_limit").map(|v| bytes("memory_limit", &v)).transpose()?;
     Ok((threads, prefetch, memory_limit))
@@ -364,19 +558,23 @@ fn transform(a: &mut Taker) -> Result<TransformSpec> {
 /// `roi`, `max_pixels`, `max_file_bytes`, `max_failures`, `cache`, `cache_bytes`,
 /// `cache_max_side`, `trace`, `trace_events`. An unknown name is an error.
 pub fn loader_config(args: Args) -> Result<LoaderConfig> {
+    loader_config_in(args, &process_env)
+}
+
+fn loader_config_in(args: Args, env: Env<'_>) -> Result<LoaderConfig> {
     let mut a = Taker(args);
     let transform = transform(&mut a)?;
-    let sampler = sampler(&mut a, true)?;
+    let sampler = sampler(&mut a, true, env)?;
     let mut c = LoaderConfig::new(sampler.batch_size, transform);
     c.sampler = sampler;
     let prefetch;
-    (c.threads, prefetch, c.memory_limit) = common(&mut a)?;
+    (c.threads, prefetch, c.memory_limit) = common(&mut a, env)?;
     match prefetch {
         Some(n) => c.prefetch = n,
         None => c.prefetch_auto = true,
     }
     c.cpu_budget = a.take("cpu_budget").map(|v| cpu_budget("cpu_budget", &v)).transpose()?;
-    c.io_threads = a.take("io_threads").map(|v| positive("io_threads", &v)).transpose()?;
+    c.io_threads = a.take("io_threads").map(|v| thread_count("io_threads", &v)).transpose()?;
     if let Some(p) = a.take("on_error") {
         c.on_error = ErrorPolicy::parse(text("on_error", &p, "skip or raise")?)?;
     }
@@ -398,7 +596,21 @@ pub fn loader_config(args: Args) -> Result<LoaderConfig> {
     c.cache = cache(&mut a)?;
     c.trace = trace(&mut a)?;
     a.finish()?;
+    batch_bytes(c.sampler.batch_size, sample_bytes(&c.transform)?)?;
+    // Read when the loader is made (the host-wide CPU registry): checked here, once.
+    budget_in(env)?;
     Ok(c)
+}
+
+/// Bytes of one output sample of `spec` (compiling it, which checks the ops), or an error when
+/// the output size does not fit in 64 bits.
+fn sample_bytes(spec: &TransformSpec) -> Result<u64> {
+    let plan = crate::ops::TransformPlan::compile(spec)?;
+    let (h, w) = plan.output_size();
+    (h as u64)
+        .checked_mul(w as u64)
+        .and_then(|p| p.checked_mul(3 * spec.dtype.size() as u64))
+        .ok_or_else(|| Error::config("transforms", format!("an output of {h}x{w} pixels does not fit in memory")))
 }
 
 /// The decoded-pixel cache: `cache` (`"ram"` or a directory), `cache_bytes` (a byte size) and
@@ -440,15 +652,143 @@ fn trace(a: &mut Taker) -> Result<Option<crate::trace::TraceSpec>> {
 }
 
 /// An [`ArrayConfig`] from named arguments: `batch_size`, `shuffle` (`False`, `True`), `seed`,
-/// `drop_last`, `rank`, `world_size`, `threads`, `prefetch`, `memory_limit`.
+/// `drop_last`, `rank`, `world_size`, `threads` (`STOKER_NUM_THREADS` when not given),
+/// `prefetch`, `memory_limit`. The row size is not known here: the array loader checks its
+/// batch buffer with [`batch_bytes`].
 pub fn array_config(args: Args) -> Result<ArrayConfig> {
+    array_config_in(args, &process_env)
+}
+
+fn array_config_in(args: Args, env: Env<'_>) -> Result<ArrayConfig> {
     let mut a = Taker(args);
-    let sampler = sampler(&mut a, false)?;
-    let (threads, prefetch, memory_limit) = common(&mut a)?;
+    let sampler = sampler(&mut a, false, env)?;
+    let (threads, prefetch, memory_limit) = common(&mut a, env)?;
     let prefetch =
         prefetch.ok_or_else(|| Error::config("prefetch", "'auto' is for image loaders; give ArrayLoader a number"))?;
     a.finish()?;
     Ok(ArrayConfig { sampler, threads, prefetch, memory_limit })
+}
+
+/// The fields of a saved state (`state_dict()`), for their checks.
+struct Saved<'a> {
+    fields: &'a Map<String, Value>,
+    /// How the fields are named in errors: `state['...']`, `state['fingerprint']['...']`.
+    prefix: &'static str,
+}
+
+impl Saved<'_> {
+    fn name(&self, key: &str) -> String {
+        format!("{}['{key}']", self.prefix)
+    }
+
+    fn get(&self, key: &str, required: bool) -> Result<Option<&Value>> {
+        match self.fields.get(key) {
+            None if required => Err(Error::config(
+                self.prefix,
+                format!("has no '{key}': expected a dict from state_dict() of this kind of loader"),
+            )),
+            v => Ok(v),
+        }
+    }
+
+    /// An integer of at least `min` (JSON integers only: not a bool, a float or text).
+    fn integer(&self, key: &str, required: bool, min: u64) -> Result<Option<u64>> {
+        let Some(v) = self.get(key, required)? else { return Ok(None) };
+        match v.as_u64() {
+            Some(n) if n >= min => Ok(Some(n)),
+            _ => {
+                let what = if min == 0 { "a non-negative integer".to_string() } else { format!("an integer >= {min}") };
+                Err(Error::config(self.name(key), format!("expected {what}, got {}", shown(v))))
+            }
+        }
+    }
+
+    fn text(&self, key: &str) -> Result<()> {
+        match self.get(key, true)? {
+            Some(Value::String(_)) => Ok(()),
+            Some(v) => Err(Error::config(self.name(key), format!("expected a string, got {}", shown(v)))),
+            None => Ok(()),
+        }
+    }
+
+    fn boolean(&self, key: &str) -> Result<()> {
+        match self.get(key, true)? {
+            Some(Value::Bool(_)) => Ok(()),
+            Some(v) => Err(Error::config(self.name(key), format!("expected True or False, got {}", shown(v)))),
+            None => Ok(()),
+        }
+    }
+}
+
+/// A position a user hands back (`load_state_dict(state)`, the JSON of a `state_dict()`),
+/// checked field by field for the loader whose fingerprint is `mine`:
+/// - `seed`, `epoch`, `next_batch`: non-negative integers (required); whether `seed` is the
+///   loader's and `next_batch` within the epoch is the sampler's check when it is loaded;
+/// - `version`: 1 or 2 when present (1: states without a fingerprint, from older releases);
+/// - `fingerprint` (required by version 2): an object whose fields have their types
+///   (`samples`, `batch_size`, `world_size`, `rank` integers, `drop_last` a bool, the rest
+///   strings), then compared with `mine`, the first difference named;
+/// - `batches_per_epoch`, `rank`, `world_size`: integers when present; without a fingerprint,
+///   `world_size` must be the loader's.
+///
+/// Other keys are left alone. Each error names its field (`state['next_batch']`).
+pub fn saved_state(state: &Value, mine: &Fingerprint) -> Result<SamplerState> {
+    let fields = state
+        .as_object()
+        .ok_or_else(|| Error::config("state", format!("expected a dict from state_dict(), got {}", shown(state))))?;
+    let s = Saved { fields, prefix: "state" };
+    let seed = s.integer("seed", true, 0)?.unwrap_or_default();
+    let epoch = s.integer("epoch", true, 0)?.unwrap_or_default();
+    let next_batch = s.integer("next_batch", true, 0)?.unwrap_or_default();
+    let next_batch = usize::try_from(next_batch)
+        .map_err(|_| Error::config(s.name("next_batch"), format!("{next_batch} is too large")))?;
+    let version = s.integer("version", false, 0)?;
+    if let Some(v) = version.filter(|v| !matches!(v, 1 | 2)) {
+        return Err(Error::config(
+            s.name("version"),
+            format!("expected 1 or 2 (a state from state_dict() of this or an older release), got {v}"),
+        ));
+    }
+    s.integer("batches_per_epoch", false, 0)?;
+    s.integer("rank", false, 0)?;
+    let world_size = s.integer("world_size", false, 1)?;
+    match fields.get("fingerprint") {
+        Some(Value::Object(fp)) => {
+            let f = Saved { fields: fp, prefix: "state['fingerprint']" };
+            for key in ["samples", "rank"] {
+                f.integer(key, true, 0)?;
+            }
+            for key in ["batch_size", "world_size"] {
+                f.integer(key, true, 1)?;
+            }
+            for key in ["sample_hash", "shuffle", "transform"] {
+                f.text(key)?;
+            }
+            f.boolean("drop_last")?;
+            mine.check(&Value::Object(fp.clone()))?;
+        }
+        Some(v) => {
+            return Err(Error::config(
+                s.name("fingerprint"),
+                format!("expected the dict state_dict() gives, got {}", shown(v)),
+            ))
+        }
+        None if version == Some(2) => {
+            return Err(Error::config(
+                "state",
+                "has no 'fingerprint', which a version 2 state always has: expected a dict from state_dict()",
+            ))
+        }
+        None => {
+            if let Some(w) = world_size.filter(|&w| w != mine.world_size as u64) {
+                return Err(Error::config(
+                    "state",
+                    format!("saved with world_size={w}, this loader has world_size={}", mine.world_size),
+                ));
+            }
+        }
+    }
+    Ok(SamplerState { seed, epoch, next_batch })
 }
 
 /// Named arguments from `name=value` pairs of flag text (what the CLI has).
@@ -569,6 +909,219 @@ mod tests {
         assert!(err(json!({"preset": "imagenet-val", "trace_events": 10})).contains("`trace_events`: needs trace"));
         assert!(err(json!({"preset": "imagenet-val", "trace": 5})).contains("`trace`: expected None or a file path"));
         assert!(err(json!({"preset": "imagenet-val", "trace": " "})).contains("`trace`"));
+    }
+
+    /// An environment of its own: `vars`, nothing else (the process's environment is never
+    /// changed: other tests of this binary read it).
+    fn with_env<T>(vars: &[(&str, Option<&str>)], f: impl FnOnce(Env<'_>) -> T) -> T {
+        let table: std::collections::HashMap<String, std::ffi::OsString> =
+            vars.iter().filter_map(|(k, v)| v.map(|v| (k.to_string(), v.into()))).collect();
+        f(&move |name: &str| table.get(name).cloned())
+    }
+
+    #[test]
+    fn thread_counts_are_bounded() {
+        assert_eq!(threads("threads", &json!(1024)).unwrap(), Some(1024));
+        let e = threads("threads", &json!(100000)).unwrap_err().to_string();
+        assert!(e.contains("`threads`") && e.contains("from 1 to 1024"), "{e}");
+        assert!(threads("threads", &json!("abc")).unwrap_err().to_string().contains("'auto'"));
+        let e = thread_count("io_threads", &json!(5000)).unwrap_err().to_string();
+        assert!(e.contains("`io_threads`") && e.contains("from 1 to 1024"), "{e}");
+        assert_eq!(thread_count("io_threads", &json!("8")).unwrap(), 8);
+        let e = prefetch("prefetch", &json!(u64::MAX)).unwrap_err().to_string();
+        assert!(e.contains("`prefetch`") && e.contains("from 1 to 1024"), "{e}");
+        assert!(cpu_budget("cpu_budget", &json!(4096)).unwrap_err().to_string().contains("(0, 1024]"));
+        let err = |v: Value| loader_config(args(v)).unwrap_err().to_string();
+        assert!(err(json!({"preset": "imagenet-val", "io_threads": 100000})).contains("`io_threads`"));
+        assert!(err(json!({"preset": "imagenet-val", "threads": 100000})).contains("`threads`"));
+    }
+
+    #[test]
+    fn batch_buffers_must_fit_in_memory() {
+        // 224x224 RGB float32 (imagenet-val) + 13 bytes of bookkeeping per sample.
+        let per = 224 * 224 * 3 * 4 + SLOT_BYTES_PER_SAMPLE;
+        assert_eq!(batch_bytes(256, 224 * 224 * 3 * 4).unwrap(), 256 * per);
+        let e = batch_bytes(1 << 62, 1).unwrap_err().to_string();
+        assert!(e.contains("`batch_size`") && e.contains("does not fit in 64 bits"), "{e}");
+        let e = batch_bytes(1 << 40, 600_000).unwrap_err().to_string();
+        assert!(e.contains("`batch_size`") && e.contains("more than any machine can hold"), "{e}");
+        let err = |v: Value| loader_config(args(v)).unwrap_err().to_string();
+        for bs in [json!(1u64 << 62), json!(u64::MAX), json!(1u64 << 40)] {
+            let e = err(json!({"preset": "imagenet-val", "batch_size": bs}));
+            assert!(e.starts_with("invalid argument `batch_size`"), "{e}");
+        }
+        // The largest batch that fits the bound is accepted (nothing is allocated here).
+        let max = (MAX_BATCH_BYTES / per) as usize;
+        assert_eq!(
+            loader_config(args(json!({"preset": "imagenet-val", "batch_size": max}))).unwrap().sampler.batch_size,
+            max
+        );
+        assert!(err(json!({"preset": "imagenet-val", "batch_size": max + 1})).contains("`batch_size`"));
+        // An output size whose sample overflows.
+        let ops = json!([{"op": "Resize", "size": [1u64 << 40, 1u64 << 40]}]);
+        let e = loader_config(args(json!({"ops": ops, "batch_size": 1}))).unwrap_err().to_string();
+        assert!(e.contains("`transforms`"), "{e}");
+        // Arrays: the row size comes later, but no batch size can overflow the bookkeeping.
+        let e = array_config(args(json!({"batch_size": 1u64 << 62}))).unwrap_err().to_string();
+        assert!(e.contains("`batch_size`"), "{e}");
+    }
+
+    #[test]
+    fn stoker_num_threads() {
+        let t = |v: Option<&str>| with_env(&[(THREADS_VAR, v)], threads_in);
+        assert_eq!(t(None).unwrap(), None);
+        assert_eq!(t(Some("")).unwrap(), None);
+        assert_eq!(t(Some(" 8 ")).unwrap(), Some(8));
+        assert_eq!(t(Some("1024")).unwrap(), Some(1024));
+        for bad in ["abc", "1e9", "0", "-3", "100000", "2.5", "auto"] {
+            let e = t(Some(bad)).unwrap_err().to_string();
+            assert!(
+                e.contains("`STOKER_NUM_THREADS`") && e.contains(&format!("{bad:?}")) && e.contains("from 1 to 1024"),
+                "{e}"
+            );
+        }
+        // The loaders read it when threads are not given, and refuse a bad one even when they are.
+        let images = |e: Env<'_>| loader_config_in(args(json!({"preset": "imagenet-val"})), e);
+        assert_eq!(with_env(&[(THREADS_VAR, Some("3"))], images).unwrap().threads, Some(3));
+        let arrays = |e: Env<'_>| array_config_in(args(json!({"threads": 2})), e);
+        assert_eq!(with_env(&[(THREADS_VAR, Some("3"))], arrays).unwrap().threads, Some(2));
+        let e = with_env(&[(THREADS_VAR, Some("lots"))], arrays).unwrap_err().to_string();
+        assert!(e.contains("STOKER_NUM_THREADS"), "{e}");
+        // Not UTF-8.
+        use std::os::unix::ffi::OsStringExt;
+        let bytes = std::ffi::OsString::from_vec(b"\xff".to_vec());
+        let e = threads_in(&move |_: &str| Some(bytes.clone())).unwrap_err().to_string();
+        assert!(e.contains("`STOKER_NUM_THREADS`") && e.contains("not text"), "{e}");
+    }
+
+    #[test]
+    fn torchrun_variables() {
+        let r = |v: Option<&str>| with_env(&[("RANK", v)], |e| usize_in(e, "RANK"));
+        assert_eq!(r(None).unwrap(), None);
+        assert_eq!(r(Some("3")).unwrap(), Some(3));
+        for bad in ["-1", "x", "1.0"] {
+            let e = r(Some(bad)).unwrap_err().to_string();
+            assert!(e.contains("`RANK`") && e.contains("non-negative integer"), "{e}");
+        }
+        let config = |vars: &[(&str, Option<&str>)]| {
+            with_env(vars, |e| loader_config_in(args(json!({"preset": "imagenet-val"})), e))
+        };
+        assert!(config(&[("WORLD_SIZE", Some("0"))]).unwrap_err().to_string().contains("`WORLD_SIZE`"));
+        assert!(config(&[("WORLD_SIZE", Some("4")), ("RANK", Some("4"))]).unwrap_err().to_string().contains("`rank`"));
+        let c = config(&[("WORLD_SIZE", Some("4")), ("RANK", Some("3"))]).unwrap();
+        assert_eq!((c.sampler.rank, c.sampler.world_size), (3, 4));
+        let e = with_env(&[("LOCAL_RANK", Some("99999999999"))], local_rank_in);
+        assert!(e.unwrap_err().to_string().contains("`LOCAL_RANK`"));
+        assert_eq!(with_env(&[("LOCAL_RANK", Some("2"))], local_rank_in).unwrap(), 2);
+    }
+
+    #[test]
+    fn object_store_timeout() {
+        let t = |v: Option<&str>| with_env(&[(OBJECT_TIMEOUT_VAR, v)], timeout_in);
+        assert_eq!(t(None).unwrap(), None);
+        assert_eq!(t(Some("0.5")).unwrap(), Some(Duration::from_millis(500)));
+        for bad in ["0", "-1", "nan", "inf", "1e9", "soon"] {
+            let e = t(Some(bad)).unwrap_err().to_string();
+            assert!(e.contains("`STOKER_OBJECT_TIMEOUT`") && e.contains("positive number of seconds"), "{e}");
+        }
+    }
+
+    #[test]
+    fn cpu_registry_variables() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("budget");
+        let b = |shared: Option<&str>, file: Option<&std::path::Path>| {
+            with_env(
+                &[("STOKER_SHARED_BUDGET", shared), ("STOKER_BUDGET_FILE", file.map(|f| f.to_str().unwrap()))],
+                budget_in,
+            )
+        };
+        assert_eq!(b(None, None).unwrap(), BudgetEnv::Default);
+        assert_eq!(b(Some("OFF"), None).unwrap(), BudgetEnv::Off);
+        assert_eq!(b(Some("0"), Some(&file)).unwrap(), BudgetEnv::Off);
+        assert_eq!(b(Some("yes"), Some(&file)).unwrap(), BudgetEnv::File(file.clone()));
+        let e = b(Some("maybe"), None).unwrap_err().to_string();
+        assert!(e.contains("`STOKER_SHARED_BUDGET`") && e.contains("\"maybe\"") && e.contains("0, false"), "{e}");
+        let e = b(None, Some(dir.path())).unwrap_err().to_string();
+        assert!(e.contains("`STOKER_BUDGET_FILE`") && e.contains("is a folder"), "{e}");
+        let e = b(None, Some(&dir.path().join("missing/budget"))).unwrap_err().to_string();
+        assert!(e.contains("`STOKER_BUDGET_FILE`") && e.contains("folder does not exist"), "{e}");
+        let e = with_env(&[("STOKER_SHARED_BUDGET", Some("2"))], |e| {
+            loader_config_in(args(json!({"preset": "imagenet-val"})), e)
+        });
+        assert!(e.unwrap_err().to_string().contains("`STOKER_SHARED_BUDGET`"));
+    }
+
+    fn fingerprint() -> Fingerprint {
+        let spec = SamplerSpec {
+            batch_size: 8,
+            shuffle: true,
+            seed: 3,
+            drop_last: false,
+            rank: 0,
+            world_size: 1,
+            shard_window: None,
+        };
+        Fingerprint::new(&spec, 96, 0xabc, "t".into())
+    }
+
+    fn state() -> Value {
+        json!({"version": 2, "seed": 3, "epoch": 2, "next_batch": 5, "batches_per_epoch": 12, "rank": 0,
+               "world_size": 1, "fingerprint": serde_json::to_value(fingerprint()).unwrap()})
+    }
+
+    #[test]
+    fn saved_states_are_checked_field_by_field() {
+        let fp = fingerprint();
+        assert_eq!(saved_state(&state(), &fp).unwrap(), SamplerState { seed: 3, epoch: 2, next_batch: 5 });
+        // An old state without version or fingerprint.
+        let old = json!({"seed": 3, "epoch": 0, "next_batch": 1, "world_size": 1});
+        assert_eq!(saved_state(&old, &fp).unwrap().next_batch, 1);
+        let e = saved_state(&json!({"seed": 3, "epoch": 0, "next_batch": 1, "world_size": 2}), &fp).unwrap_err();
+        assert!(e.to_string().contains("saved with world_size=2"), "{e}");
+        let edit = |path: &[&str], v: Value| {
+            let mut s = state();
+            let mut at = &mut s;
+            for k in &path[..path.len() - 1] {
+                at = at.get_mut(*k).unwrap();
+            }
+            at.as_object_mut().unwrap().insert(path[path.len() - 1].to_string(), v);
+            saved_state(&s, &fp).unwrap_err().to_string()
+        };
+        for (field, bad) in [
+            ("next_batch", json!(-1)),
+            ("next_batch", json!(1.5)),
+            ("next_batch", json!("3")),
+            ("seed", json!(-5)),
+            ("seed", json!(true)),
+            ("epoch", json!(null)),
+            ("epoch", json!(1e30)),
+            ("batches_per_epoch", json!(-2)),
+            ("world_size", json!(0)),
+        ] {
+            let e = edit(&[field], bad.clone());
+            assert!(e.starts_with(&format!("invalid argument `state['{field}']`")), "{field}={bad}: {e}");
+        }
+        let e = edit(&["version"], json!(7));
+        assert!(e.contains("`state['version']`") && e.contains("expected 1 or 2"), "{e}");
+        let e = edit(&["fingerprint"], json!("abc"));
+        assert!(e.contains("`state['fingerprint']`"), "{e}");
+        for (field, bad) in
+            [("samples", json!(-1)), ("batch_size", json!(0)), ("drop_last", json!(0)), ("shuffle", json!(1))]
+        {
+            let e = edit(&["fingerprint", field], bad);
+            assert!(e.starts_with(&format!("invalid argument `state['fingerprint']['{field}']`")), "{e}");
+        }
+        let e = edit(&["fingerprint", "samples"], json!(95));
+        assert!(e.contains("saved with samples=95"), "{e}");
+        let mut s = state();
+        s.as_object_mut().unwrap().remove("next_batch");
+        let e = saved_state(&s, &fp).unwrap_err().to_string();
+        assert!(e.contains("`state`") && e.contains("no 'next_batch'"), "{e}");
+        let mut s = state();
+        s.as_object_mut().unwrap().remove("fingerprint");
+        assert!(saved_state(&s, &fp).unwrap_err().to_string().contains("no 'fingerprint'"));
+        assert!(saved_state(&json!([1, 2]), &fp).unwrap_err().to_string().contains("expected a dict"));
     }
 
     #[test]

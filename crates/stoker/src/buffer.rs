@@ -208,12 +208,26 @@ pub(crate) struct Slot {
 
 impl Slot {
     fn new(capacity: usize, sample_bytes: usize, alloc: &dyn HostAllocator) -> Result<Self> {
+        // The sizes are checked by `crate::args::batch_bytes` for configured loaders; checked
+        // again here, and the bookkeeping allocated fallibly, so no size reaches an abort.
+        let too_large = || {
+            Error::Memory(format!(
+                "a batch of {capacity} samples of {sample_bytes} bytes does not fit in memory; lower batch_size"
+            ))
+        };
+        let data = capacity.checked_mul(sample_bytes).ok_or_else(too_large)?;
+        let mut indices = Vec::new();
+        let mut status = Vec::new();
+        indices.try_reserve_exact(capacity).map_err(|_| too_large())?;
+        status.try_reserve_exact(capacity).map_err(|_| too_large())?;
+        indices.extend((0..capacity).map(|_| AtomicU32::new(0)));
+        status.extend((0..capacity).map(|_| AtomicU8::new(PENDING)));
         Ok(Slot {
-            data: RawBuf::new_in(capacity * sample_bytes, alloc)?,
-            labels: RawBuf::new_in(capacity * 8, alloc)?,
+            data: RawBuf::new_in(data, alloc)?,
+            labels: RawBuf::new_in(capacity.checked_mul(8).ok_or_else(too_large)?, alloc)?,
             sample_bytes,
-            indices: (0..capacity).map(|_| AtomicU32::new(0)).collect(),
-            status: (0..capacity).map(|_| AtomicU8::new(PENDING)).collect(),
+            indices: indices.into_boxed_slice(),
+            status: status.into_boxed_slice(),
             count: AtomicUsize::new(0),
             remaining: AtomicUsize::new(0),
             batch: AtomicUsize::new(0),
@@ -359,7 +373,7 @@ impl BufferPool {
             free_tx,
             free_rx,
             slots,
-            batch_bytes: capacity * sample_bytes,
+            batch_bytes: capacity.saturating_mul(sample_bytes),
             held: Arc::default(),
             addresses,
             memory: alloc.kind(),
@@ -378,7 +392,7 @@ impl BufferPool {
 
     /// Bytes of all batch buffers together.
     pub fn total_bytes(&self) -> usize {
-        self.slots * self.batch_bytes
+        self.slots.saturating_mul(self.batch_bytes)
     }
 
     /// Start addresses of the batch buffers (to check zero-copy hand-offs).

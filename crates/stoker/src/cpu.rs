@@ -1,6 +1,7 @@
 //! The process's real CPU allowance: its affinity mask and its cgroup CPU quota, not the machine's
 //! core count. Two trainers on one host that each get four cores should each run four threads.
 
+use crate::error::Result;
 use std::path::Path;
 
 /// How many CPUs this process may use, and where that number came from.
@@ -79,14 +80,24 @@ pub fn parse_cpu_max(s: &str) -> Option<f64> {
     (q > 0.0).then_some(q / period)
 }
 
-/// The default number of decode threads: the allowance, or `STOKER_NUM_THREADS` when set.
-pub fn default_threads() -> usize {
-    env_threads().unwrap_or_else(|| allowance().effective)
+/// The default number of decode threads: `STOKER_NUM_THREADS` when set, else the allowance;
+/// a bad `STOKER_NUM_THREADS` is an error naming it (see [`crate::args::env_threads`]).
+pub fn try_default_threads() -> Result<usize> {
+    Ok(crate::args::env_threads()?.unwrap_or_else(|| allowance().effective))
 }
 
-/// `STOKER_NUM_THREADS`, when set to a positive integer (a fixed count, as if given).
+/// [`try_default_threads`] where no error can be reported: a bad `STOKER_NUM_THREADS` counts
+/// as unset here. The loaders' argument checks (`crate::args::loader_config`,
+/// `crate::args::array_config`) refuse it before this is reached.
+pub fn default_threads() -> usize {
+    try_default_threads().unwrap_or_else(|_| allowance().effective)
+}
+
+/// `STOKER_NUM_THREADS`, when set to a valid count (a fixed count, as if given). The value is
+/// checked by [`crate::args::env_threads`], which the loaders' argument checks call first; a
+/// bad one counts as unset here.
 pub fn env_threads() -> Option<usize> {
-    std::env::var("STOKER_NUM_THREADS").ok().and_then(|v| v.trim().parse::<usize>().ok()).filter(|&n| n > 0)
+    crate::args::env_threads().ok().flatten()
 }
 
 /// The default CPU budget of an autotuned loader, in cores: the allowance, with a fractional

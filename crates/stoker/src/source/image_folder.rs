@@ -23,14 +23,24 @@
 //! or a device after indexing is that sample's error, not a hang or an endless read; one that
 //! was deleted is an error naming the path.
 //!
-//! The index is compact: all relative paths live in one string with offsets, so a
+//! Names are bytes, as Linux has them: a file or class folder whose name is not UTF-8 (common
+//! in scraped datasets) is indexed like any other, never a reason to refuse the dataset. Names
+//! are ordered as Python orders what `os.listdir` gives (UTF-8 decoded with `surrogateescape`:
+//! each byte of an invalid sequence becomes U+DC80..U+DCFF), so labels and sample indices
+//! match torchvision's for such names too. The exact names are [`ImageFolder::class_names`]
+//! and [`ImageFolder::relative_os`]; messages and the `&str` accessors show them lossily
+//! (U+FFFD for an undecodable byte).
+//!
+//! The index is compact: all relative paths live in one byte string with offsets, so a
 //! million-image dataset costs tens of megabytes, not a `PathBuf` per file.
 
 use super::Source;
 use crate::error::{Error, Result};
 use std::collections::HashMap;
+use std::ffi::{OsStr, OsString};
 use std::fs::FileType;
 use std::io::Read;
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
@@ -41,22 +51,78 @@ pub const IMG_EXTENSIONS: &[&str] = &["jpg", "jpeg", "png", "ppm", "bmp", "pgm",
 #[derive(Debug)]
 pub struct ImageFolder {
     root: PathBuf,
+    /// Class names as text (lossy where a name is not UTF-8).
     classes: Vec<String>,
-    names: String,
+    /// Class names exactly as the folders are named.
+    class_names: Vec<OsString>,
+    /// Every sample's path relative to the root, concatenated.
+    names: Vec<u8>,
     ends: Vec<u64>,
     labels: Vec<u32>,
+    /// The text form of the few relative paths that are not UTF-8, by sample index (U+FFFD for
+    /// an undecodable byte), for [`ImageFolder::relative_path`].
+    lossy: HashMap<usize, String>,
     not_samples: Vec<(PathBuf, String)>,
 }
 
-fn is_hidden(name: &str) -> bool {
-    name.starts_with('.')
+fn is_hidden(name: &[u8]) -> bool {
+    name.first() == Some(&b'.')
 }
 
-fn has_image_extension(name: &str) -> bool {
-    match name.rsplit_once('.') {
-        Some((stem, ext)) if !stem.is_empty() => IMG_EXTENSIONS.iter().any(|e| e.eq_ignore_ascii_case(ext)),
+fn has_image_extension(name: &[u8]) -> bool {
+    match name.iter().rposition(|&b| b == b'.') {
+        Some(dot) if dot > 0 => IMG_EXTENSIONS.iter().any(|e| e.as_bytes().eq_ignore_ascii_case(&name[dot + 1..])),
         _ => false,
     }
+}
+
+/// A name as text, for messages (U+FFFD for an undecodable byte).
+fn shown(name: &[u8]) -> String {
+    String::from_utf8_lossy(name).into_owned()
+}
+
+/// `name`'s code points as Python has them (UTF-8 decoded with `surrogateescape`, as
+/// `os.listdir` and `os.walk` give names), encoded back as generalized UTF-8: comparing two
+/// keys byte by byte compares the Python strings. A valid UTF-8 name is its own key.
+fn python_key(name: &[u8]) -> Vec<u8> {
+    let mut key = Vec::with_capacity(name.len() + 8);
+    for chunk in name.utf8_chunks() {
+        key.extend_from_slice(chunk.valid().as_bytes());
+        for &b in chunk.invalid() {
+            // U+DC00 + b (b >= 0x80: U+DC80..U+DCFF) as three UTF-8-style bytes.
+            let cp = 0xDC00 + b as u32;
+            key.extend_from_slice(&[
+                0xE0 | (cp >> 12) as u8,
+                0x80 | ((cp >> 6) & 0x3F) as u8,
+                0x80 | (cp & 0x3F) as u8,
+            ]);
+        }
+    }
+    key
+}
+
+/// Sorts `items` by the name `key` gives, in Python's order (what `sorted(os.listdir(...))`
+/// gives); a plain byte sort when every name is UTF-8.
+fn sort_python<T>(items: &mut [T], key: impl Fn(&T) -> &[u8]) {
+    if items.iter().all(|t| std::str::from_utf8(key(t)).is_ok()) {
+        items.sort_by(|a, b| key(a).cmp(key(b)));
+    } else {
+        items.sort_by_cached_key(|t| python_key(key(t)));
+    }
+}
+
+/// `a` and `b` joined by `/`.
+fn join(a: &[u8], b: &[u8]) -> Vec<u8> {
+    let mut v = Vec::with_capacity(a.len() + 1 + b.len());
+    v.extend_from_slice(a);
+    v.push(b'/');
+    v.extend_from_slice(b);
+    v
+}
+
+/// `root` joined with the relative path `rel` (bytes).
+fn under(root: &Path, rel: &[u8]) -> PathBuf {
+    root.join(OsStr::from_bytes(rel))
 }
 
 /// What a folder entry is, after resolving a symlink.
@@ -128,29 +194,30 @@ impl ImageFolder {
         if !meta.is_dir() {
             return Err(Error::Dataset(format!("{}: dataset root is not a directory", root.display())));
         }
-        let mut classes = vec![];
+        let mut classes: Vec<Vec<u8>> = vec![];
         for (name, path, t) in read_dir(&root)? {
             if !is_hidden(&name) && matches!(classify(&path, t), Entry::Dir) {
                 classes.push(name);
             }
         }
-        classes.sort();
+        sort_python(&mut classes, |c| c);
         if classes.is_empty() {
             return Err(Error::Dataset(format!(
                 "{}: no class folders found (expected ROOT/CLASS/IMAGE files)",
                 root.display()
             )));
         }
-        let mut names = String::new();
+        let mut names = vec![];
         let mut ends = vec![];
         let mut labels = vec![];
+        let mut lossy = HashMap::new();
         let mut empty = vec![];
         let mut not_samples = vec![];
         // The root and every class folder: a link to one of them from inside a class is never
         // followed, whichever class is walked first.
-        let mut fixed = HashMap::from([(dir_id(&root)?, String::new())]);
+        let mut fixed = HashMap::from([(dir_id(&root)?, vec![])]);
         for class in &classes {
-            fixed.entry(dir_id(&root.join(class))?).or_insert_with(|| class.clone());
+            fixed.entry(dir_id(&under(&root, class))?).or_insert_with(|| class.clone());
         }
         for (label, class) in classes.iter().enumerate() {
             let before = labels.len();
@@ -161,19 +228,23 @@ impl ImageFolder {
             not_samples = left;
             // sorted(os.walk(...)) sorts by the full path string; we hold paths relative to the
             // class folder's parent, which sort the same way.
-            dirs.sort_by(|a, b| a.0.cmp(&b.0));
+            sort_python(&mut dirs, |d| &d.0);
             for (dir, mut files) in dirs {
-                files.sort();
+                sort_python(&mut files, |f| f);
                 for f in files {
-                    names.push_str(&dir);
-                    names.push('/');
-                    names.push_str(&f);
+                    let start = names.len();
+                    names.extend_from_slice(&dir);
+                    names.push(b'/');
+                    names.extend_from_slice(&f);
+                    if std::str::from_utf8(&names[start..]).is_err() {
+                        lossy.insert(ends.len(), shown(&names[start..]));
+                    }
                     ends.push(names.len() as u64);
                     labels.push(label as u32);
                 }
             }
             if labels.len() == before {
-                empty.push(class.clone());
+                empty.push(shown(class));
                 if not_samples.len() > left_before {
                     let (path, why) = &not_samples[left_before];
                     empty.last_mut().expect("just pushed").push_str(&format!(" ({}: {why})", path.display()));
@@ -188,7 +259,9 @@ impl ImageFolder {
                 IMG_EXTENSIONS.join(", ")
             )));
         }
-        Ok(ImageFolder { root, classes, names, ends, labels, not_samples })
+        let class_names: Vec<OsString> = classes.into_iter().map(OsString::from_vec).collect();
+        let classes = class_names.iter().map(|c| c.to_string_lossy().into_owned()).collect();
+        Ok(ImageFolder { root, classes, class_names, names, ends, labels, lossy, not_samples })
     }
 
     /// What indexing left out although it is named like an image or is a folder to walk, as
@@ -201,9 +274,15 @@ impl ImageFolder {
         &self.not_samples
     }
 
-    /// The class names, in label order.
+    /// The class names as text, in label order (a byte that is not UTF-8 shows as U+FFFD; see
+    /// [`ImageFolder::class_names`] for the exact names).
     pub fn classes(&self) -> &[String] {
         &self.classes
+    }
+
+    /// The class names exactly as the folders are named, in label order.
+    pub fn class_names(&self) -> &[OsString] {
+        &self.class_names
     }
 
     /// The root folder.
@@ -211,33 +290,40 @@ impl ImageFolder {
         &self.root
     }
 
-    /// The path of sample `i` relative to the root.
-    pub fn relative_path(&self, i: usize) -> &str {
+    /// The path of sample `i` relative to the root, exactly.
+    pub fn relative_os(&self, i: usize) -> &OsStr {
         let start = if i == 0 { 0 } else { self.ends[i - 1] as usize };
-        &self.names[start..self.ends[i] as usize]
+        OsStr::from_bytes(&self.names[start..self.ends[i] as usize])
+    }
+
+    /// The path of sample `i` relative to the root, as text: exact when it is UTF-8, else with
+    /// U+FFFD for each undecodable byte (see [`ImageFolder::relative_os`]).
+    pub fn relative_path(&self, i: usize) -> &str {
+        match std::str::from_utf8(self.relative_os(i).as_bytes()) {
+            Ok(s) => s,
+            Err(_) => self.lossy.get(&i).map_or("", String::as_str),
+        }
     }
 
     /// Bytes of memory the index uses (paths, offsets, labels).
     pub fn index_bytes(&self) -> usize {
-        self.names.capacity() + self.ends.capacity() * 8 + self.labels.capacity() * 4
+        self.names.capacity()
+            + self.ends.capacity() * 8
+            + self.labels.capacity() * 4
+            + self.lossy.values().map(|s| s.capacity() + 16).sum::<usize>()
     }
 }
 
 /// `(name, path, listed type)` of the entries of `dir` (the type from the listing, no `stat`
-/// where the file system reports it).
-fn read_dir(dir: &Path) -> Result<Vec<(String, PathBuf, FileType)>> {
+/// where the file system reports it). Names are bytes: any name Linux allows is listed.
+fn read_dir(dir: &Path) -> Result<Vec<(Vec<u8>, PathBuf, FileType)>> {
     let rd =
         std::fs::read_dir(dir).map_err(|e| Error::Dataset(format!("{}: cannot list folder: {e}", dir.display())))?;
     let mut out = vec![];
     for entry in rd {
         let entry = entry.map_err(|e| Error::Dataset(format!("{}: cannot list folder: {e}", dir.display())))?;
         let t = entry.file_type().map_err(|e| Error::Dataset(format!("{}: {e}", entry.path().display())))?;
-        match entry.file_name().into_string() {
-            Ok(name) => out.push((name, entry.path(), t)),
-            Err(name) => {
-                return Err(Error::Dataset(format!("{}: file name is not valid UTF-8: {name:?}", dir.display())))
-            }
-        }
+        out.push((entry.file_name().into_vec(), entry.path(), t));
     }
     Ok(out)
 }
@@ -248,22 +334,23 @@ fn read_dir(dir: &Path) -> Result<Vec<(String, PathBuf, FileType)>> {
 struct Walk<'a> {
     root: &'a Path,
     /// `(relative dir, image file names)` per folder walked.
-    dirs: Vec<(String, Vec<String>)>,
+    dirs: Vec<(Vec<u8>, Vec<Vec<u8>>)>,
     /// Folders walked, by identity, with their path relative to the root.
-    seen: HashMap<DirId, String>,
+    seen: HashMap<DirId, Vec<u8>>,
     /// Folder symlinks not followed yet (paths relative to the root).
-    links: Vec<String>,
+    links: Vec<Vec<u8>>,
     not_samples: Vec<(PathBuf, String)>,
 }
 
 impl Walk<'_> {
     /// Walks class folder `class` and everything reachable from it, each folder once.
-    fn class(&mut self, class: &str) -> Result<()> {
-        self.walk(class.to_string(), dir_id(&self.root.join(class))?)?;
+    fn class(&mut self, class: &[u8]) -> Result<()> {
+        self.walk(class.to_vec(), dir_id(&under(self.root, class))?)?;
         while !self.links.is_empty() {
-            self.links.sort_by(|a, b| b.cmp(a));
-            let link = self.links.pop().expect("not empty");
-            let path = self.root.join(&link);
+            // The link whose path sorts first is followed next.
+            sort_python(&mut self.links, |l| l);
+            let link = self.links.remove(0);
+            let path = under(self.root, &link);
             match std::fs::metadata(&path) {
                 Ok(m) => self.enter(link, (m.dev(), m.ino()))?,
                 // Changed since it was listed: not a folder any more.
@@ -275,27 +362,28 @@ impl Walk<'_> {
 
     /// Walks folder `rel` (identity `id`) unless it was walked already or is the root or a
     /// class folder, which is reported: as a loop when `rel` lies inside that folder.
-    fn enter(&mut self, rel: String, id: DirId) -> Result<()> {
+    fn enter(&mut self, rel: Vec<u8>, id: DirId) -> Result<()> {
         let Some(first) = self.seen.get(&id) else {
             return self.walk(rel, id);
         };
+        let name = shown(first);
         let why = if first.is_empty() {
             "folder symlink loop: the dataset root, not walked".to_string()
-        } else if rel.strip_prefix(first.as_str()).is_some_and(|rest| rest.starts_with('/')) {
-            format!("folder symlink loop: the same folder as its ancestor {first}, not walked again")
-        } else if !first.contains('/') {
-            format!("the class folder {first}: not walked (its images are class {first})")
+        } else if rel.strip_prefix(first.as_slice()).is_some_and(|rest| rest.first() == Some(&b'/')) {
+            format!("folder symlink loop: the same folder as its ancestor {name}, not walked again")
+        } else if !first.contains(&b'/') {
+            format!("the class folder {name}: not walked (its images are class {name})")
         } else {
-            format!("repeated folder: the same folder as {first}, already indexed there")
+            format!("repeated folder: the same folder as {name}, already indexed there")
         };
-        self.not_samples.push((self.root.join(rel), why));
+        self.not_samples.push((under(self.root, &rel), why));
         Ok(())
     }
 
     /// Collects folder `rel` (identity `id`) and its real subfolders; queues folder symlinks.
-    fn walk(&mut self, rel: String, id: DirId) -> Result<()> {
+    fn walk(&mut self, rel: Vec<u8>, id: DirId) -> Result<()> {
         self.seen.insert(id, rel.clone());
-        let dir = self.root.join(&rel);
+        let dir = under(self.root, &rel);
         let mut files = vec![];
         let mut subdirs = vec![];
         for (name, path, t) in read_dir(&dir)? {
@@ -303,20 +391,18 @@ impl Walk<'_> {
                 continue;
             }
             match classify(&path, t) {
-                Entry::Dir if t.is_symlink() => self.links.push(format!("{rel}/{name}")),
+                Entry::Dir if t.is_symlink() => self.links.push(join(&rel, &name)),
                 Entry::Dir => subdirs.push(name),
                 Entry::File if has_image_extension(&name) => files.push(name),
-                Entry::Special(why) if has_image_extension(&name) => {
-                    self.not_samples.push((self.root.join(format!("{rel}/{name}")), why))
-                }
+                Entry::Special(why) if has_image_extension(&name) => self.not_samples.push((path, why)),
                 _ => {}
             }
         }
         self.dirs.push((rel.clone(), files));
-        subdirs.sort();
+        sort_python(&mut subdirs, |s| s);
         for sub in subdirs {
-            let sub_id = dir_id(&dir.join(&sub))?;
-            self.enter(format!("{rel}/{sub}"), sub_id)?;
+            let sub_id = dir_id(&dir.join(OsStr::from_bytes(&sub)))?;
+            self.enter(join(&rel, &sub), sub_id)?;
         }
         Ok(())
     }
@@ -340,7 +426,7 @@ impl Source for ImageFolder {
         PATH.with_borrow_mut(|path| {
             path.clear();
             path.push(&self.root);
-            path.push(self.relative_path(i));
+            path.push(self.relative_os(i));
             // Non-blocking, so opening a file that became a FIFO after indexing cannot hang; the
             // descriptor's own type (fstat) then decides, not the path's (no race).
             let mut f = std::fs::OpenOptions::new()
@@ -384,7 +470,7 @@ impl Source for ImageFolder {
     }
 
     fn describe(&self, i: usize) -> PathBuf {
-        self.root.join(self.relative_path(i))
+        self.root.join(self.relative_os(i))
     }
 }
 
@@ -421,6 +507,62 @@ mod tests {
                 ("dog/sub/c.jpeg".into(), 1)
             ]
         );
+    }
+
+    /// Python's `sorted()` of the names `os.listdir` gives for these bytes, worked out by hand:
+    /// an undecodable byte is U+DC80..U+DCFF, between U+D7FF and U+E000.
+    #[test]
+    fn names_sort_as_python_sorts_them() {
+        let mut names: Vec<&[u8]> = vec![
+            b"a\xff",             // 'a\udcff'
+            "a\u{e9}".as_bytes(), // 'aé'
+            "a\u{10000}".as_bytes(),
+            "a\u{e000}".as_bytes(),
+            b"a\xc3", // a truncated 'é': 'a\udcc3'
+            b"a",
+            b"b",
+        ];
+        sort_python(&mut names, |n| n);
+        let want: Vec<&[u8]> =
+            vec![b"a", "a\u{e9}".as_bytes(), b"a\xc3", b"a\xff", "a\u{e000}".as_bytes(), "a\u{10000}".as_bytes(), b"b"];
+        assert_eq!(names, want);
+        // Valid UTF-8 is its own key.
+        assert_eq!(python_key("caf\u{e9}".as_bytes()), "caf\u{e9}".as_bytes());
+        assert_eq!(python_key(b"\xe9"), [0xED, 0xB3, 0xA9]);
+    }
+
+    #[test]
+    fn names_that_are_not_utf8_are_indexed() {
+        use std::os::unix::ffi::OsStrExt;
+        let d = tempfile::tempdir().unwrap();
+        let r = d.path();
+        let p = |b: &[u8]| r.join(OsStr::from_bytes(b));
+        touch(&p(b"caf\xe9/x\xff.jpg"));
+        touch(&p(b"caf\xe9/a.jpg"));
+        touch(&p(b"caf\xe9/sub\x80/b.png"));
+        touch(&p("caf\u{e9}/z.jpg".as_bytes()));
+        let f = ImageFolder::new(r).unwrap();
+        // 'café' < 'caf\udce9'
+        assert_eq!(
+            f.class_names().iter().map(|c| c.as_bytes()).collect::<Vec<_>>(),
+            [b"caf\xc3\xa9".as_slice(), b"caf\xe9"]
+        );
+        assert_eq!(f.classes(), ["caf\u{e9}", "caf\u{fffd}"]);
+        let rel: Vec<_> = (0..f.len()).map(|i| (f.relative_os(i).as_bytes().to_vec(), f.label(i))).collect();
+        assert_eq!(
+            rel,
+            [
+                (b"caf\xc3\xa9/z.jpg".to_vec(), 0),
+                (b"caf\xe9/a.jpg".to_vec(), 1),
+                (b"caf\xe9/x\xff.jpg".to_vec(), 1),
+                (b"caf\xe9/sub\x80/b.png".to_vec(), 1)
+            ]
+        );
+        assert_eq!(f.relative_path(2), "caf\u{fffd}/x\u{fffd}.jpg");
+        assert_eq!(f.describe(2), p(b"caf\xe9/x\xff.jpg"));
+        let mut buf = vec![];
+        f.read(2, &mut buf, 100).unwrap();
+        assert_eq!(buf, b"x");
     }
 
     #[test]

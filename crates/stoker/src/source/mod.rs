@@ -11,6 +11,8 @@ pub use image_folder::{ImageFolder, IMG_EXTENSIONS};
 pub use shards::ShardSource;
 
 use crate::error::{Error, Result};
+use std::ffi::OsString;
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::{Path, PathBuf};
 
 /// A random-access collection of encoded samples with integer labels.
@@ -126,8 +128,9 @@ fn detect_one(root: &str) -> Result<DatasetKind> {
 pub struct Dataset {
     /// The samples.
     pub source: std::sync::Arc<dyn Source>,
-    /// Class names in label order (empty for shards without a `classes.json`).
-    pub classes: Vec<String>,
+    /// Class names in label order, exactly as named (a folder name need not be UTF-8; Python
+    /// shows it as `os.listdir` does); empty for shards without a `classes.json`.
+    pub classes: Vec<OsString>,
     /// What [`detect`] made of the root.
     pub kind: DatasetKind,
     /// Entries found while indexing that are not samples (FIFOs, devices, sockets, repeated or
@@ -146,20 +149,98 @@ impl std::fmt::Debug for Dataset {
 pub fn open(roots: &[String]) -> Result<Dataset> {
     let kind = detect(roots)?;
     let mut not_samples = vec![];
-    let (source, classes): (std::sync::Arc<dyn Source>, Vec<String>) = match &kind {
+    let (source, classes): (std::sync::Arc<dyn Source>, Vec<OsString>) = match &kind {
         DatasetKind::Folder(root) => {
             let f = ImageFolder::new(root)?;
-            let classes = f.classes().to_vec();
+            let classes = f.class_names().to_vec();
             not_samples = f.not_samples().to_vec();
             (std::sync::Arc::new(f), classes)
         }
         DatasetKind::Shards(specs) => {
             let s = ShardSource::open_any(specs)?;
-            let classes = s.classes().to_vec();
+            let classes = s.classes().iter().map(OsString::from).collect();
             (std::sync::Arc::new(s), classes)
         }
     };
     Ok(Dataset { source, classes, kind, not_samples })
+}
+
+/// Class names as the JSON array `classes.json` holds, in Python's spelling of file names: a
+/// byte of a name that is not UTF-8 is the escape `\udcXX` (XX = the byte), as
+/// `json.dumps(os.listdir(...))` writes it, so a name survives the round trip exactly
+/// ([`classes_from_json`]).
+pub fn classes_to_json(names: &[OsString]) -> String {
+    let mut out = String::from("[");
+    for (k, name) in names.iter().enumerate() {
+        if k > 0 {
+            out.push(',');
+        }
+        out.push('"');
+        for chunk in name.as_bytes().utf8_chunks() {
+            let quoted = serde_json::to_string(chunk.valid()).unwrap_or_else(|_| "\"\"".into());
+            out.push_str(&quoted[1..quoted.len() - 1]);
+            for &b in chunk.invalid() {
+                out.push_str(&format!("\\u{:04x}", 0xDC00 + b as u32));
+            }
+        }
+        out.push('"');
+    }
+    out.push(']');
+    out
+}
+
+/// The class names of a `classes.json` (a JSON array of strings), exactly: the escapes
+/// `\udc80`..`\udcff` that Python writes for the bytes of a name that is not UTF-8 become those
+/// bytes again (see [`classes_to_json`]). Any other unpaired surrogate is not a file name: an
+/// error naming it.
+pub fn classes_from_json(text: &str) -> Result<Vec<OsString>> {
+    /// A JSON string read as bytes (WTF-8: serde_json keeps unpaired surrogates there).
+    struct Wtf8(Vec<u8>);
+    impl<'de> serde::Deserialize<'de> for Wtf8 {
+        fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+            struct V;
+            impl serde::de::Visitor<'_> for V {
+                type Value = Wtf8;
+                fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                    f.write_str("a class name (a string)")
+                }
+                fn visit_str<E>(self, v: &str) -> std::result::Result<Wtf8, E> {
+                    Ok(Wtf8(v.as_bytes().to_vec()))
+                }
+                fn visit_bytes<E>(self, v: &[u8]) -> std::result::Result<Wtf8, E> {
+                    Ok(Wtf8(v.to_vec()))
+                }
+            }
+            d.deserialize_bytes(V)
+        }
+    }
+    let names: Vec<Wtf8> =
+        serde_json::from_str(text).map_err(|e| Error::Dataset(format!("not a list of names: {e}")))?;
+    names
+        .into_iter()
+        .map(|Wtf8(w)| {
+            let mut out = Vec::with_capacity(w.len());
+            let mut i = 0;
+            while i < w.len() {
+                // A surrogate in WTF-8: ED A0..BF xx.
+                if w[i] == 0xED && i + 2 < w.len() && w[i + 1] >= 0xA0 {
+                    let cp = 0xD000 | ((w[i + 1] as u32 & 0x3F) << 6) | (w[i + 2] as u32 & 0x3F);
+                    if !(0xDC80..=0xDCFF).contains(&cp) {
+                        return Err(Error::Dataset(format!(
+                            "class name {:?} holds U+{cp:04X}, which is not a byte of a file name",
+                            String::from_utf8_lossy(&w)
+                        )));
+                    }
+                    out.push((cp - 0xDC00) as u8);
+                    i += 3;
+                } else {
+                    out.push(w[i]);
+                    i += 1;
+                }
+            }
+            Ok(OsString::from_vec(out))
+        })
+        .collect()
 }
 
 /// [`open`] of one path.
@@ -170,6 +251,27 @@ pub fn open_path(root: impl AsRef<Path>) -> Result<Dataset> {
 #[cfg(test)]
 mod detect_tests {
     use super::*;
+
+    #[test]
+    fn class_names_survive_classes_json() {
+        let names: Vec<OsString> = [b"caf\xe9".as_slice(), "caf\u{e9} \"q\"".as_bytes(), b"x\\y", b"\x80\xff"]
+            .iter()
+            .map(|b| OsString::from_vec(b.to_vec()))
+            .collect();
+        let json = classes_to_json(&names);
+        // What Python's json.dumps(os.listdir(...), ensure_ascii=False) writes for these names.
+        assert_eq!(json, "[\"caf\\udce9\",\"caf\u{e9} \\\"q\\\"\",\"x\\\\y\",\"\\udc80\\udcff\"]");
+        assert_eq!(classes_from_json(&json).unwrap(), names);
+        // Python's default (ensure_ascii=True) spelling, and a pair of surrogates (one character).
+        let ascii = r#"["caf\u00e9", "caf\udce9", "\ud83d\ude00"]"#;
+        let read = classes_from_json(ascii).unwrap();
+        assert_eq!(read[0].as_bytes(), "caf\u{e9}".as_bytes());
+        assert_eq!(read[1].as_bytes(), b"caf\xe9");
+        assert_eq!(read[2].as_bytes(), "\u{1f600}".as_bytes());
+        let e = classes_from_json(r#"["\udc00"]"#).unwrap_err().to_string();
+        assert!(e.contains("U+DC00"), "{e}");
+        assert!(classes_from_json("{}").is_err());
+    }
 
     #[test]
     fn what_a_root_names() {

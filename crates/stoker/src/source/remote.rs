@@ -36,29 +36,15 @@ use std::time::{Duration, Instant};
 
 /// Default request timeout, in seconds.
 const DEFAULT_TIMEOUT_S: f64 = 30.0;
-/// Environment variable that overrides it.
-const TIMEOUT_VAR: &str = "STOKER_OBJECT_TIMEOUT";
 /// Retries of a failed request.
 const MAX_RETRIES: usize = 3;
 /// Longest connect timeout.
 const MAX_CONNECT: Duration = Duration::from_secs(10);
 
-/// The request timeout: [`TIMEOUT_VAR`] when set, else the default.
+/// The request timeout: `STOKER_OBJECT_TIMEOUT` when set (checked by
+/// [`crate::args::object_timeout`]), else the default.
 fn request_timeout() -> Result<Duration> {
-    let bad = |v: &str| {
-        Error::config(
-            TIMEOUT_VAR,
-            format!("environment variable {TIMEOUT_VAR}={v:?}: must be a positive number of seconds"),
-        )
-    };
-    match std::env::var(TIMEOUT_VAR) {
-        Err(std::env::VarError::NotPresent) => Ok(Duration::from_secs_f64(DEFAULT_TIMEOUT_S)),
-        Err(std::env::VarError::NotUnicode(v)) => Err(bad(&v.to_string_lossy())),
-        Ok(v) => match v.trim().parse::<f64>() {
-            Ok(s) if s.is_finite() && s > 0.0 && s <= 86_400.0 => Ok(Duration::from_secs_f64(s)),
-            _ => Err(bad(&v)),
-        },
-    }
+    Ok(crate::args::object_timeout()?.unwrap_or(Duration::from_secs_f64(DEFAULT_TIMEOUT_S)))
 }
 
 /// The time bounds of every request (see the module doc).
