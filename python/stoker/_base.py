@@ -20,17 +20,23 @@ _INHERITED: list[Any] = []
 
 # Every live iteration of this process, weakly: at interpreter exit they are closed (their
 # transfer and worker threads joined) before the CUDA driver shuts down, so no stoker thread
-# calls into a driver that is going away.
-_LIVE: weakref.WeakSet[Any] = weakref.WeakSet()
+# calls into a driver that is going away. Plain `weakref.ref`s without callbacks, pruned when a
+# new one is added: a callback (as `weakref.WeakSet` uses) is Python code that runs inside an
+# object's deallocation, where a pending KeyboardInterrupt would be raised and then swallowed
+# as an "unraisable" exception. Nothing stoker runs while an object dies executes Python code.
+_LIVE: dict[int, weakref.ref[Any]] = {}
 
 
 def track(iteration: Any) -> Any:
     """Registers an iteration (anything with ``close()``) to be closed at interpreter exit;
     returns it. Objects that cannot be weakly referenced are left alone."""
     try:
-        _LIVE.add(iteration)
+        ref = weakref.ref(iteration)
     except TypeError:
-        pass
+        return iteration
+    for key in [k for k, r in _LIVE.items() if r() is None]:
+        del _LIVE[key]
+    _LIVE[id(iteration)] = ref
     return iteration
 
 
@@ -38,12 +44,16 @@ def close_live_iterations() -> int:
     """Closes every live iteration of this process (the ``atexit`` hook); returns how many.
     Never raises: interpreter exit must go on."""
     closed = 0
-    for it in list(_LIVE):
+    for ref in list(_LIVE.values()):
+        it = ref()
+        if it is None:
+            continue
         try:
             it.close()
             closed += 1
         except Exception:  # noqa: BLE001 - best effort at exit
             pass
+    _LIVE.clear()
     return closed
 
 
@@ -225,6 +235,10 @@ class LoaderBase:
     def _start(self) -> None:
         self._native = self._new_native()
         self._pid = os.getpid()
+        # The batch converter's module (numpy or torch) is imported now, not at the first
+        # iteration: a Ctrl-C that lands inside an import turns into an ImportError, and a
+        # failed `import torch` cannot be retried in the same process.
+        converter(bool(getattr(self, "_torch", False)))
 
     def _base(self) -> _Native:
         """The native loader of this process (rebuilt after a fork, keeping the position)."""

@@ -20,9 +20,19 @@ ADDRESS_SPACE = 4 << 30
 PEAK_RSS = 768 << 20
 
 
-def thread_count() -> int:
-    """Threads of this process (Linux)."""
-    return len(os.listdir("/proc/self/task"))
+def stoker_threads() -> set[int]:
+    """Thread ids of this process's threads named by stoker (`stoker-decode-0`, `stoker-io-1`,
+    `stoker-transfer`, ...). Tests compare these sets rather than total counts: other code
+    (PyTorch, the interpreter, a test's own timers) starts and stops threads of its own."""
+    tids = set()
+    for t in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{t}/comm") as f:
+                if f.read().startswith("stoker-"):
+                    tids.add(int(t))
+        except OSError:  # gone between the listing and the read
+            pass
+    return tids
 
 
 #: How long a joined thread may still be listed in `/proc/self/task`: `pthread_join` returns
@@ -32,13 +42,13 @@ def thread_count() -> int:
 SETTLE = 0.5
 
 
-def settled_thread_count(at_most: int, within: float = SETTLE) -> int:
-    """The thread count once it is `at_most` or `within` seconds have passed, whichever is
-    first (see `SETTLE`)."""
+def new_stoker_threads(before: set[int], within: float = SETTLE) -> set[int]:
+    """stoker's threads that were not running at `before` (see `stoker_threads`), once there
+    are none or `within` seconds have passed, whichever is first (see `SETTLE`)."""
     deadline = time.monotonic() + within
-    while (n := thread_count()) > at_most and time.monotonic() < deadline:
+    while (new := stoker_threads() - before) and time.monotonic() < deadline:
         time.sleep(0.01)
-    return n
+    return new
 
 
 def _limit_address_space(limit: int) -> None:

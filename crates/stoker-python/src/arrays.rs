@@ -199,6 +199,7 @@ impl PyArrayLoader {
     fn iter(&self, py: Python<'_>) -> PyResult<PyArrayIter> {
         errors::contain(|| {
             let it = py.detach(|| ArrIter::start(self.loader.iter()?, self.stage.as_ref(), None)).py_err()?;
+            let it = crate::loader::raise_pending_signal(py, it)?;
             Ok(PyArrayIter { inner: Mutex::new(Some(it)), specs: self.specs.clone(), pid: std::process::id() })
         })
     }
@@ -230,8 +231,9 @@ impl PyArrayIter {
 
     /// Stops the iteration now (joins every thread, GIL released); in a fork child the
     /// inherited iteration is let go untouched.
-    fn close(&self, py: Python<'_>) {
+    fn close(&self, py: Python<'_>) -> PyResult<()> {
         crate::loader::release(py, &self.inner, self.pid);
+        py.check_signals()
     }
 }
 

@@ -296,6 +296,7 @@ impl PyLoader {
         let it = py
             .detach(|| Iter::start(self.loader.iter()?, self.stage.as_ref(), Some(self.loader.telemetry().clone())))
             .py_err()?;
+        let it = raise_pending_signal(py, it)?;
         Ok(PyIter { inner: Mutex::new(Some(it)), pid: std::process::id() })
     }
 }
@@ -314,6 +315,14 @@ pub struct PyIter {
 /// The next item of a native iteration, waiting with the GIL released in short steps so that
 /// Ctrl-C (checked between steps) stops the iteration and joins its threads. The iteration is
 /// dropped when it ends or fails; an iteration inherited through `fork()` is refused.
+///
+/// Signals are checked after every step, whatever it gave: a Ctrl-C that arrived while stoker
+/// waited (for a batch, or for the threads of a finished epoch to be joined) is raised from this
+/// call. Left pending, it would be raised at the interpreter's next check, which may be inside a
+/// finalizer or a weakref callback that runs when the finished iterator is freed; Python reports
+/// an exception there as "unraisable" and goes on, so the Ctrl-C would be lost. A batch in hand
+/// when the signal is found is dropped (its buffer returns to the pool): it counts as delivered,
+/// as it would if the interrupt had come one bytecode later.
 pub(crate) fn next_polling<I: Send, B: Send>(
     py: Python<'_>,
     inner: &Mutex<Option<I>>,
@@ -335,17 +344,19 @@ pub(crate) fn next_polling<I: Send, B: Send>(
             }
             r
         });
+        if let Err(interrupt) = py.check_signals() {
+            let it = inner.lock().unwrap_or_else(|p| p.into_inner()).take();
+            py.detach(move || {
+                drop(step);
+                drop(it);
+            });
+            return Err(interrupt);
+        }
         match step {
             Some(Some(Ok(b))) => return Ok(Some(b)),
             Some(Some(Err(e))) => return Err(errors::to_py(e)),
             Some(None) => return Ok(None),
-            None => {
-                if let Err(e) = py.check_signals() {
-                    let it = inner.lock().unwrap_or_else(|p| p.into_inner()).take();
-                    py.detach(move || drop(it));
-                    return Err(e);
-                }
-            }
+            None => {}
         }
     }
 }
@@ -365,14 +376,28 @@ impl PyIter {
 
     /// Stops the iteration now (joins every worker thread, GIL released). In a fork child the
     /// inherited iteration is let go without touching its threads, which live in the parent.
-    fn close(&self, py: Python<'_>) {
+    fn close(&self, py: Python<'_>) -> PyResult<()> {
         release(py, &self.inner, self.pid);
+        py.check_signals()
     }
 }
 
 impl Drop for PyIter {
     fn drop(&mut self) {
         forget_if_inherited(&mut self.inner, self.pid);
+    }
+}
+
+/// Raises a Ctrl-C that arrived while stoker waited with the GIL released from the call that
+/// waited (see [`next_polling`] for why it must not be left pending); `held` is let go first,
+/// with the GIL released.
+pub(crate) fn raise_pending_signal<T: Send>(py: Python<'_>, held: T) -> PyResult<T> {
+    match py.check_signals() {
+        Ok(()) => Ok(held),
+        Err(interrupt) => {
+            py.detach(move || drop(held));
+            Err(interrupt)
+        }
     }
 }
 

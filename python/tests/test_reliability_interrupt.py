@@ -1,0 +1,110 @@
+"""Ctrl-C always reaches the user: hundreds of interrupts (a real SIGINT and `_thread.interrupt_main`)
+at random moments of iteration (waiting for a batch, converting it, starting and abandoning
+iterators, between epochs, loading a state), each of which must surface as KeyboardInterrupt.
+
+A lost interrupt leaves the loop running; the child notices (the timer fired, 5 s went by without
+a KeyboardInterrupt) and counts it. An interrupt raised inside a destructor or a weakref callback
+is swallowed by Python as "unraisable": the child records those too. Runs in a subprocess with a
+time-out, so a lost interrupt can never hang the suite."""
+
+import json
+import os
+import shutil
+import sys
+import textwrap
+
+import pytest
+from helpers import run_bounded
+
+CHILD = textwrap.dedent("""
+    import _thread, gc, json, os, random, signal, sys, threading, time
+    sys.path.insert(0, sys.argv[4])
+    import stoker
+    from helpers import new_stoker_threads, stoker_threads
+
+    root, n, output = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+    swallowed = []
+    sys.unraisablehook = lambda u: swallowed.append(f"{u.exc_type.__name__} in {u.object!r}")
+    before = stoker_threads()
+    loader = stoker.ImageLoader(root, 4, preset="imagenet-train", shuffle=True, threads=2, output=output)
+    rng = random.Random(0)
+    surfaced = lost = 0
+    for k in range(n):
+        fired = threading.Event()
+        real = k % 2 == 0
+
+        def fire(real=real, fired=fired):
+            if real:
+                os.kill(os.getpid(), signal.SIGINT)
+            else:
+                _thread.interrupt_main()
+            fired.set()
+
+        timer = threading.Timer(rng.uniform(0.0, 0.06), fire)
+        try:
+            timer.start()
+            deadline = None
+            while True:
+                mode = rng.randrange(5)
+                if mode == 0:  # a whole epoch, batches converted and dropped
+                    for images, labels in loader:
+                        pass
+                    images = labels = None
+                elif mode == 1:  # a peek: an iterator abandoned after one batch
+                    it = iter(loader)
+                    next(it)
+                    del it
+                elif mode == 2:  # a new epoch, batches kept a little
+                    loader.set_epoch(k)
+                    kept = [b for _, b in zip(range(2), loader)]
+                    del kept
+                elif mode == 3:  # resume from a state
+                    loader.load_state_dict(loader.state_dict())
+                    for _ in zip(range(2), loader):
+                        pass
+                else:  # garbage collection between epochs, with a live iterator
+                    it = iter(loader)
+                    gc.collect()
+                    next(it)
+                if fired.is_set():
+                    if deadline is None:
+                        deadline = time.monotonic() + 5
+                    elif time.monotonic() > deadline:
+                        break
+        except KeyboardInterrupt:
+            surfaced += 1
+        else:
+            lost += 1
+            if lost >= 3:
+                break
+        timer.join()
+    del loader
+    gc.collect()
+    leftover = sorted(new_stoker_threads(before, within=2))
+    print(json.dumps({"surfaced": surfaced, "lost": lost, "swallowed": swallowed, "leftover": leftover}))
+""")
+
+
+@pytest.fixture(scope="module")
+def tiny(demo, tmp_path_factory):
+    """12 images: epochs of 3 batches, so that interrupts often land at the end of an epoch,
+    when an iterator is finished and dropped (where a weakref callback once swallowed them)."""
+    root = tmp_path_factory.mktemp("tiny") / "data"
+    for cls in sorted(os.listdir(demo))[:3]:
+        os.makedirs(root / cls)
+        for f in sorted(os.listdir(demo / cls))[:4]:
+            shutil.copy(demo / cls / f, root / cls / f)
+    return root
+
+
+@pytest.mark.parametrize("output", ["numpy", "torch"])
+def test_every_interrupt_surfaces(tiny, output):
+    if output == "torch":
+        pytest.importorskip("torch")
+    here = os.path.dirname(__file__)
+    n = 300
+    r = run_bounded([sys.executable, "-c", CHILD, str(tiny), str(n), output, here], timeout=240,
+                    peak_rss=1536 << 20, address_space=1 << 40, hang="the interrupt stress test hung")
+    assert r.returncode == 0, r.stderr[-3000:]
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    assert got == {"surfaced": n, "lost": 0, "swallowed": [], "leftover": []}, got
