@@ -76,22 +76,97 @@ def test_two_processes_share_one_cache_and_the_second_decodes_nothing(demo, tmp_
     assert uncached["cache"] is None
 
 
-def test_ram_cache(tmp_path, demo):
+def cache_cli(*args, env=None):
+    """``stoker cache ARGS --json`` as parsed JSON."""
+    r = subprocess.run([sys.executable, "-m", "stoker.cli", "cache", *args, "--json"], capture_output=True,
+                       text=True, timeout=60, env=env)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+def idle_group(root, name, claimed_bytes):
+    """A group another run left under `root`: idle (nobody holds its lock), claiming
+    `claimed_bytes` in its usage count (no real bytes: the test does not fill the host's RAM)."""
+    g = root / name
+    g.mkdir(parents=True)
+    (g / "lock").write_bytes(b"")
+    (g / "usage").write_bytes(claimed_bytes.to_bytes(8, "little"))
+    (g / "group.json").write_text(json.dumps({"dataset": "/somebody/else", "samples": 7, "settings": "?"}))
+    os.utime(g / "lock", (1, 1))  # last used long ago
+    return g
+
+
+def test_ram_cache_gets_room_whatever_dev_shm_already_holds(tmp_path, demo):
     root = tmp_path / "small" / "c"
     root.mkdir(parents=True)
     for f in sorted((demo / "rocket").iterdir())[:4]:
         shutil.copy(f, root / f.name)
-    shm = f"/dev/shm/stoker-cache-{os.getuid()}"
+    shm = stoker_ram_root()
     existed = os.path.isdir(shm)
+    # Another run's cache already fills the budget this test gives: it must be evicted (it is
+    # idle), not counted against this dataset forever.
+    stale = idle_group(shm, f"v3-{os.getpid():016x}-{0xdead:016x}", 60 << 20)
     loader = stoker.ImageLoader(root.parent, batch_size=2, preset="imagenet-val", cache="ram",
                                 cache_bytes="64MiB", output="numpy")
     try:
-        epoch_arrays(loader, 0)
+        _, rep = epoch_arrays(loader, 0)
+        assert rep["stored"] == 4 and rep["evicted_groups"] >= 1, rep
+        assert not stale.exists()
         _, rep = epoch_arrays(loader, 1)
-        assert rep["dir"].startswith("/dev/shm/") and (rep["hits"], rep["misses"]) == (4, 0), rep
+        assert rep["dir"].startswith(str(shm)) and (rep["hits"], rep["misses"]) == (4, 0), rep
+        listed = {g["dir"]: g for g in cache_cli("list")["groups"]}
+        assert listed[rep["dir"]]["in_use"] and listed[rep["dir"]]["samples"] == 4, listed
     finally:
+        own = loader.report()["cache"]["dir"]
+        del loader
+        shutil.rmtree(own, ignore_errors=True)
+        shutil.rmtree(stale, ignore_errors=True)
         if not existed:  # the test made it: leave /dev/shm as it was
             shutil.rmtree(shm, ignore_errors=True)
+
+
+def stoker_ram_root():
+    import pathlib
+
+    return pathlib.Path(f"/dev/shm/stoker-cache-{os.getuid()}")
+
+
+def test_stoker_cache_lists_and_clears_groups(demo, tmp_path):
+    cdir = tmp_path / "c"
+    bench(demo, "--cache", str(cdir))
+    old = idle_group(cdir, f"v3-{1:016x}-{2:016x}", 5 << 20)
+    listed = cache_cli("list", "--dir", str(cdir))
+    assert len(listed["groups"]) == 2 and listed["bytes"] > 5 << 20, listed
+    ours = next(g for g in listed["groups"] if g["dir"] != str(old))
+    assert ours["samples"] == 96 and ours["dataset"] == str(demo) and not ours["in_use"], ours
+    assert "full-resolution" in ours["settings"]
+    # --older-than removes only the group idle for longer; --all the rest.
+    done = cache_cli("clear", "--older-than", "1h", "--dir", str(cdir))
+    assert [g["dir"] for g in done["removed"]] == [str(old)] and len(done["kept"]) == 1, done
+    assert not old.exists()
+    done = cache_cli("clear", "--all", "--dir", str(cdir))
+    assert [g["dir"] for g in done["removed"]] == [ours["dir"]], done
+    assert not list(cdir.rglob("*.px"))
+    r = subprocess.run([sys.executable, "-m", "stoker.cli", "cache", "clear", "--dir", str(cdir)],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode != 0 and "--all" in r.stderr, r.stderr
+    r = subprocess.run([sys.executable, "-m", "stoker.cli", "cache", "clear", "--older-than", "soon", "--dir",
+                        str(cdir)], capture_output=True, text=True, timeout=60)
+    assert r.returncode != 0 and "--older-than" in r.stderr, r.stderr
+
+
+def test_a_zero_time_to_live_removes_the_group_when_its_last_user_leaves(demo, tmp_path):
+    cdir = tmp_path / "c"
+    env = {**os.environ, "STOKER_CACHE_TTL": "0"}
+    out = subprocess.run([sys.executable, "-m", "stoker.cli", "bench", str(demo), "--json", "--batch-size", "16",
+                          "--cache", str(cdir)], capture_output=True, text=True, timeout=300, env=env)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["cache"]["stored"] == 96
+    assert cache_cli("list", "--dir", str(cdir))["groups"] == []
+    bad = subprocess.run([sys.executable, "-m", "stoker.cli", "bench", str(demo), "--batch-size", "16", "--cache",
+                          str(cdir)],
+                         capture_output=True, text=True, timeout=300, env={**os.environ, "STOKER_CACHE_TTL": "soon"})
+    assert bad.returncode != 0 and "STOKER_CACHE_TTL" in bad.stderr, bad.stderr
 
 
 def test_cache_arguments_are_checked(demo, tmp_path):

@@ -8,6 +8,7 @@
 //! about an argument is shown with the flag's name (`--memory-limit: ...`).
 
 mod bench;
+mod cache;
 mod demo;
 mod doctor;
 mod export;
@@ -31,6 +32,8 @@ struct Cli {
 enum Cmd {
     /// Load a dataset as fast as possible and report throughput, CPU, memory and the bottleneck.
     Bench(bench::BenchArgs),
+    /// List, size and clear the decoded-pixel caches (`stoker cache`, `stoker cache clear --all`).
+    Cache(cache::CacheArgs),
     /// Build a demo ImageFolder from the embedded photos and bench it.
     Demo(demo::DemoArgs),
     /// Convert an ImageFolder into WebDataset tar shards with sidecar indexes.
@@ -50,6 +53,7 @@ enum Cmd {
 fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.cmd {
         Cmd::Bench(a) => bench::run(&a),
+        Cmd::Cache(a) => cache::run(&a),
         Cmd::Demo(a) => demo::run(&a),
         Cmd::Pack(a) => pack::run(&a),
         Cmd::Doctor(a) => doctor::run(&a),

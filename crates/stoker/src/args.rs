@@ -796,9 +796,79 @@ pub fn from_text<'a>(pairs: impl IntoIterator<Item = (&'a str, Option<String>)>)
     pairs.into_iter().filter_map(|(k, v)| v.map(|v| (k.to_string(), Value::String(v)))).collect()
 }
 
+/// The environment variable that sets how long an idle decoded-pixel cache group is kept.
+pub const CACHE_TTL_VAR: &str = "STOKER_CACHE_TTL";
+
+/// How long an idle cache group is kept (`STOKER_CACHE_TTL`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ttl {
+    /// Kept until `stoker cache clear` (or a reboot, for `ram`).
+    Never,
+    /// Removed once idle for longer than this (zero: when the last process leaves it).
+    After(Duration),
+}
+
+/// `STOKER_CACHE_TTL`: how long a cache group that no process uses is kept before any stoker
+/// process opening a cache under the same root removes it: `0` (the last process to leave a
+/// group removes it), a number of seconds, or a number with `s`, `m`, `h` or `d`; `never`
+/// keeps groups until `stoker cache clear`. Unset or empty is `None` (the location's default).
+pub fn env_cache_ttl() -> Result<Option<Ttl>> {
+    let allowed = "expected 0, a duration such as 3600, 90m, 12h or 7d, or never";
+    let Some(v) = env_text(CACHE_TTL_VAR, allowed)? else { return Ok(None) };
+    parse_ttl(&v)
+        .map(Some)
+        .ok_or_else(|| Error::config(CACHE_TTL_VAR, format!("environment variable {CACHE_TTL_VAR}={v:?}: {allowed}")))
+}
+
+/// A duration given as text for `arg` (`--older-than`): seconds, or a number with `s`, `m`,
+/// `h` or `d` (`90m`, `12h`, `7d`).
+pub fn duration(arg: &str, v: &str) -> Result<Duration> {
+    match parse_ttl(v) {
+        Some(Ttl::After(d)) => Ok(d),
+        _ => {
+            Err(Error::config(arg, format!("{v:?} is not a duration: expected seconds or a number with s, m, h or d")))
+        }
+    }
+}
+
+/// A time to live: `never`, or seconds with an optional unit (`s`, `m`, `h`, `d`).
+fn parse_ttl(v: &str) -> Option<Ttl> {
+    let v = v.trim().to_ascii_lowercase();
+    if v == "never" {
+        return Some(Ttl::Never);
+    }
+    let (num, unit) = match v.char_indices().find(|(_, c)| c.is_ascii_alphabetic()) {
+        Some((k, _)) => (&v[..k], &v[k..]),
+        None => (&v[..], "s"),
+    };
+    let scale = match unit.trim() {
+        "s" => 1.0,
+        "m" => 60.0,
+        "h" => 3600.0,
+        "d" => 86_400.0,
+        _ => return None,
+    };
+    let n: f64 = num.trim().parse().ok()?;
+    let secs = n * scale;
+    (n.is_finite() && n >= 0.0 && secs <= 3.2e9).then(|| Ttl::After(Duration::from_secs_f64(secs)))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn cache_times_to_live_parse_with_units() {
+        assert_eq!(parse_ttl("0"), Some(Ttl::After(Duration::ZERO)));
+        assert_eq!(parse_ttl("90m"), Some(Ttl::After(Duration::from_secs(5400))));
+        assert_eq!(parse_ttl(" 1.5h "), Some(Ttl::After(Duration::from_secs(5400))));
+        assert_eq!(parse_ttl("7d"), Some(Ttl::After(Duration::from_secs(7 * 86_400))));
+        assert_eq!(parse_ttl("Never"), Some(Ttl::Never));
+        for bad in ["", "soon", "-1", "1e400", "3w", "nan", "inf"] {
+            assert_eq!(parse_ttl(bad), None, "{bad}");
+        }
+        assert!(duration("--older-than", "never").is_err());
+    }
     use serde_json::json;
 
     fn args(v: Value) -> Args {

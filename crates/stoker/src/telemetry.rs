@@ -482,6 +482,31 @@ impl Report {
                 c.lookup_seconds,
                 c.fill_seconds
             ));
+            if c.held_by_others_bytes > 0 && c.not_stored_budget > 0 {
+                s.push_str(&format!(
+                    "  cache budget: {:.1} MiB of it held by other datasets in use under {} (not evictable while \
+                     they run); {} misses not stored. `stoker cache --dir {}` lists them\n",
+                    mib(c.held_by_others_bytes),
+                    c.root,
+                    c.not_stored_budget,
+                    c.root
+                ));
+            }
+            if c.evicted_groups > 0 {
+                s.push_str(&format!(
+                    "  cache: {} idle group(s) of other datasets removed ({:.1} MiB) to make room or past their \
+                     time to live\n",
+                    c.evicted_groups,
+                    mib(c.evicted_bytes)
+                ));
+            }
+            if c.verify_failures > 0 || c.lock_timeouts > 0 {
+                s.push_str(&format!(
+                    "  cache: {} entries failed their pixel checksums (decoded and rewritten); {} lock waits timed \
+                     out (entries not stored)\n",
+                    c.verify_failures, c.lock_timeouts
+                ));
+            }
         }
         if let Some(t) = &self.tuning {
             s.push_str(&tuning_text(t));

@@ -59,12 +59,16 @@ fn epoch(l: &Loader, e: u64) -> (String, usize, Option<CacheReport>) {
 }
 
 fn entry_paths(cache_dir: &Path, root: &Path) -> Vec<PathBuf> {
-    let cache =
-        Cache::open(&CacheSpec { location: CacheLocation::Dir(cache_dir.into()), bytes: None, max_side: None }, true)
-            .unwrap();
+    let cache = open_cache(cache_dir, None, root);
     let mut files: Vec<PathBuf> = walk(root);
     files.sort();
     files.iter().map(|f| cache.entry_path(Cache::key(&std::fs::read(f).unwrap()))).collect()
+}
+
+/// The cache group the loaders of these tests use for the dataset at `root`.
+fn open_cache(cache_dir: &Path, max_side: Option<usize>, root: &Path) -> Cache {
+    let spec = CacheSpec { location: CacheLocation::Dir(cache_dir.into()), bytes: None, max_side };
+    Cache::open(&spec, true, &stoker::pipeline::dataset_key(&ImageFolder::new(root).unwrap())).unwrap()
 }
 
 fn walk(dir: &Path) -> Vec<PathBuf> {
@@ -131,11 +135,21 @@ fn truncated_corrupt_and_foreign_entries_are_misses_and_are_replaced() {
     std::fs::copy(&entries[3], &entries[2]).unwrap();
     // Garbage.
     std::fs::write(&entries[4], b"not an entry").unwrap();
+    // Pixels changed (header intact): one byte flipped in every checksum chunk, so whatever
+    // rows a crop reads fail their checksum.
+    let mut b = std::fs::read(&entries[5]).unwrap();
+    let u32_at = |o: usize| u32::from_le_bytes(b[o..o + 4].try_into().unwrap()) as usize;
+    let (w, h, per) = (u32_at(16), u32_at(20), u32_at(64));
+    let pixels = b.len() - w * h * 3;
+    for c in 0..h.div_ceil(per) {
+        b[pixels + c * per * w * 3 + 7] ^= 0x40;
+    }
+    std::fs::write(&entries[5], b).unwrap();
     let l = loader(&root, config(Some(&cdir), None));
     let (digest, n, rep) = epoch(&l, 1);
-    assert_eq!((digest, n), (want.clone(), N));
+    assert_eq!((digest, n), (want.clone(), N), "a changed entry must never be served");
     let rep = rep.unwrap();
-    assert_eq!((rep.hits, rep.misses, rep.replaced), (N as u64 - 4, 4, 4), "{rep:?}");
+    assert_eq!((rep.hits, rep.misses, rep.replaced, rep.verify_failures), (N as u64 - 5, 5, 4, 1), "{rep:?}");
     let (digest, _, rep) = epoch(&l, 1);
     assert_eq!(digest, want);
     assert_eq!(rep.unwrap().hits, N as u64, "the bad entries were rewritten");
@@ -242,9 +256,7 @@ fn a_max_side_cache_stores_reduced_images_and_gives_the_same_batches_whatever_it
 
     // The entries: longer side `side`, the source's oriented size recorded, and smaller files
     // than full resolution.
-    let cache =
-        Cache::open(&CacheSpec { location: CacheLocation::Dir(cdir.clone()), bytes: None, max_side: Some(side) }, true)
-            .unwrap();
+    let cache = open_cache(&cdir, Some(side), &root);
     let mut files = walk(&root);
     files.sort();
     let mut dec = Decoder::new(DecodeOptions::default()).unwrap();
@@ -257,15 +269,10 @@ fn a_max_side_cache_stores_reduced_images_and_gives_the_same_batches_whatever_it
         assert_eq!((sw, sh), (info.width, info.height), "{}", f.display());
         assert_eq!(w.max(h), side.min(sw.max(sh)), "{}: stored {w}x{h} of {sw}x{sh}", f.display());
         assert_eq!(cache.stored_size(sw, sh), (w, h));
-        assert_eq!(entry.len(), stoker::cache::HEADER + w * h * 3);
+        assert_eq!(entry.len() as u64, Cache::entry_bytes(w, h));
     }
     // Another max_side is another directory; full resolution another again.
-    let other = |m| {
-        Cache::open(&CacheSpec { location: CacheLocation::Dir(cdir.clone()), bytes: None, max_side: m }, true)
-            .unwrap()
-            .dir()
-            .to_path_buf()
-    };
+    let other = |m| open_cache(&cdir, m, &root).dir().to_path_buf();
     assert_ne!(other(Some(side)), other(Some(side + 1)));
     assert_ne!(other(Some(side)), other(None));
 
@@ -285,7 +292,8 @@ fn a_max_side_cache_stores_reduced_images_and_gives_the_same_batches_whatever_it
 fn a_zero_max_side_is_a_config_error() {
     let d = tempfile::tempdir().unwrap();
     let spec = CacheSpec { location: CacheLocation::Dir(d.path().into()), bytes: None, max_side: Some(0) };
-    let e = Cache::open(&spec, true).unwrap_err();
+    let key = stoker::cache::DatasetKey { hash: 1, samples: 1, description: String::new() };
+    let e = Cache::open(&spec, true, &key).unwrap_err();
     assert!(e.to_string().contains("`cache_max_side`"), "{e}");
 }
 
@@ -303,4 +311,121 @@ fn a_full_resolution_cache_equals_the_full_resolution_path_for_resize_and_center
         assert_eq!(n, N);
         assert_eq!(got, epoch(&plain, e).0, "epoch {e} ({:?})", rep.map(|r| (r.hits, r.misses)));
     }
+}
+
+/// Every entry file under `dir`, with its size.
+fn px_bytes(dir: &Path) -> u64 {
+    walk(dir)
+        .iter()
+        .filter(|p| p.extension().is_some_and(|e| e == "px"))
+        .map(|p| std::fs::metadata(p).unwrap().len())
+        .sum()
+}
+
+/// A second dataset: the same photos under other names (other sample list, same bytes).
+fn second_dataset(dir: &Path, root: &Path) -> PathBuf {
+    let other = dir.join("other");
+    for f in walk(root) {
+        let class = f.parent().unwrap().file_name().unwrap();
+        std::fs::create_dir_all(other.join(class)).unwrap();
+        std::fs::copy(&f, other.join(class).join(format!("b_{}", f.file_name().unwrap().to_string_lossy()))).unwrap();
+    }
+    other
+}
+
+#[test]
+fn a_new_dataset_evicts_idle_groups_but_never_one_in_use() {
+    let d = tempfile::tempdir().unwrap();
+    let root = dataset(d.path());
+    let other = second_dataset(d.path(), &root);
+    let cdir = d.path().join("cache");
+    // Learn one dataset's size, then give the root a budget that holds one dataset only.
+    let (_, _, rep) = epoch(&loader(&root, config(Some(&d.path().join("sizing")), None)), 0);
+    let one = rep.unwrap().stored_bytes;
+    let budget = one + one / 2;
+
+    // Dataset A fills the cache; while its loader lives, B cannot take A's room.
+    let a = loader(&root, config(Some(&cdir), Some(budget)));
+    let rep = epoch(&a, 0).2.unwrap();
+    assert_eq!(rep.stored, N as u64, "{rep:?}");
+    let a_dir = a.cache().unwrap().dir().to_path_buf();
+    let b = loader(&other, config(Some(&cdir), Some(budget)));
+    let rep = epoch(&b, 0).2.unwrap();
+    assert!(rep.stored < N as u64 && rep.not_stored_budget > 0, "{rep:?}");
+    assert_eq!(rep.evicted_groups, 0, "a group in use was evicted: {rep:?}");
+    assert_eq!(rep.held_by_others_bytes, one, "{rep:?}");
+    assert!(b.report().to_text().contains("held by other datasets in use"), "{}", b.report().to_text());
+    assert_eq!(px_bytes(&a_dir), one, "A's entries are intact");
+    assert_eq!(epoch(&a, 1).2.unwrap().hits, N as u64, "A still hits everything");
+    drop(b);
+
+    // A's loader ends: its group is idle, and the next dataset to need room evicts it (least
+    // recently used first) and stores all of its own.
+    drop(a);
+    let b = loader(&other, config(Some(&cdir), Some(budget)));
+    let rep = epoch(&b, 2).2.unwrap();
+    assert_eq!(rep.evicted_groups, 1, "{rep:?}");
+    assert_eq!(rep.evicted_bytes, one, "{rep:?}");
+    assert!(!a_dir.exists(), "the evicted group is removed from disk");
+    assert!(rep.used_bytes <= budget && px_bytes(&cdir) <= budget, "{rep:?}");
+    assert_eq!(epoch(&b, 3).2.unwrap().hits, N as u64, "B now holds all of its images");
+    let listed = stoker::cache::list_groups(&cdir);
+    assert_eq!(listed.len(), 1, "{listed:?}");
+    assert!(listed[0].in_use && listed[0].samples == N as u64 && listed[0].dataset.ends_with("other"), "{listed:?}");
+    drop(b);
+    let listed = stoker::cache::list_groups(&cdir);
+    assert!(!listed[0].in_use, "{listed:?}");
+    // Clearing removes idle groups (and nothing is left under the root but its lock file).
+    let cleared = stoker::cache::clear(&cdir, None).unwrap();
+    assert_eq!((cleared.removed.len(), cleared.in_use.len()), (1, 0));
+    assert_eq!(px_bytes(&cdir), 0);
+}
+
+#[test]
+fn clear_leaves_groups_in_use_and_older_formats_are_removed() {
+    let d = tempfile::tempdir().unwrap();
+    let root = dataset(d.path());
+    let cdir = d.path().join("cache");
+    // A group left by an older stoker (entry format 2): unreadable by this one, so removed when
+    // a cache under the same root is opened, whatever its age.
+    let old = cdir.join("v2-0123456789abcdef").join("ab");
+    std::fs::create_dir_all(&old).unwrap();
+    std::fs::write(old.join("x.px"), vec![0u8; 4096]).unwrap();
+    let l = loader(&root, config(Some(&cdir), None));
+    assert!(!cdir.join("v2-0123456789abcdef").exists(), "the old-format group is removed");
+    epoch(&l, 0);
+    let cleared = stoker::cache::clear(&cdir, None).unwrap();
+    assert_eq!((cleared.removed.len(), cleared.in_use.len()), (0, 1), "a group in use is never removed");
+    assert_eq!(epoch(&l, 1).2.unwrap().hits, N as u64);
+    let cleared = stoker::cache::clear(&cdir, Some(std::time::Duration::from_secs(3600))).unwrap();
+    assert_eq!((cleared.removed.len(), cleared.in_use.len()), (0, 1));
+    drop(l);
+    let cleared = stoker::cache::clear(&cdir, Some(std::time::Duration::from_secs(3600))).unwrap();
+    assert_eq!((cleared.removed.len(), cleared.kept.len()), (0, 1), "used a moment ago: kept");
+    assert_eq!(stoker::cache::clear(&cdir, None).unwrap().removed.len(), 1);
+}
+
+#[test]
+fn a_held_root_lock_costs_one_deadline_then_the_run_goes_on_without_storing() {
+    use std::os::fd::AsRawFd;
+    let d = tempfile::tempdir().unwrap();
+    let root = dataset(d.path());
+    let cdir = d.path().join("cache");
+    let want = epoch(&loader(&root, uncached_full(&config(None, None))), 0).0;
+    let l = loader(&root, config(Some(&cdir), None));
+    // Another process (a stopped one, say) holds the root lock from now on.
+    let held = std::fs::File::open(cdir.join(".lock")).unwrap();
+    // SAFETY: flock on a descriptor this test owns.
+    assert_eq!(unsafe { libc::flock(held.as_raw_fd(), libc::LOCK_EX) }, 0);
+    let t = std::time::Instant::now();
+    let (digest, n, rep) = epoch(&l, 0);
+    let took = t.elapsed();
+    let rep = rep.unwrap();
+    assert_eq!((digest, n), (want, N));
+    assert_eq!(rep.stored, 0, "{rep:?}");
+    assert!(rep.lock_timeouts >= 1, "{rep:?}");
+    // One wait of LOCK_DEADLINE, then no more waiting (not one per sample: 24 x 2 s).
+    assert!(took < stoker::cache::LOCK_DEADLINE * 6, "{took:?}");
+    assert!(l.report().to_text().contains("lock waits timed out"));
+    drop(held);
 }

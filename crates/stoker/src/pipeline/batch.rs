@@ -1,0 +1,101 @@
+//! [`Batch`]: a delivered batch, a view of one pool buffer that returns to the pool on drop.
+
+use super::*;
+
+/// A finished batch: a view of one pool buffer. The buffer returns to the pool on drop.
+pub struct Batch {
+    pub(super) slot: Option<Arc<Slot>>,
+    pub(super) free: Sender<Arc<Slot>>,
+    pub(super) held: Arc<std::sync::atomic::AtomicUsize>,
+    pub(super) sample_shape: [usize; 3],
+    pub(super) dtype: DType,
+    pub(super) layout: Layout,
+    pub(super) epoch: u64,
+}
+
+impl std::fmt::Debug for Batch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Batch")
+            .field("index", &self.index())
+            .field("shape", &self.shape())
+            .field("dtype", &self.dtype)
+            .finish()
+    }
+}
+
+impl Batch {
+    pub(super) fn slot(&self) -> &Slot {
+        self.slot.as_ref().expect("live batch has a slot")
+    }
+
+    /// Samples in this batch (shorter than the batch size when samples were skipped, or at
+    /// the end of an epoch without `drop_last`).
+    pub fn len(&self) -> usize {
+        self.slot().len.load(Ordering::Acquire)
+    }
+
+    /// Whether the batch is empty (never, for delivered batches).
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Batch number within the epoch.
+    pub fn index(&self) -> usize {
+        self.slot().batch.load(Ordering::Relaxed)
+    }
+
+    /// The epoch.
+    pub fn epoch(&self) -> u64 {
+        self.epoch
+    }
+
+    /// Shape `[N, C, H, W]` or `[N, H, W, C]`.
+    pub fn shape(&self) -> [usize; 4] {
+        let s = self.sample_shape;
+        [self.len(), s[0], s[1], s[2]]
+    }
+
+    /// Element type.
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    /// Layout.
+    pub fn layout(&self) -> Layout {
+        self.layout
+    }
+
+    /// The batch's bytes (native-endian elements of [`Batch::dtype`]).
+    pub fn data(&self) -> &[u8] {
+        self.slot().data()
+    }
+
+    /// Address of the first byte (stable while the batch lives; for zero-copy hand-off).
+    pub fn data_ptr(&self) -> *const u8 {
+        self.slot().data.as_ptr()
+    }
+
+    /// Address of the labels (stable while the batch lives; for zero-copy hand-off).
+    pub fn labels_ptr(&self) -> *const i64 {
+        self.slot().labels().as_ptr()
+    }
+
+    /// The labels, one per sample.
+    pub fn labels(&self) -> &[i64] {
+        self.slot().labels()
+    }
+
+    /// The dataset indices of the samples, in batch order.
+    pub fn indices(&self) -> Vec<u32> {
+        self.slot().indices().collect()
+    }
+}
+
+impl Drop for Batch {
+    fn drop(&mut self) {
+        if let Some(slot) = self.slot.take() {
+            self.held.fetch_sub(1, Ordering::AcqRel);
+            let _ = self.free.send(slot);
+        }
+    }
+}

@@ -1,0 +1,189 @@
+//! The threads of one pass, in the order data flows: the dispatcher hands out slots of free
+//! buffers as tasks, the I/O threads read each sample's bytes, the decode threads run the
+//! per-sample work ([`super::work`]) and mark slots done.
+
+use super::*;
+
+pub(super) struct Task {
+    pub(super) slot: Arc<Slot>,
+    pub(super) pos: usize,
+}
+
+pub(super) struct Work {
+    pub(super) task: Task,
+    pub(super) bytes: Vec<u8>,
+    pub(super) read: Result<()>,
+}
+
+pub(super) const POLL: Duration = Duration::from_millis(20);
+
+pub(super) fn dispatch(sh: &Shared, cancel: &AtomicBool, order: &[u32], start: usize, end: usize, tasks: Sender<Task>) {
+    for b in start..end {
+        let t0 = Instant::now();
+        if sh.tuner.gate(b, cancel).is_none() {
+            return;
+        }
+        let slot = loop {
+            if cancel.load(Ordering::Acquire) {
+                return;
+            }
+            match sh.pool.free_rx.recv_timeout(POLL) {
+                Ok(s) => break s,
+                Err(RecvTimeoutError::Timeout) => continue,
+                Err(RecvTimeoutError::Disconnected) => return,
+            }
+        };
+        let t1 = Instant::now();
+        sh.telemetry.buffers.add_wait(t1 - t0);
+        if let Some(t) = &sh.tracer {
+            t.span("wait_buffer", "backpressure", t0, t1, TraceArgs::fields(serde_json::json!({"batch": b})));
+        }
+        if cancel.load(Ordering::Acquire) {
+            let _ = sh.pool.free_tx.send(slot);
+            return;
+        }
+        let idx = sh.sampler.batch(order, b);
+        slot.reset(b, idx);
+        sh.telemetry.buffers.record(Duration::ZERO);
+        for pos in 0..idx.len() {
+            if tasks.send(Task { slot: slot.clone(), pos }).is_err() {
+                return;
+            }
+        }
+    }
+}
+
+/// Marks a task finished; the thread finishing the batch compacts it and hands it on.
+pub(super) fn complete(sh: &Shared, task: Task, label: Option<i64>, done: &Sender<Arc<Slot>>) {
+    let Task { slot, pos } = task;
+    if slot.finish(pos, label) {
+        slot.compact();
+        if let Err(e) = done.send(slot) {
+            // The consumer is gone: give the buffer straight back to the pool.
+            let _ = sh.pool.free_tx.send(e.into_inner());
+        }
+    }
+}
+
+pub(super) fn fail(sh: &Shared, task: Task, err: Error, done: &Sender<Arc<Slot>>) {
+    let index = task.slot.index(task.pos);
+    let path = sh.source.describe(index as usize);
+    let err = match err {
+        Error::Decode { reason, .. } => Error::Decode { path: path.clone(), reason },
+        other => other,
+    };
+    if let Some(t) = &sh.tracer {
+        let batch = task.slot.batch.load(Ordering::Relaxed) as u32;
+        t.instant("failed", "sample", Instant::now(), TraceArgs::Failure { index, batch, reason: err.reason().into() });
+    }
+    sh.telemetry.skip(Skipped { index, path: path.display().to_string(), reason: err.reason() });
+    task.slot.errors.lock().expect("slot errors lock").push((index, err));
+    complete(sh, task, None, done);
+}
+
+pub(super) fn io_loop(
+    sh: &Shared,
+    cancel: &AtomicBool,
+    tasks: Receiver<Task>,
+    work: Sender<Work>,
+    bytes: Receiver<Vec<u8>>,
+    done: Sender<Arc<Slot>>,
+) {
+    while let Ok(task) = tasks.recv() {
+        if cancel.load(Ordering::Acquire) {
+            complete(sh, task, None, &done);
+            continue;
+        }
+        let t_wait = Instant::now();
+        let Ok(mut buf) = bytes.recv() else {
+            complete(sh, task, None, &done);
+            continue;
+        };
+        let t0 = Instant::now();
+        sh.telemetry.read.add_wait(t0 - t_wait);
+        let hw = sh.read_high_water.load(Ordering::Relaxed);
+        if buf.capacity() < hw {
+            buf.reserve_exact(hw - buf.len());
+        }
+        let read = sh.source.read(task.slot.index(task.pos) as usize, &mut buf, sh.max_file_bytes);
+        sh.read_high_water.fetch_max(buf.capacity(), Ordering::Relaxed);
+        let t1 = Instant::now();
+        sh.telemetry.read.record(t1 - t0);
+        if let Some(t) = &sh.tracer {
+            t.span("read", "sample", t0, t1, sample_args(&task));
+        }
+        if let Err(e) = work.send(Work { task, bytes: buf, read }) {
+            let w = e.into_inner();
+            complete(sh, w.task, None, &done);
+        }
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+pub(super) fn decode_loop(
+    sh: &Shared,
+    k: usize,
+    cancel: &AtomicBool,
+    epoch: u64,
+    work: Receiver<Work>,
+    bytes: Sender<Vec<u8>>,
+    done: Sender<Arc<Slot>>,
+) {
+    let stashed = sh.stash.lock().expect("stash lock").workers.pop();
+    let made = match stashed {
+        Some(w) => Ok(w),
+        None => Decoder::new(sh.decode_opts).map(|d| (d, Resampler::new())),
+    };
+    let (mut decoder, mut resampler) = match made {
+        Ok(w) => w,
+        Err(e) => {
+            // Cannot decode anything: fail every sample that reaches this worker.
+            while let Ok(w) = work.recv() {
+                let _ = bytes.send(w.bytes);
+                fail(sh, w.task, Error::Internal(e.to_string()), &done);
+            }
+            return;
+        }
+    };
+    loop {
+        let t_wait = Instant::now();
+        // Autotuned: only the first `threads_active` workers take work. A cancelled pass ends
+        // the wait but not the loop: every queued task must still complete (below), or its
+        // batch buffer never returns to the pool and the next pass waits for it forever.
+        let _ = sh.tuner.wait_turn(k, cancel);
+        let Ok(w) = work.recv() else {
+            sh.stash.lock().expect("stash lock").workers.push((decoder, resampler));
+            return;
+        };
+        sh.telemetry.decode.add_wait(t_wait.elapsed());
+        let Work { task, bytes: buf, read } = w;
+        if cancel.load(Ordering::Acquire) {
+            let _ = bytes.send(buf);
+            complete(sh, task, None, &done);
+            continue;
+        }
+        let result = read.and_then(|_| {
+            // A panic while processing one sample is that sample's error; the worker goes on
+            // with a fresh decoder and resampler (the old ones may be mid-update).
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                process(sh, &mut decoder, &mut resampler, epoch, &task, &buf)
+            }))
+            .unwrap_or_else(|p| {
+                if let Ok(d) = Decoder::new(sh.decode_opts) {
+                    decoder = d;
+                }
+                resampler = Resampler::new();
+                Err(Error::Internal(format!(
+                    "panic while processing this sample: {} (please report this)",
+                    ordered::panic_message(p.as_ref())
+                )))
+            })
+        });
+        sh.telemetry.add_decode_warnings(decoder.take_warnings());
+        let _ = bytes.send(buf);
+        match result {
+            Ok(label) => complete(sh, task, Some(label), &done),
+            Err(e) => fail(sh, task, e, &done),
+        }
+    }
+}
