@@ -67,6 +67,8 @@ def test_header_warnings_are_tolerated_like_pillow(demo, tmp_path):
     assert report["skipped"] == []
     assert len(images) == 3
     assert np.array_equal(images[0], images[1]) and np.array_equal(images[0], images[2])
+    # Counted: the file with the warning (the ICC profile is never read, so no warning there).
+    assert report["decode_warnings"] == 1
     # The same pixels Pillow gives for the file (exact decode, Pillow's resampling).
     ref = pillow_val(Image.open(io.BytesIO(junk))).astype(np.int16)
     diff = np.abs(images[1].astype(np.int16) - ref)

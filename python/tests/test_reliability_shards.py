@@ -168,6 +168,14 @@ def test_class_name_labels_go_through_classes_json_and_bad_labels_drop_only_thei
     good = [i for i in range(len(items)) if i not in bad]
     assert len(seen) == len(good)
     assert labels == [classes.index(wnid[items[i][0]]) for i in good]
+    # What was left out is in the report, with the reason.
+    loader = stoker.ImageLoader(str(out / "train-0.tar"), 8, preset="imagenet-val", output="numpy")
+    skipped = {s["path"].rsplit(":", 1)[1]: s["reason"] for s in loader.report()["skipped"]}
+    assert sorted(skipped) == ["s03.jpg", "s05.jpg", "s08.jpg"], skipped
+    assert "no label" in skipped["s03.jpg"]
+    assert "s05.cls is empty" in skipped["s05.jpg"]
+    assert '"n99999999" is not a class' in skipped["s08.jpg"]
+    assert "train-0.tar:s03.jpg" in loader.report_text()
 
 
 # --- stoker pack -------------------------------------------------------------------------------

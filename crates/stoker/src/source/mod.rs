@@ -36,6 +36,10 @@ pub trait Source: Send + Sync + 'static {
     fn groups(&self) -> Option<Vec<usize>> {
         None
     }
+    /// Gives up the reads in flight now (called when an iteration stops, before its threads
+    /// are joined): a read from a store that does not answer returns an error at once instead
+    /// of waiting for its time-out, so Ctrl-C and drop stay prompt. Local files need nothing.
+    fn abandon_reads(&self) {}
 }
 
 /// What kind of dataset a root names (see [`detect`]).
@@ -159,6 +163,7 @@ pub fn open(roots: &[String]) -> Result<Dataset> {
         DatasetKind::Shards(specs) => {
             let s = ShardSource::open_any(specs)?;
             let classes = s.classes().iter().map(OsString::from).collect();
+            not_samples = s.not_samples().to_vec();
             (std::sync::Arc::new(s), classes)
         }
     };

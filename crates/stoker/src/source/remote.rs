@@ -289,6 +289,12 @@ struct Remote {
 }
 
 impl Storage for Remote {
+    fn abandon_reads(&self) {
+        // The requests in flight wait on this notification too: they return at once, as when
+        // the circuit opens (their samples fail; the iteration is stopping anyway).
+        self.breaker.opened.notify_waiters();
+    }
+
     fn read_at(&self, shard: usize, offset: u64, buf: &mut [u8]) -> std::result::Result<(), String> {
         let range = offset..offset + buf.len() as u64;
         let bytes = self

@@ -330,6 +330,8 @@ pub(crate) trait Storage: Send + Sync {
     fn read_at(&self, shard: usize, offset: u64, buf: &mut [u8]) -> std::result::Result<(), String>;
     /// The shard's name for messages (a path or a URL).
     fn name(&self, shard: usize) -> &str;
+    /// Gives up the reads in flight (see [`Source::abandon_reads`]).
+    fn abandon_reads(&self) {}
 }
 
 struct LocalFiles {
@@ -611,6 +613,10 @@ impl Source for ShardSource {
         buf.copy_within(tar::BLOCK.., 0);
         buf.truncate(len as usize);
         Ok(())
+    }
+
+    fn abandon_reads(&self) {
+        self.storage.abandon_reads();
     }
 
     fn groups(&self) -> Option<Vec<usize>> {

@@ -1,6 +1,8 @@
 //! Test data made by the tests themselves: JPEGs/PNGs derived from the embedded photos.
 #![allow(dead_code)]
 
+pub mod http;
+
 use std::path::Path;
 use stoker::decode::{DecodeOptions, Decoder};
 

@@ -1,0 +1,48 @@
+//! Dropping an iteration while an object store stalls is prompt: the reads in flight are given
+//! up at once (`Source::abandon_reads`), not waited for until their time-out. Its own test
+//! binary, because it sets `STOKER_OBJECT_TIMEOUT` for the whole process.
+
+mod common;
+
+use common::http::{shard, Server};
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use stoker::source::ShardSource;
+use stoker::*;
+
+#[test]
+fn dropping_an_iteration_during_a_stall_does_not_wait_for_the_timeout() {
+    // Far longer than the bound below: a drop that waited for a read would fail the test.
+    std::env::set_var("STOKER_OBJECT_TIMEOUT", "60");
+    let (data, idx) = shard(64);
+    let server = Server::start(HashMap::from([("shard.tar".to_string(), data), ("shard.tar.idx".to_string(), idx)]));
+    let source: Arc<dyn Source> =
+        Arc::new(ShardSource::open_any(std::slice::from_ref(&server.url("shard.tar"))).unwrap());
+    let mut transform = TransformSpec::preset("imagenet-val").unwrap().with_dtype(DType::Uint8);
+    transform.apply_exif = true;
+    let mut config = LoaderConfig::new(8, transform);
+    config.threads = Some(1);
+    config.io_threads = Some(2);
+    let loader = Loader::new(source, config).unwrap();
+    server.stall.store(true, Ordering::Release);
+    let before = server.held.load(Ordering::Relaxed);
+    let mut it = loader.iter().unwrap();
+    // Wait until both I/O threads have a request in flight (the server has read them).
+    let t0 = Instant::now();
+    while server.held.load(Ordering::Relaxed) < before + 2 {
+        assert!(t0.elapsed() < Duration::from_secs(30), "no request reached the stalled server");
+        assert!(it.next_timeout(Duration::from_millis(20)).is_none(), "nothing can be delivered");
+    }
+    let t1 = Instant::now();
+    drop(it);
+    let took = t1.elapsed();
+    assert!(took < Duration::from_secs(10), "dropping the iteration took {took:?} (the time-out is 60 s)");
+    // The loader goes on: another pass starts (and is dropped) just as promptly.
+    let it = loader.iter().unwrap();
+    let t2 = Instant::now();
+    drop(it);
+    drop(loader);
+    assert!(t2.elapsed() < Duration::from_secs(10), "{:?}", t2.elapsed());
+}
