@@ -30,7 +30,7 @@
 //! release point) and are allocated on demand, so keeping them costs only their few bytes.
 
 use crate::driver::{DeviceMem, Event, Gpu, Stream};
-use crossbeam_channel::{bounded, Receiver, RecvTimeoutError, Sender};
+use crossbeam_channel::{bounded, Receiver, Sender};
 use std::any::Any;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -636,16 +636,7 @@ impl Transfer {
 
     /// Takes a free device slot whose release points have passed; `None`: cancelled.
     fn take_slot(&self) -> Result<Option<DeviceSlot>> {
-        let mut slot = loop {
-            if self.cancelled() {
-                return Ok(None);
-            }
-            match self.pool.free_rx.recv_timeout(POLL) {
-                Ok(s) => break s,
-                Err(RecvTimeoutError::Timeout) => continue,
-                Err(RecvTimeoutError::Disconnected) => return Ok(None),
-            }
-        };
+        let Some(mut slot) = stoker::pipeline::take_free(&self.pool.free_rx, &self.cancel) else { return Ok(None) };
         // Detached buffers of an undelivered batch (a run shut down early) go back.
         for (region, buf) in slot.side.drain(..) {
             self.pool.side.put(region, buf);
@@ -826,13 +817,8 @@ impl<M: Send + 'static> DeviceIter<M> {
         let pool = &self.pool;
         // Waiting while holding every device buffer would never end: say so instead.
         let held_all = || {
-            let held = pool.held.load(Ordering::Acquire);
-            (held >= pool.slots).then(|| {
-                Error::Memory(format!(
-                    "all {held} device batch buffers are held by the consumer, so no new batch can be copied; \
-                     release batches (drop tensors) sooner or raise prefetch"
-                ))
-            })
+            (pool.held.load(Ordering::Acquire) >= pool.slots)
+                .then(|| stoker::pipeline::all_held(pool.slots, "device batch", None))
         };
         let deadline = Instant::now() + timeout;
         match self.run.wait_for(self.next, Some(deadline), |s| s.seq, held_all) {

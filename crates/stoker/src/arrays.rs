@@ -17,7 +17,7 @@ use crate::buffer::RawBuf;
 use crate::error::{Error, Result};
 use crate::pipeline::{Run, Wait};
 use crate::sampler::{Fingerprint, Position, Sampler, SamplerSpec, SamplerState};
-use crossbeam_channel::{bounded, Receiver, RecvTimeoutError, Sender};
+use crossbeam_channel::{bounded, Receiver, Sender};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -507,16 +507,7 @@ impl ArrayLoader {
             let (sh, cancel, order) = (sh.clone(), cancel.clone(), order.clone());
             run.spawn("stoker-gather".into(), move || {
                 for b in start..end {
-                    let slot = loop {
-                        if cancel.load(Ordering::Acquire) {
-                            return;
-                        }
-                        match sh.free_rx.recv_timeout(Duration::from_millis(20)) {
-                            Ok(s) => break s,
-                            Err(RecvTimeoutError::Timeout) => continue,
-                            Err(_) => return,
-                        }
-                    };
+                    let Some(slot) = crate::pipeline::take_free(&sh.free_rx, &cancel) else { return };
                     let idx = sh.sampler.batch(&order, b);
                     {
                         let mut v = slot.indices.write().unwrap_or_else(|p| p.into_inner());
@@ -610,12 +601,7 @@ impl ArrayIter {
         }
         let sh = &self.shared;
         let held_all = || {
-            (sh.held.load(Ordering::Acquire) >= sh.slots).then(|| {
-                Error::Memory(format!(
-                    "all {} batch buffers are held by the consumer; release batches sooner or raise memory_limit/prefetch",
-                    sh.slots
-                ))
-            })
+            (sh.held.load(Ordering::Acquire) >= sh.slots).then(|| crate::pipeline::all_held(sh.slots, "batch", None))
         };
         let slot = match self.run.wait_for(self.next, Some(deadline), |s| s.batch.load(Ordering::Relaxed), held_all) {
             Ok(Wait::Slot(s)) => s,

@@ -179,16 +179,7 @@ impl EpochIter {
             batch,
             deadline,
             |slot| slot.batch.load(Ordering::Relaxed),
-            || {
-                (pool.held() >= pool.slots()).then(|| {
-                    Error::Memory(format!(
-                        "all {} batch buffers ({} bytes each) are held by the consumer, so no new batch can be made; \
-                         release batches (drop tensors) sooner or raise memory_limit/prefetch",
-                        pool.slots(),
-                        pool.batch_bytes()
-                    ))
-                })
-            },
+            || (pool.held() >= pool.slots()).then(|| all_held(pool.slots(), "batch", Some(pool.batch_bytes()))),
         )
     }
 

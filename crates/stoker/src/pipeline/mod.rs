@@ -27,7 +27,7 @@ pub use batch::Batch;
 pub use config::*;
 pub use iter::EpochIter;
 pub use loader::{dataset_key, Loader};
-pub use ordered::{panic_message, Run, Wait};
+pub use ordered::{all_held, panic_message, take_free, Run, Wait};
 use {iter::*, loader::*, stages::*, work::*};
 
 use crate::buffer::{BufferPool, HeapAllocator, HostAllocator, Slot};
@@ -39,7 +39,7 @@ use crate::sampler::{Fingerprint, Position, Sampler, SamplerSpec, SamplerState};
 use crate::source::Source;
 use crate::telemetry::{ConsumerClock, Report, Skipped, Telemetry};
 use crate::trace::{Args as TraceArgs, TraceSpec, Tracer};
-use crossbeam_channel::{bounded, Receiver, RecvTimeoutError, Sender};
+use crossbeam_channel::{bounded, Receiver, Sender};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};

@@ -52,6 +52,33 @@ pub fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
     }
 }
 
+/// Takes a free slot from a pool's `free` queue, waiting in [`POLL`] steps so that `cancel`
+/// is seen; `None` when the run was cancelled or the pool is gone. The one free-slot wait of
+/// every producer (image dispatcher, array gatherer, CUDA transfer stage).
+pub fn take_free<S>(free: &Receiver<S>, cancel: &AtomicBool) -> Option<S> {
+    loop {
+        if cancel.load(Ordering::Acquire) {
+            return None;
+        }
+        match free.recv_timeout(POLL) {
+            Ok(s) => return Some(s),
+            Err(RecvTimeoutError::Timeout) => continue,
+            Err(RecvTimeoutError::Disconnected) => return None,
+        }
+    }
+}
+
+/// The error of a wait that can never end because the consumer holds every buffer of a pool
+/// (`slots` buffers of `what`: "batch" or "device batch", `bytes_each` when known). The one
+/// wording for every pool; a wait's `held_all` check returns it.
+pub fn all_held(slots: usize, what: &str, bytes_each: Option<usize>) -> Error {
+    let size = bytes_each.map(|b| format!(" ({b} bytes each)")).unwrap_or_default();
+    Error::Memory(format!(
+        "all {slots} {what} buffers{size} are held by the consumer, so no new batch can be made; release \
+         batches (drop tensors) sooner or raise memory_limit/prefetch"
+    ))
+}
+
 /// Locks `m` even if a thread panicked while holding it (the data are slots and handles,
 /// valid whatever the panicking thread was doing).
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {

@@ -15,24 +15,13 @@ pub(super) struct Work {
     pub(super) read: Result<()>,
 }
 
-pub(super) const POLL: Duration = Duration::from_millis(20);
-
 pub(super) fn dispatch(sh: &Shared, cancel: &AtomicBool, order: &[u32], start: usize, end: usize, tasks: Sender<Task>) {
     for b in start..end {
         let t0 = Instant::now();
         if sh.tuner.gate(b, cancel).is_none() {
             return;
         }
-        let slot = loop {
-            if cancel.load(Ordering::Acquire) {
-                return;
-            }
-            match sh.pool.free_rx.recv_timeout(POLL) {
-                Ok(s) => break s,
-                Err(RecvTimeoutError::Timeout) => continue,
-                Err(RecvTimeoutError::Disconnected) => return,
-            }
-        };
+        let Some(slot) = take_free(&sh.pool.free_rx, cancel) else { return };
         let t1 = Instant::now();
         sh.telemetry.buffers.add_wait(t1 - t0);
         if let Some(t) = &sh.tracer {
