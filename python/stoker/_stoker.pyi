@@ -6,6 +6,13 @@ from typing import Any, Sequence, final
 __all__ = [
     "__version__",
     "LIBJPEG_TURBO_VERSION",
+    "StokerError",
+    "ConfigError",
+    "DatasetError",
+    "DecodeError",
+    "ReadError",
+    "MemoryLimitError",
+    "DeviceError",
     "Loader",
     "Iterator",
     "Batch",
@@ -29,6 +36,28 @@ __all__ = [
 
 __version__: str
 LIBJPEG_TURBO_VERSION: str
+
+# The exception tree re-exported by `stoker.errors` (their `__module__`).
+class StokerError(Exception):
+    """Base class of every error stoker raises."""
+
+class ConfigError(StokerError, ValueError):
+    """A bad argument: the message names the argument and the allowed values."""
+
+class DatasetError(StokerError):
+    """The dataset is unusable: missing root, no class folders, no images."""
+
+class DecodeError(StokerError):
+    """A file is not a valid image (corrupt, truncated, empty, unsupported); names the file."""
+
+class ReadError(StokerError, OSError):
+    """A file could not be read (missing, unreadable); names the file."""
+
+class MemoryLimitError(StokerError, MemoryError):
+    """The memory limit cannot hold a batch, or every batch buffer is held by the consumer."""
+
+class DeviceError(StokerError, RuntimeError):
+    """The GPU asked for cannot be used (no driver, no such device) or a CUDA call failed."""
 
 @final
 class Loader:

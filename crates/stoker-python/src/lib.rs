@@ -2,24 +2,38 @@
 //!
 //! No engine logic lives here: only conversions (JSON configs in, DLPack tensors out), the GIL
 //! handling (released for every wait and every piece of work, with Ctrl-C checked between
-//! waits) and the mapping of engine errors to the Python exception tree defined in
-//! `stoker/errors.py`. The extension module itself is the thin `stoker-pyext` cdylib, which
+//! waits) and the mapping of engine errors to the Python exception tree (native classes that
+//! `stoker/errors.py` re-exports). The extension module itself is the thin `stoker-pyext` cdylib, which
 //! calls [`register`].
 //!
 //! | file | role |
 //! |---|---|
-//! | `errors.rs` | engine errors to `stoker.errors` exceptions |
-//! | `dlpack.rs` | zero-copy export of batch buffers through the DLPack protocol |
+//! | `errors.rs` | the `stoker.errors` exception classes; engine errors to them, in one `match` |
+//! | `args.rs` | Python arguments and state dicts to the engine's argument rules |
+//! | `functions.rs` | the module-level functions |
+//! | `loader.rs` | the `Loader` class |
+//! | `iter.rs` | the `Iterator` class; waiting with Ctrl-C honoured, shared by every iteration |
+//! | `batch.rs` | the `Batch` class and its `Tensor` views |
+//! | `array_loader.rs` | the `ArrayLoader` class |
+//! | `array_iter.rs` | the `ArrayIterator` class |
+//! | `array_batch.rs` | the `ArrayBatch` class and its `ArrayTensor` views |
+//! | `held.rs` | what the batch classes read from a host or device batch, written once |
 //! | `device.rs` | `device=` placement, pinned pool + transfer stage, CUDA DLPack export |
-//! | `loader.rs` | `Loader`, `Iterator`, `Batch`, `Tensor` classes |
-//! | `arrays.rs` | `ArrayLoader` and its iterator, batch and tensor classes |
+//! | `dlpack.rs` | zero-copy export of batch buffers through the DLPack protocol |
 //! | `buffer.rs` | array memory from Python through the buffer protocol |
 
-mod arrays;
+mod args;
+mod array_batch;
+mod array_iter;
+mod array_loader;
+mod batch;
 mod buffer;
 mod device;
 mod dlpack;
 mod errors;
+mod functions;
+mod held;
+mod iter;
 mod loader;
 
 use pyo3::prelude::*;
@@ -28,23 +42,15 @@ use pyo3::prelude::*;
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add("LIBJPEG_TURBO_VERSION", stoker::decode::jpeg::LIBJPEG_TURBO_VERSION)?;
+    errors::register(m)?;
     m.add_class::<loader::PyLoader>()?;
-    m.add_class::<loader::PyIter>()?;
-    m.add_class::<loader::PyBatch>()?;
-    m.add_class::<loader::PyTensor>()?;
-    m.add_class::<arrays::PyArrayLoader>()?;
-    m.add_class::<arrays::PyArrayIter>()?;
-    m.add_class::<arrays::PyArrayBatch>()?;
-    m.add_class::<arrays::PyArrayTensor>()?;
-    m.add_function(wrap_pyfunction!(loader::make_demo, m)?)?;
-    m.add_function(wrap_pyfunction!(loader::cpu_allowance, m)?)?;
-    m.add_function(wrap_pyfunction!(loader::parse_device, m)?)?;
-    m.add_function(wrap_pyfunction!(loader::dtype_name, m)?)?;
-    m.add_function(wrap_pyfunction!(loader::local_rank, m)?)?;
-    m.add_function(wrap_pyfunction!(loader::preset_json, m)?)?;
-    m.add_function(wrap_pyfunction!(loader::normalize_table, m)?)?;
-    m.add_function(wrap_pyfunction!(loader::cuda_probe_json, m)?)?;
-    m.add_function(wrap_pyfunction!(loader::cuda_memory_in_use, m)?)?;
-    m.add_function(wrap_pyfunction!(loader::cuda_bandwidth_json, m)?)?;
+    m.add_class::<iter::PyIter>()?;
+    m.add_class::<batch::PyBatch>()?;
+    m.add_class::<batch::PyTensor>()?;
+    m.add_class::<array_loader::PyArrayLoader>()?;
+    m.add_class::<array_iter::PyArrayIter>()?;
+    m.add_class::<array_batch::PyArrayBatch>()?;
+    m.add_class::<array_batch::PyArrayTensor>()?;
+    functions::register(m)?;
     Ok(())
 }

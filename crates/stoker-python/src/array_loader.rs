@@ -1,36 +1,16 @@
-//! The `ArrayLoader` classes: rows of NumPy arrays or memory-mapped `.npy` files, batched.
+//! The `ArrayLoader` class: rows of NumPy arrays or memory-mapped `.npy` files, batched.
 
-use crate::device::{self, Location};
-use crate::dlpack::{DLDataType, View};
+use crate::args::{args_of, epoch_of, load_state_json};
+use crate::array_batch::ColumnSpec;
+use crate::array_iter::{ArrIter, PyArrayIter};
 use crate::errors::{self, IntoPy};
-use crate::loader::next_polling;
+use crate::iter::raise_pending_signal;
 use pyo3::prelude::*;
-use pyo3::types::PyCapsule;
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
-use std::time::Duration;
-use stoker::arrays::{descr_itemsize, ArrayBatch, ArrayIter, ArrayLoader, Column};
+use std::sync::Arc;
+use stoker::arrays::{ArrayLoader, Column};
 use stoker::SamplerState;
 use stoker_cuda::DeviceStage;
-
-/// dtype string and the shape of one row, per column.
-#[derive(Clone)]
-struct ColumnSpec {
-    descr: String,
-    row_shape: Vec<usize>,
-}
-
-fn dl_type(descr: &str) -> Option<DLDataType> {
-    let bits = (descr_itemsize(descr)? * 8) as u8;
-    let code = match descr.as_bytes().get(1)? {
-        b'f' => 2,
-        b'i' => 0,
-        b'u' => 1,
-        b'b' => 6,
-        _ => return None,
-    };
-    Some(DLDataType::new(code, bits))
-}
 
 /// A loader over equally long arrays. Each column is a `.npy` path (memory-mapped) or an object
 /// exporting a C-contiguous buffer (a NumPy array, `bytes`, `bytearray`, ...), read in place
@@ -53,7 +33,7 @@ impl PyArrayLoader {
         device: &str,
         ordinal: u32,
     ) -> PyResult<Self> {
-        let config = stoker::args::array_config(crate::loader::args_of(config_json)?).py_err()?;
+        let config = stoker::args::array_config(args_of(config_json)?).py_err()?;
         let (placement, report) = py.detach(|| stoker_cuda::place(device, ordinal)).py_err()?;
         let mut cols = vec![];
         let mut specs = vec![];
@@ -160,7 +140,7 @@ impl PyArrayLoader {
 
     /// Selects the epoch; the engine checks the value (a non-negative integer).
     fn set_epoch(&self, epoch: &Bound<'_, PyAny>) -> PyResult<()> {
-        self.loader.set_epoch(crate::loader::epoch_of(epoch)?);
+        self.loader.set_epoch(epoch_of(epoch)?);
         Ok(())
     }
 
@@ -191,149 +171,14 @@ impl PyArrayLoader {
     /// Restores a state dict given as JSON (`load_state_dict`): checked field by field and
     /// against this loader's fingerprint, each error naming the field.
     fn load_state_json(&self, state_json: &str) -> PyResult<()> {
-        errors::contain(|| {
-            crate::loader::load_state_json(state_json, &self.loader.fingerprint(), |st| self.loader.load_state(st))
-        })
+        errors::contain(|| load_state_json(state_json, &self.loader.fingerprint(), |st| self.loader.load_state(st)))
     }
 
     fn iter(&self, py: Python<'_>) -> PyResult<PyArrayIter> {
         errors::contain(|| {
             let it = py.detach(|| ArrIter::start(self.loader.iter()?, self.stage.as_ref(), None)).py_err()?;
-            let it = crate::loader::raise_pending_signal(py, it)?;
-            Ok(PyArrayIter { inner: Mutex::new(Some(it)), specs: self.specs.clone(), pid: std::process::id() })
+            let it = raise_pending_signal(py, it)?;
+            Ok(PyArrayIter::new(it, self.specs.clone()))
         })
-    }
-}
-
-type ArrIter = device::Iter<ArrayIter>;
-type ArrHeld = device::Held<ArrayBatch>;
-
-/// An iteration over array batches (GIL released while waiting; Ctrl-C honoured).
-#[pyclass(frozen, name = "ArrayIterator", module = "stoker._stoker")]
-pub struct PyArrayIter {
-    inner: Mutex<Option<ArrIter>>,
-    specs: Arc<Vec<ColumnSpec>>,
-    pid: u32,
-}
-
-#[pymethods]
-impl PyArrayIter {
-    fn __iter__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {
-        slf
-    }
-
-    fn __next__(&self, py: Python<'_>) -> PyResult<Option<PyArrayBatch>> {
-        errors::contain(|| {
-            Ok(next_polling(py, &self.inner, self.pid, |it| it.next_timeout(Duration::from_millis(50)))?
-                .map(|inner| PyArrayBatch { inner, specs: self.specs.clone() }))
-        })
-    }
-
-    /// Stops the iteration now (joins every thread, GIL released); in a fork child the
-    /// inherited iteration is let go untouched.
-    fn close(&self, py: Python<'_>) -> PyResult<()> {
-        crate::loader::release(py, &self.inner, self.pid);
-        py.check_signals()
-    }
-}
-
-impl Drop for PyArrayIter {
-    fn drop(&mut self) {
-        crate::loader::forget_if_inherited(&mut self.inner, self.pid);
-    }
-}
-
-/// One batch of rows: one DLPack tensor per column.
-#[pyclass(frozen, name = "ArrayBatch", module = "stoker._stoker")]
-pub struct PyArrayBatch {
-    inner: ArrHeld,
-    specs: Arc<Vec<ColumnSpec>>,
-}
-
-#[pymethods]
-impl PyArrayBatch {
-    fn __len__(&self) -> usize {
-        match &self.inner {
-            ArrHeld::Host(b) => b.len(),
-            ArrHeld::Device(b) => b.meta().len,
-        }
-    }
-
-    /// Batch number within the epoch.
-    #[getter]
-    fn index(&self) -> usize {
-        match &self.inner {
-            ArrHeld::Host(b) => b.index(),
-            ArrHeld::Device(b) => b.meta().index,
-        }
-    }
-
-    /// Dataset indices of the rows.
-    #[getter]
-    fn indices(&self) -> Vec<u32> {
-        match &self.inner {
-            ArrHeld::Host(b) => b.indices(),
-            ArrHeld::Device(b) => b.meta().indices.clone(),
-        }
-    }
-
-    /// Column `c` as a DLPack-exporting tensor view.
-    fn column(&self, c: usize) -> PyResult<PyArrayTensor> {
-        if c >= self.specs.len() {
-            return Err(pyo3::exceptions::PyIndexError::new_err(format!("column {c} of {}", self.specs.len())));
-        }
-        Ok(PyArrayTensor { batch: self.inner.clone(), column: c, spec: self.specs[c].clone() })
-    }
-}
-
-/// A column of an array batch (host or device memory), exported with `__dlpack__`.
-#[pyclass(frozen, name = "ArrayTensor", module = "stoker._stoker")]
-pub struct PyArrayTensor {
-    batch: ArrHeld,
-    column: usize,
-    spec: ColumnSpec,
-}
-
-impl PyArrayTensor {
-    fn ptr_loc(&self) -> (*const u8, usize, Location, Arc<dyn Send + Sync>) {
-        match &self.batch {
-            ArrHeld::Host(b) => (b.column_ptr(self.column), b.len(), Location::Cpu, b.clone()),
-            ArrHeld::Device(b) => (
-                b.region_ptr(self.column) as *const u8,
-                b.meta().len,
-                Location::Cuda { batch: b.clone(), ordinal: b.ordinal() },
-                b.clone(),
-            ),
-        }
-    }
-}
-
-#[pymethods]
-impl PyArrayTensor {
-    #[pyo3(signature = (*, stream=None, max_version=None, dl_device=None, copy=None))]
-    fn __dlpack__<'py>(
-        &self,
-        py: Python<'py>,
-        stream: Option<Bound<'py, PyAny>>,
-        max_version: Option<(u32, u32)>,
-        dl_device: Option<(i32, i32)>,
-        copy: Option<bool>,
-    ) -> PyResult<Bound<'py, PyCapsule>> {
-        let _ = max_version;
-        let dtype = dl_type(&self.spec.descr).ok_or_else(|| errors::config("arrays", "unsupported dtype"))?;
-        let (data, rows, loc, owner) = self.ptr_loc();
-        let mut shape = vec![rows as i64];
-        shape.extend(self.spec.row_shape.iter().map(|&d| d as i64));
-        device::export(py, &loc, View { data, shape, dtype, owner }, stream, dl_device, copy)
-    }
-
-    fn __dlpack_device__(&self) -> (i32, i32) {
-        self.ptr_loc().2.dlpack_device()
-    }
-
-    /// Address of the first element (host or device).
-    #[getter]
-    fn data_ptr(&self) -> usize {
-        self.ptr_loc().0 as usize
     }
 }

@@ -1,0 +1,53 @@
+//! Arguments from Python for the engine's argument rules ([`stoker::args`]), shared by the
+//! loader classes: scalars as JSON values, argument objects and state dicts as JSON texts.
+
+use crate::errors::{self, IntoPy};
+use pyo3::prelude::*;
+use stoker::SamplerState;
+
+/// A Python scalar as the JSON value the engine's argument rules read: bool, int, float, str
+/// and None; anything else is shown by its repr (and refused by the rule).
+pub fn json_of(v: &Bound<'_, PyAny>) -> serde_json::Value {
+    use pyo3::types::{PyBool, PyFloat, PyInt, PyString};
+    if v.is_none() {
+        serde_json::Value::Null
+    } else if let Ok(b) = v.cast::<PyBool>() {
+        serde_json::Value::Bool(b.is_true())
+    } else if v.is_instance_of::<PyInt>() {
+        match (v.extract::<u64>(), v.extract::<i64>()) {
+            (Ok(n), _) => n.into(),
+            (_, Ok(n)) => n.into(),
+            _ => serde_json::Value::String(v.to_string()),
+        }
+    } else if let Ok(f) = v.cast::<PyFloat>() {
+        serde_json::Number::from_f64(f.value()).map_or(serde_json::Value::Null, serde_json::Value::Number)
+    } else if let Ok(s) = v.cast::<PyString>() {
+        serde_json::Value::String(s.to_string())
+    } else {
+        serde_json::Value::String(v.repr().map(|r| r.to_string()).unwrap_or_default())
+    }
+}
+
+/// Loads a state dict (its JSON, from `load_state_dict`) into a loader whose fingerprint is
+/// `mine`: the engine checks it field by field ([`stoker::args::saved_state`]), then `load`
+/// restores the position.
+pub fn load_state_json(
+    json: &str,
+    mine: &stoker::Fingerprint,
+    load: impl FnOnce(SamplerState) -> stoker::Result<()>,
+) -> PyResult<()> {
+    let state: serde_json::Value = serde_json::from_str(json)
+        .map_err(|e| errors::config("state", format!("expected a dict from state_dict(), not JSON: {e}")))?;
+    let st = stoker::args::saved_state(&state, mine).py_err()?;
+    load(st).py_err()
+}
+
+/// An `epoch` argument, checked by the engine.
+pub fn epoch_of(v: &Bound<'_, PyAny>) -> PyResult<u64> {
+    stoker::args::non_negative("epoch", &json_of(v)).py_err()
+}
+
+/// The arguments object of a JSON text.
+pub fn args_of(json: &str) -> PyResult<stoker::args::Args> {
+    serde_json::from_str(json).map_err(|e| errors::config("arguments", format!("not a JSON object: {e}")))
+}

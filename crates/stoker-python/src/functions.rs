@@ -1,0 +1,111 @@
+//! The module-level functions of `stoker._stoker`: the demo dataset, argument checks the Python
+//! side asks for before it builds a loader, and what the CPU and CUDA probes report.
+
+use crate::errors::{self, IntoPy};
+use pyo3::prelude::*;
+use std::path::PathBuf;
+use stoker::DType;
+
+/// Adds the functions to module `m`.
+pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(make_demo, m)?)?;
+    m.add_function(wrap_pyfunction!(cpu_allowance, m)?)?;
+    m.add_function(wrap_pyfunction!(parse_device, m)?)?;
+    m.add_function(wrap_pyfunction!(dtype_name, m)?)?;
+    m.add_function(wrap_pyfunction!(local_rank, m)?)?;
+    m.add_function(wrap_pyfunction!(preset_json, m)?)?;
+    m.add_function(wrap_pyfunction!(normalize_table, m)?)?;
+    m.add_function(wrap_pyfunction!(cuda_probe_json, m)?)?;
+    m.add_function(wrap_pyfunction!(cuda_memory_in_use, m)?)?;
+    m.add_function(wrap_pyfunction!(cuda_bandwidth_json, m)?)?;
+    Ok(())
+}
+/// Builds the demo ImageFolder (embedded public-domain photos) under `root`; returns the number
+/// of JPEGs written.
+#[pyfunction]
+#[pyo3(signature = (root, images=350, seed=0))]
+pub fn make_demo(py: Python<'_>, root: PathBuf, images: usize, seed: u64) -> PyResult<usize> {
+    if images == 0 {
+        return Err(errors::config("images", "must be at least 1"));
+    }
+    let threads = stoker::cpu::allowance().effective;
+    py.detach(|| stoker::demo::make_demo(&root, images, seed, threads)).py_err().map(|s| s.images)
+}
+
+/// torchrun's `LOCAL_RANK` (0 when unset); a value that is not a number is a `ConfigError`.
+#[pyfunction]
+pub fn local_rank() -> PyResult<u32> {
+    stoker::args::local_rank().py_err()
+}
+
+/// The canonical name of an output dtype (`uint8`, `float16`, `float32`; aliases such as
+/// `half` and `float` accepted), or a `ConfigError` naming `dtype`.
+#[pyfunction]
+pub fn dtype_name(name: &str) -> PyResult<&'static str> {
+    Ok(DType::parse(name).py_err()?.name())
+}
+
+/// Checks a `device=` argument: `("cpu" | "cuda" | "auto", ordinal or None)`.
+#[pyfunction]
+pub fn parse_device(device: &Bound<'_, PyAny>) -> PyResult<(&'static str, Option<u32>)> {
+    let text = device.extract::<String>().map_err(|_| {
+        errors::config(
+            "device",
+            format!(
+                "expected 'cpu', 'cuda', 'cuda:N' or 'auto', got {}",
+                device.repr().map(|r| r.to_string()).unwrap_or_default()
+            ),
+        )
+    })?;
+    Ok(match stoker::args::DeviceSpec::parse(&text).py_err()? {
+        stoker::args::DeviceSpec::Cpu => ("cpu", None),
+        stoker::args::DeviceSpec::Cuda(n) => ("cuda", n),
+        stoker::args::DeviceSpec::Auto => ("auto", None),
+    })
+}
+
+/// The process's CPU allowance as JSON (online, affinity, cgroup quota, effective).
+#[pyfunction]
+pub fn cpu_allowance() -> String {
+    serde_json::to_string(&stoker::cpu::allowance()).unwrap_or_default()
+}
+
+/// A preset's transform as JSON (`imagenet-train`, `imagenet-val`).
+#[pyfunction]
+pub fn preset_json(name: &str) -> PyResult<String> {
+    let spec = stoker::TransformSpec::preset(name).py_err()?;
+    serde_json::to_string(&spec).map_err(|e| errors::to_py(stoker::Error::Internal(e.to_string())))
+}
+
+/// The engine's normalisation table (`stoker::ops::normalize_table`): three rows of 256
+/// float32 values as little-endian bytes, for the GPU normaliser's lookup.
+#[pyfunction]
+pub fn normalize_table<'py>(py: Python<'py>, mean: [f32; 3], std: [f32; 3]) -> Bound<'py, pyo3::types::PyBytes> {
+    let bytes: Vec<u8> =
+        stoker::ops::normalize_table(mean, std).iter().flatten().flat_map(|v| v.to_le_bytes()).collect();
+    pyo3::types::PyBytes::new(py, &bytes)
+}
+
+/// What the CUDA probe found (driver, devices, or why there is none) as JSON.
+#[pyfunction]
+pub fn cuda_probe_json(py: Python<'_>) -> String {
+    py.detach(|| serde_json::to_string(&stoker_cuda::probe()).unwrap_or_default())
+}
+
+/// `(device bytes, pinned host bytes)` allocated by stoker in this process right now.
+#[pyfunction]
+pub fn cuda_memory_in_use() -> (u64, u64) {
+    stoker_cuda::memory_in_use()
+}
+
+/// Measured host-to-device bandwidth of `cuda:{ordinal}` (pinned and pageable) as JSON.
+#[pyfunction]
+#[pyo3(signature = (ordinal=0, bytes=268_435_456, repeats=10))]
+pub fn cuda_bandwidth_json(py: Python<'_>, ordinal: u32, bytes: usize, repeats: usize) -> PyResult<String> {
+    py.detach(|| -> stoker::Result<String> {
+        let gpu = stoker_cuda::Gpu::open(ordinal)?;
+        let bw = stoker_cuda::measure_h2d(&gpu, bytes, repeats)?;
+        serde_json::to_string(&bw).map_err(|e| stoker::Error::Internal(e.to_string()))
+    })
+    .py_err()
+}
