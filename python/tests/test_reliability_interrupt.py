@@ -78,6 +78,8 @@ CHILD = textwrap.dedent("""
             if lost >= 3:
                 break
         timer.join()
+    # Whatever an interrupt left bound (a live iterator of the last round, batches) goes too.
+    it = images = labels = kept = None
     del loader
     gc.collect()
     leftover = sorted(new_stoker_threads(before, within=2))

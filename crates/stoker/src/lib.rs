@@ -1,21 +1,38 @@
 //! # stoker: the engine
 //!
-//! stoker turns image files into batches on a thread pool, using as little CPU and memory as the
-//! work allows, and says which stage is the bottleneck. Data flows one way:
+//! stoker turns files on disk into batches on a thread pool, using as little CPU and memory as
+//! the work allows, and says which stage is the bottleneck. Data flows one way:
 //!
 //! ```text
-//! Source ─► Sampler ─► Reader ─► Decode ─► Ops ─► BatchSlot ─► Consumer
+//! Source ─► Sampler ─► Reader ─► Decode/Cache ─► Ops ─► BatchSlot ─► (Transfer) ─► Consumer
+//!  (index)   (order)    (I/O      (pixels, or      (one     (pooled      (H2D on       (Rust
+//!                        threads)  cached pixels)   write)   buffer)      stoker-cuda)  or Python)
+//!    ▲ backpressure: a batch is scheduled only when a buffer is free; it returns when dropped ┘
 //! ```
 //!
-//! - [`source`]: what samples exist ([`ImageFolder`]); only an index lives in memory.
-//! - [`sampler`]: seeded per-epoch order, rank sharding, resumable [`SamplerState`].
-//! - [`decode`]: libjpeg-turbo with DCT scaling and region decoding; PNG.
-//! - [`ops`]: torchvision's transforms, fused into one resample + one write per sample.
-//! - [`buffer`]: the fixed pool of batch buffers (memory cap and backpressure).
-//! - [`pipeline`]: threads, queues, ordered delivery, prompt shutdown.
-//! - [`telemetry`]: per-stage counters and the bottleneck verdict.
-//! - [`trace`]: Chrome/Perfetto traces of every sample's stages on every thread.
-//! - [`tune`], [`budget`]: `threads`/`prefetch="auto"` and the host-wide CPU share.
+//! The crate is grouped into rooms; each folder's `mod.rs` says what it owns and what it may not
+//! touch, and the README's "How the engine is laid out" follows one sample through the files.
+//!
+//! - [`source`]: sources and formats: what samples exist ([`ImageFolder`], tar shards, object
+//!   storage); only an index lives in memory.
+//! - [`shell`]: what every loader kind shares: [`sampler`] (seeded order, rank sharding,
+//!   resumable [`SamplerState`], the fingerprint), [`buffer`] (the fixed pool: memory cap and
+//!   backpressure), [`shell::ordered`] (one iteration's threads, in-order delivery, prompt
+//!   shutdown), [`rng`].
+//! - [`image`]: [`decode`] (libjpeg-turbo with DCT scaling and region decoding; PNG),
+//!   [`ops`] (torchvision's transforms fused into one resample and one write per sample),
+//!   [`cache`] (the decoded-pixel cache: groups per dataset, a shared budget, checksums) and
+//!   [`pipeline`] (the image loader: threads, per-sample work, ordered delivery).
+//! - [`arrays`]: the `.npy` format and [`arrays::ArrayLoader`] (rows gathered by the sampler's
+//!   indices into pooled buffers).
+//! - [`observe`]: [`telemetry`] (per-stage counters, the bottleneck verdict), [`trace`]
+//!   (Chrome/Perfetto traces), [`tune`] and [`budget`] (`threads`/`prefetch="auto"`, the host-wide
+//!   CPU share), [`cpu`] (the real CPU allowance).
+//! - [`tools`]: [`pack`] (ImageFolder to shards) and [`demo`].
+//! - [`args`]: every value a user, a file or the environment gives, validated once; [`error`].
+//!
+//! The transfer to a GPU (pinned buffers, copies on stoker's own CUDA stream, a device pool on
+//! the same ordered run) lives in the `stoker-cuda` crate, the Python front in `stoker-python`.
 //!
 //! ```no_run
 //! use std::sync::Arc;
@@ -43,22 +60,18 @@
 
 pub mod args;
 pub mod arrays;
-pub mod budget;
-pub mod buffer;
-pub mod cache;
-pub mod cpu;
-pub mod decode;
-pub mod demo;
 pub mod error;
-pub mod ops;
-pub mod pack;
-pub mod pipeline;
-pub mod rng;
-pub mod sampler;
+pub mod image;
+pub mod observe;
+pub mod shell;
 pub mod source;
-pub mod telemetry;
-pub mod trace;
-pub mod tune;
+pub mod tools;
+
+// The modules of each room, at the crate root as well: the paths other crates and older code use.
+pub use image::{cache, decode, ops, pipeline};
+pub use observe::{budget, cpu, telemetry, trace, tune};
+pub use shell::{buffer, rng, sampler};
+pub use tools::{demo, pack};
 
 pub use error::{Error, Result};
 pub use ops::{DType, Layout, OpSpec, ResizeSize, TransformPlan, TransformSpec};

@@ -1,5 +1,9 @@
 //! Sources know *what* samples exist and read one sample's bytes on demand; they never hold the
 //! bytes of the dataset. Only an index lives in memory (a few bytes per sample).
+//!
+//! Owns: formats on disk and in object storage (ImageFolder trees, tar and its index, pack
+//! folders, `classes.json`), names as bytes, reads with their limits. May not touch: pixels,
+//! order or batches (a source answers "how many", "which label", "these bytes").
 
 mod image_folder;
 #[cfg(feature = "remote")]

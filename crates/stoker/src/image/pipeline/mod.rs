@@ -14,20 +14,26 @@
 //! compacted in order), never with a garbage slot; a batch whose samples all failed is not
 //! delivered. Under policy `raise` the batch holding the first bad sample yields the error and
 //! the iteration ends.
+//!
+//! Files, in the order data flows: `config` (what a user sets), `loader` (the shared state, built
+//! from the config; epochs, resume, report), `stages` (the dispatcher, I/O and decode threads of
+//! a pass), `work` (one sample: decode or cache, ops, the write into its slot), `iter` (in-order
+//! delivery over the shell's run, the failure budget, stale iterators), `batch` (the delivered
+//! view of a buffer). Owns: running the image work. May not touch: sources' formats, CUDA,
+//! Python.
 
 mod batch;
 mod config;
 mod iter;
 mod loader;
-mod ordered;
 mod stages;
 mod work;
 
+pub use crate::shell::ordered::{self, all_held, panic_message, take_free, Run, Wait};
 pub use batch::Batch;
 pub use config::*;
 pub use iter::EpochIter;
 pub use loader::{dataset_key, Loader};
-pub use ordered::{all_held, panic_message, take_free, Run, Wait};
 use {iter::*, loader::*, stages::*, work::*};
 
 use crate::buffer::{BufferPool, HeapAllocator, HostAllocator, Slot};

@@ -10,17 +10,17 @@ use std::path::{Path, PathBuf};
 
 /// The embedded photos: `(class name, encoded bytes)`.
 pub const PHOTOS: &[(&str, &[u8])] = &[
-    ("astronaut", include_bytes!("../assets/photos/astronaut.png")),
-    ("camera", include_bytes!("../assets/photos/camera.png")),
-    ("chelsea", include_bytes!("../assets/photos/chelsea.png")),
-    ("coffee", include_bytes!("../assets/photos/coffee.png")),
-    ("hubble", include_bytes!("../assets/photos/hubble_deep_field.jpg")),
-    ("retina", include_bytes!("../assets/photos/retina.jpg")),
-    ("rocket", include_bytes!("../assets/photos/rocket.jpg")),
+    ("astronaut", include_bytes!("../../assets/photos/astronaut.png")),
+    ("camera", include_bytes!("../../assets/photos/camera.png")),
+    ("chelsea", include_bytes!("../../assets/photos/chelsea.png")),
+    ("coffee", include_bytes!("../../assets/photos/coffee.png")),
+    ("hubble", include_bytes!("../../assets/photos/hubble_deep_field.jpg")),
+    ("retina", include_bytes!("../../assets/photos/retina.jpg")),
+    ("rocket", include_bytes!("../../assets/photos/rocket.jpg")),
 ];
 
 /// The photos' license terms.
-pub const PHOTOS_LICENSE: &str = include_str!("../assets/photos/LICENSE.md");
+pub const PHOTOS_LICENSE: &str = include_str!("../../assets/photos/LICENSE.md");
 
 /// ImageNet-like `(width, height)` sizes the demo images take.
 const SIZES: &[(usize, usize)] = &[

@@ -1,0 +1,18 @@
+//! The loader shell: what every kind of loader (images, arrays, the CUDA transfer stage) shares
+//! instead of keeping its own copy.
+//!
+//! - [`sampler`]: the seeded per-epoch order, rank sharding with equal batch counts, the
+//!   resumable position and the fingerprint a saved state must match.
+//! - [`buffer`]: the fixed pool of batch buffers (the memory cap and the backpressure).
+//! - [`ordered`]: one iteration's threads, the finished-slot queue and reorder buffer, the one
+//!   free-slot wait and the one "all buffers held" error, prompt shutdown, stale runs.
+//! - [`rng`]: the per-sample random generator seeded by `(seed, epoch, index)`, so batches do
+//!   not depend on the thread count.
+//!
+//! Owns: order, position, buffers, delivery. May not touch: what a sample is (pixels, rows):
+//! a loader kind brings that.
+
+pub mod buffer;
+pub mod ordered;
+pub mod rng;
+pub mod sampler;
