@@ -132,7 +132,8 @@ def test_a_starved_dataloader_job_is_input_bound(starved):
     assert "input-bound" in rules, json.dumps(r["verdicts"], indent=1)
     v = next(v for v in r["verdicts"] if v["rule"] == "input-bound")
     assert v["share"] >= 0.3 and "loader worker" in v["evidence"], v
-    roles = sorted(p["role"] for p in r["processes"] if p["cpu_user_seconds"] > 0.5)
+    # Both workers worked (a loaded host gives each less than the 7 s it would have alone).
+    roles = sorted(p["role"] for p in r["processes"] if p["cpu_user_seconds"] + p["cpu_system_seconds"] > 0.1)
     assert roles.count("dataloader-worker") == 2, r["processes"]
     # The job's process is the one NVML lists on GPU 0.
     main = next(p for p in r["processes"] if p["role"] == "main")
@@ -177,11 +178,14 @@ def test_the_monitor_report_renders_in_a_browser(starved, tmp_path):
 
 
 def test_a_fed_job_raises_no_alarm(stoker_bin, tmp_path, fake_nvml):
+    cores = os.cpu_count() or 1
+    busy_before = os.getloadavg()[0]
     r = monitor(stoker_bin, tmp_path, HEALTHY, 7, nvml=fake_nvml)
     found = problems(r)
-    if found == ["host-oversubscribed"] and r["summary"]["run_queue_mean"] > 2 * (os.cpu_count() or 1):
-        # Other work on this machine (a build) really did oversubscribe it: that verdict is right.
-        print(f"host busy during the test: run queue {r['summary']['run_queue_mean']:.1f}")
+    if found == ["host-oversubscribed"] and busy_before >= cores and r["summary"]["run_queue_mean"] > 1.25 * cores:
+        # Other work on this machine (a build, a busy loop) was there before the job started and
+        # really did oversubscribe it: that verdict is right. On a quiet host it would be wrong.
+        print(f"host busy during the test: load {busy_before:.1f}, run queue {r['summary']['run_queue_mean']:.1f}")
         found = []
     assert found == [], json.dumps(r["verdicts"], indent=1)
     assert r["verdicts"][0]["rule"] in ("healthy", "host-oversubscribed")
