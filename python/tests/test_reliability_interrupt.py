@@ -10,6 +10,7 @@ time-out, so a lost interrupt can never hang the suite."""
 import json
 import os
 import shutil
+import subprocess
 import sys
 import textwrap
 
@@ -110,3 +111,21 @@ def test_every_interrupt_surfaces(tiny, output):
     assert r.returncode == 0, r.stderr[-3000:]
     got = json.loads(r.stdout.strip().splitlines()[-1])
     assert got == {"surfaced": n, "lost": 0, "swallowed": [], "leftover": []}, got
+
+
+def test_threads_stop_and_interrupts_surface_beside_cpu_hogs(tiny):
+    """The thread-count and interrupt checks again, while two processes spin on every core: the
+    counts must not depend on how promptly a loaded host schedules the exiting threads (only
+    stoker's own threads are counted, each joined before `del` returns)."""
+    here = os.path.dirname(__file__)
+    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
+    try:
+        r = run_bounded([sys.executable, "-c", CHILD, str(tiny), "60", "numpy", here], timeout=240,
+                        peak_rss=1536 << 20, address_space=1 << 40, hang="the interrupt test beside CPU hogs hung")
+    finally:
+        for h in hogs:
+            h.kill()
+            h.wait()
+    assert r.returncode == 0, r.stderr[-3000:]
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    assert got == {"surfaced": 60, "lost": 0, "swallowed": [], "leftover": []}, got
