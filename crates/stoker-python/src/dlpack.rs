@@ -88,13 +88,14 @@ const NAME: &CStr = c"dltensor";
 unsafe extern "C" fn capsule_destructor(capsule: *mut ffi::PyObject) {
     // A consumer renames the capsule to "used_dltensor" and owns the tensor from then on; a
     // capsule still named "dltensor" was never consumed, so its tensor is ours to free.
+    // `PyCapsule_IsValid` never sets an error, so nothing is cleared here: a destructor may run
+    // while another exception is set (a KeyboardInterrupt among them), and clearing the error
+    // indicator would erase it.
     // SAFETY: `capsule` is a live capsule object passed by the interpreter.
     unsafe {
         if ffi::PyCapsule_IsValid(capsule, NAME.as_ptr()) == 1 {
             let p = ffi::PyCapsule_GetPointer(capsule, NAME.as_ptr());
             deleter(p.cast::<DLManagedTensor>());
-        } else {
-            ffi::PyErr_Clear();
         }
     }
 }
