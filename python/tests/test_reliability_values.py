@@ -28,7 +28,7 @@ try:
     elif kind == "url":
         loader = stoker.ImageLoader("http://127.0.0.1:9/shard-*.tar", 8, preset="imagenet-val", output="numpy")
     elif kind == "local_rank":
-        print(json.dumps({"ok": stoker.ImageLoader(sys.argv[3], 8, preset="imagenet-val").local_rank}))
+        print(json.dumps({"ok": stoker.ImageLoader(sys.argv[3], 8, preset="imagenet-val", output="numpy").local_rank}))
         sys.exit(0)
     else:
         loader = stoker.ArrayLoader(np.arange(40, dtype=np.float32).reshape(20, 2), output="numpy", **kw)
