@@ -7,7 +7,7 @@ use anyhow::Result;
 use clap::Args;
 use std::path::PathBuf;
 use std::time::Instant;
-use stoker::{Loader, LoaderConfig};
+use stoker::LoaderConfig;
 
 /// Flags of `stoker bench`.
 #[derive(Args)]
@@ -287,16 +287,13 @@ pub fn bench(root: &str, o: &BenchOpts) -> Result<()> {
     let config = o.loader_config()?;
     let epochs = o.epochs()?;
     let step = o.consumer_step()?;
-    stoker::args::DeviceSpec::parse(&o.device)?;
+    // `cuda` means this rank's GPU under torchrun, as in the Python package. Resolved before
+    // the dataset is opened, so a bad device fails first.
+    let target = stoker_cuda::Target::resolve(&o.device, stoker::args::local_rank()?)?;
     let dataset = stoker::source::open(&[root.to_string()])?;
     let (samples, classes) = (dataset.source.len(), dataset.classes.len());
-    // `cuda` means this rank's GPU under torchrun, as in the Python package.
-    let (placement, device_report) = stoker_cuda::place(&o.device, stoker::args::local_rank()?)?;
-    let (prefetch, limit, batch_size) = (config.prefetch, config.memory_limit, config.sampler.batch_size);
-    let loader = Loader::new_in(dataset.source, config, placement.allocator().as_ref())?;
-    loader.report_not_samples(&dataset.not_samples);
-    let stage = placement.stage(stoker_cuda::image_regions(&loader), prefetch, limit)?;
-    loader.telemetry().set_device(device_report);
+    let batch_size = config.sampler.batch_size;
+    let stoker_cuda::OnDevice { loader, stage, .. } = target.image_loader(&dataset, config)?;
     // The report's file is created now, so that a bad path fails before the run, not after.
     let report_file = o.report.as_deref().map(|p| series::ReportFile::create(p, "--report")).transpose()?;
     let mut recorder = report_file.as_ref().map(|_| Recorder::start());
@@ -390,7 +387,7 @@ pub fn bench(root: &str, o: &BenchOpts) -> Result<()> {
             pool_bytes: loader.pool().total_bytes() as u64,
             pool_slots: loader.pool().slots(),
         };
-        file.write(&crate::html::render(&series::page(&facts, o, &report, &rec)))?;
+        file.write(&crate::html::render(&series::page(&facts, settings_table(&facts, o, &report), &report, &rec)))?;
     }
     if o.json {
         let out = serde_json::json!({
@@ -450,4 +447,35 @@ pub fn bench(root: &str, o: &BenchOpts) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// The report page's settings table: what the run used, beside what was asked.
+fn settings_table(f: &series::Facts, o: &BenchOpts, report: &stoker::Report) -> crate::html::Table {
+    const MIB: f64 = (1u64 << 20) as f64;
+    let pool = f.pool_bytes as f64 / MIB;
+    let opt = |v: &Option<String>| v.clone().unwrap_or_else(|| "default".into());
+    crate::html::Table {
+        title: "Settings".into(),
+        header: vec!["setting".into(), "value".into()],
+        rows: [
+            ("dataset", format!("{} ({} samples, {} classes)", f.root, f.samples, f.classes)),
+            ("preset", o.preset.clone()),
+            ("batch size", f.batch_size.to_string()),
+            ("epochs", f.epochs.to_string()),
+            ("threads", format!("{} (asked {})", f.threads, o.threads)),
+            ("io threads", f.io_threads.to_string()),
+            ("prefetch", o.prefetch.clone()),
+            ("memory limit", opt(&o.memory_limit)),
+            ("batch buffers", format!("{} x {:.1} MiB", f.pool_slots, pool / f.pool_slots.max(1) as f64)),
+            ("device", format!("{} (asked {})", report.device.used, report.device.requested)),
+            ("dtype / layout", format!("{} / {}", o.dtype, o.layout)),
+            ("shuffle", if o.no_shuffle { "no".into() } else { format!("yes (seed {})", o.seed) }),
+            ("cache", opt(&o.cache)),
+            ("on error", o.on_error.clone()),
+            ("DCT scaling / ROI decode", format!("{} / {}", !o.no_dct_scaling, !o.no_roi)),
+        ]
+        .into_iter()
+        .map(|(k, v)| vec![k.to_string(), v])
+        .collect(),
+    }
 }

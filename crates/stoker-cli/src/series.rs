@@ -7,7 +7,6 @@
 //! chart shows what the run did at that moment rather than its average so far. [`page`] turns
 //! the samples, the loader's [`Report`] and the run's facts into an [`HtmlReport`].
 
-use crate::bench::BenchOpts;
 use crate::html::{Chart, HtmlReport, HtmlVerdict, Series, Table};
 use crate::util::cpu_seconds;
 use anyhow::{Context, Result};
@@ -269,7 +268,9 @@ pub(crate) struct Facts<'a> {
 }
 
 /// The page of a bench run: facts, verdicts, charts over time, the stage table, the settings.
-pub(crate) fn page(f: &Facts, o: &BenchOpts, report: &Report, rec: &Recorder) -> HtmlReport {
+/// `settings` is the table of what the run used and what was asked (the bench command builds
+/// it: this file does not know the command's options).
+pub(crate) fn page(f: &Facts, settings: Table, report: &Report, rec: &Recorder) -> HtmlReport {
     let ips = if f.seconds > 0.0 { f.images as f64 / f.seconds } else { 0.0 };
     let per1000 = if f.images > 0 { f.cpu_seconds / f.images as f64 * 1000.0 } else { 0.0 };
     let mut meta = vec![
@@ -393,31 +394,6 @@ pub(crate) fn page(f: &Facts, o: &BenchOpts, report: &Report, rec: &Recorder) ->
                 ]
             })
             .collect(),
-    };
-    let opt = |v: &Option<String>| v.clone().unwrap_or_else(|| "default".into());
-    let settings = Table {
-        title: "Settings".into(),
-        header: vec!["setting".into(), "value".into()],
-        rows: [
-            ("dataset", format!("{} ({} samples, {} classes)", f.root, f.samples, f.classes)),
-            ("preset", o.preset.clone()),
-            ("batch size", f.batch_size.to_string()),
-            ("epochs", f.epochs.to_string()),
-            ("threads", format!("{} (asked {})", f.threads, o.threads)),
-            ("io threads", f.io_threads.to_string()),
-            ("prefetch", o.prefetch.clone()),
-            ("memory limit", opt(&o.memory_limit)),
-            ("batch buffers", format!("{} x {:.1} MiB", f.pool_slots, pool / f.pool_slots.max(1) as f64)),
-            ("device", format!("{} (asked {})", report.device.used, report.device.requested)),
-            ("dtype / layout", format!("{} / {}", o.dtype, o.layout)),
-            ("shuffle", if o.no_shuffle { "no".into() } else { format!("yes (seed {})", o.seed) }),
-            ("cache", opt(&o.cache)),
-            ("on error", o.on_error.clone()),
-            ("DCT scaling / ROI decode", format!("{} / {}", !o.no_dct_scaling, !o.no_roi)),
-        ]
-        .into_iter()
-        .map(|(k, v)| vec![k.to_string(), v])
-        .collect(),
     };
     HtmlReport {
         title: format!("stoker bench: {ips:.0} images/s"),

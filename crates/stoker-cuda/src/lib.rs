@@ -9,6 +9,9 @@
 //! - [`probe`]: which GPUs are here, on which PCIe link, with which driver (`stoker doctor`).
 //! - [`place`]: turns `device="cpu" | "cuda" | "cuda:N" | "auto"` into a [`Placement`], with a
 //!   clear error (or, for `auto`, a noted fallback to host batches) when CUDA is unusable.
+//! - [`Target`]: the composition root: a resolved device plus a dataset (or arrays) and its
+//!   config become a loader with its pool in the right memory and, on a GPU, its transfer
+//!   stage; the CLI and the Python classes build loaders only here.
 //! - [`PinnedAllocator`]: page-locked batch buffers for the engine's pool.
 //! - [`DeviceStage`]: the transfer stage (own stream, events, device pool with release events).
 //! - [`measure_h2d`]: host-to-device bandwidth, pinned and pageable.
@@ -20,12 +23,14 @@
 #![warn(missing_docs)]
 
 mod bandwidth;
+mod compose;
 mod driver;
 mod gpu_monitor;
 mod pinned;
 mod transfer;
 
 pub use bandwidth::{measure_h2d, Bandwidth};
+pub use compose::{OnDevice, Target};
 pub use driver::{memory_in_use, Gpu, STREAM_LEGACY, STREAM_PER_THREAD};
 pub use gpu_monitor::{pcie_lane_bytes_per_s, GpuSample, GpuSampler, GpuStatic};
 pub use pinned::PinnedAllocator;

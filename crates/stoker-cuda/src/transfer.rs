@@ -35,10 +35,12 @@ use std::any::Any;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use stoker::pipeline::{Run, Wait};
-use stoker::telemetry::{ConsumerClock, Telemetry};
+use stoker::pipeline::Run;
+use stoker::shell::epochs::Active;
+use stoker::shell::pass::{FailureBudget, Observe, Pass, PassHooks, PassSlot, PoolView};
+use stoker::telemetry::Telemetry;
 use stoker::trace::{Args as TraceArgs, Tracer};
-use stoker::{DType, Error, Layout, Result};
+use stoker::{DType, Error, Layout, Next, Result};
 
 const POLL: Duration = Duration::from_millis(20);
 
@@ -281,7 +283,7 @@ struct Pool {
     slots: usize,
     capacities: Vec<usize>,
     /// Batches the consumer has received and not yet dropped.
-    held: AtomicUsize,
+    held: Arc<AtomicUsize>,
     /// Free buffers for detached regions.
     side: Arc<SideList>,
 }
@@ -463,7 +465,7 @@ pub struct DeviceStage {
     gpu: Arc<Gpu>,
     stream: Arc<Stream>,
     pool: Arc<Pool>,
-    active: Mutex<Option<Arc<Run<DeviceSlot>>>>,
+    active: Active,
     /// Regions copied into buffers of their own.
     detached: Vec<usize>,
     /// The loader's trace recorder, if tracing is on.
@@ -503,9 +505,8 @@ impl DeviceStage {
             };
             free_tx.send(slot).map_err(|_| Error::Internal("device pool channel full".into()))?;
         }
-        let pool =
-            Arc::new(Pool { free_tx, free_rx, slots, capacities, held: AtomicUsize::new(0), side: Arc::default() });
-        Ok(DeviceStage { gpu, stream, pool, active: Mutex::new(None), detached: vec![], tracer: None })
+        let pool = Arc::new(Pool { free_tx, free_rx, slots, capacities, held: Arc::default(), side: Arc::default() });
+        Ok(DeviceStage { gpu, stream, pool, active: Active::default(), detached: vec![], tracer: None })
     }
 
     /// Copies regions `regions` (indexes into the capacities) into small buffers of their own
@@ -542,10 +543,7 @@ impl DeviceStage {
     /// Stops the running transfer (if any) now: its thread is joined, undelivered slots go
     /// back to the pool, and its iterator ends with a stale error naming `why`.
     pub fn stop(&self, why: &str) {
-        let old = self.active.lock().unwrap_or_else(|p| p.into_inner()).take();
-        if let Some(old) = old {
-            old.make_stale(why);
-        }
+        self.active.retire(why);
     }
 
     /// Starts forwarding the batches that `poll` yields (a host iterator's `next_timeout`) to
@@ -555,7 +553,7 @@ impl DeviceStage {
     pub fn run<B, P>(&self, poll: P, telemetry: Option<Arc<Telemetry>>) -> Result<DeviceIter<B::Meta>>
     where
         B: HostBatch,
-        P: FnMut(Duration) -> Option<Option<Result<B>>> + Send + 'static,
+        P: FnMut(Duration) -> Next<B> + Send + 'static,
     {
         self.stop("a newer iteration of this loader started");
         let (run, done) = Run::new(self.pool.slots, self.pool.free_tx.clone());
@@ -579,19 +577,21 @@ impl DeviceStage {
                 run.finish();
             }
         })?;
-        *self.active.lock().unwrap_or_else(|p| p.into_inner()) = Some(run.clone());
+        self.active.set(run.clone());
+        let pool = &self.pool;
+        let view = PoolView {
+            free: pool.free_tx.clone(),
+            held: pool.held.clone(),
+            slots: pool.slots,
+            what: "device batch",
+            bytes_each: None,
+        };
+        let observe = Observe::new(telemetry, self.tracer.clone(), None);
+        let hooks = DeviceHooks { outcome };
         Ok(DeviceIter {
-            run,
-            outcome,
-            next: 0,
+            pass: Pass::new(run, view, hooks, (0, None), FailureBudget::new(0, true), observe),
             pool: self.pool.clone(),
             gpu: self.gpu.clone(),
-            telemetry,
-            clock: ConsumerClock::default(),
-            done: false,
-            tracer: self.tracer.clone(),
-            trace_wait: None,
-            trace_last: None,
             _meta: std::marker::PhantomData,
         })
     }
@@ -676,7 +676,7 @@ impl Transfer {
     fn forward<B, P>(&self, mut poll: P, done: &Sender<DeviceSlot>) -> Result<()>
     where
         B: HostBatch,
-        P: FnMut(Duration) -> Option<Option<Result<B>>>,
+        P: FnMut(Duration) -> Next<B>,
     {
         self.gpu.bind_forever()?;
         let tel = self.telemetry.as_deref();
@@ -687,9 +687,9 @@ impl Transfer {
                     return Ok(());
                 }
                 match poll(POLL) {
-                    None => continue,
-                    Some(None) => return Ok(()),
-                    Some(Some(r)) => break r?,
+                    Next::NotYet => continue,
+                    Next::End => return Ok(()),
+                    Next::Item(r) => break r?,
                 }
             };
             let host = InFlight { host: Some(host), stream: &self.stream };
@@ -779,85 +779,62 @@ impl Transfer {
     }
 }
 
+impl PassSlot for DeviceSlot {
+    fn batch(&self) -> usize {
+        self.seq
+    }
+
+    fn samples(&self) -> Option<usize> {
+        None
+    }
+}
+
+/// The transfer stage's part of a pass: the thread's error, delivered after the batches
+/// before it.
+struct DeviceHooks {
+    outcome: Arc<Mutex<Option<Error>>>,
+}
+
+impl PassHooks for DeviceHooks {
+    fn ended(&self) -> Option<Error> {
+        self.outcome.lock().unwrap_or_else(|p| p.into_inner()).take()
+    }
+}
+
 /// Batches on the GPU, in order. Dropping it stops the transfer thread and the host pipeline.
 pub struct DeviceIter<M> {
-    run: Arc<Run<DeviceSlot>>,
-    /// The transfer thread's error, delivered after the batches before it.
-    outcome: Arc<Mutex<Option<Error>>>,
-    next: usize,
+    pass: Pass<DeviceSlot, DeviceHooks>,
     pool: Arc<Pool>,
     gpu: Arc<Gpu>,
-    telemetry: Option<Arc<Telemetry>>,
-    clock: ConsumerClock,
-    done: bool,
-    tracer: Option<Arc<Tracer>>,
-    /// Tracing: when the current wait began, and when the last batch was handed over.
-    trace_wait: Option<Instant>,
-    trace_last: Option<Instant>,
     _meta: std::marker::PhantomData<fn() -> M>,
 }
 
 impl<M> std::fmt::Debug for DeviceIter<M> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("DeviceIter").field("next", &self.next).field("done", &self.done).finish()
+        f.debug_struct("DeviceIter").field("next", &self.pass.next_batch()).finish()
     }
 }
 
 impl<M: Send + 'static> DeviceIter<M> {
-    /// Like [`Iterator::next`], but gives up after `timeout`: `None` means "not yet",
-    /// `Some(None)` the end of the pass.
-    pub fn next_timeout(&mut self, timeout: Duration) -> Option<Option<Result<DeviceBatch<M>>>> {
-        if self.done {
-            return Some(None);
-        }
-        self.clock.waiting(self.telemetry.as_deref().map(|t| &t.consumer));
-        if self.tracer.is_some() {
-            self.trace_wait.get_or_insert_with(Instant::now);
-        }
-        let pool = &self.pool;
-        // Waiting while holding every device buffer would never end: say so instead.
-        let held_all = || {
-            (pool.held.load(Ordering::Acquire) >= pool.slots)
-                .then(|| stoker::pipeline::all_held(pool.slots, "device batch", None))
-        };
-        let deadline = Instant::now() + timeout;
-        match self.run.wait_for(self.next, Some(deadline), |s| s.seq, held_all) {
-            Ok(Wait::Slot(slot)) => {
-                self.next += 1;
-                let r = self.hand_off(slot);
-                if r.is_err() {
-                    self.finish();
-                }
-                self.clock.delivered(self.telemetry.as_deref().map(|t| &t.consumer));
-                self.trace_delivered();
-                Some(Some(r))
-            }
-            Ok(Wait::TimedOut) => None,
-            Ok(Wait::Cancelled) => {
-                let e = self.outcome.lock().unwrap_or_else(|p| p.into_inner()).take();
-                self.finish();
-                Some(e.map(Err))
-            }
-            Err(e) => {
-                self.finish();
-                Some(Some(Err(e)))
-            }
-        }
+    /// Like [`Iterator::next`], but gives up after `timeout` ([`Next::NotYet`]).
+    pub fn next_timeout(&mut self, timeout: Duration) -> Next<DeviceBatch<M>> {
+        let next = self.pass.poll_timeout(timeout);
+        self.wrap(next)
     }
 
-    /// Traces a delivery of batch `self.next - 1` (in this pass's order): the consumer's wait
-    /// for it, its step since the previous one, and the hand-over.
-    fn trace_delivered(&mut self) {
-        let Some(t) = &self.tracer else { return };
-        let now = Instant::now();
-        let waited = self.trace_wait.take().unwrap_or(now);
-        let seq = self.next - 1;
-        if let Some(last) = self.trace_last.take() {
-            t.span("step", "consumer", last, waited, TraceArgs::None);
+    fn wrap(&mut self, next: Next<DeviceSlot>) -> Next<DeviceBatch<M>> {
+        match next {
+            Next::Item(Ok(slot)) => {
+                let r = self.hand_off(slot);
+                if r.is_err() {
+                    self.pass.shutdown();
+                }
+                Next::Item(r)
+            }
+            Next::Item(Err(e)) => Next::Item(Err(e)),
+            Next::End => Next::End,
+            Next::NotYet => Next::NotYet,
         }
-        t.span("wait", "consumer", waited, now, TraceArgs::numbers(&[("seq", seq as f64)]));
-        t.instant("deliver", "batch", now, TraceArgs::numbers(&[("seq", seq as f64)]));
-        self.trace_last = Some(now);
     }
 
     /// Wraps a copied slot into the consumer's batch.
@@ -865,11 +842,11 @@ impl<M: Send + 'static> DeviceIter<M> {
         let meta = match slot.meta.take().map(|m| m.downcast::<M>()) {
             Some(Ok(m)) => *m,
             _ => {
+                self.pool.held.fetch_sub(1, Ordering::AcqRel);
                 let _ = self.pool.free_tx.send(slot);
                 return Err(Error::Internal("a device batch without its description (please report this)".into()));
             }
         };
-        self.pool.held.fetch_add(1, Ordering::AcqRel);
         let lens = std::mem::take(&mut slot.lens);
         let mut detached: Vec<Option<Arc<DeviceRegion>>> = (0..lens.len()).map(|_| None).collect();
         for (region, buf) in slot.side.drain(..) {
@@ -897,27 +874,11 @@ impl<M: Send + 'static> DeviceIter<M> {
     }
 }
 
-impl<M> DeviceIter<M> {
-    fn finish(&mut self) {
-        self.done = true;
-        self.run.shutdown();
-    }
-}
-
 impl<M: Send + 'static> Iterator for DeviceIter<M> {
     type Item = Result<DeviceBatch<M>>;
 
     fn next(&mut self) -> Option<Self::Item> {
-        loop {
-            if let Some(r) = self.next_timeout(Duration::from_secs(3600)) {
-                return r;
-            }
-        }
-    }
-}
-
-impl<M> Drop for DeviceIter<M> {
-    fn drop(&mut self) {
-        self.run.shutdown();
+        let next = self.pass.poll(None);
+        self.wrap(next).into_item()
     }
 }

@@ -10,7 +10,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use stoker::arrays::{ArrayLoader, Column};
 use stoker::SamplerState;
-use stoker_cuda::DeviceStage;
+use stoker_cuda::{DeviceStage, Target};
 
 /// A loader over equally long arrays. Each column is a `.npy` path (memory-mapped) or an object
 /// exporting a C-contiguous buffer (a NumPy array, `bytes`, `bytearray`, ...), read in place
@@ -34,7 +34,7 @@ impl PyArrayLoader {
         ordinal: u32,
     ) -> PyResult<Self> {
         let config = stoker::args::array_config(args_of(config_json)?).py_err()?;
-        let (placement, report) = py.detach(|| stoker_cuda::place(device, ordinal)).py_err()?;
+        let target = py.detach(|| Target::resolve(device, ordinal)).py_err()?;
         let mut cols = vec![];
         let mut specs = vec![];
         for (k, c) in columns.into_iter().enumerate() {
@@ -53,22 +53,14 @@ impl PyArrayLoader {
                 cols.push(col);
             }
         }
-        let bs = config.sampler.batch_size;
         let sampler = config.sampler.clone();
-        let (prefetch, limit) = (config.prefetch, config.memory_limit);
-        let capacities: Vec<usize> = cols.iter().map(|c| c.row_bytes() * bs).collect();
-        let (loader, stage) = py
-            .detach(|| -> stoker::Result<_> {
-                let loader = ArrayLoader::new_in(cols, config, placement.allocator().as_ref())?;
-                Ok((loader, placement.stage(capacities, prefetch, limit)?))
-            })
-            .py_err()?;
+        let on = py.detach(|| target.array_loader(cols, config)).py_err()?;
         Ok(PyArrayLoader {
-            loader,
+            loader: on.loader,
             specs: Arc::new(specs),
-            stage,
-            device: report.used.clone(),
-            device_report: report,
+            stage: on.stage,
+            device: on.device.used.clone(),
+            device_report: on.device,
             sampler,
         })
     }

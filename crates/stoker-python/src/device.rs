@@ -10,12 +10,13 @@ use pyo3::types::PyCapsule;
 use std::sync::Arc;
 use std::time::Duration;
 use stoker::telemetry::Telemetry;
+use stoker::Next;
 use stoker_cuda::{DeviceBatch, DeviceIter, DeviceRegion, DeviceStage, HostBatch};
 
 /// A host iteration the bindings poll (images or arrays).
 pub(crate) trait HostIter: Send + 'static {
     type Batch: HostBatch + Sync;
-    fn poll(&mut self, t: Duration) -> Option<Option<stoker::Result<Self::Batch>>>;
+    fn poll(&mut self, t: Duration) -> Next<Self::Batch>;
     /// The iteration as the transfer stage's input (which measures the consumer itself).
     fn forwarding(self) -> Self
     where
@@ -27,7 +28,7 @@ pub(crate) trait HostIter: Send + 'static {
 
 impl HostIter for stoker::EpochIter {
     type Batch = stoker::Batch;
-    fn poll(&mut self, t: Duration) -> Option<Option<stoker::Result<stoker::Batch>>> {
+    fn poll(&mut self, t: Duration) -> Next<stoker::Batch> {
         self.next_timeout(t)
     }
     fn forwarding(self) -> Self {
@@ -37,7 +38,7 @@ impl HostIter for stoker::EpochIter {
 
 impl HostIter for stoker::arrays::ArrayIter {
     type Batch = stoker::arrays::ArrayBatch;
-    fn poll(&mut self, t: Duration) -> Option<Option<stoker::Result<stoker::arrays::ArrayBatch>>> {
+    fn poll(&mut self, t: Duration) -> Next<stoker::arrays::ArrayBatch> {
         self.next_timeout(t)
     }
 }
@@ -60,7 +61,8 @@ impl<B: HostBatch> Clone for Held<B> {
 /// A host iteration, or the transfer stage forwarding one to the GPU.
 pub(crate) enum Iter<H: HostIter> {
     Host(H),
-    Device(DeviceIter<<H::Batch as HostBatch>::Meta>),
+    /// Boxed: the pass it holds is a few hundred bytes, the host iteration's handle a few.
+    Device(Box<DeviceIter<<H::Batch as HostBatch>::Meta>>),
 }
 
 impl<H: HostIter> Iter<H> {
@@ -75,15 +77,15 @@ impl<H: HostIter> Iter<H> {
             None => Ok(Iter::Host(host)),
             Some(stage) => {
                 let mut host = host.forwarding();
-                Ok(Iter::Device(stage.run(move |t| host.poll(t), telemetry)?))
+                Ok(Iter::Device(Box::new(stage.run(move |t| host.poll(t), telemetry)?)))
             }
         }
     }
 
-    pub(crate) fn next_timeout(&mut self, t: Duration) -> Option<Option<stoker::Result<Held<H::Batch>>>> {
+    pub(crate) fn next_timeout(&mut self, t: Duration) -> Next<Held<H::Batch>> {
         match self {
-            Iter::Host(it) => it.poll(t).map(|o| o.map(|r| r.map(|b| Held::Host(Arc::new(b))))),
-            Iter::Device(it) => it.next_timeout(t).map(|o| o.map(|r| r.map(|b| Held::Device(Arc::new(b))))),
+            Iter::Host(it) => it.poll(t).map(|b| Held::Host(Arc::new(b))),
+            Iter::Device(it) => it.next_timeout(t).map(|b| Held::Device(Arc::new(b))),
         }
     }
 }

@@ -8,7 +8,7 @@ use crate::errors;
 use pyo3::prelude::*;
 use std::sync::Mutex;
 use std::time::Duration;
-use stoker::EpochIter;
+use stoker::{EpochIter, Next};
 
 /// How long one wait lasts before Python gets a chance to handle signals (Ctrl-C).
 pub(crate) const SIGNAL_POLL: Duration = Duration::from_millis(50);
@@ -46,7 +46,7 @@ pub(crate) fn next_polling<I: Send, B: Send>(
     py: Python<'_>,
     inner: &Mutex<Option<I>>,
     pid: u32,
-    poll: impl Fn(&mut I) -> Option<Option<stoker::Result<B>>> + Sync,
+    poll: impl Fn(&mut I) -> Next<B> + Sync,
 ) -> PyResult<Option<B>> {
     if std::process::id() != pid {
         return Err(errors::to_py(stoker::Error::Internal(
@@ -56,9 +56,9 @@ pub(crate) fn next_polling<I: Send, B: Send>(
     loop {
         let step = py.detach(|| {
             let mut guard = inner.lock().unwrap_or_else(|p| p.into_inner());
-            let Some(it) = guard.as_mut() else { return Some(None) };
+            let Some(it) = guard.as_mut() else { return Next::End };
             let r = poll(it);
-            if matches!(r, Some(None) | Some(Some(Err(_)))) {
+            if matches!(r, Next::End | Next::Item(Err(_))) {
                 guard.take();
             }
             r
@@ -72,10 +72,10 @@ pub(crate) fn next_polling<I: Send, B: Send>(
             return Err(interrupt);
         }
         match step {
-            Some(Some(Ok(b))) => return Ok(Some(b)),
-            Some(Some(Err(e))) => return Err(errors::to_py(e)),
-            Some(None) => return Ok(None),
-            None => {}
+            Next::Item(Ok(b)) => return Ok(Some(b)),
+            Next::Item(Err(e)) => return Err(errors::to_py(e)),
+            Next::End => return Ok(None),
+            Next::NotYet => {}
         }
     }
 }

@@ -6,7 +6,7 @@ use crate::iter::{raise_pending_signal, Iter, PyIter};
 use pyo3::prelude::*;
 use std::path::PathBuf;
 use stoker::{Loader, SamplerState};
-use stoker_cuda::DeviceStage;
+use stoker_cuda::{DeviceStage, Target};
 
 /// A loader over a dataset (an ImageFolder root, a pack folder, shards or URLs), configured by
 /// the user's arguments as JSON, which the engine checks ([`stoker::args::loader_config`]).
@@ -25,22 +25,14 @@ pub struct PyLoader {
 impl PyLoader {
     fn open(py: Python<'_>, roots: Vec<String>, args_json: &str, device: &str, ordinal: u32) -> PyResult<Self> {
         let config = stoker::args::loader_config(args_of(args_json)?).py_err()?;
-        let (placement, report) = py.detach(|| stoker_cuda::place(device, ordinal)).py_err()?;
+        let target = py.detach(|| Target::resolve(device, ordinal)).py_err()?;
         py.detach(move || {
             let dataset = stoker::source::open(&roots)?;
             let samples = dataset.source.len();
             let sampler = config.sampler.clone();
-            let (prefetch, limit) = (config.prefetch, config.memory_limit);
-            let loader = Loader::new_in(dataset.source, config, placement.allocator().as_ref())?;
-            loader.report_not_samples(&dataset.not_samples);
-            // Labels get device buffers of their own, so keeping them never keeps the images'.
-            let tracer = loader.tracer().cloned();
-            let stage = placement
-                .stage(stoker_cuda::image_regions(&loader), prefetch, limit)?
-                .map(|s| s.with_detached(&[1]).with_tracer(tracer));
-            let device = report.used.clone();
-            loader.telemetry().set_device(report);
-            Ok(PyLoader { loader, classes: dataset.classes, samples, sampler, stage, device })
+            let on = target.image_loader(&dataset, config)?;
+            let device = on.device.used;
+            Ok(PyLoader { loader: on.loader, classes: dataset.classes, samples, sampler, stage: on.stage, device })
         })
         .py_err()
     }

@@ -398,6 +398,24 @@ pub enum BudgetEnv {
     File(PathBuf),
 }
 
+/// The CPU registry the environment names: `STOKER_BUDGET_FILE`, else
+/// [`crate::budget::DEFAULT_FILE`] (or the temp dir without `/dev/shm`); `None` when
+/// `STOKER_SHARED_BUDGET=0` turns sharing off. A bad value was refused by `loader_config`
+/// ([`budget_env`]); a loader configured without it gets the default.
+pub fn budget_registry() -> Option<crate::budget::Registry> {
+    use crate::budget::{Registry, DEFAULT_FILE};
+    match budget_env() {
+        Ok(BudgetEnv::Off) => return None,
+        Ok(BudgetEnv::File(p)) => return Some(Registry::at(p)),
+        Ok(BudgetEnv::Default) | Err(_) => {}
+    }
+    if std::path::Path::new("/dev/shm").is_dir() {
+        Some(Registry::at(DEFAULT_FILE))
+    } else {
+        Some(Registry::at(std::env::temp_dir().join("stoker-cpu-budget")))
+    }
+}
+
 /// `STOKER_SHARED_BUDGET` (sharing on by default; `0`, `false`, `off`, `no` turn it off, `1`,
 /// `true`, `on`, `yes` keep it on) and `STOKER_BUDGET_FILE` (the registry file, when sharing is
 /// on: a file path whose folder exists, not a folder itself). Anything else is an error naming
@@ -628,7 +646,7 @@ fn cache(a: &mut Taker) -> Result<Option<CacheSpec>> {
         }
     };
     match location {
-        Some(location) => Ok(Some(CacheSpec { location, bytes, max_side })),
+        Some(location) => Ok(Some(CacheSpec { location, bytes, max_side, ttl: env_cache_ttl()? })),
         None if bytes.is_some() => Err(Error::config("cache_bytes", "needs cache='ram' or a cache directory")),
         None if max_side.is_some() => Err(Error::config("cache_max_side", "needs cache='ram' or a cache directory")),
         None => Ok(None),
@@ -799,14 +817,7 @@ pub fn from_text<'a>(pairs: impl IntoIterator<Item = (&'a str, Option<String>)>)
 /// The environment variable that sets how long an idle decoded-pixel cache group is kept.
 pub const CACHE_TTL_VAR: &str = "STOKER_CACHE_TTL";
 
-/// How long an idle cache group is kept (`STOKER_CACHE_TTL`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Ttl {
-    /// Kept until `stoker cache clear` (or a reboot, for `ram`).
-    Never,
-    /// Removed once idle for longer than this (zero: when the last process leaves it).
-    After(Duration),
-}
+pub use crate::cache::Ttl;
 
 /// `STOKER_CACHE_TTL`: how long a cache group that no process uses is kept before any stoker
 /// process opening a cache under the same root removes it: `0` (the last process to leave a
@@ -943,11 +954,14 @@ mod tests {
         assert!(err(json!({"preset": "imagenet-val", "shuffle": "yes"})).contains("'shards'"));
         assert!(err(json!({"preset": "imagenet-val", "on_error": "ignore"})).contains("skip, raise"));
         let c = loader_config(args(json!({"preset": "imagenet-val", "cache": "ram", "cache_bytes": "8GiB"}))).unwrap();
-        assert_eq!(c.cache, Some(CacheSpec { location: CacheLocation::Ram, bytes: Some(8 << 30), max_side: None }));
+        assert_eq!(
+            c.cache,
+            Some(CacheSpec { location: CacheLocation::Ram, bytes: Some(8 << 30), max_side: None, ttl: None })
+        );
         let c = loader_config(args(json!({"preset": "imagenet-val", "cache": "/tmp/c"}))).unwrap();
         assert_eq!(
             c.cache,
-            Some(CacheSpec { location: CacheLocation::Dir("/tmp/c".into()), bytes: None, max_side: None })
+            Some(CacheSpec { location: CacheLocation::Dir("/tmp/c".into()), bytes: None, max_side: None, ttl: None })
         );
         assert!(err(json!({"preset": "imagenet-val", "cache": "ram", "cache_bytes": "8 parsecs"}))
             .contains("`cache_bytes`"));

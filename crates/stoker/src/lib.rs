@@ -17,8 +17,11 @@
 //!   storage); only an index lives in memory.
 //! - [`shell`]: what every loader kind shares: [`sampler`] (seeded order, rank sharding,
 //!   resumable [`SamplerState`], the fingerprint), [`buffer`] (the fixed pool: memory cap and
-//!   backpressure), [`shell::ordered`] (one iteration's threads, in-order delivery, prompt
-//!   shutdown), [`rng`].
+//!   backpressure), [`shell::ordered`] (one iteration's threads, the reorder buffer, prompt
+//!   shutdown), [`shell::pass`] (the consumer's side of every kind's pass: in-order delivery,
+//!   the failure budget, stale iterators, consumer telemetry; [`Next`] is what a poll gives),
+//!   [`shell::epochs`] (epoch, position, state dict, the running iteration), [`rng`]. A loader
+//!   kind brings only its source, its per-sample work and its batch layout.
 //! - [`image`]: [`decode`] (libjpeg-turbo with DCT scaling and region decoding; PNG),
 //!   [`ops`] (torchvision's transforms fused into one resample and one write per sample),
 //!   [`cache`] (the decoded-pixel cache: groups per dataset, a shared budget, checksums) and
@@ -77,6 +80,7 @@ pub use error::{Error, Result};
 pub use ops::{DType, Layout, OpSpec, ResizeSize, TransformPlan, TransformSpec};
 pub use pipeline::{Batch, EpochIter, ErrorPolicy, Loader, LoaderConfig, MaxFailures};
 pub use sampler::{Fingerprint, Sampler, SamplerSpec, SamplerState};
+pub use shell::Next;
 pub use source::{ImageFolder, ShardSource, Source};
 pub use telemetry::Report;
 

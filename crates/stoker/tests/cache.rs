@@ -27,7 +27,8 @@ fn config(cache: Option<&Path>, bytes: Option<u64>) -> LoaderConfig {
     c.sampler.shuffle = true;
     c.sampler.seed = 3;
     c.threads = Some(2);
-    c.cache = cache.map(|d| CacheSpec { location: CacheLocation::Dir(d.to_path_buf()), bytes, max_side: None });
+    c.cache =
+        cache.map(|d| CacheSpec { location: CacheLocation::Dir(d.to_path_buf()), bytes, max_side: None, ttl: None });
     c
 }
 
@@ -67,7 +68,7 @@ fn entry_paths(cache_dir: &Path, root: &Path) -> Vec<PathBuf> {
 
 /// The cache group the loaders of these tests use for the dataset at `root`.
 fn open_cache(cache_dir: &Path, max_side: Option<usize>, root: &Path) -> Cache {
-    let spec = CacheSpec { location: CacheLocation::Dir(cache_dir.into()), bytes: None, max_side };
+    let spec = CacheSpec { location: CacheLocation::Dir(cache_dir.into()), bytes: None, max_side, ttl: None };
     Cache::open(&spec, true, &stoker::pipeline::dataset_key(&ImageFolder::new(root).unwrap())).unwrap()
 }
 
@@ -291,7 +292,7 @@ fn a_max_side_cache_stores_reduced_images_and_gives_the_same_batches_whatever_it
 #[test]
 fn a_zero_max_side_is_a_config_error() {
     let d = tempfile::tempdir().unwrap();
-    let spec = CacheSpec { location: CacheLocation::Dir(d.path().into()), bytes: None, max_side: Some(0) };
+    let spec = CacheSpec { location: CacheLocation::Dir(d.path().into()), bytes: None, max_side: Some(0), ttl: None };
     let key = stoker::cache::DatasetKey { hash: 1, samples: 1, description: String::new() };
     let e = Cache::open(&spec, true, &key).unwrap_err();
     assert!(e.to_string().contains("`cache_max_side`"), "{e}");

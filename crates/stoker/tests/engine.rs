@@ -483,11 +483,15 @@ fn skip_counts_are_stable_across_runs() {
         let mut n = 0;
         loop {
             // Short polls, as the Python binding does, on odd rounds.
-            let next = if round % 2 == 1 { it.next_timeout(Duration::from_millis(1)) } else { Some(it.next()) };
+            let next = if round % 2 == 1 {
+                it.next_timeout(Duration::from_millis(1))
+            } else {
+                it.next().map_or(Next::End, Next::Item)
+            };
             match next {
-                None => continue,
-                Some(None) => break,
-                Some(Some(b)) => n += b.unwrap().len(),
+                Next::NotYet => continue,
+                Next::End => break,
+                Next::Item(b) => n += b.unwrap().len(),
             }
         }
         let r = loader.report();

@@ -37,7 +37,7 @@ fn a_stalled_object_store_ends_the_pass_within_a_few_timeouts() {
     let (data, idx) = shard(SAMPLES);
     let server = Server::start(HashMap::from([("shard.tar".to_string(), data), ("shard.tar.idx".to_string(), idx)]));
     let url = server.url("shard.tar");
-    let source: Arc<dyn Source> = Arc::new(ShardSource::open_any(std::slice::from_ref(&url)).unwrap());
+    let source: Arc<dyn Source> = Arc::new(stoker::source::open_shards(std::slice::from_ref(&url)).unwrap());
     let mut config = LoaderConfig::new(16, val_u8());
     config.threads = Some(1);
     config.io_threads = Some(2);
@@ -54,10 +54,10 @@ fn a_stalled_object_store_ends_the_pass_within_a_few_timeouts() {
         // Bounded, so a regression fails here instead of running for minutes.
         assert!(t0.elapsed() < Duration::from_secs(60), "the pass has not ended after 60 s");
         match it.next_timeout(Duration::from_millis(200)) {
-            None => continue,
-            Some(None) => panic!("the pass ended without an error"),
-            Some(Some(Ok(b))) => delivered += b.len(),
-            Some(Some(Err(e))) => break e,
+            Next::NotYet => continue,
+            Next::End => panic!("the pass ended without an error"),
+            Next::Item(Ok(b)) => delivered += b.len(),
+            Next::Item(Err(e)) => break e,
         }
     };
     let took = t0.elapsed();

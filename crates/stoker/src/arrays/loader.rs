@@ -16,14 +16,16 @@
 use super::npy::{npy_layout, NpyHeader, NpyLayout, NPY_HEADER_MAX};
 use crate::buffer::RawBuf;
 use crate::error::{Error, Result};
-use crate::pipeline::{Run, Wait};
+use crate::pipeline::Run;
 use crate::sampler::{Fingerprint, Position, Sampler, SamplerSpec, SamplerState};
+use crate::shell::epochs::Epochs;
+use crate::shell::pass::{FailureBudget, Next, Observe, Pass, PassHooks, PassSlot, PoolView};
 use crossbeam_channel::{bounded, Receiver, Sender};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// A C-contiguous array viewed as rows of bytes: memory kept alive by its owner, or the rows
 /// of a `.npy` file.
@@ -189,14 +191,38 @@ struct Shared {
     free_tx: Sender<Arc<ArraySlot>>,
     free_rx: Receiver<Arc<ArraySlot>>,
     slots: usize,
-    held: AtomicUsize,
+    held: Arc<AtomicUsize>,
+}
+
+impl PassSlot for Arc<ArraySlot> {
+    fn batch(&self) -> usize {
+        self.batch.load(Ordering::Relaxed)
+    }
+
+    fn samples(&self) -> Option<usize> {
+        Some(self.len.load(Ordering::Acquire))
+    }
+
+    fn take_failures(&self) -> Vec<Error> {
+        self.error.lock().unwrap_or_else(|p| p.into_inner()).take().map(|(_, e)| e).into_iter().collect()
+    }
+}
+
+/// The array kind's part of a pass: the position advances.
+struct ArrayHooks {
+    position: Arc<Position>,
+}
+
+impl PassHooks for ArrayHooks {
+    fn advanced(&self, next: usize) {
+        self.position.advance(next);
+    }
 }
 
 /// Batches of rows from one or more equally long arrays.
 pub struct ArrayLoader {
     shared: Arc<Shared>,
-    position: Arc<Position>,
-    active: Mutex<Option<Arc<Run<Arc<ArraySlot>>>>>,
+    epochs: Epochs,
 }
 
 impl std::fmt::Debug for ArrayLoader {
@@ -307,9 +333,8 @@ impl ArrayLoader {
             free_tx.send(Arc::new(slot)).expect("room");
         }
         Ok(ArrayLoader {
-            shared: Arc::new(Shared { columns, sampler, threads, free_tx, free_rx, slots, held: AtomicUsize::new(0) }),
-            position: Arc::default(),
-            active: Mutex::new(None),
+            shared: Arc::new(Shared { columns, sampler, threads, free_tx, free_rx, slots, held: Arc::default() }),
+            epochs: Epochs::default(),
         })
     }
 
@@ -333,25 +358,21 @@ impl ArrayLoader {
         self.shared.held.load(Ordering::Acquire)
     }
 
-    /// Selects the epoch for the next iteration (see [`crate::Loader::set_epoch`]: changing it
-    /// makes a running iteration stale).
+    /// Selects the epoch for the next iteration (see [`Epochs::set_epoch`]: changing it makes
+    /// a running iteration stale).
     pub fn set_epoch(&self, epoch: u64) {
-        if self.position.set_epoch(epoch) {
-            self.retire(&format!("set_epoch({epoch}) was called after this iterator started"));
-        }
+        self.epochs.set_epoch(epoch);
     }
 
     /// Restores `st` exactly as another loader had it, including whether it was still to be
     /// resumed: how a fork child's rebuilt loader continues its parent's.
     pub fn adopt_state(&self, st: SamplerState, resume: bool) -> Result<()> {
-        self.load_state(st)?;
-        self.position.set_resume(resume);
-        Ok(())
+        self.epochs.adopt_state(st, resume, &self.shared.sampler)
     }
 
     /// Whether a state was loaded and no iteration has started from it yet.
     pub fn resume_pending(&self) -> bool {
-        self.position.resume_pending()
+        self.epochs.resume_pending()
     }
 
     /// What a saved state is valid for: rows, column layouts, batching and sharding.
@@ -369,28 +390,19 @@ impl ArrayLoader {
 
     /// The resumable position.
     pub fn state(&self) -> SamplerState {
-        self.position.state(self.shared.sampler.spec().seed)
+        self.epochs.state(&self.shared.sampler)
     }
 
     /// Restores a position: the next iteration resumes there; a running one becomes stale.
     pub fn load_state(&self, st: SamplerState) -> Result<()> {
-        self.position.restore(st, &self.shared.sampler)?;
-        self.retire("load_state_dict was called after this iterator started");
-        Ok(())
-    }
-
-    fn retire(&self, why: &str) {
-        if let Some(old) = self.active.lock().unwrap_or_else(|p| p.into_inner()).take() {
-            old.make_stale(why);
-        }
+        self.epochs.load_state(st, &self.shared.sampler)
     }
 
     /// Starts an iteration of the current epoch (its first batch, or a position restored since
     /// the last iteration); a previous iteration becomes stale and its buffers return to the
     /// pool at once, even while its iterator object is alive.
     pub fn iter(&self) -> Result<ArrayIter> {
-        self.retire("a newer iteration of this loader was started");
-        let (epoch, start) = self.position.start(self.len());
+        let (epoch, start) = self.epochs.begin(self.len());
         let sh = self.shared.clone();
         let order = Arc::new(sh.sampler.epoch_order(epoch));
         let end = sh.sampler.num_batches();
@@ -452,74 +464,38 @@ impl ArrayLoader {
                 }
             })?;
         }
-        *self.active.lock().unwrap_or_else(|p| p.into_inner()) = Some(run.clone());
-        Ok(ArrayIter { shared: sh, run, next: start, end, position: self.position.clone(), finished: start >= end })
+        self.epochs.started(run.clone());
+        let pool = PoolView {
+            free: sh.free_tx.clone(),
+            held: sh.held.clone(),
+            slots: sh.slots,
+            what: "batch",
+            bytes_each: None,
+        };
+        let hooks = ArrayHooks { position: self.epochs.position().clone() };
+        // A failed read ends the pass with its error (arrays have no skip policy).
+        let pass = Pass::new(run, pool, hooks, (start, Some(end)), FailureBudget::new(0, true), Observe::default());
+        Ok(ArrayIter { shared: sh, pass })
     }
 }
 
 /// One pass over (the rest of) an epoch.
 pub struct ArrayIter {
     shared: Arc<Shared>,
-    run: Arc<Run<Arc<ArraySlot>>>,
-    next: usize,
-    end: usize,
-    position: Arc<Position>,
-    finished: bool,
+    pass: Pass<Arc<ArraySlot>, ArrayHooks>,
 }
 
 impl std::fmt::Debug for ArrayIter {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ArrayIter").field("next", &self.next).finish()
+        f.debug_struct("ArrayIter").field("next", &self.pass.next_batch()).finish()
     }
 }
 
 impl ArrayIter {
-    fn shutdown(&mut self) {
-        self.run.shutdown();
-        self.finished = true;
-    }
-
-    /// Like `next`, but gives up after `timeout` (`None`: not yet).
-    pub fn next_timeout(&mut self, timeout: Duration) -> Option<Option<Result<ArrayBatch>>> {
-        let deadline = Instant::now() + timeout;
-        if self.finished {
-            return Some(None);
-        }
-        if let Some(e) = self.run.stale_error() {
-            self.shutdown();
-            return Some(Some(Err(e)));
-        }
-        if self.next >= self.end || self.run.cancelled() {
-            self.shutdown();
-            return Some(None);
-        }
-        let sh = &self.shared;
-        let held_all = || {
-            (sh.held.load(Ordering::Acquire) >= sh.slots).then(|| crate::pipeline::all_held(sh.slots, "batch", None))
-        };
-        let slot = match self.run.wait_for(self.next, Some(deadline), |s| s.batch.load(Ordering::Relaxed), held_all) {
-            Ok(Wait::Slot(s)) => s,
-            Ok(Wait::TimedOut) => return None,
-            Ok(Wait::Cancelled) => {
-                self.shutdown();
-                return Some(None);
-            }
-            Err(e) => {
-                self.shutdown();
-                return Some(Some(Err(e)));
-            }
-        };
-        let failed = slot.error.lock().unwrap_or_else(|p| p.into_inner()).take();
-        if let Some((_, e)) = failed {
-            // The position stays at the failing batch; the pass ends with its error.
-            let _ = self.shared.free_tx.send(slot);
-            self.shutdown();
-            return Some(Some(Err(e)));
-        }
-        self.next += 1;
-        self.position.advance(self.next);
-        self.shared.held.fetch_add(1, Ordering::AcqRel);
-        Some(Some(Ok(ArrayBatch { slot: Some(slot), shared: self.shared.clone() })))
+    /// Like `next`, but gives up after `timeout` ([`Next::NotYet`]).
+    pub fn next_timeout(&mut self, timeout: Duration) -> Next<ArrayBatch> {
+        let shared = &self.shared;
+        self.pass.poll_timeout(timeout).map(|slot| ArrayBatch { slot: Some(slot), shared: shared.clone() })
     }
 }
 
@@ -527,17 +503,8 @@ impl Iterator for ArrayIter {
     type Item = Result<ArrayBatch>;
 
     fn next(&mut self) -> Option<Self::Item> {
-        loop {
-            if let Some(r) = self.next_timeout(Duration::from_secs(3600)) {
-                return r;
-            }
-        }
-    }
-}
-
-impl Drop for ArrayIter {
-    fn drop(&mut self) {
-        self.shutdown();
+        let shared = &self.shared;
+        self.pass.poll(None).map(|slot| ArrayBatch { slot: Some(slot), shared: shared.clone() }).into_item()
     }
 }
 

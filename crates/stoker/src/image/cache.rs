@@ -82,6 +82,19 @@ pub struct CacheSpec {
     /// Store images whose longer side exceeds this reduced to it (`None`: full resolution,
     /// bit-identical batches).
     pub max_side: Option<usize>,
+    /// How long an idle group is kept (`None`: the location's default, [`RAM_TTL`] for `ram`,
+    /// forever for a directory); `stoker::args` reads it from `STOKER_CACHE_TTL`.
+    #[serde(default)]
+    pub ttl: Option<Ttl>,
+}
+
+/// How long an idle cache group is kept (`STOKER_CACHE_TTL`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub enum Ttl {
+    /// Kept until `stoker cache clear` (or a reboot, for `ram`).
+    Never,
+    /// Removed once idle for longer than this (zero: when the last process leaves it).
+    After(Duration),
 }
 
 /// Which dataset a cache group belongs to: a hash of its sample list and a description for
@@ -130,7 +143,7 @@ struct Stats {
     fill_ns: AtomicU64,
 }
 
-/// What the cache did, in [`crate::telemetry::Report::cache`].
+/// What the cache did: the `cache` field of the loader's report.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct CacheReport {
     /// This dataset's group directory (`stoker cache clear` removes it when idle).
@@ -618,9 +631,9 @@ impl Cache {
         if spec.max_side == Some(0) {
             return Err(Error::config("cache_max_side", "must be at least 1"));
         }
-        let ttl = match crate::args::env_cache_ttl()? {
-            Some(crate::args::Ttl::After(t)) => Some(t),
-            Some(crate::args::Ttl::Never) => None,
+        let ttl = match spec.ttl {
+            Some(Ttl::After(t)) => Some(t),
+            Some(Ttl::Never) => None,
             None => matches!(spec.location, CacheLocation::Ram).then_some(RAM_TTL),
         };
         let settings = settings_text(apply_exif, spec.max_side);

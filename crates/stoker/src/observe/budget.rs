@@ -290,23 +290,6 @@ impl Registry {
         Registry { path: path.into() }
     }
 
-    /// The registry the environment names: `STOKER_BUDGET_FILE`, else [`DEFAULT_FILE`] (or the
-    /// temp dir without `/dev/shm`); `None` when `STOKER_SHARED_BUDGET=0` turns sharing off.
-    /// The variables are read by [`crate::args::budget_env`], which `loader_config` calls, so a
-    /// bad value is refused there; a loader configured without it gets the default for one.
-    pub fn from_env() -> Option<Self> {
-        match crate::args::budget_env() {
-            Ok(crate::args::BudgetEnv::Off) => return None,
-            Ok(crate::args::BudgetEnv::File(p)) => return Some(Registry::at(p)),
-            Ok(crate::args::BudgetEnv::Default) | Err(_) => {}
-        }
-        if Path::new("/dev/shm").is_dir() {
-            Some(Registry::at(DEFAULT_FILE))
-        } else {
-            Some(Registry::at(std::env::temp_dir().join("stoker-cpu-budget")))
-        }
-    }
-
     /// The file.
     pub fn path(&self) -> &Path {
         &self.path

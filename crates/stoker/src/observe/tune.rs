@@ -25,6 +25,7 @@
 
 use crate::budget::{Kind, Registration, Registry, Share};
 use crate::telemetry::Telemetry;
+pub use crate::telemetry::{Decision, TuningReport};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -60,66 +61,6 @@ pub struct TuneSpec {
     pub cpu_budget: f64,
     /// Batches in one epoch (the tuning period).
     pub epoch_batches: usize,
-}
-
-/// One change the tuner made.
-#[derive(Debug, Clone, serde::Serialize)]
-pub struct Decision {
-    /// Batches delivered when it was made.
-    pub batch: u64,
-    /// `threads`, `prefetch` or `share`.
-    pub knob: String,
-    /// The value before.
-    pub from: usize,
-    /// The value after.
-    pub to: usize,
-    /// Why.
-    pub reason: String,
-}
-
-/// The tuning state in a report.
-#[derive(Debug, Clone, serde::Serialize)]
-pub struct TuningReport {
-    /// Whether threads are autotuned.
-    pub threads_auto: bool,
-    /// Decode workers allowed to take work now.
-    pub threads_active: usize,
-    /// Decode workers started.
-    pub threads_max: usize,
-    /// Whether prefetch is autotuned.
-    pub prefetch_auto: bool,
-    /// Batches allowed ahead of the consumer now.
-    pub prefetch_active: usize,
-    /// The most batches the pool allows ahead.
-    pub prefetch_max: usize,
-    /// The CPU budget, cores.
-    pub cpu_budget: f64,
-    /// Whether this loader takes part in the host-wide registry.
-    pub shared: bool,
-    /// The registry file.
-    pub registry: Option<String>,
-    /// Cores of the host this loader may use (its share), when shared.
-    pub share: Option<usize>,
-    /// The host's cores, when shared.
-    pub host_cores: Option<usize>,
-    /// Processes in the registry (this one included), when shared.
-    pub processes_sharing: Option<usize>,
-    /// The smallest share this loader has had, when shared.
-    pub share_min: Option<usize>,
-    /// The most processes that shared the host with it at once, when shared.
-    pub processes_sharing_max: Option<usize>,
-    /// Whether the first epoch's tuning is over (the setting holds).
-    pub converged: bool,
-    /// Why sharing is off, if it is.
-    pub note: Option<String>,
-    /// Sharing was skipped because another process held the registry's lock past
-    /// [`crate::budget::LOCK_WAIT`] when this loader started (`note` says more).
-    pub registry_busy: bool,
-    /// Re-reads of the share that found the registry's lock held by another process and kept
-    /// the last share.
-    pub registry_busy_refreshes: u64,
-    /// The tuner's changes, oldest first (at most 64).
-    pub decisions: Vec<Decision>,
 }
 
 #[derive(Debug, Clone, Copy)]

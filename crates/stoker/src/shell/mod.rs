@@ -6,6 +6,11 @@
 //! - [`buffer`]: the fixed pool of batch buffers (the memory cap and the backpressure).
 //! - [`ordered`]: one iteration's threads, the finished-slot queue and reorder buffer, the one
 //!   free-slot wait and the one "all buffers held" error, prompt shutdown, stale runs.
+//! - [`pass`]: the consumer's side of a run: in-order delivery, the failure budget, stale and
+//!   dead-thread errors, the held-buffer check, the consumer's telemetry and trace; [`Next`]
+//!   is what one poll gives.
+//! - [`epochs`]: epoch, position, `state_dict`/`load_state_dict` and the running iteration a
+//!   newer one makes stale.
 //! - [`rng`]: the per-sample random generator seeded by `(seed, epoch, index)`, so batches do
 //!   not depend on the thread count.
 //!
@@ -13,6 +18,10 @@
 //! a loader kind brings that.
 
 pub mod buffer;
+pub mod epochs;
 pub mod ordered;
+pub mod pass;
 pub mod rng;
 pub mod sampler;
+
+pub use pass::Next;

@@ -165,13 +165,30 @@ pub fn open(roots: &[String]) -> Result<Dataset> {
             (std::sync::Arc::new(f), classes)
         }
         DatasetKind::Shards(specs) => {
-            let s = ShardSource::open_any(specs)?;
+            let s = open_shards(specs)?;
             let classes = s.classes().iter().map(OsString::from).collect();
             not_samples = s.not_samples().to_vec();
             (std::sync::Arc::new(s), classes)
         }
     };
     Ok(Dataset { source, classes, kind, not_samples })
+}
+
+/// Opens shards given as paths, globs (`*`, `?` in the file name) or object-store URLs
+/// (`s3://`, `gs://`, `az://`, `http(s)://`, with the same globs). Here, above both, so that
+/// `shards` (the format) and `remote` (object storage, which uses it) do not import each other.
+pub fn open_shards(specs: &[String]) -> Result<ShardSource> {
+    if specs.iter().any(|s| s.contains("://")) {
+        #[cfg(feature = "remote")]
+        return remote::open(specs);
+        #[cfg(not(feature = "remote"))]
+        return Err(Error::config("root", "object storage support is not compiled in (feature `remote`)"));
+    }
+    let mut paths = vec![];
+    for s in specs {
+        paths.extend(shards::expand_glob(Path::new(s))?);
+    }
+    ShardSource::open(&paths)
 }
 
 /// Class names as the JSON array `classes.json` holds, in Python's spelling of file names: a

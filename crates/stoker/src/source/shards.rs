@@ -403,22 +403,6 @@ impl ShardSource {
         Self::assemble(metas, classes, Box::new(LocalFiles { names, files }))
     }
 
-    /// Opens shards given as paths, globs (`*`, `?` in the file name) or object-store URLs
-    /// (`s3://`, `gs://`, `az://`, `http(s)://`, with the same globs).
-    pub fn open_any(specs: &[String]) -> Result<Self> {
-        if specs.iter().any(|s| s.contains("://")) {
-            #[cfg(feature = "remote")]
-            return super::remote::open(specs);
-            #[cfg(not(feature = "remote"))]
-            return Err(Error::config("root", "object storage support is not compiled in (feature `remote`)"));
-        }
-        let mut paths = vec![];
-        for s in specs {
-            paths.extend(expand_glob(Path::new(s))?);
-        }
-        Self::open(&paths)
-    }
-
     pub(crate) fn assemble(metas: Vec<ShardMeta>, classes: Option<String>, storage: Box<dyn Storage>) -> Result<Self> {
         let mut out = ShardSource {
             storage,

@@ -1,36 +1,26 @@
-//! [`EpochIter`]: one pass, delivering batches in order over the shared [`Run`], with the
-//! failure budget, stale-iterator checks, the consumer's telemetry and trace spans.
+//! [`EpochIter`]: one pass of the image loader: its threads started over the shell's [`Run`],
+//! its batches delivered by the shell's [`Pass`] (order, failure budget, stale iterators, the
+//! consumer's telemetry), with the image kind's hooks (reads abandoned on shutdown, the tuner,
+//! the trace file at the end of a pass).
 
+use super::shared::Task;
+use super::shared::{write_trace, Shared};
+use super::stages::{decode_loop, dispatch, io_loop, Work};
 use super::*;
+use crate::shell::pass::{FailureBudget, Observe, Pass, PassHooks, PassSlot, PoolView};
 
 /// One pass over (the rest of) an epoch; yields batches in order. Dropping it stops and joins
 /// every thread.
 pub struct EpochIter {
-    pub(super) shared: Arc<Shared>,
-    pub(super) state: Arc<Position>,
-    pub(super) core: Arc<IterCore>,
-    pub(super) next_batch: usize,
-    pub(super) end: usize,
+    pub(super) pass: Pass<Arc<Slot>, ImageHooks>,
     pub(super) epoch: u64,
-    pub(super) clock: ConsumerClock,
-    pub(super) finished: bool,
-    pub(super) consumer_telemetry: bool,
-    /// Samples that failed in this pass, the last few reasons, and how many may.
-    pub(super) failures: u64,
-    pub(super) last_failures: Vec<String>,
-    pub(super) failure_limit: u64,
-    /// Samples delivered in this pass.
-    pub(super) delivered: u64,
-    /// Tracing: when the current wait in `next()` began, and when (and which) batch was last
-    /// handed over.
-    pub(super) trace_wait: Option<Instant>,
-    pub(super) trace_last: Option<(Instant, usize)>,
 }
 
 /// What an iteration shares with its loader, so that starting a new iteration (or
 /// `set_epoch`, `load_state`) can stop this one and take its buffers back even while the old
 /// iterator object is still alive: the generic ordered [`Run`] plus the read buffers.
 pub(super) struct IterCore {
+    pub(super) shared: Arc<Shared>,
     pub(super) run: Arc<Run<Arc<Slot>>>,
     pub(super) bytes_rx: Mutex<Option<Receiver<Vec<u8>>>>,
 }
@@ -38,28 +28,81 @@ pub(super) struct IterCore {
 impl IterCore {
     /// Stops the threads, returns every slot to the pool and keeps the read buffers for the
     /// next epoch; idempotent.
-    pub(super) fn shutdown(&self, shared: &Shared) {
+    pub(super) fn shutdown(&self) {
         // Cancel first, so that no new read starts, then give up the reads in flight (a stalled
         // object store would otherwise hold the join below for its time-out), then join.
         self.run.cancel_flag().store(true, Ordering::Release);
-        shared.source.abandon_reads();
+        self.shared.source.abandon_reads();
         self.run.shutdown();
         if let Some(rx) = self.bytes_rx.lock().unwrap_or_else(|p| p.into_inner()).take() {
-            let mut stash = shared.stash.lock().unwrap_or_else(|p| p.into_inner());
+            let mut stash = self.shared.stash.lock().unwrap_or_else(|p| p.into_inner());
             stash.bytes.extend(rx.try_iter());
         }
     }
+}
 
-    /// Makes the iteration stale (`why`: what replaced it) and stops it.
-    pub(super) fn make_stale(&self, shared: &Shared, why: &str) {
+impl crate::shell::epochs::Retire for IterCore {
+    fn make_stale(&self, why: &str) {
         self.run.make_stale(why);
-        self.shutdown(shared);
+        self.shutdown();
+    }
+}
+
+impl PassSlot for Arc<Slot> {
+    fn batch(&self) -> usize {
+        self.batch.load(Ordering::Relaxed)
+    }
+
+    fn samples(&self) -> Option<usize> {
+        Some(self.len.load(Ordering::Acquire))
+    }
+
+    fn take_failures(&self) -> Vec<Error> {
+        let mut errs = std::mem::take(&mut *self.errors.lock().unwrap_or_else(|p| p.into_inner()));
+        errs.sort_by_key(|(i, _)| *i);
+        errs.into_iter().map(|(_, e)| e).collect()
+    }
+}
+
+/// The image kind's part of a pass.
+pub(super) struct ImageHooks {
+    core: Arc<IterCore>,
+    position: Arc<Position>,
+}
+
+impl PassHooks for ImageHooks {
+    fn shutdown(&self) {
+        self.core.shutdown();
+        self.core.shared.telemetry.stop();
+    }
+
+    fn advanced(&self, next: usize) {
+        self.position.advance(next);
+        self.core.shared.tuner.consumed(next);
+    }
+
+    fn delivered(&self, samples: usize) {
+        let tel = &self.core.shared.telemetry;
+        tel.add_samples(samples);
+        self.core.shared.tuner.on_batch(tel);
+    }
+
+    /// Writes the trace file (a failure goes to stderr: the iteration has ended well).
+    fn completed(&self) {
+        let sh = &self.core.shared;
+        if let Some(t) = &sh.tracer {
+            if let Some(path) = t.auto_path() {
+                if let Err(e) = write_trace(sh, t, path) {
+                    eprintln!("stoker: {e}");
+                }
+            }
+        }
     }
 }
 
 impl std::fmt::Debug for EpochIter {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("EpochIter").field("epoch", &self.epoch).field("next_batch", &self.next_batch).finish()
+        f.debug_struct("EpochIter").field("epoch", &self.epoch).field("next_batch", &self.pass.next_batch()).finish()
     }
 }
 
@@ -80,25 +123,26 @@ impl EpochIter {
             }
         }
         let (run, done_tx) = Run::new(shared.pool.slots(), shared.pool.free_tx.clone());
-        let core = Arc::new(IterCore { run: run.clone(), bytes_rx: Mutex::new(Some(bytes_rx.clone())) });
-        let cancel = run.cancel_flag();
-        let it = EpochIter {
+        let core = Arc::new(IterCore {
             shared: shared.clone(),
-            state,
-            core: core.clone(),
-            next_batch: start,
-            end,
-            epoch,
-            clock: ConsumerClock::default(),
-            finished: start >= end,
-            consumer_telemetry: true,
-            failures: 0,
-            delivered: 0,
-            last_failures: Vec::new(),
-            failure_limit: shared.max_failures.limit(shared.sampler.samples_per_rank()),
-            trace_wait: None,
-            trace_last: None,
+            run: run.clone(),
+            bytes_rx: Mutex::new(Some(bytes_rx.clone())),
+        });
+        let cancel = run.cancel_flag();
+        let pool = PoolView {
+            free: shared.pool.free_tx.clone(),
+            held: shared.pool.held.clone(),
+            slots: shared.pool.slots(),
+            what: "batch",
+            bytes_each: Some(shared.pool.batch_bytes()),
         };
+        let budget = FailureBudget::new(
+            shared.max_failures.limit(shared.sampler.samples_per_rank()),
+            shared.on_error == ErrorPolicy::Raise,
+        );
+        let observe = Observe::new(Some(shared.telemetry.clone()), shared.tracer.clone(), Some(epoch));
+        let hooks = ImageHooks { core: core.clone(), position: state };
+        let it = EpochIter { pass: Pass::new(run.clone(), pool, hooks, (start, Some(end)), budget, observe), epoch };
         {
             let (sh, cancel, order) = (shared.clone(), cancel.clone(), order.clone());
             run.spawn("stoker-dispatch".into(), move || dispatch(&sh, &cancel, &order, start, end, task_tx))?;
@@ -129,169 +173,39 @@ impl EpochIter {
     /// Stops counting this iterator's caller as the consumer: for a stage that forwards the
     /// batches (the GPU transfer) and measures the real consumer itself.
     pub fn forwarding(mut self) -> Self {
-        self.consumer_telemetry = false;
+        self.pass.observe.consumer = None;
         self
     }
 
     /// Batches left in this pass.
     pub fn remaining(&self) -> usize {
-        self.end.saturating_sub(self.next_batch)
+        self.pass.remaining()
     }
 
-    pub(super) fn shutdown(&mut self) {
-        if !self.finished {
-            self.core.shutdown(&self.shared);
-            self.shared.telemetry.stop();
-            self.finished = true;
-        }
+    /// The iteration's shared core (what its loader retires).
+    pub(super) fn core(&self) -> Arc<IterCore> {
+        self.pass.hooks().core.clone()
     }
 
-    /// Traces a delivery: the consumer's wait for it, its step since the previous batch, and
-    /// the hand-over itself.
-    pub(super) fn trace_delivered(&mut self, batch: usize, samples: usize) {
-        let Some(t) = &self.shared.tracer else { return };
-        let now = Instant::now();
-        let waited = self.trace_wait.take().unwrap_or(now);
-        if let (Some((last, prev)), true) = (self.trace_last.take(), self.consumer_telemetry) {
-            t.span("step", "consumer", last, waited, TraceArgs::fields(serde_json::json!({"after_batch": prev})));
-        }
-        t.span("wait", "consumer", waited, now, TraceArgs::fields(serde_json::json!({"batch": batch})));
-        let args = serde_json::json!({"batch": batch, "epoch": self.epoch, "samples": samples});
-        t.instant("deliver", "batch", now, TraceArgs::fields(args));
-        self.trace_last = Some((now, batch));
+    /// Like [`Iterator::next`], but gives up after `timeout` ([`Next::NotYet`]). For callers
+    /// that must stay responsive, such as the Python binding checking for Ctrl-C between waits.
+    pub fn next_timeout(&mut self, timeout: Duration) -> Next<Batch> {
+        let next = self.pass.poll_timeout(timeout);
+        self.wrap(next)
     }
 
-    /// At the end of a completed pass: writes the trace file (a failure goes to stderr, the
-    /// iteration has ended well).
-    pub(super) fn trace_pass_end(&self) {
-        if let Some(t) = &self.shared.tracer {
-            if let Some(path) = t.auto_path() {
-                if let Err(e) = write_trace(&self.shared, t, path) {
-                    eprintln!("stoker: {e}");
-                }
-            }
-        }
-    }
-
-    pub(super) fn wait_for(&mut self, batch: usize, deadline: Option<Instant>) -> Result<Wait<Arc<Slot>>> {
-        let pool = &self.shared.pool;
-        self.core.run.wait_for(
-            batch,
-            deadline,
-            |slot| slot.batch.load(Ordering::Relaxed),
-            || (pool.held() >= pool.slots()).then(|| all_held(pool.slots(), "batch", Some(pool.batch_bytes()))),
-        )
-    }
-
-    /// Like [`Iterator::next`], but gives up after `timeout`: `None` means "not yet" (call
-    /// again), `Some(None)` the end of the pass. For callers that must stay responsive, such as
-    /// the Python binding checking for Ctrl-C between waits.
-    pub fn next_timeout(&mut self, timeout: Duration) -> Option<Option<Result<Batch>>> {
-        self.poll(Some(Instant::now() + timeout))
-    }
-
-    pub(super) fn poll(&mut self, deadline: Option<Instant>) -> Option<Option<Result<Batch>>> {
-        let consumer = self.consumer_telemetry.then_some(&self.shared.telemetry.consumer);
-        self.clock.waiting(consumer);
-        if self.shared.tracer.is_some() {
-            self.trace_wait.get_or_insert_with(Instant::now);
-        }
-        loop {
-            if self.finished {
-                return Some(None);
-            }
-            if let Some(e) = self.core.run.stale_error() {
-                self.shutdown();
-                return Some(Some(Err(e)));
-            }
-            if self.next_batch >= self.end && self.delivered == 0 && self.failures > 0 {
-                // Not an empty epoch: a pass in which every sample failed is an error.
-                self.shutdown();
-                return Some(Some(Err(Error::Dataset(format!(
-                    "every sample of this pass failed ({}); last errors: {}",
-                    self.failures,
-                    self.last_failures.join("; ")
-                )))));
-            }
-            if self.next_batch >= self.end || self.core.run.cancelled() {
-                let completed = self.next_batch >= self.end;
-                self.shutdown();
-                if completed {
-                    self.trace_pass_end();
-                }
-                return Some(None);
-            }
-            let slot = match self.wait_for(self.next_batch, deadline) {
-                Ok(Wait::Slot(s)) => s,
-                Ok(Wait::TimedOut) => return None,
-                Ok(Wait::Cancelled) => {
-                    self.shutdown();
-                    return Some(None);
-                }
-                Err(e) => {
-                    self.shutdown();
-                    return Some(Some(Err(e)));
-                }
-            };
-            let first_err = {
-                let mut errs = slot.errors.lock().unwrap_or_else(|p| p.into_inner());
-                errs.sort_by_key(|(i, _)| *i);
-                self.failures += errs.len() as u64;
-                for (_, e) in errs.iter().rev().take(3).rev() {
-                    if self.last_failures.len() == 3 {
-                        self.last_failures.remove(0);
-                    }
-                    self.last_failures.push(e.to_string());
-                }
-                if self.shared.on_error == ErrorPolicy::Raise && !errs.is_empty() {
-                    Some(errs.swap_remove(0).1)
-                } else {
-                    None
-                }
-            };
-            if let Some(e) = first_err {
-                // The position stays at the failing batch: a saved state resumes there.
-                let _ = self.shared.pool.free_tx.send(slot);
-                self.shutdown();
-                return Some(Some(Err(e)));
-            }
-            if self.failures > self.failure_limit {
-                let _ = self.shared.pool.free_tx.send(slot);
-                self.shutdown();
-                return Some(Some(Err(Error::Dataset(format!(
-                    "{} samples of this epoch failed, more than max_failures ({}): is the storage reachable? \
-                     last errors: {}",
-                    self.failures,
-                    self.failure_limit,
-                    self.last_failures.join("; ")
-                )))));
-            }
-            self.next_batch += 1;
-            self.state.advance(self.next_batch);
-            self.shared.tuner.consumed(self.next_batch);
-            let len = slot.len.load(Ordering::Acquire);
-            if len == 0 {
-                let _ = self.shared.pool.free_tx.send(slot);
-                continue;
-            }
-            let tel = &self.shared.telemetry;
-            self.clock.delivered(self.consumer_telemetry.then_some(&tel.consumer));
-            tel.add_samples(len);
-            self.shared.tuner.on_batch(tel);
-            self.delivered += len as u64;
-            self.trace_delivered(self.next_batch - 1, len);
-            self.shared.pool.held.fetch_add(1, Ordering::AcqRel);
-            let plan = &self.shared.plan;
-            return Some(Some(Ok(Batch {
-                slot: Some(slot),
-                free: self.shared.pool.free_tx.clone(),
-                held: self.shared.pool.held.clone(),
-                sample_shape: plan.sample_shape(),
-                dtype: plan.spec().dtype,
-                layout: plan.spec().layout,
-                epoch: self.epoch,
-            })));
-        }
+    fn wrap(&self, next: Next<Arc<Slot>>) -> Next<Batch> {
+        let shared = &self.pass.hooks().core.shared;
+        let plan = &shared.plan;
+        next.map(|slot| Batch {
+            slot: Some(slot),
+            free: shared.pool.free_tx.clone(),
+            held: shared.pool.held.clone(),
+            sample_shape: plan.sample_shape(),
+            dtype: plan.spec().dtype,
+            layout: plan.spec().layout,
+            epoch: self.epoch,
+        })
     }
 }
 
@@ -299,12 +213,7 @@ impl Iterator for EpochIter {
     type Item = Result<Batch>;
 
     fn next(&mut self) -> Option<Self::Item> {
-        self.poll(None).expect("no deadline, so no time-out")
-    }
-}
-
-impl Drop for EpochIter {
-    fn drop(&mut self) {
-        self.shutdown();
+        let next = self.pass.poll(None);
+        self.wrap(next).into_item()
     }
 }

@@ -2,48 +2,14 @@
 //! telemetry, cache, tuner), its construction from a [`LoaderConfig`], epochs and resume, and
 //! the start of an iteration.
 
+use super::iter::EpochIter;
+use super::shared::{check_trace, dataset_key, samples_hash, write_trace, Shared, Stash};
 use super::*;
-
-pub(super) struct Shared {
-    pub(super) source: Arc<dyn Source>,
-    pub(super) sampler: Sampler,
-    pub(super) plan: TransformPlan,
-    pub(super) pool: BufferPool,
-    pub(super) telemetry: Arc<Telemetry>,
-    /// The trace recorder, when tracing is on (checked once per event site).
-    pub(super) tracer: Option<Arc<Tracer>>,
-    pub(super) threads: usize,
-    pub(super) io_threads: usize,
-    pub(super) allowance: usize,
-    pub(super) on_error: ErrorPolicy,
-    pub(super) decode_opts: DecodeOptions,
-    pub(super) max_file_bytes: u64,
-    pub(super) max_failures: MaxFailures,
-    /// The decoded-pixel cache, if any.
-    pub(super) cache: Option<crate::cache::Cache>,
-    /// Active threads, prefetch gate and CPU share (fixed settings included).
-    pub(super) tuner: crate::tune::Tuner,
-    /// Computed on first use (it reads every sample's name).
-    pub(super) fingerprint: std::sync::OnceLock<Fingerprint>,
-    /// Worker scratch (decoder, resampler) and read buffers kept between epochs, so a new
-    /// epoch's threads start warm instead of re-growing their buffers.
-    pub(super) stash: Mutex<Stash>,
-    /// The largest read buffer any I/O thread has needed: every buffer is grown to it at once,
-    /// so the rotating buffers stop reallocating as soon as one of them has met the largest file.
-    pub(super) read_high_water: std::sync::atomic::AtomicUsize,
-}
-
-#[derive(Default)]
-pub(super) struct Stash {
-    pub(super) workers: Vec<(Decoder, Resampler)>,
-    pub(super) bytes: Vec<Vec<u8>>,
-}
 
 /// A batch loader over a [`Source`].
 pub struct Loader {
     pub(super) shared: Arc<Shared>,
-    pub(super) state: Arc<Position>,
-    pub(super) active: Mutex<Option<Arc<IterCore>>>,
+    pub(super) epochs: Epochs,
 }
 
 impl std::fmt::Debug for Loader {
@@ -146,7 +112,7 @@ impl Loader {
                 cpu_budget: if fixed.is_some() { config.cpu_budget.unwrap_or(threads as f64) } else { cpu_budget },
                 epoch_batches: sampler.num_batches(),
             },
-            crate::budget::Registry::from_env(),
+            crate::args::budget_registry(),
         );
         Ok(Loader {
             shared: Arc::new(Shared {
@@ -169,8 +135,7 @@ impl Loader {
                 stash: Mutex::new(Stash::default()),
                 read_high_water: std::sync::atomic::AtomicUsize::new(0),
             }),
-            state: Arc::new(Position::default()),
-            active: Mutex::new(None),
+            epochs: Epochs::default(),
         })
     }
 
@@ -210,34 +175,21 @@ impl Loader {
         &self.shared.sampler
     }
 
-    /// Selects the epoch for the next iteration. Changing it makes a running iteration stale
-    /// (its next batch is an error) and forgets a restored position; setting the current epoch
-    /// again changes nothing (so a restored state survives the usual `set_epoch` call).
+    /// Selects the epoch for the next iteration (see [`Epochs::set_epoch`]: changing it makes
+    /// a running iteration stale; setting the current epoch again changes nothing).
     pub fn set_epoch(&self, epoch: u64) {
-        if self.state.set_epoch(epoch) {
-            self.retire(&format!("set_epoch({epoch}) was called after this iterator started"));
-        }
-    }
-
-    /// Makes the running iteration, if any, stale.
-    pub(super) fn retire(&self, why: &str) {
-        let old = self.active.lock().unwrap_or_else(|p| p.into_inner()).take();
-        if let Some(old) = old {
-            old.make_stale(&self.shared, why);
-        }
+        self.epochs.set_epoch(epoch);
     }
 
     /// The resumable state: where the next iteration would start.
     pub fn state(&self) -> SamplerState {
-        self.state.state(self.shared.sampler.spec().seed)
+        self.epochs.state(&self.shared.sampler)
     }
 
     /// Restores `st` exactly as another loader had it, including whether it was still to be
     /// resumed: how a fork child's rebuilt loader continues its parent's.
     pub fn adopt_state(&self, st: SamplerState, resume: bool) -> Result<()> {
-        self.load_state(st)?;
-        self.state.set_resume(resume);
-        Ok(())
+        self.epochs.adopt_state(st, resume, &self.shared.sampler)
     }
 
     /// Lists entries of the dataset that are not samples (from [`crate::source::Dataset`]) in
@@ -251,7 +203,7 @@ impl Loader {
 
     /// Whether a state was loaded and no iteration has started from it yet.
     pub fn resume_pending(&self) -> bool {
-        self.state.resume_pending()
+        self.epochs.resume_pending()
     }
 
     /// What a saved state is valid for (see [`Fingerprint`]); computed once, on first use.
@@ -273,9 +225,7 @@ impl Loader {
     /// Restores a state from [`Loader::state`]: the next iteration resumes there. A running
     /// iteration becomes stale.
     pub fn load_state(&self, st: SamplerState) -> Result<()> {
-        self.state.restore(st, &self.shared.sampler)?;
-        self.retire("load_state_dict was called after this iterator started");
-        Ok(())
+        self.epochs.load_state(st, &self.shared.sampler)
     }
 
     /// Telemetry since the loader was made (or last reset), with the bottleneck verdict.
@@ -326,10 +276,9 @@ impl Loader {
     /// stops, its buffers return to the pool, and its next batch is an error).
     pub fn iter(&self) -> Result<EpochIter> {
         // Stop the previous iteration and take its buffers back before starting.
-        self.retire("a newer iteration of this loader was started");
-        let (epoch, start) = self.state.start(self.len());
-        let it = EpochIter::start(self.shared.clone(), self.state.clone(), epoch, start)?;
-        *self.active.lock().unwrap_or_else(|p| p.into_inner()) = Some(it.core.clone());
+        let (epoch, start) = self.epochs.begin(self.len());
+        let it = EpochIter::start(self.shared.clone(), self.epochs.position().clone(), epoch, start)?;
+        self.epochs.started(it.core());
         Ok(it)
     }
 }
@@ -346,57 +295,4 @@ impl Drop for Loader {
             }
         }
     }
-}
-
-/// Refuses a trace file in a folder that does not exist, when the loader is made rather than
-/// when the first pass ends.
-pub(super) fn check_trace(t: &TraceSpec) -> Result<()> {
-    let dir = t.path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
-    if !dir.is_dir() {
-        return Err(Error::config("trace", format!("the folder of {} does not exist", t.path.display())));
-    }
-    if t.path.is_dir() {
-        return Err(Error::config(
-            "trace",
-            format!("{} is a folder; give a file such as trace.json", t.path.display()),
-        ));
-    }
-    Ok(())
-}
-
-/// Writes `tracer`'s events to `path`, with the samples' paths from the source.
-pub(super) fn write_trace(sh: &Shared, tracer: &Tracer, path: &Path) -> Result<()> {
-    let describe = |i: u32| sh.source.describe(i as usize).display().to_string();
-    tracer.write(path, &describe).map(drop).map_err(|e| Error::io(path, &e))
-}
-
-/// A sample's trace arguments: dataset index and batch.
-pub(super) fn sample_args(task: &Task) -> TraceArgs {
-    TraceArgs::Sample { index: task.slot.index(task.pos), batch: task.slot.batch.load(Ordering::Relaxed) as u32 }
-}
-
-/// Hash of every sample's path and label, in order: what a saved state and a cache group are
-/// valid for.
-pub(super) fn samples_hash(source: &dyn Source) -> u64 {
-    let mut h = xxhash_rust::xxh3::Xxh3::new();
-    for i in 0..source.len() {
-        h.update(source.describe(i).as_os_str().as_encoded_bytes());
-        h.update(&[0]);
-        h.update(&source.label(i).to_le_bytes());
-    }
-    h.digest()
-}
-
-/// The cache group key of a dataset: its samples' hash, and the folder or shards its samples
-/// come from (the longest common path of the first and last), for `stoker cache`.
-pub fn dataset_key(source: &dyn Source) -> crate::cache::DatasetKey {
-    let n = source.len();
-    let description = if n == 0 {
-        String::new()
-    } else {
-        let (a, b) = (source.describe(0), source.describe(n - 1));
-        let common: PathBuf = a.components().zip(b.components()).take_while(|(x, y)| x == y).map(|(x, _)| x).collect();
-        common.display().to_string()
-    };
-    crate::cache::DatasetKey { hash: samples_hash(source), samples: n, description }
 }

@@ -15,17 +15,20 @@
 //! delivered. Under policy `raise` the batch holding the first bad sample yields the error and
 //! the iteration ends.
 //!
-//! Files, in the order data flows: `config` (what a user sets), `loader` (the shared state, built
-//! from the config; epochs, resume, report), `stages` (the dispatcher, I/O and decode threads of
-//! a pass), `work` (one sample: decode or cache, ops, the write into its slot), `iter` (in-order
-//! delivery over the shell's run, the failure budget, stale iterators), `batch` (the delivered
-//! view of a buffer). Owns: running the image work. May not touch: sources' formats, CUDA,
-//! Python.
+//! Files, in the order data flows: `config` (what a user sets), `shared` (what a loader and
+//! its threads share, built from the config), `loader` (construction; epochs, resume, report),
+//! `stages` (the dispatcher, I/O and decode threads of a pass), `work` (one sample: decode or
+//! cache, ops, the write into its slot), `iter` (a pass: its threads, and the image kind's
+//! hooks on the shell's `Pass`: delivery, failure budget, stale iterators), `batch` (the
+//! delivered view of a buffer). Imports run one way: `loader` -> `iter` -> `stages` -> `work`
+//! -> `shared` -> `config`, and `iter` -> `batch`; no two files import each other.
+//! Owns: running the image work. May not touch: sources' formats, CUDA, Python.
 
 mod batch;
 mod config;
 mod iter;
 mod loader;
+mod shared;
 mod stages;
 mod work;
 
@@ -33,8 +36,8 @@ pub use crate::shell::ordered::{self, all_held, panic_message, take_free, Run, W
 pub use batch::Batch;
 pub use config::*;
 pub use iter::EpochIter;
-pub use loader::{dataset_key, Loader};
-use {iter::*, loader::*, stages::*, work::*};
+pub use loader::Loader;
+pub use shared::dataset_key;
 
 use crate::buffer::{BufferPool, HeapAllocator, HostAllocator, Slot};
 use crate::decode::{DecodeOptions, Decoder};
@@ -42,8 +45,10 @@ use crate::error::{Error, Result};
 use crate::ops::{DType, Layout, Resampler, TransformPlan, TransformSpec};
 use crate::rng::{self, Rng};
 use crate::sampler::{Fingerprint, Position, Sampler, SamplerSpec, SamplerState};
+use crate::shell::epochs::Epochs;
+pub use crate::shell::Next;
 use crate::source::Source;
-use crate::telemetry::{ConsumerClock, Report, Skipped, Telemetry};
+use crate::telemetry::{Report, Skipped, Telemetry};
 use crate::trace::{Args as TraceArgs, TraceSpec, Tracer};
 use crossbeam_channel::{bounded, Receiver, Sender};
 use std::path::{Path, PathBuf};

@@ -2,12 +2,9 @@
 //! buffers as tasks, the I/O threads read each sample's bytes, the decode threads run the
 //! per-sample work ([`super::work`]) and mark slots done.
 
+use super::shared::{sample_args, Shared, Task};
+use super::work::process;
 use super::*;
-
-pub(super) struct Task {
-    pub(super) slot: Arc<Slot>,
-    pub(super) pos: usize,
-}
 
 pub(super) struct Work {
     pub(super) task: Task,

@@ -1,6 +1,7 @@
 //! Per-sample work on a decode thread: decode (or read the decoded-pixel cache), run the ops
 //! and write the sample straight into its slot of the batch buffer.
 
+use super::shared::{sample_args, Shared, Task};
 use super::*;
 
 pub(super) fn process(

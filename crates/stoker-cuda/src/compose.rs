@@ -1,0 +1,68 @@
+//! The composition root: "where batches go" (a device string, resolved once by [`place`])
+//! plus "what to load" (a dataset or arrays, and their validated config) become a loader whose
+//! buffer pool is in the right memory (page-locked for a GPU) and, on a GPU, its transfer
+//! stage. The CLI and both Python loader classes build their loaders here and nowhere else; a
+//! new loader kind adds one method to [`Target`].
+
+use crate::{place, DeviceStage, Placement};
+use stoker::arrays::{ArrayConfig, ArrayLoader, Column};
+use stoker::source::Dataset;
+use stoker::telemetry::DeviceReport;
+use stoker::{Loader, LoaderConfig, Result};
+
+/// A resolved device: where batches will go, and the report of what was asked and used.
+#[derive(Debug)]
+pub struct Target {
+    placement: Placement,
+    report: DeviceReport,
+}
+
+/// A loader composed for its device.
+pub struct OnDevice<L> {
+    /// The host loader (its pool page-locked when a stage follows it).
+    pub loader: L,
+    /// The transfer stage, when batches go to a GPU.
+    pub stage: Option<DeviceStage>,
+    /// What was asked for and what is used (`cuda:N` or `cpu`, with why for `auto`).
+    pub device: DeviceReport,
+}
+
+impl Target {
+    /// Resolves `device` (`cpu`, `cuda`, `cuda:N`, `auto`; `cuda` means `cuda:{ordinal}`):
+    /// a GPU that is asked for and unusable is an error here, before any data is opened.
+    pub fn resolve(device: &str, ordinal: u32) -> Result<Self> {
+        let (placement, report) = place(device, ordinal)?;
+        Ok(Target { placement, report })
+    }
+
+    /// Whether batches go to a GPU.
+    pub fn on_gpu(&self) -> bool {
+        matches!(self.placement, Placement::Cuda(_))
+    }
+
+    /// The image loader over `dataset`: entries that are not samples are listed in its report,
+    /// the labels of a GPU batch get device buffers of their own (so keeping them never keeps
+    /// the images' buffer), the stage records into the loader's trace, and the report says
+    /// which device is used.
+    pub fn image_loader(self, dataset: &Dataset, config: LoaderConfig) -> Result<OnDevice<Loader>> {
+        let (prefetch, limit) = (config.prefetch, config.memory_limit);
+        let loader = Loader::new_in(dataset.source.clone(), config, self.placement.allocator().as_ref())?;
+        loader.report_not_samples(&dataset.not_samples);
+        let tracer = loader.tracer().cloned();
+        let stage = self
+            .placement
+            .stage(crate::image_regions(&loader), prefetch, limit)?
+            .map(|s| s.with_detached(&[1]).with_tracer(tracer));
+        loader.telemetry().set_device(self.report.clone());
+        Ok(OnDevice { loader, stage, device: self.report })
+    }
+
+    /// The array loader over `columns`, one device region per column.
+    pub fn array_loader(self, columns: Vec<Column>, config: ArrayConfig) -> Result<OnDevice<ArrayLoader>> {
+        let (prefetch, limit, bs) = (config.prefetch, config.memory_limit, config.sampler.batch_size);
+        let capacities: Vec<usize> = columns.iter().map(|c| c.row_bytes() * bs).collect();
+        let loader = ArrayLoader::new_in(columns, config, self.placement.allocator().as_ref())?;
+        let stage = self.placement.stage(capacities, prefetch, limit)?;
+        Ok(OnDevice { loader, stage, device: self.report })
+    }
+}

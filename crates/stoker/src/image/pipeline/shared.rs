@@ -1,0 +1,100 @@
+//! [`Shared`]: what a loader and the threads of its passes share (source, sampler, plan,
+//! pool, telemetry, cache, tuner, scratch kept between epochs), the unit of per-sample work
+//! ([`Task`]), and the helpers every file of the pipeline needs (the trace file, the dataset's
+//! hash). It imports no other file of the pipeline but `config`; the files import it.
+
+use super::*;
+
+pub(super) struct Shared {
+    pub(super) source: Arc<dyn Source>,
+    pub(super) sampler: Sampler,
+    pub(super) plan: TransformPlan,
+    pub(super) pool: BufferPool,
+    pub(super) telemetry: Arc<Telemetry>,
+    /// The trace recorder, when tracing is on (checked once per event site).
+    pub(super) tracer: Option<Arc<Tracer>>,
+    pub(super) threads: usize,
+    pub(super) io_threads: usize,
+    pub(super) allowance: usize,
+    pub(super) on_error: ErrorPolicy,
+    pub(super) decode_opts: DecodeOptions,
+    pub(super) max_file_bytes: u64,
+    pub(super) max_failures: MaxFailures,
+    /// The decoded-pixel cache, if any.
+    pub(super) cache: Option<crate::cache::Cache>,
+    /// Active threads, prefetch gate and CPU share (fixed settings included).
+    pub(super) tuner: crate::tune::Tuner,
+    /// Computed on first use (it reads every sample's name).
+    pub(super) fingerprint: std::sync::OnceLock<Fingerprint>,
+    /// Worker scratch (decoder, resampler) and read buffers kept between epochs, so a new
+    /// epoch's threads start warm instead of re-growing their buffers.
+    pub(super) stash: Mutex<Stash>,
+    /// The largest read buffer any I/O thread has needed: every buffer is grown to it at once,
+    /// so the rotating buffers stop reallocating as soon as one of them has met the largest file.
+    pub(super) read_high_water: std::sync::atomic::AtomicUsize,
+}
+
+#[derive(Default)]
+pub(super) struct Stash {
+    pub(super) workers: Vec<(Decoder, Resampler)>,
+    pub(super) bytes: Vec<Vec<u8>>,
+}
+
+/// One sample of a batch: its slot and position in it.
+pub(super) struct Task {
+    pub(super) slot: Arc<Slot>,
+    pub(super) pos: usize,
+}
+
+/// Refuses a trace file in a folder that does not exist, when the loader is made rather than
+/// when the first pass ends.
+pub(super) fn check_trace(t: &TraceSpec) -> Result<()> {
+    let dir = t.path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    if !dir.is_dir() {
+        return Err(Error::config("trace", format!("the folder of {} does not exist", t.path.display())));
+    }
+    if t.path.is_dir() {
+        return Err(Error::config(
+            "trace",
+            format!("{} is a folder; give a file such as trace.json", t.path.display()),
+        ));
+    }
+    Ok(())
+}
+
+/// Writes `tracer`'s events to `path`, with the samples' paths from the source.
+pub(super) fn write_trace(sh: &Shared, tracer: &Tracer, path: &Path) -> Result<()> {
+    let describe = |i: u32| sh.source.describe(i as usize).display().to_string();
+    tracer.write(path, &describe).map(drop).map_err(|e| Error::io(path, &e))
+}
+
+/// A sample's trace arguments: dataset index and batch.
+pub(super) fn sample_args(task: &Task) -> TraceArgs {
+    TraceArgs::Sample { index: task.slot.index(task.pos), batch: task.slot.batch.load(Ordering::Relaxed) as u32 }
+}
+
+/// Hash of every sample's path and label, in order: what a saved state and a cache group are
+/// valid for.
+pub(super) fn samples_hash(source: &dyn Source) -> u64 {
+    let mut h = xxhash_rust::xxh3::Xxh3::new();
+    for i in 0..source.len() {
+        h.update(source.describe(i).as_os_str().as_encoded_bytes());
+        h.update(&[0]);
+        h.update(&source.label(i).to_le_bytes());
+    }
+    h.digest()
+}
+
+/// The cache group key of a dataset: its samples' hash, and the folder or shards its samples
+/// come from (the longest common path of the first and last), for `stoker cache`.
+pub fn dataset_key(source: &dyn Source) -> crate::cache::DatasetKey {
+    let n = source.len();
+    let description = if n == 0 {
+        String::new()
+    } else {
+        let (a, b) = (source.describe(0), source.describe(n - 1));
+        let common: PathBuf = a.components().zip(b.components()).take_while(|(x, y)| x == y).map(|(x, _)| x).collect();
+        common.display().to_string()
+    };
+    crate::cache::DatasetKey { hash: samples_hash(source), samples: n, description }
+}

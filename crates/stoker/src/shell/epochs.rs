@@ -1,0 +1,101 @@
+//! [`Epochs`]: the epoch and resume surface of a loader, written once for every kind: the
+//! position a saved state resumes at, `set_epoch`, `state_dict`/`load_state_dict` and the
+//! rule that a newer iteration (or a new epoch, or a restored state) makes the running one
+//! stale and takes its buffers back at once.
+
+use super::sampler::{Position, Sampler, SamplerState};
+use crate::error::Result;
+use std::sync::{Arc, Mutex};
+
+/// A running iteration, as its loader sees it: something that can be stopped and made stale
+/// while the iterator object lives on elsewhere (its next batch is then an error naming why).
+pub trait Retire: Send + Sync {
+    /// Stops the iteration now, returns its buffers and makes its next batch an error naming
+    /// `why`.
+    fn make_stale(&self, why: &str);
+}
+
+impl<S: Send + 'static> Retire for super::ordered::Run<S> {
+    fn make_stale(&self, why: &str) {
+        super::ordered::Run::make_stale(self, why);
+    }
+}
+
+/// The running iteration of a loader or stage, if any.
+#[derive(Default)]
+pub struct Active(Mutex<Option<Arc<dyn Retire>>>);
+
+impl Active {
+    /// Makes the running iteration, if any, stale (`why`: what replaced it).
+    pub fn retire(&self, why: &str) {
+        let old = self.0.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(old) = old {
+            old.make_stale(why);
+        }
+    }
+
+    /// Records `it` as the running iteration.
+    pub fn set(&self, it: Arc<dyn Retire>) {
+        *self.0.lock().unwrap_or_else(|p| p.into_inner()) = Some(it);
+    }
+}
+
+/// Epoch, position and the running iteration of one loader.
+#[derive(Default)]
+pub struct Epochs {
+    position: Arc<Position>,
+    active: Active,
+}
+
+impl Epochs {
+    /// The position the iterations of this loader advance.
+    pub fn position(&self) -> &Arc<Position> {
+        &self.position
+    }
+
+    /// Selects the epoch for the next iteration. Changing it makes a running iteration stale
+    /// and forgets a restored position; setting the current epoch again changes nothing (so a
+    /// restored state survives the usual `set_epoch` call).
+    pub fn set_epoch(&self, epoch: u64) {
+        if self.position.set_epoch(epoch) {
+            self.active.retire(&format!("set_epoch({epoch}) was called after this iterator started"));
+        }
+    }
+
+    /// The resumable state: where the next iteration would start.
+    pub fn state(&self, sampler: &Sampler) -> SamplerState {
+        self.position.state(sampler.spec().seed)
+    }
+
+    /// Restores a state: the next iteration resumes there; a running one becomes stale.
+    pub fn load_state(&self, st: SamplerState, sampler: &Sampler) -> Result<()> {
+        self.position.restore(st, sampler)?;
+        self.active.retire("load_state_dict was called after this iterator started");
+        Ok(())
+    }
+
+    /// Restores `st` exactly as another loader had it, including whether it was still to be
+    /// resumed: how a fork child's rebuilt loader continues its parent's.
+    pub fn adopt_state(&self, st: SamplerState, resume: bool, sampler: &Sampler) -> Result<()> {
+        self.load_state(st, sampler)?;
+        self.position.set_resume(resume);
+        Ok(())
+    }
+
+    /// Whether a state was loaded and no iteration has started from it yet.
+    pub fn resume_pending(&self) -> bool {
+        self.position.resume_pending()
+    }
+
+    /// Stops the running iteration (it becomes stale, its buffers return to the pool) and
+    /// says where the next one starts: `(epoch, first batch)`, of `batches` in the epoch.
+    pub fn begin(&self, batches: usize) -> (u64, usize) {
+        self.active.retire("a newer iteration of this loader was started");
+        self.position.start(batches)
+    }
+
+    /// Records `it` as the running iteration (the next [`Epochs::begin`] retires it).
+    pub fn started(&self, it: Arc<dyn Retire>) {
+        self.active.set(it);
+    }
+}

@@ -1,0 +1,453 @@
+//! [`Pass`]: the consumer's side of one ordered [`Run`], written once for every loader kind
+//! (images, arrays, the CUDA transfer stage, and the kinds to come).
+//!
+//! A pass asks the run for batch `n`, `n + 1`, ... in order and, for each finished slot:
+//! counts its failed samples against the failure budget (or raises the first one), skips a
+//! slot with nothing to deliver, advances the position, records the consumer's wait and
+//! step (telemetry and trace) and hands the slot over, counted as held. A stale run, a dead
+//! thread, the end of the epoch and a pass whose every sample failed all end here, the same
+//! way for every kind. A kind brings its slot type ([`PassSlot`]: batch number, samples,
+//! failures) and its [`PassHooks`] (what else a shutdown stops, where the position advances,
+//! what a delivery updates); it wraps the slot [`Pass::poll`] returns into its own batch.
+
+use super::ordered::{all_held, Run, Wait};
+use crate::error::{Error, Result};
+use crate::telemetry::{ConsumerClock, Telemetry};
+use crate::trace::{Args as TraceArgs, Tracer};
+use crossbeam_channel::Sender;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// What one poll of an iteration gave.
+#[derive(Debug)]
+pub enum Next<T> {
+    /// A batch, or the error that ends the pass.
+    Item(Result<T>),
+    /// The pass is over: no more batches.
+    End,
+    /// The deadline passed first: ask again.
+    NotYet,
+}
+
+impl<T> Next<T> {
+    /// Maps a delivered batch, keeping an error, the end and "not yet" as they are.
+    pub fn map<U>(self, f: impl FnOnce(T) -> U) -> Next<U> {
+        match self {
+            Next::Item(r) => Next::Item(r.map(f)),
+            Next::End => Next::End,
+            Next::NotYet => Next::NotYet,
+        }
+    }
+
+    /// What [`Iterator::next`] returns for a poll without a deadline (which never gives
+    /// [`Next::NotYet`]; if it did, the pass would be reported as ended).
+    pub fn into_item(self) -> Option<Result<T>> {
+        match self {
+            Next::Item(r) => Some(r),
+            Next::End | Next::NotYet => None,
+        }
+    }
+}
+
+/// What a pass reads from a finished slot.
+pub trait PassSlot: Send + 'static {
+    /// The slot's batch number in this pass (the order of delivery).
+    fn batch(&self) -> usize;
+    /// Samples to deliver: `Some(0)` for a batch whose every sample failed (it is not
+    /// delivered), `None` when the kind does not count samples (the transfer stage).
+    fn samples(&self) -> Option<usize>;
+    /// Takes the failures its workers recorded, in sample order.
+    fn take_failures(&self) -> Vec<Error> {
+        Vec::new()
+    }
+}
+
+/// What a loader kind adds to a pass.
+pub trait PassHooks: Send {
+    /// Stops what the kind runs besides the run's threads (reads in flight, its telemetry's
+    /// clock); called once, before the run is shut down.
+    fn shutdown(&self) {}
+    /// The pass moved on to batch `next` (the position a saved state resumes at).
+    fn advanced(&self, _next: usize) {}
+    /// A batch of `samples` samples is being handed over.
+    fn delivered(&self, _samples: usize) {}
+    /// The pass reached its last batch.
+    fn completed(&self) {}
+    /// The run ended without an error of its own: an error the producer left for after the
+    /// batches before it (the transfer stage's), if any.
+    fn ended(&self) -> Option<Error> {
+        None
+    }
+}
+
+/// No hooks.
+impl PassHooks for () {}
+
+/// Where slots go back to and how many the consumer holds: a pass's view of its pool.
+pub struct PoolView<S> {
+    /// Returns a slot to the pool.
+    pub free: Sender<S>,
+    /// Batches the consumer holds now (a delivered batch decrements it when dropped).
+    pub held: Arc<AtomicUsize>,
+    /// Slots in the pool.
+    pub slots: usize,
+    /// What a slot holds, for the "all buffers held" error: "batch", "device batch".
+    pub what: &'static str,
+    /// Bytes of one slot, when known (for the same error).
+    pub bytes_each: Option<usize>,
+}
+
+impl<S> PoolView<S> {
+    fn give_back(&self, slot: S) {
+        let _ = self.free.send(slot);
+    }
+
+    fn all_held(&self) -> Option<Error> {
+        (self.held.load(Ordering::Acquire) >= self.slots).then(|| all_held(self.slots, self.what, self.bytes_each))
+    }
+}
+
+/// How many failed samples a pass accepts before it ends with an error, and the last reasons.
+#[derive(Debug, Clone)]
+pub struct FailureBudget {
+    /// Failed samples allowed in a pass (past it, the pass ends with an error).
+    pub limit: u64,
+    /// Raise the first failure instead of skipping it.
+    pub raise: bool,
+    failures: u64,
+    last: Vec<String>,
+}
+
+impl FailureBudget {
+    /// A budget of `limit` skipped samples; with `raise`, the first failure ends the pass.
+    pub fn new(limit: u64, raise: bool) -> Self {
+        FailureBudget { limit, raise, failures: 0, last: Vec::new() }
+    }
+
+    /// Counts `errs` (in sample order); under `raise`, returns the first.
+    fn count(&mut self, mut errs: Vec<Error>) -> Option<Error> {
+        self.failures += errs.len() as u64;
+        let keep = errs.len().saturating_sub(3);
+        for e in &errs[keep..] {
+            if self.last.len() == 3 {
+                self.last.remove(0);
+            }
+            self.last.push(e.to_string());
+        }
+        (self.raise && !errs.is_empty()).then(|| errs.swap_remove(0))
+    }
+
+    fn exceeded(&self) -> Option<Error> {
+        (self.failures > self.limit).then(|| {
+            Error::Dataset(format!(
+                "{} samples of this epoch failed, more than max_failures ({}): is the storage reachable? last errors: {}",
+                self.failures,
+                self.limit,
+                self.last.join("; ")
+            ))
+        })
+    }
+
+    fn all_failed(&self) -> Error {
+        Error::Dataset(format!(
+            "every sample of this pass failed ({}); last errors: {}",
+            self.failures,
+            self.last.join("; ")
+        ))
+    }
+}
+
+/// What a pass records about its consumer.
+#[derive(Default)]
+pub struct Observe {
+    /// Counters whose consumer stage measures this pass's caller (`None`: the caller forwards
+    /// the batches, and whoever consumes them is measured elsewhere).
+    pub consumer: Option<Arc<Telemetry>>,
+    /// The trace recorder, when tracing is on.
+    pub tracer: Option<Arc<Tracer>>,
+    /// The epoch, for the trace's delivery events.
+    pub epoch: Option<u64>,
+    clock: ConsumerClock,
+    trace_wait: Option<Instant>,
+    trace_last: Option<(Instant, usize)>,
+}
+
+impl Observe {
+    /// Records `consumer`'s waits and steps, and traces into `tracer`.
+    pub fn new(consumer: Option<Arc<Telemetry>>, tracer: Option<Arc<Tracer>>, epoch: Option<u64>) -> Self {
+        Observe { consumer, tracer, epoch, ..Observe::default() }
+    }
+
+    fn waiting(&mut self) {
+        self.clock.waiting(self.consumer.as_deref().map(|t| &t.consumer));
+        if self.tracer.is_some() {
+            self.trace_wait.get_or_insert_with(Instant::now);
+        }
+    }
+
+    /// Counts the consumer's wait for a batch being handed over (before the kind's hooks see
+    /// the batch: the tuner reads this wait).
+    fn handing_over(&mut self) {
+        self.clock.delivered(self.consumer.as_deref().map(|t| &t.consumer));
+    }
+
+    /// Traces a delivery: the consumer's wait for it, its step since the previous batch, and
+    /// the hand-over itself.
+    fn delivered(&mut self, batch: usize, samples: Option<usize>) {
+        let Some(t) = &self.tracer else { return };
+        let now = Instant::now();
+        let waited = self.trace_wait.take().unwrap_or(now);
+        if let (Some((last, prev)), true) = (self.trace_last.take(), self.consumer.is_some()) {
+            t.span("step", "consumer", last, waited, TraceArgs::fields(serde_json::json!({"after_batch": prev})));
+        }
+        t.span("wait", "consumer", waited, now, TraceArgs::fields(serde_json::json!({"batch": batch})));
+        let mut args = serde_json::json!({"batch": batch});
+        if let Some(e) = self.epoch {
+            args["epoch"] = e.into();
+        }
+        if let Some(s) = samples {
+            args["samples"] = s.into();
+        }
+        t.instant("deliver", "batch", now, TraceArgs::fields(args));
+        self.trace_last = Some((now, batch));
+    }
+}
+
+/// One pass over (the rest of) an epoch, on the consumer's side: in-order delivery over a
+/// [`Run`] with the failure budget, stale and dead-thread errors, the held-buffer check and
+/// the consumer's telemetry. Dropping it shuts the run down (and the kind's hooks).
+pub struct Pass<S: PassSlot, H: PassHooks> {
+    run: Arc<Run<S>>,
+    pool: PoolView<S>,
+    hooks: H,
+    next: usize,
+    /// The batch count of the pass (`None`: the producer says when it ends, [`Run::finish`]).
+    end: Option<usize>,
+    finished: bool,
+    budget: FailureBudget,
+    delivered: u64,
+    /// What the pass records about its consumer.
+    pub observe: Observe,
+}
+
+impl<S: PassSlot, H: PassHooks> std::fmt::Debug for Pass<S, H> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pass").field("next", &self.next).field("end", &self.end).finish()
+    }
+}
+
+impl<S: PassSlot, H: PassHooks> Pass<S, H> {
+    /// A pass delivering batches `start..end` (`end` `None`: until the producer finishes) of
+    /// `run`, whose slots come from and go back to `pool`.
+    pub fn new(
+        run: Arc<Run<S>>,
+        pool: PoolView<S>,
+        hooks: H,
+        (start, end): (usize, Option<usize>),
+        budget: FailureBudget,
+        observe: Observe,
+    ) -> Self {
+        let finished = end.is_some_and(|e| start >= e);
+        Pass { run, pool, hooks, next: start, end, finished, budget, delivered: 0, observe }
+    }
+
+    /// The run this pass consumes.
+    pub fn run(&self) -> &Arc<Run<S>> {
+        &self.run
+    }
+
+    /// The kind's hooks.
+    pub fn hooks(&self) -> &H {
+        &self.hooks
+    }
+
+    /// The next batch number to deliver.
+    pub fn next_batch(&self) -> usize {
+        self.next
+    }
+
+    /// Batches left in this pass (0 when the producer decides the end).
+    pub fn remaining(&self) -> usize {
+        self.end.map_or(0, |e| e.saturating_sub(self.next))
+    }
+
+    /// Stops the run and the kind's work, returning every slot to the pool; idempotent.
+    pub fn shutdown(&mut self) {
+        if !self.finished {
+            self.finished = true;
+            self.hooks.shutdown();
+            self.run.shutdown();
+        }
+    }
+
+    /// The next slot in order, until `deadline` (`None`: wait as long as it takes). The slot
+    /// is counted as held: the caller wraps it into a batch that, when dropped, decrements
+    /// the pool's `held` and sends the slot back to its `free` queue.
+    pub fn poll(&mut self, deadline: Option<Instant>) -> Next<S> {
+        self.observe.waiting();
+        loop {
+            if self.finished {
+                return Next::End;
+            }
+            if let Some(e) = self.run.stale_error() {
+                self.shutdown();
+                return Next::Item(Err(e));
+            }
+            let at_end = self.end.is_some_and(|e| self.next >= e);
+            if at_end && self.delivered == 0 && self.budget.failures > 0 {
+                // Not an empty epoch: a pass in which every sample failed is an error.
+                self.shutdown();
+                return Next::Item(Err(self.budget.all_failed()));
+            }
+            if at_end || self.run.cancelled() {
+                let dead = self.run.death_error();
+                self.shutdown();
+                if let Some(e) = dead {
+                    return Next::Item(Err(e));
+                }
+                if at_end {
+                    self.hooks.completed();
+                }
+                return Next::End;
+            }
+            let pool = &self.pool;
+            let slot = match self.run.wait_for(self.next, deadline, S::batch, || pool.all_held()) {
+                Ok(Wait::Slot(s)) => s,
+                Ok(Wait::TimedOut) => return Next::NotYet,
+                Ok(Wait::Cancelled) => {
+                    let left = self.hooks.ended();
+                    self.shutdown();
+                    return left.map_or(Next::End, |e| Next::Item(Err(e)));
+                }
+                Err(e) => {
+                    self.shutdown();
+                    return Next::Item(Err(e));
+                }
+            };
+            let failure = self.budget.count(slot.take_failures()).or_else(|| self.budget.exceeded());
+            if let Some(e) = failure {
+                // The position stays at the failing batch: a saved state resumes there.
+                self.pool.give_back(slot);
+                self.shutdown();
+                return Next::Item(Err(e));
+            }
+            self.next += 1;
+            self.hooks.advanced(self.next);
+            let samples = slot.samples();
+            if samples == Some(0) {
+                self.pool.give_back(slot);
+                continue;
+            }
+            self.observe.handing_over();
+            if let Some(n) = samples {
+                self.hooks.delivered(n);
+                self.delivered += n as u64;
+            }
+            self.observe.delivered(self.next - 1, samples);
+            self.pool.held.fetch_add(1, Ordering::AcqRel);
+            return Next::Item(Ok(slot));
+        }
+    }
+
+    /// [`Pass::poll`] with a time-out instead of a deadline.
+    pub fn poll_timeout(&mut self, timeout: Duration) -> Next<S> {
+        self.poll(Some(Instant::now() + timeout))
+    }
+}
+
+impl<S: PassSlot, H: PassHooks> Drop for Pass<S, H> {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crossbeam_channel::bounded;
+    use std::sync::Mutex;
+
+    #[derive(Debug)]
+    struct S {
+        batch: usize,
+        samples: usize,
+        errors: Mutex<Vec<Error>>,
+    }
+
+    impl PassSlot for Arc<S> {
+        fn batch(&self) -> usize {
+            self.batch
+        }
+        fn samples(&self) -> Option<usize> {
+            Some(self.samples)
+        }
+        fn take_failures(&self) -> Vec<Error> {
+            std::mem::take(&mut *self.errors.lock().unwrap())
+        }
+    }
+
+    /// A pass over `batches` (samples, failures each), produced in reverse order.
+    fn pass(batches: &[(usize, usize)], budget: FailureBudget) -> Pass<Arc<S>, ()> {
+        let n = batches.len();
+        let (free_tx, _free_rx) = bounded(n + 1);
+        let (run, done) = Run::new(n, free_tx.clone());
+        for (b, &(samples, failed)) in batches.iter().enumerate().rev() {
+            let errors = (0..failed).map(|k| Error::Dataset(format!("bad {b}.{k}"))).collect();
+            done.send(Arc::new(S { batch: b, samples, errors: Mutex::new(errors) })).unwrap();
+        }
+        let pool = PoolView { free: free_tx, held: Arc::default(), slots: n + 1, what: "batch", bytes_each: None };
+        Pass::new(run, pool, (), (0, Some(n)), budget, Observe::default())
+    }
+
+    fn drain(p: &mut Pass<Arc<S>, ()>) -> Vec<std::result::Result<usize, String>> {
+        let mut out = vec![];
+        while let Some(r) = p.poll(None).into_item() {
+            out.push(r.map(|s| s.batch).map_err(|e| e.to_string()));
+        }
+        out
+    }
+
+    #[test]
+    fn delivers_in_order_and_skips_empty_batches() {
+        let mut p = pass(&[(2, 0), (0, 2), (1, 1)], FailureBudget::new(10, false));
+        assert_eq!(drain(&mut p), vec![Ok(0), Ok(2)]);
+        assert_eq!(p.pool.held.load(Ordering::Relaxed), 2);
+    }
+
+    #[test]
+    fn raise_ends_the_pass_at_the_first_failure() {
+        let mut p = pass(&[(2, 0), (1, 1), (2, 0)], FailureBudget::new(10, true));
+        let got = drain(&mut p);
+        assert_eq!(got.len(), 2);
+        assert!(got[1].as_ref().unwrap_err().contains("bad 1.0"), "{got:?}");
+        assert_eq!(p.next_batch(), 1, "the position stays at the failing batch");
+    }
+
+    #[test]
+    fn the_budget_and_an_all_failed_pass_are_errors() {
+        let mut p = pass(&[(1, 1), (1, 1), (1, 1)], FailureBudget::new(1, false));
+        let got = drain(&mut p);
+        assert!(got[1].as_ref().unwrap_err().contains("more than max_failures (1)"), "{got:?}");
+        let mut p = pass(&[(0, 2), (0, 2)], FailureBudget::new(10, false));
+        let got = drain(&mut p);
+        assert_eq!(got.len(), 1);
+        assert!(got[0].as_ref().unwrap_err().contains("every sample of this pass failed (4)"), "{got:?}");
+    }
+
+    #[test]
+    fn a_stale_run_is_an_error_and_holding_every_slot_too() {
+        let mut p = pass(&[(1, 0), (1, 0)], FailureBudget::new(0, false));
+        p.run.make_stale("a test replaced it");
+        assert!(drain(&mut p)[0].as_ref().unwrap_err().contains("a test replaced it"));
+        // Two batches, one slot: the consumer holds it, so batch 1 can never come.
+        let (free_tx, _free_rx) = bounded(2);
+        let (run, done) = Run::new(1, free_tx.clone());
+        done.send(Arc::new(S { batch: 0, samples: 1, errors: Mutex::default() })).unwrap();
+        let pool = PoolView { free: free_tx, held: Arc::default(), slots: 1, what: "batch", bytes_each: Some(8) };
+        let mut p = Pass::new(run, pool, (), (0, Some(2)), FailureBudget::new(0, false), Observe::default());
+        let _first = p.poll(None).into_item().unwrap().unwrap();
+        let err = p.poll(None).into_item().unwrap().unwrap_err().to_string();
+        assert!(err.contains("all 1 batch buffers (8 bytes each)"), "{err}");
+    }
+}
