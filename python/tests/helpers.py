@@ -15,9 +15,10 @@ import pytest
 ADDRESS_SPACE = 4 << 30
 #: Peak resident memory a bounded child may reach. The reliability cases load ~100 small images
 #: with batches of 8-16 (well under 50 MiB of buffers); an interpreter with NumPy and stoker
-#: uses ~100 MiB; one that imports torch 520 MiB here and 903 MiB on the CI machine, so a bounded
-#: child never asks for torch output (a loader imports it when made). A hostile size that got past a limit (a 10^10-pixel
-#: image, a terabyte file read whole) would be far above it.
+#: uses ~100 MiB; one that imports torch 520 MiB here and 903 MiB on the CI machine, so a
+#: bounded child never asks for torch output (a loader imports torch when it is made). A hostile
+#: size that got past a limit (a 10^10-pixel image, a terabyte file read whole) would be far
+#: above it.
 PEAK_RSS = 768 << 20
 
 

@@ -291,7 +291,8 @@ def test_a_stalled_object_store_is_a_clear_error_within_a_bound():
             import json, time, stoker
             t = time.monotonic()
             try:
-                stoker.ImageLoader("http://127.0.0.1:{port}/x/shard-000000.tar", 4, preset="imagenet-val", output="numpy")
+                stoker.ImageLoader("http://127.0.0.1:{port}/x/shard-000000.tar", 4, preset="imagenet-val",
+                                   output="numpy")
                 out = {{"error": None}}
             except stoker.StokerError as e:
                 out = {{"error": type(e).__name__, "message": str(e)}}
