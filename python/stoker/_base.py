@@ -11,7 +11,7 @@ import sys
 import weakref
 from typing import Any, Callable, Protocol, Sequence
 
-from .errors import ConfigError, DeviceError
+from .errors import ConfigError
 
 # Loaders inherited through fork() are replaced in the child; the originals are kept alive here
 # (never dropped), because their threads and locks belong to the parent process.
@@ -97,27 +97,14 @@ def converter(torch_output: bool) -> Callable[[Any], Any]:
     return np.from_dlpack
 
 
-def check_device(device: Any) -> tuple[int, bool]:
-    """Checks a ``device=`` argument (the engine's rule); returns the ordinal it means (``cuda``
-    and ``auto``: see :func:`device_ordinal`) and whether batches will go to a GPU.
-    ``cuda``/``cuda:N`` without a usable driver raise :class:`DeviceError` here, before any
-    other check."""
-    from . import _stoker
-
-    kind, ordinal = _stoker.parse_device(device)
-    if kind == "cpu":
-        return 0, False
-    if ordinal is None:
-        ordinal = device_ordinal()
-    if kind == "auto":
-        return ordinal, gpu_present()
-    if not gpu_present():
-        import json
-
-        why = json.loads(_stoker.cuda_probe_json())["unavailable_reason"]
-        raise DeviceError(f"device error: device={device!r} needs CUDA, which is not available: {why}; "
-                          "use device='cpu' or 'auto'")
-    return ordinal, True
+def native_device(device: Any) -> tuple[str, int]:
+    """The ``device=`` argument as the engine takes it, and the ordinal that ``cuda`` and
+    ``auto`` mean here (:func:`device_ordinal`). The engine parses and checks it (a bad value
+    is a :class:`ConfigError`; ``cuda`` without a usable GPU a :class:`DeviceError`, before any
+    other check of the engine's) and decides what goes to a GPU."""
+    if not isinstance(device, str):
+        return repr(device), 0
+    return device, (0 if device == "cpu" else device_ordinal())
 
 
 def device_ordinal() -> int:
@@ -227,6 +214,8 @@ class LoaderBase:
     """Fork-safe access to the native loader, epochs and resumable state."""
 
     _native: Any
+    _device: str
+    _torch: bool
     _pid: int
 
     def _new_native(self) -> Any:
@@ -239,6 +228,17 @@ class LoaderBase:
         # iteration: a Ctrl-C that lands inside an import turns into an ImportError, and a
         # failed `import torch` cannot be retried in the same process.
         converter(bool(getattr(self, "_torch", False)))
+
+    def _to_device(self, used: str, output: str) -> None:
+        """After the engine resolved the device (``used``: ``cpu`` or ``cuda:N``): batches on a
+        GPU are torch tensors, so ``output='numpy'`` is refused and torch is imported now."""
+        if used == "cpu":
+            return
+        if output == "numpy":
+            raise ConfigError(f"invalid argument `output`: device={self._device!r} delivers torch tensors; "
+                              "use output='torch' or 'auto'")
+        self._torch = True
+        converter(True)
 
     def _base(self) -> _Native:
         """The native loader of this process (rebuilt after a fork, keeping the position)."""
@@ -321,6 +321,6 @@ def _json_integer(value: Any) -> int:
         raise TypeError(f"{value!r} (of type {type(value).__name__}) is not a value of a state") from None
 
 
-__all__ = ["BatchIterator", "LoaderBase", "Normalizer", "check_device", "close_live_iterations", "normalize_table",
+__all__ = ["BatchIterator", "LoaderBase", "Normalizer", "native_device", "close_live_iterations", "normalize_table",
            "track", "converter", "device_ordinal", "gpu_present",
            "local_rank"]

@@ -7,7 +7,7 @@ import os
 from typing import Any, Iterator
 
 from . import _stoker
-from ._base import BatchIterator, LoaderBase, check_device, converter
+from ._base import BatchIterator, LoaderBase, converter, native_device
 from .errors import ConfigError
 from .loader import arguments_json, want_torch
 
@@ -57,13 +57,10 @@ class ArrayLoader(LoaderBase):
         self._args = arguments_json(batch_size=batch_size, shuffle=shuffle, seed=seed, drop_last=drop_last,
                                     threads=threads, prefetch=prefetch, memory_limit=memory_limit, rank=rank,
                                     world_size=world_size)
-        self._ordinal, on_gpu = check_device(device)
-        self._device = device
-        if on_gpu and output == "numpy":
-            raise ConfigError(f"invalid argument `output`: device={device!r} delivers torch tensors; "
-                              "use output='torch' or 'auto'")
-        self._torch = True if on_gpu else want_torch(output)
+        self._device, self._ordinal = native_device(device)
+        self._torch = want_torch(output)
         self._start()
+        self._to_device(self._loader().device, output)
 
     def _new_native(self) -> _stoker.ArrayLoader:
         return _stoker.ArrayLoader(self._columns, self._args, self._device, self._ordinal)

@@ -9,7 +9,7 @@ import os
 from typing import Any, Iterator, Sequence
 
 from . import _stoker
-from ._base import BatchIterator, LoaderBase, Normalizer, check_device, converter, track
+from ._base import BatchIterator, LoaderBase, Normalizer, converter, native_device, track
 from .errors import ConfigError
 from .transforms import Transform, compile_transforms, dtype_name
 
@@ -138,32 +138,15 @@ class ImageLoader(LoaderBase):
             if isinstance(transforms, Transform) or not isinstance(transforms, (list, tuple)):
                 raise ConfigError("invalid argument `transforms`: expected a list of stoker.transforms")
             ops, out_dtype = compile_transforms(transforms)
-        # Batches for a GPU cross the bus as uint8 and are normalised there, in torch.
-        ordinal, torch_norm = check_device(device)
-        bf16 = dtype is not None and str(dtype).replace("torch.", "").lower() == "bfloat16"
-        if bf16 and not torch_norm:
-            raise ConfigError("invalid argument `dtype`: bfloat16 is produced on the GPU; use device='cuda' "
-                              "(or float16/float32 on the CPU)")
+        # Whether batches go to a GPU, and how they are normalised there (they cross the bus as
+        # uint8), is decided by the engine (stoker::args::image_config) once the device is
+        # resolved; bfloat16 is passed on by name, as only the GPU side makes it.
         if dtype is not None:
+            bf16 = str(dtype).replace("torch.", "").lower() == "bfloat16"
             out_dtype = "bfloat16" if bf16 else dtype_name(dtype)
-        self._normalizer: Normalizer | None = None
-        if torch_norm:
-            if output == "numpy":
-                raise ConfigError(f"invalid argument `output`: device={device!r} delivers torch tensors; "
-                                  "use output='torch' or 'auto'")
-            if ops is None and preset is not None and transforms is None:
-                spec = json.loads(_stoker.preset_json(preset))
-                ops, out_dtype, preset = spec["ops"], out_dtype or spec["dtype"], None
-            if ops is not None and out_dtype not in (None, "uint8"):
-                norm = [o for o in ops if o["op"] == "Normalize"]
-                mean, std = (norm[-1]["mean"], norm[-1]["std"]) if norm else ([0.0] * 3, [1.0] * 3)
-                channels_last = isinstance(layout, str) and layout.upper() == "NHWC"
-                self._normalizer = Normalizer(mean, std, out_dtype, channels_last)
-                ops = [o for o in ops if o["op"] != "Normalize"]
-                out_dtype = "uint8"
-        self._torch = True if torch_norm else want_torch(output)
+        self._torch = want_torch(output)
         self._roots = roots(root)
-        self._device, self._ordinal = device, ordinal
+        self._device, self._ordinal = native_device(device)
         self._args = arguments_json(
             preset=preset, ops=ops, dtype=out_dtype, layout=layout, apply_exif=apply_exif,
             batch_size=batch_size, shuffle=shuffle, shard_window=shard_window, seed=seed, drop_last=drop_last,
@@ -174,6 +157,10 @@ class ImageLoader(LoaderBase):
             cache_bytes=cache_bytes, cache_max_side=cache_max_side, dct_scaling=dct_scaling, roi=roi,
             trace=os.fspath(trace) if isinstance(trace, os.PathLike) else trace, trace_events=trace_events)
         self._start()
+        native = self._loader()
+        norm = json.loads(native.device_normalize_json())
+        self._normalizer = Normalizer(norm["mean"], norm["std"], norm["dtype"], norm["channels_last"]) if norm else None
+        self._to_device(native.device, output)
 
     def _new_native(self) -> _stoker.Loader:
         return _stoker.Loader(self._roots, self._args, self._device, self._ordinal)

@@ -392,3 +392,34 @@ def test_interpreter_exit_with_a_live_iterator_stops_the_transfer_thread_first(f
     assert r.returncode == 0, f"exit {r.returncode}\\n{r.stdout}\\n{r.stderr}"
     assert r.stdout.split() == ["exiting", "clean"], r.stdout
     assert "panicked" not in r.stderr, r.stderr
+
+
+def test_the_engine_decides_what_the_gpu_normalises(fake_driver, demo_root):
+    """Batches for a GPU cross the bus as uint8; the engine (``stoker::args::image_config``)
+    says what the GPU side makes of them, and the Python loader only applies it."""
+    out = run_scenario(fake_driver, demo_root, """
+        mean, std = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
+        for dtype, want in [(None, "float32"), ("float16", "float16"), ("bfloat16", "bfloat16")]:
+            loader = stoker.ImageLoader(root, 16, preset="imagenet-train", dtype=dtype, layout="NHWC",
+                                        device="cuda", output="auto")
+            n = json.loads(loader._loader().device_normalize_json())
+            assert n["dtype"] == want and n["channels_last"] is True, n
+            assert [round(x, 3) for x in n["mean"]] == mean and [round(x, 3) for x in n["std"]] == std, n
+            assert loader._normalizer is not None
+            b = next(loader.batches())
+            assert b.images.__dlpack_device__() == (2, 0)
+            del b, loader
+            gc.collect()
+        # uint8 asked, or the host: nothing is normalised on a GPU.
+        assert json.loads(_stoker.Loader([root], ARGS, "cuda", 0).device_normalize_json()) is None
+        host = stoker.ImageLoader(root, 16, preset="imagenet-val", output="numpy")
+        assert json.loads(host._loader().device_normalize_json()) is None and host._normalizer is None
+        try:
+            stoker.ImageLoader(root, 16, preset="imagenet-val", device="cuda", output="numpy")
+        except stoker.ConfigError as e:
+            assert "delivers torch tensors" in str(e), e
+        else:
+            raise AssertionError("numpy output from a GPU loader")
+        print("ok")
+    """)
+    assert out.strip().endswith("ok"), out

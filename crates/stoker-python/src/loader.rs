@@ -20,19 +20,24 @@ pub struct PyLoader {
     /// The transfer stage when batches go to a GPU.
     stage: Option<DeviceStage>,
     device: String,
+    /// How the GPU side normalises batches that crossed the bus as uint8 (decided in
+    /// `stoker::args::image_config`), when they go to a GPU.
+    normalize: Option<stoker::ops::DeviceNormalize>,
 }
 
 impl PyLoader {
     fn open(py: Python<'_>, roots: Vec<String>, args_json: &str, device: &str, ordinal: u32) -> PyResult<Self> {
-        let config = stoker::args::loader_config(args_of(args_json)?).py_err()?;
+        // The device first: a GPU that is asked for and unusable is the error, before any other.
         let target = py.detach(|| Target::resolve(device, ordinal)).py_err()?;
+        let (config, normalize) = stoker::args::image_config(args_of(args_json)?, target.on_gpu()).py_err()?;
         py.detach(move || {
             let dataset = stoker::source::open(&roots)?;
             let samples = dataset.source.len();
             let sampler = config.sampler.clone();
             let on = target.image_loader(&dataset, config)?;
             let device = on.device.used;
-            Ok(PyLoader { loader: on.loader, classes: dataset.classes, samples, sampler, stage: on.stage, device })
+            let (loader, classes, stage) = (on.loader, dataset.classes, on.stage);
+            Ok(PyLoader { loader, classes, samples, sampler, stage, device, normalize })
         })
         .py_err()
     }
@@ -88,6 +93,12 @@ impl PyLoader {
     #[getter]
     fn world_size(&self) -> usize {
         self.sampler.world_size
+    }
+
+    /// How batches delivered to a GPU as uint8 are normalised there, as JSON
+    /// (`{mean, std, dtype, channels_last}`), or `null` when they are not.
+    fn device_normalize_json(&self) -> String {
+        serde_json::to_string(&self.normalize).unwrap_or_else(|_| "null".into())
     }
 
     /// Where batches are delivered: `cpu` or `cuda:N`.

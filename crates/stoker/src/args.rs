@@ -569,6 +569,31 @@ fn transform(a: &mut Taker) -> Result<TransformSpec> {
     Ok(spec)
 }
 
+/// The config of an image loader whose batches go to a GPU (`on_gpu`) or stay on the host, and
+/// how the GPU side normalises them: the one place where that is decided. On a GPU, images
+/// cross the bus as uint8 and are normalised there into the asked `dtype` (`float32` by
+/// default for the presets, `float16`, `bfloat16`; `uint8` for none); `bfloat16` is made only
+/// there, so on the host it is an error naming `dtype`. Otherwise as [`loader_config`].
+pub fn image_config(mut args: Args, on_gpu: bool) -> Result<(LoaderConfig, Option<crate::ops::DeviceNormalize>)> {
+    let bf16 = args.get("dtype").and_then(Value::as_str).is_some_and(|d| d.eq_ignore_ascii_case("bfloat16"));
+    if bf16 {
+        if !on_gpu {
+            return Err(Error::config(
+                "dtype",
+                "bfloat16 is produced on the GPU; use device='cuda' (or float16/float32 on the CPU)",
+            ));
+        }
+        args.insert("dtype".into(), Value::String("float32".into()));
+    }
+    let mut config = loader_config(args)?;
+    if !on_gpu || config.transform.dtype == DType::Uint8 {
+        return Ok((config, None));
+    }
+    let dtype = if bf16 { "bfloat16" } else { config.transform.dtype.name() };
+    let normalize = config.transform.split_for_device(dtype);
+    Ok((config, Some(normalize)))
+}
+
 /// A [`LoaderConfig`] from named arguments: `batch_size`, `preset` or `ops`, `dtype`,
 /// `layout`, `apply_exif`, `shuffle` (`False`, `True`, `global`, `shards`), `shard_window`,
 /// `seed`, `drop_last`, `rank`, `world_size` (torchrun's environment by default), `threads`,
@@ -884,6 +909,44 @@ mod tests {
 
     fn args(v: Value) -> Args {
         v.as_object().unwrap().clone()
+    }
+
+    #[test]
+    fn the_gpu_normalises_what_the_host_would() {
+        use crate::ops::{OpSpec, IMAGENET_MEAN, IMAGENET_STD};
+        let a = |v: Value| {
+            let mut m = args(v);
+            m.insert("batch_size".into(), json!(8));
+            m
+        };
+        let norm_ops =
+            |c: &LoaderConfig| c.transform.ops.iter().filter(|o| matches!(o, OpSpec::Normalize { .. })).count();
+        // On the host: the transform as asked, nothing for a GPU; bfloat16 is refused there.
+        let (host, n) = image_config(a(json!({"preset": "imagenet-train"})), false).unwrap();
+        assert!(n.is_none() && host.transform.dtype == DType::Float32 && norm_ops(&host) == 1);
+        let e = image_config(a(json!({"preset": "imagenet-val", "dtype": "bfloat16"})), false).unwrap_err();
+        assert!(matches!(&e, Error::Config { .. }) && e.to_string().contains("bfloat16"), "{e}");
+        // On a GPU: uint8 over the bus, Normalize's mean and std (and the dtype) for the GPU side.
+        for (dtype, want) in [(None, "float32"), (Some("float16"), "float16"), (Some("bfloat16"), "bfloat16")] {
+            let mut v = json!({"preset": "imagenet-train", "layout": "NHWC"});
+            if let Some(d) = dtype {
+                v["dtype"] = d.into();
+            }
+            let (gpu, n) = image_config(a(v), true).unwrap();
+            let n = n.expect("normalised on the GPU");
+            assert_eq!((n.mean, n.std, n.dtype.as_str(), n.channels_last), (IMAGENET_MEAN, IMAGENET_STD, want, true));
+            assert!(gpu.transform.dtype == DType::Uint8 && norm_ops(&gpu) == 0, "{:?}", gpu.transform);
+            let host = image_config(a(json!({"preset": "imagenet-train"})), false).unwrap().0;
+            assert_eq!(gpu.transform.ops.len(), host.transform.ops.len() - 1, "only Normalize is dropped");
+        }
+        // uint8 asked: nothing to normalise anywhere.
+        let (gpu, n) = image_config(a(json!({"preset": "imagenet-val", "dtype": "uint8"})), true).unwrap();
+        assert!(n.is_none() && gpu.transform.dtype == DType::Uint8);
+        // Transforms to [0, 1] floats without Normalize: mean 0, std 1 on the GPU.
+        let ops = json!([{"op": "CenterCrop", "size": [8, 8]}]);
+        let (_, n) = image_config(a(json!({"ops": ops, "dtype": "float32"})), true).unwrap();
+        let n = n.unwrap();
+        assert_eq!((n.mean, n.std, n.channels_last), ([0.0; 3], [1.0; 3], false));
     }
 
     #[test]

@@ -70,6 +70,21 @@ pub enum OpSpec {
     },
 }
 
+/// How uint8 batches are normalised on the GPU (see [`TransformSpec::split_for_device`]): the
+/// per-channel `mean` and `std` of `Normalize` on `[0, 1]` values, into `dtype`, with the
+/// channels last (`NHWC`) or not.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct DeviceNormalize {
+    /// Per-channel mean.
+    pub mean: [f32; 3],
+    /// Per-channel standard deviation.
+    pub std: [f32; 3],
+    /// `float32`, `float16` or `bfloat16`.
+    pub dtype: String,
+    /// Whether the channels are the last axis.
+    pub channels_last: bool,
+}
+
 /// Element type of the output.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -172,6 +187,25 @@ impl TransformSpec {
         let mut ops = geo;
         ops.push(OpSpec::Normalize { mean: IMAGENET_MEAN, std: IMAGENET_STD });
         Ok(TransformSpec { ops, dtype: DType::Float32, layout: Layout::NCHW, apply_exif: true })
+    }
+
+    /// For batches bound for a GPU: they cross the bus as uint8 and are normalised there into
+    /// `dtype` (a name: `float32`, `float16` or `bfloat16`, which only the GPU side produces).
+    /// Drops `Normalize` and makes this transform deliver uint8; returns what the GPU side
+    /// applies (mean and std of the last `Normalize`, or none: `[0, 1]` values).
+    pub fn split_for_device(&mut self, dtype: &str) -> DeviceNormalize {
+        let (mean, std) = self
+            .ops
+            .iter()
+            .rev()
+            .find_map(|o| match o {
+                OpSpec::Normalize { mean, std } => Some((*mean, *std)),
+                _ => None,
+            })
+            .unwrap_or(([0.0; 3], [1.0; 3]));
+        self.ops.retain(|o| !matches!(o, OpSpec::Normalize { .. }));
+        self.dtype = DType::Uint8;
+        DeviceNormalize { mean, std, dtype: dtype.to_string(), channels_last: self.layout == Layout::NHWC }
     }
 
     /// The same transform with another dtype; `uint8` drops `Normalize` (raw pixels).
