@@ -82,6 +82,27 @@ fn pixels_by_index(source: Arc<dyn Source>) -> Vec<(i64, Vec<u8>)> {
 }
 
 #[test]
+fn a_class_name_that_is_not_utf8_survives_pack_exactly() {
+    use std::os::unix::ffi::OsStrExt;
+    let d = tempfile::tempdir().unwrap();
+    let root = d.path().join("data");
+    let names: [&[u8]; 2] = [b"caf\xe9", b"plain"];
+    let (px, w, h) = photo("rocket");
+    for name in names {
+        let dir = root.join(std::ffi::OsStr::from_bytes(name));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("a.jpg"), jpeg(&px, w, h, 90)).unwrap();
+    }
+    let folder = ImageFolder::new(&root).unwrap();
+    pack(&folder, &d.path().join("out"), &PackOptions::default(), &|_| {}).unwrap();
+    let shards = ShardSource::open(&shards_in(&d.path().join("out"))).unwrap();
+    let got: Vec<&[u8]> = shards.classes().iter().map(|c| c.as_bytes()).collect();
+    assert_eq!(got, names, "written lossily, the name would read back as caf\u{fffd}");
+    assert_eq!(shards.classes(), folder.class_names());
+    assert_eq!((0..2).map(|i| shards.label(i)).collect::<Vec<_>>(), [0, 1]);
+}
+
+#[test]
 fn pack_then_load_gives_the_same_pixels_and_is_deterministic() {
     let d = tempfile::tempdir().unwrap();
     let root = demo_folder(d.path(), 40);
@@ -99,7 +120,7 @@ fn pack_then_load_gives_the_same_pixels_and_is_deterministic() {
     // Round trip: same order (dataset order), same labels, same pixels per sample.
     let folder = pixels_by_index(Arc::new(ImageFolder::new(&root).unwrap()));
     let shards = ShardSource::open(&shards_in(&d.path().join("a"))).unwrap();
-    assert_eq!(shards.classes(), ImageFolder::new(&root).unwrap().classes());
+    assert_eq!(shards.classes(), ImageFolder::new(&root).unwrap().class_names());
     let keys: Vec<String> = (0..shards.len()).map(|i| shards.member(i).to_string()).collect();
     let expect: Vec<String> = (0..40).map(|i| ImageFolder::new(&root).unwrap().relative_path(i).to_string()).collect();
     assert_eq!(keys, expect);

@@ -166,7 +166,7 @@ pub fn open(roots: &[String]) -> Result<Dataset> {
         }
         DatasetKind::Shards(specs) => {
             let s = open_shards(specs)?;
-            let classes = s.classes().iter().map(OsString::from).collect();
+            let classes = s.classes().to_vec();
             not_samples = s.not_samples().to_vec();
             (std::sync::Arc::new(s), classes)
         }

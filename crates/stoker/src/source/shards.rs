@@ -369,7 +369,7 @@ pub struct ShardSource {
     fingerprints: Vec<u64>,
     members: String,
     member_ends: Vec<u64>,
-    classes: Vec<String>,
+    classes: Vec<std::ffi::OsString>,
     /// Image members that are not samples, with the reason.
     not_samples: Vec<(PathBuf, String)>,
 }
@@ -415,7 +415,9 @@ impl ShardSource {
             not_samples: vec![],
         };
         if let Some(text) = classes {
-            out.classes = serde_json::from_str(&text)
+            // Names exactly as `stoker pack` wrote them: a folder name that is not UTF-8 is kept
+            // byte for byte (Python's escapes, see `classes_to_json`).
+            out.classes = super::classes_from_json(&text)
                 .map_err(|e| Error::Dataset(format!("invalid classes.json beside the shards: {e}")))?;
         }
         let mut shards = vec![];
@@ -475,7 +477,7 @@ impl ShardSource {
     }
 
     /// Class names, when the shards came with a `classes.json`.
-    pub fn classes(&self) -> &[String] {
+    pub fn classes(&self) -> &[std::ffi::OsString] {
         &self.classes
     }
 
@@ -496,10 +498,14 @@ struct Labels<'a> {
 }
 
 impl<'a> Labels<'a> {
-    fn new<'e>(classes: &'a [String], entries: impl Iterator<Item = &'e IndexEntry>) -> Self {
+    fn new<'e>(classes: &'a [std::ffi::OsString], entries: impl Iterator<Item = &'e IndexEntry>) -> Self {
         let mut by_name = std::collections::HashMap::new();
+        // A `.cls` member names its class in UTF-8 text: a name that is not UTF-8 is reached
+        // by its index only.
         for (i, c) in classes.iter().enumerate() {
-            by_name.entry(c.as_str()).or_insert(i);
+            if let Some(c) = c.to_str() {
+                by_name.entry(c).or_insert(i);
+            }
         }
         let mut entries = entries;
         let labelled = entries.any(|e| matches!(e.label, Label::Index(_) | Label::Name(_)));

@@ -270,7 +270,8 @@ pub fn pack(
         std::fs::remove_file(p).map_err(|e| Error::io(p, &e))?;
     }
     std::fs::create_dir_all(dst).map_err(|e| Error::io(dst, &e))?;
-    let classes = serde_json::to_string(src.classes()).map_err(|e| Error::Internal(e.to_string()))?;
+    // Exactly as named: a folder name that is not UTF-8 survives (Python's `\udcXX` escapes).
+    let classes = crate::source::classes_to_json(src.class_names());
     write_atomic(&dst.join("classes.json"), classes.as_bytes())?;
     let mut w = ShardWriter {
         dst,

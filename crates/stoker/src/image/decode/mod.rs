@@ -27,6 +27,9 @@
 //! | `jpeg.rs` | safe wrapper over TurboJPEG 3 with cropping and scaling |
 //! | `markers.rs` | JPEG marker segments and PNG chunks: scan start, end marker, EXIF data |
 //! | `exif.rs` | EXIF orientation parser |
+//!
+//! Owns: bytes of one file to pixels (its size checked before any allocation). May not touch:
+//! where the bytes come from (sources), batches, threads, the cache.
 
 pub mod exif;
 pub mod jpeg;

@@ -13,6 +13,10 @@
 //! | `geometry.rs` | torchvision's crop sampling, resize sizes, center-crop rounding |
 //! | `resample.rs` | Pillow-compatible antialiased bilinear box resampling, SIMD, allocation-free |
 //! | `write.rs` | vector kernels of the final write (flip, deinterleave, normalise, dtype) |
+//!
+//! Owns: one decoded image to one sample in its slot (geometry, resampling, the fused write),
+//! and the transform's description (`TransformSpec`, what the GPU side normalises). May not
+//! touch: decoding, batches, threads, where the sample goes next.
 
 pub mod geometry;
 pub mod resample;
