@@ -28,9 +28,12 @@ pub struct Facts {
     libjpeg_turbo: &'static str,
     cpu: CpuAllowance,
     decode_threads: usize,
-    /// Whether `STOKER_NUM_THREADS` set the thread count.
+    /// Whether a valid `STOKER_NUM_THREADS` set the thread count.
     #[serde(skip)]
     threads_from_env: bool,
+    /// Why `STOKER_NUM_THREADS` is refused, when it is set to something loaders refuse.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    threads_env_error: Option<String>,
     simd: serde_json::Value,
     memory: Memory,
     dev_shm: Option<Space>,
@@ -114,7 +117,8 @@ pub fn collect(bandwidth: bool) -> Facts {
         libjpeg_turbo: stoker::decode::jpeg::LIBJPEG_TURBO_VERSION,
         cpu: stoker::cpu::allowance(),
         decode_threads: stoker::cpu::default_threads(),
-        threads_from_env: std::env::var("STOKER_NUM_THREADS").is_ok(),
+        threads_from_env: matches!(stoker::args::env_threads(), Ok(Some(_))),
+        threads_env_error: stoker::args::env_threads().err().map(|e| e.to_string()),
         simd: simd(),
         memory: Memory {
             total_bytes,
@@ -137,6 +141,9 @@ pub fn advise(f: &Facts) -> Vec<String> {
         f.decode_threads,
         if f.threads_from_env { ", overridden by STOKER_NUM_THREADS" } else { "" }
     )];
+    if let Some(e) = &f.threads_env_error {
+        advice.insert(0, format!("{e}: loaders refuse to start until it is fixed or unset"));
+    }
     if f.cpu.effective < f.cpu.online {
         advice.push(format!(
             "this process may use {} of the machine's {} CPUs (affinity/cgroup quota): size num_workers-style settings by the allowance, not the core count",
@@ -307,5 +314,11 @@ mod tests {
         assert!(a.iter().any(|l| l.contains("16.0 GiB of RAM available") && l.contains("4.0 GiB")), "{a:?}");
         let a = advise(&machine(8, 8, 8 << 30));
         assert!(!a.iter().any(|l| l.contains("of the machine's") || l.contains("/dev/shm")), "{a:?}");
+        // A value loaders refuse is said first, not counted as "set".
+        let mut f = machine(8, 8, 8 << 30);
+        f.threads_env_error = Some("invalid argument `STOKER_NUM_THREADS`: ...".into());
+        let a = advise(&f);
+        assert!(a[0].contains("STOKER_NUM_THREADS") && a[0].contains("refuse"), "{a:?}");
+        assert!(!a[1].contains("overridden"), "{a:?}");
     }
 }
