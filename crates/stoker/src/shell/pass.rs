@@ -116,7 +116,8 @@ pub struct FailureBudget {
     /// Raise the first failure instead of skipping it.
     pub raise: bool,
     failures: u64,
-    last: Vec<String>,
+    /// The last distinct reasons, each with how many failures in a row gave it.
+    last: Vec<(String, u64)>,
 }
 
 impl FailureBudget {
@@ -130,12 +131,25 @@ impl FailureBudget {
         self.failures += errs.len() as u64;
         let keep = errs.len().saturating_sub(3);
         for e in &errs[keep..] {
-            if self.last.len() == 3 {
-                self.last.remove(0);
+            let text = e.to_string();
+            match self.last.last_mut() {
+                // The same reason again (an open circuit, a missing mount): counted, not repeated.
+                Some((t, n)) if *t == text => *n += 1,
+                _ => {
+                    if self.last.len() == 3 {
+                        self.last.remove(0);
+                    }
+                    self.last.push((text, 1));
+                }
             }
-            self.last.push(e.to_string());
         }
         (self.raise && !errs.is_empty()).then(|| errs.swap_remove(0))
+    }
+
+    /// The last reasons, for an error message.
+    fn last_text(&self) -> String {
+        let one = |(t, n): &(String, u64)| if *n > 1 { format!("{t} ({n} times)") } else { t.clone() };
+        self.last.iter().map(one).collect::<Vec<_>>().join("; ")
     }
 
     fn exceeded(&self) -> Option<Error> {
@@ -144,7 +158,7 @@ impl FailureBudget {
                 "{} samples of this epoch failed, more than max_failures ({}): is the storage reachable? last errors: {}",
                 self.failures,
                 self.limit,
-                self.last.join("; ")
+                self.last_text()
             ))
         })
     }
@@ -153,7 +167,7 @@ impl FailureBudget {
         Error::Dataset(format!(
             "every sample of this pass failed ({}); last errors: {}",
             self.failures,
-            self.last.join("; ")
+            self.last_text()
         ))
     }
 }
@@ -422,6 +436,16 @@ mod tests {
         assert_eq!(got.len(), 2);
         assert!(got[1].as_ref().unwrap_err().contains("bad 1.0"), "{got:?}");
         assert_eq!(p.next_batch(), 1, "the position stays at the failing batch");
+    }
+
+    #[test]
+    fn a_repeated_reason_is_counted_not_repeated() {
+        let mut b = FailureBudget::new(0, false);
+        let same = || (0..3).map(|_| Error::Dataset("circuit open".into())).collect();
+        b.count(same());
+        b.count(vec![Error::Dataset("other".into())]);
+        let text = b.exceeded().unwrap().to_string();
+        assert!(text.ends_with("last errors: dataset error: circuit open (3 times); dataset error: other"), "{text}");
     }
 
     #[test]

@@ -341,7 +341,12 @@ struct LocalFiles {
 
 impl Storage for LocalFiles {
     fn read_at(&self, shard: usize, offset: u64, buf: &mut [u8]) -> std::result::Result<(), String> {
-        self.files[shard].read_exact_at(buf, offset).map_err(|e| e.to_string())
+        self.files[shard].read_exact_at(buf, offset).map_err(|e| match e.kind() {
+            std::io::ErrorKind::UnexpectedEof => {
+                format!("{e}: the shard is shorter than its index says (truncated?)")
+            }
+            _ => e.to_string(),
+        })
     }
 
     fn name(&self, shard: usize) -> &str {
@@ -594,10 +599,7 @@ impl Source for ShardSource {
         buf.resize(total, 0);
         // One positioned read: the member's tar header and its data.
         self.storage.read_at(k as usize, offset - tar::BLOCK as u64, buf).map_err(|e| {
-            Error::decode(
-                self.describe(i),
-                format!("cannot read {total} bytes at offset {}: {e} (truncated shard?)", offset - 512),
-            )
+            Error::decode(self.describe(i), format!("cannot read {total} bytes at offset {}: {e}", offset - 512))
         })?;
         self.check_header(i, &buf[..tar::BLOCK])?;
         buf.copy_within(tar::BLOCK.., 0);
