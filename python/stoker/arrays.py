@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import mmap
 import os
+import sys
 from typing import Any, Iterator
 
 from . import _stoker
@@ -21,6 +23,9 @@ def _column(a: Any) -> Any:
         if not path.endswith(".npy"):
             raise ConfigError(f"invalid argument `arrays`: {path!r} is not a .npy file")
         return path
+    path = _whole_npy_memmap(a)
+    if path is not None:
+        return path
     try:
         memoryview(a).release()
         return a
@@ -34,10 +39,40 @@ def _column(a: Any) -> Any:
         raise ConfigError(f"invalid argument `arrays`: cannot use {type(a).__name__} as an array") from None
 
 
+def _whole_npy_memmap(a: Any) -> str | None:
+    """The `.npy` file behind ``np.load(path, mmap_mode=...)``, when ``a`` is that whole array:
+    stoker then reads the file's rows itself (positional reads), so a file truncated meanwhile is
+    a ``ReadError`` where reading through the mapping would kill the process with ``SIGBUS``.
+    ``None`` for anything else (a slice of it, a raw ``np.memmap``), which is read in place."""
+    np = sys.modules.get("numpy")
+    if np is None or not isinstance(a, np.memmap) or not isinstance(a.base, mmap.mmap):
+        return None
+    if getattr(a, "mode", None) not in ("r", "r+"):  # copy-on-write: only the mapping has the writes
+        return None
+    filename = getattr(a, "filename", None)
+    if not isinstance(filename, str) or not filename.endswith(".npy") or not a.flags.c_contiguous:
+        return None
+    try:
+        with open(filename, "rb") as f:
+            version = np.lib.format.read_magic(f)
+            fmt = np.lib.format
+            read = fmt.read_array_header_1_0 if version == (1, 0) else fmt.read_array_header_2_0
+            shape, fortran, dtype = read(f)
+            header_end = f.tell()
+    except Exception:  # not a .npy NumPy can read: the array is read in place, as before
+        return None
+    if fortran or tuple(shape) != a.shape or dtype != a.dtype or a.offset != header_end:
+        return None
+    return filename
+
+
 class ArrayLoader(LoaderBase):
     """Batches of rows from equally long arrays: NumPy arrays (any C-contiguous numeric dtype)
     or ``.npy`` files, of which only the rows a batch needs are read (positional reads: a file
     truncated meanwhile raises ``ReadError``; a file of at most 32 MiB is read whole when opened).
+    A whole ``np.load(path, mmap_mode='r')`` array is read like its path; other memory-mapped
+    arrays are read in place, through the mapping (a file truncated under it ends the process
+    with ``SIGBUS``, as it would for NumPy itself).
 
     ``for x, y in stoker.ArrayLoader(x, y, batch_size=256, shuffle=True)`` yields one tensor per
     array, gathered by the sampler's indices with parallel row copies into pooled buffers and

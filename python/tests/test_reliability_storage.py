@@ -12,6 +12,7 @@ import textwrap
 from pathlib import Path
 
 import numpy as np
+import pytest
 from helpers import run_bounded
 
 TIMEOUT = 120
@@ -26,9 +27,12 @@ def python(code: str, *args: str, env: dict[str, str] | None = None,
 
 TRUNCATE = """
 import json, os, sys
+import numpy as np
 import stoker
-path = sys.argv[1]
-loader = stoker.ArrayLoader(path, batch_size=16, shuffle=True, seed=3, threads=2, output="numpy")
+path, given = sys.argv[1], sys.argv[2]
+# The path, or the array NumPy maps from it (np.load(mmap_mode="r"), as training scripts do).
+source = path if given == "path" else np.load(path, mmap_mode="r")
+loader = stoker.ArrayLoader(source, batch_size=16, shuffle=True, seed=3, threads=2, output="numpy")
 n, error = 0, None
 try:
     for i, (x,) in enumerate(loader):
@@ -41,13 +45,14 @@ print(json.dumps({"rows": n, "error": error}))
 """
 
 
-def test_an_npy_truncated_while_read_raises_read_error_not_sigbus(tmp_path: Path) -> None:
+@pytest.mark.parametrize("given", ["path", "mmap"])
+def test_an_npy_truncated_while_read_raises_read_error_not_sigbus(tmp_path: Path, given: str) -> None:
     path = tmp_path / "x.npy"
     # 40 MiB: more than stoker reads whole when it opens a file (32 MiB), so rows are read as
     # batches need them.
     x = np.arange(2_500 * 4096, dtype=np.uint32).reshape(2_500, 4096)
     np.save(path, x)
-    r = python(TRUNCATE, str(path))
+    r = python(TRUNCATE, str(path), given)
     assert r.returncode == 0, f"exit status {r.returncode} (negative: killed by a signal)\n{r.stderr[-3000:]}"
     out = json.loads(r.stdout.strip().splitlines()[-1])
     assert out["error"] is not None, out
