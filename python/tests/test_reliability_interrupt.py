@@ -19,6 +19,10 @@ from helpers import run_bounded
 
 CHILD = textwrap.dedent("""
     import _thread, gc, json, os, random, signal, sys, threading, time
+    # Ctrl-C as a terminal gives it. A process started in the background by a non-interactive
+    # shell (`cmd &` in a script, as CI and test scripts do) inherits SIGINT ignored, and then
+    # neither SIGINT nor interrupt_main() does anything: every interrupt would be "lost".
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     sys.path.insert(0, sys.argv[4])
     import stoker
     from helpers import new_stoker_threads, stoker_threads
