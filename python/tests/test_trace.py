@@ -50,8 +50,10 @@ def test_save_trace_and_small_ring(demo, tmp_path):
     asked = tmp_path / "asked.json"
     assert loader.save_trace(asked) == str(asked)
     doc, _, evs = events(asked)
-    assert len(evs) <= 20 and doc["otherData"]["max_events"] == 20
-    assert any(e["name"] == "deliver" and e["args"]["batch"] == 0 for e in evs)
+    # Batch 0 alone records 16 * 3 sample spans and a deliver; how many later events the
+    # workers add before close() depends on the machine, so only the ring's bound is asserted.
+    assert len(evs) == 20 and doc["otherData"]["max_events"] == 20
+    assert doc["otherData"]["dropped_events"] >= 16 * 3 + 1 - 20
     assert not out.exists()
     del loader, it
     gc.collect()
