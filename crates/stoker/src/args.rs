@@ -23,6 +23,7 @@ use crate::error::{Error, Result};
 use crate::ops::{DType, Layout, OpSpec, TransformSpec};
 use crate::pipeline::{ErrorPolicy, LoaderConfig};
 use crate::sampler::{Fingerprint, SamplerSpec, SamplerState};
+use crate::tokens::{PackMode, TokenConfig, TokenFingerprint, TokenState};
 use serde_json::{Map, Value};
 use std::path::PathBuf;
 use std::time::Duration;
@@ -710,6 +711,167 @@ fn array_config_in(args: Args, env: Env<'_>) -> Result<ArrayConfig> {
         prefetch.ok_or_else(|| Error::config("prefetch", "'auto' is for image loaders; give ArrayLoader a number"))?;
     a.finish()?;
     Ok(ArrayConfig { sampler, threads, prefetch, memory_limit })
+}
+
+/// The most tokens per row (`seq_len`).
+pub const MAX_SEQ_LEN: usize = 1 << 24;
+
+/// A [`TokenConfig`] and the tokenizer file from named arguments: `tokenizer` (a path; none
+/// for token files), `seq_len` (default 2048), `batch_size` (default 8), `pack` (`concat`,
+/// `best_fit`), `pack_window`, `shuffle`, `seed`, `drop_last`, `rank`, `world_size`,
+/// `infinite`, `shuffle_window`, `threads`, `prefetch`, `memory_limit`,
+/// `max_document_bytes`, `text_key`, `document` (`file`, `line`: plain text), `token_bytes`
+/// (2, 4: `.bin` files), `add_bos`, `add_eos`, `bos_token`, `eos_token`, `eos_id`, `pad_id`,
+/// `on_bad_document` (`skip`, `raise`), `max_failures` (a count).
+pub fn token_config(args: Args) -> Result<(TokenConfig, Option<PathBuf>)> {
+    token_config_in(args, &process_env)
+}
+
+fn token_config_in(args: Args, env: Env<'_>) -> Result<(TokenConfig, Option<PathBuf>)> {
+    let mut a = Taker(args);
+    let tokenizer = match a.take("tokenizer") {
+        None | Some(Value::Null) => None,
+        Some(v) => Some(PathBuf::from(text("tokenizer", &v, "the path of a tokenizer.json")?)),
+    };
+    let seq_len = a.take("seq_len").map(|v| bounded("seq_len", &v, MAX_SEQ_LEN, "tokens")).transpose()?.unwrap_or(2048);
+    let batch_size = a.take("batch_size").map(|v| positive("batch_size", &v)).transpose()?.unwrap_or(8);
+    if batch_size.checked_mul(seq_len).is_none_or(|t| t > i32::MAX as usize / 4) {
+        return Err(Error::config(
+            "batch_size",
+            format!("batch_size x seq_len = {batch_size} x {seq_len}: at most 2^29 tokens a batch"),
+        ));
+    }
+    let mut c = TokenConfig::new(batch_size, seq_len);
+    if let Some(v) = a.take("pack") {
+        c.pack = match text("pack", &v, "'concat' or 'best_fit'")? {
+            "concat" => PackMode::Concat,
+            "best_fit" => PackMode::BestFit,
+            other => return Err(Error::config("pack", format!("expected 'concat' or 'best_fit', got {other:?}"))),
+        };
+    }
+    let int = |a: &mut Taker, k: &str| a.take(k).map(|v| positive(k, &v)).transpose();
+    if let Some(n) = int(&mut a, "pack_window")? {
+        c.pack_window = n as u64;
+    }
+    if let Some(n) = int(&mut a, "shuffle_window")? {
+        c.shuffle_window = n as u64;
+    }
+    let flag = |a: &mut Taker, k: &str| a.take(k).map(|v| boolean(k, &v)).transpose();
+    c.shuffle = flag(&mut a, "shuffle")?.unwrap_or(false);
+    c.drop_last = flag(&mut a, "drop_last")?.unwrap_or(false);
+    c.infinite = flag(&mut a, "infinite")?.unwrap_or(false);
+    c.add_bos = flag(&mut a, "add_bos")?.unwrap_or(false);
+    c.add_eos = flag(&mut a, "add_eos")?.unwrap_or(true);
+    c.seed = a.take("seed").map(|v| non_negative("seed", &v)).transpose()?.unwrap_or(0);
+    (c.rank, c.world_size) = ranks(&mut a, env)?;
+    let (threads, prefetch, memory_limit) = common(&mut a, env)?;
+    c.threads = threads;
+    c.prefetch =
+        prefetch.ok_or_else(|| Error::config("prefetch", "'auto' is for image loaders; give TokenLoader a number"))?;
+    c.memory_limit = memory_limit;
+    if let Some(v) = a.take("max_document_bytes") {
+        c.max_document_bytes = bytes("max_document_bytes", &v)?;
+        if c.max_document_bytes == 0 {
+            return Err(Error::config("max_document_bytes", "must be at least 1 byte"));
+        }
+    }
+    if let Some(v) = a.take("text_key") {
+        c.text_key = text("text_key", &v, "the JSON key of the text")?.to_string();
+    }
+    if let Some(v) = a.take("document") {
+        c.lines = match text("document", &v, "'file' or 'line'")? {
+            "file" => false,
+            "line" => true,
+            other => return Err(Error::config("document", format!("expected 'file' or 'line', got {other:?}"))),
+        };
+    }
+    if let Some(v) = a.take("token_bytes") {
+        c.token_bytes = match unsigned("token_bytes", &v, "2 or 4")? {
+            2 => 2,
+            4 => 4,
+            n => return Err(Error::config("token_bytes", format!("expected 2 (uint16) or 4 (uint32), got {n}"))),
+        };
+    }
+    let name = |a: &mut Taker, k: &str| -> Result<Option<String>> {
+        match a.take(k) {
+            None | Some(Value::Null) => Ok(None),
+            Some(v) => Ok(Some(text(k, &v, "a token's text")?.to_string())),
+        }
+    };
+    c.bos_token = name(&mut a, "bos_token")?;
+    c.eos_token = name(&mut a, "eos_token")?;
+    let id = |a: &mut Taker, k: &str| -> Result<Option<u32>> {
+        match a.take(k) {
+            None | Some(Value::Null) => Ok(None),
+            Some(v) => {
+                let n = non_negative(k, &v)?;
+                u32::try_from(n)
+                    .map(Some)
+                    .map_err(|_| Error::config(k, format!("{n} is not a token id (at most 2^32 - 1)")))
+            }
+        }
+    };
+    c.eos_id = id(&mut a, "eos_id")?;
+    c.pad_id = id(&mut a, "pad_id")?;
+    if let Some(v) = a.take("on_bad_document") {
+        c.raise = match text("on_bad_document", &v, "'skip' or 'raise'")? {
+            "skip" => false,
+            "raise" => true,
+            other => {
+                return Err(Error::config("on_bad_document", format!("expected 'skip' or 'raise', got {other:?}")))
+            }
+        };
+    }
+    if let Some(v) = a.take("max_failures") {
+        c.max_failures = match v {
+            Value::Null => u64::MAX,
+            v => non_negative("max_failures", &v)?,
+        };
+    }
+    a.finish()?;
+    Ok((c, tokenizer))
+}
+
+/// A token loader's saved state (the JSON of `TokenLoader.state_dict()`), checked field by
+/// field and against `mine`: `seed`, `epoch`, `next_batch`, `cursor_epoch`, `cursor`,
+/// `offset` (non-negative integers), `version` (1) and `fingerprint` (equal to `mine`, the
+/// first difference named).
+pub fn token_state(state: &Value, mine: &TokenFingerprint) -> Result<TokenState> {
+    let fields = state
+        .as_object()
+        .ok_or_else(|| Error::config("state", format!("expected a dict from state_dict(), got {}", shown(state))))?;
+    let s = Saved { fields, prefix: "state" };
+    let int = |k: &str| s.integer(k, true, 0).map(|v| v.unwrap_or_default());
+    if let Some(v) = s.integer("version", false, 0)?.filter(|&v| v != 1) {
+        return Err(Error::config(s.name("version"), format!("expected 1 (a TokenLoader state), got {v}")));
+    }
+    let st = TokenState {
+        seed: int("seed")?,
+        epoch: int("epoch")?,
+        next_batch: int("next_batch")?,
+        at: crate::tokens::pack::Resume { epoch: int("cursor_epoch")?, cursor: int("cursor")?, offset: int("offset")? },
+    };
+    let fp = fields
+        .get("fingerprint")
+        .ok_or_else(|| Error::config("state", "has no 'fingerprint': expected a dict from TokenLoader.state_dict()"))?;
+    let theirs: TokenFingerprint = serde_json::from_value(fp.clone())
+        .map_err(|e| Error::config(s.name("fingerprint"), format!("not a TokenLoader fingerprint: {e}")))?;
+    let (a, b) = (serde_json::to_value(&theirs).unwrap_or_default(), serde_json::to_value(mine).unwrap_or_default());
+    if let (Some(a), Some(b)) = (a.as_object(), b.as_object()) {
+        for (k, v) in b {
+            if a.get(k) != Some(v) {
+                return Err(Error::config(
+                    format!("state['fingerprint']['{k}']"),
+                    format!(
+                        "the state was saved with {}, this loader has {}: it is for another dataset, tokenizer, packing or sharding",
+                        a.get(k).map_or("nothing".into(), shown),
+                        shown(v)
+                    ),
+                ));
+            }
+        }
+    }
+    Ok(st)
 }
 
 /// The fields of a saved state (`state_dict()`), for their checks.

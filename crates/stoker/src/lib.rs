@@ -28,6 +28,9 @@
 //!   [`pipeline`] (the image loader: threads, per-sample work, ordered delivery).
 //! - [`arrays`]: the `.npy` format and [`arrays::ArrayLoader`] (rows gathered by the sampler's
 //!   indices into pooled buffers).
+//! - [`tokens`]: language-model data: JSON Lines, text and token files tokenized with the
+//!   HuggingFace `tokenizers` crate on stoker's threads and packed into rows
+//!   ([`tokens::TokenLoader`]).
 //! - [`observe`]: [`telemetry`] (per-stage counters, the bottleneck verdict), [`trace`]
 //!   (Chrome/Perfetto traces), [`tune`] and [`budget`] (`threads`/`prefetch="auto"`, the host-wide
 //!   CPU share), [`cpu`] (the real CPU allowance).
@@ -68,6 +71,7 @@ pub mod image;
 pub mod observe;
 pub mod shell;
 pub mod source;
+pub mod tokens;
 pub mod tools;
 
 // The modules of each room, at the crate root as well: the paths other crates and older code use.

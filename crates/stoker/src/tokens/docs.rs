@@ -1,0 +1,489 @@
+//! Documents on disk: JSON Lines (plain, `.gz`, `.zst`), plain text (a document per line or per
+//! file) and pre-tokenized token files (a flat little-endian `uint16`/`uint32` array, nanoGPT's
+//! `.bin`, or a 1-D `.npy`). Only an index lives in memory: per document its byte offset, its
+//! length and its line, 24 bytes (built by one pass over each file when the loader opens it).
+//!
+//! Plain files are read with positional reads (any order: a global permutation per epoch);
+//! compressed ones are decompressed as a stream, in file order, so their order is "files
+//! permuted, documents shuffled within windows" ([`DocSource::random_access`]).
+
+use crate::error::{Error, Result};
+use std::io::Read;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+
+/// How a file holds its documents.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub enum Format {
+    /// JSON Lines: one object per line, the text under a key.
+    Jsonl,
+    /// Plain UTF-8 text, a document per non-empty line.
+    Lines,
+    /// Plain UTF-8 text, the whole file one document.
+    File,
+    /// Pre-tokenized: a flat little-endian array of token ids of this many bytes each (2 or 4;
+    /// a `.npy` file's own dtype wins), documents ending at each end-of-sequence token.
+    Tokens(u8),
+}
+
+/// How a file is compressed (from its name).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Compression {
+    /// Not compressed: read with positional reads.
+    None,
+    /// gzip (`.gz`).
+    Gzip,
+    /// Zstandard (`.zst`).
+    Zstd,
+}
+
+impl Compression {
+    /// The compression a file name says.
+    pub fn of(path: &Path) -> Self {
+        match path.extension().and_then(|e| e.to_str()) {
+            Some("gz") => Compression::Gzip,
+            Some("zst") | Some("zstd") => Compression::Zstd,
+            _ => Compression::None,
+        }
+    }
+}
+
+/// One document's place in its file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DocEntry {
+    /// Byte offset in the (decompressed) file.
+    pub offset: u64,
+    /// Bytes.
+    pub len: u64,
+    /// 1-based line (text formats) or 0-based token index (token files), for messages.
+    pub line: u64,
+}
+
+/// One file of documents and its index.
+#[derive(Debug)]
+pub struct DocFile {
+    /// The file.
+    pub path: PathBuf,
+    /// How it is compressed.
+    pub compression: Compression,
+    /// Its documents, in file order.
+    pub docs: Vec<DocEntry>,
+    /// The file's (decompressed) length in bytes.
+    pub bytes: u64,
+    /// Bytes per token of a token file (2 or 4; 0 for text).
+    pub width: u8,
+}
+
+/// Bytes of one read while an index is built.
+const SCAN_CHUNK: usize = 4 << 20;
+
+/// A decompressing reader over `path`.
+pub fn open_stream(path: &Path, compression: Compression) -> Result<Box<dyn Read + Send>> {
+    let f = std::fs::File::open(path).map_err(|e| Error::io(path, &e))?;
+    let f = std::io::BufReader::with_capacity(1 << 20, f);
+    Ok(match compression {
+        Compression::None => Box::new(f),
+        Compression::Gzip => Box::new(flate2::read::MultiGzDecoder::new(f)),
+        Compression::Zstd => {
+            Box::new(zstd::stream::read::Decoder::with_buffer(f).map_err(|e| Error::decode(path, e.to_string()))?)
+        }
+    })
+}
+
+/// Reads as much of `buf` as `r` gives; a decompression error names the file.
+fn read_some(r: &mut dyn Read, buf: &mut [u8], path: &Path, at: u64) -> Result<usize> {
+    loop {
+        match r.read(buf) {
+            Ok(n) => return Ok(n),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => {
+                return Err(Error::decode(path, format!("cannot read past byte {at} (truncated or corrupt?): {e}")))
+            }
+        }
+    }
+}
+
+impl DocFile {
+    /// Opens `path` and indexes its documents (`format` says how they are delimited; a token
+    /// file needs `eos`, the id that ends each document, or is one document).
+    pub fn open(path: &Path, format: Format, eos: Option<u32>) -> Result<Self> {
+        let meta = std::fs::metadata(path).map_err(|e| Error::io(path, &e))?;
+        if !meta.is_file() {
+            return Err(Error::decode(path, "not a regular file"));
+        }
+        let compression = Compression::of(path);
+        if let (Format::Tokens(_), c) = (format, compression) {
+            if c != Compression::None {
+                return Err(Error::decode(path, "token files are read in place: decompress it first"));
+            }
+            return Self::open_tokens(path, format, eos, meta.len());
+        }
+        if format == Format::File {
+            // A document per file: its length is known only once decompressed.
+            let bytes = if compression == Compression::None {
+                meta.len()
+            } else {
+                let mut r = open_stream(path, compression)?;
+                let mut buf = vec![0u8; SCAN_CHUNK];
+                let mut n = 0u64;
+                loop {
+                    let k = read_some(&mut *r, &mut buf, path, n)?;
+                    if k == 0 {
+                        break;
+                    }
+                    n += k as u64;
+                }
+                n
+            };
+            let docs = vec![DocEntry { offset: 0, len: bytes, line: 1 }];
+            return Ok(DocFile { path: path.to_path_buf(), compression, docs, bytes, width: 0 });
+        }
+        let mut r = open_stream(path, compression)?;
+        let mut buf = vec![0u8; SCAN_CHUNK];
+        let mut docs = Vec::new();
+        let (mut pos, mut line_start, mut line) = (0u64, 0u64, 1u64);
+        let mut blank = true; // the current line so far is whitespace only
+        loop {
+            let n = read_some(&mut *r, &mut buf, path, pos)?;
+            if n == 0 {
+                break;
+            }
+            let chunk = &buf[..n];
+            let mut from = 0;
+            for nl in memchr::memchr_iter(b'\n', chunk) {
+                blank &= chunk[from..nl].iter().all(u8::is_ascii_whitespace);
+                let end = pos + nl as u64;
+                if !blank {
+                    docs.push(DocEntry { offset: line_start, len: end - line_start, line });
+                }
+                line += 1;
+                line_start = end + 1;
+                blank = true;
+                from = nl + 1;
+            }
+            blank &= chunk[from..].iter().all(u8::is_ascii_whitespace);
+            pos += n as u64;
+        }
+        if !blank {
+            docs.push(DocEntry { offset: line_start, len: pos - line_start, line });
+        }
+        Ok(DocFile { path: path.to_path_buf(), compression, docs, bytes: pos, width: 0 })
+    }
+
+    fn open_tokens(path: &Path, format: Format, eos: Option<u32>, len: u64) -> Result<Self> {
+        let Format::Tokens(given) = format else { unreachable!("token format") };
+        let f = std::fs::File::open(path).map_err(|e| Error::io(path, &e))?;
+        let (data_offset, width) = if path.extension().is_some_and(|e| e == "npy") {
+            let mut head = vec![0u8; (len as usize).min(crate::arrays::npy::NPY_HEADER_MAX)];
+            f.read_exact_at(&mut head, 0).map_err(|e| Error::io(path, &e))?;
+            let l = crate::arrays::npy::npy_layout(&head, len as usize, path)?;
+            let width = match l.header.descr.as_str() {
+                "<u2" => 2u64,
+                "<u4" | "<i4" => 4,
+                d => {
+                    return Err(Error::decode(
+                        path,
+                        format!("token array of dtype {d}: expected uint16, uint32 or int32"),
+                    ))
+                }
+            };
+            if l.header.shape.len() != 1 {
+                return Err(Error::decode(path, format!("token array of shape {:?}: expected 1-D", l.header.shape)));
+            }
+            (l.header.data_offset as u64, width)
+        } else {
+            (0, given as u64)
+        };
+        let bytes = len - data_offset;
+        if !bytes.is_multiple_of(width) {
+            return Err(Error::decode(path, format!("{bytes} bytes of tokens is not a multiple of {width} bytes")));
+        }
+        let mut docs = Vec::new();
+        let mut start = 0u64; // token index where the current document starts
+        if let Some(eos) = eos {
+            let mut buf = vec![0u8; SCAN_CHUNK];
+            let mut at = 0u64;
+            while at < bytes {
+                let n = ((bytes - at) as usize).min(SCAN_CHUNK);
+                f.read_exact_at(&mut buf[..n], data_offset + at).map_err(|e| Error::io(path, &e))?;
+                for (k, t) in buf[..n].chunks_exact(width as usize).enumerate() {
+                    let id = if width == 2 {
+                        u16::from_le_bytes([t[0], t[1]]) as u32
+                    } else {
+                        u32::from_le_bytes([t[0], t[1], t[2], t[3]])
+                    };
+                    if id == eos {
+                        let end = at / width + k as u64 + 1;
+                        docs.push(DocEntry {
+                            offset: data_offset + start * width,
+                            len: (end - start) * width,
+                            line: start,
+                        });
+                        start = end;
+                    }
+                }
+                at += n as u64;
+            }
+        }
+        let total = bytes / width;
+        if start < total {
+            docs.push(DocEntry { offset: data_offset + start * width, len: (total - start) * width, line: start });
+        }
+        Ok(DocFile { path: path.to_path_buf(), compression: Compression::None, docs, bytes, width: width as u8 })
+    }
+
+    /// Reads document `d` (plain files only) into `buf`.
+    pub fn read_at(&self, file: &std::fs::File, d: &DocEntry, buf: &mut Vec<u8>) -> Result<()> {
+        buf.clear();
+        buf.resize(d.len as usize, 0);
+        file.read_exact_at(buf, d.offset).map_err(|e| {
+            let why = if e.kind() == std::io::ErrorKind::UnexpectedEof {
+                format!("line {}: the file became shorter while it was read (truncated or rewritten?)", d.line)
+            } else {
+                format!("line {}: {e}", d.line)
+            };
+            Error::Io { path: self.path.clone(), reason: why }
+        })
+    }
+}
+
+/// A decompressing reader positioned in a file, for documents read in file order.
+pub struct StreamCursor {
+    reader: Box<dyn Read + Send>,
+    pos: u64,
+    scratch: Vec<u8>,
+}
+
+impl StreamCursor {
+    /// A cursor at the start of `f`.
+    pub fn new(f: &DocFile) -> Result<Self> {
+        Ok(StreamCursor { reader: open_stream(&f.path, f.compression)?, pos: 0, scratch: vec![0u8; 1 << 16] })
+    }
+
+    /// The byte position in the decompressed stream.
+    pub fn position(&self) -> u64 {
+        self.pos
+    }
+
+    /// Skips to `offset` (at or after the cursor).
+    fn skip_to(&mut self, offset: u64, path: &Path) -> Result<()> {
+        while self.pos < offset {
+            let n = ((offset - self.pos) as usize).min(self.scratch.len());
+            let k = read_some(&mut *self.reader, &mut self.scratch[..n], path, self.pos)?;
+            if k == 0 {
+                return Err(Error::decode(path, format!("ends at byte {} before its index says", self.pos)));
+            }
+            self.pos += k as u64;
+        }
+        Ok(())
+    }
+
+    /// Reads document `d` (at or after the cursor) into `buf`; one larger than `max` bytes is
+    /// skipped without being held, and is its error.
+    pub fn read(&mut self, f: &DocFile, d: &DocEntry, max: u64, buf: &mut Vec<u8>) -> Result<()> {
+        self.skip_to(d.offset, &f.path)?;
+        if d.len > max {
+            self.skip_to(d.offset + d.len, &f.path)?;
+            return Err(too_long(f, d, max));
+        }
+        buf.clear();
+        buf.resize(d.len as usize, 0);
+        let mut got = 0;
+        while got < buf.len() {
+            let k = read_some(&mut *self.reader, &mut buf[got..], &f.path, self.pos)?;
+            if k == 0 {
+                return Err(Error::decode(&f.path, format!("ends at byte {} before its index says", self.pos)));
+            }
+            got += k;
+            self.pos += k as u64;
+        }
+        Ok(())
+    }
+}
+
+/// The error of a document longer than `max_document_bytes`.
+pub fn too_long(f: &DocFile, d: &DocEntry, max: u64) -> Error {
+    Error::decode(
+        &f.path,
+        format!("line {}: a document of {} bytes, more than max_document_bytes ({max}): skipped", d.line, d.len),
+    )
+}
+
+/// The documents of several files, numbered in file order.
+#[derive(Debug)]
+pub struct DocSource {
+    /// The files.
+    pub files: Vec<DocFile>,
+    /// How documents are delimited and what they hold.
+    pub format: Format,
+    /// The global number of the first document of each file, and the total at the end.
+    starts: Vec<u64>,
+}
+
+impl DocSource {
+    /// Indexes every file (`eos`: see [`DocFile::open`]).
+    pub fn open(paths: &[PathBuf], format: Format, eos: Option<u32>) -> Result<Self> {
+        if paths.is_empty() {
+            return Err(Error::config("data", "no files given"));
+        }
+        let files = paths.iter().map(|p| DocFile::open(p, format, eos)).collect::<Result<Vec<_>>>()?;
+        let mut starts = Vec::with_capacity(files.len() + 1);
+        let mut n = 0u64;
+        for f in &files {
+            starts.push(n);
+            n += f.docs.len() as u64;
+        }
+        starts.push(n);
+        if n == 0 {
+            return Err(Error::Dataset(format!(
+                "no documents in {} file(s), first {}",
+                files.len(),
+                paths[0].display()
+            )));
+        }
+        Ok(DocSource { files, format, starts })
+    }
+
+    /// Documents in all files.
+    pub fn len(&self) -> u64 {
+        *self.starts.last().expect("one entry at least")
+    }
+
+    /// Whether there are no documents (never, for an opened source).
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Whether every file can be read at any position (none is compressed).
+    pub fn random_access(&self) -> bool {
+        self.files.iter().all(|f| f.compression == Compression::None)
+    }
+
+    /// Documents per file.
+    pub fn counts(&self) -> Vec<u64> {
+        self.files.iter().map(|f| f.docs.len() as u64).collect()
+    }
+
+    /// `(file, ordinal in it)` of global document `g`.
+    pub fn locate(&self, g: u64) -> (usize, usize) {
+        let f = self.starts.partition_point(|&s| s <= g) - 1;
+        (f, (g - self.starts[f]) as usize)
+    }
+
+    /// Total bytes of the files' documents (decompressed).
+    pub fn bytes(&self) -> u64 {
+        self.files.iter().map(|f| f.bytes).sum()
+    }
+
+    /// A hash of the file list and index, for the fingerprint of a saved state.
+    pub fn hash(&self) -> u64 {
+        let mut h = xxhash_rust::xxh3::Xxh3::new();
+        for f in &self.files {
+            h.update(f.path.as_os_str().as_encoded_bytes());
+            h.update(&(f.docs.len() as u64).to_le_bytes());
+            h.update(&f.bytes.to_le_bytes());
+        }
+        h.digest()
+    }
+}
+
+/// The text of a JSON Lines record: the string under `key`, parsed without building the rest
+/// of the object.
+pub fn json_text<'a>(line: &'a [u8], key: &str) -> std::result::Result<std::borrow::Cow<'a, str>, String> {
+    use serde::de::{Deserializer, IgnoredAny, MapAccess, Visitor};
+    use std::borrow::Cow;
+    struct Text<'k>(&'k str);
+    impl<'de> Visitor<'de> for Text<'_> {
+        type Value = Option<Cow<'de, str>>;
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("a JSON object")
+        }
+        fn visit_map<A: MapAccess<'de>>(self, mut m: A) -> std::result::Result<Self::Value, A::Error> {
+            let mut found = None;
+            while let Some(k) = m.next_key::<Cow<'de, str>>()? {
+                if k == self.0 && found.is_none() {
+                    found = Some(
+                        m.next_value::<Cow<'de, str>>()
+                            .map_err(|e| serde::de::Error::custom(format!("`{}` is not a string ({e})", self.0)))?,
+                    );
+                } else {
+                    m.next_value::<IgnoredAny>()?;
+                }
+            }
+            Ok(found)
+        }
+    }
+    let mut de = serde_json::Deserializer::from_slice(line);
+    let v = de.deserialize_map(Text(key)).map_err(|e| format!("not a JSON object with a string `{key}`: {e}"))?;
+    de.end().map_err(|e| format!("trailing characters after the JSON object: {e}"))?;
+    v.ok_or_else(|| format!("no key `{key}`"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn jsonl_index_skips_blank_lines_and_reads_compressed_the_same() {
+        let d = tempfile::tempdir().unwrap();
+        let text = b"{\"text\": \"a\"}\n\n  \n{\"text\": \"bb\"}\n{\"text\": \"c\"}";
+        let plain = d.path().join("x.jsonl");
+        std::fs::write(&plain, text).unwrap();
+        let zst = d.path().join("x.jsonl.zst");
+        std::fs::write(&zst, zstd::encode_all(&text[..], 3).unwrap()).unwrap();
+        let gz = d.path().join("x.jsonl.gz");
+        let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+        std::io::Write::write_all(&mut e, text).unwrap();
+        std::fs::write(&gz, e.finish().unwrap()).unwrap();
+        let want = vec![
+            DocEntry { offset: 0, len: 13, line: 1 },
+            DocEntry { offset: 18, len: 14, line: 4 },
+            DocEntry { offset: 33, len: 13, line: 5 },
+        ];
+        for p in [&plain, &zst, &gz] {
+            let f = DocFile::open(p, Format::Jsonl, None).unwrap();
+            assert_eq!(f.docs, want, "{p:?}");
+            let mut c = StreamCursor::new(&f).unwrap();
+            let mut buf = vec![];
+            c.read(&f, &f.docs[1], 100, &mut buf).unwrap();
+            assert_eq!(json_text(&buf, "text").unwrap(), "bb");
+            let err = c.read(&f, &f.docs[2], 5, &mut buf).unwrap_err().to_string();
+            assert!(err.contains("line 5") && err.contains("max_document_bytes"), "{err}");
+        }
+    }
+
+    #[test]
+    fn a_truncated_zst_is_an_error_naming_the_file() {
+        let d = tempfile::tempdir().unwrap();
+        let text: Vec<u8> = (0..2000).flat_map(|i| format!("{{\"text\": \"doc {i}\"}}\n").into_bytes()).collect();
+        let z = zstd::encode_all(&text[..], 3).unwrap();
+        let p = d.path().join("cut.jsonl.zst");
+        std::fs::write(&p, &z[..z.len() / 2]).unwrap();
+        let err = DocFile::open(&p, Format::Jsonl, None).unwrap_err().to_string();
+        assert!(err.contains("cut.jsonl.zst") && err.contains("truncated or corrupt"), "{err}");
+    }
+
+    #[test]
+    fn json_text_takes_one_key() {
+        assert_eq!(json_text(br#"{"id": [1, {"x": 2}], "text": "h\u00e9\n"}"#, "text").unwrap(), "hé\n");
+        assert!(json_text(br#"{"id": 1}"#, "text").unwrap_err().contains("no key `text`"));
+        assert!(json_text(br#"{"text": 5}"#, "text").unwrap_err().contains("not a string"));
+        assert!(json_text(br#"{"text": "a""#, "text").is_err());
+        assert!(json_text(b"{\"text\": \"\xff\"}", "text").is_err(), "invalid UTF-8");
+        assert!(json_text(br#"{"text": "a"} x"#, "text").unwrap_err().contains("trailing"));
+    }
+
+    #[test]
+    fn token_files_split_at_eos() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("t.bin");
+        let toks: [u16; 7] = [5, 6, 0, 7, 0, 8, 9];
+        std::fs::write(&p, toks.iter().flat_map(|t| t.to_le_bytes()).collect::<Vec<_>>()).unwrap();
+        let f = DocFile::open(&p, Format::Tokens(2), Some(0)).unwrap();
+        let spans: Vec<(u64, u64)> = f.docs.iter().map(|e| (e.offset / 2, e.len / 2)).collect();
+        assert_eq!(spans, vec![(0, 3), (3, 2), (5, 2)]);
+        let one = DocFile::open(&p, Format::Tokens(2), None).unwrap();
+        assert_eq!(one.docs.len(), 1);
+        assert!(DocFile::open(&p, Format::Tokens(4), None).unwrap_err().to_string().contains("multiple of 4"));
+    }
+}

@@ -1,0 +1,1104 @@
+//! [`TokenLoader`]: documents read, tokenized on stoker's threads and packed into batches of
+//! `input_ids`, `labels`, `position_ids` and `cu_seqlens`, in pooled buffers.
+//!
+//! Threads of one iteration (all on the shell's [`Run`]):
+//! - `stoker-text-read`: walks this rank's document order from the resume point, reads the
+//!   documents (positional reads, or a decompressing stream) and sends them in chunks;
+//! - `stoker-tokenize-K`: each owns a clone of the tokenizer; parses a chunk (JSON, UTF-8) and
+//!   tokenizes it, without offsets;
+//! - `stoker-pack`: puts chunks back in order and packs the document stream into rows
+//!   ([`super::pack`]), a batch per pooled slot.
+//!
+//! A credit per chunk in flight bounds the memory between the reader and the packer, whatever
+//! the thread count; the packer sees documents in order, so batches do not depend on it.
+
+use super::docs::{json_text, too_long, DocSource, Format, StreamCursor};
+use super::pack::{BestFit, Concat, Doc, Resume, RowInfo, RowOut};
+use super::tokenizer::TextTokenizer;
+use crate::buffer::{HeapAllocator, RawBuf};
+use crate::error::{Error, Result};
+use crate::pipeline::Run;
+use crate::rng::{self, Rng};
+use crate::shell::epochs::Active;
+use crate::shell::ordered::{take_free, POLL};
+use crate::shell::pass::{FailureBudget, Next, Observe, Pass, PassHooks, PassSlot, PoolView};
+use crossbeam_channel::{bounded, Receiver, RecvTimeoutError, SendTimeoutError, Sender};
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// How documents are packed into rows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub enum PackMode {
+    /// Joined and cut ([`Concat`]).
+    Concat,
+    /// Best-fit decreasing over blocks of documents ([`BestFit`]).
+    BestFit,
+}
+
+/// Configuration of a [`TokenLoader`] (checked by [`crate::args::token_config`]).
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct TokenConfig {
+    /// Rows per batch.
+    pub batch_size: usize,
+    /// Tokens per row.
+    pub seq_len: usize,
+    /// The packer.
+    pub pack: PackMode,
+    /// Documents per best-fit block.
+    pub pack_window: u64,
+    /// A seeded document order per epoch.
+    pub shuffle: bool,
+    /// The seed.
+    pub seed: u64,
+    /// This process's rank.
+    pub rank: usize,
+    /// Ranks sharing the documents.
+    pub world_size: usize,
+    /// Drop the epoch's last batch when it has fewer than `batch_size` rows.
+    pub drop_last: bool,
+    /// Go on into the next epoch's order instead of ending (step-based training).
+    pub infinite: bool,
+    /// For compressed files (read as streams): documents shuffled together within a file.
+    pub shuffle_window: u64,
+    /// Tokenizer threads (`None`: the CPU allowance).
+    pub threads: Option<usize>,
+    /// Finished batches that may wait ahead of the consumer.
+    pub prefetch: usize,
+    /// Cap on the bytes of all batch buffers together.
+    pub memory_limit: Option<u64>,
+    /// A longer document is skipped (and counted) unread.
+    pub max_document_bytes: u64,
+    /// The JSON key holding the text.
+    pub text_key: String,
+    /// Plain text files: a document per line (else per file).
+    pub lines: bool,
+    /// Bytes per token of `.bin` token files.
+    pub token_bytes: u8,
+    /// Put the BOS token before each document.
+    pub add_bos: bool,
+    /// Put the EOS token after each document.
+    pub add_eos: bool,
+    /// The BOS token's text (`None`: the usual names).
+    pub bos_token: Option<String>,
+    /// The EOS token's text (`None`: the usual names).
+    pub eos_token: Option<String>,
+    /// The EOS id of token files (their documents end at it), or an id to use as EOS.
+    pub eos_id: Option<u32>,
+    /// The id of padding (`None`: EOS, else 0).
+    pub pad_id: Option<u32>,
+    /// Failed documents allowed per pass before it ends with an error.
+    pub max_failures: u64,
+    /// Raise the first failed document instead of skipping it.
+    pub raise: bool,
+}
+
+impl TokenConfig {
+    /// Defaults for `batch_size` rows of `seq_len` tokens.
+    pub fn new(batch_size: usize, seq_len: usize) -> Self {
+        TokenConfig {
+            batch_size,
+            seq_len,
+            pack: PackMode::Concat,
+            pack_window: 1024,
+            shuffle: false,
+            seed: 0,
+            rank: 0,
+            world_size: 1,
+            drop_last: false,
+            infinite: false,
+            shuffle_window: 4096,
+            threads: None,
+            prefetch: 2,
+            memory_limit: None,
+            max_document_bytes: 64 << 20,
+            text_key: "text".into(),
+            lines: false,
+            token_bytes: 2,
+            add_bos: false,
+            add_eos: true,
+            bos_token: None,
+            eos_token: None,
+            eos_id: None,
+            pad_id: None,
+            max_failures: u64::MAX,
+            raise: false,
+        }
+    }
+}
+
+/// The format of a file, from its name: `.jsonl`/`.json` (optionally `.gz`/`.zst`), `.txt`,
+/// `.bin`/`.npy` token files.
+pub fn format_of(path: &std::path::Path, cfg: &TokenConfig) -> Result<Format> {
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let base = name.strip_suffix(".gz").or_else(|| name.strip_suffix(".zst")).unwrap_or(&name);
+    if base.ends_with(".jsonl") || base.ends_with(".json") || base.ends_with(".ndjson") {
+        Ok(Format::Jsonl)
+    } else if base.ends_with(".txt") || base.ends_with(".text") {
+        Ok(if cfg.lines { Format::Lines } else { Format::File })
+    } else if name.ends_with(".bin") || name.ends_with(".npy") {
+        Ok(Format::Tokens(cfg.token_bytes))
+    } else {
+        Err(Error::config(
+            "data",
+            format!("{}: unknown format: expected .jsonl, .txt (optionally .gz or .zst), .bin or .npy", path.display()),
+        ))
+    }
+}
+
+/// One chunk of documents on its way to a tokenizer.
+struct RawDoc {
+    epoch: u64,
+    cursor: u64,
+    /// `(file, ordinal)`, for messages.
+    at: (usize, usize),
+    bytes: Result<Vec<u8>>,
+}
+
+/// A chunk's documents, tokenized; failed ones are empty with their error.
+type Tokenized = Vec<(Doc, Option<Error>)>;
+
+/// Counters of one loader, over its life.
+#[derive(Debug, Default)]
+pub struct TokenStats {
+    /// Documents packed (failed ones included).
+    pub documents: AtomicU64,
+    /// Documents that failed (skipped).
+    pub failed: AtomicU64,
+    /// Document tokens delivered.
+    pub tokens: AtomicU64,
+    /// Padding tokens delivered.
+    pub padding: AtomicU64,
+    /// Documents split over rows (best fit: longer than a row).
+    pub split: AtomicU64,
+    /// Tokens of epoch tails dropped (concat), and of dropped last batches.
+    pub dropped: AtomicU64,
+    /// Rows delivered.
+    pub rows: AtomicU64,
+    /// Bytes of documents read.
+    pub bytes: AtomicU64,
+    /// Nanoseconds spent reading, tokenizing (all threads) and packing.
+    pub read_ns: AtomicU64,
+    /// See `read_ns`.
+    pub tokenize_ns: AtomicU64,
+    /// See `read_ns`.
+    pub pack_ns: AtomicU64,
+    /// Nanoseconds the consumer waited for batches.
+    pub wait_ns: AtomicU64,
+}
+
+impl TokenStats {
+    /// The counters as JSON.
+    pub fn to_json(&self) -> serde_json::Value {
+        let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let s = |a: &AtomicU64| g(a) as f64 / 1e9;
+        let (tokens, padding) = (g(&self.tokens), g(&self.padding));
+        serde_json::json!({
+            "documents": g(&self.documents),
+            "failed_documents": g(&self.failed),
+            "tokens": tokens,
+            "padding_tokens": padding,
+            "padding_fraction": if tokens + padding > 0 { padding as f64 / (tokens + padding) as f64 } else { 0.0 },
+            "split_documents": g(&self.split),
+            "dropped_tokens": g(&self.dropped),
+            "rows": g(&self.rows),
+            "bytes_read": g(&self.bytes),
+            "seconds": {"read": s(&self.read_ns), "tokenize": s(&self.tokenize_ns), "pack": s(&self.pack_ns),
+                        "consumer_wait": s(&self.wait_ns)},
+        })
+    }
+}
+
+/// Where iteration stands: the epoch, batches delivered in it, and where the next batch's
+/// first row starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct TokenState {
+    /// The seed (checked on restore).
+    pub seed: u64,
+    /// The epoch selected by `set_epoch` (infinite loaders: the one the pass started in).
+    pub epoch: u64,
+    /// Batches delivered since that epoch's start.
+    pub next_batch: u64,
+    /// Where the next row starts.
+    pub at: Resume,
+}
+
+#[derive(Debug, Default)]
+struct PositionInner {
+    epoch: u64,
+    next_batch: u64,
+    at: Resume,
+    resume: bool,
+}
+
+/// What a saved state is valid for.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct TokenFingerprint {
+    /// Documents in the source.
+    pub documents: u64,
+    /// A hash of the files and their indexes.
+    pub data_hash: String,
+    /// A hash of the tokenizer's JSON (`none` for token files).
+    pub tokenizer_hash: String,
+    /// Rows per batch.
+    pub batch_size: usize,
+    /// Tokens per row.
+    pub seq_len: usize,
+    /// `concat` or `best_fit`, with the block size.
+    pub pack: String,
+    /// Document order: `none`, `global` or `window:N`.
+    pub order: String,
+    /// BOS/EOS added.
+    pub special: String,
+    /// Ranks.
+    pub world_size: usize,
+    /// This rank.
+    pub rank: usize,
+}
+
+struct TokenSlot {
+    batch: AtomicUsize,
+    rows: AtomicUsize,
+    input: RawBuf,
+    labels: RawBuf,
+    positions: RawBuf,
+    cu: RawBuf,
+    cu_len: AtomicUsize,
+    /// The resume point after this batch, its failures.
+    after: Mutex<(Resume, Vec<Error>)>,
+}
+
+impl TokenSlot {
+    /// The `i32` view of `buf`'s first `n` values.
+    ///
+    /// # Safety
+    /// No one may write the range while the slice lives.
+    unsafe fn ints(buf: &RawBuf, n: usize) -> &[i32] {
+        // SAFETY: the buffer is 64-byte aligned and holds at least `n` i32s (allocated with
+        // them); no writer is active per the caller's contract.
+        unsafe { std::slice::from_raw_parts(buf.as_ptr().cast::<i32>(), n) }
+    }
+
+    /// The mutable `i32` view of values `from..from + n` of `buf`.
+    ///
+    /// # Safety
+    /// The caller must be the slot's only user (the packer, before the slot is sent).
+    #[allow(clippy::mut_from_ref)]
+    unsafe fn ints_mut(buf: &RawBuf, from: usize, n: usize) -> &mut [i32] {
+        // SAFETY: aligned, in bounds (allocated for the whole batch) and unaliased per the
+        // caller's contract.
+        unsafe { std::slice::from_raw_parts_mut(buf.as_ptr().cast::<i32>().add(from), n) }
+    }
+}
+
+impl PassSlot for Arc<TokenSlot> {
+    fn batch(&self) -> usize {
+        self.batch.load(Ordering::Relaxed)
+    }
+
+    fn samples(&self) -> Option<usize> {
+        Some(self.rows.load(Ordering::Acquire))
+    }
+
+    fn take_failures(&self) -> Vec<Error> {
+        std::mem::take(&mut self.after.lock().unwrap_or_else(|p| p.into_inner()).1)
+    }
+}
+
+struct Shared {
+    source: DocSource,
+    tokenizer: Option<TextTokenizer>,
+    config: TokenConfig,
+    threads: usize,
+    bos: Option<u32>,
+    eos: Option<u32>,
+    pad: u32,
+    free_tx: Sender<Arc<TokenSlot>>,
+    free_rx: Receiver<Arc<TokenSlot>>,
+    slots: usize,
+    held: Arc<AtomicUsize>,
+    stats: Arc<TokenStats>,
+    position: Mutex<PositionInner>,
+}
+
+/// Batches of packed token rows from text or token files.
+pub struct TokenLoader {
+    shared: Arc<Shared>,
+    active: Active,
+}
+
+impl std::fmt::Debug for TokenLoader {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TokenLoader").field("documents", &self.shared.source.len()).finish()
+    }
+}
+
+/// This rank's documents of one epoch, in order, and where each read group starts (a window
+/// of a compressed file, read from its stream together).
+struct EpochOrder {
+    docs: Vec<u64>,
+    groups: Vec<usize>,
+}
+
+/// Bytes of the documents of one shuffle window of a compressed file, at most.
+const WINDOW_BYTES: u64 = 64 << 20;
+
+fn epoch_order(src: &DocSource, cfg: &TokenConfig, epoch: u64) -> EpochOrder {
+    let mut r = Rng::new(cfg.seed, rng::stream::PERMUTATION, epoch);
+    let (mut all, mut bounds) = (Vec::with_capacity(src.len() as usize), vec![0usize]);
+    if src.random_access() {
+        all.extend(0..src.len());
+        if cfg.shuffle {
+            rng::shuffle(&mut all, &mut r);
+        }
+    } else {
+        // Streams are read in windows of consecutive documents of one file (bounded by count
+        // and bytes); shuffled, the files are permuted and each window shuffled.
+        let mut files: Vec<usize> = (0..src.files.len()).collect();
+        if cfg.shuffle {
+            rng::shuffle(&mut files, &mut r);
+        }
+        let first = |f: usize| src.files[..f].iter().map(|x| x.docs.len() as u64).sum::<u64>();
+        for f in files {
+            let base = first(f);
+            let docs = &src.files[f].docs;
+            let mut s = 0;
+            while s < docs.len() {
+                let (mut e, mut bytes) = (s, 0u64);
+                while e < docs.len()
+                    && (e - s) < cfg.shuffle_window as usize
+                    && (e == s || bytes + docs[e].len <= WINDOW_BYTES)
+                {
+                    bytes += docs[e].len;
+                    e += 1;
+                }
+                let from = all.len();
+                all.extend((s..e).map(|k| base + k as u64));
+                if cfg.shuffle {
+                    rng::shuffle(&mut all[from..], &mut r);
+                }
+                bounds.push(all.len());
+                s = e;
+            }
+        }
+    }
+    let (w, k) = (cfg.world_size, cfg.rank);
+    // Position p of the global order goes to rank p % world_size.
+    let docs: Vec<u64> = all.iter().skip(k).step_by(w).copied().collect();
+    let groups = bounds.iter().map(|&b| (b + w - 1 - k.min(b + w - 1)) / w).collect::<Vec<_>>();
+    let mut groups: Vec<usize> = groups.into_iter().map(|g| g.min(docs.len())).collect();
+    groups.dedup();
+    EpochOrder { docs, groups }
+}
+
+/// Sends `v`, waiting in steps so that `cancel` is seen; false when cancelled or closed.
+fn send<T>(tx: &Sender<T>, mut v: T, cancel: &AtomicBool) -> bool {
+    loop {
+        if cancel.load(Ordering::Acquire) {
+            return false;
+        }
+        match tx.send_timeout(v, POLL) {
+            Ok(()) => return true,
+            Err(SendTimeoutError::Timeout(back)) => v = back,
+            Err(SendTimeoutError::Disconnected(_)) => return false,
+        }
+    }
+}
+
+/// Receives, waiting in steps so that `cancel` is seen; `None` when cancelled or closed.
+fn recv<T>(rx: &Receiver<T>, cancel: &AtomicBool) -> Option<T> {
+    loop {
+        if cancel.load(Ordering::Acquire) {
+            return None;
+        }
+        match rx.recv_timeout(POLL) {
+            Ok(v) => return Some(v),
+            Err(RecvTimeoutError::Timeout) => continue,
+            Err(RecvTimeoutError::Disconnected) => return None,
+        }
+    }
+}
+
+/// Documents or bytes per chunk sent to a tokenizer thread.
+const CHUNK_DOCS: usize = 64;
+const CHUNK_BYTES: usize = 256 << 10;
+
+impl TokenLoader {
+    /// Opens the documents of `paths` (text needs `tokenizer`; token files need none) and
+    /// allocates the pool.
+    pub fn new(paths: &[std::path::PathBuf], tokenizer: Option<TextTokenizer>, config: TokenConfig) -> Result<Self> {
+        let formats = paths.iter().map(|p| format_of(p, &config)).collect::<Result<Vec<_>>>()?;
+        let format = *formats.first().ok_or_else(|| Error::config("data", "no files given"))?;
+        if formats.iter().any(|f| std::mem::discriminant(f) != std::mem::discriminant(&format)) {
+            return Err(Error::config("data", "mixes text and token files: give one kind"));
+        }
+        let text = !matches!(format, Format::Tokens(_));
+        let tokenizer = match (text, tokenizer) {
+            (true, None) => return Err(Error::config("tokenizer", "text needs a tokenizer (a tokenizer.json)")),
+            (false, Some(_)) => {
+                return Err(Error::config("tokenizer", "token files are already tokenized: give no tokenizer"))
+            }
+            (_, t) => t,
+        };
+        let (bos, eos) = match &tokenizer {
+            Some(t) => (
+                t.bos(config.bos_token.as_deref())?,
+                match config.eos_id {
+                    Some(id) => Some(id),
+                    None => t.eos(config.eos_token.as_deref())?,
+                },
+            ),
+            None => (None, config.eos_id),
+        };
+        if config.add_eos && eos.is_none() && text {
+            return Err(Error::config("eos_token", "the tokenizer has no known EOS token: name it, or add_eos=False"));
+        }
+        if config.add_bos && bos.is_none() {
+            return Err(Error::config("bos_token", "the tokenizer has no known BOS token: name it, or add_bos=False"));
+        }
+        let source = DocSource::open(paths, format, if text { None } else { eos })?;
+        let threads = match config.threads {
+            Some(0) => return Err(Error::config("threads", "must be at least 1 (or auto)")),
+            Some(n) => n,
+            None => crate::cpu::default_threads(),
+        };
+        let (bs, len) = (config.batch_size, config.seq_len);
+        let values = bs.checked_mul(len).filter(|v| *v <= (i32::MAX as usize)).ok_or_else(|| {
+            Error::config("seq_len", format!("batch_size x seq_len = {bs} x {len} tokens: at most 2^31 a batch"))
+        })?;
+        let cu_values = values + bs + 1;
+        let batch_bytes = (3 * values + cu_values) * 4;
+        let slots = crate::buffer::BufferPool::plan(config.prefetch + 2, batch_bytes, config.memory_limit)?;
+        let (free_tx, free_rx) = bounded(slots);
+        for _ in 0..slots {
+            let a = &HeapAllocator;
+            let slot = TokenSlot {
+                batch: AtomicUsize::new(0),
+                rows: AtomicUsize::new(0),
+                input: RawBuf::new_in(values * 4, a)?,
+                labels: RawBuf::new_in(values * 4, a)?,
+                positions: RawBuf::new_in(values * 4, a)?,
+                cu: RawBuf::new_in(cu_values * 4, a)?,
+                cu_len: AtomicUsize::new(0),
+                after: Mutex::new((Resume::default(), Vec::new())),
+            };
+            free_tx.send(Arc::new(slot)).expect("room");
+        }
+        let pad = config.pad_id.or(eos).unwrap_or(0);
+        Ok(TokenLoader {
+            shared: Arc::new(Shared {
+                source,
+                tokenizer,
+                config,
+                threads,
+                bos,
+                eos,
+                pad,
+                free_tx,
+                free_rx,
+                slots,
+                held: Arc::default(),
+                stats: Arc::default(),
+                position: Mutex::default(),
+            }),
+            active: Active::default(),
+        })
+    }
+
+    /// Documents in the source (all ranks).
+    pub fn documents(&self) -> u64 {
+        self.shared.source.len()
+    }
+
+    /// Tokenizer threads.
+    pub fn threads(&self) -> usize {
+        self.shared.threads
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &TokenConfig {
+        &self.shared.config
+    }
+
+    /// `(bos, eos, pad)` ids.
+    pub fn special_ids(&self) -> (Option<u32>, Option<u32>, u32) {
+        (self.shared.bos, self.shared.eos, self.shared.pad)
+    }
+
+    /// Batches held by the consumer.
+    pub fn held(&self) -> usize {
+        self.shared.held.load(Ordering::Acquire)
+    }
+
+    /// The counters (documents, tokens, padding, time per stage).
+    pub fn stats(&self) -> &TokenStats {
+        &self.shared.stats
+    }
+
+    fn position(&self) -> std::sync::MutexGuard<'_, PositionInner> {
+        self.shared.position.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Selects the epoch; changing it restarts at its first batch (a running iteration
+    /// becomes stale).
+    pub fn set_epoch(&self, epoch: u64) {
+        let changed = {
+            let mut p = self.position();
+            let changed = p.epoch != epoch;
+            if changed {
+                *p = PositionInner { epoch, next_batch: 0, at: Resume { epoch, cursor: 0, offset: 0 }, resume: false };
+            }
+            changed
+        };
+        if changed {
+            self.active.retire(&format!("set_epoch({epoch}) was called after this iterator started"));
+        }
+    }
+
+    /// The resumable state.
+    pub fn state(&self) -> TokenState {
+        let p = self.position();
+        TokenState { seed: self.shared.config.seed, epoch: p.epoch, next_batch: p.next_batch, at: p.at }
+    }
+
+    /// What a saved state is valid for.
+    pub fn fingerprint(&self) -> TokenFingerprint {
+        let (sh, c) = (&self.shared, &self.shared.config);
+        let order = match (c.shuffle, sh.source.random_access()) {
+            (false, _) => "none".to_string(),
+            (true, true) => "global".to_string(),
+            (true, false) => format!("window:{}", c.shuffle_window),
+        };
+        TokenFingerprint {
+            documents: sh.source.len(),
+            data_hash: format!("{:016x}", sh.source.hash()),
+            tokenizer_hash: sh.tokenizer.as_ref().map_or("none".into(), |t| format!("{:016x}", t.hash)),
+            batch_size: c.batch_size,
+            seq_len: c.seq_len,
+            pack: match c.pack {
+                PackMode::Concat => "concat".into(),
+                PackMode::BestFit => format!("best_fit:{}", c.pack_window),
+            },
+            order,
+            special: format!("bos={:?}:{} eos={:?}:{} pad={}", sh.bos, c.add_bos, sh.eos, c.add_eos, sh.pad),
+            world_size: c.world_size,
+            rank: c.rank,
+        }
+    }
+
+    /// Restores a state (checked by [`crate::args::token_state`]): the next iteration resumes
+    /// there; a running one becomes stale.
+    pub fn load_state(&self, st: TokenState) -> Result<()> {
+        if st.seed != self.shared.config.seed {
+            return Err(Error::config(
+                "state",
+                format!("seed {} does not match the loader's seed {}", st.seed, self.shared.config.seed),
+            ));
+        }
+        *self.position() = PositionInner { epoch: st.epoch, next_batch: st.next_batch, at: st.at, resume: true };
+        self.active.retire("load_state_dict was called after this iterator started");
+        Ok(())
+    }
+
+    /// Whether a loaded state waits for the next iteration.
+    pub fn resume_pending(&self) -> bool {
+        self.position().resume
+    }
+
+    /// Starts an iteration: the current epoch from its first batch, or a restored position.
+    pub fn iter(&self) -> Result<TokenIter> {
+        self.active.retire("a newer iteration of this loader was started");
+        let (from, first_batch) = {
+            let mut p = self.position();
+            let resume = std::mem::take(&mut p.resume);
+            if resume {
+                (p.at, p.next_batch)
+            } else {
+                p.next_batch = 0;
+                p.at = Resume { epoch: p.epoch, cursor: 0, offset: 0 };
+                (p.at, 0)
+            }
+        };
+        let sh = self.shared.clone();
+        let (run, done_tx) = Run::new(sh.slots, sh.free_tx.clone());
+        let cancel = run.cancel_flag();
+        let credits = sh.threads * 4 + 4;
+        let (credit_tx, credit_rx) = bounded::<()>(credits);
+        for _ in 0..credits {
+            credit_tx.send(()).expect("room");
+        }
+        let (job_tx, job_rx) = bounded::<(u64, Vec<RawDoc>)>(credits);
+        let (res_tx, res_rx) = bounded::<(u64, Tokenized)>(credits);
+        {
+            let (sh, cancel) = (sh.clone(), cancel.clone());
+            run.spawn("stoker-text-read".into(), move || read_docs(&sh, from, &job_tx, &credit_rx, &cancel))?;
+        }
+        for k in 0..sh.threads {
+            let (sh, rx, tx, cancel) = (sh.clone(), job_rx.clone(), res_tx.clone(), cancel.clone());
+            run.spawn(format!("stoker-tokenize-{k}"), move || {
+                let tok = sh.tokenizer.clone();
+                while let Some((seq, chunk)) = recv(&rx, &cancel) {
+                    let t0 = Instant::now();
+                    let out = chunk.into_iter().map(|d| tokenize(&sh, tok.as_ref(), d)).collect();
+                    sh.stats.tokenize_ns.fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
+                    if !send(&tx, (seq, out), &cancel) {
+                        return;
+                    }
+                }
+            })?;
+        }
+        drop(res_tx);
+        {
+            let (sh, cancel, run2) = (sh.clone(), cancel.clone(), Arc::downgrade(&run));
+            run.spawn("stoker-pack".into(), move || {
+                pack_batches(&sh, from, first_batch, &res_rx, &credit_tx, &done_tx, &cancel);
+                if let Some(r) = run2.upgrade() {
+                    r.finish();
+                }
+            })?;
+        }
+        self.active.set(run.clone());
+        let pool = PoolView {
+            free: sh.free_tx.clone(),
+            held: sh.held.clone(),
+            slots: sh.slots,
+            what: "batch",
+            bytes_each: None,
+        };
+        let budget = FailureBudget::new(sh.config.max_failures, sh.config.raise);
+        let pass = Pass::new(run, pool, TokenHooks, (first_batch as usize, None), budget, Observe::default());
+        Ok(TokenIter { shared: sh, pass })
+    }
+}
+
+/// The token kind adds nothing to a pass: its position advances with each delivered slot.
+struct TokenHooks;
+
+impl PassHooks for TokenHooks {}
+
+/// The reader thread: this rank's documents from `from`, in chunks, for each credit.
+fn read_docs(
+    sh: &Shared,
+    from: Resume,
+    job_tx: &Sender<(u64, Vec<RawDoc>)>,
+    credits: &Receiver<()>,
+    cancel: &AtomicBool,
+) {
+    let cfg = &sh.config;
+    let src = &sh.source;
+    let mut files: Vec<Option<std::fs::File>> = (0..src.files.len()).map(|_| None).collect();
+    let mut seq = 0u64;
+    let mut chunk: Vec<RawDoc> = Vec::new();
+    let mut chunk_bytes = 0usize;
+    let mut flush = |chunk: &mut Vec<RawDoc>, bytes: &mut usize| -> bool {
+        if chunk.is_empty() {
+            return true;
+        }
+        if recv(credits, cancel).is_none() {
+            return false;
+        }
+        let ok = send(job_tx, (seq, std::mem::take(chunk)), cancel);
+        seq += 1;
+        *bytes = 0;
+        ok
+    };
+    let mut epoch = from.epoch;
+    let mut start = from.cursor;
+    loop {
+        let order = epoch_order(src, cfg, epoch);
+        let t0 = Instant::now();
+        let mut emit = |d: RawDoc, chunk: &mut Vec<RawDoc>, bytes: &mut usize| -> bool {
+            *bytes += d.bytes.as_ref().map_or(0, |b| b.len());
+            chunk.push(d);
+            if chunk.len() >= CHUNK_DOCS || *bytes >= CHUNK_BYTES {
+                return flush(chunk, bytes);
+            }
+            true
+        };
+        if src.random_access() {
+            for c in start..order.docs.len() as u64 {
+                let (f, k) = src.locate(order.docs[c as usize]);
+                let file = &src.files[f];
+                let entry = &file.docs[k];
+                let bytes = if entry.len > cfg.max_document_bytes {
+                    Err(too_long(file, entry, cfg.max_document_bytes))
+                } else {
+                    let handle = match &files[f] {
+                        Some(h) => Ok(h),
+                        None => match std::fs::File::open(&file.path) {
+                            Ok(h) => Ok(&*files[f].insert(h)),
+                            Err(e) => Err(Error::io(&file.path, &e)),
+                        },
+                    };
+                    handle.and_then(|h| {
+                        let mut buf = Vec::new();
+                        file.read_at(h, entry, &mut buf).map(|()| buf)
+                    })
+                };
+                sh.stats.bytes.fetch_add(entry.len.min(cfg.max_document_bytes), Ordering::Relaxed);
+                if !emit(RawDoc { epoch, cursor: c, at: (f, k), bytes }, &mut chunk, &mut chunk_bytes) {
+                    return;
+                }
+            }
+        } else {
+            // Read each group (a window of one file) from its stream in file order, then hand
+            // its documents over in the epoch's order.
+            let mut cursors: Vec<Option<StreamCursor>> = (0..src.files.len()).map(|_| None).collect();
+            for g in order.groups.windows(2) {
+                let (gs, ge) = (g[0] as u64, g[1] as u64);
+                if ge <= start {
+                    continue;
+                }
+                let lo = gs.max(start);
+                let mut want: Vec<(usize, usize, u64)> = (lo..ge)
+                    .map(|c| {
+                        let (f, k) = src.locate(order.docs[c as usize]);
+                        (f, k, c)
+                    })
+                    .collect();
+                want.sort_unstable();
+                let mut got: BTreeMap<u64, RawDoc> = BTreeMap::new();
+                for (f, k, c) in want {
+                    let file = &src.files[f];
+                    let entry = &file.docs[k];
+                    if cursors[f].as_ref().is_some_and(|s| s.position() > entry.offset) {
+                        cursors[f] = None;
+                    }
+                    let cur = match &mut cursors[f] {
+                        Some(s) => Ok(s),
+                        None => StreamCursor::new(file).map(|s| cursors[f].insert(s)),
+                    };
+                    let bytes = cur.and_then(|s| {
+                        let mut buf = Vec::new();
+                        s.read(file, entry, cfg.max_document_bytes, &mut buf).map(|()| buf)
+                    });
+                    if bytes.is_err() {
+                        cursors[f] = None; // a broken stream is reopened for the next document
+                    }
+                    sh.stats.bytes.fetch_add(entry.len.min(cfg.max_document_bytes), Ordering::Relaxed);
+                    got.insert(c, RawDoc { epoch, cursor: c, at: (f, k), bytes });
+                    if cancel.load(Ordering::Acquire) {
+                        return;
+                    }
+                }
+                for (_, d) in got {
+                    if !emit(d, &mut chunk, &mut chunk_bytes) {
+                        return;
+                    }
+                }
+            }
+        }
+        sh.stats.read_ns.fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        if !cfg.infinite {
+            break;
+        }
+        if order.docs.is_empty() {
+            return; // a rank without documents would loop for ever
+        }
+        epoch += 1;
+        start = 0;
+    }
+    flush(&mut chunk, &mut chunk_bytes);
+}
+
+/// Parses and tokenizes one document; a failure is an empty document with its error.
+fn tokenize(sh: &Shared, tok: Option<&TextTokenizer>, d: RawDoc) -> (Doc, Option<Error>) {
+    let mut doc = Doc { epoch: d.epoch, cursor: d.cursor, tokens: Vec::new() };
+    let file = &sh.source.files[d.at.0];
+    let entry = &file.docs[d.at.1];
+    let bytes = match d.bytes {
+        Ok(b) => b,
+        Err(e) => return (doc, Some(e)),
+    };
+    let fail = |why: String| Some(Error::decode(&file.path, format!("line {}: {why}", entry.line)));
+    match (sh.source.format, tok) {
+        (Format::Tokens(_), _) => {
+            let w = file.width as usize;
+            doc.tokens.reserve(bytes.len() / w.max(1));
+            for t in bytes.chunks_exact(w) {
+                doc.tokens.push(if w == 2 {
+                    u16::from_le_bytes([t[0], t[1]]) as u32
+                } else {
+                    u32::from_le_bytes([t[0], t[1], t[2], t[3]])
+                });
+            }
+            (doc, None)
+        }
+        (format, Some(tok)) => {
+            let text = match format {
+                Format::Jsonl => match json_text(&bytes, &sh.config.text_key) {
+                    Ok(t) => t,
+                    Err(why) => return (doc, fail(why)),
+                },
+                _ => match std::str::from_utf8(&bytes) {
+                    Ok(t) => std::borrow::Cow::Borrowed(t),
+                    Err(e) => return (doc, fail(format!("not UTF-8 text: {e}"))),
+                },
+            };
+            if sh.config.add_bos {
+                doc.tokens.extend(sh.bos);
+            }
+            if let Err(e) = tok.encode_into(&text, &mut doc.tokens) {
+                doc.tokens.clear();
+                return (doc, fail(e.to_string()));
+            }
+            if sh.config.add_eos {
+                doc.tokens.extend(sh.eos);
+            }
+            (doc, None)
+        }
+        (_, None) => (doc, fail("no tokenizer".into())),
+    }
+}
+
+/// The packer thread: chunks back in order, packed into rows, a batch per pooled slot.
+fn pack_batches(
+    sh: &Shared,
+    from: Resume,
+    first_batch: u64,
+    results: &Receiver<(u64, Tokenized)>,
+    credits: &Sender<()>,
+    done: &Sender<Arc<TokenSlot>>,
+    cancel: &AtomicBool,
+) {
+    let cfg = &sh.config;
+    let (bs, len) = (cfg.batch_size, cfg.seq_len);
+    let mut early: BTreeMap<u64, Tokenized> = BTreeMap::new();
+    let mut next_seq = 0u64;
+    let mut ready: std::collections::VecDeque<(Doc, Option<Error>)> = Default::default();
+    let failures: Mutex<Vec<Error>> = Mutex::new(Vec::new());
+    let mut pull = || -> Option<Doc> {
+        loop {
+            if let Some((d, e)) = ready.pop_front() {
+                sh.stats.documents.fetch_add(1, Ordering::Relaxed);
+                if let Some(e) = e {
+                    sh.stats.failed.fetch_add(1, Ordering::Relaxed);
+                    failures.lock().unwrap_or_else(|p| p.into_inner()).push(e);
+                }
+                return Some(d);
+            }
+            if let Some(c) = early.remove(&next_seq) {
+                next_seq += 1;
+                let _ = credits.try_send(());
+                ready.extend(c);
+                continue;
+            }
+            let (seq, c) = recv(results, cancel)?;
+            early.insert(seq, c);
+        }
+    };
+    enum Packer {
+        Concat(Concat),
+        BestFit(BestFit),
+    }
+    let mut packer = match cfg.pack {
+        PackMode::Concat => Packer::Concat(Concat::new(from)),
+        PackMode::BestFit => Packer::BestFit(BestFit::new(cfg.pack_window, sh.pad, from)),
+    };
+    let mut segments: Vec<u32> = Vec::with_capacity(len + 1);
+    let mut batch = first_batch as usize;
+    loop {
+        let Some(slot) = take_free(&sh.free_rx, cancel) else { return };
+        let t0 = Instant::now();
+        let mut rows = 0;
+        let mut cu_len = 1;
+        let mut ended = false;
+        // SAFETY: the packer is this slot's only user until it is sent.
+        unsafe { TokenSlot::ints_mut(&slot.cu, 0, 1)[0] = 0 };
+        let mut info_sum = RowInfo::default();
+        while rows < bs {
+            segments.clear();
+            let off = rows * len;
+            // SAFETY: rows `rows` of the slot's buffers belong to the packer alone.
+            let out = unsafe {
+                RowOut {
+                    input: TokenSlot::ints_mut(&slot.input, off, len),
+                    labels: TokenSlot::ints_mut(&slot.labels, off, len),
+                    positions: TokenSlot::ints_mut(&slot.positions, off, len),
+                    segments: &mut segments,
+                }
+            };
+            let r = match &mut packer {
+                Packer::Concat(p) => p.row(&mut pull, out),
+                Packer::BestFit(p) => p.row(&mut pull, out),
+            };
+            match r {
+                Ok(info) => {
+                    // SAFETY: as above; the row's segments fit: at most seq_len + 1 per row.
+                    let cu = unsafe { TokenSlot::ints_mut(&slot.cu, cu_len, segments.len()) };
+                    let mut acc = (rows * len) as i32;
+                    for (c, &s) in cu.iter_mut().zip(&segments) {
+                        acc += s as i32;
+                        *c = acc;
+                    }
+                    cu_len += segments.len();
+                    info_sum.tokens += info.tokens;
+                    info_sum.pad += info.pad;
+                    info_sum.split += info.split;
+                    rows += 1;
+                }
+                Err(tail) => {
+                    sh.stats.dropped.fetch_add(tail as u64, Ordering::Relaxed);
+                    ended = true;
+                    break;
+                }
+            }
+        }
+        if cancel.load(Ordering::Acquire) {
+            let _ = sh.free_tx.send(slot);
+            return;
+        }
+        let keep = rows > 0 && !(ended && rows < bs && cfg.drop_last);
+        if !keep {
+            if rows > 0 {
+                sh.stats.dropped.fetch_add((info_sum.tokens) as u64, Ordering::Relaxed);
+            }
+            let _ = sh.free_tx.send(slot);
+            return;
+        }
+        sh.stats.tokens.fetch_add(info_sum.tokens as u64, Ordering::Relaxed);
+        sh.stats.padding.fetch_add(info_sum.pad as u64, Ordering::Relaxed);
+        sh.stats.split.fetch_add(info_sum.split as u64, Ordering::Relaxed);
+        sh.stats.rows.fetch_add(rows as u64, Ordering::Relaxed);
+        let resume = match &packer {
+            Packer::Concat(p) => p.resume(),
+            Packer::BestFit(p) => p.resume(),
+        };
+        slot.batch.store(batch, Ordering::Relaxed);
+        slot.rows.store(rows, Ordering::Release);
+        slot.cu_len.store(cu_len, Ordering::Release);
+        {
+            let mut a = slot.after.lock().unwrap_or_else(|p| p.into_inner());
+            a.0 = resume;
+            a.1 = std::mem::take(&mut *failures.lock().unwrap_or_else(|p| p.into_inner()));
+        }
+        sh.stats.pack_ns.fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        if !send(done, slot.clone(), cancel) {
+            let _ = sh.free_tx.send(slot);
+            return;
+        }
+        batch += 1;
+        if ended {
+            return;
+        }
+    }
+}
+
+/// One batch: `rows` rows of `seq_len` tokens in a pooled slot, returned to the pool on drop.
+pub struct TokenBatch {
+    slot: Option<Arc<TokenSlot>>,
+    shared: Arc<Shared>,
+}
+
+impl TokenBatch {
+    fn slot(&self) -> &TokenSlot {
+        self.slot.as_ref().expect("live")
+    }
+
+    /// Rows in this batch.
+    pub fn rows(&self) -> usize {
+        self.slot().rows.load(Ordering::Acquire)
+    }
+
+    /// Tokens per row.
+    pub fn seq_len(&self) -> usize {
+        self.shared.config.seq_len
+    }
+
+    /// Batch number (since the epoch's start).
+    pub fn index(&self) -> usize {
+        self.slot().batch.load(Ordering::Relaxed)
+    }
+
+    fn values(&self) -> usize {
+        self.rows() * self.seq_len()
+    }
+
+    /// `input_ids`, `rows x seq_len`.
+    pub fn input_ids(&self) -> &[i32] {
+        // SAFETY: a delivered batch is complete: nobody writes it until it returns to the pool.
+        unsafe { TokenSlot::ints(&self.slot().input, self.values()) }
+    }
+
+    /// `labels`: the next token in the document, `-100` where there is none.
+    pub fn labels(&self) -> &[i32] {
+        // SAFETY: as above.
+        unsafe { TokenSlot::ints(&self.slot().labels, self.values()) }
+    }
+
+    /// `position_ids`, restarting at each segment.
+    pub fn position_ids(&self) -> &[i32] {
+        // SAFETY: as above.
+        unsafe { TokenSlot::ints(&self.slot().positions, self.values()) }
+    }
+
+    /// `cu_seqlens` over the flattened batch: 0, then the end of each segment.
+    pub fn cu_seqlens(&self) -> &[i32] {
+        let n = self.slot().cu_len.load(Ordering::Acquire);
+        // SAFETY: as above.
+        unsafe { TokenSlot::ints(&self.slot().cu, n) }
+    }
+
+    /// The longest segment (FlashAttention's `max_seqlen`).
+    pub fn max_seqlen(&self) -> usize {
+        self.cu_seqlens().windows(2).map(|w| (w[1] - w[0]) as usize).max().unwrap_or(0)
+    }
+}
+
+impl Drop for TokenBatch {
+    fn drop(&mut self) {
+        if let Some(s) = self.slot.take() {
+            self.shared.held.fetch_sub(1, Ordering::AcqRel);
+            let _ = self.shared.free_tx.send(s);
+        }
+    }
+}
+
+/// One pass over (the rest of) an epoch, or for ever with `infinite`.
+pub struct TokenIter {
+    shared: Arc<Shared>,
+    pass: Pass<Arc<TokenSlot>, TokenHooks>,
+}
+
+impl std::fmt::Debug for TokenIter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TokenIter").field("next", &self.pass.next_batch()).finish()
+    }
+}
+
+impl TokenIter {
+    /// Like `next`, but gives up after `timeout` ([`Next::NotYet`]).
+    pub fn next_timeout(&mut self, timeout: Duration) -> Next<TokenBatch> {
+        self.poll(Some(Instant::now() + timeout))
+    }
+
+    fn poll(&mut self, deadline: Option<Instant>) -> Next<TokenBatch> {
+        let t0 = Instant::now();
+        let got = self.pass.poll(deadline);
+        self.shared.stats.wait_ns.fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        let shared = &self.shared;
+        got.map(|slot| {
+            let at = slot.after.lock().unwrap_or_else(|p| p.into_inner()).0;
+            {
+                let mut p = shared.position.lock().unwrap_or_else(|p| p.into_inner());
+                p.next_batch += 1;
+                p.at = at;
+            }
+            TokenBatch { slot: Some(slot), shared: shared.clone() }
+        })
+    }
+
+    /// Stops the iteration now (every thread joined).
+    pub fn close(&mut self) {
+        self.pass.shutdown();
+    }
+}
+
+impl Iterator for TokenIter {
+    type Item = Result<TokenBatch>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        self.poll(None).into_item()
+    }
+}

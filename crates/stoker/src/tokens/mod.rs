@@ -1,0 +1,20 @@
+//! Language-model data: documents (JSON Lines, plain text, pre-tokenized token files) read,
+//! tokenized with the HuggingFace `tokenizers` crate on stoker's threads, and packed into
+//! rows of `seq_len` tokens with labels, position ids and `cu_seqlens`.
+//!
+//! - [`docs`]: the formats on disk and the document index (offsets, lengths, lines).
+//! - [`tokenizer`]: a `tokenizer.json`, one instance per thread, no offsets.
+//! - [`pack`]: the concat and best-fit packers and their resume points (pure functions of the
+//!   document stream).
+//! - [`loader`]: [`TokenLoader`]: order, rank sharding, threads, pooled batches, state.
+//!
+//! Owns: text formats, tokenization, packing. May not touch: the shell's iteration rules
+//! (delivery, failure budget, stale iterators), which it uses through [`crate::shell::pass`].
+
+pub mod docs;
+pub mod loader;
+pub mod pack;
+pub mod tokenizer;
+
+pub use loader::{PackMode, TokenBatch, TokenConfig, TokenFingerprint, TokenIter, TokenLoader, TokenState};
+pub use tokenizer::TextTokenizer;

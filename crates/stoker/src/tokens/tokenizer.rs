@@ -1,0 +1,113 @@
+//! The HuggingFace `tokenizers` crate behind one small type: a `tokenizer.json` loaded once,
+//! cloned for each worker thread (one instance per thread: a shared instance's
+//! `encode_batch` scales badly past a few cores), encoding without character offsets.
+
+use crate::error::{Error, Result};
+use std::path::{Path, PathBuf};
+
+/// Names tried, in order, for the end-of-sequence token when none is given.
+const EOS_NAMES: [&str; 5] = ["<|endoftext|>", "</s>", "<|end_of_text|>", "<eos>", "[SEP]"];
+/// Names tried, in order, for the beginning-of-sequence token when none is given.
+const BOS_NAMES: [&str; 5] = ["<s>", "<|begin_of_text|>", "<bos>", "[CLS]", "<|endoftext|>"];
+
+/// A loaded tokenizer and the special ids stoker adds around documents.
+#[derive(Clone)]
+pub struct TextTokenizer {
+    inner: tokenizers::Tokenizer,
+    /// The file it came from (or `<json>`).
+    pub origin: PathBuf,
+    /// A hash of its JSON, for fingerprints and caches.
+    pub hash: u64,
+}
+
+impl std::fmt::Debug for TextTokenizer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TextTokenizer").field("origin", &self.origin).finish()
+    }
+}
+
+impl TextTokenizer {
+    /// Loads a `tokenizer.json`; a missing or malformed file is a config error naming it.
+    pub fn from_file(path: &Path) -> Result<Self> {
+        let bytes = std::fs::read(path).map_err(|e| Error::config("tokenizer", format!("{}: {e}", path.display())))?;
+        Self::from_json(&bytes, path)
+    }
+
+    /// Loads a tokenizer from its JSON (`origin` names it in errors).
+    pub fn from_json(json: &[u8], origin: &Path) -> Result<Self> {
+        let inner = tokenizers::Tokenizer::from_bytes(json).map_err(|e| {
+            Error::config("tokenizer", format!("{}: not a valid tokenizer.json: {e}", origin.display()))
+        })?;
+        let hash = xxhash_rust::xxh3::xxh3_64(json);
+        Ok(TextTokenizer { inner, origin: origin.to_path_buf(), hash })
+    }
+
+    /// The id of `token`, if the vocabulary has it.
+    pub fn id_of(&self, token: &str) -> Option<u32> {
+        self.inner.token_to_id(token)
+    }
+
+    /// The vocabulary size (added tokens included).
+    pub fn vocab_size(&self) -> usize {
+        self.inner.get_vocab_size(true)
+    }
+
+    /// The end-of-sequence id: `name` if given, else the first of the usual names found.
+    pub fn eos(&self, name: Option<&str>) -> Result<Option<u32>> {
+        self.special(name, &EOS_NAMES, "eos_token")
+    }
+
+    /// The beginning-of-sequence id, like [`TextTokenizer::eos`].
+    pub fn bos(&self, name: Option<&str>) -> Result<Option<u32>> {
+        self.special(name, &BOS_NAMES, "bos_token")
+    }
+
+    fn special(&self, name: Option<&str>, usual: &[&str], arg: &str) -> Result<Option<u32>> {
+        match name {
+            Some(n) => self
+                .id_of(n)
+                .map(Some)
+                .ok_or_else(|| Error::config(arg, format!("{n:?} is not a token of {}", self.origin.display()))),
+            None => Ok(usual.iter().find_map(|n| self.id_of(n))),
+        }
+    }
+
+    /// The ids of `text`, with the tokenizer's own special tokens (its post-processor) and no
+    /// character offsets, appended to `out`.
+    pub fn encode_into(&self, text: &str, out: &mut Vec<u32>) -> Result<()> {
+        let enc = self
+            .inner
+            .encode_fast(text, true)
+            .map_err(|e| Error::Internal(format!("{}: cannot encode: {e}", self.origin.display())))?;
+        out.extend_from_slice(enc.get_ids());
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The real GPT-2 tokenizer, kept in the repository (`tests/data/text/README.md`).
+    pub(crate) fn gpt2() -> PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/data/text/tokenizer-gpt2.json")
+    }
+
+    #[test]
+    fn gpt2_ids_match_the_reference() {
+        let p = gpt2();
+        let t = TextTokenizer::from_file(&p).unwrap();
+        let mut ids = vec![];
+        t.encode_into("Hello world, this is a test.", &mut ids).unwrap();
+        assert_eq!(ids, [15496, 995, 11, 428, 318, 257, 1332, 13]);
+        assert_eq!(t.eos(None).unwrap(), Some(50256));
+    }
+
+    #[test]
+    fn a_corrupt_tokenizer_is_a_config_error_naming_it() {
+        let e = TextTokenizer::from_json(b"{\"model\": 3}", Path::new("/x/tokenizer.json")).unwrap_err().to_string();
+        assert!(e.contains("`tokenizer`") && e.contains("/x/tokenizer.json") && e.contains("not a valid"), "{e}");
+        let e = TextTokenizer::from_file(Path::new("/no/such/tokenizer.json")).unwrap_err().to_string();
+        assert!(e.contains("/no/such/tokenizer.json"), "{e}");
+    }
+}

@@ -1,0 +1,225 @@
+//! `TokenLoader` end to end on real text and the real GPT-2 tokenizer (`tests/data/text`):
+//! every token exactly once, the same batches whatever the thread count, resume at every
+//! batch, rank shards, bad documents counted with their file and line.
+
+use std::path::{Path, PathBuf};
+use stoker::tokens::pack::IGNORE;
+use stoker::tokens::{PackMode, TextTokenizer, TokenConfig, TokenLoader};
+
+fn data(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/data/text").join(name)
+}
+
+fn gpt2() -> TextTokenizer {
+    TextTokenizer::from_file(&data("tokenizer-gpt2.json")).unwrap()
+}
+
+/// The sample's documents, decompressed into a plain `.jsonl` (random access) in `dir`;
+/// also returns the texts.
+fn corpus(dir: &Path, docs: usize) -> (PathBuf, Vec<String>) {
+    let raw = zstd::decode_all(std::fs::File::open(data("wiki-sample.jsonl.zst")).unwrap()).unwrap();
+    let lines: Vec<&[u8]> = raw.split(|&b| b == b'\n').filter(|l| !l.is_empty()).take(docs).collect();
+    let texts = lines
+        .iter()
+        .map(|l| serde_json::from_slice::<serde_json::Value>(l).unwrap()["text"].as_str().unwrap().to_string())
+        .collect();
+    let p = dir.join("wiki.jsonl");
+    std::fs::write(&p, lines.join(&b'\n')).unwrap();
+    (p, texts)
+}
+
+struct Got {
+    rows: Vec<Vec<i32>>,
+    labels: Vec<Vec<i32>>,
+    positions: Vec<Vec<i32>>,
+    cu: Vec<Vec<i32>>,
+}
+
+fn collect(l: &TokenLoader) -> Got {
+    let mut g = Got { rows: vec![], labels: vec![], positions: vec![], cu: vec![] };
+    for b in l.iter().unwrap() {
+        let b = b.unwrap();
+        let n = b.seq_len();
+        g.rows.extend(b.input_ids().chunks(n).map(<[i32]>::to_vec));
+        g.labels.extend(b.labels().chunks(n).map(<[i32]>::to_vec));
+        g.positions.extend(b.position_ids().chunks(n).map(<[i32]>::to_vec));
+        g.cu.push(b.cu_seqlens().to_vec());
+    }
+    g
+}
+
+fn config(threads: usize) -> TokenConfig {
+    let mut c = TokenConfig::new(4, 256);
+    c.threads = Some(threads);
+    c
+}
+
+#[test]
+fn concat_holds_every_token_of_the_reference_in_order() {
+    let d = tempfile::tempdir().unwrap();
+    let (p, texts) = corpus(d.path(), 12);
+    let tok = gpt2();
+    let mut stream = vec![];
+    let mut doc_ends = vec![];
+    for t in &texts {
+        tok.encode_into(t, &mut stream).unwrap();
+        stream.push(50256);
+        doc_ends.push(stream.len());
+    }
+    let l = TokenLoader::new(std::slice::from_ref(&p), Some(tok), config(2)).unwrap();
+    let g = collect(&l);
+    let flat: Vec<u32> = g.rows.concat().iter().map(|&t| t as u32).collect();
+    assert_eq!(flat[..], stream[..flat.len()], "ids in order");
+    assert!(stream.len() - flat.len() < 256, "only the tail is dropped");
+    let labels = g.labels.concat();
+    for (i, &lab) in labels.iter().enumerate() {
+        let want = if doc_ends.contains(&(i + 1)) { IGNORE } else { stream[i + 1] as i32 };
+        assert_eq!(lab, want, "label {i}");
+    }
+    // Positions restart at each document and at each row; cu_seqlens mark the same places.
+    for (r, pos) in g.positions.iter().enumerate() {
+        let starts: Vec<usize> = (0..256).filter(|&k| pos[k] == 0).collect();
+        let base = r * 256;
+        let want: Vec<usize> = (0..256).filter(|&k| k == 0 || doc_ends.contains(&(base + k))).collect();
+        assert_eq!(starts, want, "row {r}");
+    }
+    for (b, cu) in g.cu.iter().enumerate() {
+        let rows = if b + 1 < g.cu.len() { 4 } else { g.rows.len() - 4 * b };
+        assert_eq!((cu[0], *cu.last().unwrap()), (0, (rows * 256) as i32));
+        assert!(cu.windows(2).all(|w| w[0] < w[1]));
+    }
+    let st = l.stats().to_json();
+    assert_eq!(st["documents"], 12);
+    assert_eq!(st["tokens"], flat.len() as u64);
+}
+
+#[test]
+fn batches_do_not_depend_on_the_thread_count() {
+    let d = tempfile::tempdir().unwrap();
+    let (p, _) = corpus(d.path(), 20);
+    for pack in [PackMode::Concat, PackMode::BestFit] {
+        let run = |threads| {
+            let mut c = config(threads);
+            c.pack = pack;
+            c.pack_window = 7;
+            c.shuffle = true;
+            c.seed = 5;
+            collect(&TokenLoader::new(std::slice::from_ref(&p), Some(gpt2()), c).unwrap()).rows
+        };
+        let one = run(1);
+        assert!(one.len() > 20);
+        assert_eq!(run(2), one, "{pack:?}");
+        assert_eq!(run(8), one, "{pack:?}");
+    }
+}
+
+#[test]
+fn resume_at_every_batch_equals_the_uninterrupted_run() {
+    let d = tempfile::tempdir().unwrap();
+    let (p, _) = corpus(d.path(), 8);
+    // The compressed sample too: streamed, shuffled within windows.
+    for (path, pack) in [
+        (p.clone(), PackMode::Concat),
+        (p.clone(), PackMode::BestFit),
+        (data("wiki-sample.jsonl.zst"), PackMode::Concat),
+    ] {
+        let mut c = config(2);
+        c.pack = pack;
+        c.pack_window = 3;
+        c.shuffle = true;
+        c.shuffle_window = 5;
+        c.seed = 1;
+        c.batch_size = 2;
+        c.seq_len = 512;
+        let l = TokenLoader::new(std::slice::from_ref(&path), Some(gpt2()), c.clone()).unwrap();
+        l.set_epoch(3);
+        let mut states = vec![];
+        let mut whole = vec![];
+        for b in l.iter().unwrap() {
+            let b = b.unwrap();
+            whole.push(b.input_ids().to_vec());
+            states.push(l.state());
+        }
+        assert!(whole.len() >= 4, "{}", whole.len());
+        for k in (0..whole.len()).step_by(if path == p { 1 } else { 7 }) {
+            let r = TokenLoader::new(std::slice::from_ref(&path), Some(gpt2()), c.clone()).unwrap();
+            r.load_state(states[k]).unwrap();
+            let rest: Vec<Vec<i32>> = r.iter().unwrap().map(|b| b.unwrap().input_ids().to_vec()).collect();
+            assert_eq!(rest[..], whole[k + 1..], "{pack:?} {path:?} after batch {k}");
+        }
+    }
+}
+
+#[test]
+fn ranks_share_the_documents_once() {
+    let d = tempfile::tempdir().unwrap();
+    let (p, _) = corpus(d.path(), 30);
+    let tokens = |rank, world| {
+        let mut c = config(2);
+        c.pack = PackMode::BestFit;
+        c.shuffle = true;
+        c.rank = rank;
+        c.world_size = world;
+        c.seq_len = 4096;
+        let l = TokenLoader::new(std::slice::from_ref(&p), Some(gpt2()), c).unwrap();
+        let mut v: Vec<i32> = collect(&l).rows.concat().into_iter().filter(|&t| t != 50256).collect();
+        v.sort_unstable();
+        v
+    };
+    let all = tokens(0, 1);
+    let mut parts: Vec<i32> = (0..3).flat_map(|r| tokens(r, 3)).collect();
+    parts.sort_unstable();
+    assert_eq!(parts, all, "3 ranks hold every token of the whole, once");
+}
+
+#[test]
+fn bad_documents_are_counted_with_their_file_and_line() {
+    let d = tempfile::tempdir().unwrap();
+    let p = d.path().join("bad.jsonl");
+    let mut text = b"{\"text\": \"good one\"}\n{\"text\": \"unterminated\n{\"id\": 3}\n".to_vec();
+    text.extend_from_slice(b"{\"text\": \"\xff\xfe\"}\n{\"text\": \"\"}\n");
+    text.extend_from_slice(format!("{{\"text\": \"{}\"}}\n", "x".repeat(5000)).as_bytes());
+    text.extend_from_slice(b"{\"text\": \"good two\"}\n");
+    std::fs::write(&p, &text).unwrap();
+    let mut c = TokenConfig::new(1, 4);
+    c.max_document_bytes = 1000;
+    c.threads = Some(2);
+    let l = TokenLoader::new(std::slice::from_ref(&p), Some(gpt2()), c.clone()).unwrap();
+    let rows = collect(&l).rows.concat();
+    let tok = gpt2();
+    let mut want = vec![];
+    for t in ["good one", "", "good two"] {
+        tok.encode_into(t, &mut want).unwrap();
+        want.push(50256);
+    }
+    let n = want.len() / 4 * 4;
+    assert_eq!(rows.iter().map(|&t| t as u32).collect::<Vec<_>>(), want[..n]);
+    let st = l.stats().to_json();
+    assert_eq!((st["documents"].as_u64(), st["failed_documents"].as_u64()), (Some(7), Some(4)));
+    // Strict: the first bad document is the error, naming the file and the line.
+    c.raise = true;
+    let l = TokenLoader::new(std::slice::from_ref(&p), Some(gpt2()), c).unwrap();
+    let err = l.iter().unwrap().find_map(|b| b.err()).unwrap().to_string();
+    assert!(err.contains("bad.jsonl") && err.contains("line 2"), "{err}");
+}
+
+#[test]
+fn token_files_pack_like_their_text() {
+    let d = tempfile::tempdir().unwrap();
+    let (p, texts) = corpus(d.path(), 6);
+    let tok = gpt2();
+    let mut stream = vec![];
+    for t in &texts {
+        tok.encode_into(t, &mut stream).unwrap();
+        stream.push(50256);
+    }
+    let bin = d.path().join("wiki.bin");
+    std::fs::write(&bin, stream.iter().flat_map(|&t| (t as u16).to_le_bytes()).collect::<Vec<_>>()).unwrap();
+    let mut c = config(2);
+    c.eos_id = Some(50256);
+    c.pack = PackMode::BestFit;
+    let from_bin = collect(&TokenLoader::new(&[bin], None, c.clone()).unwrap());
+    let from_text = collect(&TokenLoader::new(&[p], Some(tok), c).unwrap());
+    assert_eq!(from_bin.rows, from_text.rows);
+    assert_eq!(from_bin.labels, from_text.labels);
+}
