@@ -16,6 +16,7 @@ from ._stoker import LIBJPEG_TURBO_VERSION, __version__
 from .arrays import ArrayLoader
 from .errors import ConfigError, DatasetError, DecodeError, DeviceError, MemoryLimitError, ReadError, StokerError
 from .loader import ImageLoader
+from .text import TokenLoader
 
 
 def make_demo(root: str, images: int = 350, seed: int = 0) -> int:
@@ -46,6 +47,6 @@ def cuda_memory_in_use() -> tuple[int, int]:
     return _stoker.cuda_memory_in_use()
 
 
-__all__ = ["ImageLoader", "ArrayLoader", "transforms", "make_demo", "cuda_probe", "cuda_memory_in_use", "StokerError",
+__all__ = ["ImageLoader", "ArrayLoader", "TokenLoader", "transforms", "make_demo", "cuda_probe", "cuda_memory_in_use", "StokerError",
            "ConfigError", "DatasetError", "DecodeError", "ReadError", "MemoryLimitError", "DeviceError", "__version__",
            "LIBJPEG_TURBO_VERSION"]

@@ -17,6 +17,7 @@
 //! | `array_loader.rs` | the `ArrayLoader` class |
 //! | `array_iter.rs` | the `ArrayIterator` class |
 //! | `array_batch.rs` | the `ArrayBatch` class and its `ArrayTensor` views |
+//! | `token_loader.rs` | the `TokenLoader`, `TokenIterator`, `TokenBatch` and `TokenTensor` classes |
 //! | `held.rs` | what the batch classes read from a host or device batch, written once |
 //! | `device.rs` | `device=` placement, pinned pool + transfer stage, CUDA DLPack export |
 //! | `dlpack.rs` | zero-copy export of batch buffers through the DLPack protocol |
@@ -35,6 +36,7 @@ mod functions;
 mod held;
 mod iter;
 mod loader;
+mod token_loader;
 
 use pyo3::prelude::*;
 
@@ -51,6 +53,10 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<array_iter::PyArrayIter>()?;
     m.add_class::<array_batch::PyArrayBatch>()?;
     m.add_class::<array_batch::PyArrayTensor>()?;
+    m.add_class::<token_loader::PyTokenLoader>()?;
+    m.add_class::<token_loader::PyTokenIter>()?;
+    m.add_class::<token_loader::PyTokenBatch>()?;
+    m.add_class::<token_loader::PyTokenTensor>()?;
     functions::register(m)?;
     Ok(())
 }

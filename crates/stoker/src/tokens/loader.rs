@@ -147,6 +147,34 @@ pub fn format_of(path: &std::path::Path, cfg: &TokenConfig) -> Result<Format> {
     }
 }
 
+/// The data files of `specs`: each a file, a glob (`*`, `?` in the file name) or a folder
+/// (its files of a known format, in name order).
+pub fn expand_paths(specs: &[String]) -> Result<Vec<std::path::PathBuf>> {
+    let mut out = Vec::new();
+    for s in specs {
+        let p = std::path::Path::new(s);
+        if p.is_dir() {
+            let rd = std::fs::read_dir(p).map_err(|e| Error::io(p, &e))?;
+            let mut files: Vec<_> = rd
+                .flatten()
+                .map(|e| e.path())
+                .filter(|f| f.is_file() && format_of(f, &TokenConfig::new(1, 1)).is_ok())
+                .collect();
+            if files.is_empty() {
+                return Err(Error::Dataset(format!("{s}: no .jsonl, .txt, .bin or .npy files in this folder")));
+            }
+            files.sort();
+            out.extend(files);
+        } else {
+            out.extend(crate::source::shards::expand_glob(p)?);
+        }
+    }
+    if out.is_empty() {
+        return Err(Error::config("data", "no files given"));
+    }
+    Ok(out)
+}
+
 /// One chunk of documents on its way to a tokenizer.
 struct RawDoc {
     epoch: u64,

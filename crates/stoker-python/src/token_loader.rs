@@ -1,0 +1,243 @@
+//! The `TokenLoader`, `TokenIterator`, `TokenBatch` and `TokenTensor` classes: packed token
+//! rows from text or token files, exported through DLPack (host memory).
+
+use crate::args::{args_of, epoch_of};
+use crate::dlpack::{DLDataType, View};
+use crate::errors::{self, IntoPy};
+use crate::iter::{forget_if_inherited, next_polling, raise_pending_signal, release, SIGNAL_POLL};
+use pyo3::prelude::*;
+use pyo3::types::PyCapsule;
+use std::sync::{Arc, Mutex};
+use stoker::tokens::{TextTokenizer, TokenBatch, TokenIter, TokenLoader};
+
+/// A loader of packed token rows (see the Python `stoker.TokenLoader`).
+#[pyclass(frozen, name = "TokenLoader", module = "stoker._stoker")]
+pub struct PyTokenLoader {
+    loader: TokenLoader,
+}
+
+#[pymethods]
+impl PyTokenLoader {
+    /// `paths`: the data (files, globs, folders); `tokenizer_json`: a tokenizer's JSON text, when it was given
+    /// as an object rather than a path (`tokenizer` in `config_json`).
+    #[new]
+    #[pyo3(signature = (paths, config_json, tokenizer_json=None))]
+    fn new(py: Python<'_>, paths: Vec<String>, config_json: &str, tokenizer_json: Option<String>) -> PyResult<Self> {
+        errors::contain(|| {
+            let (config, tok_path) = stoker::args::token_config(args_of(config_json)?).py_err()?;
+            let loader = py
+                .detach(|| {
+                    let tokenizer = match (tokenizer_json, tok_path) {
+                        (Some(json), _) => {
+                            Some(TextTokenizer::from_json(json.as_bytes(), "<tokenizer object>".as_ref())?)
+                        }
+                        (None, Some(p)) => Some(TextTokenizer::from_file(&p)?),
+                        (None, None) => None,
+                    };
+                    TokenLoader::new(&stoker::tokens::loader::expand_paths(&paths)?, tokenizer, config)
+                })
+                .py_err()?;
+            Ok(PyTokenLoader { loader })
+        })
+    }
+
+    /// Documents in the data (all ranks).
+    #[getter]
+    fn documents(&self) -> u64 {
+        self.loader.documents()
+    }
+
+    /// Tokenizer threads.
+    #[getter]
+    fn threads(&self) -> usize {
+        self.loader.threads()
+    }
+
+    /// Rows per batch.
+    #[getter]
+    fn batch_size(&self) -> usize {
+        self.loader.config().batch_size
+    }
+
+    /// Tokens per row.
+    #[getter]
+    fn seq_len(&self) -> usize {
+        self.loader.config().seq_len
+    }
+
+    /// This process's rank.
+    #[getter]
+    fn rank(&self) -> usize {
+        self.loader.config().rank
+    }
+
+    /// Ranks sharing the documents.
+    #[getter]
+    fn world_size(&self) -> usize {
+        self.loader.config().world_size
+    }
+
+    /// `(bos, eos, pad)` token ids (`None` where there is none).
+    fn special_ids(&self) -> (Option<u32>, Option<u32>, u32) {
+        self.loader.special_ids()
+    }
+
+    /// Batches currently held by Python.
+    #[getter]
+    fn held(&self) -> usize {
+        self.loader.held()
+    }
+
+    /// Selects the epoch; the engine checks the value.
+    fn set_epoch(&self, epoch: &Bound<'_, PyAny>) -> PyResult<()> {
+        self.loader.set_epoch(epoch_of(epoch)?);
+        Ok(())
+    }
+
+    /// The counters (documents, tokens, padding, seconds per stage) as JSON.
+    fn stats_json(&self) -> String {
+        self.loader.stats().to_json().to_string()
+    }
+
+    /// The state dict as JSON.
+    fn state_json(&self) -> PyResult<String> {
+        let st = self.loader.state();
+        let v = serde_json::json!({
+            "version": 1, "kind": "tokens", "seed": st.seed, "epoch": st.epoch, "next_batch": st.next_batch,
+            "cursor_epoch": st.at.epoch, "cursor": st.at.cursor, "offset": st.at.offset,
+            "fingerprint": self.loader.fingerprint(),
+        });
+        Ok(v.to_string())
+    }
+
+    /// Restores a state dict given as JSON, checked field by field and against this loader.
+    fn load_state_json(&self, state_json: &str) -> PyResult<()> {
+        errors::contain(|| {
+            let v: serde_json::Value = serde_json::from_str(state_json)
+                .map_err(|e| errors::config("state", format!("expected a dict from state_dict(), not JSON: {e}")))?;
+            let st = stoker::args::token_state(&v, &self.loader.fingerprint()).py_err()?;
+            self.loader.load_state(st).py_err()
+        })
+    }
+
+    /// Whether a loaded state waits for the next iteration.
+    #[getter]
+    fn resume_pending(&self) -> bool {
+        self.loader.resume_pending()
+    }
+
+    fn iter(&self, py: Python<'_>) -> PyResult<PyTokenIter> {
+        errors::contain(|| {
+            let it = py.detach(|| self.loader.iter()).py_err()?;
+            let it = raise_pending_signal(py, it)?;
+            Ok(PyTokenIter { inner: Mutex::new(Some(it)), pid: std::process::id() })
+        })
+    }
+}
+
+/// An iteration over token batches (GIL released while waiting; Ctrl-C honoured).
+#[pyclass(frozen, weakref, name = "TokenIterator", module = "stoker._stoker")]
+pub struct PyTokenIter {
+    inner: Mutex<Option<TokenIter>>,
+    pid: u32,
+}
+
+#[pymethods]
+impl PyTokenIter {
+    fn __iter__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {
+        slf
+    }
+
+    fn __next__(&self, py: Python<'_>) -> PyResult<Option<PyTokenBatch>> {
+        errors::contain(|| {
+            Ok(next_polling(py, &self.inner, self.pid, |it| it.next_timeout(SIGNAL_POLL))?
+                .map(|b| PyTokenBatch { inner: Arc::new(b) }))
+        })
+    }
+
+    /// Stops the iteration now (joins every thread, GIL released).
+    fn close(&self, py: Python<'_>) -> PyResult<()> {
+        release(py, &self.inner, self.pid);
+        py.check_signals()
+    }
+}
+
+impl Drop for PyTokenIter {
+    fn drop(&mut self) {
+        forget_if_inherited(&mut self.inner, self.pid);
+    }
+}
+
+/// One batch of packed rows.
+#[pyclass(frozen, name = "TokenBatch", module = "stoker._stoker")]
+pub struct PyTokenBatch {
+    inner: Arc<TokenBatch>,
+}
+
+/// The arrays of a batch, by name.
+const FIELDS: [&str; 4] = ["input_ids", "labels", "position_ids", "cu_seqlens"];
+
+#[pymethods]
+impl PyTokenBatch {
+    fn __len__(&self) -> usize {
+        self.inner.rows()
+    }
+
+    /// Batch number since the epoch's start.
+    #[getter]
+    fn index(&self) -> usize {
+        self.inner.index()
+    }
+
+    /// The longest segment (FlashAttention's `max_seqlen`).
+    #[getter]
+    fn max_seqlen(&self) -> usize {
+        self.inner.max_seqlen()
+    }
+
+    /// The array `name` (`input_ids`, `labels`, `position_ids`, `cu_seqlens`) as a
+    /// DLPack-exporting view.
+    fn field(&self, name: &str) -> PyResult<PyTokenTensor> {
+        let field = FIELDS
+            .iter()
+            .position(|f| *f == name)
+            .ok_or_else(|| pyo3::exceptions::PyKeyError::new_err(format!("{name:?}: expected one of {FIELDS:?}")))?;
+        Ok(PyTokenTensor { batch: self.inner.clone(), field })
+    }
+}
+
+/// One array of a token batch (host memory, int32), exported with `__dlpack__`.
+#[pyclass(frozen, name = "TokenTensor", module = "stoker._stoker")]
+pub struct PyTokenTensor {
+    batch: Arc<TokenBatch>,
+    field: usize,
+}
+
+#[pymethods]
+impl PyTokenTensor {
+    #[pyo3(signature = (*, stream=None, max_version=None, dl_device=None, copy=None))]
+    fn __dlpack__<'py>(
+        &self,
+        py: Python<'py>,
+        stream: Option<Bound<'py, PyAny>>,
+        max_version: Option<(u32, u32)>,
+        dl_device: Option<(i32, i32)>,
+        copy: Option<bool>,
+    ) -> PyResult<Bound<'py, PyCapsule>> {
+        let _ = max_version;
+        let b = &self.batch;
+        let (data, shape) = match self.field {
+            0 => (b.input_ids(), vec![b.rows() as i64, b.seq_len() as i64]),
+            1 => (b.labels(), vec![b.rows() as i64, b.seq_len() as i64]),
+            2 => (b.position_ids(), vec![b.rows() as i64, b.seq_len() as i64]),
+            _ => (b.cu_seqlens(), vec![b.cu_seqlens().len() as i64]),
+        };
+        let owner: Arc<dyn Send + Sync> = self.batch.clone();
+        let view = View { data: data.as_ptr().cast(), shape, dtype: DLDataType::new(0, 32), owner };
+        crate::device::export(py, &crate::device::Location::Cpu, view, stream, dl_device, copy)
+    }
+
+    fn __dlpack_device__(&self) -> (i32, i32) {
+        crate::device::Location::Cpu.dlpack_device()
+    }
+}

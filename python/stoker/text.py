@@ -1,0 +1,207 @@
+"""`TokenLoader`: language-model batches, tokenized and packed on stoker's threads."""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Iterator
+
+from . import _stoker
+from ._base import converter, track
+from .errors import ConfigError
+from .loader import arguments_json, want_torch
+
+_FIELDS = ("input_ids", "labels", "position_ids", "cu_seqlens")
+
+
+def _paths(data: Any) -> list[str]:
+    if isinstance(data, (list, tuple)):
+        return [os.fspath(p) for p in data]
+    if isinstance(data, (str, os.PathLike)):
+        return [os.fspath(data)]
+    raise ConfigError(f"invalid argument `data`: expected a path, a glob, a folder or a list of them, "
+                      f"got {type(data).__name__}")
+
+
+def _tokenizer(tokenizer: Any) -> tuple[str | None, str | None]:
+    """``(path, json)``: a ``tokenizer.json`` path, or the JSON of a ``tokenizers.Tokenizer`` or
+    of a ``transformers`` fast tokenizer's backend (the same format)."""
+    if tokenizer is None:
+        return None, None
+    if isinstance(tokenizer, (str, os.PathLike)):
+        return os.fspath(tokenizer), None
+    backend = getattr(tokenizer, "backend_tokenizer", tokenizer)
+    to_str = getattr(backend, "to_str", None)
+    if to_str is None:
+        raise ConfigError("invalid argument `tokenizer`: expected a tokenizer.json path, a tokenizers.Tokenizer "
+                          f"or a transformers fast tokenizer, got {type(tokenizer).__name__}")
+    return None, str(to_str())
+
+
+class TokenLoader:
+    """Batches for causal language models from text or token files, tokenized and packed on
+    stoker's Rust threads: no worker processes, no Python per document, no tokenized copy of the
+    corpus written first.
+
+    ``data``: JSON Lines (``.jsonl``, ``.jsonl.gz``, ``.jsonl.zst``; the text under ``text_key``),
+    plain text (``.txt``, optionally compressed; a document per file, or per line with
+    ``document='line'``), or pre-tokenized token files (nanoGPT-style ``.bin`` of uint16, or
+    uint32 with ``token_bytes=4``, or a 1-D ``.npy``; documents end at ``eos_id``): a path, a
+    glob, a folder or a list of them. ``tokenizer``: a ``tokenizer.json`` path, a
+    ``tokenizers.Tokenizer`` or a ``transformers`` fast tokenizer (text only).
+
+    Each batch is a dict of ``input_ids``, ``labels`` (the next token in the document; -100 after
+    a document's last token and on padding), ``position_ids`` (restarting at each document and
+    at each row's start) as ``[batch_size, seq_len]`` int32 tensors, ``cu_seqlens`` (int32
+    boundaries of every segment over the flattened batch, padding a segment of its own, for
+    FlashAttention's variable-length kernels) and ``max_seqlen``. ``pack='concat'`` joins
+    documents (each followed by EOS with ``add_eos``) and cuts rows: nothing is padded, only the
+    epoch's tail is dropped. ``pack='best_fit'`` places whole documents into rows by best-fit
+    decreasing over blocks of ``pack_window`` documents (longer ones are split) and pads.
+
+    ``shuffle`` permutes documents per epoch (``seed``, ``set_epoch``); compressed files are read
+    as streams, so they are shuffled by file and within windows of ``shuffle_window`` documents.
+    ``rank``/``world_size`` (torchrun's environment by default) give each rank every
+    ``world_size``-th document. ``state_dict()`` saves the exact position (the document and the
+    tokens of it already used); ``load_state_dict`` continues bit for bit. ``infinite=True`` goes
+    on into the next epoch's order instead of ending (step-based training). A bad document (invalid
+    JSON or UTF-8, a missing key, longer than ``max_document_bytes``) is skipped and counted in
+    :meth:`stats`; ``on_bad_document='raise'`` raises it, naming the file and line.
+    """
+
+    def __init__(self, data: Any, *, tokenizer: Any = None, seq_len: int = 2048, batch_size: int = 8,
+                 pack: str = "concat", pack_window: int | None = None, shuffle: bool = False, seed: int = 0,
+                 drop_last: bool = False, infinite: bool = False, shuffle_window: int | None = None,
+                 threads: int | str = "auto", prefetch: int = 2, memory_limit: int | str | None = None,
+                 rank: int | None = None, world_size: int | None = None, text_key: str = "text",
+                 document: str = "file", token_bytes: int | None = None, add_bos: bool = False,
+                 add_eos: bool = True, bos_token: str | None = None, eos_token: str | None = None,
+                 eos_id: int | None = None, pad_id: int | None = None, on_bad_document: str = "skip",
+                 max_failures: int | None = None, max_document_bytes: int | str | None = None,
+                 output: str = "auto") -> None:
+        self._paths = _paths(data)
+        path, self._tokenizer_json = _tokenizer(tokenizer)
+        self._args = arguments_json(
+            tokenizer=path, seq_len=seq_len, batch_size=batch_size, pack=pack, pack_window=pack_window,
+            shuffle=shuffle, seed=seed, drop_last=drop_last, infinite=infinite, shuffle_window=shuffle_window,
+            threads=threads, prefetch=prefetch, memory_limit=memory_limit, rank=rank, world_size=world_size,
+            text_key=text_key, document=document, token_bytes=token_bytes, add_bos=add_bos, add_eos=add_eos,
+            bos_token=bos_token, eos_token=eos_token, eos_id=eos_id, pad_id=pad_id, on_bad_document=on_bad_document,
+            max_failures=max_failures, max_document_bytes=max_document_bytes)
+        self._torch = want_torch(output)
+        self._native = self._new_native()
+        self._pid = os.getpid()
+        converter(self._torch)  # imported now: an interrupted import cannot be retried
+
+    def _new_native(self) -> _stoker.TokenLoader:
+        return _stoker.TokenLoader(self._paths, self._args, self._tokenizer_json)
+
+    def _base(self) -> _stoker.TokenLoader:
+        """The native loader of this process (rebuilt after a fork, keeping the position)."""
+        if os.getpid() != self._pid:
+            old = self._native
+            from ._base import _INHERITED
+
+            _INHERITED.append(old)
+            state = json.loads(old.state_json())
+            resume = old.resume_pending
+            self._native = self._new_native()
+            self._native.set_epoch(state["epoch"])
+            if resume:
+                self._native.load_state_json(json.dumps(state))
+            self._pid = os.getpid()
+        return self._native
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        return _TokenBatches(self._base().iter(), self._torch)
+
+    def batches(self) -> _stoker.TokenIterator:
+        """The raw iterator of ``stoker._stoker.TokenBatch`` objects."""
+        return self._base().iter()
+
+    @property
+    def documents(self) -> int:
+        """Documents in the data (all ranks)."""
+        return self._base().documents
+
+    @property
+    def threads(self) -> int:
+        """Tokenizer threads."""
+        return self._base().threads
+
+    @property
+    def batch_size(self) -> int:
+        """Rows per batch."""
+        return self._base().batch_size
+
+    @property
+    def seq_len(self) -> int:
+        """Tokens per row."""
+        return self._base().seq_len
+
+    @property
+    def rank(self) -> int:
+        """This process's rank."""
+        return self._base().rank
+
+    @property
+    def world_size(self) -> int:
+        """Ranks sharing the documents."""
+        return self._base().world_size
+
+    def special_ids(self) -> dict[str, int | None]:
+        """``{bos, eos, pad}``: the ids stoker adds and pads with."""
+        bos, eos, pad = self._base().special_ids()
+        return {"bos": bos, "eos": eos, "pad": pad}
+
+    def set_epoch(self, epoch: int) -> None:
+        """Selects the epoch (its document order). Changing it restarts at its first batch."""
+        self._base().set_epoch(epoch)
+
+    def stats(self) -> dict[str, Any]:
+        """Counters over the loader's life: documents (failed ones too), tokens, padding, split
+        documents, dropped tail tokens, rows, bytes read, seconds per stage."""
+        stats: dict[str, Any] = json.loads(self._base().stats_json())
+        return stats
+
+    def state_dict(self) -> dict[str, Any]:
+        """The exact position: epoch, batches delivered, and where the next row starts (the
+        document of this rank's order and the tokens or rows of it already used), with the
+        ``fingerprint`` of what it is valid for."""
+        state: dict[str, Any] = json.loads(self._base().state_json())
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restores a :meth:`state_dict`: the next iteration continues bit for bit. A state of
+        another dataset, tokenizer, packing or sharding is refused, naming the field."""
+        try:
+            text = json.dumps(state, allow_nan=False)
+        except (TypeError, ValueError) as e:
+            raise ConfigError(f"invalid argument `state`: expected a dict from state_dict(): {e}") from None
+        self._base().load_state_json(text)
+
+
+class _TokenBatches:
+    """Yields each native batch as a dict of converted tensors; keeps no reference to a batch
+    it has handed out."""
+
+    def __init__(self, native: _stoker.TokenIterator, torch_output: bool) -> None:
+        self._native = native
+        self._convert = converter(torch_output)
+        track(self)
+
+    def __iter__(self) -> _TokenBatches:
+        return self
+
+    def __next__(self) -> dict[str, Any]:
+        b = self._native.__next__()
+        out: dict[str, Any] = {name: self._convert(b.field(name)) for name in _FIELDS}
+        out["max_seqlen"] = b.max_seqlen
+        return out
+
+    def close(self) -> None:
+        """Stops the iteration now; every thread is joined."""
+        self._native.close()
+
+
+__all__ = ["TokenLoader"]

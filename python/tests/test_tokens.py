@@ -1,0 +1,197 @@
+"""``stoker.TokenLoader``: ids against the reference ``tokenizers`` package on real Wikipedia
+text and the real GPT-2 tokenizer (tests/data/text), dict batches for torch and numpy, exact
+resume through ``state_dict``, checked arguments and states, bad documents named, prompt stop."""
+
+import json
+import os
+import pathlib
+import threading
+import time
+
+import numpy as np
+import pytest
+import stoker
+import zstandard
+from tokenizers import Tokenizer
+
+DATA = pathlib.Path(__file__).resolve().parents[2] / "tests" / "data" / "text"
+GPT2 = DATA / "tokenizer-gpt2.json"
+SAMPLE = DATA / "wiki-sample.jsonl.zst"
+EOS = 50256
+
+
+@pytest.fixture(scope="module")
+def texts():
+    raw = zstandard.ZstdDecompressor().stream_reader(SAMPLE.open("rb")).read()
+    return [json.loads(line)["text"] for line in raw.decode().splitlines() if line]
+
+
+@pytest.fixture(scope="module")
+def reference(texts):
+    """The reference tokenizer's ids of every document, EOS after each."""
+    tok = Tokenizer.from_file(str(GPT2))
+    return [enc.ids + [EOS] for enc in tok.encode_batch(texts)]
+
+
+def test_ids_labels_and_positions_match_the_reference(reference):
+    loader = stoker.TokenLoader(SAMPLE, tokenizer=GPT2, seq_len=512, batch_size=4, threads=2, output="numpy")
+    assert loader.documents == len(reference) == 60
+    rows, labels, positions = [], [], []
+    for b in loader:
+        assert b["input_ids"].dtype == np.int32 and b["input_ids"].shape[1] == 512
+        rows.append(b["input_ids"].copy())
+        labels.append(b["labels"].copy())
+        positions.append(b["position_ids"].copy())
+        cu = b["cu_seqlens"]
+        assert cu[0] == 0 and cu[-1] == b["input_ids"].size and np.all(np.diff(cu) > 0)
+        assert b["max_seqlen"] == int(np.diff(cu).max())
+    got = np.concatenate(rows).reshape(-1)
+    stream = np.concatenate([np.array(r, dtype=np.int64) for r in reference])
+    assert len(stream) - len(got) < 512, "only the epoch's tail is dropped"
+    np.testing.assert_array_equal(got, stream[: len(got)])
+    ends = np.cumsum([len(r) for r in reference])  # index after each document's last token
+    want = stream[1 : len(got) + 1].copy()
+    want[np.isin(np.arange(1, len(got) + 1), ends)] = -100
+    np.testing.assert_array_equal(np.concatenate(labels).reshape(-1), want)
+    pos = np.concatenate(positions).reshape(-1)
+    starts = np.zeros(len(got), dtype=bool)
+    starts[::512] = True
+    starts[ends[ends < len(got)]] = True
+    np.testing.assert_array_equal(pos == 0, starts)
+    stats = loader.stats()
+    assert stats["documents"] == 60 and stats["failed_documents"] == 0 and stats["tokens"] == len(got)
+    assert stats["dropped_tokens"] == len(stream) - len(got)
+
+
+def test_a_tokenizer_object_and_bos(reference):
+    tok = Tokenizer.from_file(str(GPT2))
+    loader = stoker.TokenLoader(SAMPLE, tokenizer=tok, seq_len=4096, batch_size=2, pack="best_fit", add_bos=True,
+                                bos_token="<|endoftext|>", output="numpy")
+    assert loader.special_ids() == {"bos": EOS, "eos": EOS, "pad": EOS}
+    labeled = starts = 0
+    for b in loader:
+        ids, pos, lab = b["input_ids"], b["position_ids"], b["labels"]
+        labeled += int((lab != -100).sum())
+        # Segments that start with BOS and predict something: each document's first piece (a
+        # padding segment starts with the pad id, EOS here, but predicts nothing).
+        starts += int(((pos == 0) & (ids == EOS) & (lab != -100)).sum())
+    assert starts == len(reference)
+    # Every token has a label but each document's last (a split document's pieces carry on).
+    assert labeled == sum(len(r) + 1 for r in reference) - len(reference)
+    stats = loader.stats()
+    assert stats["padding_tokens"] > 0 and stats["split_documents"] > 0
+
+
+def test_torch_batches_and_a_training_step(reference):
+    torch = pytest.importorskip("torch")
+    loader = stoker.TokenLoader(SAMPLE, tokenizer=GPT2, seq_len=256, batch_size=4, shuffle=True, seed=3,
+                                output="torch")
+    b = next(iter(loader))
+    assert isinstance(b["input_ids"], torch.Tensor) and b["input_ids"].dtype == torch.int32
+    emb = torch.nn.Embedding(50257, 8)
+    head = torch.nn.Linear(8, 50257)
+    logits = head(emb(b["input_ids"].long()))
+    loss = torch.nn.functional.cross_entropy(logits.view(-1, 50257), b["labels"].long().view(-1), ignore_index=-100)
+    loss.backward()
+    assert torch.isfinite(loss)
+
+
+def test_state_dict_resumes_bit_for_bit():
+    def make():
+        return stoker.TokenLoader(SAMPLE, tokenizer=GPT2, seq_len=1024, batch_size=2, shuffle=True, seed=7,
+                                  pack="best_fit", pack_window=8, threads=2, output="numpy")
+
+    loader = make()
+    loader.set_epoch(2)
+    it = iter(loader)
+    first = [next(it)["input_ids"].copy() for _ in range(5)]
+    state = json.loads(json.dumps(loader.state_dict()))
+    rest = [b["input_ids"].copy() for b in it]
+    again = make()
+    again.load_state_dict(state)
+    resumed = [b["input_ids"].copy() for b in again]
+    assert len(first) == 5 and len(resumed) == len(rest) > 3
+    for a, b in zip(resumed, rest):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_arguments_and_states_are_checked(tmp_path):
+    with pytest.raises(stoker.ConfigError, match="`pack`: expected 'concat' or 'best_fit'"):
+        stoker.TokenLoader(SAMPLE, tokenizer=GPT2, pack="greedy")
+    with pytest.raises(stoker.ConfigError, match="`seq_len`"):
+        stoker.TokenLoader(SAMPLE, tokenizer=GPT2, seq_len=0)
+    with pytest.raises(stoker.ConfigError, match="`tokenizer`: text needs a tokenizer"):
+        stoker.TokenLoader(SAMPLE)
+    bad = tmp_path / "tokenizer.json"
+    bad.write_text('{"model": {"type": "BPE", "vocab": 3}}')
+    with pytest.raises(stoker.ConfigError, match=f"`tokenizer`: {bad}: not a valid tokenizer.json"):
+        stoker.TokenLoader(SAMPLE, tokenizer=bad)
+    with pytest.raises(stoker.ConfigError, match="`eos_token`"):
+        stoker.TokenLoader(SAMPLE, tokenizer=GPT2, eos_token="</s>")
+    with pytest.raises(stoker.ConfigError, match="unknown format"):
+        stoker.TokenLoader(DATA / "README.md", tokenizer=GPT2)
+    with pytest.raises(stoker.ConfigError, match="`bogus`: unknown argument"):
+        stoker._stoker.TokenLoader([str(SAMPLE)], json.dumps({"tokenizer": str(GPT2), "bogus": 1}))
+    loader = stoker.TokenLoader(SAMPLE, tokenizer=GPT2, seq_len=128)
+    state = loader.state_dict()
+    other = stoker.TokenLoader(SAMPLE, tokenizer=GPT2, seq_len=256)
+    with pytest.raises(stoker.ConfigError, match=r"state\['fingerprint'\]\['seq_len'\]"):
+        other.load_state_dict(state)
+    with pytest.raises(stoker.ConfigError, match=r"state\['cursor'\]"):
+        loader.load_state_dict({**state, "cursor": -1})
+
+
+def test_bad_documents_are_skipped_counted_or_raised(tmp_path):
+    p = tmp_path / "bad.jsonl"
+    p.write_bytes(b'{"text": "fine"}\n{"text": "broken\n{"id": 1}\n{"text": "\xff"}\n{"text": "also fine"}\n')
+    loader = stoker.TokenLoader(p, tokenizer=GPT2, seq_len=2, batch_size=1, output="numpy")
+    got = np.concatenate([b["input_ids"].reshape(-1).copy() for b in loader])
+    tok = Tokenizer.from_file(str(GPT2))
+    want = tok.encode("fine").ids + [EOS] + tok.encode("also fine").ids + [EOS]
+    np.testing.assert_array_equal(got, want[: len(got)])
+    assert loader.stats()["failed_documents"] == 3
+    strict = stoker.TokenLoader(p, tokenizer=GPT2, seq_len=2, batch_size=1, on_bad_document="raise")
+    with pytest.raises(stoker.DecodeError, match=r"bad\.jsonl: line 2: not a JSON object"):
+        list(strict)
+
+
+def test_token_files_and_folders(tmp_path, reference):
+    flat = np.concatenate([np.array(r, dtype=np.uint16) for r in reference[:10]])
+    flat.tofile(tmp_path / "train.bin")
+    np.save(tmp_path / "more.npy", flat.astype(np.uint32))
+    loader = stoker.TokenLoader(tmp_path, seq_len=1000, batch_size=3, eos_id=EOS, output="numpy")
+    assert loader.documents == 20
+    got = np.concatenate([b["input_ids"].reshape(-1).copy() for b in loader])
+    both = np.concatenate([flat, flat]).astype(np.int64)  # more.npy before train.bin: the same tokens
+    np.testing.assert_array_equal(got, both[: len(got)])
+    with pytest.raises(stoker.ConfigError, match="token files are already tokenized"):
+        stoker.TokenLoader(tmp_path / "train.bin", tokenizer=GPT2)
+
+
+def _stoker_threads():
+    names = []
+    for t in os.listdir("/proc/self/task"):
+        try:
+            names.append(pathlib.Path(f"/proc/self/task/{t}/comm").read_text().strip())
+        except OSError:
+            pass
+    return [n for n in names if n.startswith("stoker-")]
+
+
+def test_closing_an_iteration_stops_every_thread_promptly():
+    loader = stoker.TokenLoader(SAMPLE, tokenizer=GPT2, seq_len=128, batch_size=1, threads=3, prefetch=1,
+                                infinite=True, output="numpy")
+    it = iter(loader)
+    next(it)
+    assert len(_stoker_threads()) >= 5  # reader, 3 tokenizers, packer
+    t0 = time.monotonic()
+    it.close()
+    assert time.monotonic() - t0 < 5
+    assert _stoker_threads() == []
+    # Infinite: goes past the end of the first epoch's documents.
+    it = iter(loader)
+    n = sum(1 for _, _ in zip(range(3000), it))
+    assert n == 3000
+    it.close()
+    assert loader.state_dict()["cursor_epoch"] >= 1
+    assert threading.active_count() >= 1
