@@ -45,28 +45,31 @@ class TokenLoader:
 
     ``data``: JSON Lines (``.jsonl``, ``.jsonl.gz``, ``.jsonl.zst``; the text under ``text_key``),
     plain text (``.txt``, optionally compressed; a document per file, or per line with
-    ``document='line'``), or pre-tokenized token files (nanoGPT-style ``.bin`` of uint16, or
-    uint32 with ``token_bytes=4``, or a 1-D ``.npy``; documents end at ``eos_id``): a path, a
-    glob, a folder or a list of them. ``tokenizer``: a ``tokenizer.json`` path, a
-    ``tokenizers.Tokenizer`` or a ``transformers`` fast tokenizer (text only).
+    ``document='line'``), or pre-tokenized token files (nanoGPT-style ``.bin`` of uint16, or uint32
+    with ``token_bytes=4``, or a 1-D ``.npy``; documents end at ``eos_id``): a path, a glob, a
+    folder or a list of them. ``tokenizer``: a ``tokenizer.json`` path, a ``tokenizers.Tokenizer``
+    or a ``transformers`` fast tokenizer (text only).
 
-    Each batch is a dict of ``input_ids``, ``labels`` (the next token in the document; -100 after
-    a document's last token and on padding), ``position_ids`` (restarting at each document and
-    at each row's start) as ``[batch_size, seq_len]`` int32 tensors, ``cu_seqlens`` (int32
-    boundaries of every segment over the flattened batch, padding a segment of its own, for
-    FlashAttention's variable-length kernels) and ``max_seqlen``. ``pack='concat'`` joins
-    documents (each followed by EOS with ``add_eos``) and cuts rows: nothing is padded, only the
-    epoch's tail is dropped. ``pack='best_fit'`` places whole documents into rows by best-fit
-    decreasing over blocks of ``pack_window`` documents (longer ones are split) and pads.
+    Each batch is a dict of ``input_ids``, ``labels`` (the next token in the document; -100 after a
+    document's last token and on padding), ``position_ids`` (restarting at each document and at each
+    row's start) as ``[batch_size, seq_len]`` int32 tensors, ``cu_seqlens`` (int32 boundaries of
+    every segment over the flattened batch, padding a segment of its own, for FlashAttention's
+    variable-length kernels) and ``max_seqlen``. ``pack='concat'`` joins documents (each followed by
+    EOS with ``add_eos``) and cuts rows: nothing is padded, only the epoch's tail is dropped.
+    ``pack='best_fit'`` places whole documents into rows by best-fit decreasing over blocks of
+    ``pack_window`` documents (longer ones are split) and pads.
 
-    ``shuffle`` permutes documents per epoch (``seed``, ``set_epoch``); compressed files are read
-    as streams, so they are shuffled by file and within windows of ``shuffle_window`` documents.
+    ``shuffle`` permutes documents per epoch (``seed``, ``set_epoch``); compressed files are read as
+    streams, so they are shuffled by file and within windows of ``shuffle_window`` documents.
     ``rank``/``world_size`` (torchrun's environment by default) give each rank every
-    ``world_size``-th document. ``state_dict()`` saves the exact position (the document and the
-    tokens of it already used); ``load_state_dict`` continues bit for bit. ``infinite=True`` goes
-    on into the next epoch's order instead of ending (step-based training). A bad document (invalid
-    JSON or UTF-8, a missing key, longer than ``max_document_bytes``) is skipped and counted in
-    :meth:`stats`; ``on_bad_document='raise'`` raises it, naming the file and line.
+    ``world_size``-th document; over token files every rank delivers the same number of batches
+    (``len(loader)``), so DDP never waits at an epoch's end. Over text the counts are known only
+    once tokenized: with several ranks, train by steps with ``infinite=True``. ``state_dict()``
+    saves the exact position (the document and the tokens of it already used); ``load_state_dict``
+    continues bit for bit. ``infinite=True`` goes on into the next epoch's order instead of ending
+    (step-based training). A bad document (invalid JSON or UTF-8, a missing key, longer than
+    ``max_document_bytes``) is skipped and counted in :meth:`stats`; ``on_bad_document='raise'``
+    raises it, naming the file and line.
     """
 
     def __init__(self, data: Any, *, tokenizer: Any = None, seq_len: int = 2048, batch_size: int = 8,
@@ -118,6 +121,15 @@ class TokenLoader:
     def batches(self) -> _stoker.TokenIterator:
         """The raw iterator of ``stoker._stoker.TokenBatch`` objects."""
         return self._base().iter()
+
+    def __len__(self) -> int:
+        """Batches per epoch on this rank: known before tokenizing for token files (every rank
+        has the same count); text is counted only once tokenized, so ``len()`` raises
+        ``TypeError`` there (as for an ``IterableDataset``)."""
+        n = self._base().batches_per_epoch
+        if n is None:
+            raise TypeError("TokenLoader over text (or infinite) has no length before it is tokenized")
+        return n
 
     @property
     def documents(self) -> int:

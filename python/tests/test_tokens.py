@@ -161,6 +161,9 @@ def test_token_files_and_folders(tmp_path, reference):
     np.save(tmp_path / "more.npy", flat.astype(np.uint32))
     loader = stoker.TokenLoader(tmp_path, seq_len=1000, batch_size=3, eos_id=EOS, output="numpy")
     assert loader.documents == 20
+    with pytest.raises(TypeError, match="no length"):
+        len(stoker.TokenLoader(SAMPLE, tokenizer=GPT2))
+    assert len(loader) == sum(1 for _ in loader.batches())
     got = np.concatenate([b["input_ids"].reshape(-1).copy() for b in loader])
     both = np.concatenate([flat, flat]).astype(np.int64)  # more.npy before train.bin: the same tokens
     np.testing.assert_array_equal(got, both[: len(got)])

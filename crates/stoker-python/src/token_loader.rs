@@ -47,6 +47,12 @@ impl PyTokenLoader {
         self.loader.documents()
     }
 
+    /// Batches per epoch on this rank, when known before tokenizing (token files).
+    #[getter]
+    fn batches_per_epoch(&self) -> Option<usize> {
+        self.loader.batches_per_epoch()
+    }
+
     /// Tokenizer threads.
     #[getter]
     fn threads(&self) -> usize {

@@ -223,3 +223,34 @@ fn token_files_pack_like_their_text() {
     assert_eq!(from_bin.rows, from_text.rows);
     assert_eq!(from_bin.labels, from_text.labels);
 }
+
+#[test]
+fn token_files_give_every_rank_the_same_batch_count() {
+    let d = tempfile::tempdir().unwrap();
+    // Documents of very different lengths, so that ranks' token counts differ.
+    let mut toks: Vec<u32> = vec![];
+    for i in 0..97u32 {
+        toks.extend((0..(i * 31 % 200 + 1)).map(|k| 1 + (i + k) % 1000));
+        toks.push(0);
+    }
+    let bin = d.path().join("t.bin");
+    std::fs::write(&bin, toks.iter().flat_map(|&t| t.to_le_bytes()).collect::<Vec<_>>()).unwrap();
+    for pack in [PackMode::Concat, PackMode::BestFit] {
+        let mut counts = vec![];
+        for rank in 0..4 {
+            let mut c = TokenConfig::new(3, 64);
+            c.token_bytes = 4;
+            c.eos_id = Some(0);
+            c.pack = pack;
+            c.pack_window = 10;
+            c.shuffle = true;
+            c.rank = rank;
+            c.world_size = 4;
+            let l = TokenLoader::new(std::slice::from_ref(&bin), None, c).unwrap();
+            let n = l.iter().unwrap().count();
+            assert_eq!(Some(n), l.batches_per_epoch(), "{pack:?} rank {rank}");
+            counts.push(n);
+        }
+        assert!(counts.iter().all(|&n| n == counts[0] && n > 5), "{pack:?} {counts:?}");
+    }
+}

@@ -373,6 +373,12 @@ struct EpochOrder {
 const WINDOW_BYTES: u64 = 64 << 20;
 
 fn epoch_order(src: &DocSource, cfg: &TokenConfig, epoch: u64) -> EpochOrder {
+    let (all, bounds) = global_order(src, cfg, epoch);
+    rank_order(&all, &bounds, cfg.rank, cfg.world_size)
+}
+
+/// Every document of `epoch` in order, and where each read group starts.
+fn global_order(src: &DocSource, cfg: &TokenConfig, epoch: u64) -> (Vec<u64>, Vec<usize>) {
     let mut r = Rng::new(cfg.seed, rng::stream::PERMUTATION, epoch);
     let (mut all, mut bounds) = (Vec::with_capacity(src.len() as usize), vec![0usize]);
     if src.random_access() {
@@ -411,13 +417,48 @@ fn epoch_order(src: &DocSource, cfg: &TokenConfig, epoch: u64) -> EpochOrder {
             }
         }
     }
-    let (w, k) = (cfg.world_size, cfg.rank);
-    // Position p of the global order goes to rank p % world_size.
+    (all, bounds)
+}
+
+/// Rank `k` of `w`'s part of a global order: position p goes to rank p % w.
+fn rank_order(all: &[u64], bounds: &[usize], k: usize, w: usize) -> EpochOrder {
     let docs: Vec<u64> = all.iter().skip(k).step_by(w).copied().collect();
-    let groups = bounds.iter().map(|&b| (b + w - 1 - k.min(b + w - 1)) / w).collect::<Vec<_>>();
-    let mut groups: Vec<usize> = groups.into_iter().map(|g| g.min(docs.len())).collect();
+    let mut groups: Vec<usize> = bounds.iter().map(|&b| ((b + w - 1 - k.min(b + w - 1)) / w).min(docs.len())).collect();
     groups.dedup();
     EpochOrder { docs, groups }
+}
+
+/// Rows every rank delivers in `epoch` when the documents' token counts are known without
+/// tokenizing (token files): the fewest any rank's documents fill, so that every rank has
+/// the same number of batches. `None` for text (known only once tokenized).
+fn rows_per_rank(sh: &Shared, epoch: u64) -> Option<u64> {
+    let (cfg, src) = (&sh.config, &sh.source);
+    if !matches!(src.format, Format::Tokens(_)) || cfg.infinite {
+        return None;
+    }
+    let (all, bounds) = global_order(src, cfg, epoch);
+    let len = cfg.seq_len;
+    let tokens = |g: u64| {
+        let (f, k) = src.locate(g);
+        let file = &src.files[f];
+        (file.docs[k].len / file.width.max(1) as u64) as usize
+    };
+    (0..cfg.world_size)
+        .map(|r| {
+            let order = rank_order(&all, &bounds, r, cfg.world_size);
+            match cfg.pack {
+                PackMode::Concat => order.docs.iter().map(|&g| tokens(g) as u64).sum::<u64>() / len as u64,
+                PackMode::BestFit => order
+                    .docs
+                    .chunks(cfg.pack_window as usize)
+                    .map(|block| {
+                        let lens: Vec<usize> = block.iter().map(|&g| tokens(g)).collect();
+                        super::pack::plan_rows(&lens, len).len() as u64
+                    })
+                    .sum(),
+            }
+        })
+        .min()
 }
 
 /// Sends `v`, waiting in steps so that `cancel` is seen; false when cancelled or closed.
@@ -537,6 +578,15 @@ impl TokenLoader {
     /// Documents in the source (all ranks).
     pub fn documents(&self) -> u64 {
         self.shared.source.len()
+    }
+
+    /// Batches per epoch on this rank (the current epoch), when known before tokenizing:
+    /// token files, where every rank has the same count. `None` for text and `infinite`.
+    pub fn batches_per_epoch(&self) -> Option<usize> {
+        let epoch = self.position().epoch;
+        let rows = rows_per_rank(&self.shared, epoch)? as usize;
+        let bs = self.shared.config.batch_size;
+        Some(if self.shared.config.drop_last { rows / bs } else { rows.div_ceil(bs) })
     }
 
     /// Tokenizer threads.
@@ -679,8 +729,12 @@ impl TokenLoader {
         drop(res_tx);
         {
             let (sh, cancel, run2) = (sh.clone(), cancel.clone(), Arc::downgrade(&run));
+            // Token files: every rank stops at the same row count (the rows before a resume
+            // point are whole batches).
+            let limit = rows_per_rank(&sh, from.epoch)
+                .map(|rows| rows.saturating_sub(first_batch * sh.config.batch_size as u64));
             run.spawn("stoker-pack".into(), move || {
-                pack_batches(&sh, from, first_batch, &res_rx, &credit_tx, &done_tx, &cancel);
+                pack_batches(&sh, (from, first_batch, limit), &res_rx, &credit_tx, &done_tx, &cancel);
                 if let Some(r) = run2.upgrade() {
                     r.finish();
                 }
@@ -883,8 +937,7 @@ fn tokenize(sh: &Shared, tok: Option<&TextTokenizer>, d: RawDoc) -> (Doc, Option
 /// The packer thread: chunks back in order, packed into rows, a batch per pooled slot.
 fn pack_batches(
     sh: &Shared,
-    from: Resume,
-    first_batch: u64,
+    (from, first_batch, mut limit): (Resume, u64, Option<u64>),
     results: &Receiver<(u64, Tokenized)>,
     credits: &Sender<()>,
     done: &Sender<Arc<TokenSlot>>,
@@ -936,6 +989,10 @@ fn pack_batches(
         unsafe { TokenSlot::ints_mut(&slot.cu, 0, 1)[0] = 0 };
         let mut info_sum = RowInfo::default();
         while rows < bs {
+            if limit == Some(0) {
+                ended = true;
+                break;
+            }
             segments.clear();
             let off = rows * len;
             // SAFETY: rows `rows` of the slot's buffers belong to the packer alone.
@@ -965,6 +1022,7 @@ fn pack_batches(
                     info_sum.pad += info.pad;
                     info_sum.split += info.split;
                     rows += 1;
+                    limit = limit.map(|l| l - 1);
                 }
                 Err(tail) => {
                     sh.stats.dropped.fetch_add(tail as u64, Ordering::Relaxed);

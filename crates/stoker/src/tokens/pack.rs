@@ -151,7 +151,35 @@ impl Concat {
 }
 
 /// A piece of a document in a row: `(document in the block, first token, tokens)`.
-type Piece = (usize, usize, usize);
+pub type Piece = (usize, usize, usize);
+
+/// Best-fit decreasing of one block of documents of `lens` tokens into rows of `len`: pieces
+/// of at most a row, longest first (ties keep the stream's order), each into the row with the
+/// least room that holds it, else a new row. Rows in the order they were opened.
+pub fn plan_rows(lens: &[usize], len: usize) -> Vec<Vec<Piece>> {
+    let mut items: Vec<Piece> = Vec::new();
+    for (k, &n) in lens.iter().enumerate() {
+        let mut s = 0;
+        while s < n {
+            let m = (n - s).min(len);
+            items.push((k, s, m));
+            s += m;
+        }
+    }
+    items.sort_by_key(|&(_, _, n)| std::cmp::Reverse(n));
+    let mut bins: Vec<(usize, Vec<Piece>)> = Vec::new();
+    for it in items {
+        let best = bins.iter().enumerate().filter(|(_, (free, _))| *free >= it.2).min_by_key(|(_, (free, _))| *free);
+        match best {
+            Some((i, _)) => {
+                bins[i].0 -= it.2;
+                bins[i].1.push(it);
+            }
+            None => bins.push((len - it.2, vec![it])),
+        }
+    }
+    bins.into_iter().map(|(_, r)| r).collect()
+}
 
 /// Whole documents placed into rows by best-fit decreasing over blocks of documents.
 #[derive(Debug)]
@@ -228,30 +256,8 @@ impl BestFit {
                 None => self.ended = true,
             }
         }
-        // Pieces of at most a row, longest first (stable: ties keep the stream's order).
-        let mut items: Vec<Piece> = Vec::new();
-        for (k, d) in self.docs.iter().enumerate() {
-            let mut s = 0;
-            while s < d.tokens.len() {
-                let n = (d.tokens.len() - s).min(len);
-                items.push((k, s, n));
-                s += n;
-            }
-        }
-        items.sort_by_key(|&(_, _, n)| std::cmp::Reverse(n));
-        let mut bins: Vec<(usize, Vec<Piece>)> = Vec::new();
-        for it in items {
-            let best =
-                bins.iter().enumerate().filter(|(_, (free, _))| *free >= it.2).min_by_key(|(_, (free, _))| *free);
-            match best {
-                Some((i, _)) => {
-                    bins[i].0 -= it.2;
-                    bins[i].1.push(it);
-                }
-                None => bins.push((len - it.2, vec![it])),
-            }
-        }
-        self.rows = bins.into_iter().map(|(_, r)| r).collect();
+        let lens: Vec<usize> = self.docs.iter().map(|d| d.tokens.len()).collect();
+        self.rows = plan_rows(&lens, len).into();
         let skip = std::mem::take(&mut self.skip).min(self.rows.len() as u64);
         self.rows.drain(..skip as usize);
         self.block.offset = skip;
