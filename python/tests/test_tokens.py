@@ -198,3 +198,59 @@ def test_closing_an_iteration_stops_every_thread_promptly():
     it.close()
     assert loader.state_dict()["cursor_epoch"] >= 1
     assert threading.active_count() >= 1
+
+
+TORCHRUN_SCRIPT = r'''
+import json, os, sys
+from datetime import timedelta
+import numpy as np
+import torch
+import torch.distributed as dist
+import stoker
+
+dist.init_process_group("gloo", timeout=timedelta(seconds=60))
+rank, world = dist.get_rank(), dist.get_world_size()
+loader = stoker.TokenLoader(sys.argv[1], seq_len=96, batch_size=3, eos_id=50256, shuffle=True, seed=4,
+                            pack="best_fit", pack_window=4, output="torch")
+assert (loader.rank, loader.world_size) == (rank, world)
+rows, steps = [], 0
+for batch in loader:
+    # A collective every step, as DDP's gradient all-reduce: unequal batch counts would hang here.
+    flag = torch.ones(1)
+    dist.all_reduce(flag)
+    assert flag.item() == world
+    rows.extend(r.tolist() for r in batch["input_ids"])
+    steps += 1
+everyone = [None] * world
+dist.all_gather_object(everyone, {"steps": steps, "len": len(loader), "rows": rows})
+if rank == 0:
+    with open(sys.argv[2], "w") as f:
+        json.dump(everyone, f)
+dist.destroy_process_group()
+'''
+
+
+def test_two_ranks_under_torchrun_have_equal_batches_and_disjoint_rows(tmp_path, reference):
+    pytest.importorskip("torch")
+    import socket
+    import subprocess
+    import sys
+
+    flat = np.concatenate([np.array(r, dtype=np.uint16) for r in reference[:12]])
+    flat.tofile(tmp_path / "train.bin")
+    script = tmp_path / "train.py"
+    script.write_text(TORCHRUN_SCRIPT)
+    out = tmp_path / "out.json"
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
+           "--master_port", str(port), str(script), str(tmp_path / "train.bin"), str(out)]
+    r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    ranks = json.loads(out.read_text())
+    assert ranks[0]["steps"] == ranks[1]["steps"] == ranks[0]["len"] == ranks[1]["len"] > 3
+    rows0 = {tuple(row) for row in ranks[0]["rows"]}
+    rows1 = {tuple(row) for row in ranks[1]["rows"]}
+    assert not rows0 & rows1, "the ranks' rows are disjoint"
