@@ -183,14 +183,21 @@ class TokenLoader:
         state: dict[str, Any] = json.loads(self._base().state_json())
         return state
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: dict[str, Any] | list[dict[str, Any]]) -> None:
         """Restores a :meth:`state_dict`: the next iteration continues bit for bit. A state of
-        another dataset, tokenizer, packing or sharding is refused, naming the field."""
+        another dataset, tokenizer, packing or sharding is refused, naming the field.
+
+        Given the list of every rank's state (``dist.all_gather_object``), the run continues on
+        this loader's ranks, however many: every document that no saved rank had finished goes to
+        exactly one new rank (a partly used one without its used tokens); ``pack='concat'``."""
         try:
             text = json.dumps(state, allow_nan=False)
         except (TypeError, ValueError) as e:
             raise ConfigError(f"invalid argument `state`: expected a dict from state_dict(): {e}") from None
-        self._base().load_state_json(text)
+        if isinstance(state, list):
+            self._base().load_states_json(text)
+        else:
+            self._base().load_state_json(text)
 
 
 class _TokenBatches:

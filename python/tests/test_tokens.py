@@ -115,6 +115,47 @@ def test_state_dict_resumes_bit_for_bit():
         np.testing.assert_array_equal(a, b)
 
 
+def test_elastic_resume_from_two_ranks_to_three(reference):
+    from collections import Counter
+
+    def make(rank, world):
+        loader = stoker.TokenLoader(SAMPLE, tokenizer=GPT2, seq_len=256, batch_size=2, shuffle=True, seed=1,
+                                    shuffle_window=8, rank=rank, world_size=world, output="numpy")
+        loader.set_epoch(1)
+        return loader
+
+    seen = Counter()
+    states = []
+    for rank, steps in ((0, 3), (1, 11)):
+        loader = make(rank, 2)
+        it = iter(loader)
+        for _ in range(steps):
+            seen.update(next(it)["input_ids"].reshape(-1).tolist())
+        it.close()
+        states.append(json.loads(json.dumps(loader.state_dict())))
+    for rank in range(3):
+        loader = make(rank, 3)
+        loader.load_state_dict(states)
+        it = iter(loader)
+        first = next(it)
+        seen.update(first["input_ids"].reshape(-1).tolist())
+        if rank == 0:  # the new ranks' own states resume on the same ranks
+            again = make(0, 3)
+            again.load_state_dict(loader.state_dict())
+            np.testing.assert_array_equal(next(iter(again))["input_ids"], next(it)["input_ids"])
+            loader.load_state_dict(states)
+            it = iter(loader)
+            next(it)
+        for b in it:
+            seen.update(b["input_ids"].reshape(-1).tolist())
+    everything = Counter(t for r in reference for t in r)
+    assert not seen - everything, "no token delivered more often than the documents hold it"
+    missing = sum((everything - seen).values())
+    assert missing < 3 * 256, "only the new ranks' tails are dropped"
+    with pytest.raises(stoker.ConfigError, match="no state of rank 1 of 2"):
+        make(0, 3).load_state_dict(states[:1])
+
+
 def test_arguments_and_states_are_checked(tmp_path):
     with pytest.raises(stoker.ConfigError, match="`pack`: expected 'concat' or 'best_fit'"):
         stoker.TokenLoader(SAMPLE, tokenizer=GPT2, pack="greedy")

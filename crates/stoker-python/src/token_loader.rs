@@ -111,7 +111,7 @@ impl PyTokenLoader {
         let v = serde_json::json!({
             "version": 1, "kind": "tokens", "seed": st.seed, "epoch": st.epoch, "next_batch": st.next_batch,
             "cursor_epoch": st.at.epoch, "cursor": st.at.cursor, "offset": st.at.offset,
-            "fingerprint": self.loader.fingerprint(),
+            "elastic": st.elastic, "fingerprint": self.loader.fingerprint(),
         });
         Ok(v.to_string())
     }
@@ -121,8 +121,29 @@ impl PyTokenLoader {
         errors::contain(|| {
             let v: serde_json::Value = serde_json::from_str(state_json)
                 .map_err(|e| errors::config("state", format!("expected a dict from state_dict(), not JSON: {e}")))?;
-            let st = stoker::args::token_state(&v, &self.loader.fingerprint()).py_err()?;
+            let st = stoker::args::token_state(&v, &self.loader.fingerprint(), false).py_err()?;
             self.loader.load_state(st).py_err()
+        })
+    }
+
+    /// Continues a run saved by several ranks: the JSON list of every rank's state dict
+    /// (any number of ranks; the documents no saved rank finished are dealt anew).
+    fn load_states_json(&self, states_json: &str) -> PyResult<()> {
+        errors::contain(|| {
+            let v: serde_json::Value = serde_json::from_str(states_json)
+                .map_err(|e| errors::config("state", format!("expected a list of state_dict()s, not JSON: {e}")))?;
+            let list = v.as_array().ok_or_else(|| errors::config("state", "expected a list of state_dict()s"))?;
+            let mine = self.loader.fingerprint();
+            let mut states = Vec::with_capacity(list.len());
+            for (k, one) in list.iter().enumerate() {
+                let st = stoker::args::token_state(one, &mine, true)
+                    .map_err(|e| errors::config("state", format!("state {k} of the list: {e}")))?;
+                let fp = &one["fingerprint"];
+                let (rank, world) =
+                    (fp["rank"].as_u64().unwrap_or(0) as usize, fp["world_size"].as_u64().unwrap_or(0) as usize);
+                states.push((st, rank, world));
+            }
+            self.loader.load_states(&states).py_err()
         })
     }
 

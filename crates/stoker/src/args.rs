@@ -834,9 +834,11 @@ fn token_config_in(args: Args, env: Env<'_>) -> Result<(TokenConfig, Option<Path
 
 /// A token loader's saved state (the JSON of `TokenLoader.state_dict()`), checked field by
 /// field and against `mine`: `seed`, `epoch`, `next_batch`, `cursor_epoch`, `cursor`,
-/// `offset` (non-negative integers), `version` (1) and `fingerprint` (equal to `mine`, the
-/// first difference named).
-pub fn token_state(state: &Value, mine: &TokenFingerprint) -> Result<TokenState> {
+/// `offset` (non-negative integers), `elastic` (absent, or the saved run an elastic resume
+/// continues), `version` (1) and `fingerprint` (equal to `mine`, the first difference named;
+/// with `ranks_may_differ`, `rank` and `world_size` are not compared: a state of another
+/// number of ranks, for [`crate::tokens::TokenLoader::load_states`]).
+pub fn token_state(state: &Value, mine: &TokenFingerprint, ranks_may_differ: bool) -> Result<TokenState> {
     let fields = state
         .as_object()
         .ok_or_else(|| Error::config("state", format!("expected a dict from state_dict(), got {}", shown(state))))?;
@@ -850,6 +852,14 @@ pub fn token_state(state: &Value, mine: &TokenFingerprint) -> Result<TokenState>
         epoch: int("epoch")?,
         next_batch: int("next_batch")?,
         at: crate::tokens::pack::Resume { epoch: int("cursor_epoch")?, cursor: int("cursor")?, offset: int("offset")? },
+        elastic: match fields.get("elastic") {
+            None | Some(Value::Null) => None,
+            Some(v) => {
+                Some(serde_json::from_value(v.clone()).map_err(|e| {
+                    Error::config(s.name("elastic"), format!("expected the dict state_dict() gives: {e}"))
+                })?)
+            }
+        },
     };
     let fp = fields
         .get("fingerprint")
@@ -859,6 +869,9 @@ pub fn token_state(state: &Value, mine: &TokenFingerprint) -> Result<TokenState>
     let (a, b) = (serde_json::to_value(&theirs).unwrap_or_default(), serde_json::to_value(mine).unwrap_or_default());
     if let (Some(a), Some(b)) = (a.as_object(), b.as_object()) {
         for (k, v) in b {
+            if ranks_may_differ && (k == "rank" || k == "world_size") {
+                continue;
+            }
             if a.get(k) != Some(v) {
                 return Err(Error::config(
                     format!("state['fingerprint']['{k}']"),

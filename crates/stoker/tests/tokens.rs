@@ -143,7 +143,7 @@ fn resume_at_every_batch_equals_the_uninterrupted_run() {
         assert!(whole.len() >= 4, "{}", whole.len());
         for k in (0..whole.len()).step_by(if path == p { 1 } else { 7 }) {
             let r = TokenLoader::new(std::slice::from_ref(&path), Some(gpt2()), c.clone()).unwrap();
-            r.load_state(states[k]).unwrap();
+            r.load_state(states[k].clone()).unwrap();
             let rest: Vec<Vec<i32>> = r.iter().unwrap().map(|b| b.unwrap().input_ids().to_vec()).collect();
             assert_eq!(rest[..], whole[k + 1..], "{pack:?} {path:?} after batch {k}");
         }
@@ -253,4 +253,75 @@ fn token_files_give_every_rank_the_same_batch_count() {
         }
         assert!(counts.iter().all(|&n| n == counts[0] && n > 5), "{pack:?} {counts:?}");
     }
+}
+
+/// A run of 4 ranks stopped at different batches continues on 3 ranks: every token (all
+/// unique here) is delivered once, by the old run or the new one; the new ranks have equal
+/// batch counts.
+#[test]
+fn elastic_resume_from_four_ranks_to_three() {
+    let d = tempfile::tempdir().unwrap();
+    let mut toks: Vec<u32> = vec![];
+    let mut next = 1u32;
+    for i in 0..300u32 {
+        for _ in 0..(i * 37 % 90 + 5) {
+            toks.push(next);
+            next += 1;
+        }
+        toks.push(0);
+    }
+    let bin = d.path().join("t.bin");
+    std::fs::write(&bin, toks.iter().flat_map(|&t| t.to_le_bytes()).collect::<Vec<_>>()).unwrap();
+    let loader = |rank, world| {
+        let mut c = TokenConfig::new(2, 50);
+        c.token_bytes = 4;
+        c.eos_id = Some(0);
+        c.shuffle = true;
+        c.seed = 9;
+        c.rank = rank;
+        c.world_size = world;
+        c.add_eos = false;
+        let l = TokenLoader::new(std::slice::from_ref(&bin), None, c).unwrap();
+        l.set_epoch(1);
+        l
+    };
+    let mut seen: Vec<u32> = vec![];
+    let mut states = vec![];
+    for rank in 0..4 {
+        let l = loader(rank, 4);
+        let mut it = l.iter().unwrap();
+        for _ in 0..(3 + rank * 4) {
+            seen.extend(it.next().unwrap().unwrap().input_ids().iter().map(|&t| t as u32));
+        }
+        drop(it);
+        states.push((l.state(), rank, 4));
+    }
+    let before = seen.len();
+    let mut counts = vec![];
+    for rank in 0..3 {
+        let l = loader(rank, 3);
+        l.load_states(&states).unwrap();
+        let n = l.batches_per_epoch().unwrap();
+        let mut k = 0;
+        for b in l.iter().unwrap() {
+            seen.extend(b.unwrap().input_ids().iter().map(|&t| t as u32));
+            k += 1;
+        }
+        assert_eq!(k, n);
+        counts.push(k);
+    }
+    assert!(counts.iter().all(|&c| c == counts[0] && c > 10), "{counts:?}");
+    assert!(seen.len() > before);
+    let real: Vec<u32> = seen.iter().copied().filter(|&t| t != 0).collect();
+    let mut uniq = real.clone();
+    uniq.sort_unstable();
+    uniq.dedup();
+    assert_eq!(uniq.len(), real.len(), "no token delivered twice");
+    let total = toks.iter().filter(|&&t| t != 0).count();
+    assert!(total - real.len() < total / 20, "{} of {total} tokens missing", total - real.len());
+    // Best fit cannot be split among new ranks.
+    let mut c = TokenConfig::new(2, 50);
+    (c.token_bytes, c.eos_id, c.pack) = (4, Some(0), PackMode::BestFit);
+    let l = TokenLoader::new(std::slice::from_ref(&bin), None, c).unwrap();
+    assert!(l.load_states(&states).unwrap_err().to_string().contains("pack='concat'"));
 }

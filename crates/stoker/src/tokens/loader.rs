@@ -182,6 +182,8 @@ struct RawDoc {
     /// `(file, ordinal)`, for messages.
     at: (usize, usize),
     bytes: Result<Vec<u8>>,
+    /// Tokens of it already delivered (an elastic resume).
+    skip: u64,
 }
 
 /// A chunk's documents, tokenized; failed ones are empty with their error.
@@ -238,9 +240,20 @@ impl TokenStats {
     }
 }
 
+/// Where the ranks of a saved run stood in one epoch, for a resume on another number of ranks:
+/// rank `r` of `world_size` had delivered its documents before `at[r]` (and `at[r].offset`
+/// tokens of the one there). The remaining documents of that epoch's order are dealt anew.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Elastic {
+    /// Ranks of the saved run.
+    pub world_size: usize,
+    /// Where each of them stood (all in the same epoch).
+    pub at: Vec<Resume>,
+}
+
 /// Where iteration stands: the epoch, batches delivered in it, and where the next batch's
 /// first row starts.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct TokenState {
     /// The seed (checked on restore).
     pub seed: u64,
@@ -250,6 +263,9 @@ pub struct TokenState {
     pub next_batch: u64,
     /// Where the next row starts.
     pub at: Resume,
+    /// The saved run this epoch's order continues, when it was resumed on another number of
+    /// ranks (`at.cursor` counts this rank's documents of the remaining ones).
+    pub elastic: Option<Elastic>,
 }
 
 #[derive(Debug, Default)]
@@ -258,6 +274,7 @@ struct PositionInner {
     next_batch: u64,
     at: Resume,
     resume: bool,
+    elastic: Option<Elastic>,
 }
 
 /// What a saved state is valid for.
@@ -367,14 +384,53 @@ impl std::fmt::Debug for TokenLoader {
 struct EpochOrder {
     docs: Vec<u64>,
     groups: Vec<usize>,
+    /// Tokens already delivered of some documents (by cursor): an elastic resume's partly
+    /// used documents.
+    skips: BTreeMap<u64, u64>,
 }
 
 /// Bytes of the documents of one shuffle window of a compressed file, at most.
 const WINDOW_BYTES: u64 = 64 << 20;
 
-fn epoch_order(src: &DocSource, cfg: &TokenConfig, epoch: u64) -> EpochOrder {
+fn epoch_order(src: &DocSource, cfg: &TokenConfig, epoch: u64, elastic: Option<&Elastic>) -> EpochOrder {
     let (all, bounds) = global_order(src, cfg, epoch);
-    rank_order(&all, &bounds, cfg.rank, cfg.world_size)
+    match elastic {
+        None => rank_order(&all, &bounds, cfg.rank, cfg.world_size),
+        Some(e) => elastic_order(&all, &bounds, e, cfg.rank, cfg.world_size),
+    }
+}
+
+/// Rank `k` of `w`'s part of what a saved run of `e.world_size` ranks left of a global order:
+/// the positions no old rank had finished, in order, dealt round-robin; a partly used
+/// document keeps its used tokens as a skip.
+fn elastic_order(all: &[u64], bounds: &[usize], e: &Elastic, k: usize, w: usize) -> EpochOrder {
+    let old = e.world_size;
+    let mut remaining: Vec<(usize, u64)> = Vec::new(); // (position, tokens to skip)
+    for p in 0..all.len() {
+        let (q, c) = (p % old, (p / old) as u64);
+        let at = e.at[q];
+        if c > at.cursor || (c == at.cursor && at.offset == 0) {
+            remaining.push((p, 0));
+        } else if c == at.cursor {
+            remaining.push((p, at.offset));
+        }
+    }
+    let mine: Vec<(usize, u64)> = remaining.into_iter().skip(k).step_by(w).collect();
+    let docs = mine.iter().map(|&(p, _)| all[p]).collect();
+    let skips = mine.iter().enumerate().filter(|(_, m)| m.1 > 0).map(|(c, m)| (c as u64, m.1)).collect();
+    // A new read group wherever a document comes from another window of the order.
+    let mut groups = vec![0];
+    let mut last = None;
+    for (c, &(p, _)) in mine.iter().enumerate() {
+        let g = bounds.partition_point(|&b| b <= p);
+        if last.is_some_and(|l| l != g) {
+            groups.push(c);
+        }
+        last = Some(g);
+    }
+    groups.push(mine.len());
+    groups.dedup();
+    EpochOrder { docs, groups, skips }
 }
 
 /// Every document of `epoch` in order, and where each read group starts.
@@ -425,13 +481,13 @@ fn rank_order(all: &[u64], bounds: &[usize], k: usize, w: usize) -> EpochOrder {
     let docs: Vec<u64> = all.iter().skip(k).step_by(w).copied().collect();
     let mut groups: Vec<usize> = bounds.iter().map(|&b| ((b + w - 1 - k.min(b + w - 1)) / w).min(docs.len())).collect();
     groups.dedup();
-    EpochOrder { docs, groups }
+    EpochOrder { docs, groups, skips: BTreeMap::new() }
 }
 
 /// Rows every rank delivers in `epoch` when the documents' token counts are known without
 /// tokenizing (token files): the fewest any rank's documents fill, so that every rank has
 /// the same number of batches. `None` for text (known only once tokenized).
-fn rows_per_rank(sh: &Shared, epoch: u64) -> Option<u64> {
+fn rows_per_rank(sh: &Shared, epoch: u64, elastic: Option<&Elastic>) -> Option<u64> {
     let (cfg, src) = (&sh.config, &sh.source);
     if !matches!(src.format, Format::Tokens(_)) || cfg.infinite {
         return None;
@@ -445,9 +501,13 @@ fn rows_per_rank(sh: &Shared, epoch: u64) -> Option<u64> {
     };
     (0..cfg.world_size)
         .map(|r| {
-            let order = rank_order(&all, &bounds, r, cfg.world_size);
+            let order = match elastic {
+                None => rank_order(&all, &bounds, r, cfg.world_size),
+                Some(e) => elastic_order(&all, &bounds, e, r, cfg.world_size),
+            };
+            let skipped: u64 = order.skips.values().sum();
             match cfg.pack {
-                PackMode::Concat => order.docs.iter().map(|&g| tokens(g) as u64).sum::<u64>() / len as u64,
+                PackMode::Concat => (order.docs.iter().map(|&g| tokens(g) as u64).sum::<u64>() - skipped) / len as u64,
                 PackMode::BestFit => order
                     .docs
                     .chunks(cfg.pack_window as usize)
@@ -584,7 +644,8 @@ impl TokenLoader {
     /// token files, where every rank has the same count. `None` for text and `infinite`.
     pub fn batches_per_epoch(&self) -> Option<usize> {
         let epoch = self.position().epoch;
-        let rows = rows_per_rank(&self.shared, epoch)? as usize;
+        let elastic = self.position().elastic.clone();
+        let rows = rows_per_rank(&self.shared, epoch, elastic.as_ref())? as usize;
         let bs = self.shared.config.batch_size;
         Some(if self.shared.config.drop_last { rows / bs } else { rows.div_ceil(bs) })
     }
@@ -625,7 +686,13 @@ impl TokenLoader {
             let mut p = self.position();
             let changed = p.epoch != epoch;
             if changed {
-                *p = PositionInner { epoch, next_batch: 0, at: Resume { epoch, cursor: 0, offset: 0 }, resume: false };
+                *p = PositionInner {
+                    epoch,
+                    next_batch: 0,
+                    at: Resume { epoch, cursor: 0, offset: 0 },
+                    resume: false,
+                    elastic: None,
+                };
             }
             changed
         };
@@ -637,7 +704,13 @@ impl TokenLoader {
     /// The resumable state.
     pub fn state(&self) -> TokenState {
         let p = self.position();
-        TokenState { seed: self.shared.config.seed, epoch: p.epoch, next_batch: p.next_batch, at: p.at }
+        TokenState {
+            seed: self.shared.config.seed,
+            epoch: p.epoch,
+            next_batch: p.next_batch,
+            at: p.at,
+            elastic: p.elastic.clone(),
+        }
     }
 
     /// What a saved state is valid for.
@@ -674,9 +747,69 @@ impl TokenLoader {
                 format!("seed {} does not match the loader's seed {}", st.seed, self.shared.config.seed),
             ));
         }
-        *self.position() = PositionInner { epoch: st.epoch, next_batch: st.next_batch, at: st.at, resume: true };
+        if let Some(e) = &st.elastic {
+            if e.at.len() != e.world_size || e.at.iter().any(|a| a.epoch != st.at.epoch) {
+                return Err(Error::config("state", "an elastic base needs one position per saved rank, in one epoch"));
+            }
+        }
+        *self.position() =
+            PositionInner { epoch: st.epoch, next_batch: st.next_batch, at: st.at, resume: true, elastic: st.elastic };
         self.active.retire("load_state_dict was called after this iterator started");
         Ok(())
+    }
+
+    /// Continues a run saved by several ranks (`(state, rank, world_size)` of every one, any
+    /// order) on this loader's ranks: every document that no saved rank had finished is dealt
+    /// anew, each to exactly one rank (a partly used one without its used tokens). The states
+    /// must be of one epoch, of `concat` packing (best-fit rows mix documents, so a partly
+    /// delivered block cannot be split among new ranks), and not themselves resumed on other
+    /// ranks in that epoch.
+    pub fn load_states(&self, states: &[(TokenState, usize, usize)]) -> Result<()> {
+        let (first, _, world) = states.first().ok_or_else(|| Error::config("state", "an empty list of states"))?;
+        if self.shared.config.pack != PackMode::Concat {
+            return Err(Error::config(
+                "state",
+                "resuming on another number of ranks needs pack='concat' (best-fit rows mix documents)",
+            ));
+        }
+        let mut at = vec![None; *world];
+        for (st, rank, w) in states {
+            if *w != *world || *rank >= *world {
+                return Err(Error::config(
+                    "state",
+                    format!("rank {rank} of world_size {w} in a list for {world} ranks"),
+                ));
+            }
+            if st.seed != first.seed || st.epoch != first.epoch || st.at.epoch != first.at.epoch {
+                return Err(Error::config(
+                    "state",
+                    "the states are of different seeds or epochs: give one run's states",
+                ));
+            }
+            if st.elastic.is_some() {
+                return Err(Error::config(
+                    "state",
+                    "these states already continue a resume on other ranks in this epoch: finish the epoch first",
+                ));
+            }
+            if at[*rank].replace(st.at).is_some() {
+                return Err(Error::config("state", format!("two states of rank {rank}")));
+            }
+        }
+        let at: Vec<Resume> = at
+            .into_iter()
+            .enumerate()
+            .map(|(r, a)| a.ok_or_else(|| Error::config("state", format!("no state of rank {r} of {world}"))))
+            .collect::<Result<_>>()?;
+        let elastic = Elastic { world_size: *world, at };
+        let cursor_epoch = first.at.epoch;
+        self.load_state(TokenState {
+            seed: first.seed,
+            epoch: first.epoch,
+            next_batch: 0,
+            at: Resume { epoch: cursor_epoch, cursor: 0, offset: 0 },
+            elastic: Some(elastic),
+        })
     }
 
     /// Whether a loaded state waits for the next iteration.
@@ -687,15 +820,16 @@ impl TokenLoader {
     /// Starts an iteration: the current epoch from its first batch, or a restored position.
     pub fn iter(&self) -> Result<TokenIter> {
         self.active.retire("a newer iteration of this loader was started");
-        let (from, first_batch) = {
+        let (from, first_batch, elastic) = {
             let mut p = self.position();
             let resume = std::mem::take(&mut p.resume);
             if resume {
-                (p.at, p.next_batch)
+                (p.at, p.next_batch, p.elastic.clone())
             } else {
                 p.next_batch = 0;
                 p.at = Resume { epoch: p.epoch, cursor: 0, offset: 0 };
-                (p.at, 0)
+                p.elastic = None;
+                (p.at, 0, None)
             }
         };
         let sh = self.shared.clone();
@@ -710,7 +844,10 @@ impl TokenLoader {
         let (res_tx, res_rx) = bounded::<(u64, Tokenized)>(credits);
         {
             let (sh, cancel) = (sh.clone(), cancel.clone());
-            run.spawn("stoker-text-read".into(), move || read_docs(&sh, from, &job_tx, &credit_rx, &cancel))?;
+            let elastic = elastic.clone();
+            run.spawn("stoker-text-read".into(), move || {
+                read_docs(&sh, (from, elastic), &job_tx, &credit_rx, &cancel)
+            })?;
         }
         for k in 0..sh.threads {
             let (sh, rx, tx, cancel) = (sh.clone(), job_rx.clone(), res_tx.clone(), cancel.clone());
@@ -731,7 +868,7 @@ impl TokenLoader {
             let (sh, cancel, run2) = (sh.clone(), cancel.clone(), Arc::downgrade(&run));
             // Token files: every rank stops at the same row count (the rows before a resume
             // point are whole batches).
-            let limit = rows_per_rank(&sh, from.epoch)
+            let limit = rows_per_rank(&sh, from.epoch, elastic.as_ref())
                 .map(|rows| rows.saturating_sub(first_batch * sh.config.batch_size as u64));
             run.spawn("stoker-pack".into(), move || {
                 pack_batches(&sh, (from, first_batch, limit), &res_rx, &credit_tx, &done_tx, &cancel);
@@ -762,7 +899,7 @@ impl PassHooks for TokenHooks {}
 /// The reader thread: this rank's documents from `from`, in chunks, for each credit.
 fn read_docs(
     sh: &Shared,
-    from: Resume,
+    (from, elastic): (Resume, Option<Elastic>),
     job_tx: &Sender<(u64, Vec<RawDoc>)>,
     credits: &Receiver<()>,
     cancel: &AtomicBool,
@@ -788,7 +925,7 @@ fn read_docs(
     let mut epoch = from.epoch;
     let mut start = from.cursor;
     loop {
-        let order = epoch_order(src, cfg, epoch);
+        let order = epoch_order(src, cfg, epoch, elastic.as_ref().filter(|_| epoch == from.epoch));
         let t0 = Instant::now();
         let mut emit = |d: RawDoc, chunk: &mut Vec<RawDoc>, bytes: &mut usize| -> bool {
             *bytes += d.bytes.as_ref().map_or(0, |b| b.len());
@@ -819,7 +956,8 @@ fn read_docs(
                     })
                 };
                 sh.stats.bytes.fetch_add(entry.len.min(cfg.max_document_bytes), Ordering::Relaxed);
-                if !emit(RawDoc { epoch, cursor: c, at: (f, k), bytes }, &mut chunk, &mut chunk_bytes) {
+                let skip = order.skips.get(&c).copied().unwrap_or(0);
+                if !emit(RawDoc { epoch, cursor: c, at: (f, k), bytes, skip }, &mut chunk, &mut chunk_bytes) {
                     return;
                 }
             }
@@ -859,7 +997,8 @@ fn read_docs(
                         cursors[f] = None; // a broken stream is reopened for the next document
                     }
                     sh.stats.bytes.fetch_add(entry.len.min(cfg.max_document_bytes), Ordering::Relaxed);
-                    got.insert(c, RawDoc { epoch, cursor: c, at: (f, k), bytes });
+                    let skip = order.skips.get(&c).copied().unwrap_or(0);
+                    got.insert(c, RawDoc { epoch, cursor: c, at: (f, k), bytes, skip });
                     if cancel.load(Ordering::Acquire) {
                         return;
                     }
@@ -886,6 +1025,13 @@ fn read_docs(
 
 /// Parses and tokenizes one document; a failure is an empty document with its error.
 fn tokenize(sh: &Shared, tok: Option<&TextTokenizer>, d: RawDoc) -> (Doc, Option<Error>) {
+    let skip = d.skip.min(usize::MAX as u64) as usize;
+    let (mut doc, err) = tokenize_whole(sh, tok, d);
+    doc.tokens.drain(..skip.min(doc.tokens.len()));
+    (doc, err)
+}
+
+fn tokenize_whole(sh: &Shared, tok: Option<&TextTokenizer>, d: RawDoc) -> (Doc, Option<Error>) {
     let mut doc = Doc { epoch: d.epoch, cursor: d.cursor, tokens: Vec::new() };
     let file = &sh.source.files[d.at.0];
     let entry = &file.docs[d.at.1];

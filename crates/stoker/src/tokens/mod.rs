@@ -16,5 +16,5 @@ pub mod loader;
 pub mod pack;
 pub mod tokenizer;
 
-pub use loader::{PackMode, TokenBatch, TokenConfig, TokenFingerprint, TokenIter, TokenLoader, TokenState};
+pub use loader::{Elastic, PackMode, TokenBatch, TokenConfig, TokenFingerprint, TokenIter, TokenLoader, TokenState};
 pub use tokenizer::TextTokenizer;
