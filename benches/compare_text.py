@@ -18,6 +18,8 @@ tokenizes it with the same ``tokenizer.json`` (``--tokenizer``, default GPT-2), 
 - ``floor``: the tokenizer alone, one core (``RAYON_NUM_THREADS=1``, ``TOKENIZERS_PARALLELISM=false``):
   all documents decoded into memory first (not timed), then ``encode_batch_fast`` on batches of
   ``--tok-batch`` documents. Its tokens per CPU-second is what a loader can at best reach per core.
+- ``stoker-cache``: an epoch of ``stoker.TokenLoader(cache)`` from the token cache that ``stoker tokenize``
+  wrote from the same files before the rounds (not timed): what every epoch after the first costs.
 - ``stoker``: ``stoker.TokenLoader(files, tokenizer=..., seq_len=..., batch_size=..., pack="concat",
   threads=--workers, output="numpy")``, ``for batch in loader``. Skipped, with a message, where the
   installed stoker has no ``TokenLoader``.
@@ -83,7 +85,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = Path("/work/shared/text")
-CONTENDERS = {"a": "datasets", "b": "iterable", "c": "floor", "d": "stoker"}
+CONTENDERS = {"a": "datasets", "b": "iterable", "c": "floor", "d": "stoker", "e": "stoker-cache"}
 SINGLE_CORE_ENV = {"TOKENIZERS_PARALLELISM": "false", "RAYON_NUM_THREADS": "1"}
 
 
@@ -404,7 +406,28 @@ def run_stoker(args):
            threads=loader.threads, stats=stats)
 
 
-RUNNERS = {"datasets": run_datasets, "iterable": run_iterable, "floor": run_floor, "stoker": run_stoker}
+def run_stoker_cache(args):
+    """An epoch from the token cache that ``stoker tokenize`` wrote before the rounds (not timed)."""
+    import stoker
+
+    c0, t0 = cpu(), time.perf_counter()
+    loader = stoker.TokenLoader(str(args.token_cache), seq_len=args.seq_len, batch_size=args.batch_size,
+                                pack="concat", threads=args.workers, output="numpy")
+    first = None
+    tokens = rows = 0
+    for batch in loader:
+        if first is None:
+            first = time.perf_counter() - t0
+        rows += batch["input_ids"].shape[0]
+        tokens += batch["input_ids"].size
+    clocks = stop(t0, c0)
+    stats = loader.stats()
+    report(clocks, c0, tokens=tokens, rows=rows, first_batch_s=first, documents=stats.get("documents"),
+           threads=loader.threads, stats=stats)
+
+
+RUNNERS = {"datasets": run_datasets, "iterable": run_iterable, "floor": run_floor, "stoker": run_stoker,
+           "stoker-cache": run_stoker_cache}
 
 
 # ---------------------------------------------------------------- parent
@@ -470,11 +493,13 @@ def main():
                     help="DataLoader num_workers over the mapped dataset (transformers' Trainer default: 0)")
     ap.add_argument("--runs", type=int, default=3, help="interleaved rounds")
     ap.add_argument("--docs", type=int, help="only the first N documents (smoke tests)")
-    ap.add_argument("--contenders", default="a,b,c,d",
-                    help="comma-separated: a=datasets, b=iterable, c=floor, d=stoker (letters or names)")
+    ap.add_argument("--contenders", default="a,b,c,d,e",
+                    help="comma-separated: a=datasets, b=iterable, c=floor, d=stoker, e=stoker-cache (an epoch "
+                         "from the token cache `stoker tokenize` wrote first; letters or names)")
     ap.add_argument("--out", type=Path, default=ROOT / "benches" / "results-text.json")
     ap.add_argument("--runner", choices=sorted(RUNNERS), help=argparse.SUPPRESS)
     ap.add_argument("--cache-dir", type=Path, help=argparse.SUPPRESS)
+    ap.add_argument("--token-cache", type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.runner:
         return RUNNERS[args.runner](args)
@@ -484,7 +509,7 @@ def main():
         c = c.strip()
         name = CONTENDERS.get(c, c)
         if name not in RUNNERS:
-            ap.error(f"unknown contender {c!r}: expected a,b,c,d or {', '.join(RUNNERS)}")
+            ap.error(f"unknown contender {c!r}: expected a,b,c,d,e or {', '.join(RUNNERS)}")
         names.append(name)
     if not args.data:
         ap.error("no data files (--data)")
@@ -493,14 +518,14 @@ def main():
             ap.error(f"not a file: {p}")
 
     skipped = {}
-    if "stoker" in names:
+    if "stoker" in names or "stoker-cache" in names:
         check = subprocess.run([sys.executable, "-c", "import stoker; stoker.TokenLoader"], capture_output=True,
                                text=True)
         if check.returncode != 0:
             reason = (check.stderr.strip().splitlines() or ["?"])[-1]
             skipped["stoker"] = f"stoker.TokenLoader is not available in {sys.executable}: {reason}"
             print(f"SKIPPING stoker: {skipped['stoker']}", file=sys.stderr)
-            names.remove("stoker")
+            names = [n for n in names if not n.startswith("stoker")]
     if not names:
         raise SystemExit("nothing to run")
 
@@ -520,6 +545,18 @@ def main():
                 str(args.tokenizer), "--eos", args.eos, "--seq-len", str(args.seq_len), "--batch-size",
                 str(args.batch_size), "--tok-batch", str(args.tok_batch), "--workers", str(args.workers),
                 "--hf-loader-workers", str(args.hf_loader_workers)]
+        if "stoker-cache" in names:
+            token_cache = tmp / "token-cache"
+            cli = "import sys, stoker._stoker as s; sys.exit(s.cli_main(sys.argv))"
+            made = subprocess.run([sys.executable, "-c", cli, "tokenize", *map(str, files), "--tokenizer",
+                                   str(args.tokenizer), "--threads", str(args.workers), str(token_cache)],
+                                  capture_output=True, text=True)
+            if made.returncode != 0:
+                raise SystemExit(f"stoker tokenize failed: {made.stderr}")
+            print(made.stdout.strip(), file=sys.stderr)
+            base_cache = ["--token-cache", str(token_cache)]
+        else:
+            base_cache = []
         summary["config"] = {
             "data": [str(p) for p in args.data], "docs": args.docs, "documents_used": docs,
             "files_read": [str(p) for p in files], "tokenizer": str(args.tokenizer), "eos": args.eos,
@@ -535,7 +572,7 @@ def main():
                 env = dict(os.environ)
                 if name != "stoker":
                     env.update(SINGLE_CORE_ENV)
-                cmd = [*base, "--runner", name]
+                cmd = [*base, *base_cache, "--runner", name]
                 cache = None
                 if name == "datasets":
                     cache = Path(tempfile.mkdtemp(prefix="hf-cache-", dir=tmp))
@@ -585,6 +622,7 @@ def main():
         "stoker_vs_datasets_tokens_per_s": paired("stoker", "datasets", "tokens_per_s"),
         "stoker_vs_datasets_first_batch_s": paired("stoker", "datasets", "first_batch_s"),
         "iterable_vs_floor_tokens_per_cpu_s": paired("iterable", "floor", "tokens_per_cpu_s"),
+        "stoker_cache_vs_stoker_tokens_per_cpu_s": paired("stoker-cache", "stoker", "tokens_per_cpu_s"),
         "datasets_vs_floor_tokens_per_cpu_s": paired("datasets", "floor", "tokens_per_cpu_s"),
     }
     summary.update({"runs": runs, "medians": medians, "ratios": {k: v for k, v in ratios.items() if v is not None},

@@ -196,6 +196,22 @@ def test_bad_documents_are_skipped_counted_or_raised(tmp_path):
         list(strict)
 
 
+def test_stoker_tokenize_writes_a_cache_the_loader_reads(tmp_path):
+    out = tmp_path / "cache"
+    rc = stoker._stoker.cli_main(["stoker", "tokenize", str(SAMPLE), "--tokenizer", str(GPT2), str(out)])
+    assert rc == 0
+    meta = json.loads((out / "stoker-tokens.json").read_text())
+    assert meta["documents"] == 60 and meta["failed"] == 0 and meta["token_bytes"] == 2
+    kw = dict(seq_len=512, batch_size=4, output="numpy")
+    from_text = [b["input_ids"].copy() for b in stoker.TokenLoader(SAMPLE, tokenizer=GPT2, **kw)]
+    cached = stoker.TokenLoader(out, **kw)
+    assert len(cached) == len(from_text)
+    for a, b in zip(from_text, cached):
+        np.testing.assert_array_equal(a, b["input_ids"])
+    # Writing into a folder that holds something is refused; nothing is overwritten.
+    assert stoker._stoker.cli_main(["stoker", "tokenize", str(SAMPLE), "--tokenizer", str(GPT2), str(out)]) == 1
+
+
 def test_token_files_and_folders(tmp_path, reference):
     flat = np.concatenate([np.array(r, dtype=np.uint16) for r in reference[:10]])
     flat.tofile(tmp_path / "train.bin")

@@ -17,6 +17,7 @@ mod index;
 mod monitor;
 mod pack;
 mod series;
+mod tokenize;
 mod util;
 
 use clap::{Parser, Subcommand};
@@ -45,6 +46,9 @@ enum Cmd {
     Index(index::IndexArgs),
     /// Write transformed samples to .npy files (for comparisons against other loaders).
     Export(export::ExportArgs),
+    /// Tokenize text once into a token cache folder that TokenLoader reads instead
+    /// (`stoker tokenize data/*.jsonl.zst --tokenizer tokenizer.json cache/`).
+    Tokenize(tokenize::TokenizeArgs),
     /// Watch any training job (`--pid PID` or `-- CMD ...`): CPU, memory, I/O per process and
     /// thread, the host, the GPUs (NVML); then say why its GPU waits and what to change.
     Monitor(monitor::MonitorArgs),
@@ -59,6 +63,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Cmd::Doctor(a) => doctor::run(&a),
         Cmd::Index(a) => index::run(&a),
         Cmd::Export(a) => export::run(&a),
+        Cmd::Tokenize(a) => tokenize::run(&a),
         Cmd::Monitor(a) => monitor::run(&a),
     }
 }

@@ -325,3 +325,60 @@ fn elastic_resume_from_four_ranks_to_three() {
     let l = TokenLoader::new(std::slice::from_ref(&bin), None, c).unwrap();
     assert!(l.load_states(&states).unwrap_err().to_string().contains("pack='concat'"));
 }
+
+/// `stoker tokenize`'s cache serves the same batches as the text it was made from, with equal
+/// batch counts per rank, and refuses another tokenizer and a damaged index.
+#[test]
+fn the_token_cache_serves_the_same_batches_as_its_text() {
+    let d = tempfile::tempdir().unwrap();
+    let (p, _) = corpus(d.path(), 25);
+    let out = d.path().join("cache");
+    let mut c = TokenConfig::new(1, 1);
+    (c.add_eos, c.threads) = (false, Some(2));
+    let writer = TokenLoader::new(std::slice::from_ref(&p), Some(gpt2()), c).unwrap();
+    let meta = stoker::tokens::cache::write(&writer, std::slice::from_ref(&p), &out, |_, _| {}).unwrap();
+    assert_eq!((meta.documents, meta.token_bytes, meta.eos_id), (25, 2, Some(50256)));
+    for (pack, bos) in [(PackMode::Concat, false), (PackMode::BestFit, true)] {
+        let mut c = config(2);
+        (c.pack, c.add_bos, c.bos_token) = (pack, bos, Some("<|endoftext|>".into()));
+        let text = collect(&TokenLoader::new(std::slice::from_ref(&p), Some(gpt2()), c.clone()).unwrap());
+        let cached = TokenLoader::new(std::slice::from_ref(&out), None, c.clone()).unwrap();
+        let got = collect(&cached);
+        assert_eq!((got.rows, got.labels, got.positions), (text.rows, text.labels, text.positions), "{pack:?}");
+        assert_eq!(cached.batches_per_epoch(), Some(got.cu.len()));
+        // With the tokenizer given too: the same.
+        assert!(TokenLoader::new(std::slice::from_ref(&out), Some(gpt2()), c).is_ok());
+    }
+    let counts: Vec<usize> = (0..3)
+        .map(|rank| {
+            let mut c = config(1);
+            (c.shuffle, c.rank, c.world_size) = (true, rank, 3);
+            TokenLoader::new(std::slice::from_ref(&out), None, c).unwrap().iter().unwrap().count()
+        })
+        .collect();
+    assert!(counts.iter().all(|&n| n == counts[0] && n > 3), "{counts:?}");
+    // Another tokenizer: refused, naming both.
+    let other = TextTokenizer::from_json(
+        &std::fs::read(data("tokenizer-gpt2.json")).unwrap().iter().copied().chain(*b" ").collect::<Vec<_>>(),
+        Path::new("other.json"),
+    )
+    .unwrap();
+    let err = TokenLoader::new(std::slice::from_ref(&out), Some(other), config(1)).unwrap_err().to_string();
+    assert!(err.contains("another tokenizer") && err.contains("other.json"), "{err}");
+    // A damaged index: refused when opened.
+    let idx = out.join("index.bin");
+    let mut raw = std::fs::read(&idx).unwrap();
+    raw[8..16].copy_from_slice(&u64::MAX.to_le_bytes());
+    std::fs::write(&idx, raw).unwrap();
+    let err = TokenLoader::new(std::slice::from_ref(&out), None, config(1)).unwrap_err().to_string();
+    assert!(err.contains("index.bin") && err.contains("damaged"), "{err}");
+    // Writing over a folder that holds something: refused.
+    let again = TokenLoader::new(std::slice::from_ref(&p), Some(gpt2()), {
+        let mut c = TokenConfig::new(1, 1);
+        c.add_eos = false;
+        c
+    })
+    .unwrap();
+    let err = stoker::tokens::cache::write(&again, &[p], &out, |_, _| {}).unwrap_err().to_string();
+    assert!(err.contains("not empty"), "{err}");
+}

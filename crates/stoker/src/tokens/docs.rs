@@ -24,6 +24,9 @@ pub enum Format {
     /// Pre-tokenized: a flat little-endian array of token ids of this many bytes each (2 or 4;
     /// a `.npy` file's own dtype wins), documents ending at each end-of-sequence token.
     Tokens(u8),
+    /// A token cache folder (`stoker tokenize`): documents cut by its index, tokens of this
+    /// many bytes; BOS/EOS are added by the loader, as for text.
+    Cache(u8),
 }
 
 /// How a file is compressed (from its name).
@@ -104,6 +107,11 @@ fn read_some(r: &mut dyn Read, buf: &mut [u8], path: &Path, at: u64) -> Result<u
 }
 
 impl DocFile {
+    /// A token cache's `tokens.bin` with its documents (see [`super::cache::open`]).
+    pub fn cache(path: PathBuf, docs: Vec<DocEntry>, bytes: u64, width: u8) -> Self {
+        DocFile { path, compression: Compression::None, docs, bytes, width }
+    }
+
     /// Opens `path` and indexes its documents (`format` says how they are delimited; a token
     /// file needs `eos`, the id that ends each document, or is one document).
     pub fn open(path: &Path, format: Format, eos: Option<u32>) -> Result<Self> {
@@ -326,7 +334,13 @@ impl DocSource {
         if paths.is_empty() {
             return Err(Error::config("data", "no files given"));
         }
-        let files = paths.iter().map(|p| DocFile::open(p, format, eos)).collect::<Result<Vec<_>>>()?;
+        let files = paths
+            .iter()
+            .map(|p| match format {
+                Format::Cache(_) => super::cache::open(p).map(|(f, _)| f),
+                _ => DocFile::open(p, format, eos),
+            })
+            .collect::<Result<Vec<_>>>()?;
         let mut starts = Vec::with_capacity(files.len() + 1);
         let mut n = 0u64;
         for f in &files {

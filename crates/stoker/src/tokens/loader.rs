@@ -131,6 +131,9 @@ impl TokenConfig {
 /// The format of a file, from its name: `.jsonl`/`.json` (optionally `.gz`/`.zst`), `.txt`,
 /// `.bin`/`.npy` token files.
 pub fn format_of(path: &std::path::Path, cfg: &TokenConfig) -> Result<Format> {
+    if path.is_dir() && super::cache::is_cache(path) {
+        return Ok(Format::Cache(super::cache::read_meta(path)?.token_bytes));
+    }
     let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
     let base = name.strip_suffix(".gz").or_else(|| name.strip_suffix(".zst")).unwrap_or(&name);
     if base.ends_with(".jsonl") || base.ends_with(".json") || base.ends_with(".ndjson") {
@@ -153,7 +156,9 @@ pub fn expand_paths(specs: &[String]) -> Result<Vec<std::path::PathBuf>> {
     let mut out = Vec::new();
     for s in specs {
         let p = std::path::Path::new(s);
-        if p.is_dir() {
+        if p.is_dir() && super::cache::is_cache(p) {
+            out.push(p.to_path_buf());
+        } else if p.is_dir() {
             let rd = std::fs::read_dir(p).map_err(|e| Error::io(p, &e))?;
             let mut files: Vec<_> = rd
                 .flatten()
@@ -489,15 +494,20 @@ fn rank_order(all: &[u64], bounds: &[usize], k: usize, w: usize) -> EpochOrder {
 /// the same number of batches. `None` for text (known only once tokenized).
 fn rows_per_rank(sh: &Shared, epoch: u64, elastic: Option<&Elastic>) -> Option<u64> {
     let (cfg, src) = (&sh.config, &sh.source);
-    if !matches!(src.format, Format::Tokens(_)) || cfg.infinite {
+    if !matches!(src.format, Format::Tokens(_) | Format::Cache(_)) || cfg.infinite {
         return None;
     }
+    // A cache's documents get BOS/EOS as text does.
+    let extra = match src.format {
+        Format::Cache(_) => usize::from(cfg.add_bos) + usize::from(cfg.add_eos),
+        _ => 0,
+    };
     let (all, bounds) = global_order(src, cfg, epoch);
     let len = cfg.seq_len;
     let tokens = |g: u64| {
         let (f, k) = src.locate(g);
         let file = &src.files[f];
-        (file.docs[k].len / file.width.max(1) as u64) as usize
+        (file.docs[k].len / file.width.max(1) as u64) as usize + extra
     };
     (0..cfg.world_size)
         .map(|r| {
@@ -562,24 +572,57 @@ impl TokenLoader {
         if formats.iter().any(|f| std::mem::discriminant(f) != std::mem::discriminant(&format)) {
             return Err(Error::config("data", "mixes text and token files: give one kind"));
         }
-        let text = !matches!(format, Format::Tokens(_));
-        let tokenizer = match (text, tokenizer) {
-            (true, None) => return Err(Error::config("tokenizer", "text needs a tokenizer (a tokenizer.json)")),
-            (false, Some(_)) => {
+        let text = !matches!(format, Format::Tokens(_) | Format::Cache(_));
+        let cache = match format {
+            Format::Cache(_) => Some(super::cache::read_meta(&paths[0])?),
+            _ => None,
+        };
+        if let Some(m) = &cache {
+            for p in &paths[1..] {
+                let other = super::cache::read_meta(p)?;
+                if other.tokenizer_hash != m.tokenizer_hash {
+                    return Err(Error::config(
+                        "data",
+                        format!("{}: a cache of another tokenizer than {}", p.display(), paths[0].display()),
+                    ));
+                }
+            }
+        }
+        let tokenizer = match (text, tokenizer, &cache) {
+            (true, None, _) => return Err(Error::config("tokenizer", "text needs a tokenizer (a tokenizer.json)")),
+            (false, Some(t), Some(m)) => {
+                let h = format!("{:016x}", t.hash);
+                if h != m.tokenizer_hash {
+                    return Err(Error::config(
+                        "tokenizer",
+                        format!(
+                            "{}: the token cache {} was made with another tokenizer ({}, hash {}); this one's hash is {h}",
+                            t.origin.display(),
+                            paths[0].display(),
+                            m.tokenizer.display(),
+                            m.tokenizer_hash
+                        ),
+                    ));
+                }
+                Some(t)
+            }
+            (false, Some(_), None) => {
                 return Err(Error::config("tokenizer", "token files are already tokenized: give no tokenizer"))
             }
-            (_, t) => t,
+            (_, t, _) => t,
         };
-        let (bos, eos) = match &tokenizer {
-            Some(t) => (
+        let (bos, eos) = match (&tokenizer, &cache) {
+            (Some(t), _) => (
                 t.bos(config.bos_token.as_deref())?,
                 match config.eos_id {
                     Some(id) => Some(id),
                     None => t.eos(config.eos_token.as_deref())?,
                 },
             ),
-            None => (None, config.eos_id),
+            (None, Some(m)) => (m.bos_id, config.eos_id.or(m.eos_id)),
+            (None, None) => (None, config.eos_id),
         };
+        let text = text || cache.is_some(); // BOS/EOS are added as for text
         if config.add_eos && eos.is_none() && text {
             return Err(Error::config("eos_token", "the tokenizer has no known EOS token: name it, or add_eos=False"));
         }
@@ -653,6 +696,11 @@ impl TokenLoader {
     /// Tokenizer threads.
     pub fn threads(&self) -> usize {
         self.shared.threads
+    }
+
+    /// The tokenizer (text and caches made with one given).
+    pub fn tokenizer(&self) -> Option<&TextTokenizer> {
+        self.shared.tokenizer.as_ref()
     }
 
     /// The configuration.
@@ -812,6 +860,45 @@ impl TokenLoader {
         })
     }
 
+    /// Reads and tokenizes every document of this rank's order of the current epoch on the
+    /// loader's threads and hands each to `sink` in order, with its error if it failed (then
+    /// it is empty): what `stoker tokenize` writes. Memory stays bounded (a credit per chunk in
+    /// flight); an error from `sink` stops every thread and is returned.
+    pub fn for_each_document(&self, mut sink: impl FnMut(Doc, Option<Error>) -> Result<()>) -> Result<()> {
+        self.active.retire("for_each_document was started");
+        let sh = self.shared.clone();
+        let epoch = self.position().epoch;
+        let (free_tx, _free_rx) = bounded::<()>(1);
+        let (run, _done) = Run::new(1, free_tx);
+        let credits = sh.threads * 4 + 4;
+        let (credit_tx, credit_rx) = bounded::<()>(credits);
+        for _ in 0..credits {
+            credit_tx.send(()).expect("room");
+        }
+        let results = spawn_tokenizing(&run, &sh, (Resume { epoch, cursor: 0, offset: 0 }, None), credit_rx)?;
+        let mut early: BTreeMap<u64, Tokenized> = BTreeMap::new();
+        let mut next = 0u64;
+        let cancel = run.cancel_flag();
+        let outcome = loop {
+            if let Some(chunk) = early.remove(&next) {
+                next += 1;
+                let _ = credit_tx.try_send(());
+                if let Some(e) = chunk.into_iter().try_for_each(|(d, e)| sink(d, e)).err() {
+                    break Err(e);
+                }
+                continue;
+            }
+            match recv(&results, &cancel) {
+                Some((seq, c)) => {
+                    early.insert(seq, c);
+                }
+                None => break run.death_error().map_or(Ok(()), Err),
+            }
+        };
+        run.shutdown();
+        outcome
+    }
+
     /// Whether a loaded state waits for the next iteration.
     pub fn resume_pending(&self) -> bool {
         self.position().resume
@@ -840,30 +927,7 @@ impl TokenLoader {
         for _ in 0..credits {
             credit_tx.send(()).expect("room");
         }
-        let (job_tx, job_rx) = bounded::<(u64, Vec<RawDoc>)>(credits);
-        let (res_tx, res_rx) = bounded::<(u64, Tokenized)>(credits);
-        {
-            let (sh, cancel) = (sh.clone(), cancel.clone());
-            let elastic = elastic.clone();
-            run.spawn("stoker-text-read".into(), move || {
-                read_docs(&sh, (from, elastic), &job_tx, &credit_rx, &cancel)
-            })?;
-        }
-        for k in 0..sh.threads {
-            let (sh, rx, tx, cancel) = (sh.clone(), job_rx.clone(), res_tx.clone(), cancel.clone());
-            run.spawn(format!("stoker-tokenize-{k}"), move || {
-                let tok = sh.tokenizer.clone();
-                while let Some((seq, chunk)) = recv(&rx, &cancel) {
-                    let t0 = Instant::now();
-                    let out = chunk.into_iter().map(|d| tokenize(&sh, tok.as_ref(), d)).collect();
-                    sh.stats.tokenize_ns.fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
-                    if !send(&tx, (seq, out), &cancel) {
-                        return;
-                    }
-                }
-            })?;
-        }
-        drop(res_tx);
+        let res_rx = spawn_tokenizing(&run, &sh, (from, elastic.clone()), credit_rx)?;
         {
             let (sh, cancel, run2) = (sh.clone(), cancel.clone(), Arc::downgrade(&run));
             // Token files: every rank stops at the same row count (the rows before a resume
@@ -889,6 +953,40 @@ impl TokenLoader {
         let pass = Pass::new(run, pool, TokenHooks, (first_batch as usize, None), budget, Observe::default());
         Ok(TokenIter { shared: sh, pass })
     }
+}
+
+/// Starts the reader and the tokenizer threads of `run` over this rank's documents from
+/// `from`: tokenized chunks arrive numbered in order on the returned receiver, and each chunk
+/// the consumer has taken in order gives one credit back on the sender paired with `credits`.
+fn spawn_tokenizing<S: Send + 'static>(
+    run: &Arc<Run<S>>,
+    sh: &Arc<Shared>,
+    (from, elastic): (Resume, Option<Elastic>),
+    credits: Receiver<()>,
+) -> Result<Receiver<(u64, Tokenized)>> {
+    let cancel = run.cancel_flag();
+    let n = credits.capacity().unwrap_or(sh.threads * 4 + 4);
+    let (job_tx, job_rx) = bounded::<(u64, Vec<RawDoc>)>(n);
+    let (res_tx, res_rx) = bounded::<(u64, Tokenized)>(n);
+    {
+        let (sh, cancel) = (sh.clone(), cancel.clone());
+        run.spawn("stoker-text-read".into(), move || read_docs(&sh, (from, elastic), &job_tx, &credits, &cancel))?;
+    }
+    for k in 0..sh.threads {
+        let (sh, rx, tx, cancel) = (sh.clone(), job_rx.clone(), res_tx.clone(), cancel.clone());
+        run.spawn(format!("stoker-tokenize-{k}"), move || {
+            let tok = sh.tokenizer.clone();
+            while let Some((seq, chunk)) = recv(&rx, &cancel) {
+                let t0 = Instant::now();
+                let out = chunk.into_iter().map(|d| tokenize(&sh, tok.as_ref(), d)).collect();
+                sh.stats.tokenize_ns.fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
+                if !send(&tx, (seq, out), &cancel) {
+                    return;
+                }
+            }
+        })?;
+    }
+    Ok(res_rx)
 }
 
 /// The token kind adds nothing to a pass: its position advances with each delivered slot.
@@ -1041,15 +1139,22 @@ fn tokenize_whole(sh: &Shared, tok: Option<&TextTokenizer>, d: RawDoc) -> (Doc, 
     };
     let fail = |why: String| Some(Error::decode(&file.path, format!("line {}: {why}", entry.line)));
     match (sh.source.format, tok) {
-        (Format::Tokens(_), _) => {
+        (Format::Tokens(_) | Format::Cache(_), _) => {
+            let cached = matches!(sh.source.format, Format::Cache(_));
             let w = file.width as usize;
-            doc.tokens.reserve(bytes.len() / w.max(1));
+            doc.tokens.reserve(bytes.len() / w.max(1) + 2);
+            if cached && sh.config.add_bos {
+                doc.tokens.extend(sh.bos);
+            }
             for t in bytes.chunks_exact(w) {
                 doc.tokens.push(if w == 2 {
                     u16::from_le_bytes([t[0], t[1]]) as u32
                 } else {
                     u32::from_le_bytes([t[0], t[1], t[2], t[3]])
                 });
+            }
+            if cached && sh.config.add_eos {
+                doc.tokens.extend(sh.eos);
             }
             (doc, None)
         }

@@ -6,11 +6,13 @@
 //! - [`tokenizer`]: a `tokenizer.json`, one instance per thread, no offsets.
 //! - [`pack`]: the concat and best-fit packers and their resume points (pure functions of the
 //!   document stream).
+//! - [`cache`]: the token cache folder (`stoker tokenize`): tokens, index, description.
 //! - [`loader`]: [`TokenLoader`]: order, rank sharding, threads, pooled batches, state.
 //!
 //! Owns: text formats, tokenization, packing. May not touch: the shell's iteration rules
 //! (delivery, failure budget, stale iterators), which it uses through [`crate::shell::pass`].
 
+pub mod cache;
 pub mod docs;
 pub mod loader;
 pub mod pack;
