@@ -47,7 +47,8 @@ class TokenLoader:
     plain text (``.txt``, optionally compressed; a document per file, or per line with
     ``document='line'``), or pre-tokenized token files (nanoGPT-style ``.bin`` of uint16, or uint32
     with ``token_bytes=4``, or a 1-D ``.npy``; documents end at ``eos_id``): a path, a glob, a
-    folder or a list of them. ``tokenizer``: a ``tokenizer.json`` path, a ``tokenizers.Tokenizer``
+    folder or a list of them; or a token cache folder written by ``stoker tokenize`` (read instead of
+    the text, the same batches). ``tokenizer``: a ``tokenizer.json`` path, a ``tokenizers.Tokenizer``
     or a ``transformers`` fast tokenizer (text only).
 
     Each batch is a dict of ``input_ids``, ``labels`` (the next token in the document; -100 after a
@@ -62,9 +63,10 @@ class TokenLoader:
     ``shuffle`` permutes documents per epoch (``seed``, ``set_epoch``); compressed files are read as
     streams, so they are shuffled by file and within windows of ``shuffle_window`` documents.
     ``rank``/``world_size`` (torchrun's environment by default) give each rank every
-    ``world_size``-th document; over token files every rank delivers the same number of batches
-    (``len(loader)``), so DDP never waits at an epoch's end. Over text the counts are known only
-    once tokenized: with several ranks, train by steps with ``infinite=True``. ``state_dict()``
+    ``world_size``-th document; over token files and token caches every rank delivers the same
+    number of batches (``len(loader)``), so DDP never waits at an epoch's end. Over raw text the
+    counts are known only once tokenized: with several ranks, tokenize first (``stoker tokenize``)
+    or train by steps with ``infinite=True``. ``state_dict()``
     saves the exact position (the document and the tokens of it already used); ``load_state_dict``
     continues bit for bit. ``infinite=True`` goes on into the next epoch's order instead of ending
     (step-based training). A bad document (invalid JSON or UTF-8, a missing key, longer than
