@@ -18,6 +18,9 @@ pub struct BenchArgs {
     pub root: String,
     #[command(flatten)]
     pub opts: BenchOpts,
+    /// Language-model data (text with --tokenizer, token files, a token cache folder).
+    #[command(flatten)]
+    pub text: crate::bench_text::TextOpts,
 }
 
 /// The loader's flags, shared by `bench` and `demo`. Values go to the engine as text
@@ -194,6 +197,9 @@ impl BenchOpts {
 
 /// Runs `stoker bench`.
 pub fn run(a: &BenchArgs) -> Result<()> {
+    if crate::bench_text::is_text(&a.root, &a.text) {
+        return crate::bench_text::bench(&a.root, &a.opts, &a.text);
+    }
     bench(&a.root, &a.opts)
 }
 

@@ -8,6 +8,7 @@
 //! about an argument is shown with the flag's name (`--memory-limit: ...`).
 
 mod bench;
+mod bench_text;
 mod cache;
 mod demo;
 mod doctor;

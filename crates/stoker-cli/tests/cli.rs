@@ -97,3 +97,35 @@ fn bench_trace_writes_a_perfetto_trace() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success() && err.starts_with("error: --trace-events: must be at least 1"), "{err}");
 }
+
+/// `stoker tokenize` then `stoker bench` on the cache it wrote, against `bench` on the text.
+#[test]
+fn tokenize_then_bench_the_cache() {
+    let d = tempfile::tempdir().unwrap();
+    let text_dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/data/text");
+    let (sample, gpt2) = (text_dir.join("wiki-sample.jsonl.zst"), text_dir.join("tokenizer-gpt2.json"));
+    let cache = d.path().join("cache");
+    let out = stoker().arg("tokenize").arg(&sample).arg("--tokenizer").arg(&gpt2).arg(&cache).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("60 documents (0 failed"), "{out:?}");
+    let bench = |args: &[&std::ffi::OsStr]| -> serde_json::Value {
+        let out = stoker()
+            .arg("bench")
+            .args(args)
+            .args(["--json", "--batch-size", "4", "--seq-len", "512", "--threads", "2"])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+    let text = bench(&[sample.as_os_str(), "--tokenizer".as_ref(), gpt2.as_os_str()]);
+    let cached = bench(&[cache.as_os_str()]);
+    assert_eq!(text["documents"], 60);
+    assert_eq!(text["tokens"], cached["tokens"]);
+    assert!(text["tokens"].as_u64().unwrap() > 300_000);
+    assert!(text["bottleneck"]["advice"].as_str().unwrap().len() > 10);
+    // A folder that is not empty is refused, and the message says so.
+    let out = stoker().arg("tokenize").arg(&sample).arg("--tokenizer").arg(&gpt2).arg(&cache).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("not empty"), "{err}");
+}

@@ -1024,7 +1024,6 @@ fn read_docs(
     let mut start = from.cursor;
     loop {
         let order = epoch_order(src, cfg, epoch, elastic.as_ref().filter(|_| epoch == from.epoch));
-        let t0 = Instant::now();
         let mut emit = |d: RawDoc, chunk: &mut Vec<RawDoc>, bytes: &mut usize| -> bool {
             *bytes += d.bytes.as_ref().map_or(0, |b| b.len());
             chunk.push(d);
@@ -1038,6 +1037,7 @@ fn read_docs(
                 let (f, k) = src.locate(order.docs[c as usize]);
                 let file = &src.files[f];
                 let entry = &file.docs[k];
+                let t0 = Instant::now();
                 let bytes = if entry.len > cfg.max_document_bytes {
                     Err(too_long(file, entry, cfg.max_document_bytes))
                 } else {
@@ -1053,6 +1053,7 @@ fn read_docs(
                         file.read_at(h, entry, &mut buf).map(|()| buf)
                     })
                 };
+                sh.stats.read_ns.fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
                 sh.stats.bytes.fetch_add(entry.len.min(cfg.max_document_bytes), Ordering::Relaxed);
                 let skip = order.skips.get(&c).copied().unwrap_or(0);
                 if !emit(RawDoc { epoch, cursor: c, at: (f, k), bytes, skip }, &mut chunk, &mut chunk_bytes) {
@@ -1083,6 +1084,7 @@ fn read_docs(
                     if cursors[f].as_ref().is_some_and(|s| s.position() > entry.offset) {
                         cursors[f] = None;
                     }
+                    let t0 = Instant::now();
                     let cur = match &mut cursors[f] {
                         Some(s) => Ok(s),
                         None => StreamCursor::new(file).map(|s| cursors[f].insert(s)),
@@ -1094,6 +1096,7 @@ fn read_docs(
                     if bytes.is_err() {
                         cursors[f] = None; // a broken stream is reopened for the next document
                     }
+                    sh.stats.read_ns.fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
                     sh.stats.bytes.fetch_add(entry.len.min(cfg.max_document_bytes), Ordering::Relaxed);
                     let skip = order.skips.get(&c).copied().unwrap_or(0);
                     got.insert(c, RawDoc { epoch, cursor: c, at: (f, k), bytes, skip });
@@ -1108,7 +1111,6 @@ fn read_docs(
                 }
             }
         }
-        sh.stats.read_ns.fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
         if !cfg.infinite {
             break;
         }
@@ -1200,6 +1202,8 @@ fn pack_batches(
     let mut next_seq = 0u64;
     let mut ready: std::collections::VecDeque<(Doc, Option<Error>)> = Default::default();
     let failures: Mutex<Vec<Error>> = Mutex::new(Vec::new());
+    // Nanoseconds the packer waited for tokenized documents (not counted as packing).
+    let waited = AtomicU64::new(0);
     let mut pull = || -> Option<Doc> {
         loop {
             if let Some((d, e)) = ready.pop_front() {
@@ -1216,7 +1220,10 @@ fn pack_batches(
                 ready.extend(c);
                 continue;
             }
-            let (seq, c) = recv(results, cancel)?;
+            let t = Instant::now();
+            let got = recv(results, cancel);
+            waited.fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
+            let (seq, c) = got?;
             early.insert(seq, c);
         }
     };
@@ -1310,7 +1317,8 @@ fn pack_batches(
             a.0 = resume;
             a.1 = std::mem::take(&mut *failures.lock().unwrap_or_else(|p| p.into_inner()));
         }
-        sh.stats.pack_ns.fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        let idle = waited.swap(0, Ordering::Relaxed);
+        sh.stats.pack_ns.fetch_add((t0.elapsed().as_nanos() as u64).saturating_sub(idle), Ordering::Relaxed);
         if !send(done, slot.clone(), cancel) {
             let _ = sh.free_tx.send(slot);
             return;

@@ -1,0 +1,152 @@
+//! `stoker bench` on language-model data: text (with `--tokenizer`), token files or a token
+//! cache, tokenized and packed as `TokenLoader` does; tokens/s, CPU-seconds per million tokens,
+//! padding, the seconds of each stage and which one limits the rate.
+
+use crate::bench::BenchOpts;
+use crate::util::{cpu_seconds, peak_rss_bytes, progress};
+use anyhow::Result;
+use clap::Args;
+use std::time::Instant;
+
+/// Flags of `stoker bench` for text.
+#[derive(Args, Clone, Default)]
+pub struct TextOpts {
+    /// A tokenizer.json: the data is text to tokenize (JSON Lines, plain text).
+    #[arg(long)]
+    pub tokenizer: Option<String>,
+    /// Tokens per row (text, token files, token caches).
+    #[arg(long, default_value = "2048")]
+    pub seq_len: String,
+    /// Packing: concat or best_fit.
+    #[arg(long, default_value = "concat")]
+    pub pack: String,
+    /// The JSON key of the text.
+    #[arg(long)]
+    pub text_key: Option<String>,
+    /// The end-of-sequence id of .bin/.npy token files.
+    #[arg(long)]
+    pub eos_id: Option<String>,
+}
+
+/// Whether `root` names language-model data (text, token files or a token cache) rather than
+/// images.
+pub fn is_text(root: &str, t: &TextOpts) -> bool {
+    if t.tokenizer.is_some() {
+        return true;
+    }
+    let cfg = stoker::tokens::TokenConfig::new(1, 1);
+    stoker::tokens::loader::expand_paths(&[root.to_string()])
+        .map(|ps| ps.iter().all(|p| stoker::tokens::loader::format_of(p, &cfg).is_ok()))
+        .unwrap_or(false)
+        && !root.ends_with(".tar")
+}
+
+/// Benches a token loader over `root`.
+pub fn bench(root: &str, o: &BenchOpts, t: &TextOpts) -> Result<()> {
+    let args = stoker::args::from_text([
+        ("tokenizer", t.tokenizer.clone()),
+        ("seq_len", Some(t.seq_len.clone())),
+        ("batch_size", Some(o.batch_size.clone())),
+        ("pack", Some(t.pack.clone())),
+        ("text_key", t.text_key.clone()),
+        ("eos_id", t.eos_id.clone()),
+        ("threads", (o.threads != "auto").then(|| o.threads.clone())),
+        ("seed", Some(o.seed.clone())),
+        ("shuffle", Some((!o.no_shuffle).to_string())),
+        ("memory_limit", o.memory_limit.clone()),
+        ("max_failures", o.max_failures.clone()),
+        ("on_bad_document", Some(o.on_error.clone())),
+    ]);
+    let (config, tok) = stoker::args::token_config(args)?;
+    let epochs = o.epochs()?;
+    let step = o.consumer_step()?;
+    let tokenizer = tok.map(|p| stoker::tokens::TextTokenizer::from_file(&p)).transpose()?;
+    let paths = stoker::tokens::loader::expand_paths(&[root.to_string()])?;
+    let loader = stoker::tokens::TokenLoader::new(&paths, tokenizer, config)?;
+    let bar = progress(0, o.json, "{spinner} {pos} batches {per_sec}");
+    let (cpu0, t0) = (cpu_seconds(), Instant::now());
+    let mut first = None;
+    let (mut batches, mut rows) = (0u64, 0u64);
+    for epoch in 0..epochs {
+        loader.set_epoch(epoch);
+        for b in loader.iter()? {
+            let b = b?;
+            first.get_or_insert_with(|| t0.elapsed().as_secs_f64());
+            rows += b.rows() as u64;
+            batches += 1;
+            if !step.is_zero() {
+                std::thread::sleep(step); // a simulated training step
+            }
+            bar.inc(1);
+        }
+    }
+    bar.finish_and_clear();
+    let (wall, cpu) = (t0.elapsed().as_secs_f64(), cpu_seconds() - cpu0);
+    let stats = loader.stats().to_json();
+    let tokens = stats["tokens"].as_u64().unwrap_or(0);
+    let pad = stats["padding_fraction"].as_f64().unwrap_or(0.0);
+    let sec = |k: &str| stats["seconds"][k].as_f64().unwrap_or(0.0);
+    let threads = loader.threads() as f64;
+    // The consumer waited for the loader for part of the wall time; if that part is small, the
+    // consumer limits the rate, else the loader's busiest stage (per thread of it) does.
+    let waited = sec("consumer_wait") / wall.max(1e-9);
+    let stages = [("read", sec("read")), ("tokenize", sec("tokenize") / threads), ("pack", sec("pack"))];
+    let (stage, busy) = stages.iter().copied().fold(("read", 0.0), |a, s| if s.1 > a.1 { s } else { a });
+    let limit = if waited < 0.1 {
+        "consumer"
+    } else if busy < 0.3 * wall {
+        "handover"
+    } else {
+        stage
+    };
+    let advice = match limit {
+        "tokenize" if loader.tokenizer().is_none() => "turning stored token ids into rows limits the rate: give more threads",
+        "tokenize" => "tokenizing limits the rate: tokenize once (`stoker tokenize DATA --tokenizer T OUT`, then load OUT), or give more threads",
+        "read" => "reading limits the rate: faster storage, or uncompressed files",
+        "pack" => "packing limits the rate: a larger --batch-size or --seq-len amortises it",
+        "handover" => "no stage is busy: the batches are so small that handing them between threads dominates; a larger --batch-size amortises it",
+        _ => "the consumer (the training step) limits the rate: the loader keeps up",
+    };
+    let summary = serde_json::json!({
+        "data": root, "epochs": epochs, "batches": batches, "rows": rows, "tokens": tokens,
+        "seconds": wall, "cpu_seconds": cpu, "tokens_per_s": tokens as f64 / wall,
+        "cpu_s_per_million_tokens": cpu / (tokens.max(1) as f64) * 1e6, "first_batch_s": first,
+        "padding_fraction": pad, "peak_rss_bytes": peak_rss_bytes(), "threads": loader.threads(),
+        "documents": loader.documents(), "stats": stats,
+        "bottleneck": {"stage": limit, "busy_fraction": busy / wall.max(1e-9), "consumer_waited_fraction": waited,
+                       "advice": advice},
+    });
+    if o.json {
+        println!("{}", serde_json::to_string_pretty(&summary)?);
+        return Ok(());
+    }
+    println!(
+        "{root}: {} documents, {epochs} epoch(s), {batches} batches of up to {} x {} tokens, {} threads",
+        loader.documents(),
+        loader.config().batch_size,
+        loader.config().seq_len,
+        loader.threads()
+    );
+    println!(
+        "{tokens} tokens in {wall:.2} s: {:.3} M tokens/s, {:.3} CPU-s per million tokens, first batch {:.3} s, \
+         padding {:.1}%, peak RSS {:.0} MiB",
+        tokens as f64 / wall / 1e6,
+        cpu / (tokens.max(1) as f64) * 1e6,
+        first.unwrap_or(0.0),
+        pad * 100.0,
+        peak_rss_bytes() as f64 / (1 << 20) as f64
+    );
+    println!(
+        "stages (seconds busy): read {:.2}, tokenize {:.2} (all threads), pack {:.2}, consumer waited {:.2}",
+        sec("read"),
+        sec("tokenize"),
+        sec("pack"),
+        sec("consumer_wait")
+    );
+    let failed = stats["failed_documents"].as_u64().unwrap_or(0);
+    if failed > 0 {
+        println!("{failed} documents failed and were skipped");
+    }
+    println!("verdict: {advice}");
+    Ok(())
+}
