@@ -44,6 +44,7 @@ class TokenLoader:
     corpus written first.
 
     ``data``: JSON Lines (``.jsonl``, ``.jsonl.gz``, ``.jsonl.zst``; the text under ``text_key``),
+    Parquet (``.parquet``; the text in the string column ``text_key``, read a row group at a time),
     plain text (``.txt``, optionally compressed; a document per file, or per line with
     ``document='line'``), or pre-tokenized token files (nanoGPT-style ``.bin`` of uint16, or uint32
     with ``token_bytes=4``, or a 1-D ``.npy``; documents end at ``eos_id``): a path, a glob, a

@@ -212,6 +212,22 @@ def test_stoker_tokenize_writes_a_cache_the_loader_reads(tmp_path):
     assert stoker._stoker.cli_main(["stoker", "tokenize", str(SAMPLE), "--tokenizer", str(GPT2), str(out)]) == 1
 
 
+def test_parquet_written_by_pyarrow(tmp_path, texts, reference):
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    table = pa.table({"id": list(range(len(texts))), "content": texts})
+    pq.write_table(table, tmp_path / "wiki.parquet", row_group_size=7, compression="snappy")
+    loader = stoker.TokenLoader(tmp_path / "wiki.parquet", tokenizer=GPT2, text_key="content", seq_len=512,
+                                batch_size=4, output="numpy")
+    assert loader.documents == 60
+    got = np.concatenate([b["input_ids"].reshape(-1).copy() for b in loader])
+    stream = np.concatenate([np.array(r, dtype=np.int64) for r in reference])
+    np.testing.assert_array_equal(got, stream[: len(got)])
+    with pytest.raises(stoker.DecodeError, match="no column `text`"):
+        list(stoker.TokenLoader(tmp_path / "wiki.parquet", tokenizer=GPT2, on_bad_document="raise"))
+
+
 def test_token_files_and_folders(tmp_path, reference):
     flat = np.concatenate([np.array(r, dtype=np.uint16) for r in reference[:10]])
     flat.tofile(tmp_path / "train.bin")

@@ -382,3 +382,95 @@ fn the_token_cache_serves_the_same_batches_as_its_text() {
     let err = stoker::tokens::cache::write(&again, &[p], &out, |_, _| {}).unwrap_err().to_string();
     assert!(err.contains("not empty"), "{err}");
 }
+
+/// A Parquet file of `groups` row groups with the documents in an optional string column
+/// `text` (`None`: a null) and an id column, zstd-compressed.
+fn write_parquet(path: &Path, groups: &[Vec<Option<String>>]) {
+    use parquet::data_type::{ByteArray, ByteArrayType, Int64Type};
+    use parquet::file::properties::WriterProperties;
+    use parquet::file::writer::SerializedFileWriter;
+    let schema = parquet::schema::parser::parse_message_type(
+        "message doc { REQUIRED INT64 id; OPTIONAL BYTE_ARRAY text (UTF8); }",
+    )
+    .unwrap();
+    let props =
+        WriterProperties::builder().set_compression(parquet::basic::Compression::ZSTD(Default::default())).build();
+    let mut w = SerializedFileWriter::new(std::fs::File::create(path).unwrap(), schema.into(), props.into()).unwrap();
+    let mut id = 0i64;
+    for g in groups {
+        let mut rg = w.next_row_group().unwrap();
+        let mut c = rg.next_column().unwrap().unwrap();
+        let ids: Vec<i64> = g
+            .iter()
+            .map(|_| {
+                id += 1;
+                id
+            })
+            .collect();
+        c.typed::<Int64Type>().write_batch(&ids, None, None).unwrap();
+        c.close().unwrap();
+        let mut c = rg.next_column().unwrap().unwrap();
+        let values: Vec<ByteArray> = g.iter().flatten().map(|t| ByteArray::from(t.as_str())).collect();
+        let defs: Vec<i16> = g.iter().map(|t| i16::from(t.is_some())).collect();
+        c.typed::<ByteArrayType>().write_batch(&values, Some(&defs), None).unwrap();
+        c.close().unwrap();
+        rg.close().unwrap();
+    }
+    w.close().unwrap();
+}
+
+/// Parquet row groups give the same tokens as the same documents in JSON Lines; a null text
+/// is a counted skip naming the row; shuffled, every document once.
+#[test]
+fn parquet_text_columns_read_by_row_group() {
+    let d = tempfile::tempdir().unwrap();
+    let (p, texts) = corpus(d.path(), 20);
+    let groups: Vec<Vec<Option<String>>> = texts.chunks(7).map(|c| c.iter().cloned().map(Some).collect()).collect();
+    let pq = d.path().join("wiki.parquet");
+    write_parquet(&pq, &groups);
+    let from_json = collect(&TokenLoader::new(std::slice::from_ref(&p), Some(gpt2()), config(2)).unwrap()).rows;
+    let l = TokenLoader::new(std::slice::from_ref(&pq), Some(gpt2()), config(2)).unwrap();
+    assert_eq!(l.documents(), 20);
+    assert_eq!(collect(&l).rows, from_json);
+    // Shuffled (row groups permuted, rows within windows): the same tokens, in another order.
+    let mut c = config(2);
+    (c.shuffle, c.shuffle_window, c.seq_len) = (true, 3, 64);
+    let mut a: Vec<i32> =
+        collect(&TokenLoader::new(std::slice::from_ref(&pq), Some(gpt2()), c.clone()).unwrap()).rows.concat();
+    c.shuffle = false;
+    let mut b: Vec<i32> = collect(&TokenLoader::new(std::slice::from_ref(&pq), Some(gpt2()), c).unwrap()).rows.concat();
+    assert_ne!(a, b);
+    a.sort_unstable();
+    b.sort_unstable();
+    let common = a.len().min(b.len());
+    assert!(a.len().abs_diff(b.len()) < 64 && common > 1000);
+    // A null text and a missing column.
+    let bad = d.path().join("bad.parquet");
+    write_parquet(&bad, &[vec![Some("one".into()), None, Some("three".into())]]);
+    let mut c = TokenConfig::new(1, 2);
+    c.threads = Some(1);
+    let l = TokenLoader::new(std::slice::from_ref(&bad), Some(gpt2()), c.clone()).unwrap();
+    let _ = collect(&l);
+    assert_eq!(l.stats().to_json()["failed_documents"], 1);
+    c.raise = true;
+    let err = TokenLoader::new(std::slice::from_ref(&bad), Some(gpt2()), c.clone())
+        .unwrap()
+        .iter()
+        .unwrap()
+        .find_map(|b| b.err())
+        .unwrap();
+    assert!(err.to_string().contains("bad.parquet") && err.to_string().contains("row 2: the text is null"), "{err}");
+    c.text_key = "body".into();
+    let mut skip = c.clone();
+    skip.raise = false;
+    let err =
+        TokenLoader::new(std::slice::from_ref(&bad), Some(gpt2()), skip).unwrap().iter().unwrap().find_map(|b| b.err());
+    assert!(err.unwrap().to_string().contains("every sample of this pass failed (3)"));
+    let err = TokenLoader::new(std::slice::from_ref(&bad), Some(gpt2()), c)
+        .unwrap()
+        .iter()
+        .unwrap()
+        .find_map(|b| b.err())
+        .unwrap();
+    assert!(err.to_string().contains("no column `body`") && err.to_string().contains("id, text"), "{err}");
+}

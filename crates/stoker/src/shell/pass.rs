@@ -332,6 +332,10 @@ impl<S: PassSlot, H: PassHooks> Pass<S, H> {
                 Ok(Wait::Cancelled) => {
                     let left = self.hooks.ended();
                     self.shutdown();
+                    if left.is_none() && self.delivered == 0 && self.budget.failures > 0 {
+                        // The producer found the end, and every sample of the pass failed.
+                        return Next::Item(Err(self.budget.all_failed()));
+                    }
                     return left.map_or(Next::End, |e| Next::Item(Err(e)));
                 }
                 Err(e) => {

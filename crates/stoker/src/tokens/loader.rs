@@ -12,7 +12,7 @@
 //! A credit per chunk in flight bounds the memory between the reader and the packer, whatever
 //! the thread count; the packer sees documents in order, so batches do not depend on it.
 
-use super::docs::{json_text, too_long, DocSource, Format, StreamCursor};
+use super::docs::{json_text, too_long, DocSource, Format, ParquetCursor, StreamCursor};
 use super::pack::{BestFit, Concat, Doc, Resume, RowInfo, RowOut};
 use super::tokenizer::TextTokenizer;
 use crate::buffer::{HeapAllocator, RawBuf};
@@ -136,7 +136,9 @@ pub fn format_of(path: &std::path::Path, cfg: &TokenConfig) -> Result<Format> {
     }
     let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
     let base = name.strip_suffix(".gz").or_else(|| name.strip_suffix(".zst")).unwrap_or(&name);
-    if base.ends_with(".jsonl") || base.ends_with(".json") || base.ends_with(".ndjson") {
+    if name.ends_with(".parquet") {
+        Ok(Format::Parquet)
+    } else if base.ends_with(".jsonl") || base.ends_with(".json") || base.ends_with(".ndjson") {
         Ok(Format::Jsonl)
     } else if base.ends_with(".txt") || base.ends_with(".text") {
         Ok(if cfg.lines { Format::Lines } else { Format::File })
@@ -145,7 +147,10 @@ pub fn format_of(path: &std::path::Path, cfg: &TokenConfig) -> Result<Format> {
     } else {
         Err(Error::config(
             "data",
-            format!("{}: unknown format: expected .jsonl, .txt (optionally .gz or .zst), .bin or .npy", path.display()),
+            format!(
+                "{}: unknown format: expected .jsonl, .txt (optionally .gz or .zst), .parquet, .bin or .npy",
+                path.display()
+            ),
         ))
     }
 }
@@ -461,9 +466,14 @@ fn global_order(src: &DocSource, cfg: &TokenConfig, epoch: u64) -> (Vec<u64>, Ve
             let mut s = 0;
             while s < docs.len() {
                 let (mut e, mut bytes) = (s, 0u64);
+                let parquet = src.files[f].compression == super::docs::Compression::Parquet;
                 while e < docs.len()
                     && (e - s) < cfg.shuffle_window as usize
-                    && (e == s || bytes + docs[e].len <= WINDOW_BYTES)
+                    && (if parquet {
+                        docs[e].offset == docs[s].offset
+                    } else {
+                        e == s || bytes + docs[e].len <= WINDOW_BYTES
+                    })
                 {
                     bytes += docs[e].len;
                     e += 1;
@@ -1064,6 +1074,7 @@ fn read_docs(
             // Read each group (a window of one file) from its stream in file order, then hand
             // its documents over in the epoch's order.
             let mut cursors: Vec<Option<StreamCursor>> = (0..src.files.len()).map(|_| None).collect();
+            let mut tables: Vec<Option<ParquetCursor>> = (0..src.files.len()).map(|_| None).collect();
             for g in order.groups.windows(2) {
                 let (gs, ge) = (g[0] as u64, g[1] as u64);
                 if ge <= start {
@@ -1085,6 +1096,21 @@ fn read_docs(
                         cursors[f] = None;
                     }
                     let t0 = Instant::now();
+                    if file.compression == super::docs::Compression::Parquet {
+                        let table = match &mut tables[f] {
+                            Some(t) => Ok(t),
+                            None => ParquetCursor::new(file, &cfg.text_key).map(|t| tables[f].insert(t)),
+                        };
+                        let bytes = table.and_then(|t| {
+                            let mut buf = Vec::new();
+                            t.read(file, entry, cfg.max_document_bytes, &mut buf).map(|()| buf)
+                        });
+                        sh.stats.read_ns.fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
+                        sh.stats.bytes.fetch_add(bytes.as_ref().map_or(0, |b| b.len() as u64), Ordering::Relaxed);
+                        let skip = order.skips.get(&c).copied().unwrap_or(0);
+                        got.insert(c, RawDoc { epoch, cursor: c, at: (f, k), bytes, skip });
+                        continue;
+                    }
                     let cur = match &mut cursors[f] {
                         Some(s) => Ok(s),
                         None => StreamCursor::new(file).map(|s| cursors[f].insert(s)),
@@ -1298,7 +1324,20 @@ fn pack_batches(
             if rows > 0 {
                 sh.stats.dropped.fetch_add((info_sum.tokens) as u64, Ordering::Relaxed);
             }
-            let _ = sh.free_tx.send(slot);
+            let left = std::mem::take(&mut *failures.lock().unwrap_or_else(|p| p.into_inner()));
+            if left.is_empty() {
+                let _ = sh.free_tx.send(slot);
+                return;
+            }
+            // Failed documents after the last row still count against the failure budget (and
+            // raise under on_bad_document='raise'): an empty slot carries them to the pass.
+            slot.batch.store(batch, Ordering::Relaxed);
+            slot.rows.store(0, Ordering::Release);
+            slot.cu_len.store(1, Ordering::Release);
+            slot.after.lock().unwrap_or_else(|p| p.into_inner()).1 = left;
+            if !send(done, slot.clone(), cancel) {
+                let _ = sh.free_tx.send(slot);
+            }
             return;
         }
         sh.stats.tokens.fetch_add(info_sum.tokens as u64, Ordering::Relaxed);
