@@ -83,6 +83,9 @@ import threading
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from compare_torchvision import tree_pids as scan_tree_pids  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = Path("/work/shared/text")
 CONTENDERS = {"a": "datasets", "b": "iterable", "c": "floor", "d": "stoker", "e": "stoker-cache"}
@@ -105,35 +108,20 @@ _HAVE_CHILDREN_FILES = os.path.exists(f"/proc/{os.getpid()}/task/{os.getpid()}/c
 
 
 def tree_pids(pid):
-    """pid and all its descendants: /proc/<pid>/task/*/children where the kernel has it, else a scan
-    of /proc for parent ids."""
-    if _HAVE_CHILDREN_FILES:
-        out, stack = [], [pid]
-        while stack:
-            q = stack.pop()
-            out.append(q)
-            for f in glob.glob(f"/proc/{q}/task/*/children"):
-                try:
-                    with open(f) as fh:
-                        stack.extend(int(x) for x in fh.read().split())
-                except OSError:
-                    pass
-        return out
-    children = {}
-    for p in os.listdir("/proc"):
-        if not p.isdigit():
-            continue
-        try:
-            with open(f"/proc/{p}/stat") as f:
-                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
-            continue
-        children.setdefault(ppid, []).append(int(p))
+    """pid and all its descendants: /proc/<pid>/task/*/children where the kernel has it, else
+    compare_torchvision's scan of /proc for parent ids."""
+    if not _HAVE_CHILDREN_FILES:
+        return scan_tree_pids(pid)
     out, stack = [], [pid]
     while stack:
         q = stack.pop()
         out.append(q)
-        stack.extend(children.get(q, []))
+        for f in glob.glob(f"/proc/{q}/task/*/children"):
+            try:
+                with open(f) as fh:
+                    stack.extend(int(x) for x in fh.read().split())
+            except OSError:
+                pass
     return out
 
 
@@ -385,13 +373,19 @@ def run_floor(args):
            text_bytes=sum(len(t.encode()) for t in texts), call=encode.__name__)
 
 
-def run_stoker(args):
+def run_stoker(args, cache=None):
+    """stoker over the text, or (``cache``) over the token cache ``stoker tokenize`` wrote before
+    the rounds (not timed)."""
     import stoker
 
     c0, t0 = cpu(), time.perf_counter()
-    loader = stoker.TokenLoader([str(f) for f in args.data], tokenizer=str(args.tokenizer), seq_len=args.seq_len,
-                                batch_size=args.batch_size, pack="concat", threads=args.workers, output="numpy",
-                                eos_token=args.eos)
+    if cache is None:
+        loader = stoker.TokenLoader([str(f) for f in args.data], tokenizer=str(args.tokenizer), seq_len=args.seq_len,
+                                    batch_size=args.batch_size, pack="concat", threads=args.workers, output="numpy",
+                                    eos_token=args.eos)
+    else:
+        loader = stoker.TokenLoader(str(cache), seq_len=args.seq_len, batch_size=args.batch_size, pack="concat",
+                                    threads=args.workers, output="numpy")
     first = None
     tokens = rows = 0
     for batch in loader:
@@ -406,28 +400,8 @@ def run_stoker(args):
            threads=loader.threads, stats=stats)
 
 
-def run_stoker_cache(args):
-    """An epoch from the token cache that ``stoker tokenize`` wrote before the rounds (not timed)."""
-    import stoker
-
-    c0, t0 = cpu(), time.perf_counter()
-    loader = stoker.TokenLoader(str(args.token_cache), seq_len=args.seq_len, batch_size=args.batch_size,
-                                pack="concat", threads=args.workers, output="numpy")
-    first = None
-    tokens = rows = 0
-    for batch in loader:
-        if first is None:
-            first = time.perf_counter() - t0
-        rows += batch["input_ids"].shape[0]
-        tokens += batch["input_ids"].size
-    clocks = stop(t0, c0)
-    stats = loader.stats()
-    report(clocks, c0, tokens=tokens, rows=rows, first_batch_s=first, documents=stats.get("documents"),
-           threads=loader.threads, stats=stats)
-
-
 RUNNERS = {"datasets": run_datasets, "iterable": run_iterable, "floor": run_floor, "stoker": run_stoker,
-           "stoker-cache": run_stoker_cache}
+           "stoker-cache": lambda args: run_stoker(args, cache=args.token_cache)}
 
 
 # ---------------------------------------------------------------- parent

@@ -245,14 +245,17 @@ class LoaderBase:
         if os.getpid() != self._pid:
             old = self._native
             _INHERITED.append(old)
-            seed, epoch, next_batch = old.state()
-            resume = old.resume_pending
             self._native = self._new_native()
-            # The parent's position, and whether it was still to be resumed.
-            self._native.load_state(seed, epoch, next_batch, resume)
+            self._adopt(old, self._native)
             self._pid = os.getpid()
         native: _Native = self._native
         return native
+
+    def _adopt(self, old: Any, new: Any) -> None:
+        """Gives ``new`` (rebuilt in a fork child) the parent's position ``old`` had, and whether
+        it was still to be resumed."""
+        seed, epoch, next_batch = old.state()
+        new.load_state(seed, epoch, next_batch, old.resume_pending)
 
     def __len__(self) -> int:
         """Batches per epoch on this rank."""

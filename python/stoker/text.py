@@ -7,7 +7,7 @@ import os
 from typing import Any, Iterator
 
 from . import _stoker
-from ._base import converter, track
+from ._base import LoaderBase, converter, track
 from .errors import ConfigError
 from .loader import arguments_json, want_torch
 
@@ -38,7 +38,7 @@ def _tokenizer(tokenizer: Any) -> tuple[str | None, str | None]:
     return None, str(to_str())
 
 
-class TokenLoader:
+class TokenLoader(LoaderBase):
     """Batches for causal language models from text or token files, tokenized and packed on
     stoker's Rust threads: no worker processes, no Python per document, no tokenized copy of the
     corpus written first.
@@ -95,41 +95,33 @@ class TokenLoader:
             bos_token=bos_token, eos_token=eos_token, eos_id=eos_id, pad_id=pad_id, on_bad_document=on_bad_document,
             max_failures=max_failures, max_document_bytes=max_document_bytes)
         self._torch = want_torch(output)
-        self._native = self._new_native()
-        self._pid = os.getpid()
-        converter(self._torch)  # imported now: an interrupted import cannot be retried
+        self._start()
 
     def _new_native(self) -> _stoker.TokenLoader:
         return _stoker.TokenLoader(self._paths, self._args, self._tokenizer_json)
 
-    def _base(self) -> _stoker.TokenLoader:
-        """The native loader of this process (rebuilt after a fork, keeping the position)."""
-        if os.getpid() != self._pid:
-            old = self._native
-            from ._base import _INHERITED
+    def _adopt(self, old: Any, new: Any) -> None:
+        state = json.loads(old.state_json())
+        new.set_epoch(state["epoch"])
+        if old.resume_pending:
+            new.load_state_json(json.dumps(state))
 
-            _INHERITED.append(old)
-            state = json.loads(old.state_json())
-            resume = old.resume_pending
-            self._native = self._new_native()
-            self._native.set_epoch(state["epoch"])
-            if resume:
-                self._native.load_state_json(json.dumps(state))
-            self._pid = os.getpid()
-        return self._native
+    def _loader(self) -> _stoker.TokenLoader:
+        native: _stoker.TokenLoader = self._base()  # type: ignore[assignment]
+        return native
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
-        return _TokenBatches(self._base().iter(), self._torch)
+        return _TokenBatches(self._loader().iter(), self._torch)
 
     def batches(self) -> _stoker.TokenIterator:
         """The raw iterator of ``stoker._stoker.TokenBatch`` objects."""
-        return self._base().iter()
+        return self._loader().iter()
 
     def __len__(self) -> int:
         """Batches per epoch on this rank: known before tokenizing for token files (every rank
         has the same count); text is counted only once tokenized, so ``len()`` raises
         ``TypeError`` there (as for an ``IterableDataset``)."""
-        n = self._base().batches_per_epoch
+        n = self._loader().batches_per_epoch
         if n is None:
             raise TypeError("TokenLoader over text (or infinite) has no length before it is tokenized")
         return n
@@ -137,53 +129,29 @@ class TokenLoader:
     @property
     def documents(self) -> int:
         """Documents in the data (all ranks)."""
-        return self._base().documents
-
-    @property
-    def threads(self) -> int:
-        """Tokenizer threads."""
-        return self._base().threads
-
-    @property
-    def batch_size(self) -> int:
-        """Rows per batch."""
-        return self._base().batch_size
+        return self._loader().documents
 
     @property
     def seq_len(self) -> int:
         """Tokens per row."""
-        return self._base().seq_len
-
-    @property
-    def rank(self) -> int:
-        """This process's rank."""
-        return self._base().rank
-
-    @property
-    def world_size(self) -> int:
-        """Ranks sharing the documents."""
-        return self._base().world_size
+        return self._loader().seq_len
 
     def special_ids(self) -> dict[str, int | None]:
         """``{bos, eos, pad}``: the ids stoker adds and pads with."""
-        bos, eos, pad = self._base().special_ids()
+        bos, eos, pad = self._loader().special_ids()
         return {"bos": bos, "eos": eos, "pad": pad}
-
-    def set_epoch(self, epoch: int) -> None:
-        """Selects the epoch (its document order). Changing it restarts at its first batch."""
-        self._base().set_epoch(epoch)
 
     def stats(self) -> dict[str, Any]:
         """Counters over the loader's life: documents (failed ones too), tokens, padding, split
         documents, dropped tail tokens, rows, bytes read, seconds per stage."""
-        stats: dict[str, Any] = json.loads(self._base().stats_json())
+        stats: dict[str, Any] = json.loads(self._loader().stats_json())
         return stats
 
     def state_dict(self) -> dict[str, Any]:
         """The exact position: epoch, batches delivered, and where the next row starts (the
         document of this rank's order and the tokens or rows of it already used), with the
         ``fingerprint`` of what it is valid for."""
-        state: dict[str, Any] = json.loads(self._base().state_json())
+        state: dict[str, Any] = json.loads(self._loader().state_json())
         return state
 
     def load_state_dict(self, state: dict[str, Any] | list[dict[str, Any]]) -> None:
@@ -198,9 +166,9 @@ class TokenLoader:
         except (TypeError, ValueError) as e:
             raise ConfigError(f"invalid argument `state`: expected a dict from state_dict(): {e}") from None
         if isinstance(state, list):
-            self._base().load_states_json(text)
+            self._loader().load_states_json(text)
         else:
-            self._base().load_state_json(text)
+            self._loader().load_state_json(text)
 
 
 class _TokenBatches:

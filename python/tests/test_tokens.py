@@ -327,3 +327,40 @@ def test_two_ranks_under_torchrun_have_equal_batches_and_disjoint_rows(tmp_path,
     rows0 = {tuple(row) for row in ranks[0]["rows"]}
     rows1 = {tuple(row) for row in ranks[1]["rows"]}
     assert not rows0 & rows1, "the ranks' rows are disjoint"
+
+
+def test_a_fork_child_continues_the_parents_position():
+    loader = stoker.TokenLoader(SAMPLE, tokenizer=GPT2, seq_len=256, batch_size=2, shuffle=True, seed=2,
+                                output="numpy")
+    loader.set_epoch(1)
+    it = iter(loader)
+    for _ in range(3):
+        next(it)
+    it.close()
+    saved = loader.state_dict()
+    loader.load_state_dict(saved)  # a restored position, still to be resumed: the child inherits it
+    expected = [b["input_ids"].copy() for b in _fresh_resumed(saved)]
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: the rebuilt native loader resumes where the parent's would
+        try:
+            os.close(r)
+            got = [b["input_ids"].tolist() for b in loader]
+            os.write(w, json.dumps(got).encode())
+        finally:
+            os._exit(0)
+    os.close(w)
+    with os.fdopen(r) as f:
+        data = f.read()
+    os.waitpid(pid, 0)
+    got = json.loads(data)
+    assert len(got) == len(expected) > 3
+    for a, b in zip(got, expected):
+        np.testing.assert_array_equal(np.array(a, dtype=np.int32), b)
+
+
+def _fresh_resumed(state):
+    fresh = stoker.TokenLoader(SAMPLE, tokenizer=GPT2, seq_len=256, batch_size=2, shuffle=True, seed=2,
+                               output="numpy")
+    fresh.load_state_dict(state)
+    return fresh

@@ -34,11 +34,23 @@ pub fn is_text(root: &str, t: &TextOpts) -> bool {
     if t.tokenizer.is_some() {
         return true;
     }
+    let p = std::path::Path::new(root);
+    if p.is_dir() {
+        if stoker::tokens::cache::is_cache(p) {
+            return true;
+        }
+        // A folder of token files only: no class folders (an ImageFolder), no shards.
+        let Ok(rd) = std::fs::read_dir(p) else { return false };
+        let entries: Vec<_> = rd.flatten().map(|e| e.path()).collect();
+        if entries.iter().any(|e| e.is_dir() || e.extension().is_some_and(|x| x == "tar")) {
+            return false;
+        }
+    }
     let cfg = stoker::tokens::TokenConfig::new(1, 1);
-    stoker::tokens::loader::expand_paths(&[root.to_string()])
-        .map(|ps| ps.iter().all(|p| stoker::tokens::loader::format_of(p, &cfg).is_ok()))
-        .unwrap_or(false)
-        && !root.ends_with(".tar")
+    !root.ends_with(".tar")
+        && stoker::tokens::loader::expand_paths(&[root.to_string()])
+            .map(|ps| ps.iter().all(|p| stoker::tokens::loader::format_of(p, &cfg).is_ok()))
+            .unwrap_or(false)
 }
 
 /// Benches a token loader over `root`.

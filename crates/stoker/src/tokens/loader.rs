@@ -155,8 +155,8 @@ pub fn format_of(path: &std::path::Path, cfg: &TokenConfig) -> Result<Format> {
     }
 }
 
-/// The data files of `specs`: each a file, a glob (`*`, `?` in the file name) or a folder
-/// (its files of a known format, in name order).
+/// The data files of `specs`: each a file, a glob (`*`, `?` in the file name), a token cache
+/// folder, or a folder (its files of a known format but `.json`, in name order).
 pub fn expand_paths(specs: &[String]) -> Result<Vec<std::path::PathBuf>> {
     let mut out = Vec::new();
     for s in specs {
@@ -168,7 +168,11 @@ pub fn expand_paths(specs: &[String]) -> Result<Vec<std::path::PathBuf>> {
             let mut files: Vec<_> = rd
                 .flatten()
                 .map(|e| e.path())
-                .filter(|f| f.is_file() && format_of(f, &TokenConfig::new(1, 1)).is_ok())
+                .filter(|f| {
+                    // `.json` only when named: in a folder it is more often metadata than JSON Lines.
+                    let meta = f.extension().is_some_and(|x| x == "json");
+                    f.is_file() && !meta && format_of(f, &TokenConfig::new(1, 1)).is_ok()
+                })
                 .collect();
             if files.is_empty() {
                 return Err(Error::Dataset(format!("{s}: no .jsonl, .txt, .bin or .npy files in this folder")));
