@@ -379,6 +379,8 @@ struct Shared {
     held: Arc<AtomicUsize>,
     stats: Arc<TokenStats>,
     position: Mutex<PositionInner>,
+    /// The last [`rows_per_rank`] answer and what it was for (`len()` asks every epoch).
+    rows_memo: Mutex<Option<RowsMemo>>,
 }
 
 /// Batches of packed token rows from text or token files.
@@ -506,7 +508,23 @@ fn rank_order(all: &[u64], bounds: &[usize], k: usize, w: usize) -> EpochOrder {
 /// Rows every rank delivers in `epoch` when the documents' token counts are known without
 /// tokenizing (token files): the fewest any rank's documents fill, so that every rank has
 /// the same number of batches. `None` for text (known only once tokenized).
+/// `((epoch, elastic base), rows per rank)`.
+type RowsMemo = ((u64, Option<Elastic>), Option<u64>);
+
 fn rows_per_rank(sh: &Shared, epoch: u64, elastic: Option<&Elastic>) -> Option<u64> {
+    let key = (epoch, elastic.cloned());
+    let mut memo = sh.rows_memo.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some((k, rows)) = memo.as_ref() {
+        if *k == key {
+            return *rows;
+        }
+    }
+    let rows = count_rows_per_rank(sh, epoch, elastic);
+    *memo = Some((key, rows));
+    rows
+}
+
+fn count_rows_per_rank(sh: &Shared, epoch: u64, elastic: Option<&Elastic>) -> Option<u64> {
     let (cfg, src) = (&sh.config, &sh.source);
     if !matches!(src.format, Format::Tokens(_) | Format::Cache(_)) || cfg.infinite {
         return None;
@@ -687,6 +705,7 @@ impl TokenLoader {
                 held: Arc::default(),
                 stats: Arc::default(),
                 position: Mutex::default(),
+                rows_memo: Mutex::default(),
             }),
             active: Active::default(),
         })
