@@ -223,6 +223,22 @@ def encoder(tok):
     return getattr(tok, "encode_batch_fast", tok.encode_batch)
 
 
+def drain(loader, t0):
+    """Iterates ``loader`` to its end: ``(seconds to the first batch, rows, input_ids values)``.
+    Its iterator is dropped before this returns (DataLoader workers are joined)."""
+    first = None
+    tokens = rows = 0
+    it = iter(loader)
+    for batch in it:
+        if first is None:
+            first = time.perf_counter() - t0
+        ids = batch["input_ids"]
+        rows += ids.shape[0]
+        tokens += int(ids.numel() if hasattr(ids, "numel") else ids.size)
+    del it
+    return first, rows, tokens
+
+
 def stop(t0, c0):
     """Stops the child's clocks: (wall seconds, CPU seconds) since t0 and c0."""
     return time.perf_counter() - t0, cpu() - c0
@@ -273,15 +289,7 @@ def run_datasets(args):
     maps_s = time.perf_counter() - t0
     loader = torch.utils.data.DataLoader(ds.with_format("torch"), batch_size=args.batch_size,
                                          num_workers=args.hf_loader_workers)
-    first = None
-    tokens = rows = 0
-    it = iter(loader)
-    for batch in it:
-        if first is None:
-            first = time.perf_counter() - t0
-        rows += batch["input_ids"].shape[0]
-        tokens += batch["input_ids"].numel()
-    del it  # joins the workers, if any
+    first, rows, tokens = drain(loader, t0)
     clocks = stop(t0, c0)
     report(clocks, c0, tokens=tokens, rows=rows, first_batch_s=first, load_s=load_s, prepare_s=maps_s,
            cache_bytes=sum(f.stat().st_size for f in Path(args.cache_dir).rglob("*") if f.is_file()))
@@ -339,15 +347,7 @@ def run_iterable(args):
     ds = PackedText(args.data, args.tokenizer, args.eos, args.seq_len, args.tok_batch)
     c0, t0 = cpu(), time.perf_counter()
     loader = torch.utils.data.DataLoader(ds, batch_size=args.batch_size, num_workers=args.workers)
-    first = None
-    tokens = rows = 0
-    it = iter(loader)
-    for batch in it:
-        if first is None:
-            first = time.perf_counter() - t0
-        rows += batch["input_ids"].shape[0]
-        tokens += batch["input_ids"].numel()
-    del it  # joins the workers (they are not persistent)
+    first, rows, tokens = drain(loader, t0)
     clocks = stop(t0, c0)
     report(clocks, c0, tokens=tokens, rows=rows, first_batch_s=first,
            split="file" if len(args.data) % max(args.workers, 1) == 0 else "document")
@@ -386,13 +386,7 @@ def run_stoker(args, cache=None):
     else:
         loader = stoker.TokenLoader(str(cache), seq_len=args.seq_len, batch_size=args.batch_size, pack="concat",
                                     threads=args.workers, output="numpy")
-    first = None
-    tokens = rows = 0
-    for batch in loader:
-        if first is None:
-            first = time.perf_counter() - t0
-        rows += batch["input_ids"].shape[0]
-        tokens += batch["input_ids"].size
+    first, rows, tokens = drain(loader, t0)
     clocks = stop(t0, c0)
     stats = loader.stats()
     tokens -= stats.get("padding_tokens", 0)
