@@ -244,6 +244,87 @@ def test_token_files_and_folders(tmp_path, reference):
         stoker.TokenLoader(tmp_path / "train.bin", tokenizer=GPT2)
 
 
+def test_webdataset_tar_shards_with_txt_or_json_members(tmp_path, texts, reference):
+    import io
+    import tarfile
+
+    def member(tar, name, data):
+        info = tarfile.TarInfo(name)
+        info.size = len(data)
+        tar.addfile(info, io.BytesIO(data))
+
+    # Two shards of .txt samples (with .json metadata beside, not documents), one gzipped, and
+    # one shard of .json samples with the text under "content".
+    with tarfile.open(tmp_path / "a-000.tar", "w", format=tarfile.GNU_FORMAT) as tar:
+        for i, t in enumerate(texts[:25]):
+            member(tar, f"doc{i:04d}.txt", t.encode())
+            member(tar, f"doc{i:04d}.json", json.dumps({"id": i}).encode())
+    with tarfile.open(tmp_path / "a-001.tar.gz", "w:gz", format=tarfile.PAX_FORMAT) as tar:
+        for i, t in enumerate(texts[25:50], 25):
+            member(tar, f"long/{'x' * 120}/doc{i:04d}.txt", t.encode())  # pax long names
+    with tarfile.open(tmp_path / "a-002.tar", "w") as tar:
+        for i, t in enumerate(texts[50:], 50):
+            member(tar, f"doc{i:04d}.json", json.dumps({"content": t}).encode())
+    loader = stoker.TokenLoader(str(tmp_path / "a-*.tar*"), tokenizer=GPT2, text_key="content", seq_len=512,
+                                batch_size=4, output="numpy")
+    assert loader.documents == 60
+    got = np.concatenate([b["input_ids"].reshape(-1).copy() for b in loader])
+    stream = np.concatenate([np.array(r, dtype=np.int64) for r in reference])
+    assert len(stream) - len(got) < 512
+    np.testing.assert_array_equal(got, stream[: len(got)])
+    # A member that is not UTF-8 is a counted skip naming the shard and the member.
+    with tarfile.open(tmp_path / "bad.tar", "w") as tar:
+        member(tar, "ok.txt", b"fine text")
+        member(tar, "bad.txt", b"\xff\xfe not utf-8")
+    bad = stoker.TokenLoader(tmp_path / "bad.tar", tokenizer=GPT2, seq_len=2, batch_size=1, output="numpy")
+    assert sum(1 for _ in bad) > 0
+    assert bad.stats()["failed_documents"] == 1
+    with pytest.raises(stoker.DecodeError, match=r"bad\.tar.*member 2.*not UTF-8"):
+        list(stoker.TokenLoader(tmp_path / "bad.tar", tokenizer=GPT2, seq_len=2, batch_size=1,
+                                on_bad_document="raise"))
+
+
+def _megatron_index(path, sizes, dtype_code, bounds):
+    """A Megatron ``.idx`` as megatron.core.datasets.indexed_dataset's _IndexWriter writes it."""
+    itemsize = {8: 2, 4: 4}[dtype_code]
+    pointers = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64) * itemsize
+    with open(path, "wb") as f:
+        f.write(b"MMIDIDX\x00\x00")
+        f.write(np.array([1], dtype=np.uint64).tobytes())
+        f.write(bytes([dtype_code]))
+        f.write(np.array([len(sizes)], dtype=np.uint64).tobytes())
+        f.write(np.array([len(bounds)], dtype=np.uint64).tobytes())
+        f.write(np.array(sizes, dtype=np.int32).tobytes())
+        f.write(pointers.tobytes())
+        f.write(np.array(bounds, dtype=np.int64).tobytes())
+
+
+def test_megatron_indexed_dataset(tmp_path, reference):
+    docs = reference[:12]
+    for name, dtype, code in [("u16_text_document", np.uint16, 8), ("i32_text_document", np.int32, 4)]:
+        np.concatenate([np.array(r, dtype=dtype) for r in docs]).tofile(tmp_path / f"{name}.bin")
+        _megatron_index(tmp_path / f"{name}.idx", [len(r) for r in docs], code, list(range(len(docs) + 1)))
+        # No eos_id given: the index alone gives the documents (positions restart at each).
+        loader = stoker.TokenLoader(tmp_path / f"{name}.bin", seq_len=256, batch_size=2, output="numpy")
+        assert loader.documents == 12
+        ids, pos = [], []
+        for b in loader:
+            ids.append(b["input_ids"].reshape(-1).copy())
+            pos.append(b["position_ids"].reshape(-1).copy())
+        got, positions = np.concatenate(ids), np.concatenate(pos)
+        stream = np.concatenate([np.array(r, dtype=np.int64) for r in docs])
+        np.testing.assert_array_equal(got, stream[: len(got)])
+        starts = np.zeros(len(got), dtype=bool)
+        starts[::256] = True
+        ends = np.cumsum([len(r) for r in docs])
+        starts[ends[ends < len(got)]] = True
+        np.testing.assert_array_equal(positions == 0, starts, err_msg=name)
+    # An index that does not describe its .bin is an error naming it.
+    _megatron_index(tmp_path / "u16_text_document.idx", [len(r) + 50 for r in docs], 8, list(range(13)))
+    with pytest.raises(stoker.DecodeError, match="u16_text_document.bin.*truncated"):
+        stoker.TokenLoader(tmp_path / "u16_text_document.bin", seq_len=64)
+
+
 def _stoker_threads():
     names = []
     for t in os.listdir("/proc/self/task"):

@@ -1,6 +1,7 @@
 //! Documents on disk: JSON Lines (plain, `.gz`, `.zst`), plain text (a document per line or per
-//! file) and pre-tokenized token files (a flat little-endian `uint16`/`uint32` array, nanoGPT's
-//! `.bin`, or a 1-D `.npy`). Only an index lives in memory: per document its byte offset, its
+//! file), Parquet, WebDataset tar shards (`.txt` or `.json` members) and pre-tokenized token
+//! files (a flat little-endian `uint16`/`uint32` array, nanoGPT's `.bin`, a 1-D `.npy`, or
+//! Megatron's `.bin` + `.idx`). Only an index lives in memory: per document its byte offset, its
 //! length and its line, 24 bytes (built by one pass over each file when the loader opens it).
 //!
 //! Plain files are read with positional reads (any order: a global permutation per epoch);
@@ -30,6 +31,18 @@ pub enum Format {
     /// A token cache folder (`stoker tokenize`): documents cut by its index, tokens of this
     /// many bytes; BOS/EOS are added by the loader, as for text.
     Cache(u8),
+    /// WebDataset tar shards (plain, `.gz`, `.zst`): a document per `.txt` member, or per
+    /// `.json` member (the text under the key) in a shard without `.txt` members.
+    Tar,
+}
+
+/// Which members of a tar shard are its documents.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TarText {
+    /// `KEY.txt` members: UTF-8 text.
+    Txt,
+    /// `KEY.json` members: a JSON object, the text under `text_key`.
+    Json,
 }
 
 /// How a file is compressed (from its name).
@@ -50,7 +63,7 @@ impl Compression {
     pub fn of(path: &Path) -> Self {
         match path.extension().and_then(|e| e.to_str()) {
             Some("parquet") => Compression::Parquet,
-            Some("gz") => Compression::Gzip,
+            Some("gz") | Some("tgz") => Compression::Gzip,
             Some("zst") | Some("zstd") => Compression::Zstd,
             _ => Compression::None,
         }
@@ -81,6 +94,44 @@ pub struct DocFile {
     pub bytes: u64,
     /// Bytes per token of a token file (2 or 4; 0 for text).
     pub width: u8,
+    /// A tar shard: which members are the documents.
+    pub tar: Option<TarText>,
+}
+
+/// The first 9 bytes of a Megatron `.idx` file.
+const MEGATRON_MAGIC: &[u8; 9] = b"MMIDIDX\x00\x00";
+
+/// A decompressing stream as the tar reader's input: seeks forward by reading (a compressed
+/// shard is listed from start to end; a seek backwards is an error).
+struct Forward {
+    inner: Box<dyn Read + Send>,
+    pos: u64,
+}
+
+impl Read for Forward {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.pos += n as u64;
+        Ok(n)
+    }
+}
+
+impl std::io::Seek for Forward {
+    fn seek(&mut self, to: std::io::SeekFrom) -> std::io::Result<u64> {
+        match to {
+            std::io::SeekFrom::Start(n) if n >= self.pos => {
+                let want = n - self.pos;
+                let got = std::io::copy(&mut (&mut self.inner).take(want), &mut std::io::sink())?;
+                self.pos += got;
+                if got < want {
+                    return Err(std::io::ErrorKind::UnexpectedEof.into());
+                }
+                Ok(n)
+            }
+            std::io::SeekFrom::Current(0) => Ok(self.pos),
+            _ => Err(std::io::Error::other("a compressed shard is read from start to end only")),
+        }
+    }
 }
 
 /// Bytes of one read while an index is built.
@@ -115,7 +166,18 @@ fn read_some(r: &mut dyn Read, buf: &mut [u8], path: &Path, at: u64) -> Result<u
 impl DocFile {
     /// A token cache's `tokens.bin` with its documents (see [`super::cache::open`]).
     pub fn cache(path: PathBuf, docs: Vec<DocEntry>, bytes: u64, width: u8) -> Self {
-        DocFile { path, compression: Compression::None, docs, bytes, width }
+        DocFile { path, compression: Compression::None, docs, bytes, width, tar: None }
+    }
+
+    /// Where document `d` is, for messages: `line 7`, `row 7` (Parquet), `member 7` (tar),
+    /// `document at token 7` (token files).
+    pub fn place(&self, d: &DocEntry) -> String {
+        match (self.tar, self.compression, self.width) {
+            (Some(_), _, _) => format!("member {}", d.line),
+            (_, Compression::Parquet, _) => format!("row {}", d.line),
+            (_, _, 0) => format!("line {}", d.line),
+            _ => format!("document at token {}", d.line),
+        }
     }
 
     /// Opens `path` and indexes its documents (`format` says how they are delimited; a token
@@ -141,9 +203,13 @@ impl DocFile {
                 docs,
                 bytes: meta.len(),
                 width: 0,
+                tar: None,
             });
         }
         let compression = Compression::of(path);
+        if format == Format::Tar {
+            return Self::open_tar(path, compression, meta.len());
+        }
         if let (Format::Tokens(_), c) = (format, compression) {
             if c != Compression::None {
                 return Err(Error::decode(path, "token files are read in place: decompress it first"));
@@ -168,7 +234,7 @@ impl DocFile {
                 n
             };
             let docs = vec![DocEntry { offset: 0, len: bytes, line: 1 }];
-            return Ok(DocFile { path: path.to_path_buf(), compression, docs, bytes, width: 0 });
+            return Ok(DocFile { path: path.to_path_buf(), compression, docs, bytes, width: 0, tar: None });
         }
         let mut r = open_stream(path, compression)?;
         let mut buf = vec![0u8; SCAN_CHUNK];
@@ -199,11 +265,142 @@ impl DocFile {
         if !blank {
             docs.push(DocEntry { offset: line_start, len: pos - line_start, line });
         }
-        Ok(DocFile { path: path.to_path_buf(), compression, docs, bytes: pos, width: 0 })
+        Ok(DocFile { path: path.to_path_buf(), compression, docs, bytes: pos, width: 0, tar: None })
+    }
+
+    /// Indexes a tar shard's members: the `.txt` ones, or the `.json` ones where there is no
+    /// `.txt` (a hard link to an earlier member is that member again: not a second document).
+    fn open_tar(path: &Path, compression: Compression, len: u64) -> Result<Self> {
+        use crate::source::tar::Reader;
+        let bad = |e: String| Error::decode(path, format!("not a readable tar shard: {e}"));
+        // (data offset, size, member ordinal, is .txt) of the .txt and .json members.
+        let mut found: Vec<(u64, u64, u64, bool)> = Vec::new();
+        let mut end = 0u64;
+        let mut note = |m: crate::source::tar::Member, k: u64| {
+            end = end.max(m.offset + m.size);
+            let txt = m.name.ends_with(".txt");
+            if txt || m.name.ends_with(".json") {
+                found.push((m.offset, m.size, k, txt));
+            }
+        };
+        if compression == Compression::None {
+            let f = std::fs::File::open(path).map_err(|e| Error::io(path, &e))?;
+            let mut r = Reader::new(std::io::BufReader::with_capacity(1 << 16, f), len);
+            let mut k = 0;
+            while let Some(m) = r.next_member().map_err(bad)? {
+                k += 1;
+                note(m, k);
+            }
+        } else {
+            let mut r = Reader::new(Forward { inner: open_stream(path, compression)?, pos: 0 }, u64::MAX);
+            let mut k = 0;
+            while let Some(m) = r.next_member().map_err(bad)? {
+                k += 1;
+                note(m, k);
+            }
+        }
+        let kind = if found.iter().any(|m| m.3) { TarText::Txt } else { TarText::Json };
+        let mut docs = Vec::new();
+        let mut last = None;
+        for (offset, size, k, txt) in found {
+            if txt != (kind == TarText::Txt) || size == 0 || last.is_some_and(|l| offset <= l) {
+                continue;
+            }
+            last = Some(offset);
+            docs.push(DocEntry { offset, len: size, line: k });
+        }
+        let bytes = if compression == Compression::None { len } else { end };
+        Ok(DocFile { path: path.to_path_buf(), compression, docs, bytes, width: 0, tar: Some(kind) })
+    }
+
+    /// Megatron's indexed dataset: `X.bin` (the tokens) and `X.idx` (`MMIDIDX` header,
+    /// version 1, dtype code, sequence and document counts, then `int32` sequence lengths,
+    /// `int64` byte offsets, `int64` document boundaries in sequences). Every count and offset is
+    /// checked against the two files' lengths before anything is allocated or read.
+    fn open_megatron(path: &Path, idx: &Path, bin_len: u64) -> Result<Self> {
+        let mut f = std::fs::File::open(idx).map_err(|e| Error::io(idx, &e))?;
+        let idx_len = f.metadata().map_err(|e| Error::io(idx, &e))?.len();
+        let bad = |why: String| Error::decode(idx, why);
+        let mut head = [0u8; 34];
+        f.read_exact(&mut head).map_err(|_| bad(format!("{idx_len} bytes: too short for a Megatron index")))?;
+        let u64_at = |b: &[u8], i: usize| u64::from_le_bytes(b[i..i + 8].try_into().expect("8 bytes"));
+        if &head[..9] != MEGATRON_MAGIC {
+            return Err(bad("not a Megatron index (no MMIDIDX header)".into()));
+        }
+        if u64_at(&head, 9) != 1 {
+            return Err(bad(format!("Megatron index version {}: only version 1 is known", u64_at(&head, 9))));
+        }
+        let width: u64 = match head[17] {
+            8 => 2, // uint16
+            4 => 4, // int32
+            c => return Err(bad(format!("token dtype code {c}: expected 8 (uint16) or 4 (int32)"))),
+        };
+        let (seqs, ndocs) = (u64_at(&head, 18), u64_at(&head, 26));
+        let want = seqs
+            .checked_mul(12)
+            .and_then(|s| ndocs.checked_mul(8).and_then(|d| s.checked_add(d)))
+            .and_then(|b| b.checked_add(34));
+        // Multimodal indexes append one mode byte per sequence.
+        if want.is_none_or(|w| idx_len != w && Some(idx_len) != w.checked_add(seqs)) {
+            return Err(bad(format!(
+                "{seqs} sequences and {ndocs} document boundaries do not fit its {idx_len} bytes (truncated?)"
+            )));
+        }
+        let body_len = seqs as usize * 12 + ndocs as usize * 8;
+        let mut body = vec![0u8; body_len];
+        f.read_exact(&mut body).map_err(|e| Error::io(idx, &e))?;
+        let (sizes, rest) = body.split_at(seqs as usize * 4);
+        let (pointers, bounds) = rest.split_at(seqs as usize * 8);
+        let size = |j: usize| i32::from_le_bytes(sizes[j * 4..j * 4 + 4].try_into().expect("4 bytes"));
+        let ptr = |j: usize| u64_at(pointers, j * 8);
+        let bound = |i: usize| u64_at(bounds, i * 8);
+        let mut docs = Vec::with_capacity(ndocs.saturating_sub(1) as usize);
+        for i in 1..ndocs as usize {
+            let (s, e) = (bound(i - 1), bound(i));
+            if s > e || e > seqs {
+                return Err(bad(format!("document {}: sequences {s}..{e} of {seqs}", i - 1)));
+            }
+            if s == e {
+                continue;
+            }
+            let offset = ptr(s as usize);
+            let mut at = offset;
+            for j in s as usize..e as usize {
+                let n = size(j);
+                if n < 0 || ptr(j) != at {
+                    return Err(bad(format!(
+                        "sequence {j}: length {n} at byte {} (expected byte {at}: sequences of a document are contiguous)",
+                        ptr(j)
+                    )));
+                }
+                at = at.saturating_add(n as u64 * width);
+            }
+            if at > bin_len {
+                return Err(Error::decode(
+                    path,
+                    format!("{bin_len} bytes, but its index places document {} up to byte {at} (truncated?)", i - 1),
+                ));
+            }
+            if at > offset {
+                docs.push(DocEntry { offset, len: at - offset, line: offset / width });
+            }
+        }
+        Ok(DocFile {
+            path: path.to_path_buf(),
+            compression: Compression::None,
+            docs,
+            bytes: bin_len,
+            width: width as u8,
+            tar: None,
+        })
     }
 
     fn open_tokens(path: &Path, format: Format, eos: Option<u32>, len: u64) -> Result<Self> {
         let Format::Tokens(given) = format else { unreachable!("token format") };
+        let idx = path.with_extension("idx");
+        if path.extension().is_some_and(|e| e == "bin") && idx.is_file() {
+            return Self::open_megatron(path, &idx, len);
+        }
         let f = std::fs::File::open(path).map_err(|e| Error::io(path, &e))?;
         let (data_offset, width) = if path.extension().is_some_and(|e| e == "npy") {
             let mut head = vec![0u8; (len as usize).min(crate::arrays::npy::NPY_HEADER_MAX)];
@@ -261,7 +458,14 @@ impl DocFile {
         if start < total {
             docs.push(DocEntry { offset: data_offset + start * width, len: (total - start) * width, line: start });
         }
-        Ok(DocFile { path: path.to_path_buf(), compression: Compression::None, docs, bytes, width: width as u8 })
+        Ok(DocFile {
+            path: path.to_path_buf(),
+            compression: Compression::None,
+            docs,
+            bytes,
+            width: width as u8,
+            tar: None,
+        })
     }
 
     /// Reads document `d` (plain files only) into `buf`.
@@ -270,9 +474,9 @@ impl DocFile {
         buf.resize(d.len as usize, 0);
         file.read_exact_at(buf, d.offset).map_err(|e| {
             let why = if e.kind() == std::io::ErrorKind::UnexpectedEof {
-                format!("line {}: the file became shorter while it was read (truncated or rewritten?)", d.line)
+                format!("{}: the file became shorter while it was read (truncated or rewritten?)", self.place(d))
             } else {
-                format!("line {}: {e}", d.line)
+                format!("{}: {e}", self.place(d))
             };
             Error::Io { path: self.path.clone(), reason: why }
         })
@@ -429,7 +633,7 @@ impl StreamCursor {
 pub fn too_long(f: &DocFile, d: &DocEntry, max: u64) -> Error {
     Error::decode(
         &f.path,
-        format!("line {}: a document of {} bytes, more than max_document_bytes ({max}): skipped", d.line, d.len),
+        format!("{}: a document of {} bytes, more than max_document_bytes ({max}): skipped", f.place(d), d.len),
     )
 }
 
@@ -615,5 +819,100 @@ mod tests {
         let one = DocFile::open(&p, Format::Tokens(2), None).unwrap();
         assert_eq!(one.docs.len(), 1);
         assert!(DocFile::open(&p, Format::Tokens(4), None).unwrap_err().to_string().contains("multiple of 4"));
+    }
+
+    #[test]
+    fn tar_shards_index_txt_members_or_else_json_members() {
+        use crate::source::tar::{append_member, finish};
+        let d = tempfile::tempdir().unwrap();
+        let mut txt = Vec::new();
+        append_member(&mut txt, "a.txt", b"alpha");
+        append_member(&mut txt, "a.json", br#"{"text": "not this"}"#);
+        append_member(&mut txt, "b.txt", b"");
+        append_member(&mut txt, "c.txt", b"gamma!");
+        finish(&mut txt);
+        let mut json = Vec::new();
+        append_member(&mut json, "a.json", br#"{"text": "one"}"#);
+        append_member(&mut json, "a.cls", b"3");
+        append_member(&mut json, "b.json", br#"{"text": "two"}"#);
+        finish(&mut json);
+        let plain = d.path().join("t.tar");
+        std::fs::write(&plain, &txt).unwrap();
+        let gz = d.path().join("t.tar.gz");
+        let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+        std::io::Write::write_all(&mut e, &txt).unwrap();
+        std::fs::write(&gz, e.finish().unwrap()).unwrap();
+        let zst = d.path().join("j.tar.zst");
+        std::fs::write(&zst, zstd::encode_all(&json[..], 3).unwrap()).unwrap();
+        for (p, kind, want) in [
+            (&plain, TarText::Txt, vec![&b"alpha"[..], b"gamma!"]),
+            (&gz, TarText::Txt, vec![&b"alpha"[..], b"gamma!"]),
+            (&zst, TarText::Json, vec![&br#"{"text": "one"}"#[..], br#"{"text": "two"}"#]),
+        ] {
+            let f = DocFile::open(p, Format::Tar, None).unwrap();
+            assert_eq!(f.tar, Some(kind), "{p:?}");
+            let mut c = StreamCursor::new(&f).unwrap();
+            let got: Vec<Vec<u8>> = f
+                .docs
+                .iter()
+                .map(|e| {
+                    let mut buf = vec![];
+                    c.read(&f, e, 100, &mut buf).unwrap();
+                    buf
+                })
+                .collect();
+            assert_eq!(got, want, "{p:?}");
+        }
+        let f = DocFile::open(&plain, Format::Tar, None).unwrap();
+        assert_eq!(f.docs.iter().map(|e| e.line).collect::<Vec<_>>(), vec![1, 4], "member ordinals");
+        assert_eq!(f.place(&f.docs[1]), "member 4");
+        // A truncated shard names the file.
+        let cut = d.path().join("cut.tar");
+        std::fs::write(&cut, &txt[..1200]).unwrap();
+        let err = DocFile::open(&cut, Format::Tar, None).unwrap_err().to_string();
+        assert!(err.contains("cut.tar") && err.contains("truncated"), "{err}");
+    }
+
+    /// Writes a Megatron index as its `_IndexWriter` does.
+    fn megatron_idx(dtype: u8, sizes: &[i32], pointers: &[i64], bounds: &[i64]) -> Vec<u8> {
+        let mut b = MEGATRON_MAGIC.to_vec();
+        b.extend(1u64.to_le_bytes());
+        b.push(dtype);
+        b.extend((sizes.len() as u64).to_le_bytes());
+        b.extend((bounds.len() as u64).to_le_bytes());
+        sizes.iter().for_each(|x| b.extend(x.to_le_bytes()));
+        pointers.iter().for_each(|x| b.extend(x.to_le_bytes()));
+        bounds.iter().for_each(|x| b.extend(x.to_le_bytes()));
+        b
+    }
+
+    #[test]
+    fn megatron_bin_and_idx_give_its_documents() {
+        let d = tempfile::tempdir().unwrap();
+        let bin = d.path().join("corpus_text_document.bin");
+        let toks: [u16; 7] = [5, 6, 0, 7, 0, 8, 9];
+        std::fs::write(&bin, toks.iter().flat_map(|t| t.to_le_bytes()).collect::<Vec<_>>()).unwrap();
+        let idx = d.path().join("corpus_text_document.idx");
+        // Three sequences; documents: [seq 0, seq 1] and [seq 2].
+        std::fs::write(&idx, megatron_idx(8, &[3, 2, 2], &[0, 6, 10], &[0, 2, 3])).unwrap();
+        let f = DocFile::open(&bin, Format::Tokens(4), None).unwrap();
+        assert_eq!(f.width, 2, "the index's dtype wins");
+        let spans: Vec<(u64, u64)> = f.docs.iter().map(|e| (e.offset / 2, e.len / 2)).collect();
+        assert_eq!(spans, vec![(0, 5), (5, 2)]);
+        // Hostile indexes: each a clear error naming the file, nothing allocated from their counts.
+        let cases: Vec<(Vec<u8>, &str)> = vec![
+            (megatron_idx(8, &[3, 2, 2], &[0, 6, 10], &[0, 2, 3])[..40].to_vec(), "do not fit"),
+            (megatron_idx(5, &[3], &[0], &[0, 1]), "dtype code 5"),
+            (megatron_idx(8, &[3, 2, 9], &[0, 6, 10], &[0, 2, 3]), "up to byte 28"),
+            (megatron_idx(8, &[3, 2, 2], &[0, 8, 10], &[0, 2, 3]), "contiguous"),
+            (megatron_idx(8, &[3, 2, 2], &[0, 6, 10], &[0, 5]), "sequences 0..5 of 3"),
+            (b"MMIDIDX\x00\x00\x01\x00\x00\x00\x00\x00\x00\x00\x08\xff\xff\xff\xff\xff\xff\xff\x7f\x01\x00\x00\x00\x00\x00\x00\x00".to_vec(), "do not fit"),
+            (b"PK\x03\x04 something else entirely, long enough...".to_vec(), "no MMIDIDX header"),
+        ];
+        for (raw, want) in cases {
+            std::fs::write(&idx, &raw).unwrap();
+            let err = DocFile::open(&bin, Format::Tokens(2), None).unwrap_err().to_string();
+            assert!(err.contains("corpus_text_document.") && err.contains(want), "{want}: {err}");
+        }
     }
 }

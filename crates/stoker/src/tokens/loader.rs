@@ -128,8 +128,9 @@ impl TokenConfig {
     }
 }
 
-/// The format of a file, from its name: `.jsonl`/`.json` (optionally `.gz`/`.zst`), `.txt`,
-/// `.bin`/`.npy` token files.
+/// The format of a file, from its name: `.jsonl`/`.json`, `.txt`, `.tar` (WebDataset shards;
+/// each optionally `.gz`/`.zst`), `.parquet`, `.bin`/`.npy` token files (a `.bin` beside an
+/// `.idx` is Megatron's indexed dataset).
 pub fn format_of(path: &std::path::Path, cfg: &TokenConfig) -> Result<Format> {
     if path.is_dir() && super::cache::is_cache(path) {
         return Ok(Format::Cache(super::cache::read_meta(path)?.token_bytes));
@@ -138,6 +139,8 @@ pub fn format_of(path: &std::path::Path, cfg: &TokenConfig) -> Result<Format> {
     let base = name.strip_suffix(".gz").or_else(|| name.strip_suffix(".zst")).unwrap_or(&name);
     if name.ends_with(".parquet") {
         Ok(Format::Parquet)
+    } else if base.ends_with(".tar") || name.ends_with(".tgz") {
+        Ok(Format::Tar)
     } else if base.ends_with(".jsonl") || base.ends_with(".json") || base.ends_with(".ndjson") {
         Ok(Format::Jsonl)
     } else if base.ends_with(".txt") || base.ends_with(".text") {
@@ -148,7 +151,7 @@ pub fn format_of(path: &std::path::Path, cfg: &TokenConfig) -> Result<Format> {
         Err(Error::config(
             "data",
             format!(
-                "{}: unknown format: expected .jsonl, .txt (optionally .gz or .zst), .parquet, .bin or .npy",
+                "{}: unknown format: expected .jsonl, .txt, .tar (optionally .gz or .zst), .parquet, .bin or .npy",
                 path.display()
             ),
         ))
@@ -175,7 +178,9 @@ pub fn expand_paths(specs: &[String]) -> Result<Vec<std::path::PathBuf>> {
                 })
                 .collect();
             if files.is_empty() {
-                return Err(Error::Dataset(format!("{s}: no .jsonl, .txt, .bin or .npy files in this folder")));
+                return Err(Error::Dataset(format!(
+                    "{s}: no .jsonl, .txt, .tar, .parquet, .bin or .npy files in this folder"
+                )));
             }
             files.sort();
             out.extend(files);
@@ -1188,7 +1193,7 @@ fn tokenize_whole(sh: &Shared, tok: Option<&TextTokenizer>, d: RawDoc) -> (Doc, 
         Ok(b) => b,
         Err(e) => return (doc, Some(e)),
     };
-    let fail = |why: String| Some(Error::decode(&file.path, format!("line {}: {why}", entry.line)));
+    let fail = |why: String| Some(Error::decode(&file.path, format!("{}: {why}", file.place(entry))));
     match (sh.source.format, tok) {
         (Format::Tokens(_) | Format::Cache(_), _) => {
             let cached = matches!(sh.source.format, Format::Cache(_));
@@ -1210,12 +1215,13 @@ fn tokenize_whole(sh: &Shared, tok: Option<&TextTokenizer>, d: RawDoc) -> (Doc, 
             (doc, None)
         }
         (format, Some(tok)) => {
-            let text = match format {
-                Format::Jsonl => match json_text(&bytes, &sh.config.text_key) {
+            let json = format == Format::Jsonl || file.tar == Some(super::docs::TarText::Json);
+            let text = match json {
+                true => match json_text(&bytes, &sh.config.text_key) {
                     Ok(t) => t,
                     Err(why) => return (doc, fail(why)),
                 },
-                _ => match std::str::from_utf8(&bytes) {
+                false => match std::str::from_utf8(&bytes) {
                     Ok(t) => std::borrow::Cow::Borrowed(t),
                     Err(e) => return (doc, fail(format!("not UTF-8 text: {e}"))),
                 },
