@@ -73,6 +73,11 @@ class TokenLoader(LoaderBase):
     (step-based training). A bad document (invalid JSON or UTF-8, a missing key, longer than
     ``max_document_bytes``) is skipped and counted in :meth:`stats`; ``on_bad_document='raise'``
     raises it, naming the file and line.
+
+    The document index of each file (built by one pass over it when the loader opens) is stored
+    in ``index_cache`` (default: ``STOKER_INDEX_DIR``, else ``~/.cache/stoker/doc-index``;
+    ``False``: not stored) and reused while the file is unchanged (its length, time, inode and
+    first and last 64 KiB are checked); ``stoker cache indexes`` lists and clears them.
     """
 
     def __init__(self, data: Any, *, tokenizer: Any = None, seq_len: int = 2048, batch_size: int = 8,
@@ -84,7 +89,7 @@ class TokenLoader(LoaderBase):
                  add_eos: bool = True, bos_token: str | None = None, eos_token: str | None = None,
                  eos_id: int | None = None, pad_id: int | None = None, on_bad_document: str = "skip",
                  max_failures: int | None = None, max_document_bytes: int | str | None = None,
-                 output: str = "auto") -> None:
+                 index_cache: str | os.PathLike[str] | bool | None = None, output: str = "auto") -> None:
         self._paths = _paths(data)
         path, self._tokenizer_json = _tokenizer(tokenizer)
         self._args = arguments_json(
@@ -93,7 +98,8 @@ class TokenLoader(LoaderBase):
             threads=threads, prefetch=prefetch, memory_limit=memory_limit, rank=rank, world_size=world_size,
             text_key=text_key, document=document, token_bytes=token_bytes, add_bos=add_bos, add_eos=add_eos,
             bos_token=bos_token, eos_token=eos_token, eos_id=eos_id, pad_id=pad_id, on_bad_document=on_bad_document,
-            max_failures=max_failures, max_document_bytes=max_document_bytes)
+            max_failures=max_failures, max_document_bytes=max_document_bytes,
+            index_cache=_index_cache(index_cache))
         self._torch = want_torch(output)
         self._start()
 
@@ -169,6 +175,17 @@ class TokenLoader(LoaderBase):
             self._loader().load_states_json(text)
         else:
             self._loader().load_state_json(text)
+
+
+def _index_cache(value: Any) -> str | bool | None:
+    """``index_cache`` for the engine: a path as text, ``False``, or ``None`` (the default)."""
+    if value is None or value is True:
+        return None
+    if value is False:
+        return False
+    if isinstance(value, (str, os.PathLike)):
+        return os.fspath(value)
+    raise ConfigError(f"invalid argument `index_cache`: expected a directory or False, got {value!r}")
 
 
 class _TokenBatches:

@@ -284,6 +284,43 @@ def test_webdataset_tar_shards_with_txt_or_json_members(tmp_path, texts, referen
                                 on_bad_document="raise"))
 
 
+def test_document_indexes_are_stored_and_reused_until_the_file_changes(tmp_path):
+    import subprocess
+
+    store = tmp_path / "store"
+    data = tmp_path / "wiki.jsonl.zst"
+    data.write_bytes(SAMPLE.read_bytes())
+    first = [b["input_ids"].copy() for b in stoker.TokenLoader(data, tokenizer=GPT2, seq_len=256, batch_size=2,
+                                                                index_cache=store, output="numpy")]
+    entries = list(store.glob("*.idx"))
+    assert len(entries) == 1
+    # The stored index is what a second open reads: same batches.
+    again = [b["input_ids"].copy() for b in stoker.TokenLoader(data, tokenizer=GPT2, seq_len=256, batch_size=2,
+                                                                index_cache=str(store), output="numpy")]
+    assert all(np.array_equal(a, b) for a, b in zip(first, again)) and len(first) == len(again)
+    # A rewritten file is indexed again (the old entry describes another file): 30 documents.
+    raw = zstandard.ZstdDecompressor().stream_reader(SAMPLE.open("rb")).read()
+    data.write_bytes(zstandard.ZstdCompressor().compress(b"\n".join(raw.splitlines()[:30])))
+    assert stoker.TokenLoader(data, tokenizer=GPT2, index_cache=store).documents == 30
+    assert stoker.TokenLoader(data, tokenizer=GPT2, index_cache=store).documents == 30
+    # index_cache=False stores nothing; a bad value is named.
+    stoker.TokenLoader(data, tokenizer=GPT2, index_cache=False)
+    assert len(list(store.glob("*.idx"))) == 1
+    with pytest.raises(stoker.ConfigError, match="index_cache"):
+        stoker.TokenLoader(data, tokenizer=GPT2, index_cache=3)
+    # `stoker cache indexes` lists and clears them.
+    cli = pathlib.Path(__file__).resolve().parents[2] / "target" / "release" / "stoker"
+    if cli.exists():
+        out = subprocess.run([str(cli), "cache", "indexes", "--dir", str(store)], capture_output=True, text=True,
+                             check=True).stdout
+        assert "1 index(es)" in out and "fresh" in out and str(data) in out, out
+        data.unlink()
+        out = subprocess.run([str(cli), "cache", "indexes", "--dir", str(store), "--clear", "--stale"],
+                             capture_output=True, text=True, check=True).stdout
+        assert "removed 1 index(es)" in out, out
+        assert not list(store.glob("*.idx"))
+
+
 def _megatron_index(path, sizes, dtype_code, bounds):
     """A Megatron ``.idx`` as megatron.core.datasets.indexed_dataset's _IndexWriter writes it."""
     itemsize = {8: 2, 4: 4}[dtype_code]

@@ -1,5 +1,6 @@
 //! `stoker cache`: list, size and clear the decoded-pixel caches (groups of entries, one per
-//! dataset and pixel settings, under a cache root: `/dev/shm/stoker-cache-UID` for `ram`).
+//! dataset and pixel settings, under a cache root: `/dev/shm/stoker-cache-UID` for `ram`), and
+//! (`stoker cache indexes`) the stored document indexes of text files.
 
 use anyhow::{bail, Result};
 use clap::{Args, Subcommand};
@@ -33,6 +34,17 @@ enum Action {
         /// Remove every idle group.
         #[arg(long)]
         all: bool,
+    },
+    /// The stored document indexes of text and token files (`STOKER_INDEX_DIR`, else
+    /// ~/.cache/stoker/doc-index; `--dir` here names another): data file, documents, size,
+    /// stale (the file is gone or changed) or not.
+    Indexes {
+        /// Remove them (with `--stale`, only the stale ones).
+        #[arg(long)]
+        clear: bool,
+        /// With `--clear`: only entries whose file is gone or changed.
+        #[arg(long)]
+        stale: bool,
     },
 }
 
@@ -74,10 +86,56 @@ fn table(groups: &[GroupInfo]) -> String {
     out
 }
 
+/// `stoker cache indexes`.
+fn indexes(a: &CacheArgs, clear: bool, stale: bool) -> Result<()> {
+    let dir = if a.dir == "ram" { stoker::args::index_dir()? } else { Some(PathBuf::from(&a.dir)) };
+    let Some(dir) = dir else {
+        println!("no index directory: STOKER_INDEX_DIR is off, or neither HOME nor XDG_CACHE_HOME is set");
+        return Ok(());
+    };
+    if stale && !clear {
+        bail!("--stale goes with --clear");
+    }
+    if clear {
+        let (n, bytes) = stoker::tokens::index::clear(&dir, stale)?;
+        if a.json {
+            println!("{}", serde_json::json!({"dir": dir, "removed": n, "bytes": bytes}));
+        } else {
+            println!("{}: removed {n} index(es), {:.1} MiB freed", dir.display(), mib(bytes));
+        }
+        return Ok(());
+    }
+    let entries = stoker::tokens::index::list(&dir)?;
+    let total: u64 = entries.iter().map(|e| e.bytes).sum();
+    if a.json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&serde_json::json!({"dir": dir, "bytes": total, "entries": entries}))?
+        );
+        return Ok(());
+    }
+    println!("{}: {} index(es), {:.1} MiB", dir.display(), entries.len(), mib(total));
+    for e in &entries {
+        let data = e.data.as_ref().map_or("(unreadable entry)".into(), |d| d.display().to_string());
+        println!(
+            "  {:>9.1} MiB  {:>9} docs  age {:>7}  {}  {data}",
+            mib(e.bytes),
+            e.documents,
+            age(e.age_s),
+            if e.stale { "stale" } else { "fresh" }
+        );
+    }
+    if !entries.is_empty() {
+        println!("remove them with `stoker cache indexes --clear` (`--stale`: only stale ones)");
+    }
+    Ok(())
+}
+
 /// Runs `stoker cache`.
 pub fn run(a: &CacheArgs) -> Result<()> {
     let root = root(&a.dir);
     match &a.action {
+        Some(Action::Indexes { clear, stale }) => indexes(a, *clear, *stale)?,
         None | Some(Action::List) => {
             let groups = cache::list_groups(&root);
             if a.json {

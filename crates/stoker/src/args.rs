@@ -722,7 +722,8 @@ pub const MAX_SEQ_LEN: usize = 1 << 24;
 /// `infinite`, `shuffle_window`, `threads`, `prefetch`, `memory_limit`,
 /// `max_document_bytes`, `text_key`, `document` (`file`, `line`: plain text), `token_bytes`
 /// (2, 4: `.bin` files), `add_bos`, `add_eos`, `bos_token`, `eos_token`, `eos_id`, `pad_id`,
-/// `on_bad_document` (`skip`, `raise`), `max_failures` (a count).
+/// `on_bad_document` (`skip`, `raise`), `max_failures` (a count), `index_cache` (a directory,
+/// or `False`; default [`index_dir`]).
 pub fn token_config(args: Args) -> Result<(TokenConfig, Option<PathBuf>)> {
     token_config_in(args, &process_env)
 }
@@ -828,8 +829,52 @@ fn token_config_in(args: Args, env: Env<'_>) -> Result<(TokenConfig, Option<Path
             v => non_negative("max_failures", &v)?,
         };
     }
+    c.index_dir = match a.take("index_cache") {
+        None | Some(Value::Null) => index_dir_in(env)?,
+        Some(Value::Bool(false)) => None,
+        Some(v) => match text("index_cache", &v, "a directory, or False")? {
+            "off" | "false" | "False" => None,
+            d => Some(absolute(PathBuf::from(d))),
+        },
+    };
     a.finish()?;
     Ok((c, tokenizer))
+}
+
+/// The environment variable naming where document indexes are stored (`off`: nowhere).
+pub const INDEX_DIR_VAR: &str = "STOKER_INDEX_DIR";
+
+/// Where document indexes are stored by default: `STOKER_INDEX_DIR` (an absolute directory, or
+/// `off`), else `$XDG_CACHE_HOME/stoker/doc-index`, else `$HOME/.cache/stoker/doc-index`
+/// (`None` where neither is set).
+pub fn index_dir() -> Result<Option<PathBuf>> {
+    index_dir_in(&process_env)
+}
+
+fn index_dir_in(env: Env<'_>) -> Result<Option<PathBuf>> {
+    let allowed = "expected an absolute directory or off";
+    if let Some(v) = text_in(env, INDEX_DIR_VAR, allowed)? {
+        if v == "off" {
+            return Ok(None);
+        }
+        let p = PathBuf::from(&v);
+        if !p.is_absolute() {
+            return Err(Error::config(INDEX_DIR_VAR, format!("environment variable {INDEX_DIR_VAR}={v:?}: {allowed}")));
+        }
+        return Ok(Some(p));
+    }
+    let home = |k: &str| env(k).map(PathBuf::from).filter(|p| p.is_absolute());
+    Ok(home("XDG_CACHE_HOME")
+        .or_else(|| home("HOME").map(|h| h.join(".cache")))
+        .map(|c| c.join("stoker").join("doc-index")))
+}
+
+/// `p` made absolute against the current directory (kept as given where that is unknown).
+fn absolute(p: PathBuf) -> PathBuf {
+    if p.is_absolute() {
+        return p;
+    }
+    std::env::current_dir().map(|c| c.join(&p)).unwrap_or(p)
 }
 
 /// A token loader's saved state (the JSON of `TokenLoader.state_dict()`), checked field by
@@ -1239,6 +1284,26 @@ mod tests {
         let table: std::collections::HashMap<String, std::ffi::OsString> =
             vars.iter().filter_map(|(k, v)| v.map(|v| (k.to_string(), v.into()))).collect();
         f(&move |name: &str| table.get(name).cloned())
+    }
+
+    #[test]
+    fn the_document_index_directory_comes_from_the_argument_or_the_environment() {
+        let dir = |vars: &[(&str, Option<&str>)], a: Value| {
+            with_env(vars, |e| token_config_in(args(a), e).map(|(c, _)| c.index_dir))
+        };
+        let home = [("HOME", Some("/home/u"))];
+        assert_eq!(dir(&home, json!({})).unwrap(), Some(PathBuf::from("/home/u/.cache/stoker/doc-index")));
+        let xdg = [("HOME", Some("/home/u")), ("XDG_CACHE_HOME", Some("/c"))];
+        assert_eq!(dir(&xdg, json!({})).unwrap(), Some(PathBuf::from("/c/stoker/doc-index")));
+        let set = [("HOME", Some("/home/u")), (INDEX_DIR_VAR, Some("/idx"))];
+        assert_eq!(dir(&set, json!({})).unwrap(), Some(PathBuf::from("/idx")));
+        assert_eq!(dir(&[(INDEX_DIR_VAR, Some("off"))], json!({})).unwrap(), None);
+        assert_eq!(dir(&[], json!({})).unwrap(), None, "no HOME, no store");
+        assert_eq!(dir(&set, json!({"index_cache": false})).unwrap(), None);
+        assert_eq!(dir(&set, json!({"index_cache": "/mine"})).unwrap(), Some(PathBuf::from("/mine")));
+        let e = dir(&[(INDEX_DIR_VAR, Some("rel/dir"))], json!({})).unwrap_err().to_string();
+        assert!(e.contains("STOKER_INDEX_DIR") && e.contains("absolute"), "{e}");
+        assert!(dir(&home, json!({"index_cache": 3})).unwrap_err().to_string().contains("index_cache"));
     }
 
     #[test]

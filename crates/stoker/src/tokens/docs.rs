@@ -649,8 +649,9 @@ pub struct DocSource {
 }
 
 impl DocSource {
-    /// Indexes every file (`eos`: see [`DocFile::open`]).
-    pub fn open(paths: &[PathBuf], format: Format, eos: Option<u32>) -> Result<Self> {
+    /// Indexes every file (`eos`: see [`DocFile::open`]), reading and storing the indexes in
+    /// `index_dir` ([`super::index`]).
+    pub fn open(paths: &[PathBuf], format: Format, eos: Option<u32>, index_dir: Option<&Path>) -> Result<Self> {
         if paths.is_empty() {
             return Err(Error::config("data", "no files given"));
         }
@@ -658,7 +659,7 @@ impl DocSource {
             .iter()
             .map(|p| match format {
                 Format::Cache(_) => super::cache::open(p).map(|(f, _)| f),
-                _ => DocFile::open(p, format, eos),
+                _ => super::index::open(p, format, eos, index_dir),
             })
             .collect::<Result<Vec<_>>>()?;
         let mut starts = Vec::with_capacity(files.len() + 1);

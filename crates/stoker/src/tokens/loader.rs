@@ -92,6 +92,9 @@ pub struct TokenConfig {
     pub max_failures: u64,
     /// Raise the first failed document instead of skipping it.
     pub raise: bool,
+    /// Where document indexes are stored between runs (`None`: built at every open); see
+    /// [`super::index`].
+    pub index_dir: Option<std::path::PathBuf>,
 }
 
 impl TokenConfig {
@@ -124,6 +127,7 @@ impl TokenConfig {
             pad_id: None,
             max_failures: u64::MAX,
             raise: false,
+            index_dir: None,
         }
     }
 }
@@ -666,7 +670,7 @@ impl TokenLoader {
         if config.add_bos && bos.is_none() {
             return Err(Error::config("bos_token", "the tokenizer has no known BOS token: name it, or add_bos=False"));
         }
-        let source = DocSource::open(paths, format, if text { None } else { eos })?;
+        let source = DocSource::open(paths, format, if text { None } else { eos }, config.index_dir.as_deref())?;
         let threads = match config.threads {
             Some(0) => return Err(Error::config("threads", "must be at least 1 (or auto)")),
             Some(n) => n,

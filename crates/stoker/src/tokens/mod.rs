@@ -3,6 +3,7 @@
 //! rows of `seq_len` tokens with labels, position ids and `cu_seqlens`.
 //!
 //! - [`docs`]: the formats on disk and the document index (offsets, lengths, lines).
+//! - [`index`]: document indexes stored between runs, checked against their files.
 //! - [`tokenizer`]: a `tokenizer.json`, one instance per thread, no offsets.
 //! - [`pack`]: the concat and best-fit packers and their resume points (pure functions of the
 //!   document stream).
@@ -14,6 +15,7 @@
 
 pub mod cache;
 pub mod docs;
+pub mod index;
 pub mod loader;
 pub mod pack;
 pub mod tokenizer;
