@@ -74,9 +74,12 @@ class _Native(Protocol):
     def world_size(self) -> int: ...
     def set_epoch(self, epoch: object) -> None: ...
     def state(self) -> tuple[int, int, int]: ...
-    def load_state(self, seed: int, epoch: int, next_batch: int, resume: bool = True) -> None: ...
+    def elastic_json(self) -> str | None: ...
+    def load_state(self, seed: int, epoch: int, next_batch: int, resume: bool = True,
+                   elastic_json: str | None = None) -> None: ...
     def fingerprint_json(self) -> str: ...
     def load_state_json(self, state_json: str) -> None: ...
+    def load_states_json(self, states_json: str) -> None: ...
 
 
 def torch_module() -> Any:
@@ -252,10 +255,10 @@ class LoaderBase:
         return native
 
     def _adopt(self, old: Any, new: Any) -> None:
-        """Gives ``new`` (rebuilt in a fork child) the parent's position ``old`` had, and whether
-        it was still to be resumed."""
+        """Gives ``new`` (rebuilt in a fork child) the parent's position ``old`` had (with its
+        elastic base), and whether it was still to be resumed."""
         seed, epoch, next_batch = old.state()
-        new.load_state(seed, epoch, next_batch, old.resume_pending)
+        new.load_state(seed, epoch, next_batch, old.resume_pending, old.elastic_json())
 
     def __len__(self) -> int:
         """Batches per epoch on this rank."""
@@ -294,25 +297,53 @@ class LoaderBase:
     def state_dict(self) -> dict[str, Any]:
         """A small, JSON-serialisable position: ``{seed, epoch, next_batch}`` and the
         ``fingerprint`` of what it is valid for (sample count and a hash of the sample list,
-        batch size, drop_last, shuffle mode, world size, rank, transform)."""
+        batch size, drop_last, shuffle mode, world size, rank, transform). In an epoch continued
+        from other ranks' states (:meth:`load_state_dict` of a list) it also has ``elastic``,
+        the saved runs that epoch continues (``version`` 3): ``next_batch`` counts batches of the
+        continued epoch, so the state resumes it exactly, on a loader of the same ranks."""
         native = self._base()
         seed, epoch, next_batch = native.state()
-        return {"version": 2, "seed": seed, "epoch": epoch, "next_batch": next_batch,
-                "batches_per_epoch": len(self), "rank": self.rank, "world_size": self.world_size,
-                "fingerprint": json.loads(native.fingerprint_json())}
+        elastic = native.elastic_json()
+        state: dict[str, Any] = {
+            "version": 2 if elastic is None else 3, "seed": seed, "epoch": epoch, "next_batch": next_batch,
+            "batches_per_epoch": len(self), "rank": self.rank, "world_size": self.world_size,
+            "fingerprint": json.loads(native.fingerprint_json())}
+        if elastic is not None:
+            state["elastic"] = json.loads(elastic)
+        return state
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: dict[str, Any] | list[dict[str, Any]]) -> None:
         """Restores a position from :meth:`state_dict`: the next ``iter()`` resumes with exactly
         the batches that were still to come (a running iterator becomes stale). The engine checks
         the state field by field (``seed``, ``epoch``, ``next_batch``: non-negative integers;
-        ``version``; the ``fingerprint``'s fields); a bad value, or a state saved by a loader with
-        another dataset, batch size, sharding, shuffle or transform, is refused with a
-        :class:`ConfigError` naming the field."""
+        ``version``; ``elastic``; the ``fingerprint``'s fields); a bad value, or a state saved by
+        a loader with another dataset, batch size, sharding, shuffle or transform, is refused with
+        a :class:`ConfigError` naming the field.
+
+        Elastic resume: given the list of every rank's state (``dist.all_gather_object``; any
+        order), the epoch continues on this loader's ranks, however many. Its remaining samples
+        are the epoch's shuffled order less every sample that a saved rank delivered (its first
+        ``next_batch`` batches), in that order; they are dealt to the new ranks as a normal epoch
+        is, with equal batch counts on every rank. With ``drop_last`` the last ``R % (world_size
+        * batch_size)`` of the ``R`` remaining samples are not delivered (with ``drop_last`` a
+        normal epoch drops its tail too; samples that the saved ranks' epoch dropped are among
+        the remaining ones); without it, the last batch on a rank may be short and fewer than
+        ``world_size`` samples from the start of the remainder are delivered twice, to pad every
+        rank to the same count. So each sample of the epoch is delivered exactly once, before or
+        after the resume, up to that remainder. ``len()`` is the continued epoch's batch count
+        until the next epoch, which is a normal one. The states must be of one run: the same
+        seed, epoch, world size and elastic base, every rank ``0..world_size-1`` once, and
+        fingerprints equal to this loader's but for ``rank`` and ``world_size``; otherwise a
+        :class:`ConfigError` names the list element and field (``state[2]['epoch']``). States
+        taken within a continued epoch may be given as such a list again."""
         try:
             text = json.dumps(state, default=_json_integer, allow_nan=False)
         except (TypeError, ValueError, RecursionError) as e:
             raise ConfigError(f"invalid argument `state`: expected a dict from state_dict(): {e}") from None
-        self._base().load_state_json(text)
+        if isinstance(state, list):
+            self._base().load_states_json(text)
+        else:
+            self._base().load_state_json(text)
 
 
 def _json_integer(value: Any) -> int:

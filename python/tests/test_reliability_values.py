@@ -216,7 +216,7 @@ def test_hand_edited_state_dicts_are_config_errors_naming_the_field(demo):
         "seed=True": "`state['seed']`: expected a non-negative integer, got True",
         "epoch=1.5": "`state['epoch']`",
         "epoch=None": "`state['epoch']`",
-        "version=9": "`state['version']`: expected 1 or 2",
+        "version=9": "`state['version']`: expected 1, 2 or 3",
         "version='2'": "`state['version']`",
         "no next_batch": "no 'next_batch'",
         "no fingerprint": "no 'fingerprint'",
@@ -230,7 +230,7 @@ def test_hand_edited_state_dicts_are_config_errors_naming_the_field(demo):
         "epoch=nan": "`state`",
         "epoch=object": "`state`",
         "circular": "`state`",
-        "list": "`state`",
+        "list": "`state[0]`: expected a dict from state_dict(), got 1",  # a list: every rank's states
     }
     for case, text in named.items():
         got = out[case]

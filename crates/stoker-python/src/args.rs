@@ -3,7 +3,8 @@
 
 use crate::errors::{self, IntoPy};
 use pyo3::prelude::*;
-use stoker::SamplerState;
+use stoker::args::SavedState;
+use stoker::ElasticBase;
 
 /// A Python scalar as the JSON value the engine's argument rules read: bool, int, float, str
 /// and None; anything else is shown by its repr (and refused by the rule).
@@ -30,16 +31,43 @@ pub fn json_of(v: &Bound<'_, PyAny>) -> serde_json::Value {
 
 /// Loads a state dict (its JSON, from `load_state_dict`) into a loader whose fingerprint is
 /// `mine`: the engine checks it field by field ([`stoker::args::saved_state`]), then `load`
-/// restores the position.
+/// restores the position (and the elastic base of an elastic epoch's state).
 pub fn load_state_json(
     json: &str,
     mine: &stoker::Fingerprint,
-    load: impl FnOnce(SamplerState) -> stoker::Result<()>,
+    load: impl FnOnce(SavedState) -> stoker::Result<()>,
 ) -> PyResult<()> {
     let state: serde_json::Value = serde_json::from_str(json)
         .map_err(|e| errors::config("state", format!("expected a dict from state_dict(), not JSON: {e}")))?;
     let st = stoker::args::saved_state(&state, mine).py_err()?;
     load(st).py_err()
+}
+
+/// Continues a run saved by several ranks: the JSON list of every rank's state dict, checked
+/// by the engine ([`stoker::args::saved_states`]); `load` restores the continued epoch.
+pub fn load_states_json(
+    json: &str,
+    mine: &stoker::Fingerprint,
+    load: impl FnOnce(SavedState) -> stoker::Result<()>,
+) -> PyResult<()> {
+    let states: serde_json::Value = serde_json::from_str(json)
+        .map_err(|e| errors::config("state", format!("expected a list of state_dict()s, not JSON: {e}")))?;
+    let st = stoker::args::saved_states(&states, mine).py_err()?;
+    load(st).py_err()
+}
+
+/// An elastic base as JSON (what `elastic_json()` gives, for a fork child's rebuilt loader).
+pub fn elastic_of(json: Option<&str>) -> PyResult<Option<ElasticBase>> {
+    json.map(|j| {
+        serde_json::from_str(j).map_err(|e| errors::config("elastic_json", format!("not an elastic base: {e}")))
+    })
+    .transpose()
+}
+
+/// An elastic base (or `None`) as JSON.
+pub fn elastic_json(base: Option<ElasticBase>) -> PyResult<Option<String>> {
+    base.map(|b| serde_json::to_string(&b).map_err(|e| errors::to_py(stoker::Error::Internal(e.to_string()))))
+        .transpose()
 }
 
 /// An `epoch` argument, checked by the engine.

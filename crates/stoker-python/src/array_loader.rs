@@ -1,6 +1,6 @@
 //! The `ArrayLoader` class: rows of NumPy arrays or memory-mapped `.npy` files, batched.
 
-use crate::args::{args_of, epoch_of, load_state_json};
+use crate::args::{args_of, elastic_json, elastic_of, epoch_of, load_state_json, load_states_json};
 use crate::array_batch::ColumnSpec;
 use crate::array_iter::{ArrIter, PyArrayIter};
 use crate::errors::{self, IntoPy};
@@ -141,11 +141,27 @@ impl PyArrayLoader {
         (s.seed, s.epoch, s.next_batch)
     }
 
-    /// Restores a position; `resume=False` keeps it only as the position (a fork child
-    /// continuing its parent's loader), not as a point the next iteration resumes from.
-    #[pyo3(signature = (seed, epoch, next_batch, resume=true))]
-    fn load_state(&self, seed: u64, epoch: u64, next_batch: usize, resume: bool) -> PyResult<()> {
-        errors::contain(|| self.loader.adopt_state(SamplerState { seed, epoch, next_batch }, resume).py_err())
+    /// The elastic base of the current epoch as JSON (`None`: a normal epoch).
+    fn elastic_json(&self) -> PyResult<Option<String>> {
+        errors::contain(|| elastic_json(self.loader.elastic()))
+    }
+
+    /// Restores a position (of the elastic epoch `elastic_json`, when given); `resume=False`
+    /// keeps it only as the position (a fork child continuing its parent's loader), not as a
+    /// point the next iteration resumes from.
+    #[pyo3(signature = (seed, epoch, next_batch, resume=true, elastic_json=None))]
+    fn load_state(
+        &self,
+        seed: u64,
+        epoch: u64,
+        next_batch: usize,
+        resume: bool,
+        elastic_json: Option<&str>,
+    ) -> PyResult<()> {
+        errors::contain(|| {
+            let elastic = elastic_of(elastic_json)?;
+            self.loader.adopt_state(SamplerState { seed, epoch, next_batch }, elastic, resume).py_err()
+        })
     }
 
     /// Whether a loaded state waits for the next iteration.
@@ -162,8 +178,26 @@ impl PyArrayLoader {
 
     /// Restores a state dict given as JSON (`load_state_dict`): checked field by field and
     /// against this loader's fingerprint, each error naming the field.
-    fn load_state_json(&self, state_json: &str) -> PyResult<()> {
-        errors::contain(|| load_state_json(state_json, &self.loader.fingerprint(), |st| self.loader.load_state(st)))
+    fn load_state_json(&self, py: Python<'_>, state_json: &str) -> PyResult<()> {
+        errors::contain(|| {
+            load_state_json(state_json, &self.loader.fingerprint(), |st| {
+                // An elastic epoch's order is computed on loading: without the GIL.
+                py.detach(|| match st.elastic {
+                    Some(e) => self.loader.load_elastic(st.state, e),
+                    None => self.loader.load_state(st.state),
+                })
+            })
+        })
+    }
+
+    /// Continues a run saved by several ranks: the JSON list of every rank's state dict (any
+    /// number of ranks; the rows no saved rank delivered are dealt to this loader's ranks).
+    fn load_states_json(&self, py: Python<'_>, states_json: &str) -> PyResult<()> {
+        errors::contain(|| {
+            load_states_json(states_json, &self.loader.fingerprint(), |st| {
+                py.detach(|| self.loader.load_elastic(st.state, st.elastic.unwrap_or_default()))
+            })
+        })
     }
 
     fn iter(&self, py: Python<'_>) -> PyResult<PyArrayIter> {

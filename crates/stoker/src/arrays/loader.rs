@@ -17,7 +17,7 @@ use super::npy::{npy_layout, NpyHeader, NpyLayout, NPY_HEADER_MAX};
 use crate::buffer::RawBuf;
 use crate::error::{Error, Result};
 use crate::pipeline::Run;
-use crate::sampler::{Fingerprint, Position, Sampler, SamplerSpec, SamplerState};
+use crate::sampler::{ElasticBase, Fingerprint, Position, Sampler, SamplerSpec, SamplerState, Start};
 use crate::shell::epochs::Epochs;
 use crate::shell::pass::{FailureBudget, Next, Observe, Pass, PassHooks, PassSlot, PoolView};
 use crossbeam_channel::{bounded, Receiver, Sender};
@@ -338,9 +338,10 @@ impl ArrayLoader {
         })
     }
 
-    /// Batches per epoch on this rank.
+    /// Batches per epoch on this rank (of the current epoch: a continued elastic epoch has
+    /// its own count).
     pub fn len(&self) -> usize {
-        self.shared.sampler.num_batches()
+        self.epochs.batches(&self.shared.sampler)
     }
 
     /// Whether there are no batches (never for a constructed loader).
@@ -364,10 +365,17 @@ impl ArrayLoader {
         self.epochs.set_epoch(epoch);
     }
 
-    /// Restores `st` exactly as another loader had it, including whether it was still to be
-    /// resumed: how a fork child's rebuilt loader continues its parent's.
-    pub fn adopt_state(&self, st: SamplerState, resume: bool) -> Result<()> {
-        self.epochs.adopt_state(st, resume, &self.shared.sampler)
+    /// The elastic base of the current epoch: the saved runs it continues on this loader's
+    /// ranks (`None`: a normal epoch). Part of the state.
+    pub fn elastic(&self) -> Option<ElasticBase> {
+        self.epochs.elastic()
+    }
+
+    /// Restores `st` (and its elastic base) exactly as another loader had it, including
+    /// whether it was still to be resumed: how a fork child's rebuilt loader continues its
+    /// parent's.
+    pub fn adopt_state(&self, st: SamplerState, elastic: Option<ElasticBase>, resume: bool) -> Result<()> {
+        self.epochs.adopt_state(st, elastic, resume, &self.shared.sampler)
     }
 
     /// Whether a state was loaded and no iteration has started from it yet.
@@ -395,17 +403,23 @@ impl ArrayLoader {
 
     /// Restores a position: the next iteration resumes there; a running one becomes stale.
     pub fn load_state(&self, st: SamplerState) -> Result<()> {
-        self.epochs.load_state(st, &self.shared.sampler)
+        self.epochs.load_state(st, None, &self.shared.sampler)
+    }
+
+    /// Restores a state of an elastic epoch ([`ArrayLoader::elastic`]), or continues an epoch
+    /// saved on another number of ranks (`elastic`: their base, from
+    /// [`crate::args::saved_states`]): every row no saved rank delivered is dealt to this
+    /// loader's ranks (see [`Sampler::elastic_order`]). A running one becomes stale.
+    pub fn load_elastic(&self, st: SamplerState, elastic: ElasticBase) -> Result<()> {
+        self.epochs.load_state(st, Some(elastic), &self.shared.sampler)
     }
 
     /// Starts an iteration of the current epoch (its first batch, or a position restored since
     /// the last iteration); a previous iteration becomes stale and its buffers return to the
     /// pool at once, even while its iterator object is alive.
     pub fn iter(&self) -> Result<ArrayIter> {
-        let (epoch, start) = self.epochs.begin(self.len());
         let sh = self.shared.clone();
-        let order = Arc::new(sh.sampler.epoch_order(epoch));
-        let end = sh.sampler.num_batches();
+        let Start { first: start, order, batches: end, .. } = self.epochs.begin(&sh.sampler);
         let (task_tx, task_rx) = bounded::<(Arc<ArraySlot>, usize, usize)>(sh.threads * 4);
         let (run, done_tx) = Run::new(sh.slots, sh.free_tx.clone());
         let cancel = run.cancel_flag();

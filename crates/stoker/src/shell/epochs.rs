@@ -3,7 +3,7 @@
 //! rule that a newer iteration (or a new epoch, or a restored state) makes the running one
 //! stale and takes its buffers back at once.
 
-use super::sampler::{Position, Sampler, SamplerState};
+use super::sampler::{ElasticBase, Position, Sampler, SamplerState, Start};
 use crate::error::Result;
 use std::sync::{Arc, Mutex};
 
@@ -67,17 +67,35 @@ impl Epochs {
         self.position.state(sampler.spec().seed)
     }
 
-    /// Restores a state: the next iteration resumes there; a running one becomes stale.
-    pub fn load_state(&self, st: SamplerState, sampler: &Sampler) -> Result<()> {
-        self.position.restore(st, sampler)?;
+    /// The elastic base of the current epoch (`None`: a normal epoch).
+    pub fn elastic(&self) -> Option<ElasticBase> {
+        self.position.elastic()
+    }
+
+    /// Batches in the current epoch on this rank (a continued elastic epoch has its own count).
+    pub fn batches(&self, sampler: &Sampler) -> usize {
+        self.position.batches(sampler)
+    }
+
+    /// Restores a state: the next iteration resumes there; a running one becomes stale. With
+    /// `elastic`, the epoch continues those saved runs on this loader's ranks (see
+    /// [`Sampler::elastic_order`]).
+    pub fn load_state(&self, st: SamplerState, elastic: Option<ElasticBase>, sampler: &Sampler) -> Result<()> {
+        self.position.restore(st, elastic, sampler)?;
         self.active.retire("load_state_dict was called after this iterator started");
         Ok(())
     }
 
-    /// Restores `st` exactly as another loader had it, including whether it was still to be
-    /// resumed: how a fork child's rebuilt loader continues its parent's.
-    pub fn adopt_state(&self, st: SamplerState, resume: bool, sampler: &Sampler) -> Result<()> {
-        self.load_state(st, sampler)?;
+    /// Restores `st` (and its elastic base) exactly as another loader had it, including whether
+    /// it was still to be resumed: how a fork child's rebuilt loader continues its parent's.
+    pub fn adopt_state(
+        &self,
+        st: SamplerState,
+        elastic: Option<ElasticBase>,
+        resume: bool,
+        sampler: &Sampler,
+    ) -> Result<()> {
+        self.load_state(st, elastic, sampler)?;
         self.position.set_resume(resume);
         Ok(())
     }
@@ -88,10 +106,10 @@ impl Epochs {
     }
 
     /// Stops the running iteration (it becomes stale, its buffers return to the pool) and
-    /// says where the next one starts: `(epoch, first batch)`, of `batches` in the epoch.
-    pub fn begin(&self, batches: usize) -> (u64, usize) {
+    /// says where the next one starts: the epoch, its order on this rank and the first batch.
+    pub fn begin(&self, sampler: &Sampler) -> Start {
         self.active.retire("a newer iteration of this loader was started");
-        self.position.start(batches)
+        self.position.start(sampler)
     }
 
     /// Records `it` as the running iteration (the next [`Epochs::begin`] retires it).

@@ -2,7 +2,8 @@
 //! instead of keeping its own copy.
 //!
 //! - [`sampler`]: the seeded per-epoch order, rank sharding with equal batch counts, the
-//!   resumable position and the fingerprint a saved state must match.
+//!   resumable position, the elastic base that continues an epoch on another number of ranks,
+//!   and the fingerprint a saved state must match.
 //! - [`buffer`]: the fixed pool of batch buffers (the memory cap and the backpressure).
 //! - [`ordered`]: one iteration's threads, the finished-slot queue and reorder buffer, the one
 //!   free-slot wait and the one "all buffers held" error, prompt shutdown, stale runs.

@@ -5,6 +5,11 @@
 //! `drop_last` the tail that does not divide evenly among ranks is dropped, otherwise the
 //! permutation is padded by wrapping around, so every rank has the same number of samples and
 //! therefore the same number of batches.
+//!
+//! Elastic resume: the states of every rank of a saved run ([`ElasticBase`]) continue the epoch
+//! on another number of ranks. The remaining samples are the epoch's permutation less every
+//! sample a saved rank delivered, in permutation order; they are dealt to the new ranks exactly
+//! as a permutation is (above), so the continued epoch is again a pure function of its state.
 
 use crate::error::{Error, Result};
 use crate::rng::{self, Rng};
@@ -56,28 +61,83 @@ pub struct SamplerState {
     pub next_batch: usize,
 }
 
+/// One hand-over of an epoch to another number of ranks: the saved run had `world_size` ranks
+/// and rank `r` had delivered the first `next_batch[r]` batches of its share.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct ElasticStep {
+    /// Ranks of the saved run.
+    pub world_size: usize,
+    /// Batches each saved rank had delivered (index: its rank).
+    pub next_batch: Vec<usize>,
+}
+
+/// The saved runs an epoch continues, oldest first: an epoch resumed on another number of ranks
+/// (and perhaps resumed again, on yet another). What remains of the epoch is its permutation
+/// less every sample these runs delivered ([`Sampler::remaining`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(transparent)]
+pub struct ElasticBase(pub Vec<ElasticStep>);
+
+/// A restored elastic epoch: its base and this rank's order of the remaining samples.
+#[derive(Debug)]
+struct ElasticEpoch {
+    base: ElasticBase,
+    order: std::sync::Arc<Vec<u32>>,
+}
+
+/// Where a new iteration starts ([`Position::start`]).
+#[derive(Debug, Clone)]
+pub struct Start {
+    /// The epoch.
+    pub epoch: u64,
+    /// The first batch to deliver.
+    pub first: usize,
+    /// This rank's sample order of the epoch (a continued elastic epoch's, or the normal one).
+    pub order: std::sync::Arc<Vec<u32>>,
+    /// Batches in that order.
+    pub batches: usize,
+    /// Samples this rank sees in the epoch (what a failure budget is a fraction of).
+    pub samples: usize,
+}
+
 /// Where iteration stands, in atomics: no lock, so a process forked while another thread
 /// iterates can still read it. Shared by a loader and its running iteration.
-#[derive(Debug, Default)]
 ///
 /// The rules (those of DataLoader and StatefulDataLoader): every new iteration starts the
 /// current epoch at its first batch, unless a state was restored since the last one started,
 /// in which case it resumes there. Changing the epoch forgets a restored position.
+///
+/// An elastic epoch (a restored [`ElasticBase`]) sits behind a lock that only the loader's own
+/// calls (state, restore, a new iteration, `set_epoch`) take, for as long as it takes to clone
+/// an `Arc`; the iteration's threads only ever advance the atomics.
+#[derive(Debug, Default)]
 pub struct Position {
     epoch: std::sync::atomic::AtomicU64,
     next_batch: std::sync::atomic::AtomicUsize,
     /// A state was restored and no iteration has started from it yet.
     resume: std::sync::atomic::AtomicBool,
+    /// The elastic epoch the position is in, if it is one.
+    elastic: std::sync::Mutex<Option<std::sync::Arc<ElasticEpoch>>>,
 }
 
 impl Position {
-    /// Selects `epoch`; returns whether it changed (which forgets a restored position).
+    fn elastic_epoch(&self) -> Option<std::sync::Arc<ElasticEpoch>> {
+        self.elastic.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    fn set_elastic(&self, e: Option<std::sync::Arc<ElasticEpoch>>) {
+        *self.elastic.lock().unwrap_or_else(|p| p.into_inner()) = e;
+    }
+
+    /// Selects `epoch`; returns whether it changed (which forgets a restored position and an
+    /// elastic epoch).
     pub fn set_epoch(&self, epoch: u64) -> bool {
         use std::sync::atomic::Ordering;
         let changed = self.epoch.swap(epoch, Ordering::AcqRel) != epoch;
         if changed {
             self.next_batch.store(0, Ordering::Release);
             self.resume.store(false, Ordering::Release);
+            self.set_elastic(None);
         }
         changed
     }
@@ -92,8 +152,20 @@ impl Position {
         }
     }
 
-    /// Restores `st` after checking it against `sampler`.
-    pub fn restore(&self, st: SamplerState, sampler: &Sampler) -> Result<()> {
+    /// The elastic base of the epoch the position is in; `None` for a normal epoch.
+    pub fn elastic(&self) -> Option<ElasticBase> {
+        self.elastic_epoch().map(|e| e.base.clone())
+    }
+
+    /// Batches in the current epoch on this rank: a continued elastic epoch's, or the
+    /// sampler's.
+    pub fn batches(&self, sampler: &Sampler) -> usize {
+        self.elastic_epoch().map_or_else(|| sampler.num_batches(), |e| sampler.batches_in(&e.order))
+    }
+
+    /// Restores `st` after checking it against `sampler`; with `elastic`, the epoch continues
+    /// that base (and `st.next_batch` counts batches of its remaining order).
+    pub fn restore(&self, st: SamplerState, elastic: Option<ElasticBase>, sampler: &Sampler) -> Result<()> {
         use std::sync::atomic::Ordering;
         if st.seed != sampler.spec().seed {
             return Err(Error::config(
@@ -101,27 +173,44 @@ impl Position {
                 format!("seed {} does not match the loader's seed {}", st.seed, sampler.spec().seed),
             ));
         }
-        if st.next_batch > sampler.num_batches() {
-            return Err(Error::config(
-                "state",
-                format!("next_batch {} exceeds the {} batches per epoch", st.next_batch, sampler.num_batches()),
-            ));
+        let elastic = match elastic {
+            None => None,
+            Some(base) => {
+                let order = std::sync::Arc::new(sampler.elastic_order(st.epoch, &base)?);
+                Some(std::sync::Arc::new(ElasticEpoch { base, order }))
+            }
+        };
+        let batches = elastic.as_ref().map_or_else(|| sampler.num_batches(), |e| sampler.batches_in(&e.order));
+        if st.next_batch > batches {
+            let what = if elastic.is_some() { "batches of the continued elastic epoch" } else { "batches per epoch" };
+            return Err(Error::config("state", format!("next_batch {} exceeds the {batches} {what}", st.next_batch)));
         }
         self.epoch.store(st.epoch, Ordering::Release);
         self.next_batch.store(st.next_batch, Ordering::Release);
+        self.set_elastic(elastic);
         self.resume.store(true, Ordering::Release);
         Ok(())
     }
 
-    /// `(epoch, first batch)` of a new iteration: the restored position if a state was loaded
-    /// since the last iteration started (and it is not the end of the epoch), else batch 0.
-    pub fn start(&self, batches: usize) -> (u64, usize) {
+    /// Where a new iteration starts: the restored position if a state was loaded since the last
+    /// iteration started (and it is not the end of its epoch), else batch 0. A new iteration
+    /// that does not resume runs a normal epoch (an elastic epoch is left behind).
+    pub fn start(&self, sampler: &Sampler) -> Start {
         use std::sync::atomic::Ordering;
         let resume = self.resume.swap(false, Ordering::AcqRel);
+        if !resume {
+            self.set_elastic(None);
+        }
+        let epoch = self.epoch.load(Ordering::Acquire);
+        let (order, samples) = match self.elastic_epoch() {
+            Some(e) => (e.order.clone(), e.order.len()),
+            None => (std::sync::Arc::new(sampler.epoch_order(epoch)), sampler.samples_per_rank()),
+        };
+        let batches = sampler.batches_in(&order);
         if !resume || self.next_batch.load(Ordering::Acquire) >= batches {
             self.next_batch.store(0, Ordering::Release);
         }
-        (self.epoch.load(Ordering::Acquire), self.next_batch.load(Ordering::Acquire))
+        Start { epoch, first: self.next_batch.load(Ordering::Acquire), order, batches, samples }
     }
 
     /// Sets whether the position waits to be resumed by the next iteration (a process that
@@ -207,6 +296,12 @@ impl Sampler {
 
     /// This rank's sample order for `epoch` (only the samples that end up in batches).
     pub fn epoch_order(&self, epoch: u64) -> Vec<u32> {
+        self.deal(&self.permutation(epoch), self.spec.rank, self.spec.world_size)
+    }
+
+    /// Every sample of `epoch` in the order ranks take them (before sharding): the seeded
+    /// permutation (shard-aware when configured), or dataset order without shuffling.
+    pub fn permutation(&self, epoch: u64) -> Vec<u32> {
         let mut perm: Vec<u32> = (0..self.len as u32).collect();
         let mut r = Rng::new(self.spec.seed, rng::stream::PERMUTATION, epoch);
         match (&self.groups, self.spec.shard_window) {
@@ -232,18 +327,82 @@ impl Sampler {
             _ if self.spec.shuffle => rng::shuffle(&mut perm, &mut r),
             _ => {}
         }
-        let ws = self.spec.world_size;
-        let total = self.per_rank * ws;
-        let mut mine = Vec::with_capacity(self.per_rank);
-        let mut k = self.spec.rank;
+        perm
+    }
+
+    /// Rank `rank` of `world`'s share of `seq`, as a normal epoch deals a permutation: positions
+    /// `rank, rank + world, ...` of `seq` made a multiple of `world` long (cut with `drop_last`,
+    /// otherwise padded by wrapping around to its start), then cut to whole batches with
+    /// `drop_last`. Every rank gets the same number of batches.
+    fn deal(&self, seq: &[u32], rank: usize, world: usize) -> Vec<u32> {
+        let (bs, len) = (self.spec.batch_size, seq.len());
+        let per_rank = if self.spec.drop_last { len / world } else { len.div_ceil(world) };
+        let batches = if self.spec.drop_last { per_rank / bs } else { per_rank.div_ceil(bs) };
+        let total = per_rank * world;
+        let mut mine = Vec::with_capacity(per_rank);
+        let mut k = rank;
         while k < total {
-            // Padding wraps around the permutation (only when !drop_last and len % ws != 0).
-            mine.push(perm[k % self.len.max(1)]);
-            k += ws;
+            // Padding wraps around (only when !drop_last and len % world != 0).
+            mine.push(seq[k % len.max(1)]);
+            k += world;
         }
-        let used = self.num_batches() * self.spec.batch_size;
-        mine.truncate(used.min(mine.len()));
+        mine.truncate((batches * bs).min(mine.len()));
         mine
+    }
+
+    /// What remains of `epoch` after the saved runs of `base`: the epoch's permutation less
+    /// every sample that a rank of a saved run delivered (its first `next_batch` batches of the
+    /// order that run dealt it), in permutation order. Each step of `base` is dealt the
+    /// remainder of the steps before it. An error names a step that does not fit this sampler
+    /// (its ranks, or more batches delivered than its ranks had).
+    pub fn remaining(&self, epoch: u64, base: &ElasticBase) -> Result<Vec<u32>> {
+        let mut seq = self.permutation(epoch);
+        let mut delivered = vec![false; self.len];
+        for (k, step) in base.0.iter().enumerate() {
+            let w = step.world_size;
+            if w == 0 || step.next_batch.len() != w {
+                return Err(Error::config(
+                    "state",
+                    format!(
+                        "elastic step {k} has world_size {w} and {} next_batch values: expected one per rank",
+                        step.next_batch.len()
+                    ),
+                ));
+            }
+            for (r, &done) in step.next_batch.iter().enumerate() {
+                let order = self.deal(&seq, r, w);
+                let batches = self.batches_in(&order);
+                if done > batches {
+                    return Err(Error::config(
+                        "state",
+                        format!(
+                            "rank {r} of {w} delivered next_batch={done} batches, but had only {batches} in \
+                             epoch {epoch}{}",
+                            if k > 0 { format!(" (elastic step {k})") } else { String::new() }
+                        ),
+                    ));
+                }
+                for &i in &order[..(done * self.spec.batch_size).min(order.len())] {
+                    delivered[i as usize] = true;
+                }
+            }
+            seq.retain(|&i| !delivered[i as usize]);
+        }
+        Ok(seq)
+    }
+
+    /// This rank's order of what remains of `epoch` after the saved runs of `base`
+    /// ([`Sampler::remaining`]), dealt as a normal epoch's permutation is: equal batch counts on
+    /// every rank; with `drop_last`, the last `remaining % (world_size * batch_size)` remaining
+    /// samples are dropped; otherwise up to `world_size - 1` from the start of the remainder
+    /// are repeated and the last batch may be short.
+    pub fn elastic_order(&self, epoch: u64, base: &ElasticBase) -> Result<Vec<u32>> {
+        Ok(self.deal(&self.remaining(epoch, base)?, self.spec.rank, self.spec.world_size))
+    }
+
+    /// Batches in an order from [`Sampler::epoch_order`] or [`Sampler::elastic_order`].
+    pub fn batches_in(&self, order: &[u32]) -> usize {
+        order.len().div_ceil(self.spec.batch_size)
     }
 
     /// The sample indices of batch `b` within an epoch order from [`Sampler::epoch_order`].
@@ -329,6 +488,184 @@ mod tests {
         }
     }
 
+    /// What the saved ranks of `step` delivered (their first `next_batch` batches, as dealt the
+    /// remainder of the steps before it) and what the new ranks of `spec_of` deliver in the
+    /// whole continued epoch: `(delivered before, delivered after, remaining)`.
+    fn elastic_run(
+        len: usize,
+        spec_of: impl Fn(usize, usize) -> SamplerSpec,
+        base: &ElasticBase,
+        new_world: usize,
+        epoch: u64,
+    ) -> (Vec<u32>, Vec<u32>, Vec<u32>) {
+        let mut before = vec![];
+        let mut partial = ElasticBase::default();
+        for step in &base.0 {
+            for (r, &done) in step.next_batch.iter().enumerate() {
+                let s = Sampler::new(len, spec_of(r, step.world_size)).unwrap();
+                let o =
+                    if partial.0.is_empty() { s.epoch_order(epoch) } else { s.elastic_order(epoch, &partial).unwrap() };
+                for b in 0..done {
+                    before.extend_from_slice(s.batch(&o, b));
+                }
+            }
+            partial.0.push(step.clone());
+        }
+        let mut after = vec![];
+        let mut counts = vec![];
+        let mut remaining = None;
+        for r in 0..new_world {
+            let s = Sampler::new(len, spec_of(r, new_world)).unwrap();
+            let o = s.elastic_order(epoch, base).unwrap();
+            counts.push(s.batches_in(&o));
+            for b in 0..s.batches_in(&o) {
+                after.extend_from_slice(s.batch(&o, b));
+            }
+            let rem = s.remaining(epoch, base).unwrap();
+            assert!(remaining.as_ref().is_none_or(|x| *x == rem), "every new rank sees one remainder");
+            remaining = Some(rem);
+        }
+        assert!(counts.windows(2).all(|w| w[0] == w[1]), "equal batch counts on the new ranks: {counts:?}");
+        (before, after, remaining.unwrap_or_default())
+    }
+
+    /// Checks what [`elastic_run`] gives: the remainder is every sample not delivered before,
+    /// once, in permutation order; after the resume each of it is delivered exactly once,
+    /// except the documented remainder (drop_last: its last `len % (W' * bs)` dropped;
+    /// otherwise fewer than W' repeated from its start).
+    fn check_elastic(len: usize, bs: usize, drop_last: bool, new_world: usize, run: &(Vec<u32>, Vec<u32>, Vec<u32>)) {
+        let (before, after, remaining) = run;
+        let mut seen_before = vec![false; len];
+        for &i in before {
+            seen_before[i as usize] = true;
+        }
+        let mut in_rem = vec![0u32; len];
+        for &i in remaining {
+            in_rem[i as usize] += 1;
+        }
+        for i in 0..len {
+            assert_eq!(in_rem[i], u32::from(!seen_before[i]), "sample {i}: remaining once iff not delivered before");
+        }
+        let mut count = vec![0u32; len];
+        for &i in after {
+            count[i as usize] += 1;
+            assert!(!seen_before[i as usize], "sample {i} delivered again after the resume");
+        }
+        let m = remaining.len();
+        if drop_last {
+            let kept = m - m % (new_world * bs);
+            assert_eq!(after.len(), kept);
+            for (p, &i) in remaining.iter().enumerate() {
+                assert_eq!(count[i as usize], u32::from(p < kept), "sample {i} at {p} of the remainder");
+            }
+        } else {
+            let extra: usize = remaining.iter().map(|&i| count[i as usize] as usize - 1).sum();
+            assert!(remaining.iter().all(|&i| count[i as usize] >= 1), "every remaining sample delivered");
+            assert_eq!(extra, after.len() - m);
+            assert!(extra < new_world.max(1), "{extra} repeated for {new_world} ranks");
+        }
+    }
+
+    fn spec_with(bs: usize, shuffle: bool, drop_last: bool) -> impl Fn(usize, usize) -> SamplerSpec {
+        move |rank, ws| spec(bs, shuffle, drop_last, rank, ws)
+    }
+
+    #[test]
+    fn elastic_remainder_is_dealt_to_the_new_ranks() {
+        // 4 -> 3, 2 -> 5, 3 -> 1, each with and without shuffle and drop_last; the saved ranks
+        // stopped at different batches.
+        for (len, bs, old, delivered, new) in [
+            (103usize, 4usize, 4usize, vec![3usize, 3, 2, 3], 3usize),
+            (100, 5, 2, vec![4, 4], 5),
+            (61, 3, 3, vec![1, 2, 0], 1),
+        ] {
+            for shuffle in [false, true] {
+                for drop_last in [false, true] {
+                    let base = ElasticBase(vec![ElasticStep { world_size: old, next_batch: delivered.clone() }]);
+                    let run = elastic_run(len, spec_with(bs, shuffle, drop_last), &base, new, 2);
+                    let want: usize = delivered.iter().sum::<usize>() * bs;
+                    assert_eq!(run.0.len(), want, "{old} -> {new}");
+                    check_elastic(len, bs, drop_last, new, &run);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn elastic_order_unshuffled_by_hand() {
+        // 12 samples, 4 ranks delivered one batch of 1 each: 0, 1, 2, 3. The rest, 4..12, on 3
+        // ranks: rank r takes positions r, r+3, r+6 of it; rank 2's third wraps around to 4.
+        let base = ElasticBase(vec![ElasticStep { world_size: 4, next_batch: vec![1, 1, 1, 1] }]);
+        let order = |rank, drop_last| {
+            Sampler::new(12, spec(1, false, drop_last, rank, 3)).unwrap().elastic_order(0, &base).unwrap()
+        };
+        assert_eq!(
+            Sampler::new(12, spec(1, false, false, 0, 3)).unwrap().remaining(0, &base).unwrap(),
+            (4..12).collect::<Vec<u32>>()
+        );
+        assert_eq!(
+            [order(0, false), order(1, false), order(2, false)],
+            [vec![4, 7, 10], vec![5, 8, 11], vec![6, 9, 4]]
+        );
+        // drop_last: 8 remaining on 3 ranks, the last 8 % 3 = 2 (10 and 11) are dropped.
+        assert_eq!([order(0, true), order(1, true), order(2, true)], [vec![4, 7], vec![5, 8], vec![6, 9]]);
+    }
+
+    #[test]
+    fn elastic_steps_chain() {
+        // 4 ranks, then 3 of their remainder, then 2: each step deals what the ones before left.
+        for shuffle in [false, true] {
+            for drop_last in [false, true] {
+                let base = ElasticBase(vec![
+                    ElasticStep { world_size: 4, next_batch: vec![2, 2, 2, 2] },
+                    ElasticStep { world_size: 3, next_batch: vec![1, 2, 1] },
+                ]);
+                let run = elastic_run(90, spec_with(3, shuffle, drop_last), &base, 2, 5);
+                assert_eq!(run.0.len(), (8 + 4) * 3);
+                check_elastic(90, 3, drop_last, 2, &run);
+            }
+        }
+    }
+
+    #[test]
+    fn elastic_steps_that_do_not_fit_are_named() {
+        let s = Sampler::new(40, spec(4, true, false, 0, 2)).unwrap();
+        let bad = |steps: Vec<ElasticStep>| s.remaining(1, &ElasticBase(steps)).unwrap_err().to_string();
+        let e = bad(vec![ElasticStep { world_size: 2, next_batch: vec![1] }]);
+        assert!(e.contains("world_size 2 and 1 next_batch"), "{e}");
+        // 40 samples on 4 ranks: 10 each, 3 batches of 4.
+        let e = bad(vec![ElasticStep { world_size: 4, next_batch: vec![1, 4, 1, 1] }]);
+        assert!(e.contains("rank 1 of 4 delivered next_batch=4") && e.contains("only 3"), "{e}");
+        let e = bad(vec![ElasticStep { world_size: 0, next_batch: vec![] }]);
+        assert!(e.contains("world_size 0"), "{e}");
+    }
+
+    #[test]
+    fn position_keeps_an_elastic_epoch_until_it_is_left() {
+        let s = Sampler::new(50, spec(4, true, true, 1, 3)).unwrap();
+        let base = ElasticBase(vec![ElasticStep { world_size: 2, next_batch: vec![3, 3] }]);
+        let order = s.elastic_order(4, &base).unwrap();
+        // 50 - 24 = 26 remaining on 3 ranks of batches of 4: 2 batches each.
+        assert_eq!(s.batches_in(&order), 2);
+        let p = Position::default();
+        p.restore(SamplerState { seed: 42, epoch: 4, next_batch: 1 }, Some(base.clone()), &s).unwrap();
+        assert_eq!((p.batches(&s), p.elastic(), p.state(42).next_batch), (2, Some(base.clone()), 1));
+        let st = p.start(&s);
+        assert_eq!((st.epoch, st.first, st.batches, st.order.as_slice()), (4, 1, 2, order.as_slice()));
+        // A state taken now resumes the same order.
+        let q = Position::default();
+        q.restore(p.state(42), p.elastic(), &s).unwrap();
+        assert_eq!(q.start(&s).order, st.order);
+        // A new iteration without a loaded state runs a normal epoch, and so does a new epoch.
+        let again = p.start(&s);
+        assert_eq!((again.first, again.order.as_slice(), p.elastic()), (0, s.epoch_order(4).as_slice(), None));
+        q.set_epoch(5);
+        assert_eq!((q.elastic(), q.batches(&s)), (None, s.num_batches()));
+        // Too far into the continued epoch.
+        let e = p.restore(SamplerState { seed: 42, epoch: 4, next_batch: 3 }, Some(base), &s).unwrap_err();
+        assert!(e.to_string().contains("exceeds the 2 batches of the continued elastic epoch"), "{e}");
+    }
+
     proptest! {
         #[test]
         fn ranks_cover_every_sample_once(len in 1usize..400, bs in 1usize..17, ws in 1usize..9,
@@ -350,6 +687,19 @@ mod tests {
                 }
                 prop_assert!(seen.iter().all(|&c| c == 1));
             }
+        }
+
+        #[test]
+        fn elastic_resume_covers_the_rest_once(len in 1usize..300, bs in 1usize..9, old in 1usize..7,
+                                               new in 1usize..7, shuffle: bool, drop_last: bool,
+                                               done in proptest::collection::vec(0usize..40, 6)) {
+            let mk = spec_with(bs, shuffle, drop_last);
+            let Ok(first) = Sampler::new(len, mk(0, old)) else { return Ok(()) };
+            let batches = first.num_batches();
+            let next_batch: Vec<usize> = done[..old].iter().map(|&d| d.min(batches)).collect();
+            let base = ElasticBase(vec![ElasticStep { world_size: old, next_batch }]);
+            let run = elastic_run(len, &mk, &base, new, 3);
+            check_elastic(len, bs, drop_last, new, &run);
         }
 
         #[test]
@@ -430,27 +780,37 @@ impl Fingerprint {
     /// Checks a saved fingerprint (JSON, from `state_dict()`) against this one; the error names
     /// the first field that differs.
     pub fn check(&self, saved: &serde_json::Value) -> Result<()> {
+        self.check_as(saved, "state", false)
+    }
+
+    /// [`Fingerprint::check`] of the state named `name` in errors (`state[2]`: a list's third);
+    /// with `ranks_may_differ`, `rank` and `world_size` are not compared (a state of another
+    /// number of ranks, continued elastically).
+    pub fn check_as(&self, saved: &serde_json::Value, name: &str, ranks_may_differ: bool) -> Result<()> {
         let mine = serde_json::to_value(self).map_err(|e| Error::Internal(e.to_string()))?;
         let (Some(mine), Some(saved)) = (mine.as_object(), saved.as_object()) else {
-            return Err(Error::config("state", "the saved fingerprint is not an object"));
+            return Err(Error::config(name, "the saved fingerprint is not an object"));
         };
         // In the order of the struct: the most telling difference is named first.
         const FIELDS: [&str; 8] =
             ["samples", "sample_hash", "batch_size", "drop_last", "shuffle", "world_size", "rank", "transform"];
         for field in FIELDS {
+            if ranks_may_differ && matches!(field, "rank" | "world_size") {
+                continue;
+            }
             let Some(value) = mine.get(field) else { continue };
             match saved.get(field) {
                 Some(v) if v == value => {}
                 Some(v) => {
                     return Err(Error::config(
-                        "state",
+                        name,
                         format!(
                             "saved with {field}={v}, this loader has {field}={value}: the state belongs to another \
                              loader configuration or dataset"
                         ),
                     ))
                 }
-                None => return Err(Error::config("state", format!("the saved fingerprint has no {field}"))),
+                None => return Err(Error::config(name, format!("the saved fingerprint has no {field}"))),
             }
         }
         Ok(())

@@ -107,9 +107,8 @@ impl std::fmt::Debug for EpochIter {
 }
 
 impl EpochIter {
-    pub(super) fn start(shared: Arc<Shared>, state: Arc<Position>, epoch: u64, start: usize) -> Result<Self> {
-        let order = Arc::new(shared.sampler.epoch_order(epoch));
-        let end = shared.sampler.num_batches();
+    pub(super) fn start(shared: Arc<Shared>, state: Arc<Position>, from: Start) -> Result<Self> {
+        let Start { epoch, first: start, order, batches: end, samples } = from;
         let bs = shared.sampler.spec().batch_size;
         let (task_tx, task_rx) = bounded::<Task>(bs.max(64));
         let work_cap = shared.threads * 2;
@@ -136,10 +135,7 @@ impl EpochIter {
             what: "batch",
             bytes_each: Some(shared.pool.batch_bytes()),
         };
-        let budget = FailureBudget::new(
-            shared.max_failures.limit(shared.sampler.samples_per_rank()),
-            shared.on_error == ErrorPolicy::Raise,
-        );
+        let budget = FailureBudget::new(shared.max_failures.limit(samples), shared.on_error == ErrorPolicy::Raise);
         let observe = Observe::new(Some(shared.telemetry.clone()), shared.tracer.clone(), Some(epoch));
         let hooks = ImageHooks { core: core.clone(), position: state };
         let it = EpochIter { pass: Pass::new(run.clone(), pool, hooks, (start, Some(end)), budget, observe), epoch };

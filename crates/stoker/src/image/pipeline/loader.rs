@@ -139,9 +139,10 @@ impl Loader {
         })
     }
 
-    /// Batches per epoch on this rank.
+    /// Batches per epoch on this rank (of the current epoch: a continued elastic epoch has
+    /// its own count).
     pub fn len(&self) -> usize {
-        self.shared.sampler.num_batches()
+        self.epochs.batches(&self.shared.sampler)
     }
 
     /// Whether an epoch has no batches (never true for a constructed loader).
@@ -186,10 +187,17 @@ impl Loader {
         self.epochs.state(&self.shared.sampler)
     }
 
-    /// Restores `st` exactly as another loader had it, including whether it was still to be
-    /// resumed: how a fork child's rebuilt loader continues its parent's.
-    pub fn adopt_state(&self, st: SamplerState, resume: bool) -> Result<()> {
-        self.epochs.adopt_state(st, resume, &self.shared.sampler)
+    /// The elastic base of the current epoch: the saved runs it continues on this loader's
+    /// ranks (`None`: a normal epoch). Part of the state.
+    pub fn elastic(&self) -> Option<ElasticBase> {
+        self.epochs.elastic()
+    }
+
+    /// Restores `st` (and its elastic base) exactly as another loader had it, including
+    /// whether it was still to be resumed: how a fork child's rebuilt loader continues its
+    /// parent's.
+    pub fn adopt_state(&self, st: SamplerState, elastic: Option<ElasticBase>, resume: bool) -> Result<()> {
+        self.epochs.adopt_state(st, elastic, resume, &self.shared.sampler)
     }
 
     /// Lists entries of the dataset that are not samples (from [`crate::source::Dataset`]) in
@@ -225,7 +233,15 @@ impl Loader {
     /// Restores a state from [`Loader::state`]: the next iteration resumes there. A running
     /// iteration becomes stale.
     pub fn load_state(&self, st: SamplerState) -> Result<()> {
-        self.epochs.load_state(st, &self.shared.sampler)
+        self.epochs.load_state(st, None, &self.shared.sampler)
+    }
+
+    /// Restores a state of an elastic epoch ([`Loader::elastic`]), or continues an epoch saved
+    /// on another number of ranks (`elastic`: their base, from
+    /// [`crate::args::saved_states`]): every sample no saved rank delivered is dealt to this
+    /// loader's ranks (see [`Sampler::elastic_order`]). A running iteration becomes stale.
+    pub fn load_elastic(&self, st: SamplerState, elastic: ElasticBase) -> Result<()> {
+        self.epochs.load_state(st, Some(elastic), &self.shared.sampler)
     }
 
     /// Telemetry since the loader was made (or last reset), with the bottleneck verdict.
@@ -276,8 +292,8 @@ impl Loader {
     /// stops, its buffers return to the pool, and its next batch is an error).
     pub fn iter(&self) -> Result<EpochIter> {
         // Stop the previous iteration and take its buffers back before starting.
-        let (epoch, start) = self.epochs.begin(self.len());
-        let it = EpochIter::start(self.shared.clone(), self.epochs.position().clone(), epoch, start)?;
+        let start = self.epochs.begin(&self.shared.sampler);
+        let it = EpochIter::start(self.shared.clone(), self.epochs.position().clone(), start)?;
         self.epochs.started(it.core());
         Ok(it)
     }

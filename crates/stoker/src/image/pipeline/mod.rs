@@ -44,7 +44,7 @@ use crate::decode::{DecodeOptions, Decoder};
 use crate::error::{Error, Result};
 use crate::ops::{DType, Layout, Resampler, TransformPlan, TransformSpec};
 use crate::rng::{self, Rng};
-use crate::sampler::{Fingerprint, Position, Sampler, SamplerSpec, SamplerState};
+use crate::sampler::{ElasticBase, Fingerprint, Position, Sampler, SamplerSpec, SamplerState, Start};
 use crate::shell::epochs::Epochs;
 pub use crate::shell::Next;
 use crate::source::Source;
