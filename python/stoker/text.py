@@ -46,10 +46,13 @@ class TokenLoader(LoaderBase):
     ``data``: JSON Lines (``.jsonl``, ``.jsonl.gz``, ``.jsonl.zst``; the text under ``text_key``),
     Parquet (``.parquet``; the text in the string column ``text_key``, read a row group at a time),
     plain text (``.txt``, optionally compressed; a document per file, or per line with
-    ``document='line'``), or pre-tokenized token files (nanoGPT-style ``.bin`` of uint16, or uint32
-    with ``token_bytes=4``, or a 1-D ``.npy``; documents end at ``eos_id``): a path, a glob, a
-    folder or a list of them; or a token cache folder written by ``stoker tokenize`` (read instead of
-    the text, the same batches). ``tokenizer``: a ``tokenizer.json`` path, a ``tokenizers.Tokenizer``
+    ``document='line'``), WebDataset tar shards (``.txt`` members, or ``.json`` members with the
+    text under ``text_key``), or pre-tokenized token files (nanoGPT-style ``.bin`` of uint16, or uint32
+    with ``token_bytes=4``, or a 1-D ``.npy``; documents end at ``eos_id``; or Megatron's ``.bin``
+    beside its ``.idx``): a path, a glob, a folder, an object-store URL (``s3://``, ``gs://``,
+    ``az://``, ``http(s)://``; text and tar shards) or a list of them; or a token cache folder
+    written by ``stoker tokenize`` (read instead of the text, the same batches). One format per
+    loader. ``tokenizer``: a ``tokenizer.json`` path, a ``tokenizers.Tokenizer``
     or a ``transformers`` fast tokenizer (text only).
 
     Each batch is a dict of ``input_ids``, ``labels`` (the next token in the document; -100 after a

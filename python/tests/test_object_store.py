@@ -105,3 +105,52 @@ def test_object_store_errors_name_the_object(s3):
         stoker.ImageLoader("s3://data/lonely/x.tar", 4, preset="imagenet-val")
     with pytest.raises(stoker.ConfigError, match="unsupported URL scheme"):
         stoker.ImageLoader("ftp://host/x.tar", 4, preset="imagenet-val")
+
+
+def test_text_in_object_storage_gives_the_reference_tokens(s3, tmp_path):
+    """JSON Lines (plain and .zst) and a tar shard of .txt members read from S3: the same token
+    stream as the reference tokenizer over the same documents; a missing object is named."""
+    import io
+    import json
+    import pathlib
+    import tarfile
+
+    import zstandard
+    from tokenizers import Tokenizer
+
+    data = pathlib.Path(__file__).resolve().parents[2] / "tests" / "data" / "text"
+    raw = zstandard.ZstdDecompressor().stream_reader((data / "wiki-sample.jsonl.zst").open("rb")).read()
+    lines = [line for line in raw.splitlines() if line]
+    texts = [json.loads(line)["text"] for line in lines]
+    client = s3["client"]
+    client.put_object(Bucket="data", Key="text/part-0.jsonl", Body=b"\n".join(lines[:20]) + b"\n")
+    client.put_object(Bucket="data", Key="text/part-1.jsonl.zst",
+                      Body=zstandard.ZstdCompressor().compress(b"\n".join(lines[20:40])))
+    shard = io.BytesIO()
+    with tarfile.open(fileobj=shard, mode="w") as tar:
+        for i, t in enumerate(texts[40:]):
+            info = tarfile.TarInfo(f"doc{i:03d}.txt")
+            info.size = len(t.encode())
+            tar.addfile(info, io.BytesIO(t.encode()))
+    client.put_object(Bucket="data", Key="shards/part-2.tar", Body=shard.getvalue())
+    tok = Tokenizer.from_file(str(data / "tokenizer-gpt2.json"))
+    stream = np.concatenate([np.array(e.ids + [50256], dtype=np.int64) for e in tok.encode_batch(texts)])
+    loader = stoker.TokenLoader("s3://data/text/part-*", tokenizer=data / "tokenizer-gpt2.json", seq_len=512,
+                                batch_size=4, output="numpy")
+    assert loader.documents == 40
+    got = np.concatenate([b["input_ids"].reshape(-1).copy() for b in loader])
+    after = sum(len(e.ids) + 1 for e in tok.encode_batch(texts[:40]))  # tokens of the 40 JSON documents
+    assert 0 <= after - len(got) < 512
+    np.testing.assert_array_equal(got, stream[: len(got)])
+    tail = stoker.TokenLoader("s3://data/shards/part-2.tar",
+                              tokenizer=data / "tokenizer-gpt2.json", seq_len=64, batch_size=4, output="numpy")
+    rest = np.concatenate([b["input_ids"].reshape(-1).copy() for b in tail])
+    np.testing.assert_array_equal(rest, stream[after: after + len(rest)])
+    assert len(stream) - after - len(rest) < 64 * 4
+    # Shuffled, the same tokens in another order: every document exactly once.
+    shuffled = stoker.TokenLoader("s3://data/text/part-*", tokenizer=data / "tokenizer-gpt2.json", seq_len=512,
+                                  batch_size=4, shuffle=True, seed=3, output="numpy")
+    assert sum(b["input_ids"].size for b in shuffled) == len(got)
+    assert shuffled.stats()["documents"] == 40
+    with pytest.raises(stoker.StokerError, match="s3://data/text/nothing.jsonl"):
+        stoker.TokenLoader("s3://data/text/nothing.jsonl", tokenizer=data / "tokenizer-gpt2.json")

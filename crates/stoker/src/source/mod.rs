@@ -191,6 +191,31 @@ pub fn open_shards(specs: &[String]) -> Result<ShardSource> {
     ShardSource::open(&paths)
 }
 
+/// Whether a data path is an object-store URL (`s3://`, `gs://`, `az://`, `http(s)://`).
+pub fn is_url(path: &Path) -> bool {
+    path.to_str().is_some_and(|s| s.contains("://"))
+}
+
+/// The object URLs a spec names (globs matched against a listing); see `remote::expand_url`.
+pub fn expand_urls(spec: &str) -> Result<Vec<String>> {
+    #[cfg(feature = "remote")]
+    return remote::expand_url(spec);
+    #[cfg(not(feature = "remote"))]
+    return Err(Error::config("data", format!("{spec}: object storage support is not compiled in (feature `remote`)")));
+}
+
+/// The object at `url`, read from start to end, and its size; see `remote::ObjectReader`.
+pub fn read_object(url: &str) -> Result<(Box<dyn std::io::Read + Send>, u64)> {
+    #[cfg(feature = "remote")]
+    {
+        let r = remote::ObjectReader::open(url)?;
+        let size = r.size();
+        Ok((Box::new(r), size))
+    }
+    #[cfg(not(feature = "remote"))]
+    Err(Error::config("data", format!("{url}: object storage support is not compiled in (feature `remote`)")))
+}
+
 /// Class names as the JSON array `classes.json` holds, in Python's spelling of file names: a
 /// byte of a name that is not UTF-8 is the escape `\udcXX` (XX = the byte), as
 /// `json.dumps(os.listdir(...))` writes it, so a name survives the round trip exactly

@@ -461,6 +461,118 @@ pub(crate) fn open(urls: &[String]) -> Result<ShardSource> {
     ShardSource::assemble(metas, classes, Box::new(Remote { rt, store, breaker, keys, names }))
 }
 
+/// Bytes of one ranged request of an [`ObjectReader`]: each request is bounded in time, so a
+/// large object is read as many requests, never as one response that outlives the bound.
+const READ_CHUNK: u64 = 8 << 20;
+
+/// An object read from start to end (text and token data in object storage: JSON Lines, text,
+/// tar shards, compressed or not), as ranged requests of [`READ_CHUNK`] bytes under the time
+/// bounds and the circuit breaker of every request (see the module doc). Runs its requests on
+/// a runtime of the calling thread: no thread of its own to stop.
+pub struct ObjectReader {
+    rt: tokio::runtime::Runtime,
+    store: Arc<dyn ObjectStore>,
+    breaker: Breaker,
+    key: ObjPath,
+    url: String,
+    size: u64,
+    pos: u64,
+    chunk: Vec<u8>,
+    used: usize,
+}
+
+impl ObjectReader {
+    /// Opens the object at `url` (one request for its size).
+    pub fn open(url: &str) -> Result<Self> {
+        let (base, key) = split_url(url)?;
+        let limits = Limits::from_env()?;
+        let store = store_for(&base, &limits)?;
+        let breaker = Breaker::new(&base, limits.request);
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| Error::Internal(format!("cannot start the I/O runtime: {e}")))?;
+        let key = ObjPath::from(key.as_str());
+        let size = breaker
+            .call(&rt, store.head(&key))
+            .map_err(|e| Error::Io { path: url.into(), reason: format!("cannot open: {}", e.text()) })?
+            .size;
+        Ok(ObjectReader { rt, store, breaker, key, url: url.to_string(), size, pos: 0, chunk: vec![], used: 0 })
+    }
+
+    /// The object's size in bytes.
+    pub fn size(&self) -> u64 {
+        self.size
+    }
+}
+
+impl std::io::Read for ObjectReader {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        if self.used == self.chunk.len() {
+            if self.pos >= self.size {
+                return Ok(0);
+            }
+            let end = (self.pos + READ_CHUNK).min(self.size);
+            let got = self
+                .breaker
+                .call(&self.rt, self.store.get_range(&self.key, self.pos..end))
+                .map_err(|e| std::io::Error::other(format!("{}: bytes {}..{end}: {}", self.url, self.pos, e.text())))?;
+            if got.len() as u64 != end - self.pos {
+                return Err(std::io::Error::other(format!(
+                    "{}: short read at byte {}: {} of {} bytes (the object changed?)",
+                    self.url,
+                    self.pos,
+                    got.len(),
+                    end - self.pos
+                )));
+            }
+            self.pos = end;
+            self.chunk = got.to_vec();
+            self.used = 0;
+        }
+        let n = buf.len().min(self.chunk.len() - self.used);
+        buf[..n].copy_from_slice(&self.chunk[self.used..self.used + n]);
+        self.used += n;
+        Ok(n)
+    }
+}
+
+/// The object URLs a spec names: itself, or with `*`/`?` in its last component the matching
+/// objects of a listing of that prefix, in name order.
+pub fn expand_url(spec: &str) -> Result<Vec<String>> {
+    let (base, key) = split_url(spec)?;
+    let (dir, name) = key.rsplit_once('/').unwrap_or(("", key.as_str()));
+    if !name.contains(['*', '?']) {
+        return Ok(vec![spec.to_string()]);
+    }
+    let limits = Limits::from_env()?;
+    let store = store_for(&base, &limits)?;
+    let breaker = Breaker::new(&base, limits.request);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| Error::Internal(format!("cannot start the I/O runtime: {e}")))?;
+    let prefix = ObjPath::from(dir);
+    let listing = breaker.call(&rt, async {
+        let mut out = vec![];
+        let mut list = store.list(Some(&prefix));
+        while let Some(meta) = list.next().await {
+            let loc = meta?.location.to_string();
+            let file = loc.rsplit('/').next().unwrap_or(&loc);
+            if glob_match(name, file) {
+                out.push(format!("{base}/{loc}"));
+            }
+        }
+        Ok::<_, object_store::Error>(out)
+    });
+    let mut found = listing.map_err(|e| Error::Dataset(format!("{base}/{dir}: cannot list: {}", e.text())))?;
+    found.sort();
+    if found.is_empty() {
+        return Err(Error::Dataset(format!("no object matches {spec}")));
+    }
+    Ok(found)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -139,7 +139,11 @@ const SCAN_CHUNK: usize = 4 << 20;
 
 /// A decompressing reader over `path`.
 pub fn open_stream(path: &Path, compression: Compression) -> Result<Box<dyn Read + Send>> {
-    let f = std::fs::File::open(path).map_err(|e| Error::io(path, &e))?;
+    let f: Box<dyn Read + Send> = if crate::source::is_url(path) {
+        crate::source::read_object(&path.to_string_lossy())?.0
+    } else {
+        Box::new(std::fs::File::open(path).map_err(|e| Error::io(path, &e))?)
+    };
     let f = std::io::BufReader::with_capacity(1 << 20, f);
     Ok(match compression {
         Compression::None | Compression::Parquet => Box::new(f),
@@ -183,6 +187,9 @@ impl DocFile {
     /// Opens `path` and indexes its documents (`format` says how they are delimited; a token
     /// file needs `eos`, the id that ends each document, or is one document).
     pub fn open(path: &Path, format: Format, eos: Option<u32>) -> Result<Self> {
+        if crate::source::is_url(path) {
+            return Self::open_object(path, format);
+        }
         let meta = std::fs::metadata(path).map_err(|e| Error::io(path, &e))?;
         if !meta.is_file() {
             return Err(Error::decode(path, "not a regular file"));
@@ -216,10 +223,15 @@ impl DocFile {
             }
             return Self::open_tokens(path, format, eos, meta.len());
         }
+        Self::scan(path, compression, format)
+    }
+
+    /// Indexes a text file (JSON Lines, lines, or a document per file) by reading it through.
+    fn scan(path: &Path, compression: Compression, format: Format) -> Result<Self> {
         if format == Format::File {
             // A document per file: its length is known only once decompressed.
-            let bytes = if compression == Compression::None {
-                meta.len()
+            let bytes = if compression == Compression::None && !crate::source::is_url(path) {
+                std::fs::metadata(path).map_err(|e| Error::io(path, &e))?.len()
             } else {
                 let mut r = open_stream(path, compression)?;
                 let mut buf = vec![0u8; SCAN_CHUNK];
@@ -268,6 +280,27 @@ impl DocFile {
         Ok(DocFile { path: path.to_path_buf(), compression, docs, bytes: pos, width: 0, tar: None })
     }
 
+    /// Indexes an object in object storage by reading it from start to end (JSON Lines, text
+    /// and tar shards, compressed or not; its documents are then read as a stream, in order).
+    fn open_object(path: &Path, format: Format) -> Result<Self> {
+        let compression = match (format, Compression::of(path)) {
+            (Format::Tokens(_) | Format::Parquet | Format::Cache(_), _) => {
+                return Err(Error::config(
+                    "data",
+                    format!(
+                        "{}: token files and Parquet in object storage are read in place: copy them to a local disk",
+                        path.display()
+                    ),
+                ))
+            }
+            (_, c) => c,
+        };
+        if format == Format::Tar {
+            return Self::open_tar(path, compression, u64::MAX);
+        }
+        Self::scan(path, compression, format)
+    }
+
     /// Indexes a tar shard's members: the `.txt` ones, or the `.json` ones where there is no
     /// `.txt` (a hard link to an earlier member is that member again: not a second document).
     fn open_tar(path: &Path, compression: Compression, len: u64) -> Result<Self> {
@@ -283,7 +316,7 @@ impl DocFile {
                 found.push((m.offset, m.size, k, txt));
             }
         };
-        if compression == Compression::None {
+        if compression == Compression::None && !crate::source::is_url(path) {
             let f = std::fs::File::open(path).map_err(|e| Error::io(path, &e))?;
             let mut r = Reader::new(std::io::BufReader::with_capacity(1 << 16, f), len);
             let mut k = 0;
@@ -309,7 +342,7 @@ impl DocFile {
             last = Some(offset);
             docs.push(DocEntry { offset, len: size, line: k });
         }
-        let bytes = if compression == Compression::None { len } else { end };
+        let bytes = if compression == Compression::None && !crate::source::is_url(path) { len } else { end };
         Ok(DocFile { path: path.to_path_buf(), compression, docs, bytes, width: 0, tar: Some(kind) })
     }
 
@@ -691,7 +724,7 @@ impl DocSource {
 
     /// Whether every file can be read at any position (none is compressed).
     pub fn random_access(&self) -> bool {
-        self.files.iter().all(|f| f.compression == Compression::None)
+        self.files.iter().all(|f| f.compression == Compression::None && !crate::source::is_url(&f.path))
     }
 
     /// Documents per file.

@@ -59,6 +59,9 @@ fn stamp(path: &Path) -> Result<Stamp> {
 
 /// Whether an index of `format` over `path` is worth storing (opening it costs a scan).
 fn stored(path: &Path, format: Format) -> bool {
+    if crate::source::is_url(path) {
+        return false;
+    }
     match format {
         Format::Parquet | Format::Cache(_) => false,
         Format::File => Compression::of(path) != Compression::None,

@@ -168,7 +168,9 @@ pub fn expand_paths(specs: &[String]) -> Result<Vec<std::path::PathBuf>> {
     let mut out = Vec::new();
     for s in specs {
         let p = std::path::Path::new(s);
-        if p.is_dir() && super::cache::is_cache(p) {
+        if crate::source::is_url(p) {
+            out.extend(crate::source::expand_urls(s)?.into_iter().map(std::path::PathBuf::from));
+        } else if p.is_dir() && super::cache::is_cache(p) {
             out.push(p.to_path_buf());
         } else if p.is_dir() {
             let rd = std::fs::read_dir(p).map_err(|e| Error::io(p, &e))?;
@@ -610,8 +612,17 @@ impl TokenLoader {
     pub fn new(paths: &[std::path::PathBuf], tokenizer: Option<TextTokenizer>, config: TokenConfig) -> Result<Self> {
         let formats = paths.iter().map(|p| format_of(p, &config)).collect::<Result<Vec<_>>>()?;
         let format = *formats.first().ok_or_else(|| Error::config("data", "no files given"))?;
-        if formats.iter().any(|f| std::mem::discriminant(f) != std::mem::discriminant(&format)) {
-            return Err(Error::config("data", "mixes text and token files: give one kind"));
+        if let Some(k) = formats.iter().position(|f| std::mem::discriminant(f) != std::mem::discriminant(&format)) {
+            return Err(Error::config(
+                "data",
+                format!(
+                    "mixes formats: {} is {:?}, {} is {:?}: give one kind per loader",
+                    paths[0].display(),
+                    format,
+                    paths[k].display(),
+                    formats[k]
+                ),
+            ));
         }
         let text = !matches!(format, Format::Tokens(_) | Format::Cache(_));
         let cache = match format {
