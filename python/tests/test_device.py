@@ -25,12 +25,20 @@ def array_loader(**kw):
     return stoker.ArrayLoader(np.arange(200, dtype=np.float32).reshape(100, 2), batch_size=16, **kw)
 
 
-@pytest.mark.parametrize("kind", ["image", "array"])
+def token_loader(tmp_path, **kw):
+    path = tmp_path / "tokens.bin"
+    np.arange(1000, dtype=np.uint16).tofile(path)
+    return stoker.TokenLoader(path, seq_len=32, batch_size=4, eos_id=999, **kw)
+
+
+@pytest.mark.parametrize("kind", ["image", "array", "token"])
 @pytest.mark.parametrize("device", ["cuda", "cuda:0"])
-def test_cuda_without_a_gpu_is_a_device_error(demo, kind, device):
+def test_cuda_without_a_gpu_is_a_device_error(demo, tmp_path, kind, device):
     with pytest.raises(stoker.DeviceError) as e:
         if kind == "image":
             image_loader(demo, device=device)
+        elif kind == "token":
+            token_loader(tmp_path, device=device)
         else:
             array_loader(device=device)
     assert isinstance(e.value, stoker.StokerError) and isinstance(e.value, RuntimeError)
@@ -41,12 +49,14 @@ def test_cuda_without_a_gpu_is_a_device_error(demo, kind, device):
     assert PROBE["unavailable_reason"] in message, message
 
 
-@pytest.mark.parametrize("kind", ["image", "array"])
+@pytest.mark.parametrize("kind", ["image", "array", "token"])
 @pytest.mark.parametrize("device", ["gpu", "cuda:x", "cuda:-1", 3])
-def test_bad_device_values_are_config_errors(demo, kind, device):
+def test_bad_device_values_are_config_errors(demo, tmp_path, kind, device):
     with pytest.raises(stoker.ConfigError) as e:
         if kind == "image":
             image_loader(demo, device=device)
+        elif kind == "token":
+            token_loader(tmp_path, device=device)
         else:
             array_loader(device=device)
     assert isinstance(e.value, ValueError)
@@ -83,6 +93,16 @@ def test_auto_falls_back_to_the_cpu_with_a_note(demo):
     assert auto_rows.device == "cpu"
     for (a,), (c,) in zip(auto_rows, stoker.ArrayLoader(rows, **akw), strict=True):
         np.testing.assert_array_equal(a, c)
+
+
+def test_token_loader_auto_falls_back_to_the_cpu_with_a_note(tmp_path):
+    auto = token_loader(tmp_path, device="auto", output="numpy")
+    assert auto.device == "cpu"
+    report = auto.device_report()
+    assert report["requested"] == "auto" and report["used"] == "cpu" and "cuda" in report["note"].lower(), report
+    for a, c in zip(auto, token_loader(tmp_path, output="numpy"), strict=True):
+        for k in ("input_ids", "labels", "position_ids", "cu_seqlens"):
+            np.testing.assert_array_equal(a[k], c[k])
 
 
 def test_cpu_device_report(demo):

@@ -423,3 +423,42 @@ def test_the_engine_decides_what_the_gpu_normalises(fake_driver, demo_root):
         print("ok")
     """)
     assert out.strip().endswith("ok"), out
+
+
+def test_token_batches_on_the_gpu_equal_the_host_batches(fake_driver, demo_root, tmp_path):
+    """TokenLoader(device='cuda'): every array of every batch, read back from the device, equals
+    the host loader's; the pinned and device pools are released with the loader."""
+    import numpy as np
+
+    rng = np.random.default_rng(7)
+    tokens = rng.integers(0, 50000, size=20000, dtype=np.uint16)
+    tokens[rng.choice(20000, size=150, replace=False)] = 50256  # document ends
+    path = tmp_path / "tokens.bin"
+    tokens.tofile(path)
+    out = run_scenario(fake_driver, demo_root, f"""
+        import numpy as np
+        kw = dict(seq_len=256, batch_size=4, pack="best_fit", eos_id=50256, shuffle=True, seed=3)
+        host = stoker.TokenLoader({str(path)!r}, output="numpy", **kw)
+        want = [(b.index, b.max_seqlen, [np.from_dlpack(b.field(f)).copy() for f in FIELDS])
+                for b in host.batches()]
+        gpu = stoker.TokenLoader({str(path)!r}, device="cuda", **kw)
+        assert gpu.device == "cuda:0" and gpu.device_report()["used"] == "cuda:0"
+        check(cuda.cuCtxPushCurrent_v2(ctypes.c_void_p(primary(0))), "push")  # as a framework would
+        n = 0
+        for k, b in enumerate(gpu.batches()):
+            assert b.device == "cuda:0" and b.index == want[k][0] and b.max_seqlen == want[k][1]
+            for f, w in zip(FIELDS, want[k][2]):
+                t = b.field(f)
+                assert t.__dlpack_device__() == (2, 0)
+                t.__dlpack__(stream=None)  # the legacy default stream waits on the copy
+                check(cuda.cuStreamSynchronize(ctypes.c_void_p(1)), "sync")
+                got = np.frombuffer(read(t.data_ptr, w.nbytes), dtype=np.int32).reshape(w.shape)
+                assert np.array_equal(got, w), (k, f)
+            n += 1
+        assert n == len(want) > 10, (n, len(want))
+        del b, t, gpu, host
+        gc.collect()
+        assert stoker.cuda_memory_in_use() == (0, 0), stoker.cuda_memory_in_use()
+        print("ok", n)
+    """.replace("FIELDS", '("input_ids", "labels", "position_ids", "cu_seqlens")'))
+    assert out.strip().startswith("ok "), out

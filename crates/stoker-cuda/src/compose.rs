@@ -8,6 +8,7 @@ use crate::{place, DeviceStage, Placement};
 use stoker::arrays::{ArrayConfig, ArrayLoader, Column};
 use stoker::source::Dataset;
 use stoker::telemetry::DeviceReport;
+use stoker::tokens::{TextTokenizer, TokenConfig, TokenLoader};
 use stoker::{Loader, LoaderConfig, Result};
 
 /// A resolved device: where batches will go, and the report of what was asked and used.
@@ -63,6 +64,20 @@ impl Target {
         let capacities: Vec<usize> = columns.iter().map(|c| c.row_bytes() * bs).collect();
         let loader = ArrayLoader::new_in(columns, config, self.placement.allocator().as_ref())?;
         let stage = self.placement.stage(capacities, prefetch, limit)?;
+        Ok(OnDevice { loader, stage, device: self.report })
+    }
+
+    /// The token loader over `paths`, one device region per array of a batch (`input_ids`,
+    /// `labels`, `position_ids`, `cu_seqlens`).
+    pub fn token_loader(
+        self,
+        paths: &[std::path::PathBuf],
+        tokenizer: Option<TextTokenizer>,
+        config: TokenConfig,
+    ) -> Result<OnDevice<TokenLoader>> {
+        let (prefetch, limit) = (config.prefetch, config.memory_limit);
+        let loader = TokenLoader::new_in(paths, tokenizer, config, self.placement.allocator().as_ref())?;
+        let stage = self.placement.stage(loader.region_capacities(), prefetch, limit)?;
         Ok(OnDevice { loader, stage, device: self.report })
     }
 }

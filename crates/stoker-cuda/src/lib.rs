@@ -35,7 +35,7 @@ pub use driver::{memory_in_use, Gpu, STREAM_LEGACY, STREAM_PER_THREAD};
 pub use gpu_monitor::{pcie_lane_bytes_per_s, GpuSample, GpuSampler, GpuStatic};
 pub use pinned::PinnedAllocator;
 pub use transfer::{
-    image_regions, ArrayMeta, DeviceBatch, DeviceIter, DeviceRegion, DeviceStage, HostBatch, ImageMeta,
+    image_regions, ArrayMeta, DeviceBatch, DeviceIter, DeviceRegion, DeviceStage, HostBatch, ImageMeta, TokenMeta,
 };
 
 use std::panic::{catch_unwind, AssertUnwindSafe};

@@ -36,6 +36,13 @@ impl HostIter for stoker::EpochIter {
     }
 }
 
+impl HostIter for stoker::tokens::TokenIter {
+    type Batch = stoker::tokens::TokenBatch;
+    fn poll(&mut self, t: Duration) -> Next<stoker::tokens::TokenBatch> {
+        self.next_timeout(t)
+    }
+}
+
 impl HostIter for stoker::arrays::ArrayIter {
     type Batch = stoker::arrays::ArrayBatch;
     fn poll(&mut self, t: Duration) -> Next<stoker::arrays::ArrayBatch> {

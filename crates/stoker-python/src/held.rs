@@ -4,7 +4,7 @@
 
 use crate::device::{Held, Location};
 use std::sync::Arc;
-use stoker_cuda::{ArrayMeta, HostBatch, ImageMeta};
+use stoker_cuda::{ArrayMeta, HostBatch, ImageMeta, TokenMeta};
 
 /// A host batch and the description its device copy carries, read the same way.
 pub(crate) trait Rows: HostBatch {
@@ -75,6 +75,32 @@ impl Rows for stoker::arrays::ArrayBatch {
     }
     fn meta_indices(meta: &ArrayMeta) -> &[u32] {
         &meta.indices
+    }
+}
+
+impl Rows for stoker::tokens::TokenBatch {
+    fn rows(&self) -> usize {
+        stoker::tokens::TokenBatch::rows(self)
+    }
+    fn number(&self) -> usize {
+        self.index()
+    }
+    /// Token rows are not dataset samples: no indices.
+    fn sample_indices(&self) -> Vec<u32> {
+        vec![]
+    }
+    /// Regions: `input_ids`, `labels`, `position_ids`, `cu_seqlens`.
+    fn region_ptr(&self, k: usize) -> *const u8 {
+        self.regions()[k].0
+    }
+    fn meta_rows(meta: &TokenMeta) -> usize {
+        meta.rows
+    }
+    fn meta_number(meta: &TokenMeta) -> usize {
+        meta.index
+    }
+    fn meta_indices(_: &TokenMeta) -> &[u32] {
+        &[]
     }
 }
 

@@ -1,5 +1,6 @@
 //! The `TokenLoader`, `TokenIterator`, `TokenBatch` and `TokenTensor` classes: packed token
-//! rows from text or token files, exported through DLPack (host memory).
+//! rows from text or token files, exported through DLPack (host memory, or a GPU's through
+//! stoker's transfer stage with `device='cuda'`).
 
 use crate::args::{args_of, epoch_of};
 use crate::dlpack::{DLDataType, View};
@@ -7,13 +8,21 @@ use crate::errors::{self, IntoPy};
 use crate::iter::{forget_if_inherited, next_polling, raise_pending_signal, release, SIGNAL_POLL};
 use pyo3::prelude::*;
 use pyo3::types::PyCapsule;
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 use stoker::tokens::{TextTokenizer, TokenBatch, TokenIter, TokenLoader};
+use stoker_cuda::{DeviceStage, Target};
+
+/// A token iteration: from the host pool, or through the transfer stage.
+type TokIter = crate::device::Iter<TokenIter>;
+/// A token batch in host or device memory.
+type TokHeld = crate::device::Held<TokenBatch>;
 
 /// A loader of packed token rows (see the Python `stoker.TokenLoader`).
 #[pyclass(frozen, name = "TokenLoader", module = "stoker._stoker")]
 pub struct PyTokenLoader {
     loader: TokenLoader,
+    stage: Option<DeviceStage>,
+    device_report: stoker::telemetry::DeviceReport,
 }
 
 #[pymethods]
@@ -21,11 +30,19 @@ impl PyTokenLoader {
     /// `paths`: the data (files, globs, folders); `tokenizer_json`: a tokenizer's JSON text, when it was given
     /// as an object rather than a path (`tokenizer` in `config_json`).
     #[new]
-    #[pyo3(signature = (paths, config_json, tokenizer_json=None))]
-    fn new(py: Python<'_>, paths: Vec<String>, config_json: &str, tokenizer_json: Option<String>) -> PyResult<Self> {
+    #[pyo3(signature = (paths, config_json, tokenizer_json=None, device="cpu", ordinal=0))]
+    fn new(
+        py: Python<'_>,
+        paths: Vec<String>,
+        config_json: &str,
+        tokenizer_json: Option<String>,
+        device: &str,
+        ordinal: u32,
+    ) -> PyResult<Self> {
         errors::contain(|| {
             let (config, tok_path) = stoker::args::token_config(args_of(config_json)?).py_err()?;
-            let loader = py
+            let target = py.detach(|| Target::resolve(device, ordinal)).py_err()?;
+            let on = py
                 .detach(|| {
                     let tokenizer = match (tokenizer_json, tok_path) {
                         (Some(json), _) => {
@@ -34,11 +51,22 @@ impl PyTokenLoader {
                         (None, Some(p)) => Some(TextTokenizer::from_file(&p)?),
                         (None, None) => None,
                     };
-                    TokenLoader::new(&stoker::tokens::loader::expand_paths(&paths)?, tokenizer, config)
+                    target.token_loader(&stoker::tokens::loader::expand_paths(&paths)?, tokenizer, config)
                 })
                 .py_err()?;
-            Ok(PyTokenLoader { loader })
+            Ok(PyTokenLoader { loader: on.loader, stage: on.stage, device_report: on.device })
         })
+    }
+
+    /// Where batches are delivered: `cpu` or `cuda:N`.
+    #[getter]
+    fn device(&self) -> String {
+        self.device_report.used.clone()
+    }
+
+    /// `{requested, used, note}` of the `device=` argument, as JSON.
+    fn device_report_json(&self) -> String {
+        serde_json::to_string(&self.device_report).unwrap_or_default()
     }
 
     /// Documents in the data (all ranks).
@@ -155,7 +183,7 @@ impl PyTokenLoader {
 
     fn iter(&self, py: Python<'_>) -> PyResult<PyTokenIter> {
         errors::contain(|| {
-            let it = py.detach(|| self.loader.iter()).py_err()?;
+            let it = py.detach(|| TokIter::start(self.loader.iter()?, self.stage.as_ref(), None)).py_err()?;
             let it = raise_pending_signal(py, it)?;
             Ok(PyTokenIter { inner: Mutex::new(Some(it)), pid: std::process::id() })
         })
@@ -165,7 +193,7 @@ impl PyTokenLoader {
 /// An iteration over token batches (GIL released while waiting; Ctrl-C honoured).
 #[pyclass(frozen, weakref, name = "TokenIterator", module = "stoker._stoker")]
 pub struct PyTokenIter {
-    inner: Mutex<Option<TokenIter>>,
+    inner: Mutex<Option<TokIter>>,
     pid: u32,
 }
 
@@ -178,7 +206,7 @@ impl PyTokenIter {
     fn __next__(&self, py: Python<'_>) -> PyResult<Option<PyTokenBatch>> {
         errors::contain(|| {
             Ok(next_polling(py, &self.inner, self.pid, |it| it.next_timeout(SIGNAL_POLL))?
-                .map(|b| PyTokenBatch { inner: Arc::new(b) }))
+                .map(|inner| PyTokenBatch { inner }))
         })
     }
 
@@ -198,7 +226,19 @@ impl Drop for PyTokenIter {
 /// One batch of packed rows.
 #[pyclass(frozen, name = "TokenBatch", module = "stoker._stoker")]
 pub struct PyTokenBatch {
-    inner: Arc<TokenBatch>,
+    inner: TokHeld,
+}
+
+/// What a batch's views need besides its memory: rows, tokens per row, values of `cu_seqlens`,
+/// the longest segment.
+fn shape_of(b: &TokHeld) -> (usize, usize, usize, usize) {
+    match b {
+        crate::device::Held::Host(h) => (h.rows(), h.seq_len(), h.cu_seqlens().len(), h.max_seqlen()),
+        crate::device::Held::Device(d) => {
+            let m = d.meta();
+            (m.rows, m.seq_len, m.cu_len, m.max_seqlen)
+        }
+    }
 }
 
 /// The arrays of a batch, by name.
@@ -207,7 +247,13 @@ const FIELDS: [&str; 4] = ["input_ids", "labels", "position_ids", "cu_seqlens"];
 #[pymethods]
 impl PyTokenBatch {
     fn __len__(&self) -> usize {
-        self.inner.rows()
+        self.inner.len()
+    }
+
+    /// `cpu` or `cuda:N`.
+    #[getter]
+    fn device(&self) -> String {
+        self.inner.device()
     }
 
     /// Batch number since the epoch's start.
@@ -219,7 +265,7 @@ impl PyTokenBatch {
     /// The longest segment (FlashAttention's `max_seqlen`).
     #[getter]
     fn max_seqlen(&self) -> usize {
-        self.inner.max_seqlen()
+        shape_of(&self.inner).3
     }
 
     /// The array `name` (`input_ids`, `labels`, `position_ids`, `cu_seqlens`) as a
@@ -233,10 +279,10 @@ impl PyTokenBatch {
     }
 }
 
-/// One array of a token batch (host memory, int32), exported with `__dlpack__`.
+/// One array of a token batch (int32, host or device memory), exported with `__dlpack__`.
 #[pyclass(frozen, name = "TokenTensor", module = "stoker._stoker")]
 pub struct PyTokenTensor {
-    batch: Arc<TokenBatch>,
+    batch: TokHeld,
     field: usize,
 }
 
@@ -252,19 +298,23 @@ impl PyTokenTensor {
         copy: Option<bool>,
     ) -> PyResult<Bound<'py, PyCapsule>> {
         let _ = max_version;
-        let b = &self.batch;
-        let (data, shape) = match self.field {
-            0 => (b.input_ids(), vec![b.rows() as i64, b.seq_len() as i64]),
-            1 => (b.labels(), vec![b.rows() as i64, b.seq_len() as i64]),
-            2 => (b.position_ids(), vec![b.rows() as i64, b.seq_len() as i64]),
-            _ => (b.cu_seqlens(), vec![b.cu_seqlens().len() as i64]),
+        let (rows, seq_len, cu_len, _) = shape_of(&self.batch);
+        let shape = match self.field {
+            3 => vec![cu_len as i64],
+            _ => vec![rows as i64, seq_len as i64],
         };
-        let owner: Arc<dyn Send + Sync> = self.batch.clone();
-        let view = View { data: data.as_ptr().cast(), shape, dtype: DLDataType::new(0, 32), owner };
-        crate::device::export(py, &crate::device::Location::Cpu, view, stream, dl_device, copy)
+        let (data, loc, owner) = self.batch.region(self.field);
+        let view = View { data, shape, dtype: DLDataType::new(0, 32), owner };
+        crate::device::export(py, &loc, view, stream, dl_device, copy)
     }
 
     fn __dlpack_device__(&self) -> (i32, i32) {
-        crate::device::Location::Cpu.dlpack_device()
+        self.batch.region(self.field).1.dlpack_device()
+    }
+
+    /// Address of the first element (host or device).
+    #[getter]
+    fn data_ptr(&self) -> usize {
+        self.batch.region(self.field).0 as usize
     }
 }

@@ -610,6 +610,17 @@ impl TokenLoader {
     /// Opens the documents of `paths` (text needs `tokenizer`; token files need none) and
     /// allocates the pool.
     pub fn new(paths: &[std::path::PathBuf], tokenizer: Option<TextTokenizer>, config: TokenConfig) -> Result<Self> {
+        Self::new_in(paths, tokenizer, config, &HeapAllocator)
+    }
+
+    /// As [`TokenLoader::new`], its batch buffers from `alloc` (page-locked memory when batches
+    /// go on to a GPU).
+    pub fn new_in(
+        paths: &[std::path::PathBuf],
+        tokenizer: Option<TextTokenizer>,
+        config: TokenConfig,
+        alloc: &dyn crate::buffer::HostAllocator,
+    ) -> Result<Self> {
         let formats = paths.iter().map(|p| format_of(p, &config)).collect::<Result<Vec<_>>>()?;
         let format = *formats.first().ok_or_else(|| Error::config("data", "no files given"))?;
         if let Some(k) = formats.iter().position(|f| std::mem::discriminant(f) != std::mem::discriminant(&format)) {
@@ -696,7 +707,7 @@ impl TokenLoader {
         let slots = crate::buffer::BufferPool::plan(config.prefetch + 2, batch_bytes, config.memory_limit)?;
         let (free_tx, free_rx) = bounded(slots);
         for _ in 0..slots {
-            let a = &HeapAllocator;
+            let a = alloc;
             let slot = TokenSlot {
                 batch: AtomicUsize::new(0),
                 rows: AtomicUsize::new(0),
@@ -729,6 +740,14 @@ impl TokenLoader {
             }),
             active: Active::default(),
         })
+    }
+
+    /// Bytes of each array of a batch at most, in the order of [`TokenBatch::regions`]:
+    /// `input_ids`, `labels`, `position_ids` (`batch_size x seq_len` int32 each), `cu_seqlens`.
+    pub fn region_capacities(&self) -> Vec<usize> {
+        let (bs, len) = (self.shared.config.batch_size, self.shared.config.seq_len);
+        let values = bs * len;
+        vec![values * 4, values * 4, values * 4, (values + bs + 1) * 4]
     }
 
     /// Documents in the source (all ranks).
@@ -1471,6 +1490,13 @@ impl TokenBatch {
     /// The longest segment (FlashAttention's `max_seqlen`).
     pub fn max_seqlen(&self) -> usize {
         self.cu_seqlens().windows(2).map(|w| (w[1] - w[0]) as usize).max().unwrap_or(0)
+    }
+
+    /// The four arrays as `(address, bytes)`: `input_ids`, `labels`, `position_ids`,
+    /// `cu_seqlens` (what a transfer to a GPU copies).
+    pub fn regions(&self) -> [(*const u8, usize); 4] {
+        let r = |s: &[i32]| (s.as_ptr().cast::<u8>(), std::mem::size_of_val(s));
+        [r(self.input_ids()), r(self.labels()), r(self.position_ids()), r(self.cu_seqlens())]
     }
 }
 
