@@ -325,3 +325,29 @@ def test_report_has_transfer_stage(gpu_demo):
     assert "transfer" in [s["name"] for s in report["stages"]]
     assert 0.0 <= report["starvation"] <= 1.0
     assert isinstance(report["bottleneck"]["stage"], str)
+
+
+def test_token_batches_on_the_gpu_equal_the_host_batches(tmp_path):
+    """TokenLoader(device='cuda') on a real GPU: every array of every batch equals the host
+    loader's, consumed on torch's current stream while a long kernel runs."""
+    rng = np.random.default_rng(11)
+    tokens = rng.integers(0, 50000, size=200_000, dtype=np.uint16)
+    tokens[rng.choice(tokens.size, size=800, replace=False)] = 50256
+    path = tmp_path / "tokens.bin"
+    tokens.tofile(path)
+    kw = dict(seq_len=1024, batch_size=8, pack="best_fit", eos_id=50256, shuffle=True, seed=3)
+    host = [{k: v.copy() if hasattr(v, "copy") else v for k, v in b.items()}
+            for b in stoker.TokenLoader(path, output="numpy", **kw)]
+    loader = stoker.TokenLoader(path, device="cuda", **kw)
+    assert loader.device.startswith("cuda")
+    big = torch.randn(4096, 4096, device="cuda")
+    n = 0
+    for b, want in zip(loader, host, strict=True):
+        big = big @ big  # keep the consumer's stream busy while the next copies run
+        big /= big.norm()
+        for k in ("input_ids", "labels", "position_ids", "cu_seqlens"):
+            assert b[k].is_cuda and b[k].dtype == torch.int32
+            np.testing.assert_array_equal(b[k].cpu().numpy(), want[k])
+        assert b["max_seqlen"] == want["max_seqlen"]
+        n += 1
+    assert n == len(host) > 10
