@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any, Iterator
+import sys
+from typing import Any, Callable, Iterator
 
 from . import _stoker
 from ._base import LoaderBase, converter, native_device, track
@@ -69,8 +70,12 @@ class TokenLoader(LoaderBase):
     ``rank``/``world_size`` (torchrun's environment by default) give each rank every
     ``world_size``-th document; over token files and token caches every rank delivers the same
     number of batches (``len(loader)``), so DDP never waits at an epoch's end. Over raw text the
-    counts are known only once tokenized: with several ranks, tokenize first (``stoker tokenize``)
-    or train by steps with ``infinite=True``. ``state_dict()``
+    counts are known only once tokenized: under ``torch.distributed`` with several ranks, every
+    iteration then agrees on each step through a tiny all-reduce on a CPU (gloo) group
+    (``even_batches``, on by default there), so all ranks stop at the first step where any rank
+    has no batch left (the other ranks' remaining rows of that epoch are not delivered);
+    ``even_batches=False`` turns it off, ``True`` requires it.
+    Tokenizing first (``stoker tokenize``) gives exactly equal counts with no collective. ``state_dict()``
     saves the exact position (the document and the tokens of it already used); ``load_state_dict``
     continues bit for bit. ``infinite=True`` goes on into the next epoch's order instead of ending
     (step-based training). A bad document (invalid JSON or UTF-8, a missing key, longer than
@@ -97,7 +102,10 @@ class TokenLoader(LoaderBase):
                  eos_id: int | None = None, pad_id: int | None = None, on_bad_document: str = "skip",
                  max_failures: int | None = None, max_document_bytes: int | str | None = None,
                  index_cache: str | os.PathLike[str] | bool | None = None, device: str = "cpu",
-                 output: str = "auto") -> None:
+                 even_batches: bool | None = None, output: str = "auto") -> None:
+        if even_batches not in (None, True, False):
+            raise ConfigError(f"invalid argument `even_batches`: expected True, False or None, got {even_batches!r}")
+        self._even = even_batches
         self._paths = _paths(data)
         path, self._tokenizer_json = _tokenizer(tokenizer)
         self._args = arguments_json(
@@ -137,7 +145,11 @@ class TokenLoader(LoaderBase):
         return native
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
-        return _TokenBatches(self._loader().iter(), self._torch)
+        native = self._loader()
+        sync = None
+        if self._even is not False and native.batches_per_epoch is None and not json.loads(self._args).get("infinite"):
+            sync = _even_batches(native.world_size, required=bool(self._even))
+        return _TokenBatches(native.iter(), self._torch, sync)
 
     def batches(self) -> _stoker.TokenIterator:
         """The raw iterator of ``stoker._stoker.TokenBatch`` objects."""
@@ -208,20 +220,70 @@ def _index_cache(value: Any) -> str | bool | None:
     raise ConfigError(f"invalid argument `index_cache`: expected a directory or False, got {value!r}")
 
 
+_GLOO: Any = None
+
+
+def _even_batches(world_size: int, required: bool) -> Callable[[bool], bool] | None:
+    """A function every rank calls once per step with whether it has a batch: ``True`` while all
+    do (a MIN all-reduce on a CPU gloo group, so no GPU stream is synchronised); ``None`` where
+    there is nothing to agree with (no initialised ``torch.distributed``, or one rank)."""
+    global _GLOO
+    torch = sys.modules.get("torch")
+    dist = getattr(torch, "distributed", None) if torch is not None else None
+    ready = dist is not None and dist.is_available() and dist.is_initialized()
+    if torch is None or dist is None or not ready or world_size == 1:
+        if required and world_size > 1:
+            raise ConfigError("invalid argument `even_batches`: True needs torch.distributed initialised "
+                              f"(world_size={world_size})")
+        return None
+    if dist.get_world_size() != world_size:
+        raise ConfigError(f"invalid argument `world_size`: the loader has {world_size} ranks, torch.distributed "
+                          f"{dist.get_world_size()}")
+    if _GLOO is None:
+        _GLOO = dist.group.WORLD if dist.get_backend() == "gloo" else dist.new_group(backend="gloo")
+    group = _GLOO
+
+    def agree(have: bool) -> bool:
+        flag = torch.tensor([1 if have else 0], dtype=torch.int32)
+        dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=group)
+        return bool(flag.item())
+
+    return agree
+
+
 class _TokenBatches:
     """Yields each native batch as a dict of converted tensors; keeps no reference to a batch
-    it has handed out."""
+    it has handed out. With ``sync``, every rank asks the others at each step and all stop
+    together."""
 
-    def __init__(self, native: _stoker.TokenIterator, torch_output: bool) -> None:
+    def __init__(self, native: _stoker.TokenIterator, torch_output: bool,
+                 sync: Callable[[bool], bool] | None = None) -> None:
         self._native = native
         self._convert = converter(torch_output)
+        self._sync = sync
+        self._done = False
         track(self)
 
     def __iter__(self) -> _TokenBatches:
         return self
 
     def __next__(self) -> dict[str, Any]:
-        b = self._native.__next__()
+        if self._done:
+            raise StopIteration
+        if self._sync is None:
+            b = self._native.__next__()
+        else:
+            try:
+                got: _stoker.TokenBatch | None = self._native.__next__()
+            except StopIteration:
+                got = None
+            if not self._sync(got is not None):
+                self._done = True
+                del got
+                self._native.close()
+                raise StopIteration
+            assert got is not None
+            b = got
         out: dict[str, Any] = {name: self._convert(b.field(name)) for name in _FIELDS}
         out["max_seqlen"] = b.max_seqlen
         return out

@@ -447,6 +447,66 @@ def test_two_ranks_under_torchrun_have_equal_batches_and_disjoint_rows(tmp_path,
     assert not rows0 & rows1, "the ranks' rows are disjoint"
 
 
+EVEN_SCRIPT = r'''
+import json, sys
+from datetime import timedelta
+import torch
+import torch.distributed as dist
+import stoker
+
+dist.init_process_group("gloo", timeout=timedelta(seconds=60))
+rank, world = dist.get_rank(), dist.get_world_size()
+out = {}
+for even in (None, False):
+    loader = stoker.TokenLoader(sys.argv[1], tokenizer=sys.argv[2], seq_len=64, batch_size=2, even_batches=even,
+                                output="torch")
+    steps = 0
+    for batch in loader:
+        if even is None:
+            flag = torch.ones(1)  # DDP's gradient all-reduce: unequal counts would hang here
+            dist.all_reduce(flag)
+        steps += 1
+    out[str(even)] = steps
+everyone = [None] * world
+dist.all_gather_object(everyone, out)
+if rank == 0:
+    with open(sys.argv[3], "w") as f:
+        json.dump(everyone, f)
+dist.destroy_process_group()
+'''
+
+
+def test_raw_text_ranks_stop_together_under_torch_distributed(tmp_path, texts):
+    """Over raw text the batch counts are known only once tokenized: the ranks agree at each
+    step and stop together; without that (even_batches=False) their counts differ here."""
+    pytest.importorskip("torch")
+    import socket
+    import subprocess
+    import sys
+
+    # Round-robin sharding gives rank 0 the even documents: long ones; rank 1 short ones.
+    lines = [json.dumps({"text": texts[i // 2] if i % 2 == 0 else "A short document, a few words long. " * 4}) for i in range(40)]
+    (tmp_path / "uneven.jsonl").write_text("\n".join(lines) + "\n")
+    script = tmp_path / "even.py"
+    script.write_text(EVEN_SCRIPT)
+    out = tmp_path / "out.json"
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
+           "--master_port", str(port), str(script), str(tmp_path / "uneven.jsonl"), str(GPT2), str(out)]
+    r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    ranks = json.loads(out.read_text())
+    assert ranks[0]["False"] > ranks[1]["False"] >= 1, ranks
+    assert ranks[0]["None"] == ranks[1]["None"] == ranks[1]["False"], ranks
+    with pytest.raises(stoker.ConfigError, match="even_batches"):
+        iter(stoker.TokenLoader(tmp_path / "uneven.jsonl", tokenizer=GPT2, world_size=2, rank=0, even_batches=True))
+    with pytest.raises(stoker.ConfigError, match="even_batches"):
+        stoker.TokenLoader(tmp_path / "uneven.jsonl", tokenizer=GPT2, even_batches="yes")
+
+
 def test_a_fork_child_continues_the_parents_position():
     loader = stoker.TokenLoader(SAMPLE, tokenizer=GPT2, seq_len=256, batch_size=2, shuffle=True, seed=2,
                                 output="numpy")
