@@ -185,6 +185,15 @@ class TokenLoader(LoaderBase):
         stats: dict[str, Any] = json.loads(self._loader().stats_json())
         return stats
 
+    def report(self) -> dict[str, Any]:
+        """:meth:`stats` with ``wall_seconds`` since the first iteration started and the
+        ``bottleneck``: ``{stage, busy_fraction, consumer_waited_fraction, advice}``, the stage
+        that limits the rate (``consumer`` when the training step does: the loader keeps up;
+        ``read``, ``tokenize``, ``pack``, or ``handover`` for batches too small) and what to
+        change."""
+        report: dict[str, Any] = json.loads(self._loader().report_json())
+        return report
+
     def state_dict(self) -> dict[str, Any]:
         """The exact position: epoch, batches delivered, and where the next row starts (the
         document of this rank's order and the tokens or rows of it already used), with the

@@ -60,6 +60,11 @@ def test_ids_labels_and_positions_match_the_reference(reference):
     np.testing.assert_array_equal(pos == 0, starts)
     stats = loader.stats()
     assert stats["documents"] == 60 and stats["failed_documents"] == 0 and stats["tokens"] == len(got)
+    report = loader.report()
+    assert report["tokens"] == len(got) and report["wall_seconds"] > 0
+    assert report["bottleneck"]["stage"] in {"consumer", "read", "tokenize", "pack", "handover"}
+    assert report["bottleneck"]["advice"]
+    assert "bottleneck" not in stoker.TokenLoader(SAMPLE, tokenizer=GPT2).report(), "no iteration yet"
     assert stats["dropped_tokens"] == len(stream) - len(got)
 
 
@@ -485,7 +490,8 @@ def test_raw_text_ranks_stop_together_under_torch_distributed(tmp_path, texts):
     import sys
 
     # Round-robin sharding gives rank 0 the even documents: long ones; rank 1 short ones.
-    lines = [json.dumps({"text": texts[i // 2] if i % 2 == 0 else "A short document, a few words long. " * 4}) for i in range(40)]
+    short = "A short document, a few words long. " * 4
+    lines = [json.dumps({"text": texts[i // 2] if i % 2 == 0 else short}) for i in range(40)]
     (tmp_path / "uneven.jsonl").write_text("\n".join(lines) + "\n")
     script = tmp_path / "even.py"
     script.write_text(EVEN_SCRIPT)

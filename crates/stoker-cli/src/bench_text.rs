@@ -98,35 +98,15 @@ pub fn bench(root: &str, o: &BenchOpts, t: &TextOpts) -> Result<()> {
     let tokens = stats["tokens"].as_u64().unwrap_or(0);
     let pad = stats["padding_fraction"].as_f64().unwrap_or(0.0);
     let sec = |k: &str| stats["seconds"][k].as_f64().unwrap_or(0.0);
-    let threads = loader.threads() as f64;
-    // The consumer waited for the loader for part of the wall time; if that part is small, the
-    // consumer limits the rate, else the loader's busiest stage (per thread of it) does.
-    let waited = sec("consumer_wait") / wall.max(1e-9);
-    let stages = [("read", sec("read")), ("tokenize", sec("tokenize") / threads), ("pack", sec("pack"))];
-    let (stage, busy) = stages.iter().copied().fold(("read", 0.0), |a, s| if s.1 > a.1 { s } else { a });
-    let limit = if waited < 0.1 {
-        "consumer"
-    } else if busy < 0.3 * wall {
-        "handover"
-    } else {
-        stage
-    };
-    let advice = match limit {
-        "tokenize" if loader.tokenizer().is_none() => "turning stored token ids into rows limits the rate: give more threads",
-        "tokenize" => "tokenizing limits the rate: tokenize once (`stoker tokenize DATA --tokenizer T OUT`, then load OUT), or give more threads",
-        "read" => "reading limits the rate: faster storage, or uncompressed files",
-        "pack" => "packing limits the rate: a larger --batch-size or --seq-len amortises it",
-        "handover" => "no stage is busy: the batches are so small that handing them between threads dominates; a larger --batch-size amortises it",
-        _ => "the consumer (the training step) limits the rate: the loader keeps up",
-    };
+    let neck = loader.stats().bottleneck(wall, loader.threads(), loader.tokenizer().is_some());
+    let advice = neck.advice;
     let summary = serde_json::json!({
         "data": root, "epochs": epochs, "batches": batches, "rows": rows, "tokens": tokens,
         "seconds": wall, "cpu_seconds": cpu, "tokens_per_s": tokens as f64 / wall,
         "cpu_s_per_million_tokens": cpu / (tokens.max(1) as f64) * 1e6, "first_batch_s": first,
         "padding_fraction": pad, "peak_rss_bytes": peak_rss_bytes(), "threads": loader.threads(),
         "documents": loader.documents(), "stats": stats,
-        "bottleneck": {"stage": limit, "busy_fraction": busy / wall.max(1e-9), "consumer_waited_fraction": waited,
-                       "advice": advice},
+        "bottleneck": neck,
     });
     if o.json {
         println!("{}", serde_json::to_string_pretty(&summary)?);

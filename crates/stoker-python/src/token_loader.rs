@@ -133,6 +133,12 @@ impl PyTokenLoader {
         self.loader.stats().to_json().to_string()
     }
 
+    /// The counters with the wall time since the first iteration and the bottleneck verdict,
+    /// as JSON.
+    fn report_json(&self) -> String {
+        self.loader.report().to_string()
+    }
+
     /// The state dict as JSON.
     fn state_json(&self) -> PyResult<String> {
         let st = self.loader.state();

@@ -474,3 +474,26 @@ fn parquet_text_columns_read_by_row_group() {
         .unwrap();
     assert!(err.to_string().contains("no column `body`") && err.to_string().contains("id, text"), "{err}");
 }
+
+#[test]
+fn the_bottleneck_names_the_stage_that_limits_the_rate() {
+    use std::sync::atomic::Ordering::Relaxed;
+    let s = stoker::tokens::loader::TokenStats::default();
+    let ns = |x: f64| (x * 1e9) as u64;
+    // The consumer hardly waited: the training step limits the rate.
+    s.wait_ns.store(ns(0.5), Relaxed);
+    s.tokenize_ns.store(ns(15.0), Relaxed);
+    assert_eq!(s.bottleneck(10.0, 2, true).stage, "consumer");
+    // It waited half the time, and tokenizing kept 2 threads busy 75% of it.
+    s.wait_ns.store(ns(5.0), Relaxed);
+    let b = s.bottleneck(10.0, 2, true);
+    assert_eq!((b.stage, b.busy_fraction), ("tokenize", 0.75));
+    assert!(b.advice.contains("stoker tokenize"), "{}", b.advice);
+    assert!(s.bottleneck(10.0, 2, false).advice.contains("stored token ids"));
+    // With 8 threads the same work is 19% of each: no stage busy, the handover dominates.
+    assert_eq!(s.bottleneck(10.0, 8, true).stage, "handover");
+    s.read_ns.store(ns(9.0), Relaxed);
+    assert_eq!(s.bottleneck(10.0, 8, true).stage, "read");
+    s.pack_ns.store(ns(9.5), Relaxed);
+    assert_eq!(s.bottleneck(10.0, 8, true).stage, "pack");
+}

@@ -241,6 +241,22 @@ pub struct TokenStats {
     pub pack_ns: AtomicU64,
     /// Nanoseconds the consumer waited for batches.
     pub wait_ns: AtomicU64,
+    /// When the loader's first iteration started.
+    pub started: std::sync::OnceLock<Instant>,
+}
+
+/// Which part of a token pipeline limits its rate, and what to change.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct Bottleneck {
+    /// `consumer` (the training step: the loader keeps up), `read`, `tokenize`, `pack`, or
+    /// `handover` (no stage busy: batches too small for the cost of passing them on).
+    pub stage: &'static str,
+    /// The busiest stage's share of the wall time (per thread for tokenizing).
+    pub busy_fraction: f64,
+    /// The share of the wall time the consumer waited for batches.
+    pub consumer_waited_fraction: f64,
+    /// What to change.
+    pub advice: &'static str,
 }
 
 impl TokenStats {
@@ -262,6 +278,44 @@ impl TokenStats {
             "seconds": {"read": s(&self.read_ns), "tokenize": s(&self.tokenize_ns), "pack": s(&self.pack_ns),
                         "consumer_wait": s(&self.wait_ns)},
         })
+    }
+
+    /// The stage that limits the rate over `wall` seconds, with `threads` tokenizer threads
+    /// (`tokenizes`: text, not stored token ids). A consumer that waited for less than a tenth
+    /// of the time is the limit (the loader keeps up); else the busiest stage, per thread of
+    /// it, unless none is busy for a third of the time (the batches' handover then dominates).
+    pub fn bottleneck(&self, wall: f64, threads: usize, tokenizes: bool) -> Bottleneck {
+        let s = |a: &AtomicU64| a.load(Ordering::Relaxed) as f64 / 1e9;
+        let wall = wall.max(1e-9);
+        let waited = s(&self.wait_ns) / wall;
+        let stages = [
+            ("read", s(&self.read_ns)),
+            ("tokenize", s(&self.tokenize_ns) / threads.max(1) as f64),
+            ("pack", s(&self.pack_ns)),
+        ];
+        let (stage, busy) = stages.iter().copied().fold(("read", 0.0), |a, s| if s.1 > a.1 { s } else { a });
+        let limit = if waited < 0.1 {
+            "consumer"
+        } else if busy < 0.3 * wall {
+            "handover"
+        } else {
+            stage
+        };
+        let advice = match limit {
+            "tokenize" if !tokenizes => "turning stored token ids into rows limits the rate: give more threads",
+            "tokenize" => {
+                "tokenizing limits the rate: tokenize once (`stoker tokenize DATA --tokenizer T OUT`, then load OUT), \
+                 or give more threads"
+            }
+            "read" => "reading limits the rate: faster storage, or uncompressed files",
+            "pack" => "packing limits the rate: a larger batch_size or seq_len amortises it",
+            "handover" => {
+                "no stage is busy: the batches are so small that handing them between threads dominates; \
+                 a larger batch_size amortises it"
+            }
+            _ => "the consumer (the training step) limits the rate: the loader keeps up",
+        };
+        Bottleneck { stage: limit, busy_fraction: busy / wall, consumer_waited_fraction: waited, advice }
     }
 }
 
@@ -750,6 +804,20 @@ impl TokenLoader {
         vec![values * 4, values * 4, values * 4, (values + bs + 1) * 4]
     }
 
+    /// The counters ([`TokenStats::to_json`]) with `wall_seconds` (since the first iteration
+    /// started) and the `bottleneck` over that time (absent before any iteration).
+    pub fn report(&self) -> serde_json::Value {
+        let stats = self.stats();
+        let mut v = stats.to_json();
+        if let Some(t) = stats.started.get() {
+            let wall = t.elapsed().as_secs_f64();
+            v["wall_seconds"] = serde_json::json!(wall);
+            v["bottleneck"] = serde_json::to_value(stats.bottleneck(wall, self.threads(), self.tokenizer().is_some()))
+                .unwrap_or_default();
+        }
+        v
+    }
+
     /// Documents in the source (all ranks).
     pub fn documents(&self) -> u64 {
         self.shared.source.len()
@@ -979,6 +1047,7 @@ impl TokenLoader {
     /// Starts an iteration: the current epoch from its first batch, or a restored position.
     pub fn iter(&self) -> Result<TokenIter> {
         self.active.retire("a newer iteration of this loader was started");
+        self.shared.stats.started.get_or_init(Instant::now);
         let (from, first_batch, elastic) = {
             let mut p = self.position();
             let resume = std::mem::take(&mut p.resume);

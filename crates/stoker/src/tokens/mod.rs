@@ -20,5 +20,8 @@ pub mod loader;
 pub mod pack;
 pub mod tokenizer;
 
-pub use loader::{Elastic, PackMode, TokenBatch, TokenConfig, TokenFingerprint, TokenIter, TokenLoader, TokenState};
+pub use loader::{
+    Bottleneck, Elastic, PackMode, TokenBatch, TokenConfig, TokenFingerprint, TokenIter, TokenLoader, TokenState,
+    TokenStats,
+};
 pub use tokenizer::TextTokenizer;
