@@ -102,7 +102,8 @@ class TokenLoader(LoaderBase):
                  eos_id: int | None = None, pad_id: int | None = None, on_bad_document: str = "skip",
                  max_failures: int | None = None, max_document_bytes: int | str | None = None,
                  index_cache: str | os.PathLike[str] | bool | None = None, device: str = "cpu",
-                 even_batches: bool | None = None, output: str = "auto") -> None:
+                 even_batches: bool | None = None, trace: str | os.PathLike[str] | None = None,
+                 trace_events: int | None = None, output: str = "auto") -> None:
         if even_batches not in (None, True, False):
             raise ConfigError(f"invalid argument `even_batches`: expected True, False or None, got {even_batches!r}")
         self._even = even_batches
@@ -115,7 +116,8 @@ class TokenLoader(LoaderBase):
             text_key=text_key, document=document, token_bytes=token_bytes, add_bos=add_bos, add_eos=add_eos,
             bos_token=bos_token, eos_token=eos_token, eos_id=eos_id, pad_id=pad_id, on_bad_document=on_bad_document,
             max_failures=max_failures, max_document_bytes=max_document_bytes,
-            index_cache=_index_cache(index_cache))
+            index_cache=_index_cache(index_cache), trace=None if trace is None else os.fspath(trace),
+            trace_events=trace_events)
         self._device, self._ordinal = native_device(device)
         self._torch = want_torch(output)
         self._start()
@@ -193,6 +195,19 @@ class TokenLoader(LoaderBase):
         change."""
         report: dict[str, Any] = json.loads(self._loader().report_json())
         return report
+
+    @property
+    def trace_path(self) -> str | None:
+        """The ``trace=`` file, or ``None`` when tracing is off."""
+        return self._loader().trace_path
+
+    def save_trace(self, path: str | os.PathLike[str] | None = None) -> str:
+        """Writes the trace recorded so far (the last ``trace_events`` events: spans of reading
+        each document, tokenizing each chunk, packing each batch and the consumer's waits; Chrome
+        trace format, for ``chrome://tracing`` or Perfetto) to ``path`` (default: the ``trace=``
+        file, also written when a pass completes and when the loader is dropped) now; returns
+        the path written."""
+        return self._loader().save_trace(path)
 
     def state_dict(self) -> dict[str, Any]:
         """The exact position: epoch, batches delivered, and where the next row starts (the

@@ -326,6 +326,37 @@ def test_document_indexes_are_stored_and_reused_until_the_file_changes(tmp_path)
         assert not list(store.glob("*.idx"))
 
 
+def test_a_trace_of_reading_tokenizing_packing_and_waiting(tmp_path, reference):
+    path = tmp_path / "trace.json"
+    loader = stoker.TokenLoader(SAMPLE, tokenizer=GPT2, seq_len=512, batch_size=4, threads=2, trace=path,
+                                output="numpy")
+    assert loader.trace_path == str(path)
+    batches = sum(1 for _ in loader)
+    doc = json.loads(path.read_text())  # written when the pass completed
+    threads = {e["tid"]: e["args"]["name"] for e in doc["traceEvents"] if e["name"] == "thread_name"}
+    evs = [e for e in doc["traceEvents"] if e["ph"] != "M"]
+    reads = [e for e in evs if e["name"] == "read"]
+    assert sorted(e["args"]["document"] for e in reads) == list(range(60))
+    chunks = [e for e in evs if e["name"] == "tokenize"]
+    assert sum(e["args"]["documents"] for e in chunks) == 60
+    assert sum(e["args"]["tokens"] for e in chunks) == sum(len(r) for r in reference)
+    assert {threads[e["tid"]] for e in chunks} <= {"stoker-tokenize-0", "stoker-tokenize-1"}
+    assert [e["args"]["batch"] for e in evs if e["name"] == "pack"] == list(range(batches))
+    assert [e["args"]["batch"] for e in evs if e["name"] == "consumer wait"] == list(range(batches))
+    # A small ring keeps the last events; save_trace writes on demand; no trace, no file.
+    small = stoker.TokenLoader(SAMPLE, tokenizer=GPT2, seq_len=512, batch_size=4, trace=tmp_path / "t2.json",
+                               trace_events=10, output="numpy")
+    for _ in small:
+        pass
+    other = json.loads(pathlib.Path(small.save_trace(tmp_path / "t3.json")).read_text())
+    assert len([e for e in other["traceEvents"] if e["ph"] != "M"]) == 10
+    assert other["otherData"]["dropped_events"] >= 60 + batches * 2 - 10
+    with pytest.raises(stoker.ConfigError, match="tracing is off"):
+        stoker.TokenLoader(SAMPLE, tokenizer=GPT2).save_trace(tmp_path / "no.json")
+    with pytest.raises(stoker.ConfigError, match="folder"):
+        stoker.TokenLoader(SAMPLE, tokenizer=GPT2, trace=tmp_path)
+
+
 def _megatron_index(path, sizes, dtype_code, bounds):
     """A Megatron ``.idx`` as megatron.core.datasets.indexed_dataset's _IndexWriter writes it."""
     itemsize = {8: 2, 4: 4}[dtype_code]

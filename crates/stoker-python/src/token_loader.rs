@@ -133,6 +133,25 @@ impl PyTokenLoader {
         self.loader.stats().to_json().to_string()
     }
 
+    /// The `trace=` file, when tracing is on.
+    #[getter]
+    fn trace_path(&self) -> Option<String> {
+        self.loader.trace_path().map(|p| p.display().to_string())
+    }
+
+    /// Writes the trace recorded so far to `path` (default: the `trace=` file) now, with the
+    /// GIL released; returns the path written.
+    #[pyo3(signature = (path=None))]
+    fn save_trace(&self, py: Python<'_>, path: Option<std::path::PathBuf>) -> PyResult<String> {
+        errors::contain(|| {
+            let path = path.or_else(|| self.loader.trace_path().map(std::path::PathBuf::from)).ok_or_else(|| {
+                errors::config("trace", "tracing is off: make the loader with trace=PATH to record a trace")
+            })?;
+            py.detach(|| self.loader.write_trace(&path)).py_err()?;
+            Ok(path.display().to_string())
+        })
+    }
+
     /// The counters with the wall time since the first iteration and the bottleneck verdict,
     /// as JSON.
     fn report_json(&self) -> String {

@@ -829,6 +829,7 @@ fn token_config_in(args: Args, env: Env<'_>) -> Result<(TokenConfig, Option<Path
             v => non_negative("max_failures", &v)?,
         };
     }
+    c.trace = trace(&mut a)?;
     c.index_dir = match a.take("index_cache") {
         None | Some(Value::Null) => index_dir_in(env)?,
         Some(Value::Bool(false)) => None,

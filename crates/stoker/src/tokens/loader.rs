@@ -95,6 +95,9 @@ pub struct TokenConfig {
     /// Where document indexes are stored between runs (`None`: built at every open); see
     /// [`super::index`].
     pub index_dir: Option<std::path::PathBuf>,
+    /// The trace file and ring size (`None`: no trace): spans of reading, tokenizing, packing
+    /// and the consumer's waits, written when a pass completes and when the loader is dropped.
+    pub trace: Option<crate::trace::TraceSpec>,
 }
 
 impl TokenConfig {
@@ -128,6 +131,7 @@ impl TokenConfig {
             max_failures: u64::MAX,
             raise: false,
             index_dir: None,
+            trace: None,
         }
     }
 }
@@ -446,6 +450,28 @@ struct Shared {
     position: Mutex<PositionInner>,
     /// The last [`rows_per_rank`] answer and what it was for (`len()` asks every epoch).
     rows_memo: Mutex<Option<RowsMemo>>,
+    /// The trace, when asked for.
+    tracer: Option<Arc<crate::trace::Tracer>>,
+}
+
+impl Shared {
+    /// Records a span on the trace, when there is one.
+    fn span(&self, name: &'static str, start: Instant, args: &[(&str, f64)]) {
+        if let Some(t) = &self.tracer {
+            t.span(name, "tokens", start, Instant::now(), crate::trace::Args::numbers(args));
+        }
+    }
+
+    /// Writes the trace file, when there is one with events not yet in it.
+    fn write_trace(&self) -> Result<()> {
+        match &self.tracer {
+            Some(t) => match t.auto_path() {
+                Some(path) => t.write(path, &|i| format!("document {i}")).map(drop).map_err(|e| Error::io(path, &e)),
+                None => Ok(()),
+            },
+            None => Ok(()),
+        }
+    }
 }
 
 /// Batches of packed token rows from text or token files.
@@ -775,6 +801,16 @@ impl TokenLoader {
             free_tx.send(Arc::new(slot)).expect("room");
         }
         let pad = config.pad_id.or(eos).unwrap_or(0);
+        let tracer = match &config.trace {
+            Some(t) if t.path.is_dir() => {
+                return Err(Error::config(
+                    "trace",
+                    format!("{} is a folder; give a file such as trace.json", t.path.display()),
+                ))
+            }
+            Some(t) => Some(Arc::new(crate::trace::Tracer::from_spec(t))),
+            None => None,
+        };
         Ok(TokenLoader {
             shared: Arc::new(Shared {
                 source,
@@ -791,6 +827,7 @@ impl TokenLoader {
                 stats: Arc::default(),
                 position: Mutex::default(),
                 rows_memo: Mutex::default(),
+                tracer,
             }),
             active: Active::default(),
         })
@@ -816,6 +853,19 @@ impl TokenLoader {
                 .unwrap_or_default();
         }
         v
+    }
+
+    /// The `trace=` file, when tracing is on.
+    pub fn trace_path(&self) -> Option<&std::path::Path> {
+        self.shared.tracer.as_ref().and_then(|t| t.path())
+    }
+
+    /// Writes the events recorded so far to `path` now (atomically); tracing must be on.
+    pub fn write_trace(&self, path: &std::path::Path) -> Result<()> {
+        let t = self.shared.tracer.as_ref().ok_or_else(|| {
+            Error::config("trace", "tracing is off: make the loader with trace=PATH to record a trace")
+        })?;
+        t.write(path, &|i| format!("document {i}")).map(drop).map_err(|e| Error::io(path, &e))
     }
 
     /// Documents in the source (all ranks).
@@ -1119,8 +1169,17 @@ fn spawn_tokenizing<S: Send + 'static>(
             let tok = sh.tokenizer.clone();
             while let Some((seq, chunk)) = recv(&rx, &cancel) {
                 let t0 = Instant::now();
-                let out = chunk.into_iter().map(|d| tokenize(&sh, tok.as_ref(), d)).collect();
+                let docs = chunk.len();
+                let out: Tokenized = chunk.into_iter().map(|d| tokenize(&sh, tok.as_ref(), d)).collect();
                 sh.stats.tokenize_ns.fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
+                if sh.tracer.is_some() {
+                    let tokens: usize = out.iter().map(|(d, _)| d.tokens.len()).sum();
+                    sh.span(
+                        "tokenize",
+                        t0,
+                        &[("chunk", seq as f64), ("documents", docs as f64), ("tokens", tokens as f64)],
+                    );
+                }
                 if !send(&tx, (seq, out), &cancel) {
                     return;
                 }
@@ -1130,7 +1189,8 @@ fn spawn_tokenizing<S: Send + 'static>(
     Ok(res_rx)
 }
 
-/// The token kind adds nothing to a pass: its position advances with each delivered slot.
+/// The token kind adds nothing to a pass: its position advances with each delivered slot (the
+/// producer decides the end, which [`TokenIter`] sees, and writes the trace then).
 struct TokenHooks;
 
 impl PassHooks for TokenHooks {}
@@ -1196,6 +1256,7 @@ fn read_docs(
                 };
                 sh.stats.read_ns.fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
                 sh.stats.bytes.fetch_add(entry.len.min(cfg.max_document_bytes), Ordering::Relaxed);
+                sh.span("read", t0, &[("document", c as f64), ("bytes", entry.len as f64)]);
                 let skip = order.skips.get(&c).copied().unwrap_or(0);
                 if !emit(RawDoc { epoch, cursor: c, at: (f, k), bytes, skip }, &mut chunk, &mut chunk_bytes) {
                     return;
@@ -1238,6 +1299,7 @@ fn read_docs(
                         });
                         sh.stats.read_ns.fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
                         sh.stats.bytes.fetch_add(bytes.as_ref().map_or(0, |b| b.len() as u64), Ordering::Relaxed);
+                        sh.span("read", t0, &[("document", c as f64)]);
                         let skip = order.skips.get(&c).copied().unwrap_or(0);
                         got.insert(c, RawDoc { epoch, cursor: c, at: (f, k), bytes, skip });
                         continue;
@@ -1255,6 +1317,7 @@ fn read_docs(
                     }
                     sh.stats.read_ns.fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
                     sh.stats.bytes.fetch_add(entry.len.min(cfg.max_document_bytes), Ordering::Relaxed);
+                    sh.span("read", t0, &[("document", c as f64), ("bytes", entry.len as f64)]);
                     let skip = order.skips.get(&c).copied().unwrap_or(0);
                     got.insert(c, RawDoc { epoch, cursor: c, at: (f, k), bytes, skip });
                     if cancel.load(Ordering::Acquire) {
@@ -1490,6 +1553,7 @@ fn pack_batches(
         }
         let idle = waited.swap(0, Ordering::Relaxed);
         sh.stats.pack_ns.fetch_add((t0.elapsed().as_nanos() as u64).saturating_sub(idle), Ordering::Relaxed);
+        sh.span("pack", t0, &[("batch", batch as f64), ("rows", rows as f64), ("waited_s", idle as f64 / 1e9)]);
         if !send(done, slot.clone(), cancel) {
             let _ = sh.free_tx.send(slot);
             return;
@@ -1497,6 +1561,16 @@ fn pack_batches(
         batch += 1;
         if ended {
             return;
+        }
+    }
+}
+
+impl Drop for TokenLoader {
+    /// Writes the trace, when there is one with events not yet in its file (a failure goes to
+    /// stderr: a drop has no caller to return it to).
+    fn drop(&mut self) {
+        if let Err(e) = self.shared.write_trace() {
+            eprintln!("stoker: {e}");
         }
     }
 }
@@ -1601,7 +1675,14 @@ impl TokenIter {
         let got = self.pass.poll(deadline);
         self.shared.stats.wait_ns.fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
         let shared = &self.shared;
+        if matches!(got, Next::End) {
+            // The pass ended (the trace's writer skips a ring with nothing new).
+            if let Err(e) = shared.write_trace() {
+                eprintln!("stoker: {e}"); // the iteration has ended well: no caller to return it to
+            }
+        }
         got.map(|slot| {
+            shared.span("consumer wait", t0, &[("batch", slot.batch.load(Ordering::Relaxed) as f64)]);
             let at = slot.after.lock().unwrap_or_else(|p| p.into_inner()).0;
             {
                 let mut p = shared.position.lock().unwrap_or_else(|p| p.into_inner());
