@@ -52,8 +52,8 @@ class TokenLoader(LoaderBase):
     with ``token_bytes=4``, or a 1-D ``.npy``; documents end at ``eos_id``; or Megatron's ``.bin``
     beside its ``.idx``): a path, a glob, a folder, an object-store URL (``s3://``, ``gs://``,
     ``az://``, ``http(s)://``; text and tar shards) or a list of them; or a token cache folder
-    written by ``stoker tokenize`` (read instead of the text, the same batches). One format per
-    loader. ``tokenizer``: a ``tokenizer.json`` path, a ``tokenizers.Tokenizer``
+    written by ``stoker tokenize`` (read instead of the text, the same batches). Text formats
+    mix in one loader; token files and token caches are one kind per loader. ``tokenizer``: a ``tokenizer.json`` path, a ``tokenizers.Tokenizer``
     or a ``transformers`` fast tokenizer (text only).
 
     Each batch is a dict of ``input_ids``, ``labels`` (the next token in the document; -100 after a

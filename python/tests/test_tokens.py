@@ -277,6 +277,17 @@ def test_webdataset_tar_shards_with_txt_or_json_members(tmp_path, texts, referen
     stream = np.concatenate([np.array(r, dtype=np.int64) for r in reference])
     assert len(stream) - len(got) < 512
     np.testing.assert_array_equal(got, stream[: len(got)])
+    # Text formats mix in one loader: the first shard, then the rest as JSON Lines and a text file.
+    (tmp_path / "b-rest.jsonl").write_text("".join(json.dumps({"content": t}) + "\n" for t in texts[25:59]))
+    (tmp_path / "c-last.txt").write_text(texts[59])
+    mixed = stoker.TokenLoader([tmp_path / "a-000.tar", tmp_path / "b-rest.jsonl", tmp_path / "c-last.txt"],
+                               tokenizer=GPT2, text_key="content", seq_len=512, batch_size=4, output="numpy")
+    assert mixed.documents == 60
+    got = np.concatenate([b["input_ids"].reshape(-1).copy() for b in mixed])
+    np.testing.assert_array_equal(got, stream[: len(got)])
+    assert len(stream) - len(got) < 512
+    with pytest.raises(stoker.ConfigError, match="mixes formats"):
+        stoker.TokenLoader([tmp_path / "b-rest.jsonl", tmp_path / "x.bin"], tokenizer=GPT2)
     # A member that is not UTF-8 is a counted skip naming the shard and the member.
     with tarfile.open(tmp_path / "bad.tar", "w") as tar:
         member(tar, "ok.txt", b"fine text")

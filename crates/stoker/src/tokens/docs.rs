@@ -675,8 +675,11 @@ pub fn too_long(f: &DocFile, d: &DocEntry, max: u64) -> Error {
 pub struct DocSource {
     /// The files.
     pub files: Vec<DocFile>,
-    /// How documents are delimited and what they hold.
+    /// How documents are delimited and what they hold (the first file's format; text formats
+    /// may differ from file to file, see [`DocSource::formats`]).
     pub format: Format,
+    /// Each file's format.
+    pub formats: Vec<Format>,
     /// The global number of the first document of each file, and the total at the end.
     starts: Vec<u64>,
 }
@@ -684,13 +687,15 @@ pub struct DocSource {
 impl DocSource {
     /// Indexes every file (`eos`: see [`DocFile::open`]), reading and storing the indexes in
     /// `index_dir` ([`super::index`]).
-    pub fn open(paths: &[PathBuf], format: Format, eos: Option<u32>, index_dir: Option<&Path>) -> Result<Self> {
-        if paths.is_empty() {
+    pub fn open(paths: &[PathBuf], formats: &[Format], eos: Option<u32>, index_dir: Option<&Path>) -> Result<Self> {
+        if paths.is_empty() || paths.len() != formats.len() {
             return Err(Error::config("data", "no files given"));
         }
+        let format = formats[0];
         let files = paths
             .iter()
-            .map(|p| match format {
+            .zip(formats)
+            .map(|(p, &format)| match format {
                 Format::Cache(_) => super::cache::open(p).map(|(f, _)| f),
                 _ => super::index::open(p, format, eos, index_dir),
             })
@@ -709,7 +714,7 @@ impl DocSource {
                 paths[0].display()
             )));
         }
-        Ok(DocSource { files, format, starts })
+        Ok(DocSource { files, format, formats: formats.to_vec(), starts })
     }
 
     /// Documents in all files.

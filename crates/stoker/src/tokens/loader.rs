@@ -703,11 +703,16 @@ impl TokenLoader {
     ) -> Result<Self> {
         let formats = paths.iter().map(|p| format_of(p, &config)).collect::<Result<Vec<_>>>()?;
         let format = *formats.first().ok_or_else(|| Error::config("data", "no files given"))?;
-        if let Some(k) = formats.iter().position(|f| std::mem::discriminant(f) != std::mem::discriminant(&format)) {
+        // Text formats mix (JSON Lines beside text files and tar shards); token files and
+        // caches are read as they are, one kind per loader.
+        let tokens = |f: &Format| matches!(f, Format::Tokens(_) | Format::Cache(_));
+        if let Some(k) = formats.iter().position(|f| {
+            (tokens(f) || tokens(&format)) && std::mem::discriminant(f) != std::mem::discriminant(&format)
+        }) {
             return Err(Error::config(
                 "data",
                 format!(
-                    "mixes formats: {} is {:?}, {} is {:?}: give one kind per loader",
+                    "mixes formats: {} is {:?}, {} is {:?}: token files and token caches are one kind per loader",
                     paths[0].display(),
                     format,
                     paths[k].display(),
@@ -772,7 +777,7 @@ impl TokenLoader {
         if config.add_bos && bos.is_none() {
             return Err(Error::config("bos_token", "the tokenizer has no known BOS token: name it, or add_bos=False"));
         }
-        let source = DocSource::open(paths, format, if text { None } else { eos }, config.index_dir.as_deref())?;
+        let source = DocSource::open(paths, &formats, if text { None } else { eos }, config.index_dir.as_deref())?;
         let threads = match config.threads {
             Some(0) => return Err(Error::config("threads", "must be at least 1 (or auto)")),
             Some(n) => n,
@@ -1380,7 +1385,8 @@ fn tokenize_whole(sh: &Shared, tok: Option<&TextTokenizer>, d: RawDoc) -> (Doc, 
             }
             (doc, None)
         }
-        (format, Some(tok)) => {
+        (_, Some(tok)) => {
+            let format = sh.source.formats[d.at.0];
             let json = format == Format::Jsonl || file.tar == Some(super::docs::TarText::Json);
             let text = match json {
                 true => match json_text(&bytes, &sh.config.text_key) {
