@@ -80,6 +80,9 @@ class _Native(Protocol):
     def fingerprint_json(self) -> str: ...
     def load_state_json(self, state_json: str) -> None: ...
     def load_states_json(self, states_json: str) -> None: ...
+    @property
+    def device(self) -> str: ...
+    def device_report_json(self) -> str: ...
 
 
 def torch_module() -> Any:
@@ -288,6 +291,16 @@ class LoaderBase:
     def local_rank(self) -> int:
         """This process's GPU index on its node (torchrun's ``LOCAL_RANK``; 0 when unset)."""
         return local_rank()
+
+    @property
+    def device(self) -> str:
+        """Where batches are delivered: ``'cpu'`` or ``'cuda:N'``."""
+        return self._base().device
+
+    def device_report(self) -> dict[str, Any]:
+        """``{requested, used, note}`` for the ``device=`` argument."""
+        report: dict[str, Any] = json.loads(self._base().device_report_json())
+        return report
 
     def set_epoch(self, epoch: int) -> None:
         """Selects the epoch (its shuffle and augmentations). Changing it restarts at batch 0;

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import mmap
 import os
 import sys
@@ -99,16 +98,6 @@ class ArrayLoader(LoaderBase):
 
     def _new_native(self) -> _stoker.ArrayLoader:
         return _stoker.ArrayLoader(self._columns, self._args, self._device, self._ordinal)
-
-    @property
-    def device(self) -> str:
-        """Where batches are delivered: ``'cpu'`` or ``'cuda:N'``."""
-        return self._loader().device
-
-    def device_report(self) -> dict[str, Any]:
-        """``{requested, used, note}`` for the ``device=`` argument."""
-        report: dict[str, Any] = json.loads(self._loader().device_report_json())
-        return report
 
     def __iter__(self) -> Iterator[tuple[Any, ...]]:
         n = len(self._columns)

@@ -165,10 +165,10 @@ class ImageLoader(LoaderBase):
     def _new_native(self) -> _stoker.Loader:
         return _stoker.Loader(self._roots, self._args, self._device, self._ordinal)
 
-    @property
-    def device(self) -> str:
-        """Where batches are delivered: ``'cpu'`` or ``'cuda:N'``."""
-        return self._loader().device
+    def device_report(self) -> dict[str, Any]:
+        """``{requested, used, note}`` for the ``device=`` argument (as in :meth:`report`)."""
+        device: dict[str, Any] = self.report()["device"]
+        return device
 
     def _loader(self) -> _stoker.Loader:
         native: _stoker.Loader = self._base()  # type: ignore[assignment]

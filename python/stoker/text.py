@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import sys
@@ -53,8 +54,9 @@ class TokenLoader(LoaderBase):
     beside its ``.idx``): a path, a glob, a folder, an object-store URL (``s3://``, ``gs://``,
     ``az://``, ``http(s)://``; text and tar shards) or a list of them; or a token cache folder
     written by ``stoker tokenize`` (read instead of the text, the same batches). Text formats
-    mix in one loader; token files and token caches are one kind per loader. ``tokenizer``: a ``tokenizer.json`` path, a ``tokenizers.Tokenizer``
-    or a ``transformers`` fast tokenizer (text only).
+    mix in one loader; token files and token caches are one kind per loader. ``tokenizer``: a
+    ``tokenizer.json`` path, a ``tokenizers.Tokenizer`` or a ``transformers`` fast tokenizer
+    (text only).
 
     Each batch is a dict of ``input_ids``, ``labels`` (the next token in the document; -100 after a
     document's last token and on padding), ``position_ids`` (restarting at each document and at each
@@ -125,16 +127,6 @@ class TokenLoader(LoaderBase):
 
     def _new_native(self) -> _stoker.TokenLoader:
         return _stoker.TokenLoader(self._paths, self._args, self._tokenizer_json, self._device, self._ordinal)
-
-    @property
-    def device(self) -> str:
-        """Where batches are delivered: ``'cpu'`` or ``'cuda:N'``."""
-        return self._loader().device
-
-    def device_report(self) -> dict[str, Any]:
-        """``{requested, used, note}`` for the ``device=`` argument."""
-        report: dict[str, Any] = json.loads(self._loader().device_report_json())
-        return report
 
     def _adopt(self, old: Any, new: Any) -> None:
         state = json.loads(old.state_json())
@@ -247,6 +239,11 @@ def _index_cache(value: Any) -> str | bool | None:
 _GLOO: Any = None
 
 
+def _forget_gloo() -> None:
+    global _GLOO
+    _GLOO = None
+
+
 def _even_batches(world_size: int, required: bool) -> Callable[[bool], bool] | None:
     """A function every rank calls once per step with whether it has a batch: ``True`` while all
     do (a MIN all-reduce on a CPU gloo group, so no GPU stream is synchronised); ``None`` where
@@ -263,9 +260,14 @@ def _even_batches(world_size: int, required: bool) -> Callable[[bool], bool] | N
     if dist.get_world_size() != world_size:
         raise ConfigError(f"invalid argument `world_size`: the loader has {world_size} ranks, torch.distributed "
                           f"{dist.get_world_size()}")
-    if _GLOO is None:
-        _GLOO = dist.group.WORLD if dist.get_backend() == "gloo" else dist.new_group(backend="gloo")
-    group = _GLOO
+    group = None  # the default group, when it is a gloo one (no reference to it kept here)
+    if dist.get_backend() != "gloo":
+        if _GLOO is None:
+            _GLOO = dist.new_group(backend="gloo")
+            # Let go of it before the interpreter's teardown: a process group destroyed then
+            # (after destroy_process_group) can abort the process.
+            atexit.register(_forget_gloo)
+        group = _GLOO
 
     def agree(have: bool) -> bool:
         flag = torch.tensor([1 if have else 0], dtype=torch.int32)

@@ -48,14 +48,3 @@ def pytest_configure(config):
 
         if importlib.util.find_spec("torch") is None:
             raise pytest.UsageError("STOKER_REQUIRE_TORCH=1 but PyTorch is not installed: run ./scripts/setup")
-
-
-@pytest.fixture(scope="session", autouse=True)
-def _index_store(tmp_path_factory):
-    """Stored document indexes go to a folder of this run, not to ~/.cache (the user's)."""
-    if os.environ.get("STOKER_INDEX_DIR"):
-        yield
-        return
-    os.environ["STOKER_INDEX_DIR"] = str(tmp_path_factory.mktemp("doc-index"))
-    yield
-    del os.environ["STOKER_INDEX_DIR"]

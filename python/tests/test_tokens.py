@@ -438,6 +438,27 @@ def test_closing_an_iteration_stops_every_thread_promptly():
     assert threading.active_count() >= 1
 
 
+def _torchrun(tmp_path, script_text, *args):
+    """Runs ``script_text`` on 2 local ranks under torchrun with ``args`` and an output path
+    last; returns what rank 0 wrote there (JSON)."""
+    import socket
+    import subprocess
+    import sys
+
+    script = tmp_path / "train.py"
+    script.write_text(script_text)
+    out = tmp_path / "out.json"
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
+           "--master_port", str(port), str(script), *map(str, args), str(out)]
+    r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads(out.read_text())
+
+
 TORCHRUN_SCRIPT = r'''
 import json, os, sys
 from datetime import timedelta
@@ -462,7 +483,7 @@ for batch in loader:
 everyone = [None] * world
 dist.all_gather_object(everyone, {"steps": steps, "len": len(loader), "rows": rows})
 if rank == 0:
-    with open(sys.argv[2], "w") as f:
+    with open(sys.argv[-1], "w") as f:
         json.dump(everyone, f)
 dist.destroy_process_group()
 '''
@@ -470,24 +491,10 @@ dist.destroy_process_group()
 
 def test_two_ranks_under_torchrun_have_equal_batches_and_disjoint_rows(tmp_path, reference):
     pytest.importorskip("torch")
-    import socket
-    import subprocess
-    import sys
 
     flat = np.concatenate([np.array(r, dtype=np.uint16) for r in reference[:12]])
     flat.tofile(tmp_path / "train.bin")
-    script = tmp_path / "train.py"
-    script.write_text(TORCHRUN_SCRIPT)
-    out = tmp_path / "out.json"
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
-           "--master_port", str(port), str(script), str(tmp_path / "train.bin"), str(out)]
-    r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stderr[-3000:]
-    ranks = json.loads(out.read_text())
+    ranks = _torchrun(tmp_path, TORCHRUN_SCRIPT, tmp_path / "train.bin")
     assert ranks[0]["steps"] == ranks[1]["steps"] == ranks[0]["len"] == ranks[1]["len"] > 3
     rows0 = {tuple(row) for row in ranks[0]["rows"]}
     rows1 = {tuple(row) for row in ranks[1]["rows"]}
@@ -517,7 +524,7 @@ for even in (None, False):
 everyone = [None] * world
 dist.all_gather_object(everyone, out)
 if rank == 0:
-    with open(sys.argv[3], "w") as f:
+    with open(sys.argv[-1], "w") as f:
         json.dump(everyone, f)
 dist.destroy_process_group()
 '''
@@ -527,26 +534,12 @@ def test_raw_text_ranks_stop_together_under_torch_distributed(tmp_path, texts):
     """Over raw text the batch counts are known only once tokenized: the ranks agree at each
     step and stop together; without that (even_batches=False) their counts differ here."""
     pytest.importorskip("torch")
-    import socket
-    import subprocess
-    import sys
 
     # Round-robin sharding gives rank 0 the even documents: long ones; rank 1 short ones.
     short = "A short document, a few words long. " * 4
     lines = [json.dumps({"text": texts[i // 2] if i % 2 == 0 else short}) for i in range(40)]
     (tmp_path / "uneven.jsonl").write_text("\n".join(lines) + "\n")
-    script = tmp_path / "even.py"
-    script.write_text(EVEN_SCRIPT)
-    out = tmp_path / "out.json"
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
-           "--master_port", str(port), str(script), str(tmp_path / "uneven.jsonl"), str(GPT2), str(out)]
-    r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stderr[-3000:]
-    ranks = json.loads(out.read_text())
+    ranks = _torchrun(tmp_path, EVEN_SCRIPT, tmp_path / "uneven.jsonl", GPT2)
     assert ranks[0]["False"] > ranks[1]["False"] >= 1, ranks
     assert ranks[0]["None"] == ranks[1]["None"] == ranks[1]["False"], ranks
     with pytest.raises(stoker.ConfigError, match="even_batches"):

@@ -23,14 +23,3 @@ def demo_root(stoker_bin, tmp_path_factory) -> Path:
     subprocess.run([str(stoker_bin), "demo", "--out", str(root), "--images", "140", "--no-bench"], check=True)
     (root / "LICENSE.md").unlink()
     return root
-
-
-@pytest.fixture(scope="session", autouse=True)
-def _index_store(tmp_path_factory):
-    """Stored document indexes go to a folder of this run, not to ~/.cache (the user's)."""
-    if os.environ.get("STOKER_INDEX_DIR"):
-        yield
-        return
-    os.environ["STOKER_INDEX_DIR"] = str(tmp_path_factory.mktemp("doc-index"))
-    yield
-    del os.environ["STOKER_INDEX_DIR"]

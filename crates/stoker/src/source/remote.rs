@@ -398,25 +398,7 @@ pub(crate) fn open(urls: &[String]) -> Result<ShardSource> {
         }
         let (dir, name) = key.rsplit_once('/').unwrap_or(("", key.as_str()));
         if name.contains(['*', '?']) {
-            let prefix = ObjPath::from(dir);
-            let listing = breaker.call(&rt, async {
-                let mut out = vec![];
-                let mut list = store.list(Some(&prefix));
-                while let Some(meta) = list.next().await {
-                    let loc = meta?.location.to_string();
-                    let file = loc.rsplit('/').next().unwrap_or(&loc);
-                    if glob_match(name, file) {
-                        out.push(loc);
-                    }
-                }
-                Ok::<_, object_store::Error>(out)
-            });
-            let mut found = listing.map_err(|e| Error::Dataset(format!("{base}/{dir}: cannot list: {}", e.text())))?;
-            found.sort();
-            if found.is_empty() {
-                return Err(Error::Dataset(format!("no object matches {url}")));
-            }
-            keys.extend(found);
+            keys.extend(list_matching(&*store, &breaker, &rt, (&base, dir, name), url)?);
         } else {
             keys.push(key);
         }
@@ -488,10 +470,7 @@ impl ObjectReader {
         let limits = Limits::from_env()?;
         let store = store_for(&base, &limits)?;
         let breaker = Breaker::new(&base, limits.request);
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .map_err(|e| Error::Internal(format!("cannot start the I/O runtime: {e}")))?;
+        let rt = calling_thread_runtime()?;
         let key = ObjPath::from(key.as_str());
         let size = breaker
             .call(&rt, store.head(&key))
@@ -548,19 +527,36 @@ pub fn expand_url(spec: &str) -> Result<Vec<String>> {
     let limits = Limits::from_env()?;
     let store = store_for(&base, &limits)?;
     let breaker = Breaker::new(&base, limits.request);
-    let rt = tokio::runtime::Builder::new_current_thread()
+    let keys = list_matching(&*store, &breaker, &calling_thread_runtime()?, (&base, dir, name), spec)?;
+    Ok(keys.into_iter().map(|k| format!("{base}/{k}")).collect())
+}
+
+/// A runtime that runs requests on the thread that waits for them (no thread of its own).
+fn calling_thread_runtime() -> Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
-        .map_err(|e| Error::Internal(format!("cannot start the I/O runtime: {e}")))?;
+        .map_err(|e| Error::Internal(format!("cannot start the I/O runtime: {e}")))
+}
+
+/// The keys under `dir` whose last component matches the glob `name`, sorted; none is an error
+/// naming `spec`.
+fn list_matching(
+    store: &dyn ObjectStore,
+    breaker: &Breaker,
+    rt: &tokio::runtime::Runtime,
+    (base, dir, name): (&str, &str, &str),
+    spec: &str,
+) -> Result<Vec<String>> {
     let prefix = ObjPath::from(dir);
-    let listing = breaker.call(&rt, async {
+    let listing = breaker.call(rt, async {
         let mut out = vec![];
         let mut list = store.list(Some(&prefix));
         while let Some(meta) = list.next().await {
             let loc = meta?.location.to_string();
             let file = loc.rsplit('/').next().unwrap_or(&loc);
             if glob_match(name, file) {
-                out.push(format!("{base}/{loc}"));
+                out.push(loc);
             }
         }
         Ok::<_, object_store::Error>(out)
