@@ -4,7 +4,9 @@
 Builds ``--out`` (default ``/tmp/stoker-big.jsonl``, about ``--bytes`` of text) by repeating the
 Wikipedia shards of ``../shared/text`` (and ``.jsonl.zst`` beside it with ``--zst``), reads it once
 into the page cache, then times ``TokenLoader(...)`` plus ``next(iter(loader))`` in a fresh
-process, plain and shuffled. Command used for BENCHMARKS.md::
+process: first with no stored document index (it is built and stored in a temporary
+``index_cache``), then again (the stored index is read), plain and shuffled. Command used for
+BENCHMARKS.md::
 
     python3 benches/first_batch_text.py --bytes 1e9 --zst
 """
@@ -13,6 +15,7 @@ import argparse
 import glob
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -22,11 +25,11 @@ CHILD = """
 import sys, time, stoker
 t0 = time.perf_counter()
 l = stoker.TokenLoader(sys.argv[1], tokenizer=sys.argv[2], seq_len=2048, batch_size=8, threads=2,
-                       shuffle=sys.argv[3] == "1", output="numpy")
+                       shuffle=sys.argv[3] == "1", index_cache=sys.argv[4], output="numpy")
 t1 = time.perf_counter()
 next(iter(l))
-print(f"{sys.argv[1]} shuffle={sys.argv[3]}: open {t1 - t0:.3f} s, first batch {time.perf_counter() - t0:.3f} s, "
-      f"{l.documents} documents")
+print(f"{sys.argv[1]} shuffle={sys.argv[3]} {sys.argv[5]}: open {t1 - t0:.3f} s, "
+      f"first batch {time.perf_counter() - t0:.3f} s, {l.documents} documents")
 """
 
 
@@ -62,10 +65,12 @@ def main():
         with open(f, "rb") as fh:  # into the page cache
             while fh.read(1 << 24):
                 pass
-        for shuffle in ("0", "1"):
-            t = time.perf_counter()
-            subprocess.run([sys.executable, "-c", CHILD, str(f), str(args.tokenizer), shuffle], check=True)
-            print(f"  (process {time.perf_counter() - t:.2f} s)")
+        with tempfile.TemporaryDirectory() as store:
+            for shuffle, what in (("0", "index built"), ("0", "index stored"), ("1", "index stored")):
+                t = time.perf_counter()
+                subprocess.run([sys.executable, "-c", CHILD, str(f), str(args.tokenizer), shuffle, store, what],
+                               check=True)
+                print(f"  (process {time.perf_counter() - t:.2f} s)")
 
 
 if __name__ == "__main__":
