@@ -2,7 +2,7 @@
 //! `'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+`, with the
 //! semantics the `tokenizers` crate gives it through Oniguruma (first alternative that matches,
 //! greedy runs, `\s+(?!\S)` backing off one character before a non-space). The character
-//! classes come from Oniguruma itself ([`super::pretok_tables`]), so `\p{L}`, `\p{N}` and `\s`
+//! classes come from Oniguruma itself (`pretok_tables.rs`), so `\p{L}`, `\p{N}` and `\s`
 //! are exactly what the regex engine says, Unicode version included.
 
 use super::pretok_tables::RANGES;
