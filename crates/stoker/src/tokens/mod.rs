@@ -5,6 +5,8 @@
 //! - [`docs`]: the formats on disk and the document index (offsets, lengths, lines).
 //! - [`index`]: document indexes stored between runs, checked against their files.
 //! - [`tokenizer`]: a `tokenizer.json`, one instance per thread, no offsets.
+//! - [`bpe`]: stoker's exact fast path for byte-level BPE files (GPT-2's kind), chosen by
+//!   [`tokenizer`] when a file is one it reproduces; `pretok` is its hand-written GPT-2 pattern.
 //! - [`pack`]: the concat and best-fit packers and their resume points (pure functions of the
 //!   document stream).
 //! - [`cache`]: the token cache folder (`stoker tokenize`): tokens, index, description.
@@ -13,11 +15,14 @@
 //! Owns: text formats, tokenization, packing. May not touch: the shell's iteration rules
 //! (delivery, failure budget, stale iterators), which it uses through [`crate::shell::pass`].
 
+pub mod bpe;
 pub mod cache;
 pub mod docs;
 pub mod index;
 pub mod loader;
 pub mod pack;
+mod pretok;
+mod pretok_tables;
 pub mod tokenizer;
 
 pub use loader::{

@@ -1,9 +1,13 @@
 //! The HuggingFace `tokenizers` crate behind one small type: a `tokenizer.json` loaded once,
 //! cloned for each worker thread (one instance per thread: a shared instance's
 //! `encode_batch` scales badly past a few cores), encoding without character offsets.
+//! A byte-level BPE file that [`super::bpe`] reproduces exactly (GPT-2's kind) is encoded by
+//! that fast path instead; [`TextTokenizer::engine`] says which path a file got and why.
 
+use super::bpe::BpeModel;
 use crate::error::{Error, Result};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 /// Names tried, in order, for the end-of-sequence token when none is given.
 const EOS_NAMES: [&str; 5] = ["<|endoftext|>", "</s>", "<|end_of_text|>", "<eos>", "[SEP]"];
@@ -14,6 +18,10 @@ const BOS_NAMES: [&str; 5] = ["<s>", "<|begin_of_text|>", "<bos>", "[CLS]", "<|e
 #[derive(Clone)]
 pub struct TextTokenizer {
     inner: tokenizers::Tokenizer,
+    /// stoker's own encoder, when the file is one it reproduces exactly.
+    fast: Option<Arc<BpeModel>>,
+    /// Why the file got its engine.
+    why: Arc<str>,
     /// The file it came from (or `<json>`).
     pub origin: PathBuf,
     /// A hash of its JSON, for fingerprints and caches.
@@ -22,7 +30,7 @@ pub struct TextTokenizer {
 
 impl std::fmt::Debug for TextTokenizer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("TextTokenizer").field("origin", &self.origin).finish()
+        f.debug_struct("TextTokenizer").field("origin", &self.origin).field("engine", &self.engine()).finish()
     }
 }
 
@@ -39,7 +47,25 @@ impl TextTokenizer {
             Error::config("tokenizer", format!("{}: not a valid tokenizer.json: {e}", origin.display()))
         })?;
         let hash = xxhash_rust::xxh3::xxh3_64(json);
-        Ok(TextTokenizer { inner, origin: origin.to_path_buf(), hash })
+        let picked = serde_json::from_slice::<serde_json::Value>(json)
+            .map_err(|e| e.to_string())
+            .and_then(|j| BpeModel::from_json(&j, &inner));
+        let (fast, why) = match picked {
+            Ok(m) => (Some(Arc::new(m)), "byte-level BPE with GPT-2's pre-tokenizer, reproduced exactly".into()),
+            Err(why) => (None, why.into()),
+        };
+        Ok(TextTokenizer { inner, fast, why, origin: origin.to_path_buf(), hash })
+    }
+
+    /// Which encoder this file got, `"stoker byte-level BPE"` or `"tokenizers"`, and why.
+    pub fn engine(&self) -> (&'static str, &str) {
+        let name = if self.fast.is_some() { "stoker byte-level BPE" } else { "tokenizers" };
+        (name, &self.why)
+    }
+
+    /// The same tokenizer on the `tokenizers` crate alone (for comparisons and benchmarks).
+    pub fn without_fast_path(&self) -> Self {
+        TextTokenizer { fast: None, why: "fast path turned off by the caller".into(), ..self.clone() }
     }
 
     /// The id of `token`, if the vocabulary has it.
@@ -75,6 +101,10 @@ impl TextTokenizer {
     /// The ids of `text`, with the tokenizer's own special tokens (its post-processor) and no
     /// character offsets, appended to `out`.
     pub fn encode_into(&self, text: &str, out: &mut Vec<u32>) -> Result<()> {
+        if let Some(fast) = &self.fast {
+            fast.encode_into(text, out);
+            return Ok(());
+        }
         let enc = self
             .inner
             .encode_fast(text, true)
@@ -101,6 +131,10 @@ mod tests {
         t.encode_into("Hello world, this is a test.", &mut ids).unwrap();
         assert_eq!(ids, [15496, 995, 11, 428, 318, 257, 1332, 13]);
         assert_eq!(t.eos(None).unwrap(), Some(50256));
+        assert_eq!(t.engine().0, "stoker byte-level BPE", "{:?}", t.engine());
+        let mut slow = vec![];
+        t.without_fast_path().encode_into("Hello world, this is a test.", &mut slow).unwrap();
+        assert_eq!(slow, ids);
     }
 
     #[test]

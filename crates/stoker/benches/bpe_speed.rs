@@ -1,0 +1,115 @@
+//! The byte-level BPE fast path against the `tokenizers` crate's `encode_fast`, one thread, on
+//! the shared Wikipedia corpus: first every document's ids compared (all must be identical), then
+//! both timed over the whole corpus in interleaved rounds (A B A B ...), reporting M tokens per
+//! CPU-second and the ratio. The corpus is not in the repository; without it the bench says so
+//! and exits 0.
+//!
+//! `cargo bench -p stoker --bench bpe_speed -- [TEXT_DIR] [ROUNDS]` (defaults:
+//! `/work/shared/text`, or `$STOKER_TEXT_DIR`, and 3 rounds). `TEXT_DIR` holds the
+//! `wiki-en-2015-*.jsonl.zst` shards and `tokenizer-gpt2.json`.
+
+use std::path::PathBuf;
+use std::time::Instant;
+use stoker::tokens::TextTokenizer;
+
+/// This process's user + system CPU seconds (`/proc/self/stat`; 10 ms ticks).
+fn cpu_seconds() -> f64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    // Fields after the parenthesised command name; utime and stime are the 14th and 15th.
+    let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+    (ticks(11) + ticks(12)) / 100.0
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).filter(|a| !a.starts_with("--")).collect();
+    let dir = args
+        .first()
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("STOKER_TEXT_DIR").map(PathBuf::from))
+        .unwrap_or_else(|| PathBuf::from("/work/shared/text"));
+    let rounds: usize = args.get(1).and_then(|r| r.parse().ok()).unwrap_or(3).max(1);
+    let mut shards: Vec<PathBuf> =
+        std::fs::read_dir(&dir).map(|d| d.filter_map(|e| e.ok().map(|e| e.path())).collect()).unwrap_or_default();
+    shards.retain(|p| {
+        p.file_name()
+            .and_then(|n| n.to_str())
+            .is_some_and(|n| n.starts_with("wiki-en-2015-") && n.ends_with(".jsonl.zst"))
+    });
+    shards.sort();
+    let tok_path = dir.join("tokenizer-gpt2.json");
+    if shards.is_empty() || !tok_path.exists() {
+        println!("skipped: no *.jsonl.zst shards or tokenizer-gpt2.json in {}", dir.display());
+        return;
+    }
+
+    let mut texts: Vec<String> = vec![];
+    for s in &shards {
+        let raw = zstd::decode_all(std::fs::File::open(s).expect("open shard")).expect("decompress shard");
+        for line in raw.split(|&b| b == b'\n').filter(|l| !l.is_empty()) {
+            let v: serde_json::Value = serde_json::from_slice(line).expect("a JSON line");
+            texts.push(v["text"].as_str().expect("a text field").to_string());
+        }
+    }
+    let bytes: usize = texts.iter().map(String::len).sum();
+    let fast = TextTokenizer::from_file(&tok_path).expect("load tokenizer");
+    assert_eq!(fast.engine().0, "stoker byte-level BPE", "{:?}", fast.engine());
+    let slow = tokenizers::Tokenizer::from_file(&tok_path).expect("load tokenizer");
+    println!(
+        "{} shards, {} documents, {:.1} MB of text; fast path: {:?}",
+        shards.len(),
+        texts.len(),
+        bytes as f64 / 1e6,
+        fast.engine()
+    );
+
+    // Identical ids, document by document (untimed).
+    let (mut a, mut tokens) = (Vec::new(), 0usize);
+    for (i, t) in texts.iter().enumerate() {
+        a.clear();
+        fast.encode_into(t, &mut a).expect("encode");
+        let b = slow.encode_fast(t.as_str(), true).expect("encode");
+        assert!(a == b.get_ids(), "document {i}: ids differ");
+        tokens += a.len();
+    }
+    println!("ids identical: {} documents, {} tokens compared", texts.len(), tokens);
+
+    let mut runs: [Vec<(f64, f64)>; 2] = [vec![], vec![]];
+    for round in 0..rounds {
+        for (k, name) in ["tokenizers encode_fast", "stoker byte-level BPE"].into_iter().enumerate() {
+            let (c0, w0) = (cpu_seconds(), Instant::now());
+            let mut n = 0usize;
+            for t in &texts {
+                if k == 0 {
+                    n += slow.encode_fast(t.as_str(), true).expect("encode").get_ids().len();
+                } else {
+                    a.clear();
+                    fast.encode_into(t, &mut a).expect("encode");
+                    n += a.len();
+                }
+            }
+            let (cpu, wall) = (cpu_seconds() - c0, w0.elapsed().as_secs_f64());
+            assert_eq!(n, tokens);
+            println!(
+                "round {round} {name:>24}: {wall:6.2} s wall, {cpu:6.2} CPU-s, {:5.2} M tokens/CPU-s, {:6.2} MB/CPU-s",
+                n as f64 / cpu / 1e6,
+                bytes as f64 / cpu / 1e6
+            );
+            runs[k].push((cpu, wall));
+        }
+    }
+    let med = |k: usize| median(runs[k].iter().map(|r| r.0).collect());
+    let ratios = median(runs[0].iter().zip(&runs[1]).map(|(s, f)| s.0 / f.0).collect());
+    println!(
+        "median: tokenizers {:.3} M tokens/CPU-s, fast path {:.3} M tokens/CPU-s; paired ratio {:.2}x",
+        tokens as f64 / med(0) / 1e6,
+        tokens as f64 / med(1) / 1e6,
+        ratios
+    );
+}

@@ -1,0 +1,373 @@
+//! The byte-level BPE fast path (`stoker::tokens::bpe`) against the `tokenizers` crate: the
+//! same ids on real text, on every Unicode scalar value in several contexts, on generated
+//! hostile text, on very long pieces, and for variants of the GPT-2 file; files it does not
+//! reproduce fall back to `tokenizers` with a reason.
+
+use proptest::prelude::*;
+use serde_json::{json, Value};
+use std::path::{Path, PathBuf};
+use stoker::tokens::TextTokenizer;
+use tokenizers::utils::SysRegex;
+
+const FAST: &str = "stoker byte-level BPE";
+
+fn data(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/data/text").join(name)
+}
+
+fn gpt2_json() -> Value {
+    serde_json::from_slice(&std::fs::read(data("tokenizer-gpt2.json")).unwrap()).unwrap()
+}
+
+fn load(j: &Value) -> TextTokenizer {
+    TextTokenizer::from_json(&serde_json::to_vec(j).unwrap(), Path::new("<test>")).unwrap()
+}
+
+/// The fast path and `tokenizers` on one tokenizer: `(fast, slow)`.
+fn pair(j: &Value) -> (TextTokenizer, TextTokenizer) {
+    let t = load(j);
+    assert_eq!(t.engine().0, FAST, "{:?}", t.engine());
+    let slow = t.without_fast_path();
+    (t, slow)
+}
+
+fn ids(t: &TextTokenizer, text: &str) -> Vec<u32> {
+    let mut v = vec![];
+    t.encode_into(text, &mut v).unwrap();
+    v
+}
+
+/// Asserts equal ids, naming the text (shortened) when they differ.
+fn same(fast: &TextTokenizer, slow: &TextTokenizer, text: &str) {
+    let (a, b) = (ids(fast, text), ids(slow, text));
+    if a != b {
+        let shown: String = text.chars().take(200).collect();
+        let at = a.iter().zip(&b).position(|(x, y)| x != y).unwrap_or(a.len().min(b.len()));
+        panic!(
+            "ids differ at {at} for {shown:?} ({} chars):\nfast {:?}\nslow {:?}",
+            text.chars().count(),
+            &a[at.saturating_sub(3)..(at + 5).min(a.len())],
+            &b[at.saturating_sub(3)..(at + 5).min(b.len())]
+        );
+    }
+}
+
+fn wiki_texts() -> Vec<String> {
+    let raw = zstd::decode_all(std::fs::File::open(data("wiki-sample.jsonl.zst")).unwrap()).unwrap();
+    raw.split(|&b| b == b'\n')
+        .filter(|l| !l.is_empty())
+        .map(|l| serde_json::from_slice::<Value>(l).unwrap()["text"].as_str().unwrap().to_string())
+        .collect()
+}
+
+#[test]
+fn gpt2_wiki_sample_ids_identical() {
+    let (fast, slow) = pair(&gpt2_json());
+    let texts = wiki_texts();
+    assert_eq!(texts.len(), 60);
+    let mut n = 0;
+    for t in &texts {
+        same(&fast, &slow, t);
+        n += ids(&fast, t).len();
+    }
+    // Twice, so the second pass runs from the per-thread cache.
+    for t in &texts {
+        same(&fast, &slow, t);
+    }
+    assert!(n > 100_000, "{n}");
+}
+
+/// Every scalar value, in forms that exercise each branch of the pattern. The forms are joined
+/// with `<|endoftext|>` (an added token: each gap is pre-tokenized on its own) to make few calls;
+/// a difference is then narrowed down to the one form.
+#[test]
+fn every_scalar_value_alone_and_in_context() {
+    let (fast, slow) = pair(&gpt2_json());
+    let forms: [fn(char) -> String; 7] = [
+        |c| format!("{c}"),
+        |c| format!("a{c}b"),
+        |c| format!(" {c}{c}"),
+        |c| format!("{c}  x"),
+        |c| format!("'{c} 1{c}"),
+        |c| format!("x {c}\u{a0}{c}y"),
+        |c| format!("?{c}'s"),
+    ];
+    let all: Vec<char> = (0..=0x10FFFFu32).filter_map(char::from_u32).collect();
+    for chunk in all.chunks(4096) {
+        let texts: Vec<String> = chunk.iter().flat_map(|&c| forms.iter().map(move |f| f(c))).collect();
+        let joined = texts.join("<|endoftext|>");
+        if ids(&fast, &joined) != ids(&slow, &joined) {
+            for t in &texts {
+                same(&fast, &slow, t);
+            }
+            panic!("joined forms differ, each alone does not");
+        }
+    }
+}
+
+#[test]
+fn long_pieces_are_identical() {
+    let (fast, slow) = pair(&gpt2_json());
+    // 4 MiB of letters without a space: one piece, merged on the heap.
+    let mut x: u32 = 12345;
+    let word: String = (0..4 << 20)
+        .map(|_| {
+            x = x.wrapping_mul(1_103_515_245).wrapping_add(12345);
+            (b'a' + ((x >> 16) % 26) as u8) as char
+        })
+        .collect();
+    same(&fast, &slow, &word);
+    same(&fast, &slow, &"ab".repeat(2 << 20));
+    same(&fast, &slow, &"é".repeat(1 << 20));
+    // Long whitespace runs, at the end and before a word, mixed.
+    same(&fast, &slow, &" ".repeat(1 << 20));
+    same(&fast, &slow, &format!("{}x", " ".repeat(1 << 20)));
+    same(&fast, &slow, &format!("a{}b", " \r\n\t\u{a0}\u{2003}\u{3000}".repeat(50_000)));
+    same(&fast, &slow, &"1234567890".repeat(100_000));
+    same(&fast, &slow, &"!?-".repeat(300_000));
+}
+
+/// Fragments hostile text is made of.
+fn fragment() -> impl Strategy<Value = String> {
+    prop_oneof![
+        any::<char>().prop_map(|c| c.to_string()),
+        (0x300u32..0x370).prop_map(|c| char::from_u32(c).unwrap().to_string()),
+        (0x1F300u32..0x1FAFF).prop_filter_map("scalar", |c| char::from_u32(c).map(|c| c.to_string())),
+        prop::sample::select(vec![
+            " ",
+            "  ",
+            "\n",
+            "\r\n",
+            "\t",
+            "\u{a0}",
+            "\u{2003}",
+            "\u{3000}",
+            "\u{85}",
+            "\u{2028}",
+            "\u{b}",
+            "\u{c}",
+            "'s",
+            "'S",
+            "'t",
+            "'re",
+            "'RE",
+            "'ve",
+            "'m",
+            "'ll",
+            "'LL",
+            "'d",
+            "'D",
+            "'",
+            "''",
+            "' s",
+            "<|endoftext|>",
+            "<|endoftext",
+            "endoftext|>",
+            "<|",
+            "1",
+            "42",
+            "٣",
+            "½",
+            "Ⅻ",
+            "é",
+            "e\u{301}",
+            "ß",
+            "Hello",
+            "world",
+            "日本語",
+            "😀",
+            "👩\u{200d}👩\u{200d}👧",
+            "🇫🇷",
+            "\u{feff}",
+            "\u{200b}",
+            "\0",
+            "\u{7f}",
+        ])
+        .prop_map(str::to_string),
+        "[a-zA-Z]{1,30}",
+        "[0-9]{1,12}",
+        "[ \t\n\r]{1,8}",
+        "[!-/:-@\\[-`{-~]{1,6}",
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 3000, ..ProptestConfig::default() })]
+    #[test]
+    fn hostile_text_is_identical(parts in prop::collection::vec(fragment(), 0..40)) {
+        thread_local! {
+            static T: (TextTokenizer, TextTokenizer) = pair(&gpt2_json());
+        }
+        let text = parts.concat();
+        let (a, b) = T.with(|(fast, slow)| (ids(fast, &text), ids(slow, &text)));
+        prop_assert_eq!(a, b, "{:?}", text);
+    }
+}
+
+/// Variants of the GPT-2 file the fast path also takes: merges as pairs, `ignore_merges`,
+/// the `Split` + `ByteLevel` form, extra added tokens of both `normalized` kinds that overlap.
+#[test]
+fn eligible_variants_are_identical() {
+    let texts: Vec<String> = wiki_texts()
+        .into_iter()
+        .take(8)
+        .chain([
+            "<|endoftext|><|endoftext|>x<|end hello world<|endoftext|>  hello  world\n".to_string(),
+            "hello<|endoftext|>world helloworld <|end <|endo".to_string(),
+        ])
+        .collect();
+    let check = |j: &Value| {
+        let (fast, slow) = pair(j);
+        for t in &texts {
+            same(&fast, &slow, t);
+        }
+    };
+
+    let mut j = gpt2_json();
+    let merges: Vec<Value> = j["model"]["merges"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| {
+            let (a, b) = m.as_str().unwrap().split_once(' ').unwrap();
+            json!([a, b])
+        })
+        .collect();
+    j["model"]["merges"] = Value::Array(merges);
+    check(&j);
+
+    let mut j = gpt2_json();
+    j["model"]["ignore_merges"] = json!(true);
+    check(&j);
+
+    let mut j = gpt2_json();
+    j["pre_tokenizer"] = json!({"type": "Sequence", "pretokenizers": [
+        {"type": "Split", "pattern": {"Regex": "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+"},
+         "behavior": "Isolated", "invert": false},
+        {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": false}]});
+    check(&j);
+
+    let mut j = gpt2_json();
+    let added = j["added_tokens"].as_array_mut().unwrap();
+    for (i, (content, normalized, special)) in [
+        ("<|end", false, false),
+        ("hello", true, false),
+        (" world", false, true),
+        ("hello world", true, true),
+        ("lo wo", false, false),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        added.push(json!({"id": 50257 + i, "content": content, "single_word": false, "lstrip": false,
+            "rstrip": false, "normalized": normalized, "special": special}));
+    }
+    check(&j);
+}
+
+/// Files the fast path does not reproduce fall back to `tokenizers`, saying why, and still
+/// encode exactly as before.
+#[test]
+fn ineligible_files_fall_back() {
+    type Edit = Box<dyn Fn(&mut Value)>;
+    let cases: Vec<(&str, Edit)> = vec![
+        ("prefix", Box::new(|j| j["pre_tokenizer"]["add_prefix_space"] = json!(true))),
+        ("normalizer", Box::new(|j| j["normalizer"] = json!({"type": "Lowercase"}))),
+        (
+            "post-processor",
+            Box::new(|j| {
+                j["post_processor"] = json!({"type": "TemplateProcessing",
+            "single": [{"Sequence": {"id": "A", "type_id": 0}}, {"SpecialToken": {"id": "<|endoftext|>", "type_id": 0}}],
+            "pair": [{"Sequence": {"id": "A", "type_id": 0}}],
+            "special_tokens": {"<|endoftext|>": {"id": "<|endoftext|>", "ids": [50256], "tokens": ["<|endoftext|>"]}}})
+            }),
+        ),
+        ("lstrip", Box::new(|j| j["added_tokens"][0]["lstrip"] = json!(true))),
+        ("dropout", Box::new(|j| j["model"]["dropout"] = json!(0.5))),
+        ("unk_token", Box::new(|j| j["model"]["unk_token"] = json!("!"))),
+        ("pre-tokenizer", Box::new(|j| j["pre_tokenizer"] = json!({"type": "Whitespace"}))),
+        (
+            "pre-tokenizer",
+            Box::new(|j| {
+                j["pre_tokenizer"] = json!({"type": "Sequence", "pretokenizers": [
+            {"type": "Split", "pattern": {"Regex": "\\s+"}, "behavior": "Isolated", "invert": false},
+            {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": false}]})
+            }),
+        ),
+    ];
+    for (word, edit) in cases {
+        let mut j = gpt2_json();
+        edit(&mut j);
+        let t = load(&j);
+        let (name, why) = t.engine();
+        assert_eq!(name, "tokenizers", "{word}");
+        assert!(why.contains(word), "{word}: {why}");
+        let _ = ids(&t, "Hello world, it's <|endoftext|> here.");
+    }
+    // Llama 2 (SentencePiece BPE with byte fallback) where the development machine has it.
+    let llama = Path::new("/work/shared/text/tokenizer-llama2.json");
+    if llama.exists() {
+        let t = TextTokenizer::from_file(llama).unwrap();
+        assert_eq!(t.engine().0, "tokenizers", "{:?}", t.engine());
+        assert_eq!(ids(&t, "Hello world, this is a test."), [15043, 3186, 29892, 445, 338, 263, 1243, 29889]);
+    } else {
+        eprintln!("skipped the Llama 2 check: {} is absent", llama.display());
+    }
+}
+
+fn tables_path() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("src/tokens/pretok_tables.rs")
+}
+
+/// `src/tokens/pretok_tables.rs` as Oniguruma (the regex engine `tokenizers` uses) classifies
+/// every scalar value.
+fn pretok_tables() -> String {
+    let classes = [
+        ("L", SysRegex::new(r"\A\p{L}\z").unwrap()),
+        ("N", SysRegex::new(r"\A\p{N}\z").unwrap()),
+        ("S", SysRegex::new(r"\A\s\z").unwrap()),
+    ];
+    let mut ranges: Vec<(u32, u32, &str)> = vec![];
+    for c in (0..=0x10FFFFu32).filter_map(char::from_u32) {
+        let s = c.to_string();
+        let hits: Vec<&str> =
+            classes.iter().filter(|(_, re)| re.find_iter(&s).next().is_some()).map(|(n, _)| *n).collect();
+        assert!(hits.len() <= 1, "{c:?} is in {hits:?}");
+        let Some(&k) = hits.first() else { continue };
+        let cp = c as u32;
+        match ranges.last_mut() {
+            Some(last) if last.2 == k && last.1 + 1 == cp => last.1 = cp,
+            // Surrogates are not chars: a range may run across them.
+            Some(last) if last.2 == k && last.1 == 0xD7FF && cp == 0xE000 => last.1 = cp,
+            _ => ranges.push((cp, cp, k)),
+        }
+    }
+    let mut out = String::from(
+        "//! Generated by `regenerate_pretok_tables` in `crates/stoker/tests/bpe.rs` from Oniguruma (the\n\
+         //! regex engine of the `tokenizers` crate): the code points in `\\p{L}`, `\\p{N}` and `\\s`\n\
+         //! as sorted, disjoint, inclusive ranges. Do not edit by hand.\n\n\
+         use super::pretok::Class::{self, Letter as L, Number as N, Space as S};\n\n\
+         /// `(first, last, class)`; every other scalar value is [`Class::Other`].\n\
+         pub(super) static RANGES: &[(u32, u32, Class)] = &[\n",
+    );
+    for (a, b, k) in &ranges {
+        out.push_str(&format!("    ({a:#x}, {b:#x}, {k}),\n"));
+    }
+    out.push_str("];\n");
+    out
+}
+
+/// Rewrites the tables: `cargo test --release --test bpe -- --ignored regenerate_pretok_tables`.
+#[test]
+#[ignore]
+fn regenerate_pretok_tables() {
+    std::fs::write(tables_path(), pretok_tables()).unwrap();
+}
+
+/// The committed tables are exactly Oniguruma's classes (a new `tokenizers` or Oniguruma with
+/// another Unicode version shows up here).
+#[test]
+fn pretok_tables_are_oniguruma_s() {
+    let have = std::fs::read_to_string(tables_path()).unwrap();
+    assert!(have == pretok_tables(), "src/tokens/pretok_tables.rs is stale: run regenerate_pretok_tables");
+}
