@@ -106,6 +106,7 @@ pub fn bench(root: &str, o: &BenchOpts, t: &TextOpts) -> Result<()> {
         "cpu_s_per_million_tokens": cpu / (tokens.max(1) as f64) * 1e6, "first_batch_s": first,
         "padding_fraction": pad, "peak_rss_bytes": peak_rss_bytes(), "threads": loader.threads(),
         "documents": loader.documents(), "stats": stats,
+        "tokenizer": loader.tokenizer().map(|t| serde_json::json!({"engine": t.engine().0, "why": t.engine().1})),
         "bottleneck": neck,
     });
     if o.json {
@@ -138,6 +139,10 @@ pub fn bench(root: &str, o: &BenchOpts, t: &TextOpts) -> Result<()> {
     let failed = stats["failed_documents"].as_u64().unwrap_or(0);
     if failed > 0 {
         println!("{failed} documents failed and were skipped");
+    }
+    if let Some(t) = loader.tokenizer() {
+        let (engine, why) = t.engine();
+        println!("tokenizer: {engine} ({why})");
     }
     println!("verdict: {advice}");
     Ok(())

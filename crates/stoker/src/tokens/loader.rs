@@ -846,11 +846,17 @@ impl TokenLoader {
         vec![values * 4, values * 4, values * 4, (values + bs + 1) * 4]
     }
 
-    /// The counters ([`TokenStats::to_json`]) with `wall_seconds` (since the first iteration
-    /// started) and the `bottleneck` over that time (absent before any iteration).
+    /// The counters ([`TokenStats::to_json`]) with the `tokenizer` (its file, the `engine` that
+    /// runs it: stoker's byte-level BPE or `tokenizers`, and why), `wall_seconds` (since the
+    /// first iteration started) and the `bottleneck` over that time (absent before any
+    /// iteration).
     pub fn report(&self) -> serde_json::Value {
         let stats = self.stats();
         let mut v = stats.to_json();
+        if let Some(t) = self.tokenizer() {
+            let (engine, why) = t.engine();
+            v["tokenizer"] = serde_json::json!({"path": t.origin, "engine": engine, "why": why});
+        }
         if let Some(t) = stats.started.get() {
             let wall = t.elapsed().as_secs_f64();
             v["wall_seconds"] = serde_json::json!(wall);
