@@ -95,3 +95,23 @@ def digest(loader):
         h.update(np.ascontiguousarray(images).tobytes())
         h.update(np.asarray(labels).tobytes())
     return h.hexdigest()
+
+
+def in_fork_child(work):
+    """Runs ``work()`` in a ``fork()`` child and returns its JSON-serialisable result (the child
+    exits at once, whatever happens; a failure there gives the parent no result to decode)."""
+    import json
+
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.close(r)
+            os.write(w, json.dumps(work()).encode())
+        finally:
+            os._exit(0)
+    os.close(w)
+    with os.fdopen(r) as f:
+        data = f.read()
+    os.waitpid(pid, 0)
+    return json.loads(data)

@@ -3,12 +3,12 @@ ranks continue the epoch on W' ranks, each remaining sample delivered exactly on
 documented remainder), the next epoch a normal one."""
 
 import json
-import os
 from collections import Counter
 
 import numpy as np
 import pytest
 import stoker
+from helpers import in_fork_child
 
 N = 1003  # rows: not a multiple of any batch count below, so every remainder rule is exercised
 BS = 16
@@ -187,19 +187,8 @@ def test_a_fork_child_continues_an_elastic_epoch():
     expected = rows_loaded(states)
     n = len(expected)
     expected = drain(expected)
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child: the rebuilt native loader has the elastic epoch still to resume
-        try:
-            os.close(r)
-            os.write(w, json.dumps([drain(loader), len(loader)]).encode())
-        finally:
-            os._exit(0)
-    os.close(w)
-    with os.fdopen(r) as f:
-        data = f.read()
-    os.waitpid(pid, 0)
-    got, child_len = json.loads(data)
+    # The child's rebuilt native loader has the elastic epoch still to resume.
+    got, child_len = in_fork_child(lambda: [drain(loader), len(loader)])
     assert got == expected and child_len == n
 
 

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import stoker
 import zstandard
+from helpers import in_fork_child
 from tokenizers import Tokenizer
 
 DATA = pathlib.Path(__file__).resolve().parents[2] / "tests" / "data" / "text"
@@ -560,20 +561,8 @@ def test_a_fork_child_continues_the_parents_position():
     saved = loader.state_dict()
     loader.load_state_dict(saved)  # a restored position, still to be resumed: the child inherits it
     expected = [b["input_ids"].copy() for b in _fresh_resumed(saved)]
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child: the rebuilt native loader resumes where the parent's would
-        try:
-            os.close(r)
-            got = [b["input_ids"].tolist() for b in loader]
-            os.write(w, json.dumps(got).encode())
-        finally:
-            os._exit(0)
-    os.close(w)
-    with os.fdopen(r) as f:
-        data = f.read()
-    os.waitpid(pid, 0)
-    got = json.loads(data)
+    # The child's rebuilt native loader resumes where the parent's would.
+    got = in_fork_child(lambda: [b["input_ids"].tolist() for b in loader])
     assert len(got) == len(expected) > 3
     for a, b in zip(got, expected):
         np.testing.assert_array_equal(np.array(a, dtype=np.int32), b)
