@@ -43,6 +43,25 @@ pub struct TraceSpec {
     pub max_events: usize,
 }
 
+impl TraceSpec {
+    /// Refuses a trace file in a folder that does not exist, or a folder given as the file,
+    /// when a loader is made rather than when its first pass ends.
+    pub fn check(&self) -> crate::error::Result<()> {
+        use crate::error::Error;
+        let dir = self.path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
+        if !dir.is_dir() {
+            return Err(Error::config("trace", format!("the folder of {} does not exist", self.path.display())));
+        }
+        if self.path.is_dir() {
+            return Err(Error::config(
+                "trace",
+                format!("{} is a folder; give a file such as trace.json", self.path.display()),
+            ));
+        }
+        Ok(())
+    }
+}
+
 /// The arguments of an event.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Args {

@@ -464,13 +464,18 @@ impl Shared {
 
     /// Writes the trace file, when there is one with events not yet in it.
     fn write_trace(&self) -> Result<()> {
-        match &self.tracer {
-            Some(t) => match t.auto_path() {
-                Some(path) => t.write(path, &|i| format!("document {i}")).map(drop).map_err(|e| Error::io(path, &e)),
-                None => Ok(()),
-            },
+        match self.tracer.as_ref().and_then(|t| t.auto_path()) {
+            Some(path) => self.write_trace_to(path),
             None => Ok(()),
         }
+    }
+
+    /// Writes the events recorded so far to `path`; tracing must be on.
+    fn write_trace_to(&self, path: &std::path::Path) -> Result<()> {
+        let t = self.tracer.as_ref().ok_or_else(|| {
+            Error::config("trace", "tracing is off: make the loader with trace=PATH to record a trace")
+        })?;
+        t.write(path, &|i| format!("document {i}")).map(drop).map_err(|e| Error::io(path, &e))
     }
 }
 
@@ -806,16 +811,11 @@ impl TokenLoader {
             free_tx.send(Arc::new(slot)).expect("room");
         }
         let pad = config.pad_id.or(eos).unwrap_or(0);
-        let tracer = match &config.trace {
-            Some(t) if t.path.is_dir() => {
-                return Err(Error::config(
-                    "trace",
-                    format!("{} is a folder; give a file such as trace.json", t.path.display()),
-                ))
-            }
-            Some(t) => Some(Arc::new(crate::trace::Tracer::from_spec(t))),
-            None => None,
-        };
+        let tracer = config
+            .trace
+            .as_ref()
+            .map(|t| t.check().map(|()| Arc::new(crate::trace::Tracer::from_spec(t))))
+            .transpose()?;
         Ok(TokenLoader {
             shared: Arc::new(Shared {
                 source,
@@ -873,10 +873,7 @@ impl TokenLoader {
 
     /// Writes the events recorded so far to `path` now (atomically); tracing must be on.
     pub fn write_trace(&self, path: &std::path::Path) -> Result<()> {
-        let t = self.shared.tracer.as_ref().ok_or_else(|| {
-            Error::config("trace", "tracing is off: make the loader with trace=PATH to record a trace")
-        })?;
-        t.write(path, &|i| format!("document {i}")).map(drop).map_err(|e| Error::io(path, &e))
+        self.shared.write_trace_to(path)
     }
 
     /// Documents in the source (all ranks).

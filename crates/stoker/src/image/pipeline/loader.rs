@@ -3,7 +3,7 @@
 //! the start of an iteration.
 
 use super::iter::EpochIter;
-use super::shared::{check_trace, dataset_key, samples_hash, write_trace, Shared, Stash};
+use super::shared::{dataset_key, samples_hash, write_trace, Shared, Stash};
 use super::*;
 
 /// A batch loader over a [`Source`].
@@ -89,8 +89,7 @@ impl Loader {
             Some(c) => Some(crate::cache::Cache::open(c, config.transform.apply_exif, &dataset_key(source.as_ref()))?),
             None => None,
         };
-        let tracer =
-            config.trace.as_ref().map(|t| check_trace(t).map(|()| Arc::new(Tracer::from_spec(t)))).transpose()?;
+        let tracer = config.trace.as_ref().map(|t| t.check().map(|()| Arc::new(Tracer::from_spec(t)))).transpose()?;
         // A cache holds whole images: at full resolution every image is decoded that way, cached
         // or not; reduced to a `max_side`, DCT scaling (when allowed) makes the reduction cheap.
         // A miss that the budget cannot store is decoded like an uncached sample: around the

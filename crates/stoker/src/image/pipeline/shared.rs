@@ -46,22 +46,6 @@ pub(super) struct Task {
     pub(super) pos: usize,
 }
 
-/// Refuses a trace file in a folder that does not exist, when the loader is made rather than
-/// when the first pass ends.
-pub(super) fn check_trace(t: &TraceSpec) -> Result<()> {
-    let dir = t.path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
-    if !dir.is_dir() {
-        return Err(Error::config("trace", format!("the folder of {} does not exist", t.path.display())));
-    }
-    if t.path.is_dir() {
-        return Err(Error::config(
-            "trace",
-            format!("{} is a folder; give a file such as trace.json", t.path.display()),
-        ));
-    }
-    Ok(())
-}
-
 /// Writes `tracer`'s events to `path`, with the samples' paths from the source.
 pub(super) fn write_trace(sh: &Shared, tracer: &Tracer, path: &Path) -> Result<()> {
     let describe = |i: u32| sh.source.describe(i as usize).display().to_string();
