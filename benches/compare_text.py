@@ -20,6 +20,13 @@ tokenizes it with the same ``tokenizer.json`` (``--tokenizer``, default GPT-2), 
   ``--tok-batch`` documents. Its tokens per CPU-second is what a loader can at best reach per core.
 - ``stoker-cache``: an epoch of ``stoker.TokenLoader(cache)`` from the token cache that ``stoker tokenize``
   wrote from the same files before the rounds (not timed): what every epoch after the first costs.
+- ``stoker-autocache``: two epochs of one ``stoker.TokenLoader(files, tokenizer=..., cache=DIR)`` with an
+  empty automatic token cache (a new folder per run): the first tokenizes and fills it, the second reads
+  every document's tokens from it. Each epoch's CPU seconds are measured apart (the loader's construction
+  in neither): their ratio per token is what the cache saves on every epoch after the first.
+- ``tiktoken``: OpenAI's ``tiktoken`` with the ranks, pattern and EOS of the same ``tokenizer.json``
+  (byte-level BPE files only; ids equal to ``tokenizers``' for GPT-2), one core, ``encode_ordinary``
+  per document over the documents already in memory, like the floor: the fastest exact BPE we know.
 - ``stoker``: ``stoker.TokenLoader(files, tokenizer=..., seq_len=..., batch_size=..., pack="concat",
   threads=--workers, output="numpy")``, ``for batch in loader``. Skipped, with a message, where the
   installed stoker has no ``TokenLoader``.
@@ -88,7 +95,8 @@ from compare_torchvision import tree_pids as scan_tree_pids  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = Path("/work/shared/text")
-CONTENDERS = {"a": "datasets", "b": "iterable", "c": "floor", "d": "stoker", "e": "stoker-cache"}
+CONTENDERS = {"a": "datasets", "b": "iterable", "c": "floor", "d": "stoker", "e": "stoker-cache",
+              "f": "stoker-autocache", "g": "tiktoken"}
 SINGLE_CORE_ENV = {"TOKENIZERS_PARALLELISM": "false", "RAYON_NUM_THREADS": "1"}
 
 
@@ -373,12 +381,66 @@ def run_floor(args):
            text_bytes=sum(len(t.encode()) for t in texts), call=encode.__name__)
 
 
-def run_stoker(args, cache=None):
+def tiktoken_encoding(path, eos):
+    """A ``tiktoken.Encoding`` with the byte-level BPE vocabulary, pre-tokenizer pattern and EOS of the
+    ``tokenizer.json`` at ``path`` (ranks = ids, as in GPT-2's files)."""
+    import tiktoken
+
+    j = json.loads(Path(path).read_text())
+    chars = {}
+    n = 0
+    for b in range(256):  # GPT-2's bytes_to_unicode
+        if 33 <= b <= 126 or 161 <= b <= 172 or 174 <= b <= 255:
+            chars[chr(b)] = b
+        else:
+            chars[chr(256 + n)] = b
+            n += 1
+    ranks = {bytes(chars[c] for c in tok): i for tok, i in j["model"]["vocab"].items()}
+    pat = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
+    eos_id = next(a["id"] for a in j["added_tokens"] if a["content"] == eos)
+    return tiktoken.Encoding("from-tokenizer-json", pat_str=pat, mergeable_ranks=ranks,
+                             special_tokens={eos: eos_id})
+
+
+def run_tiktoken(args):
+    texts = [t for f in args.data for t in iter_texts(f)]
+    enc = tiktoken_encoding(args.tokenizer, args.eos)
+    c0, t0 = cpu(), time.perf_counter()
+    first = None
+    tokens = 0
+    for t in texts:
+        tokens += len(enc.encode_ordinary(t)) + 1  # + EOS
+        if first is None:
+            first = time.perf_counter() - t0
+    clocks = stop(t0, c0)
+    report(clocks, c0, tokens=tokens, documents=len(texts), first_batch_s=first,
+           text_bytes=sum(len(t.encode()) for t in texts), call="encode_ordinary")
+
+
+def run_stoker(args, cache=None, autocache=None):
     """stoker over the text, or (``cache``) over the token cache ``stoker tokenize`` wrote before
-    the rounds (not timed)."""
+    the rounds (not timed), or (``autocache``) over the text with its automatic token cache filled
+    before the rounds."""
     import stoker
 
     c0, t0 = cpu(), time.perf_counter()
+    if autocache is not None:
+        loader = stoker.TokenLoader([str(f) for f in args.data], tokenizer=str(args.tokenizer), seq_len=args.seq_len,
+                                    batch_size=args.batch_size, pack="concat", threads=args.workers, output="numpy",
+                                    eos_token=args.eos, cache=str(autocache))
+        epochs = []
+        for e in range(2):
+            loader.set_epoch(e)
+            ce, te = cpu(), time.perf_counter()
+            first_e, _, n = drain(loader, te)
+            epochs.append({"cpu_s": cpu() - ce, "wall_s": time.perf_counter() - te, "tokens": n,
+                           "first_batch_s": first_e})
+        clocks = stop(t0, c0)
+        stats = loader.stats()
+        tokens = sum(e["tokens"] for e in epochs) - stats.get("padding_tokens", 0)
+        return report(clocks, c0, tokens=tokens, first_batch_s=epochs[0]["first_batch_s"],
+                      documents=stats.get("documents"),
+                      threads=loader.threads, epochs=epochs, cache=loader.report()["cache"])
     if cache is None:
         loader = stoker.TokenLoader([str(f) for f in args.data], tokenizer=str(args.tokenizer), seq_len=args.seq_len,
                                     batch_size=args.batch_size, pack="concat", threads=args.workers, output="numpy",
@@ -395,7 +457,8 @@ def run_stoker(args, cache=None):
 
 
 RUNNERS = {"datasets": run_datasets, "iterable": run_iterable, "floor": run_floor, "stoker": run_stoker,
-           "stoker-cache": lambda args: run_stoker(args, cache=args.token_cache)}
+           "stoker-cache": lambda args: run_stoker(args, cache=args.token_cache),
+           "stoker-autocache": lambda args: run_stoker(args, autocache=args.auto_cache), "tiktoken": run_tiktoken}
 
 
 # ---------------------------------------------------------------- parent
@@ -463,11 +526,14 @@ def main():
     ap.add_argument("--docs", type=int, help="only the first N documents (smoke tests)")
     ap.add_argument("--contenders", default="a,b,c,d,e",
                     help="comma-separated: a=datasets, b=iterable, c=floor, d=stoker, e=stoker-cache (an epoch "
-                         "from the token cache `stoker tokenize` wrote first; letters or names)")
+                         "from the token cache `stoker tokenize` wrote first), f=stoker-autocache (an epoch "
+                         "from the automatic token cache an untimed epoch filled first), g=tiktoken; letters "
+                         "or names")
     ap.add_argument("--out", type=Path, default=ROOT / "benches" / "results-text.json")
     ap.add_argument("--runner", choices=sorted(RUNNERS), help=argparse.SUPPRESS)
     ap.add_argument("--cache-dir", type=Path, help=argparse.SUPPRESS)
     ap.add_argument("--token-cache", type=Path, help=argparse.SUPPRESS)
+    ap.add_argument("--auto-cache", type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.runner:
         return RUNNERS[args.runner](args)
@@ -477,7 +543,7 @@ def main():
         c = c.strip()
         name = CONTENDERS.get(c, c)
         if name not in RUNNERS:
-            ap.error(f"unknown contender {c!r}: expected a,b,c,d,e or {', '.join(RUNNERS)}")
+            ap.error(f"unknown contender {c!r}: expected a-g or {', '.join(RUNNERS)}")
         names.append(name)
     if not args.data:
         ap.error("no data files (--data)")
@@ -486,7 +552,7 @@ def main():
             ap.error(f"not a file: {p}")
 
     skipped = {}
-    if "stoker" in names or "stoker-cache" in names:
+    if any(n.startswith("stoker") for n in names):
         check = subprocess.run([sys.executable, "-c", "import stoker; stoker.TokenLoader"], capture_output=True,
                                text=True)
         if check.returncode != 0:
@@ -538,10 +604,13 @@ def main():
                 if name in failed:
                     continue
                 env = dict(os.environ)
-                if name != "stoker":
+                if not name.startswith("stoker"):
                     env.update(SINGLE_CORE_ENV)
                 cmd = [*base, *base_cache, "--runner", name]
                 cache = None
+                if name == "stoker-autocache":
+                    cache = Path(tempfile.mkdtemp(prefix="auto-cache-", dir=tmp))
+                    cmd += ["--auto-cache", str(cache)]
                 if name == "datasets":
                     cache = Path(tempfile.mkdtemp(prefix="hf-cache-", dir=tmp))
                     cmd += ["--cache-dir", str(cache)]
@@ -564,6 +633,12 @@ def main():
                 rec["tokens_per_cpu_s"] = rec["tokens"] / cpu_s
                 rec["cpu_s_per_million_tokens"] = cpu_s / rec["tokens"] * 1e6
                 runs[name].append(rec)
+                if "epochs" in rec:
+                    e0, e1 = rec["epochs"]
+                    rec["first_vs_cached_epoch_cpu_per_token"] = (e0["cpu_s"] / e0["tokens"]) / (e1["cpu_s"] / e1["tokens"])
+                    print(f"run {r + 1} {name}: epoch 1 (tokenizing) {e0['cpu_s']:.2f} CPU-s, epoch 2 (cache) "
+                          f"{e1['cpu_s']:.3f} CPU-s: {rec['first_vs_cached_epoch_cpu_per_token']:.1f}x cheaper per "
+                          f"token", file=sys.stderr)
                 print(f"run {r + 1} {name:8s} {rec['tokens']:>11,} tokens {rec['wall_s']:7.2f} s "
                       f"{rec['cpu_s']:7.2f} CPU-s {rec['tokens_per_cpu_s'] / 1e6:6.3f} M tok/CPU-s  first batch "
                       f"{rec['first_batch_s']:6.2f} s  RSS {rss / 2**20:7.1f} MiB"
@@ -591,8 +666,14 @@ def main():
         "stoker_vs_datasets_first_batch_s": paired("stoker", "datasets", "first_batch_s"),
         "iterable_vs_floor_tokens_per_cpu_s": paired("iterable", "floor", "tokens_per_cpu_s"),
         "stoker_cache_vs_stoker_tokens_per_cpu_s": paired("stoker-cache", "stoker", "tokens_per_cpu_s"),
+        "stoker_autocache_vs_stoker_tokens_per_cpu_s": paired("stoker-autocache", "stoker", "tokens_per_cpu_s"),
+        "stoker_vs_tiktoken_tokens_per_cpu_s": paired("stoker", "tiktoken", "tokens_per_cpu_s"),
+        "tiktoken_vs_floor_tokens_per_cpu_s": paired("tiktoken", "floor", "tokens_per_cpu_s"),
         "datasets_vs_floor_tokens_per_cpu_s": paired("datasets", "floor", "tokens_per_cpu_s"),
     }
+    if runs.get("stoker-autocache"):
+        ratios["autocache_first_vs_cached_epoch_cpu_per_token"] = statistics.median(
+            x["first_vs_cached_epoch_cpu_per_token"] for x in runs["stoker-autocache"])
     summary.update({"runs": runs, "medians": medians, "ratios": {k: v for k, v in ratios.items() if v is not None},
                     "skipped": skipped, "failed": failed})
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -89,6 +89,18 @@ class TokenLoader(LoaderBase):
     ``False``: not stored) and reused while the file is unchanged (its length, time, inode and
     first and last 64 KiB are checked); ``stoker cache indexes`` lists and clears them.
 
+    ``cache='ram'`` (``/dev/shm``) or ``cache=DIRECTORY`` tokenizes each document once: its token
+    ids are stored (2 bytes a token for vocabularies up to 65,536) until ``cache_bytes`` (default a
+    quarter of MemAvailable for ``'ram'``, half the free disk for a directory; shared with every
+    other stoker cache group under the same root, idle ones evicted least recently used first),
+    and later epochs, and other processes reading the same files with the same tokenizer, read
+    them instead of reading and tokenizing the text; the batches are identical. The cache is
+    keyed by the files (path, size, time, inode, first and last 64 KiB, document index) and the
+    tokenizer's JSON, so changed files or another tokenizer never get stale ids; every stored
+    document is checked against its hash when read. ``report()['cache']`` counts hits, misses and
+    bytes; ``stoker cache`` lists and clears the groups (idle ``'ram'`` groups go after
+    ``STOKER_CACHE_TTL``, default 1 hour).
+
     ``device='cuda'`` (``'cuda:N'``, ``'auto'``) delivers every array as a CUDA tensor: the batch
     buffers are page-locked and copied on stoker's own stream, as for ``ImageLoader`` (the
     consumer's stream waits on the copy through DLPack; no host synchronisation).
@@ -105,7 +117,8 @@ class TokenLoader(LoaderBase):
                  max_failures: int | None = None, max_document_bytes: int | str | None = None,
                  index_cache: str | os.PathLike[str] | bool | None = None, device: str = "cpu",
                  even_batches: bool | None = None, trace: str | os.PathLike[str] | None = None,
-                 trace_events: int | None = None, output: str = "auto") -> None:
+                 trace_events: int | None = None, cache: str | os.PathLike[str] | None = None,
+                 cache_bytes: int | str | None = None, output: str = "auto") -> None:
         if even_batches not in (None, True, False):
             raise ConfigError(f"invalid argument `even_batches`: expected True, False or None, got {even_batches!r}")
         self._even = even_batches
@@ -119,7 +132,8 @@ class TokenLoader(LoaderBase):
             bos_token=bos_token, eos_token=eos_token, eos_id=eos_id, pad_id=pad_id, on_bad_document=on_bad_document,
             max_failures=max_failures, max_document_bytes=max_document_bytes,
             index_cache=_index_cache(index_cache), trace=None if trace is None else os.fspath(trace),
-            trace_events=trace_events)
+            trace_events=trace_events, cache=os.fspath(cache) if isinstance(cache, os.PathLike) else cache,
+            cache_bytes=cache_bytes)
         self._device, self._ordinal = native_device(device)
         self._torch = want_torch(output)
         self._start()

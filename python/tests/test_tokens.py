@@ -573,3 +573,45 @@ def _fresh_resumed(state):
                                output="numpy")
     fresh.load_state_dict(state)
     return fresh
+
+
+def test_token_cache_is_shared_by_processes_and_cleared_by_the_cli(tmp_path):
+    import subprocess
+    import sys
+
+    root = tmp_path / "cache"
+    kw = dict(tokenizer=GPT2, seq_len=256, batch_size=4, shuffle=True, seed=3, output="numpy")
+    want = [b["input_ids"].copy() for b in stoker.TokenLoader(SAMPLE, **kw)]
+    # Another process tokenizes the documents once and stores them.
+    fill = ("import stoker, sys; l = stoker.TokenLoader(sys.argv[1], tokenizer=sys.argv[2], cache=sys.argv[3]); "
+            "n = sum(1 for _ in l); print(l.report()['cache']['misses'])")
+    r = subprocess.run([sys.executable, "-c", fill, str(SAMPLE), str(GPT2), str(root)], capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 0 and r.stdout.split() == ["60"], r.stderr
+    # This process reads every document's tokens from the cache: the same batches, no tokenizing.
+    loader = stoker.TokenLoader(SAMPLE, cache=root, **kw)
+    got = [b["input_ids"].copy() for b in loader]
+    assert len(got) == len(want)
+    for a, b in zip(want, got):
+        np.testing.assert_array_equal(a, b)
+    c = loader.report()["cache"]
+    assert (c["hits"], c["misses"], c["documents_cached"], c["verify_failures"]) == (60, 0, 60, 0), c
+    assert 0 < c["used_bytes"] <= c["budget_bytes"]
+    listed = json.loads(subprocess.run([sys.executable, "-m", "stoker.cli", "cache", "--dir", str(root), "--json"],
+                                       capture_output=True, text=True, timeout=60, check=True).stdout)
+    (group,) = listed["groups"]
+    assert group["kind"] == "tokens" and group["in_use"] and group["samples"] == 60, group
+    assert group["dir"] == c["dir"] and group["bytes"] == c["used_bytes"]
+    # In use: `stoker cache clear` leaves it; once the loader is gone, it removes it.
+    clear = [sys.executable, "-m", "stoker.cli", "cache", "--dir", str(root), "clear", "--all", "--json"]
+    done = json.loads(subprocess.run(clear, capture_output=True, text=True, timeout=60, check=True).stdout)
+    assert (len(done["removed"]), len(done["in_use"])) == (0, 1)
+    del loader
+    import gc
+
+    gc.collect()
+    done = json.loads(subprocess.run(clear, capture_output=True, text=True, timeout=60, check=True).stdout)
+    assert (len(done["removed"]), len(done["in_use"])) == (1, 0)
+    assert not pathlib.Path(c["dir"]).exists()
+    with pytest.raises(stoker.ConfigError, match="cache_bytes.*needs cache"):
+        stoker.TokenLoader(SAMPLE, cache_bytes="1GiB", **kw)

@@ -1,5 +1,5 @@
-//! `stoker cache`: list, size and clear the decoded-pixel caches (groups of entries, one per
-//! dataset and pixel settings, under a cache root: `/dev/shm/stoker-cache-UID` for `ram`), and
+//! `stoker cache`: list, size and clear the decoded-pixel and token caches (groups of entries,
+//! one per dataset and settings, under a cache root: `/dev/shm/stoker-cache-UID` for `ram`), and
 //! (`stoker cache indexes`) the stored document indexes of text files.
 
 use anyhow::{bail, Result};
@@ -74,12 +74,14 @@ fn table(groups: &[GroupInfo]) -> String {
     for g in groups {
         let name = g.dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
         out.push_str(&format!(
-            "  {name}  {:>9.1} MiB  idle {:>7}  {}  {} ({} samples; {})\n",
+            "  {name}  {:<6}  {:>9.1} MiB  idle {:>7}  {}  {} ({} {}; {})\n",
+            g.kind,
             mib(g.bytes),
             age(g.idle_seconds),
             if g.in_use { "in use" } else { "idle  " },
             g.dataset,
             g.samples,
+            if g.kind == "tokens" { "documents" } else { "samples" },
             g.settings
         ));
     }

@@ -723,7 +723,8 @@ pub const MAX_SEQ_LEN: usize = 1 << 24;
 /// `max_document_bytes`, `text_key`, `document` (`file`, `line`: plain text), `token_bytes`
 /// (2, 4: `.bin` files), `add_bos`, `add_eos`, `bos_token`, `eos_token`, `eos_id`, `pad_id`,
 /// `on_bad_document` (`skip`, `raise`), `max_failures` (a count), `index_cache` (a directory,
-/// or `False`; default [`index_dir`]).
+/// or `False`; default [`index_dir`]), `cache` (`"ram"` or a directory: the automatic token
+/// cache) and `cache_bytes` (its byte budget), as for images.
 pub fn token_config(args: Args) -> Result<(TokenConfig, Option<PathBuf>)> {
     token_config_in(args, &process_env)
 }
@@ -830,6 +831,10 @@ fn token_config_in(args: Args, env: Env<'_>) -> Result<(TokenConfig, Option<Path
         };
     }
     c.trace = trace(&mut a)?;
+    c.cache = cache(&mut a)?;
+    if c.cache.as_ref().is_some_and(|s| s.max_side.is_some()) {
+        return Err(Error::config("cache_max_side", "is for decoded images: a token cache stores whole documents"));
+    }
     c.index_dir = match a.take("index_cache") {
         None | Some(Value::Null) => index_dir_in(env)?,
         Some(Value::Bool(false)) => None,

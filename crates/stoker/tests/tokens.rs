@@ -497,3 +497,103 @@ fn the_bottleneck_names_the_stage_that_limits_the_rate() {
     s.pack_ns.store(ns(9.5), Relaxed);
     assert_eq!(s.bottleneck(10.0, 8, true).stage, "pack");
 }
+
+/// Every batch of `epochs` epochs of `l`, in order.
+fn epochs(l: &TokenLoader, epochs: u64) -> Vec<Vec<Vec<i32>>> {
+    (0..epochs)
+        .map(|e| {
+            l.set_epoch(e);
+            collect(l).rows
+        })
+        .collect()
+}
+
+fn cache_counts(l: &TokenLoader) -> (u64, u64, u64, u64) {
+    let r = &l.report()["cache"];
+    let n = |k: &str| r[k].as_u64().unwrap_or_else(|| panic!("{k} in {r}"));
+    (n("hits"), n("misses"), n("stored"), n("documents_cached"))
+}
+
+#[test]
+fn the_automatic_token_cache_serves_later_epochs_and_other_loaders_the_same_batches() {
+    use stoker::cache::{CacheLocation, CacheSpec};
+    let d = tempfile::tempdir().unwrap();
+    let (p, _) = corpus(d.path(), 40);
+    let zst = data("wiki-sample.jsonl.zst");
+    let spec = |bytes: Option<u64>| CacheSpec {
+        location: CacheLocation::Dir(d.path().join("cache")),
+        bytes,
+        max_side: None,
+        ttl: None,
+    };
+    let mut c = config(2);
+    (c.shuffle, c.seed, c.add_bos, c.bos_token) = (true, 7, true, Some("<|endoftext|>".into()));
+    for file in [&p, &zst] {
+        let files = std::slice::from_ref(file);
+        let want = epochs(&TokenLoader::new(files, Some(gpt2()), c.clone()).unwrap(), 2);
+        let docs = TokenLoader::new(files, Some(gpt2()), c.clone()).unwrap().documents();
+        let mut cached = c.clone();
+        cached.cache = Some(spec(None));
+        let first = TokenLoader::new(files, Some(gpt2()), cached.clone()).unwrap();
+        assert_eq!(epochs(&first, 1), want[..1], "{file:?}: the filling epoch");
+        assert_eq!(cache_counts(&first), (0, docs, 0, 0), "stored when the next epoch starts");
+        first.set_epoch(1);
+        assert_eq!(collect(&first).rows, want[1], "{file:?}: an epoch from the cache");
+        assert_eq!(cache_counts(&first), (docs, docs, docs, docs));
+        drop(first);
+        // Another loader (another process, as far as the cache knows): hits from the start.
+        let other = TokenLoader::new(files, Some(gpt2()), cached.clone()).unwrap();
+        assert_eq!(epochs(&other, 2), want, "{file:?}: a second loader");
+        assert_eq!(cache_counts(&other), (2 * docs, 0, 0, docs));
+    }
+    // Flipped bytes in a segment: misses, tokenized again; the batches do not change.
+    let files = std::slice::from_ref(&p);
+    let mut cached = c.clone();
+    cached.cache = Some(spec(None));
+    let want = epochs(&TokenLoader::new(files, Some(gpt2()), c.clone()).unwrap(), 1);
+    let group = PathBuf::from(
+        TokenLoader::new(files, Some(gpt2()), cached.clone()).unwrap().report()["cache"]["dir"].as_str().unwrap(),
+    );
+    let seg = std::fs::read_dir(&group)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| p.extension().is_some_and(|x| x == "tok"))
+        .unwrap();
+    let mut raw = std::fs::read(&seg).unwrap();
+    raw[100] ^= 0x40;
+    std::fs::write(&seg, raw).unwrap();
+    let l = TokenLoader::new(files, Some(gpt2()), cached.clone()).unwrap();
+    assert_eq!(epochs(&l, 1), want);
+    assert!(l.report()["cache"]["verify_failures"].as_u64().unwrap() >= 1);
+    // Another tokenizer is another group; so is a changed file.
+    let other = TextTokenizer::from_json(
+        &std::fs::read(data("tokenizer-gpt2.json")).unwrap().iter().copied().chain(*b" ").collect::<Vec<_>>(),
+        Path::new("other.json"),
+    )
+    .unwrap();
+    let l = TokenLoader::new(files, Some(other), cached.clone()).unwrap();
+    assert_ne!(l.report()["cache"]["dir"], serde_json::json!(group.display().to_string()));
+    assert_eq!(cache_counts(&l).3, 0);
+    let mut text = std::fs::read(&p).unwrap();
+    text.extend_from_slice(b"\n{\"text\": \"one more document\"}");
+    std::fs::write(&p, text).unwrap();
+    let l = TokenLoader::new(files, Some(gpt2()), cached.clone()).unwrap();
+    assert_eq!(cache_counts(&l).3, 0, "a changed file is another dataset");
+    // A budget too small for anything: nothing stored, counted; batches as without a cache.
+    let small = tempfile::tempdir().unwrap();
+    cached.cache = Some(CacheSpec { location: CacheLocation::Dir(small.path().to_path_buf()), ..spec(Some(4096)) });
+    let want = epochs(&TokenLoader::new(files, Some(gpt2()), c.clone()).unwrap(), 2);
+    let l = TokenLoader::new(files, Some(gpt2()), cached.clone()).unwrap();
+    assert_eq!(epochs(&l, 2), want);
+    let r = l.report();
+    assert_eq!(r["cache"]["stored"], 0, "{r}");
+    assert!(r["cache"]["not_stored_budget"].as_u64().unwrap() > 0, "{r}");
+    // Token files are tokens already: refused.
+    let bin = d.path().join("t.bin");
+    std::fs::write(&bin, [1u8, 0, 2, 0]).unwrap();
+    let mut tc = config(1);
+    tc.cache = Some(spec(None));
+    let err = TokenLoader::new(&[bin], None, tc).unwrap_err().to_string();
+    assert!(err.contains("`cache`") && err.contains("for text"), "{err}");
+}

@@ -11,19 +11,12 @@
 //! reduced to it instead (DCT-scaled decoding, then the antialiased resampler): smaller entries
 //! and cheaper later epochs, at the price of pixels that differ from a full-resolution decode.
 //!
-//! Lifecycle. A cache root (`/dev/shm/stoker-cache-UID` for `ram`, or the directory given)
-//! holds one **group** per dataset and pixel settings: `ROOT/v3-SETTINGS-DATASET/`, where
-//! `SETTINGS` hashes what decides the pixels (entry format, EXIF orientation, `max_side`) and
-//! `DATASET` the dataset's sample list (paths and labels). A group holds `group.json` (what it
-//! is, for `stoker cache`), `usage` (its bytes), `lock` (held shared by every process using the
-//! group, so that nobody removes a group in use; its mtime is the group's last use) and the
-//! entries. The byte budget is shared by all groups of a root: when an entry does not fit, the
-//! least recently used groups that no process holds are evicted, never a group in use, so a new
-//! dataset always gets room that idle ones held. Idle groups older than the time to live
-//! (`STOKER_CACHE_TTL`; default 1 hour for `ram`, none for a directory) are removed whenever a
-//! cache under the same root is opened; `stoker cache` lists, sizes and clears groups. Every
-//! lock on a shared file is taken with a deadline ([`LOCK_DEADLINE`]): past it the entry is not
-//! stored (counted in `lock_timeouts`), the run goes on.
+//! Lifecycle: the cache is a group of [`crate::shell::store`] (kind `v`): one group per dataset
+//! and pixel settings, `ROOT/v3-SETTINGS-DATASET/`, where `SETTINGS` hashes what decides the
+//! pixels (entry format, EXIF orientation, `max_side`) and `DATASET` the dataset's sample list
+//! (paths and labels); the byte budget shared with every other group under the root (token
+//! groups included), eviction of idle groups, time to live, locks with deadlines and
+//! `stoker cache` are the store's.
 //!
 //! Entries: `GROUP/KK/KEY.px`, `KEY` the 128-bit xxh3 hash of the encoded file's bytes
 //! (content-addressed: a changed source file has another key, so stale pixels are never served).
@@ -39,37 +32,16 @@
 //! entries are never modified in place, so an open entry stays valid while it is used.
 
 use crate::error::{Error, Result};
+pub use crate::shell::store::{
+    clear, list_groups, ram_root, CacheLocation, Cleared, DatasetKey, GroupInfo, Ttl, LOCK_DEADLINE, RAM_TTL,
+};
+use crate::shell::store::{Group, GroupKind};
 use std::fs::File;
 use std::io::Write;
 use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, SystemTime};
-
-/// Where the cache lives.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum CacheLocation {
-    /// Shared memory: `/dev/shm/stoker-cache-UID` (tmpfs; its pages are shared by processes).
-    Ram,
-    /// A directory on local disk.
-    Dir(PathBuf),
-}
-
-impl CacheLocation {
-    /// The cache root this location means.
-    pub fn root(&self) -> PathBuf {
-        match self {
-            CacheLocation::Ram => ram_root(),
-            CacheLocation::Dir(d) => d.clone(),
-        }
-    }
-}
-
-/// The root of `cache="ram"`: `/dev/shm/stoker-cache-UID`.
-pub fn ram_root() -> PathBuf {
-    Path::new("/dev/shm").join(format!("stoker-cache-{}", uid()))
-}
+use std::time::Duration;
 
 /// The cache arguments: where, and how many bytes at most (`None`: the default budget).
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -88,27 +60,6 @@ pub struct CacheSpec {
     pub ttl: Option<Ttl>,
 }
 
-/// How long an idle cache group is kept (`STOKER_CACHE_TTL`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub enum Ttl {
-    /// Kept until `stoker cache clear` (or a reboot, for `ram`).
-    Never,
-    /// Removed once idle for longer than this (zero: when the last process leaves it).
-    After(Duration),
-}
-
-/// Which dataset a cache group belongs to: a hash of its sample list and a description for
-/// people (`stoker cache` shows it).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct DatasetKey {
-    /// Hash of every sample's path and label, in order.
-    pub hash: u64,
-    /// Samples in the dataset.
-    pub samples: usize,
-    /// What the dataset is, for people: the folder or shards its samples come from.
-    pub description: String,
-}
-
 const MAGIC: [u8; 8] = *b"STKPIX\0\x01";
 const VERSION: u32 = 3;
 /// Bytes before the checksum table.
@@ -116,11 +67,6 @@ pub const HEADER: usize = 80;
 const CHANNELS: u32 = 3;
 /// Bytes of pixels one checksum covers, about (whole rows, at least one).
 const CHUNK_BYTES: usize = 64 << 10;
-/// How long a lock on a shared cache file is waited for before the operation is given up
-/// (the entry is not stored; the run goes on).
-pub const LOCK_DEADLINE: Duration = Duration::from_secs(2);
-/// The time to live of idle `ram` groups when `STOKER_CACHE_TTL` is unset.
-pub const RAM_TTL: Duration = Duration::from_secs(3600);
 
 /// Counters of one cache in one process.
 #[derive(Debug, Default)]
@@ -134,10 +80,6 @@ struct Stats {
     replaced: AtomicU64,
     verify_failures: AtomicU64,
     write_errors: AtomicU64,
-    lock_timeouts: AtomicU64,
-    evicted_groups: AtomicU64,
-    evicted_bytes: AtomicU64,
-    held_by_others: AtomicU64,
     saved_ns: AtomicU64,
     lookup_ns: AtomicU64,
     fill_ns: AtomicU64,
@@ -199,28 +141,10 @@ pub struct CacheReport {
 /// An open cache group shared by the decode threads of a loader.
 #[derive(Debug)]
 pub struct Cache {
-    root: PathBuf,
-    dir: PathBuf,
-    budget: u64,
+    group: Group,
     max_side: Option<usize>,
-    ttl: Option<Duration>,
-    /// `ROOT/.lock`: taken exclusively to change any group's `usage` or to remove a group.
-    root_lock: File,
-    usage: File,
-    /// `GROUP/lock`, held shared while this cache is open: the group is in use.
-    member: Option<File>,
-    /// `flock` excludes other processes only (this process's threads share one open file
-    /// description), so the threads of this process take this lock first.
-    usage_lock: std::sync::Mutex<()>,
     stats: Stats,
-    tmp_seq: AtomicU64,
-    /// When the root lock last timed out: for [`BUSY_BACKOFF`] after it, entries are not
-    /// stored and nobody waits for the lock again (one wait, not one per sample).
-    busy_since: std::sync::Mutex<Option<std::time::Instant>>,
 }
-
-/// How long after a lock timeout the cache stores nothing instead of waiting again.
-const BUSY_BACKOFF: Duration = Duration::from_secs(30);
 
 /// What decides an entry's pixels; another value is another group.
 fn settings_text(apply_exif: bool, max_side: Option<usize>) -> String {
@@ -229,283 +153,6 @@ fn settings_text(apply_exif: bool, max_side: Option<usize>) -> String {
         Some(m) => format!("max-side={m} dct-scaled+bilinear-antialiased"),
     };
     format!("stoker-pixels v{VERSION} rgb8 {size} exif={apply_exif}")
-}
-
-/// Bytes the kernel says are available (`MemAvailable`), if known.
-fn mem_available() -> Option<u64> {
-    let s = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let line = s.lines().find(|l| l.starts_with("MemAvailable:"))?;
-    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    kib.checked_mul(1024)
-}
-
-/// Free bytes of the file system holding `dir` (for an unprivileged user), if known.
-fn free_space(dir: &Path) -> Option<u64> {
-    use std::os::unix::ffi::OsStrExt;
-    let c = std::ffi::CString::new(dir.as_os_str().as_bytes()).ok()?;
-    // SAFETY: `c` is a valid NUL-terminated path; `st` is a plain C struct that statvfs fills.
-    unsafe {
-        let mut st: libc::statvfs = std::mem::zeroed();
-        if libc::statvfs(c.as_ptr(), &mut st) != 0 {
-            return None;
-        }
-        (st.f_bavail as u64).checked_mul(st.f_frsize as u64)
-    }
-}
-
-fn uid() -> u32 {
-    // SAFETY: getuid has no preconditions and cannot fail.
-    unsafe { libc::getuid() }
-}
-
-/// A `flock` on a file, released on drop.
-struct Locked<'a>(&'a File);
-
-impl<'a> Locked<'a> {
-    /// Takes the lock (`exclusive`, else shared), waiting at most `deadline`; `Ok(None)` when
-    /// another process held it all that time.
-    fn within(f: &'a File, exclusive: bool, deadline: Duration) -> std::io::Result<Option<Self>> {
-        Ok(if flock_within(f, exclusive, deadline)? { Some(Locked(f)) } else { None })
-    }
-}
-
-impl Drop for Locked<'_> {
-    fn drop(&mut self) {
-        unlock(self.0);
-    }
-}
-
-/// `flock` with a deadline: polls a non-blocking attempt with short sleeps (a blocking
-/// `flock` cannot be bounded). `Ok(false)` when the deadline passed.
-fn flock_within(f: &File, exclusive: bool, deadline: Duration) -> std::io::Result<bool> {
-    use std::os::fd::AsRawFd;
-    let op = if exclusive { libc::LOCK_EX } else { libc::LOCK_SH };
-    let t0 = std::time::Instant::now();
-    let mut nap = Duration::from_millis(1);
-    loop {
-        // SAFETY: the descriptor is open for the life of `f`; flock has no memory effects.
-        if unsafe { libc::flock(f.as_raw_fd(), op | libc::LOCK_NB) } == 0 {
-            return Ok(true);
-        }
-        let e = std::io::Error::last_os_error();
-        match e.raw_os_error() {
-            Some(libc::EINTR) => continue,
-            Some(libc::EWOULDBLOCK) => {}
-            _ => return Err(e),
-        }
-        if t0.elapsed() >= deadline {
-            return Ok(false);
-        }
-        std::thread::sleep(nap);
-        nap = (nap * 2).min(Duration::from_millis(50));
-    }
-}
-
-fn unlock(f: &File) {
-    use std::os::fd::AsRawFd;
-    // SAFETY: the descriptor is open for the life of the borrowed file.
-    unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_UN) };
-}
-
-fn open_rw(path: &Path) -> std::io::Result<File> {
-    std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .mode(0o644)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
-        .open(path)
-}
-
-/// Sum of the sizes of the entry files under `dir` (what a group already holds).
-fn scan_bytes(dir: &Path) -> (u64, u64) {
-    let (mut total, mut n) = (0u64, 0u64);
-    let Ok(subs) = std::fs::read_dir(dir) else { return (0, 0) };
-    for sub in subs.flatten() {
-        if !sub.file_type().is_ok_and(|t| t.is_dir()) {
-            continue;
-        }
-        let Ok(files) = std::fs::read_dir(sub.path()) else { continue };
-        for f in files.flatten() {
-            if f.file_name().as_encoded_bytes().ends_with(b".px") {
-                total = total.saturating_add(f.metadata().map(|m| m.len()).unwrap_or(0));
-                n += 1;
-            }
-        }
-    }
-    (total, n)
-}
-
-fn read_u64(f: &File) -> u64 {
-    let mut b = [0u8; 8];
-    match f.read_exact_at(&mut b, 0) {
-        Ok(()) => u64::from_le_bytes(b),
-        Err(_) => 0,
-    }
-}
-
-/// One group of a cache root, as found on disk.
-#[derive(Debug, Clone, serde::Serialize)]
-pub struct GroupInfo {
-    /// The group's directory.
-    pub dir: PathBuf,
-    /// The dataset it caches (from `group.json`; `?` for a group of an older stoker).
-    pub dataset: String,
-    /// Samples of that dataset.
-    pub samples: u64,
-    /// What decides its pixels (resolution, EXIF orientation).
-    pub settings: String,
-    /// Bytes it holds (its `usage` count; for an older group, the entry files' sizes).
-    pub bytes: u64,
-    /// Seconds since it was last opened or closed by a loader.
-    pub idle_seconds: u64,
-    /// Whether a live process is using it now (it is never removed then).
-    pub in_use: bool,
-}
-
-fn is_group_name(name: &str) -> bool {
-    name.len() > 3 && name.starts_with('v') && name[1..].split('-').next().is_some_and(|v| v.parse::<u32>().is_ok())
-}
-
-/// Groups under `root` (oldest use first); a root that does not exist has none.
-pub fn list_groups(root: &Path) -> Vec<GroupInfo> {
-    let Ok(rd) = std::fs::read_dir(root) else { return vec![] };
-    let mut out = vec![];
-    for e in rd.flatten() {
-        let name = e.file_name().to_string_lossy().into_owned();
-        if !is_group_name(&name) || !e.file_type().is_ok_and(|t| t.is_dir()) {
-            continue;
-        }
-        out.push(group_info(&e.path()));
-    }
-    out.sort_by(|a, b| b.idle_seconds.cmp(&a.idle_seconds).then(a.dir.cmp(&b.dir)));
-    out
-}
-
-fn group_info(dir: &Path) -> GroupInfo {
-    let meta: serde_json::Value = std::fs::read(dir.join("group.json"))
-        .ok()
-        .and_then(|b| serde_json::from_slice(&b).ok())
-        .unwrap_or(serde_json::Value::Null);
-    let text = |k: &str| meta.get(k).and_then(|v| v.as_str()).unwrap_or("?").to_string();
-    let lock = dir.join("lock");
-    let last = std::fs::metadata(&lock)
-        .or_else(|_| std::fs::metadata(dir.join("usage")))
-        .or_else(|_| std::fs::metadata(dir))
-        .and_then(|m| m.modified())
-        .unwrap_or(SystemTime::UNIX_EPOCH);
-    let idle_seconds = SystemTime::now().duration_since(last).map(|d| d.as_secs()).unwrap_or(0);
-    let bytes = match std::fs::File::open(dir.join("usage")) {
-        Ok(f) if lock.exists() => read_u64(&f),
-        _ => scan_bytes(dir).0,
-    };
-    let in_use = match std::fs::File::open(&lock) {
-        Ok(f) => match flock_within(&f, true, Duration::ZERO) {
-            Ok(true) => {
-                unlock(&f);
-                false
-            }
-            _ => true,
-        },
-        Err(_) => false,
-    };
-    GroupInfo {
-        dir: dir.to_path_buf(),
-        dataset: text("dataset"),
-        samples: meta.get("samples").and_then(|v| v.as_u64()).unwrap_or(0),
-        settings: text("settings"),
-        bytes,
-        idle_seconds,
-        in_use,
-    }
-}
-
-/// Moves an idle group out of the way (renamed under the root, to be deleted outside any
-/// lock); `None` when a process holds it. The caller holds the root lock.
-fn take_idle(root: &Path, dir: &Path, seq: &AtomicU64) -> Option<PathBuf> {
-    let lock = dir.join("lock");
-    let held = match std::fs::File::open(&lock) {
-        Ok(f) => match flock_within(&f, true, Duration::ZERO) {
-            Ok(true) => Some(f),
-            _ => return None,
-        },
-        Err(_) => None, // a group of an older stoker, or half removed: nobody can hold it
-    };
-    let trash = root.join(format!(".trash-{}-{}", std::process::id(), seq.fetch_add(1, Ordering::Relaxed)));
-    let moved = std::fs::rename(dir, &trash).is_ok();
-    drop(held);
-    moved.then_some(trash)
-}
-
-/// What [`clear`] did.
-#[derive(Debug, Clone, Default, serde::Serialize)]
-pub struct Cleared {
-    /// Groups removed.
-    pub removed: Vec<GroupInfo>,
-    /// Groups left because a live process uses them.
-    pub in_use: Vec<GroupInfo>,
-    /// Groups left because they were used more recently than `older_than`.
-    pub kept: Vec<GroupInfo>,
-}
-
-/// Removes the idle groups under `root` that were last used more than `older_than` ago (all
-/// idle groups with `None`); groups in use are left and listed. Leftovers of interrupted
-/// removals (`.trash-*`) and temporary files are removed too.
-pub fn clear(root: &Path, older_than: Option<Duration>) -> Result<Cleared> {
-    let mut out = Cleared::default();
-    if !root.is_dir() {
-        return Ok(out);
-    }
-    let lock = open_rw(&root.join(".lock"))
-        .map_err(|e| Error::config("cache", format!("cannot open {}: {e}", root.join(".lock").display())))?;
-    let Some(_l) = Locked::within(&lock, true, LOCK_DEADLINE * 5)
-        .map_err(|e| Error::config("cache", format!("cannot lock {}: {e}", root.display())))?
-    else {
-        return Err(Error::config("cache", format!("{} is locked by another process; try again", root.display())));
-    };
-    let seq = AtomicU64::new(0);
-    let mut trash = vec![];
-    for g in list_groups(root) {
-        if g.in_use {
-            out.in_use.push(g);
-        } else if older_than.is_some_and(|t| g.idle_seconds < t.as_secs()) {
-            out.kept.push(g);
-        } else if let Some(t) = take_idle(root, &g.dir, &seq) {
-            trash.push(t);
-            out.removed.push(g);
-        } else {
-            let mut g = g;
-            g.in_use = true;
-            out.in_use.push(g);
-        }
-    }
-    drop(_l);
-    remove_trash(root, trash);
-    Ok(out)
-}
-
-/// Deletes groups moved aside, and leftovers of removals that a killed process did not finish.
-fn remove_trash(root: &Path, mut trash: Vec<PathBuf>) {
-    if let Ok(rd) = std::fs::read_dir(root) {
-        for e in rd.flatten() {
-            let n = e.file_name();
-            let n = n.to_string_lossy();
-            if let Some(rest) = n.strip_prefix(".trash-") {
-                let pid = rest.split('-').next().and_then(|p| p.parse::<i32>().ok());
-                // SAFETY: kill with signal 0 only checks whether the process exists.
-                let alive = pid.is_some_and(|p| p == std::process::id() as i32 || unsafe { libc::kill(p, 0) } == 0);
-                if !alive {
-                    trash.push(e.path());
-                }
-            }
-        }
-    }
-    trash.sort();
-    trash.dedup();
-    for t in trash {
-        let _ = std::fs::remove_dir_all(&t);
-    }
 }
 
 /// An open, checked entry: the pixels of one image, read and verified on demand.
@@ -616,153 +263,28 @@ impl Cache {
     /// [`Error::Config`] naming `cache` (a directory that cannot be made or written),
     /// `cache_max_side` or `STOKER_CACHE_TTL`.
     pub fn open(spec: &CacheSpec, apply_exif: bool, dataset: &DatasetKey) -> Result<Self> {
-        let root = match &spec.location {
-            CacheLocation::Ram => {
-                if !Path::new("/dev/shm").is_dir() {
-                    return Err(Error::config(
-                        "cache",
-                        "'ram' needs /dev/shm, which this system lacks; give a directory",
-                    ));
-                }
-                ram_root()
-            }
-            CacheLocation::Dir(d) => d.clone(),
-        };
         if spec.max_side == Some(0) {
             return Err(Error::config("cache_max_side", "must be at least 1"));
         }
-        let ttl = match spec.ttl {
-            Some(Ttl::After(t)) => Some(t),
-            Some(Ttl::Never) => None,
-            None => matches!(spec.location, CacheLocation::Ram).then_some(RAM_TTL),
-        };
         let settings = settings_text(apply_exif, spec.max_side);
-        let name = format!("v{VERSION}-{:016x}-{:016x}", xxhash_rust::xxh3::xxh3_64(settings.as_bytes()), dataset.hash);
-        let dir = root.join(&name);
-        let bad = |what: &str, e: std::io::Error| {
-            Error::config("cache", format!("cannot use {} as a cache directory ({what}: {e})", root.display()))
-        };
-        std::fs::create_dir_all(&root).map_err(|e| bad("create", e))?;
-        let root_lock = open_rw(&root.join(".lock")).map_err(|e| bad("write", e))?;
-        let stats = Stats::default();
-        // Join the group: hold its lock shared, and check that the lock is still the group's
-        // (an evictor may have moved the group aside between our open and our lock).
-        let mut member = None;
-        for _ in 0..4 {
-            std::fs::create_dir_all(&dir).map_err(|e| bad("create", e))?;
-            write_group_json(&dir, dataset, &settings);
-            let f = match open_rw(&dir.join("lock")) {
-                Ok(f) => f,
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue, // moved aside meanwhile
-                Err(e) => return Err(bad("write", e)),
-            };
-            if !flock_within(&f, false, LOCK_DEADLINE).map_err(|e| bad("lock", e))? {
-                stats.lock_timeouts.fetch_add(1, Ordering::Relaxed);
-                break;
-            }
-            let same = match (f.metadata(), std::fs::metadata(dir.join("lock"))) {
-                (Ok(a), Ok(b)) => a.ino() == b.ino() && a.dev() == b.dev(),
-                _ => false,
-            };
-            if same {
-                let _ = f.set_modified(SystemTime::now());
-                member = Some(f);
-                break;
-            }
-        }
-        let usage = open_rw(&dir.join("usage")).map_err(|e| bad("write", e))?;
-        let free = free_space(&root);
-        let budget = match spec.bytes {
-            Some(b) => b,
-            None => {
-                let base = match spec.location {
-                    CacheLocation::Ram => mem_available().map(|m| m / 4),
-                    CacheLocation::Dir(_) => free.map(|f| f / 2),
-                };
-                base.unwrap_or(0).min(free.unwrap_or(u64::MAX))
-            }
-        };
-        let cache = Cache {
-            root,
-            dir,
-            budget,
-            max_side: spec.max_side,
-            ttl,
-            root_lock,
-            usage,
-            member,
-            usage_lock: std::sync::Mutex::new(()),
-            stats,
-            tmp_seq: AtomicU64::new(0),
-            busy_since: std::sync::Mutex::new(None),
-        };
-        cache.settle();
-        Ok(cache)
-    }
-
-    /// The root lock, waited for at most [`LOCK_DEADLINE`], and not at all for
-    /// [`BUSY_BACKOFF`] after a wait timed out; `None` (counted in `lock_timeouts`) when not
-    /// obtained.
-    fn lock_root(&self) -> Option<Locked<'_>> {
-        let mut busy = self.busy_since.lock().unwrap_or_else(|p| p.into_inner());
-        if busy.is_some_and(|t| t.elapsed() < BUSY_BACKOFF) {
-            self.stats.lock_timeouts.fetch_add(1, Ordering::Relaxed);
-            return None;
-        }
-        match Locked::within(&self.root_lock, true, LOCK_DEADLINE) {
-            Ok(Some(l)) => {
-                *busy = None;
-                Some(l)
-            }
-            _ => {
-                *busy = Some(std::time::Instant::now());
-                self.stats.lock_timeouts.fetch_add(1, Ordering::Relaxed);
-                None
-            }
-        }
-    }
-
-    /// Under the root lock: counts a group found without its `usage` (a new group, or one
-    /// whose count was lost), and removes idle groups past their time to live.
-    fn settle(&self) {
-        let Some(_l) = self.lock_root() else { return };
-        if self.usage.metadata().map(|m| m.len()).unwrap_or(0) < 8 {
-            let _ = self.usage.write_all_at(&scan_bytes(&self.dir).0.to_le_bytes(), 0);
-        }
-        let mut trash = vec![];
-        let current = format!("v{VERSION}-");
-        for g in list_groups(&self.root) {
-            if g.dir == self.dir || g.in_use {
-                continue;
-            }
-            // Groups of an older entry format can never be read by this version: they go
-            // whatever their age (their bytes would otherwise count against the budget).
-            let old_format = !g.dir.file_name().is_some_and(|n| n.to_string_lossy().starts_with(&current));
-            if old_format || self.ttl.is_some_and(|ttl| g.idle_seconds >= ttl.as_secs()) {
-                if let Some(t) = take_idle(&self.root, &g.dir, &self.tmp_seq) {
-                    self.stats.evicted_groups.fetch_add(1, Ordering::Relaxed);
-                    self.stats.evicted_bytes.fetch_add(g.bytes, Ordering::Relaxed);
-                    trash.push(t);
-                }
-            }
-        }
-        drop(_l);
-        remove_trash(&self.root, trash);
+        let kind = GroupKind { letter: 'v', version: VERSION };
+        let group = Group::open(&spec.location, spec.bytes, spec.ttl, kind, &settings, dataset)?;
+        Ok(Cache { group, max_side: spec.max_side, stats: Stats::default() })
     }
 
     /// The directory holding this dataset's entries (its group).
-    pub fn dir(&self) -> &Path {
-        &self.dir
+    pub fn dir(&self) -> &std::path::Path {
+        self.group.dir()
     }
 
     /// The cache root, shared by every group.
-    pub fn root(&self) -> &Path {
-        &self.root
+    pub fn root(&self) -> &std::path::Path {
+        self.group.root()
     }
 
     /// The byte budget.
     pub fn budget(&self) -> u64 {
-        self.budget
+        self.group.budget()
     }
 
     /// The longer side entries are reduced to (`None`: full resolution).
@@ -790,7 +312,7 @@ impl Cache {
 
     fn path(&self, key: u128) -> PathBuf {
         let hex = format!("{key:032x}");
-        self.dir.join(&hex[..2]).join(format!("{hex}.px"))
+        self.group.dir().join(&hex[..2]).join(format!("{hex}.px"))
     }
 
     /// The entry file of `key` (for tests and tools).
@@ -891,60 +413,7 @@ impl Cache {
         self.stats.misses.fetch_add(1, Ordering::Relaxed);
         self.stats.saved_ns.fetch_sub(entry.decode_ns, Ordering::Relaxed);
         self.stats.verify_failures.fetch_add(1, Ordering::Relaxed);
-        let path = self.path(key);
-        let _threads = self.usage_lock.lock().unwrap_or_else(|p| p.into_inner());
-        let Some(_l) = self.lock_root() else { return };
-        if std::fs::symlink_metadata(&path).is_ok_and(|m| m.ino() == entry.ino) && std::fs::remove_file(&path).is_ok() {
-            let used = read_u64(&self.usage).saturating_sub(entry.len);
-            let _ = self.usage.write_all_at(&used.to_le_bytes(), 0);
-        }
-    }
-
-    /// Reserves `n` bytes of the budget shared by the root's groups, evicting idle groups of
-    /// other datasets (least recently used first) when they do not fit; false when they still
-    /// do not (the rest is held by this dataset or by groups in use), `None` when the root lock
-    /// was not obtained in time.
-    fn reserve(&self, n: u64) -> Option<bool> {
-        let _threads = self.usage_lock.lock().unwrap_or_else(|p| p.into_inner());
-        let l = self.lock_root()?;
-        let own = read_u64(&self.usage);
-        let others: Vec<GroupInfo> = list_groups(&self.root).into_iter().filter(|g| g.dir != self.dir).collect();
-        let mut total = own.saturating_add(others.iter().map(|g| g.bytes).sum());
-        let mut trash = vec![];
-        // Oldest use first (list_groups' order); groups in use are never taken.
-        for g in &others {
-            if total.saturating_add(n) <= self.budget {
-                break;
-            }
-            if g.in_use {
-                continue;
-            }
-            if let Some(t) = take_idle(&self.root, &g.dir, &self.tmp_seq) {
-                total = total.saturating_sub(g.bytes);
-                self.stats.evicted_groups.fetch_add(1, Ordering::Relaxed);
-                self.stats.evicted_bytes.fetch_add(g.bytes, Ordering::Relaxed);
-                trash.push(t);
-            }
-        }
-        let mut fits = total.saturating_add(n) <= self.budget;
-        if fits {
-            fits = self.usage.write_all_at(&own.saturating_add(n).to_le_bytes(), 0).is_ok();
-        } else {
-            let held = total.saturating_sub(own);
-            self.stats.held_by_others.store(held, Ordering::Relaxed);
-        }
-        drop(l);
-        remove_trash(&self.root, trash);
-        Some(fits)
-    }
-
-    /// Gives back `n` reserved bytes (an entry that could not be written).
-    fn unreserve(&self, n: u64) {
-        let _threads = self.usage_lock.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(_l) = self.lock_root() {
-            let used = read_u64(&self.usage).saturating_sub(n);
-            let _ = self.usage.write_all_at(&used.to_le_bytes(), 0);
-        }
+        self.group.remove_entry(&self.path(key), entry.ino, entry.len);
     }
 
     /// Whether an entry of `pixel_bytes` for `key` could still be stored: this dataset's bytes
@@ -954,7 +423,7 @@ impl Cache {
     /// end in a refusal by [`Cache::put`] when groups in use, or other threads, hold the room.
     pub fn may_store(&self, key: u128, width: usize, height: usize) -> bool {
         let total = Self::entry_bytes(width, height);
-        if self.used().saturating_add(total) <= self.budget || self.path(key).symlink_metadata().is_ok() {
+        if self.used().saturating_add(total) <= self.group.budget() || self.path(key).symlink_metadata().is_ok() {
             return true;
         }
         self.stats.not_stored_budget.fetch_add(1, Ordering::Relaxed);
@@ -971,7 +440,7 @@ impl Cache {
 
     /// Bytes stored in this dataset's group by all processes.
     pub fn used(&self) -> u64 {
-        read_u64(&self.usage)
+        self.group.used()
     }
 
     /// Stores the `width` x `height` RGB8 `pixels` of the file with `key`, made in `decode`
@@ -998,7 +467,7 @@ impl Cache {
             }
             self.stats.replaced.fetch_add(1, Ordering::Relaxed);
         } else {
-            match self.reserve(total) {
+            match self.group.reserve(total) {
                 Some(true) => reserved = total,
                 Some(false) => {
                     self.stats.not_stored_budget.fetch_add(1, Ordering::Relaxed);
@@ -1018,11 +487,7 @@ impl Cache {
             rows_per_chunk: per,
         };
         let Some(parent) = path.parent() else { return };
-        let tmp = parent.join(format!(
-            ".tmp-{key:032x}-{}-{}",
-            std::process::id(),
-            self.tmp_seq.fetch_add(1, Ordering::Relaxed)
-        ));
+        let tmp = parent.join(format!(".tmp-{key:032x}-{}-{}", std::process::id(), self.group.next_seq()));
         let written = (|| -> std::io::Result<()> {
             std::fs::create_dir_all(parent)?;
             let mut f = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o644).open(&tmp)?;
@@ -1041,7 +506,7 @@ impl Cache {
             Err(_) => {
                 let _ = std::fs::remove_file(&tmp);
                 if reserved > 0 {
-                    self.unreserve(reserved);
+                    self.group.unreserve(reserved);
                 }
                 self.stats.write_errors.fetch_add(1, Ordering::Relaxed);
             }
@@ -1053,15 +518,15 @@ impl Cache {
     pub fn report(&self) -> CacheReport {
         let s = &self.stats;
         let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        let other_groups_bytes =
-            list_groups(&self.root).iter().filter(|g| g.dir != self.dir).map(|g| g.bytes).sum::<u64>();
+        let g = &self.group.counters;
+        let other_groups_bytes = self.group.other_groups_bytes();
         CacheReport {
-            dir: self.dir.display().to_string(),
-            root: self.root.display().to_string(),
-            budget_bytes: self.budget,
+            dir: self.group.dir().display().to_string(),
+            root: self.group.root().display().to_string(),
+            budget_bytes: self.group.budget(),
             used_bytes: self.used(),
             other_groups_bytes,
-            held_by_others_bytes: get(&s.held_by_others),
+            held_by_others_bytes: get(&g.held_by_others),
             max_side: self.max_side,
             hits: get(&s.hits),
             misses: get(&s.misses),
@@ -1072,9 +537,9 @@ impl Cache {
             replaced: get(&s.replaced),
             verify_failures: get(&s.verify_failures),
             write_errors: get(&s.write_errors),
-            lock_timeouts: get(&s.lock_timeouts),
-            evicted_groups: get(&s.evicted_groups),
-            evicted_bytes: get(&s.evicted_bytes),
+            lock_timeouts: get(&g.lock_timeouts),
+            evicted_groups: get(&g.evicted_groups),
+            evicted_bytes: get(&g.evicted_bytes),
             decode_seconds_saved: get(&s.saved_ns) as f64 * 1e-9,
             lookup_seconds: get(&s.lookup_ns) as f64 * 1e-9,
             fill_seconds: get(&s.fill_ns) as f64 * 1e-9,
@@ -1094,54 +559,13 @@ impl Cache {
             &s.replaced,
             &s.verify_failures,
             &s.write_errors,
-            &s.lock_timeouts,
-            &s.evicted_groups,
-            &s.evicted_bytes,
-            &s.held_by_others,
             &s.saved_ns,
             &s.lookup_ns,
             &s.fill_ns,
         ] {
             a.store(0, Ordering::Relaxed);
         }
-    }
-}
-
-impl Drop for Cache {
-    /// Leaves the group: its last use is now. With a time to live of zero, the last process
-    /// to leave a group removes it.
-    fn drop(&mut self) {
-        let Some(member) = self.member.take() else { return };
-        let _ = member.set_modified(SystemTime::now());
-        drop(member);
-        if self.ttl == Some(Duration::ZERO) {
-            if let Ok(Some(l)) = Locked::within(&self.root_lock, true, LOCK_DEADLINE) {
-                let t = take_idle(&self.root, &self.dir, &self.tmp_seq);
-                drop(l);
-                remove_trash(&self.root, t.into_iter().collect());
-            }
-        }
-    }
-}
-
-/// Writes `group.json` (what the group caches, for `stoker cache`) unless it exists.
-fn write_group_json(dir: &Path, dataset: &DatasetKey, settings: &str) {
-    let path = dir.join("group.json");
-    if path.exists() {
-        return;
-    }
-    let created = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
-    let text = serde_json::json!({
-        "format": VERSION,
-        "dataset": dataset.description,
-        "samples": dataset.samples,
-        "dataset_hash": format!("{:016x}", dataset.hash),
-        "settings": settings,
-        "created": created,
-    });
-    let tmp = dir.join(format!(".group-{}.json", std::process::id()));
-    if std::fs::write(&tmp, text.to_string()).is_ok() && std::fs::rename(&tmp, &path).is_err() {
-        let _ = std::fs::remove_file(&tmp);
+        self.group.counters.reset();
     }
 }
 

@@ -24,5 +24,6 @@ pub mod ordered;
 pub mod pass;
 pub mod rng;
 pub mod sampler;
+pub mod store;
 
 pub use pass::Next;

@@ -57,6 +57,17 @@ fn stamp(path: &Path) -> Result<Stamp> {
     Ok(Stamp { len, mtime_s: m.mtime(), mtime_ns: m.mtime_nsec(), ino: m.ino(), dev: m.dev(), sample: h.digest() })
 }
 
+/// A hash of what identifies `path`'s content now: its length, mtime, inode and device, and a
+/// hash of its first and last 64 KiB (what a stored index is checked against).
+pub fn identity(path: &Path) -> Result<u64> {
+    let s = stamp(path)?;
+    let mut h = xxhash_rust::xxh3::Xxh3::new();
+    for v in [s.len, s.mtime_s as u64, s.mtime_ns as u64, s.ino, s.dev, s.sample] {
+        h.update(&v.to_le_bytes());
+    }
+    Ok(h.digest())
+}
+
 /// Whether an index of `format` over `path` is worth storing (opening it costs a scan).
 fn stored(path: &Path, format: Format) -> bool {
     if crate::source::is_url(path) {

@@ -98,6 +98,9 @@ pub struct TokenConfig {
     /// The trace file and ring size (`None`: no trace): spans of reading, tokenizing, packing
     /// and the consumer's waits, written when a pass completes and when the loader is dropped.
     pub trace: Option<crate::trace::TraceSpec>,
+    /// The automatic token cache (`None`: every epoch tokenizes); see [`super::autocache`].
+    #[serde(default)]
+    pub cache: Option<crate::cache::CacheSpec>,
 }
 
 impl TokenConfig {
@@ -132,6 +135,7 @@ impl TokenConfig {
             raise: false,
             index_dir: None,
             trace: None,
+            cache: None,
         }
     }
 }
@@ -213,6 +217,10 @@ struct RawDoc {
     bytes: Result<Vec<u8>>,
     /// Tokens of it already delivered (an elastic resume).
     skip: u64,
+    /// Its global number (the token cache's key).
+    doc: u64,
+    /// `bytes` are its tokens from the token cache, not its text.
+    cached: bool,
 }
 
 /// A chunk's documents, tokenized; failed ones are empty with their error.
@@ -452,6 +460,8 @@ struct Shared {
     rows_memo: Mutex<Option<RowsMemo>>,
     /// The trace, when asked for.
     tracer: Option<Arc<crate::trace::Tracer>>,
+    /// The automatic token cache, when asked for.
+    autocache: Option<super::autocache::TokenCache>,
 }
 
 impl Shared {
@@ -783,6 +793,19 @@ impl TokenLoader {
             return Err(Error::config("bos_token", "the tokenizer has no known BOS token: name it, or add_bos=False"));
         }
         let source = DocSource::open(paths, &formats, if text { None } else { eos }, config.index_dir.as_deref())?;
+        let autocache = match (&config.cache, &tokenizer) {
+            (None, _) => None,
+            (Some(spec), Some(t)) if text && cache.is_none() => {
+                let width = if t.vocab_size() <= 1 << 16 { 2 } else { 4 };
+                Some(super::autocache::TokenCache::open(spec, &source, t.hash, &config.text_key, width)?)
+            }
+            (Some(_), _) => {
+                return Err(Error::config(
+                    "cache",
+                    "token files and token cache folders are already tokens: a token cache is for text",
+                ))
+            }
+        };
         let threads = match config.threads {
             Some(0) => return Err(Error::config("threads", "must be at least 1 (or auto)")),
             Some(n) => n,
@@ -833,6 +856,7 @@ impl TokenLoader {
                 position: Mutex::default(),
                 rows_memo: Mutex::default(),
                 tracer,
+                autocache,
             }),
             active: Active::default(),
         })
@@ -856,6 +880,9 @@ impl TokenLoader {
         if let Some(t) = self.tokenizer() {
             let (engine, why) = t.engine();
             v["tokenizer"] = serde_json::json!({"path": t.origin, "engine": engine, "why": why});
+        }
+        if let Some(c) = &self.shared.autocache {
+            v["cache"] = serde_json::to_value(c.report()).unwrap_or_default();
         }
         if let Some(t) = stats.started.get() {
             let wall = t.elapsed().as_secs_f64();
@@ -1232,7 +1259,16 @@ fn read_docs(
     let mut epoch = from.epoch;
     let mut start = from.cursor;
     loop {
+        if let Some(c) = &sh.autocache {
+            c.refresh(); // what this and other processes stored since: hits from now on
+        }
         let order = epoch_order(src, cfg, epoch, elastic.as_ref().filter(|_| epoch == from.epoch));
+        // A document whose tokens the token cache holds is not read.
+        let from_cache = |doc: u64| -> Option<Vec<u8>> {
+            let c = sh.autocache.as_ref()?;
+            let mut buf = Vec::new();
+            c.get(doc, &mut buf).then_some(buf)
+        };
         let mut emit = |d: RawDoc, chunk: &mut Vec<RawDoc>, bytes: &mut usize| -> bool {
             *bytes += d.bytes.as_ref().map_or(0, |b| b.len());
             chunk.push(d);
@@ -1243,10 +1279,20 @@ fn read_docs(
         };
         if src.random_access() {
             for c in start..order.docs.len() as u64 {
-                let (f, k) = src.locate(order.docs[c as usize]);
+                let doc = order.docs[c as usize];
+                let (f, k) = src.locate(doc);
                 let file = &src.files[f];
                 let entry = &file.docs[k];
                 let t0 = Instant::now();
+                let skip = order.skips.get(&c).copied().unwrap_or(0);
+                if let Some(tokens) = from_cache(doc) {
+                    sh.stats.read_ns.fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
+                    let d = RawDoc { epoch, cursor: c, at: (f, k), bytes: Ok(tokens), skip, doc, cached: true };
+                    if !emit(d, &mut chunk, &mut chunk_bytes) {
+                        return;
+                    }
+                    continue;
+                }
                 let bytes = if entry.len > cfg.max_document_bytes {
                     Err(too_long(file, entry, cfg.max_document_bytes))
                 } else {
@@ -1265,8 +1311,11 @@ fn read_docs(
                 sh.stats.read_ns.fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
                 sh.stats.bytes.fetch_add(entry.len.min(cfg.max_document_bytes), Ordering::Relaxed);
                 sh.span("read", t0, &[("document", c as f64), ("bytes", entry.len as f64)]);
-                let skip = order.skips.get(&c).copied().unwrap_or(0);
-                if !emit(RawDoc { epoch, cursor: c, at: (f, k), bytes, skip }, &mut chunk, &mut chunk_bytes) {
+                if !emit(
+                    RawDoc { epoch, cursor: c, at: (f, k), bytes, skip, doc, cached: false },
+                    &mut chunk,
+                    &mut chunk_bytes,
+                ) {
                     return;
                 }
             }
@@ -1281,15 +1330,27 @@ fn read_docs(
                     continue;
                 }
                 let lo = gs.max(start);
-                let mut want: Vec<(usize, usize, u64)> = (lo..ge)
-                    .map(|c| {
-                        let (f, k) = src.locate(order.docs[c as usize]);
-                        (f, k, c)
-                    })
-                    .collect();
-                want.sort_unstable();
                 let mut got: BTreeMap<u64, RawDoc> = BTreeMap::new();
+                let mut want: Vec<(usize, usize, u64)> = Vec::with_capacity((ge - lo) as usize);
+                for c in lo..ge {
+                    let doc = order.docs[c as usize];
+                    let (f, k) = src.locate(doc);
+                    let t0 = Instant::now();
+                    match from_cache(doc) {
+                        Some(tokens) => {
+                            sh.stats.read_ns.fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
+                            let skip = order.skips.get(&c).copied().unwrap_or(0);
+                            got.insert(
+                                c,
+                                RawDoc { epoch, cursor: c, at: (f, k), bytes: Ok(tokens), skip, doc, cached: true },
+                            );
+                        }
+                        None => want.push((f, k, c)),
+                    }
+                }
+                want.sort_unstable();
                 for (f, k, c) in want {
+                    let doc = order.docs[c as usize];
                     let file = &src.files[f];
                     let entry = &file.docs[k];
                     if cursors[f].as_ref().is_some_and(|s| s.position() > entry.offset) {
@@ -1309,7 +1370,7 @@ fn read_docs(
                         sh.stats.bytes.fetch_add(bytes.as_ref().map_or(0, |b| b.len() as u64), Ordering::Relaxed);
                         sh.span("read", t0, &[("document", c as f64)]);
                         let skip = order.skips.get(&c).copied().unwrap_or(0);
-                        got.insert(c, RawDoc { epoch, cursor: c, at: (f, k), bytes, skip });
+                        got.insert(c, RawDoc { epoch, cursor: c, at: (f, k), bytes, skip, doc, cached: false });
                         continue;
                     }
                     let cur = match &mut cursors[f] {
@@ -1327,7 +1388,7 @@ fn read_docs(
                     sh.stats.bytes.fetch_add(entry.len.min(cfg.max_document_bytes), Ordering::Relaxed);
                     sh.span("read", t0, &[("document", c as f64), ("bytes", entry.len as f64)]);
                     let skip = order.skips.get(&c).copied().unwrap_or(0);
-                    got.insert(c, RawDoc { epoch, cursor: c, at: (f, k), bytes, skip });
+                    got.insert(c, RawDoc { epoch, cursor: c, at: (f, k), bytes, skip, doc, cached: false });
                     if cancel.load(Ordering::Acquire) {
                         return;
                     }
@@ -1368,6 +1429,23 @@ fn tokenize_whole(sh: &Shared, tok: Option<&TextTokenizer>, d: RawDoc) -> (Doc, 
         Err(e) => return (doc, Some(e)),
     };
     let fail = |why: String| Some(Error::decode(&file.path, format!("{}: {why}", file.place(entry))));
+    if d.cached {
+        // Tokens from the token cache: ids of its width, BOS/EOS added as for text.
+        let w = sh.autocache.as_ref().map_or(4, |c| c.width() as usize);
+        doc.tokens.reserve(bytes.len() / w + 2);
+        if sh.config.add_bos {
+            doc.tokens.extend(sh.bos);
+        }
+        if w == 2 {
+            doc.tokens.extend(bytes.chunks_exact(2).map(|t| u16::from_le_bytes([t[0], t[1]]) as u32));
+        } else {
+            doc.tokens.extend(bytes.chunks_exact(4).map(|t| u32::from_le_bytes([t[0], t[1], t[2], t[3]])));
+        }
+        if sh.config.add_eos {
+            doc.tokens.extend(sh.eos);
+        }
+        return (doc, None);
+    }
     match (sh.source.format, tok) {
         (Format::Tokens(_) | Format::Cache(_), _) => {
             let cached = matches!(sh.source.format, Format::Cache(_));
@@ -1404,9 +1482,13 @@ fn tokenize_whole(sh: &Shared, tok: Option<&TextTokenizer>, d: RawDoc) -> (Doc, 
             if sh.config.add_bos {
                 doc.tokens.extend(sh.bos);
             }
+            let first = doc.tokens.len();
             if let Err(e) = tok.encode_into(&text, &mut doc.tokens) {
                 doc.tokens.clear();
                 return (doc, fail(e.to_string()));
+            }
+            if let Some(c) = &sh.autocache {
+                c.put(d.doc, &doc.tokens[first..]);
             }
             if sh.config.add_eos {
                 doc.tokens.extend(sh.eos);

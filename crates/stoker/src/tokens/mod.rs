@@ -10,11 +10,14 @@
 //! - [`pack`]: the concat and best-fit packers and their resume points (pure functions of the
 //!   document stream).
 //! - [`cache`]: the token cache folder (`stoker tokenize`): tokens, index, description.
+//! - [`autocache`]: the automatic token cache (`cache="ram"` or a directory): each document
+//!   tokenized once, its tokens shared by later epochs and other processes within a byte budget.
 //! - [`loader`]: [`TokenLoader`]: order, rank sharding, threads, pooled batches, state.
 //!
 //! Owns: text formats, tokenization, packing. May not touch: the shell's iteration rules
 //! (delivery, failure budget, stale iterators), which it uses through [`crate::shell::pass`].
 
+pub mod autocache;
 pub mod bpe;
 pub mod cache;
 pub mod docs;
