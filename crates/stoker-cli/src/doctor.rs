@@ -19,6 +19,40 @@ pub struct DoctorArgs {
     /// Skip the host-to-device bandwidth measurement (256 MiB copies per GPU).
     #[arg(long)]
     pub no_bandwidth: bool,
+    /// A `tokenizer.json` to check (repeatable): which engine encodes it (stoker's exact
+    /// byte-level BPE or the `tokenizers` crate) and why.
+    #[arg(long = "tokenizer", value_name = "TOKENIZER_JSON")]
+    pub tokenizers: Vec<std::path::PathBuf>,
+}
+
+/// Which engine encodes a `tokenizer.json`, and why (or why it cannot be loaded).
+#[derive(Serialize)]
+pub struct TokenizerFact {
+    path: std::path::PathBuf,
+    /// `stoker byte-level BPE` or `tokenizers`; absent when the file cannot be loaded.
+    engine: Option<&'static str>,
+    /// Why that engine (or the error).
+    why: String,
+    vocab_size: Option<usize>,
+}
+
+/// The engine of each tokenizer file.
+pub fn tokenizer_facts(paths: &[std::path::PathBuf]) -> Vec<TokenizerFact> {
+    paths
+        .iter()
+        .map(|p| match stoker::tokens::TextTokenizer::from_file(p) {
+            Ok(t) => {
+                let (engine, why) = t.engine();
+                TokenizerFact {
+                    path: p.clone(),
+                    engine: Some(engine),
+                    why: why.to_string(),
+                    vocab_size: Some(t.vocab_size()),
+                }
+            }
+            Err(e) => TokenizerFact { path: p.clone(), engine: None, why: e.to_string(), vocab_size: None },
+        })
+        .collect()
 }
 
 /// Everything `doctor` knows about the machine.
@@ -40,6 +74,9 @@ pub struct Facts {
     gpu: CudaProbe,
     /// Why a GPU's bandwidth could not be measured.
     bandwidth_errors: Vec<String>,
+    /// The tokenizers given with `--tokenizer`.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    tokenizers: Vec<TokenizerFact>,
 }
 
 #[derive(Serialize)]
@@ -128,6 +165,7 @@ pub fn collect(bandwidth: bool) -> Facts {
         dev_shm: fs_space("/dev/shm"),
         gpu,
         bandwidth_errors,
+        tokenizers: vec![],
     }
 }
 
@@ -277,6 +315,14 @@ pub fn print(f: &Facts, advice: &[String], json: bool) -> Result<()> {
     } else {
         println!("GPU: none ({})", f.gpu.unavailable_reason.clone().unwrap_or_default());
     }
+    for t in &f.tokenizers {
+        match t.engine {
+            Some(e) => {
+                println!("tokenizer {}: {e}, {} tokens ({})", t.path.display(), t.vocab_size.unwrap_or(0), t.why)
+            }
+            None => println!("tokenizer {}: cannot be loaded: {}", t.path.display(), t.why),
+        }
+    }
     println!("recommendations:");
     for a in advice {
         println!("  - {a}");
@@ -286,7 +332,8 @@ pub fn print(f: &Facts, advice: &[String], json: bool) -> Result<()> {
 
 /// Runs `stoker doctor`.
 pub fn run(a: &DoctorArgs) -> Result<()> {
-    let facts = collect(!a.no_bandwidth);
+    let mut facts = collect(!a.no_bandwidth);
+    facts.tokenizers = tokenizer_facts(&a.tokenizers);
     let advice = advise(&facts);
     print(&facts, &advice, a.json)
 }
@@ -320,5 +367,16 @@ mod tests {
         let a = advise(&f);
         assert!(a[0].contains("STOKER_NUM_THREADS") && a[0].contains("refuse"), "{a:?}");
         assert!(!a[1].contains("overridden"), "{a:?}");
+    }
+
+    #[test]
+    fn tokenizers_are_named_with_their_engine() {
+        let data = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/data/text");
+        let missing = data.join("no-such-tokenizer.json");
+        let facts = tokenizer_facts(&[data.join("tokenizer-gpt2.json"), missing]);
+        assert_eq!(facts[0].engine, Some("stoker byte-level BPE"), "{}", facts[0].why);
+        assert_eq!(facts[0].vocab_size, Some(50257));
+        assert_eq!(facts[1].engine, None);
+        assert!(facts[1].why.contains("no-such-tokenizer.json"), "{}", facts[1].why);
     }
 }
