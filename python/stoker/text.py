@@ -228,7 +228,10 @@ class TokenLoader(LoaderBase):
 
         Given the list of every rank's state (``dist.all_gather_object``), the run continues on
         this loader's ranks, however many: every document that no saved rank had finished goes to
-        exactly one new rank (a partly used one without its used tokens); ``pack='concat'``."""
+        exactly one new rank (a partly used one without its used tokens, for ``pack='concat'``; for
+        ``pack='best_fit'`` the documents of each saved rank's current block are tokenized again
+        to find those its delivered rows held). The new ranks' own states chain the same way
+        (4 -> 3 -> 2 ranks within one epoch)."""
         try:
             text = json.dumps(state, allow_nan=False)
         except (TypeError, ValueError) as e:

@@ -163,6 +163,46 @@ def test_elastic_resume_from_two_ranks_to_three(reference):
         make(0, 3).load_state_dict(states[:1])
 
 
+@pytest.mark.parametrize("pack", ["concat", "best_fit"])
+def test_elastic_resumes_chain_two_to_three_to_two_ranks(reference, pack):
+    from collections import Counter
+
+    def make(rank, world):
+        loader = stoker.TokenLoader(SAMPLE, tokenizer=GPT2, seq_len=256, batch_size=2, shuffle=True, seed=4,
+                                    pack=pack, pack_window=8, rank=rank, world_size=world, output="numpy")
+        loader.set_epoch(2)
+        return loader
+
+    def take(loader, steps, seen, states, rank):
+        it = iter(loader)
+        for _ in range(steps):
+            seen.update(next(it)["input_ids"].reshape(-1).tolist())
+        it.close()
+        states.append(json.loads(json.dumps(loader.state_dict())))  # through JSON, as a checkpoint
+
+    seen, first, second = Counter(), [], []
+    for rank in range(2):
+        take(make(rank, 2), 2 + 5 * rank, seen, first, rank)
+    for rank in range(3):
+        loader = make(rank, 3)
+        loader.load_state_dict(first)
+        take(loader, 1 + 2 * rank, seen, second, rank)
+    assert all("elastic" in st for st in second)
+    for rank in range(2):
+        loader = make(rank, 2)
+        loader.load_state_dict(second)
+        for b in loader:
+            seen.update(b["input_ids"].reshape(-1).tolist())
+    del seen[EOS]  # EOS ends every document, and pads best-fit rows
+    everything = Counter(t for r in reference for t in r if t != EOS)
+    assert not seen - everything, "no token delivered more often than the documents hold it"
+    missing = sum((everything - seen).values())
+    if pack == "best_fit":
+        assert missing == 0, f"every token exactly once ({missing} missing)"
+    else:
+        assert missing < 2 * 256, f"only the new ranks' tails are dropped ({missing} missing)"
+
+
 def test_arguments_and_states_are_checked(tmp_path):
     with pytest.raises(stoker.ConfigError, match="`pack`: expected 'concat' or 'best_fit'"):
         stoker.TokenLoader(SAMPLE, tokenizer=GPT2, pack="greedy")

@@ -715,6 +715,8 @@ fn array_config_in(args: Args, env: Env<'_>) -> Result<ArrayConfig> {
 
 /// The most tokens per row (`seq_len`).
 pub const MAX_SEQ_LEN: usize = 1 << 24;
+/// The most documents a best-fit block may hold (its plan is quadratic in the worst case).
+pub const MAX_PACK_WINDOW: usize = 1 << 16;
 
 /// A [`TokenConfig`] and the tokenizer file from named arguments: `tokenizer` (a path; none
 /// for token files), `seq_len` (default 2048), `batch_size` (default 8), `pack` (`concat`,
@@ -752,8 +754,8 @@ fn token_config_in(args: Args, env: Env<'_>) -> Result<(TokenConfig, Option<Path
         };
     }
     let int = |a: &mut Taker, k: &str| a.take(k).map(|v| positive(k, &v)).transpose();
-    if let Some(n) = int(&mut a, "pack_window")? {
-        c.pack_window = n as u64;
+    if let Some(v) = a.take("pack_window") {
+        c.pack_window = bounded("pack_window", &v, MAX_PACK_WINDOW, "documents")? as u64;
     }
     if let Some(n) = int(&mut a, "shuffle_window")? {
         c.shuffle_window = n as u64;
@@ -847,6 +849,35 @@ fn token_config_in(args: Args, env: Env<'_>) -> Result<(TokenConfig, Option<Path
     Ok((c, tokenizer))
 }
 
+/// How many resumes on other ranks a state may chain within one epoch.
+const MAX_ELASTIC_DEPTH: usize = 32;
+/// The most ranks a saved run may have had.
+const MAX_RANKS: usize = 1 << 20;
+
+/// Checks an elastic base from a saved state (and its own bases): one position per saved
+/// rank, all in one epoch, delivered lists no longer than a block can be, a bounded chain.
+fn check_elastic(e: &crate::tokens::Elastic, depth: usize) -> std::result::Result<(), String> {
+    if depth >= MAX_ELASTIC_DEPTH {
+        return Err(format!("more than {MAX_ELASTIC_DEPTH} resumes on other ranks chained in one epoch"));
+    }
+    if e.world_size == 0 || e.world_size > MAX_RANKS || e.at.len() != e.world_size {
+        return Err(format!("{} positions for world_size {}: expected one per saved rank", e.at.len(), e.world_size));
+    }
+    if e.at.iter().any(|a| a.epoch != e.at[0].epoch) {
+        return Err("positions of different epochs".into());
+    }
+    if e.delivered.len() > e.world_size || e.delivered.iter().any(|d| d.len() > MAX_PACK_WINDOW) {
+        return Err("a delivered list longer than the saved ranks or a block".into());
+    }
+    if let Some(b) = &e.base {
+        if b.at.first().map(|a| a.epoch) != Some(e.at[0].epoch) {
+            return Err("a base of another epoch".into());
+        }
+        check_elastic(b, depth + 1)?;
+    }
+    Ok(())
+}
+
 /// The environment variable naming where document indexes are stored (`off`: nowhere).
 pub const INDEX_DIR_VAR: &str = "STOKER_INDEX_DIR";
 
@@ -906,9 +937,11 @@ pub fn token_state(state: &Value, mine: &TokenFingerprint, ranks_may_differ: boo
         elastic: match fields.get("elastic") {
             None | Some(Value::Null) => None,
             Some(v) => {
-                Some(serde_json::from_value(v.clone()).map_err(|e| {
+                let e: crate::tokens::Elastic = serde_json::from_value(v.clone()).map_err(|e| {
                     Error::config(s.name("elastic"), format!("expected the dict state_dict() gives: {e}"))
-                })?)
+                })?;
+                check_elastic(&e, 0).map_err(|why| Error::config(s.name("elastic"), why))?;
+                Some(e)
             }
         },
     };

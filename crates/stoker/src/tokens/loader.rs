@@ -340,6 +340,15 @@ pub struct Elastic {
     pub world_size: usize,
     /// Where each of them stood (all in the same epoch).
     pub at: Vec<Resume>,
+    /// Best-fit packing: per saved rank, the documents of its current block (by cursor, at or
+    /// after `at[r].cursor`) already delivered wholly (`u64::MAX`) or in part (the tokens of
+    /// their start delivered).
+    #[serde(default)]
+    pub delivered: Vec<Vec<(u64, u64)>>,
+    /// The saved run's own elastic base, when it continued another run on other ranks in
+    /// this epoch (its ranks' orders are that base's remainder, dealt).
+    #[serde(default)]
+    pub base: Option<Box<Elastic>>,
 }
 
 /// Where iteration stands: the epoch, batches delivered in it, and where the next batch's
@@ -522,22 +531,39 @@ fn epoch_order(src: &DocSource, cfg: &TokenConfig, epoch: u64, elastic: Option<&
     }
 }
 
-/// Rank `k` of `w`'s part of what a saved run of `e.world_size` ranks left of a global order:
-/// the positions no old rank had finished, in order, dealt round-robin; a partly used
-/// document keeps its used tokens as a skip.
-fn elastic_order(all: &[u64], bounds: &[usize], e: &Elastic, k: usize, w: usize) -> EpochOrder {
-    let old = e.world_size;
+/// Rank `k` of `w`'s positions in a global order of `n` documents, each with the tokens of it
+/// already delivered: every `w`-th position without a base; with one, every `w`-th of what
+/// the saved run of `e.world_size` ranks left (the positions none of its ranks had finished,
+/// in the global order; a partly used document with its used tokens). Chains: the saved
+/// run's ranks' own positions come from its base, if it had one.
+fn elastic_positions(n: usize, e: Option<&Elastic>, k: usize, w: usize) -> Vec<(usize, u64)> {
+    let Some(e) = e else { return (k..n).step_by(w.max(1)).map(|p| (p, 0)).collect() };
     let mut remaining: Vec<(usize, u64)> = Vec::new(); // (position, tokens to skip)
-    for p in 0..all.len() {
-        let (q, c) = (p % old, (p / old) as u64);
+    for q in 0..e.world_size {
         let at = e.at[q];
-        if c > at.cursor || (c == at.cursor && at.offset == 0) {
-            remaining.push((p, 0));
-        } else if c == at.cursor {
-            remaining.push((p, at.offset));
+        let delivered: BTreeMap<u64, u64> = e.delivered.get(q).map(|d| d.iter().copied().collect()).unwrap_or_default();
+        for (c, (p, skip)) in elastic_positions(n, e.base.as_deref(), q, e.world_size).into_iter().enumerate() {
+            let c = c as u64;
+            if c < at.cursor {
+                continue;
+            }
+            let used = match delivered.get(&c) {
+                Some(&u64::MAX) => continue,
+                Some(&t) => t,
+                None if c == at.cursor => at.offset,
+                None => 0,
+            };
+            remaining.push((p, skip + used));
         }
     }
-    let mine: Vec<(usize, u64)> = remaining.into_iter().skip(k).step_by(w).collect();
+    remaining.sort_unstable();
+    remaining.into_iter().skip(k).step_by(w.max(1)).collect()
+}
+
+/// Rank `k` of `w`'s part of what a saved run left of a global order (see
+/// [`elastic_positions`]), with its read groups.
+fn elastic_order(all: &[u64], bounds: &[usize], e: &Elastic, k: usize, w: usize) -> EpochOrder {
+    let mine = elastic_positions(all.len(), Some(e), k, w);
     let docs = mine.iter().map(|&(p, _)| all[p]).collect();
     let skips = mine.iter().enumerate().filter(|(_, m)| m.1 > 0).map(|(c, m)| (c as u64, m.1)).collect();
     // A new read group wherever a document comes from another window of the order.
@@ -659,8 +685,17 @@ fn count_rows_per_rank(sh: &Shared, epoch: u64, elastic: Option<&Elastic>) -> Op
                 PackMode::BestFit => order
                     .docs
                     .chunks(cfg.pack_window as usize)
-                    .map(|block| {
-                        let lens: Vec<usize> = block.iter().map(|&g| tokens(g)).collect();
+                    .enumerate()
+                    .map(|(b, block)| {
+                        let first = b as u64 * cfg.pack_window;
+                        let lens: Vec<usize> = block
+                            .iter()
+                            .enumerate()
+                            .map(|(k, &g)| {
+                                let skip = order.skips.get(&(first + k as u64)).copied().unwrap_or(0);
+                                tokens(g).saturating_sub(skip as usize)
+                            })
+                            .collect();
                         super::pack::plan_rows(&lens, len).len() as u64
                     })
                     .sum(),
@@ -1034,17 +1069,12 @@ impl TokenLoader {
     /// Continues a run saved by several ranks (`(state, rank, world_size)` of every one, any
     /// order) on this loader's ranks: every document that no saved rank had finished is dealt
     /// anew, each to exactly one rank (a partly used one without its used tokens). The states
-    /// must be of one epoch, of `concat` packing (best-fit rows mix documents, so a partly
-    /// delivered block cannot be split among new ranks), and not themselves resumed on other
-    /// ranks in that epoch.
+    /// must be of one epoch; they may themselves continue a resume on other ranks (chains:
+    /// 4 -> 3 -> 2). With `best_fit` packing, the documents of each saved rank's current block
+    /// are tokenized again here to find which of them its delivered rows hold (a block's rows
+    /// deliver whole documents, and the start of one longer than a row).
     pub fn load_states(&self, states: &[(TokenState, usize, usize)]) -> Result<()> {
         let (first, _, world) = states.first().ok_or_else(|| Error::config("state", "an empty list of states"))?;
-        if self.shared.config.pack != PackMode::Concat {
-            return Err(Error::config(
-                "state",
-                "resuming on another number of ranks needs pack='concat' (best-fit rows mix documents)",
-            ));
-        }
         let mut at = vec![None; *world];
         for (st, rank, w) in states {
             if *w != *world || *rank >= *world {
@@ -1059,10 +1089,10 @@ impl TokenLoader {
                     "the states are of different seeds or epochs: give one run's states",
                 ));
             }
-            if st.elastic.is_some() {
+            if st.elastic != first.elastic {
                 return Err(Error::config(
                     "state",
-                    "these states already continue a resume on other ranks in this epoch: finish the epoch first",
+                    "the states continue different resumes on other ranks: give one run's states",
                 ));
             }
             if at[*rank].replace(st.at).is_some() {
@@ -1074,7 +1104,14 @@ impl TokenLoader {
             .enumerate()
             .map(|(r, a)| a.ok_or_else(|| Error::config("state", format!("no state of rank {r} of {world}"))))
             .collect::<Result<_>>()?;
-        let elastic = Elastic { world_size: *world, at };
+        let base = first.elastic.clone().filter(|b| b.at.first().is_some_and(|a| a.epoch == first.at.epoch));
+        let mut elastic = Elastic { world_size: *world, at, delivered: Vec::new(), base: base.map(Box::new) };
+        if self.shared.config.pack == PackMode::BestFit {
+            elastic.delivered = self.best_fit_delivered(&elastic)?;
+            for a in &mut elastic.at {
+                a.offset = 0;
+            }
+        }
         let cursor_epoch = first.at.epoch;
         self.load_state(TokenState {
             seed: first.seed,
@@ -1083,6 +1120,110 @@ impl TokenLoader {
             at: Resume { epoch: cursor_epoch, cursor: 0, offset: 0 },
             elastic: Some(elastic),
         })
+    }
+
+    /// For each saved rank of `e` (best-fit packing, `at[r]` a block's start and the rows of it
+    /// delivered): the documents of that block its delivered rows hold, wholly (`u64::MAX`) or
+    /// their first tokens. The block's documents are read and tokenized again, and packed by
+    /// the same plan as then.
+    fn best_fit_delivered(&self, e: &Elastic) -> Result<Vec<Vec<(u64, u64)>>> {
+        let sh = &self.shared;
+        let cfg = &sh.config;
+        let Some(epoch) = e.at.first().map(|a| a.epoch) else { return Ok(vec![]) };
+        let (all, _) = global_order(&sh.source, cfg, epoch);
+        let mut out = Vec::with_capacity(e.world_size);
+        for (q, at) in e.at.iter().enumerate() {
+            if at.offset == 0 {
+                out.push(vec![]);
+                continue;
+            }
+            let mine = elastic_positions(all.len(), e.base.as_deref(), q, e.world_size);
+            let (b0, b1) = (at.cursor as usize, (at.cursor + cfg.pack_window).min(mine.len() as u64) as usize);
+            let block = mine.get(b0..b1).unwrap_or(&[]);
+            let docs: Vec<(u64, u64)> = block.iter().map(|&(p, skip)| (all[p], skip)).collect();
+            let lens = self.token_counts(&docs)?;
+            let rows = super::pack::plan_rows(&lens, cfg.seq_len);
+            let mut used = vec![0u64; lens.len()];
+            for row in rows.iter().take(at.offset as usize) {
+                for &(k, s, n) in row {
+                    if s as u64 != used[k] {
+                        return Err(Error::Internal(
+                            "a best-fit block delivered a document's pieces out of order".into(),
+                        ));
+                    }
+                    used[k] += n as u64;
+                }
+            }
+            out.push(
+                lens.iter()
+                    .zip(&used)
+                    .enumerate()
+                    .filter_map(|(k, (&n, &u))| {
+                        let c = at.cursor + k as u64;
+                        match u {
+                            _ if n == 0 || u == n as u64 => Some((c, u64::MAX)),
+                            0 => None,
+                            u => Some((c, u)),
+                        }
+                    })
+                    .collect(),
+            );
+        }
+        Ok(out)
+    }
+
+    /// The token counts of documents `(global number, tokens already used)`, read and
+    /// tokenized (BOS/EOS as configured) on the calling thread; a failed document counts 0.
+    fn token_counts(&self, docs: &[(u64, u64)]) -> Result<Vec<usize>> {
+        let sh = &self.shared;
+        let src = &sh.source;
+        let mut order: Vec<(usize, usize, usize)> = docs
+            .iter()
+            .enumerate()
+            .map(|(i, &(g, _))| {
+                let (f, k) = src.locate(g);
+                (f, k, i)
+            })
+            .collect();
+        order.sort_unstable();
+        let mut lens = vec![0usize; docs.len()];
+        let mut streams: BTreeMap<usize, StreamCursor> = BTreeMap::new();
+        let mut tables: BTreeMap<usize, ParquetCursor> = BTreeMap::new();
+        for (f, k, i) in order {
+            let file = &src.files[f];
+            let entry = &file.docs[k];
+            let max = sh.config.max_document_bytes;
+            let mut buf = Vec::new();
+            let bytes = if entry.len > max {
+                Err(too_long(file, entry, max))
+            } else if src.random_access() {
+                std::fs::File::open(&file.path)
+                    .map_err(|e| Error::io(&file.path, &e))
+                    .and_then(|h| file.read_at(&h, entry, &mut buf))
+                    .map(|()| buf)
+            } else if file.compression == super::docs::Compression::Parquet {
+                let t = match tables.entry(f) {
+                    std::collections::btree_map::Entry::Occupied(o) => o.into_mut(),
+                    std::collections::btree_map::Entry::Vacant(v) => {
+                        v.insert(ParquetCursor::new(file, &sh.config.text_key)?)
+                    }
+                };
+                t.read(file, entry, max, &mut buf).map(|()| buf)
+            } else {
+                if streams.get(&f).is_some_and(|s| s.position() > entry.offset) {
+                    streams.remove(&f);
+                }
+                let c = match streams.entry(f) {
+                    std::collections::btree_map::Entry::Occupied(o) => o.into_mut(),
+                    std::collections::btree_map::Entry::Vacant(v) => v.insert(StreamCursor::new(file)?),
+                };
+                c.read(file, entry, max, &mut buf).map(|()| buf)
+            };
+            let raw = RawDoc { epoch: 0, cursor: 0, at: (f, k), bytes, skip: docs[i].1, doc: docs[i].0, cached: false };
+            let (d, _) = tokenize(sh, sh.tokenizer.as_ref(), raw);
+            lens[i] = d.tokens.len();
+        }
+        Ok(lens)
     }
 
     /// Reads and tokenizes every document of this rank's order of the current epoch on the
