@@ -101,6 +101,12 @@ class TokenLoader(LoaderBase):
     bytes; ``stoker cache`` lists and clears the groups (idle ``'ram'`` groups go after
     ``STOKER_CACHE_TTL``, default 1 hour).
 
+    ``threads='auto'`` (the default) starts a tokenizer thread per core of ``cpu_budget`` (default the
+    process's CPU allowance) and, over the first 512 batches, settles on the fewest that keep the
+    training step from waiting (fewer when the step is slow: the cores go back to the trainer and to
+    other processes sharing the host's CPU budget); ``report()['tuning']`` lists the decisions. A
+    number fixes the count.
+
     ``device='cuda'`` (``'cuda:N'``, ``'auto'``) delivers every array as a CUDA tensor: the batch
     buffers are page-locked and copied on stoker's own stream, as for ``ImageLoader`` (the
     consumer's stream waits on the copy through DLPack; no host synchronisation).
@@ -110,6 +116,7 @@ class TokenLoader(LoaderBase):
                  pack: str = "concat", pack_window: int | None = None, shuffle: bool = False, seed: int = 0,
                  drop_last: bool = False, infinite: bool = False, shuffle_window: int | None = None,
                  threads: int | str = "auto", prefetch: int = 2, memory_limit: int | str | None = None,
+                 cpu_budget: float | None = None,
                  rank: int | None = None, world_size: int | None = None, text_key: str = "text",
                  document: str = "file", token_bytes: int | None = None, add_bos: bool = False,
                  add_eos: bool = True, bos_token: str | None = None, eos_token: str | None = None,
@@ -127,7 +134,8 @@ class TokenLoader(LoaderBase):
         self._args = arguments_json(
             tokenizer=path, seq_len=seq_len, batch_size=batch_size, pack=pack, pack_window=pack_window,
             shuffle=shuffle, seed=seed, drop_last=drop_last, infinite=infinite, shuffle_window=shuffle_window,
-            threads=threads, prefetch=prefetch, memory_limit=memory_limit, rank=rank, world_size=world_size,
+            threads=threads, prefetch=prefetch, memory_limit=memory_limit, cpu_budget=cpu_budget, rank=rank,
+            world_size=world_size,
             text_key=text_key, document=document, token_bytes=token_bytes, add_bos=add_bos, add_eos=add_eos,
             bos_token=bos_token, eos_token=eos_token, eos_id=eos_id, pad_id=pad_id, on_bad_document=on_bad_document,
             max_failures=max_failures, max_document_bytes=max_document_bytes,

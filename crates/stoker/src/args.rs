@@ -721,7 +721,8 @@ pub const MAX_PACK_WINDOW: usize = 1 << 16;
 /// A [`TokenConfig`] and the tokenizer file from named arguments: `tokenizer` (a path; none
 /// for token files), `seq_len` (default 2048), `batch_size` (default 8), `pack` (`concat`,
 /// `best_fit`), `pack_window`, `shuffle`, `seed`, `drop_last`, `rank`, `world_size`,
-/// `infinite`, `shuffle_window`, `threads`, `prefetch`, `memory_limit`,
+/// `infinite`, `shuffle_window`, `threads` (a number, or `auto`: autotuned within `cpu_budget`
+/// cores), `cpu_budget`, `prefetch`, `memory_limit`,
 /// `max_document_bytes`, `text_key`, `document` (`file`, `line`: plain text), `token_bytes`
 /// (2, 4: `.bin` files), `add_bos`, `add_eos`, `bos_token`, `eos_token`, `eos_id`, `pad_id`,
 /// `on_bad_document` (`skip`, `raise`), `max_failures` (a count), `index_cache` (a directory,
@@ -770,6 +771,10 @@ fn token_config_in(args: Args, env: Env<'_>) -> Result<(TokenConfig, Option<Path
     (c.rank, c.world_size) = ranks(&mut a, env)?;
     let (threads, prefetch, memory_limit) = common(&mut a, env)?;
     c.threads = threads;
+    c.cpu_budget = a.take("cpu_budget").map(|v| cpu_budget("cpu_budget", &v)).transpose()?;
+    if c.cpu_budget.is_some() && c.threads.is_some() {
+        return Err(Error::config("cpu_budget", "bounds threads='auto': give threads='auto' or no cpu_budget"));
+    }
     c.prefetch =
         prefetch.ok_or_else(|| Error::config("prefetch", "'auto' is for image loaders; give TokenLoader a number"))?;
     c.memory_limit = memory_limit;

@@ -44,6 +44,19 @@ pub const AUTO_PREFETCH_BYTES: u64 = 1 << 30;
 /// Decisions kept in the report.
 const MAX_DECISIONS: usize = 64;
 
+/// What a tuning window measures, from whichever counters a loader kind keeps: nanoseconds
+/// (monotonic totals) the consumer waited for batches and spent between them, and the workers'
+/// busy time summed over workers.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Load {
+    /// The consumer's total wait.
+    pub consumer_wait_ns: u64,
+    /// The consumer's total time between batches (its step).
+    pub consumer_busy_ns: u64,
+    /// The tuned workers' total busy time.
+    pub worker_busy_ns: u64,
+}
+
 /// How a loader's knobs are set.
 #[derive(Debug, Clone)]
 pub struct TuneSpec {
@@ -210,13 +223,13 @@ impl Tuner {
         Some(w)
     }
 
-    fn snapshot(&self, tel: &Telemetry, batches: u64) -> Snapshot {
+    fn snapshot(&self, load: Load, batches: u64) -> Snapshot {
         Snapshot {
             t: Instant::now(),
             batches,
-            consumer_wait: tel.consumer.wait_ns(),
-            consumer_busy: tel.consumer.busy_ns(),
-            worker_busy: tel.decode.busy_ns() + tel.ops.busy_ns(),
+            consumer_wait: load.consumer_wait_ns,
+            consumer_busy: load.consumer_busy_ns,
+            worker_busy: load.worker_busy_ns,
             gate_wait: self.gate_wait_ns.load(Ordering::Relaxed),
         }
     }
@@ -227,9 +240,20 @@ impl Tuner {
         }
     }
 
-    /// After each delivered batch (on the consumer's thread): re-reads the share and, during
-    /// the first epoch, closes a window and moves the knobs.
+    /// After each delivered batch of an image loader (on the consumer's thread): see
+    /// [`Tuner::on_batch_load`]; the workers are the decode and ops stages.
     pub fn on_batch(&self, tel: &Telemetry) {
+        self.on_batch_load(Load {
+            consumer_wait_ns: tel.consumer.wait_ns(),
+            consumer_busy_ns: tel.consumer.busy_ns(),
+            worker_busy_ns: tel.decode.busy_ns() + tel.ops.busy_ns(),
+        });
+    }
+
+    /// After each delivered batch (on the consumer's thread), with the loader's counters now:
+    /// re-reads the share and, during the first epoch (the tuning period), closes a window and
+    /// moves the knobs.
+    pub fn on_batch_load(&self, load: Load) {
         let mut st = lock(&self.state);
         st.batches += 1;
         if let Some(reg) = &self.registration {
@@ -257,7 +281,7 @@ impl Tuner {
         if st.converged {
             return;
         }
-        self.window(&mut st, tel, limit);
+        self.window(&mut st, load, limit);
         if st.batches >= self.spec.epoch_batches as u64 {
             st.converged = true;
             let tuned = st.tuned;
@@ -271,8 +295,8 @@ impl Tuner {
     }
 
     /// Closes a tuning window when it is long enough and moves the knobs.
-    fn window(&self, st: &mut State, tel: &Telemetry, limit: usize) {
-        let now = self.snapshot(tel, st.batches);
+    fn window(&self, st: &mut State, load: Load, limit: usize) {
+        let now = self.snapshot(load, st.batches);
         let Some(w0) = st.window else {
             st.window = Some(now);
             return;

@@ -62,8 +62,11 @@ pub struct TokenConfig {
     pub infinite: bool,
     /// For compressed files (read as streams): documents shuffled together within a file.
     pub shuffle_window: u64,
-    /// Tokenizer threads (`None`: the CPU allowance).
+    /// Tokenizer threads (`None`: autotuned within `cpu_budget`).
     pub threads: Option<usize>,
+    /// Cores autotuned threads may use (`None`: the CPU allowance).
+    #[serde(default)]
+    pub cpu_budget: Option<f64>,
     /// Finished batches that may wait ahead of the consumer.
     pub prefetch: usize,
     /// Cap on the bytes of all batch buffers together.
@@ -119,6 +122,7 @@ impl TokenConfig {
             infinite: false,
             shuffle_window: 4096,
             threads: None,
+            cpu_budget: None,
             prefetch: 2,
             memory_limit: None,
             max_document_bytes: 64 << 20,
@@ -471,6 +475,9 @@ struct Shared {
     tracer: Option<Arc<crate::trace::Tracer>>,
     /// The automatic token cache, when asked for.
     autocache: Option<super::autocache::TokenCache>,
+    /// `threads="auto"`: how many tokenizer threads take work (see [`crate::tune`]); a fixed
+    /// count keeps them all working.
+    tuner: crate::tune::Tuner,
 }
 
 impl Shared {
@@ -519,6 +526,10 @@ struct EpochOrder {
     /// used documents.
     skips: BTreeMap<u64, u64>,
 }
+
+/// Batches over which `threads="auto"` settles (a text epoch's batch count is known only once
+/// it is tokenized); the setting then holds.
+const TUNE_BATCHES: usize = 512;
 
 /// Bytes of the documents of one shuffle window of a compressed file, at most.
 const WINDOW_BYTES: u64 = 64 << 20;
@@ -841,11 +852,24 @@ impl TokenLoader {
                 ))
             }
         };
+        let cpu_budget = config.cpu_budget.unwrap_or_else(crate::cpu::default_budget);
         let threads = match config.threads {
             Some(0) => return Err(Error::config("threads", "must be at least 1 (or auto)")),
             Some(n) => n,
-            None => crate::cpu::default_threads(),
+            None => (cpu_budget + 1e-9).floor().max(1.0) as usize,
         };
+        let tuner = crate::tune::Tuner::new(
+            crate::tune::TuneSpec {
+                auto_threads: config.threads.is_none(),
+                threads_max: threads,
+                auto_prefetch: false,
+                prefetch_max: config.prefetch,
+                prefetch: config.prefetch,
+                cpu_budget: if config.threads.is_some() { threads as f64 } else { cpu_budget },
+                epoch_batches: TUNE_BATCHES,
+            },
+            crate::args::budget_registry(),
+        );
         let (bs, len) = (config.batch_size, config.seq_len);
         let values = bs.checked_mul(len).filter(|v| *v <= (i32::MAX as usize)).ok_or_else(|| {
             Error::config("seq_len", format!("batch_size x seq_len = {bs} x {len} tokens: at most 2^31 a batch"))
@@ -892,6 +916,7 @@ impl TokenLoader {
                 rows_memo: Mutex::default(),
                 tracer,
                 autocache,
+                tuner,
             }),
             active: Active::default(),
         })
@@ -919,11 +944,13 @@ impl TokenLoader {
         if let Some(c) = &self.shared.autocache {
             v["cache"] = serde_json::to_value(c.report()).unwrap_or_default();
         }
+        v["tuning"] = serde_json::to_value(self.shared.tuner.report()).unwrap_or_default();
         if let Some(t) = stats.started.get() {
             let wall = t.elapsed().as_secs_f64();
             v["wall_seconds"] = serde_json::json!(wall);
-            v["bottleneck"] = serde_json::to_value(stats.bottleneck(wall, self.threads(), self.tokenizer().is_some()))
-                .unwrap_or_default();
+            let threads = self.shared.tuner.threads_active();
+            v["bottleneck"] =
+                serde_json::to_value(stats.bottleneck(wall, threads, self.tokenizer().is_some())).unwrap_or_default();
         }
         v
     }
@@ -1335,15 +1362,30 @@ fn spawn_tokenizing<S: Send + 'static>(
     let n = credits.capacity().unwrap_or(sh.threads * 4 + 4);
     let (job_tx, job_rx) = bounded::<(u64, Vec<RawDoc>)>(n);
     let (res_tx, res_rx) = bounded::<(u64, Tokenized)>(n);
+    // Set when the reader has handed over its last chunk: a parked thread then leaves once no
+    // chunk is left (it holds a sender of the results, whose end the packer waits for).
+    let read_all = Arc::new(AtomicBool::new(false));
     {
-        let (sh, cancel) = (sh.clone(), cancel.clone());
-        run.spawn("stoker-text-read".into(), move || read_docs(&sh, (from, elastic), &job_tx, &credits, &cancel))?;
+        let (sh, cancel, read_all) = (sh.clone(), cancel.clone(), read_all.clone());
+        run.spawn("stoker-text-read".into(), move || {
+            read_docs(&sh, (from, elastic), &job_tx, &credits, &cancel);
+            read_all.store(true, Ordering::Release);
+        })?;
     }
     for k in 0..sh.threads {
         let (sh, rx, tx, cancel) = (sh.clone(), job_rx.clone(), res_tx.clone(), cancel.clone());
+        let read_all = read_all.clone();
         run.spawn(format!("stoker-tokenize-{k}"), move || {
             let tok = sh.tokenizer.clone();
-            while let Some((seq, chunk)) = recv(&rx, &cancel) {
+            loop {
+                // Autotuned out: parked until the tuner wants this thread again or the work ends.
+                while k >= sh.tuner.threads_active() {
+                    if cancel.load(Ordering::Acquire) || (read_all.load(Ordering::Acquire) && rx.is_empty()) {
+                        return;
+                    }
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+                let Some((seq, chunk)) = recv(&rx, &cancel) else { return };
                 let t0 = Instant::now();
                 let docs = chunk.len();
                 let out: Tokenized = chunk.into_iter().map(|d| tokenize(&sh, tok.as_ref(), d)).collect();
@@ -1915,6 +1957,14 @@ impl TokenIter {
         }
         got.map(|slot| {
             shared.span("consumer wait", t0, &[("batch", slot.batch.load(Ordering::Relaxed) as f64)]);
+            let s = &shared.stats;
+            let wait = s.wait_ns.load(Ordering::Relaxed);
+            let since = s.started.get().map_or(0, |t| t.elapsed().as_nanos() as u64);
+            shared.tuner.on_batch_load(crate::tune::Load {
+                consumer_wait_ns: wait,
+                consumer_busy_ns: since.saturating_sub(wait),
+                worker_busy_ns: s.tokenize_ns.load(Ordering::Relaxed),
+            });
             let at = slot.after.lock().unwrap_or_else(|p| p.into_inner()).0;
             {
                 let mut p = shared.position.lock().unwrap_or_else(|p| p.into_inner());
