@@ -20,7 +20,8 @@
 //!   backpressure), [`shell::ordered`] (one iteration's threads, the reorder buffer, prompt
 //!   shutdown), [`shell::pass`] (the consumer's side of every kind's pass: in-order delivery,
 //!   the failure budget, stale iterators, consumer telemetry; [`Next`] is what a poll gives),
-//!   [`shell::epochs`] (epoch, position, state dict, the running iteration), [`rng`]. A loader
+//!   [`shell::epochs`] (epoch, position, state dict, the running iteration), [`rng`],
+//!   [`shell::store`] (cache groups shared by the pixel and token caches). A loader
 //!   kind brings only its source, its per-sample work and its batch layout.
 //! - [`image`]: [`decode`] (libjpeg-turbo with DCT scaling and region decoding; PNG),
 //!   [`ops`] (torchvision's transforms fused into one resample and one write per sample),
@@ -29,8 +30,8 @@
 //! - [`arrays`]: the `.npy` format and [`arrays::ArrayLoader`] (rows gathered by the sampler's
 //!   indices into pooled buffers).
 //! - [`tokens`]: language-model data: JSON Lines, text and token files tokenized with the
-//!   HuggingFace `tokenizers` crate on stoker's threads and packed into rows
-//!   ([`tokens::TokenLoader`]).
+//!   HuggingFace `tokenizers` crate or stoker's exact byte-level BPE on stoker's threads,
+//!   cached once tokenized, and packed into rows ([`tokens::TokenLoader`]).
 //! - [`observe`]: [`telemetry`] (per-stage counters, the bottleneck verdict), [`trace`]
 //!   (Chrome/Perfetto traces), [`tune`] and [`budget`] (`threads`/`prefetch="auto"`, the host-wide
 //!   CPU share), [`cpu`] (the real CPU allowance).

@@ -14,6 +14,8 @@
 //!   newer one makes stale.
 //! - [`rng`]: the per-sample random generator seeded by `(seed, epoch, index)`, so batches do
 //!   not depend on the thread count.
+//! - [`store`]: cache groups on the host (the decoded-pixel and token caches): roots, one byte
+//!   budget shared by every group, eviction of idle groups, time to live, locks with deadlines.
 //!
 //! Owns: order, position, buffers, delivery. May not touch: what a sample is (pixels, rows):
 //! a loader kind brings that.
