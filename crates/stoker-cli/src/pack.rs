@@ -36,6 +36,11 @@ pub struct PackArgs {
     /// instead of refusing; nothing else in DST is touched.
     #[arg(long)]
     pub overwrite: bool,
+    /// Re-code baseline JPEGs losslessly (the same pixels) with optimised Huffman tables and
+    /// restart markers every few MCUs dividing the MCU row, so that the intervals a crop
+    /// touches can be decoded alone; progressive and other JPEGs are stored as they are.
+    #[arg(long)]
+    pub random_access: bool,
     /// Print one JSON object instead of the summary.
     #[arg(long)]
     pub json: bool,
@@ -54,6 +59,7 @@ pub fn run(a: &PackArgs) -> Result<()> {
         },
         prefix: a.prefix.clone(),
         overwrite: a.overwrite,
+        random_access: a.random_access,
     };
     let folder = ImageFolder::new(&a.src)?;
     let n = stoker::Source::len(&folder);
@@ -75,6 +81,19 @@ pub fn run(a: &PackArgs) -> Result<()> {
             t0.elapsed().as_secs_f64(),
             s.reencoded
         );
+        if let Some(ra) = &s.random_access {
+            println!(
+                "random access: {} JPEG(s) re-coded with restart markers, {:.1} MiB -> {:.1} MiB ({:+.1}%); {} kept as they were",
+                ra.recoded,
+                ra.bytes_before as f64 / (1024.0 * 1024.0),
+                ra.bytes_after as f64 / (1024.0 * 1024.0),
+                (ra.bytes_after as f64 / ra.bytes_before.max(1) as f64 - 1.0) * 100.0,
+                ra.kept
+            );
+            for why in &ra.kept_reasons {
+                println!("  kept: {why}");
+            }
+        }
         for k in &s.skipped {
             println!("skipped {}: {}", k.path, k.reason);
         }

@@ -128,6 +128,29 @@ fn pack_then_load_gives_the_same_pixels_and_is_deterministic() {
 }
 
 #[test]
+fn random_access_packing_keeps_every_pixel_and_adds_restart_markers() {
+    let d = tempfile::tempdir().unwrap();
+    let root = demo_folder(d.path(), 24);
+    let opts = PackOptions { random_access: true, threads: 2, ..PackOptions::default() };
+    let s = pack(&ImageFolder::new(&root).unwrap(), &d.path().join("r"), &opts, &|_| {}).unwrap();
+    let ra = s.random_access.clone().unwrap();
+    assert_eq!((ra.recoded, ra.kept), (24, 0), "{ra:?}");
+    assert!(ra.bytes_after < ra.bytes_before * 102 / 100, "{ra:?}");
+    let shards = ShardSource::open(&shards_in(&d.path().join("r"))).unwrap();
+    let mut buf = vec![];
+    for i in 0..shards.len() {
+        shards.read(i, &mut buf, u64::MAX).unwrap();
+        let interval = stoker::decode::restart::restart_interval(&buf);
+        assert!(interval.is_some_and(|n| ra.intervals.contains_key(&n)), "sample {i}: {interval:?}");
+    }
+    let full = pixels_by_index(Arc::new(ImageFolder::new(&root).unwrap()));
+    assert_eq!(pixels_by_index(Arc::new(shards)), full, "the same pixels, bit for bit");
+    // Without the flag: no summary, no markers.
+    let plain = pack(&ImageFolder::new(&root).unwrap(), &d.path().join("p"), &PackOptions::default(), &|_| {}).unwrap();
+    assert!(plain.random_access.is_none());
+}
+
+#[test]
 fn max_side_shrinks_files_and_stays_close_after_the_preset() {
     let d = tempfile::tempdir().unwrap();
     let root = demo_folder(d.path(), 21);

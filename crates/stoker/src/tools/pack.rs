@@ -36,6 +36,9 @@ pub struct PackOptions {
     /// Remove the `*.tar`, `*.tar.idx` and `classes.json` files already in the destination
     /// (the output of an earlier run) instead of refusing to pack there.
     pub overwrite: bool,
+    /// Re-code baseline JPEGs losslessly with optimised Huffman tables and restart markers
+    /// ([`crate::decode::restart`]): the same pixels, intervals a decoder can decode alone.
+    pub random_access: bool,
 }
 
 impl Default for PackOptions {
@@ -47,6 +50,7 @@ impl Default for PackOptions {
             threads: 1,
             prefix: "shard".into(),
             overwrite: false,
+            random_access: false,
         }
     }
 }
@@ -66,15 +70,54 @@ pub struct PackSummary {
     pub skipped: Vec<Skipped>,
     /// Files of an earlier run removed first (with [`PackOptions::overwrite`]).
     pub removed: Vec<PathBuf>,
+    /// With [`PackOptions::random_access`]: what the re-coding did.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub random_access: Option<RandomAccessSummary>,
+}
+
+/// What `--random-access` did to the JPEGs.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct RandomAccessSummary {
+    /// JPEGs re-coded with restart markers.
+    pub recoded: usize,
+    /// Their bytes before.
+    pub bytes_before: u64,
+    /// Their bytes after (optimised tables and the markers).
+    pub bytes_after: u64,
+    /// JPEGs stored as they were (progressive, arithmetic-coded, ...).
+    pub kept: usize,
+    /// Why, for the first few.
+    pub kept_reasons: Vec<String>,
+    /// How many images got each restart interval (MCUs), for the record.
+    pub intervals: std::collections::BTreeMap<u32, usize>,
 }
 
 struct Packed {
     ext: &'static str,
     data: Vec<u8>,
     reencoded: bool,
+    /// `Some(Ok(interval, bytes before))` re-coded with restart markers, `Some(Err(why))` kept.
+    restart: Option<std::result::Result<(u32, u64), String>>,
 }
 
 fn prepare(data: Vec<u8>, path: &Path, opts: &PackOptions, dec: &mut Decoder, rs: &mut Resampler) -> Result<Packed> {
+    let mut p = shrink(data, path, opts, dec, rs)?;
+    if opts.random_access && p.ext == "jpg" {
+        let max = DecodeOptions::default().max_pixels;
+        p.restart = Some(match crate::decode::restart::add_restart_markers(&p.data, max) {
+            Ok(r) => {
+                let before = p.data.len() as u64;
+                p.data = r.data;
+                Ok((r.interval_mcus, before))
+            }
+            Err(why) => Err(format!("{}: {why}", path.display())),
+        });
+    }
+    Ok(p)
+}
+
+/// The image as stored: as it is, or re-encoded smaller with `max_side`.
+fn shrink(data: Vec<u8>, path: &Path, opts: &PackOptions, dec: &mut Decoder, rs: &mut Resampler) -> Result<Packed> {
     let ext = match sniff(&data) {
         Format::Jpeg => "jpg",
         Format::Png => "png",
@@ -82,10 +125,10 @@ fn prepare(data: Vec<u8>, path: &Path, opts: &PackOptions, dec: &mut Decoder, rs
         Format::Unknown if data.is_empty() => return Err(Error::decode(path, "empty file (0 bytes)")),
         Format::Unknown => return Err(Error::decode(path, "not an image")),
     };
-    let Some(max) = opts.max_side else { return Ok(Packed { ext, data, reencoded: false }) };
+    let Some(max) = opts.max_side else { return Ok(Packed { ext, data, reencoded: false, restart: None }) };
     let info = dec.info(&data, path)?;
     if info.width.max(info.height) <= max {
-        return Ok(Packed { ext, data, reencoded: false });
+        return Ok(Packed { ext, data, reencoded: false, restart: None });
     }
     let (w, h) = (info.width, info.height);
     let (ow, oh) = if w >= h {
@@ -105,7 +148,7 @@ fn prepare(data: Vec<u8>, path: &Path, opts: &PackOptions, dec: &mut Decoder, rs
     let img =
         turbojpeg::Image { pixels: out, width: ow, pitch: ow * 3, height: oh, format: turbojpeg::PixelFormat::RGB };
     let data = c.compress_to_vec(img).map_err(jerr)?;
-    Ok(Packed { ext: "jpg", data, reencoded: true })
+    Ok(Packed { ext: "jpg", data, reencoded: true, restart: None })
 }
 
 /// The WebDataset key of a relative path: the path without its extension, with dots in the
@@ -278,7 +321,15 @@ pub fn pack(
         prefix: &opts.prefix,
         open: None,
         entries: vec![],
-        summary: PackSummary { samples: 0, shards: vec![], bytes: 0, reencoded: 0, skipped: vec![], removed: earlier },
+        summary: PackSummary {
+            samples: 0,
+            shards: vec![],
+            bytes: 0,
+            reencoded: 0,
+            skipped: vec![],
+            removed: earlier,
+            random_access: opts.random_access.then(RandomAccessSummary::default),
+        },
     };
     let mut used_keys = std::collections::HashSet::new();
     let n = src.len();
@@ -344,6 +395,22 @@ pub fn pack(
                     w.append(key, member, &cls_name, &p.data, label)?;
                     w.summary.samples += 1;
                     w.summary.reencoded += p.reencoded as usize;
+                    if let (Some(ra), Some(r)) = (w.summary.random_access.as_mut(), &p.restart) {
+                        match r {
+                            Ok((interval, before)) => {
+                                ra.recoded += 1;
+                                ra.bytes_before += before;
+                                ra.bytes_after += p.data.len() as u64;
+                                *ra.intervals.entry(*interval).or_default() += 1;
+                            }
+                            Err(why) => {
+                                ra.kept += 1;
+                                if ra.kept_reasons.len() < 20 {
+                                    ra.kept_reasons.push(why.clone());
+                                }
+                            }
+                        }
+                    }
                 }
             }
         }

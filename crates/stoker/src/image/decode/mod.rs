@@ -34,6 +34,7 @@
 pub mod exif;
 pub mod jpeg;
 pub mod markers;
+pub mod restart;
 
 use crate::error::{Error, Result};
 use jpeg::{JpegDecoder, JpegHeader};
