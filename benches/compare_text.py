@@ -635,7 +635,8 @@ def main():
                 runs[name].append(rec)
                 if "epochs" in rec:
                     e0, e1 = rec["epochs"]
-                    rec["first_vs_cached_epoch_cpu_per_token"] = (e0["cpu_s"] / e0["tokens"]) / (e1["cpu_s"] / e1["tokens"])
+                    per_token = [e["cpu_s"] / e["tokens"] for e in (e0, e1)]
+                    rec["first_vs_cached_epoch_cpu_per_token"] = per_token[0] / per_token[1]
                     print(f"run {r + 1} {name}: epoch 1 (tokenizing) {e0['cpu_s']:.2f} CPU-s, epoch 2 (cache) "
                           f"{e1['cpu_s']:.3f} CPU-s: {rec['first_vs_cached_epoch_cpu_per_token']:.1f}x cheaper per "
                           f"token", file=sys.stderr)
