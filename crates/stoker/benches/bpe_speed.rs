@@ -4,6 +4,10 @@
 //! CPU-second and the ratio. The corpus is not in the repository; without it the bench says so
 //! and exits 0.
 //!
+//! Then the worst cases, fast path only: a 4 MB document that is one word (one piece, merged on
+//! the heap) and a 256 MB document on one line (the corpus joined by spaces), timed, with the
+//! process's peak resident memory before and after.
+//!
 //! `cargo bench -p stoker --bench bpe_speed -- [TEXT_DIR] [ROUNDS]` (defaults:
 //! `/work/shared/text`, or `$STOKER_TEXT_DIR`, and 3 rounds). `TEXT_DIR` holds the
 //! `wiki-en-2015-*.jsonl.zst` shards and `tokenizer-gpt2.json`.
@@ -20,6 +24,17 @@ fn cpu_seconds() -> f64 {
     let f: Vec<&str> = rest.split_whitespace().collect();
     let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
     (ticks(11) + ticks(12)) / 100.0
+}
+
+/// This process's peak resident memory in MiB (`VmHWM` in `/proc/self/status`).
+fn peak_rss_mib() -> f64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let kb = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
+        .unwrap_or(0.0);
+    kb / 1024.0
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -111,5 +126,49 @@ fn main() {
         tokens as f64 / med(0) / 1e6,
         tokens as f64 / med(1) / 1e6,
         ratios
+    );
+
+    // Worst cases, fast path only.
+    let mut x: u32 = 7;
+    let word: String = (0..4 << 20)
+        .map(|_| {
+            x = x.wrapping_mul(1_103_515_245).wrapping_add(12345);
+            (b'a' + ((x >> 16) % 26) as u8) as char
+        })
+        .collect();
+    let (c0, w0) = (cpu_seconds(), Instant::now());
+    a.clear();
+    fast.encode_into(&word, &mut a).expect("encode");
+    println!(
+        "4 MB one-word document: {} tokens in {:.2} s wall, {:.2} CPU-s",
+        a.len(),
+        w0.elapsed().as_secs_f64(),
+        cpu_seconds() - c0
+    );
+    drop(word);
+    let mut line = String::with_capacity(256 << 20);
+    'fill: loop {
+        for t in &texts {
+            if line.len() >= 256 << 20 {
+                break 'fill;
+            }
+            line.extend(t.chars().map(|c| if c == '\n' { ' ' } else { c }));
+            line.push(' ');
+        }
+    }
+    let before = peak_rss_mib();
+    let (c0, w0) = (cpu_seconds(), Instant::now());
+    let mut ids = Vec::new();
+    fast.encode_into(&line, &mut ids).expect("encode");
+    println!(
+        "{:.0} MB one-line document: {} tokens in {:.2} s wall, {:.2} CPU-s; peak RSS {:.0} MiB before, {:.0} MiB after \
+         (ids: {:.0} MiB)",
+        line.len() as f64 / 1e6,
+        ids.len(),
+        w0.elapsed().as_secs_f64(),
+        cpu_seconds() - c0,
+        before,
+        peak_rss_mib(),
+        (ids.capacity() * 4) as f64 / (1 << 20) as f64
     );
 }
