@@ -489,6 +489,14 @@ fn ineligible_files_fall_back() {
             {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": false}]})
             }),
         ),
+        (
+            "two added tokens",
+            Box::new(|j| {
+                j["normalizer"] = json!({"type": "NFC"});
+                add_token(j, "\u{212b}", true, false, false, false);
+                add_token(j, "\u{c5}", true, false, false, false);
+            }),
+        ),
         // A pattern one character away from cl100k's (`\p{N}{1,4}`).
         ("pre-tokenizer", Box::new(|j| j["pre_tokenizer"] = split_then_byte_level(&CL100K.replace("{1,3}", "{1,4}")))),
     ];

@@ -11,7 +11,13 @@
 //! pieces by the file's pattern (`pretok.rs`: GPT-2's, cl100k's, Qwen2's or o200k's), and each piece's
 //! bytes are merged by the lowest merge rank, leftmost first among equal ranks, exactly like
 //! `tokenizers`' `Word::merge_all`. The post-processor's special tokens (a template's
-//! `<|begin_of_text|>`, say) go around the result. Frequent pieces are cached per thread (no shared mutable
+//! `<|begin_of_text|>`, say) go around the result.
+//!
+//! Memory: pieces are found one at a time (no list of a document's pieces is ever built), so a
+//! long document costs its ids plus the merge state of its longest piece, about 20 bytes per
+//! byte of that piece (`u32` links and heap entries); a gap that NFC changes is copied once,
+//! normalized. A piece is merged whole: merges may cross any point inside a piece, so no split
+//! of one is exact in general. Frequent pieces are cached per thread (no shared mutable
 //! state; the cache is bounded); long pieces merge with a heap over a linked list, so time
 //! grows as `n log n` with a piece's length.
 
@@ -416,6 +422,13 @@ impl BpeModel {
             if set.is_empty() {
                 return Ok(None);
             }
+            // Two tokens of one trie with the same text (after normalization): which one wins
+            // depends on `tokenizers`' insertion order, which the file does not pin down.
+            let mut texts: Vec<&str> = set.iter().map(|(s, _, _)| s.as_str()).collect();
+            texts.sort_unstable();
+            if let Some(w) = texts.windows(2).find(|w| w[0] == w[1]) {
+                return Err(format!("two added tokens match as {:?}", w[0]));
+            }
             let matcher = AhoCorasick::builder()
                 .match_kind(MatchKind::LeftmostLongest)
                 .build(set.iter().map(|(s, _, _)| s))
@@ -597,13 +610,13 @@ impl BpeModel {
         let mut next: Vec<I> = (0..n).map(|i| if i + 1 == n { none } else { I::from_usize(i + 1) }).collect();
         // Entries `(rank, position)`, smallest first: the order of `tokenizers`' `Merge`. A rank
         // names one merge, so an entry is still valid when the pair at its position has it.
-        let mut heap: BinaryHeap<Reverse<(u32, I)>> = BinaryHeap::with_capacity(n / 2);
-        for k in 0..n - 1 {
-            if let Some((r, _)) = self.pair(sym[k], sym[k + 1]) {
-                heap.push(Reverse((r, I::from_usize(k))));
-            }
-        }
-        while let Some(Reverse((rank, pos_i))) = heap.pop() {
+        // Packed into one integer each (rank high, position low), built in one heapify.
+        let first: Vec<Reverse<I::Key>> = (0..n - 1)
+            .filter_map(|k| self.pair(sym[k], sym[k + 1]).map(|(r, _)| Reverse(I::key(r, I::from_usize(k)))))
+            .collect();
+        let mut heap = BinaryHeap::from(first);
+        while let Some(Reverse(key)) = heap.pop() {
+            let (rank, pos_i) = I::unkey(key);
             let pos = pos_i.to_usize();
             let nx_i = next[pos];
             if sym[pos] == DEAD || nx_i == none {
@@ -624,12 +637,12 @@ impl BpeModel {
             let p = prev[pos];
             if p != none {
                 if let Some((r, _)) = self.pair(sym[p.to_usize()], id) {
-                    heap.push(Reverse((r, p)));
+                    heap.push(Reverse(I::key(r, p)));
                 }
             }
             if after != none {
                 if let Some((r, _)) = self.pair(id, sym[after.to_usize()]) {
-                    heap.push(Reverse((r, pos_i)));
+                    heap.push(Reverse(I::key(r, pos_i)));
                 }
             }
         }
@@ -639,13 +652,26 @@ impl BpeModel {
 
 /// A position in a piece: `u32` for the usual pieces (half the memory), `usize` for huge ones.
 trait Index: Copy + Ord + Eq {
+    /// A heap entry: `(rank, position)` in one integer that orders the same way.
+    type Key: Copy + Ord;
     const NONE: Self;
     fn from_usize(i: usize) -> Self;
     fn to_usize(self) -> usize;
+    fn key(rank: u32, pos: Self) -> Self::Key;
+    fn unkey(k: Self::Key) -> (u32, Self);
 }
 
 impl Index for u32 {
+    type Key = u64;
     const NONE: u32 = u32::MAX;
+    #[inline]
+    fn key(rank: u32, pos: u32) -> u64 {
+        (rank as u64) << 32 | pos as u64
+    }
+    #[inline]
+    fn unkey(k: u64) -> (u32, u32) {
+        ((k >> 32) as u32, k as u32)
+    }
     #[inline]
     fn from_usize(i: usize) -> u32 {
         // Only used for pieces shorter than `u32::MAX` bytes.
@@ -658,7 +684,16 @@ impl Index for u32 {
 }
 
 impl Index for usize {
+    type Key = u128;
     const NONE: usize = usize::MAX;
+    #[inline]
+    fn key(rank: u32, pos: usize) -> u128 {
+        (rank as u128) << 64 | pos as u128
+    }
+    #[inline]
+    fn unkey(k: u128) -> (u32, usize) {
+        ((k >> 64) as u32, k as usize)
+    }
     #[inline]
     fn from_usize(i: usize) -> usize {
         i
