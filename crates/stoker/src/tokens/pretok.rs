@@ -613,7 +613,10 @@ mod tests {
         out
     }
 
-    fn scanners() -> Vec<(&'static str, fn(&str) -> Vec<(usize, usize)>)> {
+    /// A scanner's pieces of a text.
+    type Split = fn(&str) -> Vec<(usize, usize)>;
+
+    fn scanners() -> Vec<(&'static str, Split)> {
         vec![
             (GPT2_PATTERN, |t| Pieces::<Gpt2>::new(t).collect()),
             (CL100K_PATTERN, |t| Pieces::<Cl100k<3>>::new(t).collect()),
