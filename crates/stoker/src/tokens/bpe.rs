@@ -718,6 +718,20 @@ mod tests {
         assert_eq!(s.len(), 256);
     }
 
+    /// The NFC shortcut: a scalar value that passes the quick check is its own NFC, alone and
+    /// after a letter (so skipping `nfc()` for a quick-check-yes gap changes nothing).
+    #[test]
+    fn nfc_quick_check_yes_means_unchanged() {
+        for c in (0..=0x10FFFFu32).filter_map(char::from_u32) {
+            for s in [c.to_string(), format!("a{c}")] {
+                if is_nfc_quick(s.chars()) == IsNormalized::Yes {
+                    let n: String = s.nfc().map(|(ch, _)| ch).collect();
+                    assert_eq!(n, s, "{c:?}");
+                }
+            }
+        }
+    }
+
     #[test]
     fn fx_hashes_differ_by_length() {
         let h = |b: &[u8]| {
