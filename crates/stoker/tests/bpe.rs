@@ -47,10 +47,12 @@ fn add_token(j: &mut Value, content: &str, normalized: bool, lstrip: bool, rstri
 }
 
 /// A Llama 3-like file built from GPT-2's vocabulary and merges (the pipeline is what is tested,
-/// not OpenAI's ranks): cl100k's pattern, a template that puts `<|endoftext|>` first (Llama 3's
-/// `<|begin_of_text|>`), and added tokens with every flag.
+/// not OpenAI's ranks): cl100k's pattern, `ignore_merges`, a template that puts `<|endoftext|>`
+/// first (Llama 3's `<|begin_of_text|>`), and added tokens with every flag.
 fn cl100k_json() -> Value {
     let mut j = gpt2_json();
+    // Llama 3's file sets it too.
+    j["model"]["ignore_merges"] = json!(true);
     j["pre_tokenizer"] = split_then_byte_level(CL100K);
     j["post_processor"] = json!({"type": "Sequence", "processors": [
         {"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": false, "use_regex": true},
@@ -211,6 +213,19 @@ fn long_pieces_are_identical() {
         .collect();
     same(&fast, &slow, &word);
     same(&fast, &slow, &"ab".repeat(2 << 20));
+    // Random CJK letters: one piece, cut where no merge joins two bytes (most places here).
+    let cjk: String = (0..300_000)
+        .map(|_| {
+            x = x.wrapping_mul(1_103_515_245).wrapping_add(12345);
+            char::from_u32(0x4E00 + (x >> 8) % 0x5000).unwrap()
+        })
+        .collect();
+    same(&fast, &slow, &cjk);
+    for j in [cl100k_json(), o200k_json()] {
+        let (fast, slow) = pair(&j);
+        same(&fast, &slow, &cjk);
+        same(&fast, &slow, &word[..1 << 20]);
+    }
     same(&fast, &slow, &"é".repeat(1 << 20));
     // Long whitespace runs, at the end and before a word, mixed.
     same(&fast, &slow, &" ".repeat(1 << 20));

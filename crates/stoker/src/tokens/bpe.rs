@@ -16,8 +16,10 @@
 //! Memory: pieces are found one at a time (no list of a document's pieces is ever built), so a
 //! long document costs its ids plus the merge state of its longest piece, about 20 bytes per
 //! byte of that piece (`u32` links and heap entries); a gap that NFC changes is copied once,
-//! normalized. A piece is merged whole: merges may cross any point inside a piece, so no split
-//! of one is exact in general. Frequent pieces are cached per thread (no shared mutable
+//! normalized. A long piece is cut only between two bytes that no merge joins (a symbol ending
+//! in the first byte never meets one starting with the second in any merge, so no token can
+//! span the cut and each side merges alone, exactly); a piece with no such place (one letter
+//! repeated, say) is merged whole. Frequent pieces are cached per thread (no shared mutable
 //! state; the cache is bounded); long pieces merge with a heap over a linked list, so time
 //! grows as `n log n` with a piece's length.
 
@@ -103,6 +105,10 @@ pub struct BpeModel {
     nfc: bool,
     /// Ids the post-processor puts before and after a text's own.
     around: (Vec<u32>, Vec<u32>),
+    /// Bit `a << 8 | b`: some merge joins a symbol ending in byte `a` to one starting with byte
+    /// `b`. Where two adjacent bytes of a piece are not such a pair, no merge ever crosses
+    /// between them, so the two sides merge independently: an exact cut.
+    joins: Box<[u64; 1024]>,
 }
 
 /// One of `tokenizers`' two added-token tries: leftmost-longest, with each pattern's id and
@@ -362,6 +368,7 @@ impl BpeModel {
         let merges_v = m.get("merges").and_then(Value::as_array).ok_or("BPE merges are not a list")?;
         let mut merges = FxMap::<u64, (u32, u32)>::default();
         merges.reserve(merges_v.len());
+        let mut joins = Box::new([0u64; 1024]);
         let mut rank = 0u32;
         for mv in merges_v {
             let (a, b) = match mv {
@@ -379,6 +386,13 @@ impl BpeModel {
             let missing = || format!("merge {a:?} {b:?} is not in the vocabulary");
             let (ia, ib, inew) = (id(&a).ok_or_else(missing)?, id(&b).ok_or_else(missing)?, id(&(a.clone() + &b)));
             merges.insert((ia as u64) << 32 | ib as u64, (rank, inew.ok_or_else(missing)?));
+            // A merge whose sides are not byte-level text never fires (every symbol is).
+            if let (Some(x), Some(y)) =
+                (a.chars().next_back().and_then(|c| back.get(&c)), b.chars().next().and_then(|c| back.get(&c)))
+            {
+                let k = usize::from(*x) << 8 | usize::from(*y);
+                joins[k >> 6] |= 1 << (k & 63);
+            }
             rank = rank.checked_add(1).ok_or("too many merges")?;
         }
 
@@ -439,7 +453,7 @@ impl BpeModel {
         let added = [build(&sets[0])?, build(&sets[1])?];
         let around = around(tok)?;
         let key = NEXT_MODEL.fetch_add(1, Ordering::Relaxed);
-        Ok(BpeModel { key, byte_ids, merges, whole, added, pattern, nfc, around })
+        Ok(BpeModel { key, byte_ids, merges, whole, added, pattern, nfc, around, joins })
     }
 
     /// What the fast path reproduces for this file, for [`super::TextTokenizer::engine`]: e.g.
@@ -535,7 +549,7 @@ impl BpeModel {
         }
         if piece.len() > CACHE_MAX_PIECE {
             if piece.len() >= HEAP_FROM {
-                self.merge_heap(piece, out);
+                self.merge_long(piece, c, out);
             } else {
                 self.merge_scan(piece, c, out);
             }
@@ -587,6 +601,27 @@ impl BpeModel {
             }
         }
         out.extend_from_slice(syms);
+    }
+
+    /// Long pieces: cut where no merge can cross (see `joins`), each part merged alone.
+    fn merge_long(&self, piece: &[u8], c: &mut Cache, out: &mut Vec<u32>) {
+        let mut start = 0;
+        for p in 1..piece.len() {
+            let k = usize::from(piece[p - 1]) << 8 | usize::from(piece[p]);
+            if self.joins[k >> 6] >> (k & 63) & 1 == 0 {
+                self.merge_part(&piece[start..p], c, out);
+                start = p;
+            }
+        }
+        self.merge_part(&piece[start..], c, out);
+    }
+
+    fn merge_part(&self, part: &[u8], c: &mut Cache, out: &mut Vec<u32>) {
+        match part.len() {
+            1 => out.push(self.byte_ids[part[0] as usize]),
+            n if n >= HEAP_FROM => self.merge_heap(part, out),
+            _ => self.merge_scan(part, c, out),
+        }
     }
 
     /// Long pieces: `tokenizers`' own algorithm, a min-heap of `(rank, position)` over a linked
