@@ -1,5 +1,5 @@
-//! stoker's own exact encoder for byte-level BPE files (GPT-2, GPT-NeoX, Llama 3, Qwen2 and
-//! their kin): the same ids as the `tokenizers` crate, several times faster, chosen by
+//! stoker's own exact encoder for byte-level BPE files (GPT-2, GPT-NeoX, Llama 3, Qwen2, GPT-4o
+//! and their kin): the same ids as the `tokenizers` crate, several times faster, chosen by
 //! [`super::TextTokenizer`] only for a `tokenizer.json` whose whole pipeline it reproduces (see
 //! [`BpeModel::from_json`] for the list); every other file stays on `tokenizers`, with the
 //! reason kept.
@@ -8,9 +8,9 @@
 //! the text first (leftmost-longest, with `tokenizers`' rules for `lstrip`, `rstrip` and
 //! `single_word`), each gap is normalized (NFC, when the file says so), those with
 //! `normalized: true` are split out of the normalized gaps, each remaining gap is cut into
-//! pieces by the file's pattern (`pretok.rs`: GPT-2's, cl100k's, Qwen2's or o200k's), and each piece's
-//! bytes are merged by the lowest merge rank, leftmost first among equal ranks, exactly like
-//! `tokenizers`' `Word::merge_all`. The post-processor's special tokens (a template's
+//! pieces by the file's pattern (`pretok.rs`: GPT-2's, cl100k's, Qwen2's or o200k's), and each
+//! piece's bytes are merged by the lowest merge rank, leftmost first among equal ranks, exactly
+//! like `tokenizers`' `Word::merge_all`. The post-processor's special tokens (a template's
 //! `<|begin_of_text|>`, say) go around the result.
 //!
 //! Memory: pieces are found one at a time (no list of a document's pieces is ever built), so a
