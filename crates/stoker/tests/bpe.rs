@@ -373,9 +373,13 @@ fn fragment() -> impl Strategy<Value = String> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 3000, ..ProptestConfig::default() })]
-    /// Seeded by proptest (its default: a fixed seed per test name unless `PROPTEST_SEED` or a
-    /// persisted failure says otherwise), for each file.
+    #![proptest_config(ProptestConfig {
+        cases: 3000,
+        rng_seed: proptest::test_runner::RngSeed::Fixed(0x5EED_0025),
+        ..ProptestConfig::default()
+    })]
+    /// The same ids for every file on generated hostile text, from a fixed seed (the same
+    /// texts on every run; change the seed here to explore further).
     #[test]
     fn hostile_text_is_identical(parts in prop::collection::vec(fragment(), 0..40)) {
         thread_local! {
