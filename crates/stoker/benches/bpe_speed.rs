@@ -8,6 +8,9 @@
 //! the heap) and a 256 MB document on one line (the corpus joined by spaces), timed, with the
 //! process's peak resident memory before and after.
 //!
+//! `STOKER_BPE_PATTERN=cl100k` (or `o200k`) runs the same with GPT-2's vocabulary under that
+//! pattern (Split + ByteLevel, as Llama 3's and GPT-4o's files write it).
+//!
 //! `cargo bench -p stoker --bench bpe_speed -- [TEXT_DIR] [ROUNDS]` (defaults:
 //! `/work/shared/text`, or `$STOKER_TEXT_DIR`, and 3 rounds). `TEXT_DIR` holds the
 //! `wiki-en-2015-*.jsonl.zst` shards and `tokenizer-gpt2.json`.
@@ -15,6 +18,15 @@
 use std::path::PathBuf;
 use std::time::Instant;
 use stoker::tokens::TextTokenizer;
+
+/// cl100k's pattern (Llama 3's `tokenizer.json`).
+const CL100K: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+/// o200k's pattern (GPT-4o's `tokenizer.json`).
+const O200K: &str = concat!(
+    r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?",
+    r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?",
+    r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+);
 
 /// This process's user + system CPU seconds (`/proc/self/stat`; 10 ms ticks).
 fn cpu_seconds() -> f64 {
@@ -73,9 +85,23 @@ fn main() {
         }
     }
     let bytes: usize = texts.iter().map(String::len).sum();
-    let fast = TextTokenizer::from_file(&tok_path).expect("load tokenizer");
+    // `STOKER_BPE_PATTERN=cl100k` (or `o200k`): GPT-2's vocabulary under that Split pattern.
+    let mut json: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&tok_path).expect("read tokenizer")).expect("tokenizer JSON");
+    if let Ok(name) = std::env::var("STOKER_BPE_PATTERN") {
+        let pattern = match name.as_str() {
+            "cl100k" => CL100K,
+            "o200k" => O200K,
+            other => panic!("STOKER_BPE_PATTERN={other}: cl100k or o200k"),
+        };
+        json["pre_tokenizer"] = serde_json::json!({"type": "Sequence", "pretokenizers": [
+            {"type": "Split", "pattern": {"Regex": pattern}, "behavior": "Isolated", "invert": false},
+            {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": false}]});
+    }
+    let json = serde_json::to_vec(&json).expect("JSON");
+    let fast = TextTokenizer::from_json(&json, &tok_path).expect("load tokenizer");
     assert_eq!(fast.engine().0, "stoker byte-level BPE", "{:?}", fast.engine());
-    let slow = tokenizers::Tokenizer::from_file(&tok_path).expect("load tokenizer");
+    let slow = tokenizers::Tokenizer::from_bytes(&json).expect("load tokenizer");
     println!(
         "{} shards, {} documents, {:.1} MB of text; fast path: {:?}",
         shards.len(),
