@@ -4,6 +4,13 @@
 //! CPU-second and the ratio. The corpus is not in the repository; without it the bench says so
 //! and exits 0.
 //!
+//! Then the worst cases, fast path only: a 4 MB document that is one word (one piece, merged on
+//! the heap) and a 256 MB document on one line (the corpus joined by spaces), timed, with the
+//! process's peak resident memory before and after.
+//!
+//! `STOKER_BPE_PATTERN=cl100k` (or `o200k`) runs the same with GPT-2's vocabulary under that
+//! pattern (Split + ByteLevel, as Llama 3's and GPT-4o's files write it).
+//!
 //! `cargo bench -p stoker --bench bpe_speed -- [TEXT_DIR] [ROUNDS]` (defaults:
 //! `/work/shared/text`, or `$STOKER_TEXT_DIR`, and 3 rounds). `TEXT_DIR` holds the
 //! `wiki-en-2015-*.jsonl.zst` shards and `tokenizer-gpt2.json`.
@@ -11,6 +18,15 @@
 use std::path::PathBuf;
 use std::time::Instant;
 use stoker::tokens::TextTokenizer;
+
+/// cl100k's pattern (Llama 3's `tokenizer.json`).
+const CL100K: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+/// o200k's pattern (GPT-4o's `tokenizer.json`).
+const O200K: &str = concat!(
+    r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?",
+    r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?",
+    r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+);
 
 /// This process's user + system CPU seconds (`/proc/self/stat`; 10 ms ticks).
 fn cpu_seconds() -> f64 {
@@ -20,6 +36,17 @@ fn cpu_seconds() -> f64 {
     let f: Vec<&str> = rest.split_whitespace().collect();
     let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
     (ticks(11) + ticks(12)) / 100.0
+}
+
+/// This process's peak resident memory in MiB (`VmHWM` in `/proc/self/status`).
+fn peak_rss_mib() -> f64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let kb = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
+        .unwrap_or(0.0);
+    kb / 1024.0
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -58,9 +85,23 @@ fn main() {
         }
     }
     let bytes: usize = texts.iter().map(String::len).sum();
-    let fast = TextTokenizer::from_file(&tok_path).expect("load tokenizer");
+    // `STOKER_BPE_PATTERN=cl100k` (or `o200k`): GPT-2's vocabulary under that Split pattern.
+    let mut json: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&tok_path).expect("read tokenizer")).expect("tokenizer JSON");
+    if let Ok(name) = std::env::var("STOKER_BPE_PATTERN") {
+        let pattern = match name.as_str() {
+            "cl100k" => CL100K,
+            "o200k" => O200K,
+            other => panic!("STOKER_BPE_PATTERN={other}: cl100k or o200k"),
+        };
+        json["pre_tokenizer"] = serde_json::json!({"type": "Sequence", "pretokenizers": [
+            {"type": "Split", "pattern": {"Regex": pattern}, "behavior": "Isolated", "invert": false},
+            {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": false}]});
+    }
+    let json = serde_json::to_vec(&json).expect("JSON");
+    let fast = TextTokenizer::from_json(&json, &tok_path).expect("load tokenizer");
     assert_eq!(fast.engine().0, "stoker byte-level BPE", "{:?}", fast.engine());
-    let slow = tokenizers::Tokenizer::from_file(&tok_path).expect("load tokenizer");
+    let slow = tokenizers::Tokenizer::from_bytes(&json).expect("load tokenizer");
     println!(
         "{} shards, {} documents, {:.1} MB of text; fast path: {:?}",
         shards.len(),
@@ -111,5 +152,49 @@ fn main() {
         tokens as f64 / med(0) / 1e6,
         tokens as f64 / med(1) / 1e6,
         ratios
+    );
+
+    // Worst cases, fast path only.
+    let mut x: u32 = 7;
+    let word: String = (0..4 << 20)
+        .map(|_| {
+            x = x.wrapping_mul(1_103_515_245).wrapping_add(12345);
+            (b'a' + ((x >> 16) % 26) as u8) as char
+        })
+        .collect();
+    let (c0, w0) = (cpu_seconds(), Instant::now());
+    a.clear();
+    fast.encode_into(&word, &mut a).expect("encode");
+    println!(
+        "4 MB one-word document: {} tokens in {:.2} s wall, {:.2} CPU-s",
+        a.len(),
+        w0.elapsed().as_secs_f64(),
+        cpu_seconds() - c0
+    );
+    drop(word);
+    let mut line = String::with_capacity(256 << 20);
+    'fill: loop {
+        for t in &texts {
+            if line.len() >= 256 << 20 {
+                break 'fill;
+            }
+            line.extend(t.chars().map(|c| if c == '\n' { ' ' } else { c }));
+            line.push(' ');
+        }
+    }
+    let before = peak_rss_mib();
+    let (c0, w0) = (cpu_seconds(), Instant::now());
+    let mut ids = Vec::new();
+    fast.encode_into(&line, &mut ids).expect("encode");
+    println!(
+        "{:.0} MB one-line document: {} tokens in {:.2} s wall, {:.2} CPU-s; peak RSS {:.0} MiB before, {:.0} MiB after \
+         (ids: {:.0} MiB)",
+        line.len() as f64 / 1e6,
+        ids.len(),
+        w0.elapsed().as_secs_f64(),
+        cpu_seconds() - c0,
+        before,
+        peak_rss_mib(),
+        (ids.capacity() * 4) as f64 / (1 << 20) as f64
     );
 }

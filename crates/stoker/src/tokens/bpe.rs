@@ -1,27 +1,40 @@
-//! stoker's own exact encoder for byte-level BPE files (GPT-2 and its kin): the same ids as the
-//! `tokenizers` crate, several times faster, chosen by [`super::TextTokenizer`] only for a
-//! `tokenizer.json` whose whole pipeline it reproduces (see [`BpeModel::from_json`] for the
-//! list); every other file stays on `tokenizers`, with the reason kept.
+//! stoker's own exact encoder for byte-level BPE files (GPT-2, GPT-NeoX, Llama 3, Qwen2, GPT-4o
+//! and their kin): the same ids as the `tokenizers` crate, several times faster, chosen by
+//! [`super::TextTokenizer`] only for a `tokenizer.json` whose whole pipeline it reproduces (see
+//! [`BpeModel::from_json`] for the list); every other file stays on `tokenizers`, with the
+//! reason kept.
 //!
-//! The pipeline, as `tokenizers` runs it: added tokens are split out first (tokens with
-//! `normalized: false`, leftmost-longest over the text, then those with `normalized: true` in the
-//! gaps), each gap is cut into pieces by GPT-2's pattern (`pretok.rs`), and each piece's
-//! bytes are merged by the lowest merge rank, leftmost first among equal ranks, exactly like
-//! `tokenizers`' `Word::merge_all`. Frequent pieces are cached per thread (no shared mutable
+//! The pipeline, as `tokenizers` runs it: added tokens with `normalized: false` are split out of
+//! the text first (leftmost-longest, with `tokenizers`' rules for `lstrip`, `rstrip` and
+//! `single_word`), each gap is normalized (NFC, when the file says so), those with
+//! `normalized: true` are split out of the normalized gaps, each remaining gap is cut into
+//! pieces by the file's pattern (`pretok.rs`: GPT-2's, cl100k's, Qwen2's or o200k's), and each
+//! piece's bytes are merged by the lowest merge rank, leftmost first among equal ranks, exactly
+//! like `tokenizers`' `Word::merge_all`. The post-processor's special tokens (a template's
+//! `<|begin_of_text|>`, say) go around the result.
+//!
+//! Memory: pieces are found one at a time (no list of a document's pieces is ever built), so a
+//! long document costs its ids plus the merge state of its longest piece, about 20 bytes per
+//! byte of that piece (`u32` links and heap entries); a gap that NFC changes is copied once,
+//! normalized. A long piece is cut only between two bytes that no merge joins (a symbol ending
+//! in the first byte never meets one starting with the second in any merge, so no token can
+//! span the cut and each side merges alone, exactly); a piece with no such place (one letter
+//! repeated, say) is merged whole. Frequent pieces are cached per thread (no shared mutable
 //! state; the cache is bounded); long pieces merge with a heap over a linked list, so time
 //! grows as `n log n` with a piece's length.
 
-use super::pretok::Pieces;
+use super::pretok::{Cl100k, Gpt2, O200k, Pattern, Pieces, Scanner};
 use aho_corasick::{AhoCorasick, MatchKind};
+use regex::Regex;
 use serde_json::Value;
 use std::cell::RefCell;
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
 use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering};
-
-/// GPT-2's pre-tokenizer pattern, as `tokenizers` writes it for `ByteLevel(use_regex=true)`.
-pub(crate) const GPT2_PATTERN: &str = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+";
+use std::sync::LazyLock;
+use tokenizers::{Encoding, NormalizedString, Normalizer, PostProcessor, Token};
+use unicode_normalization_alignments::{is_nfc_quick, IsNormalized, UnicodeNormalization};
 
 /// Pieces up to this many bytes are cached.
 const CACHE_MAX_PIECE: usize = 64;
@@ -86,13 +99,97 @@ pub struct BpeModel {
     whole: Option<FxMap<Box<[u8]>, u32>>,
     /// Added tokens with `normalized: false`, then those with `normalized: true`.
     added: [Option<Added>; 2],
+    /// The pre-tokenizer's pattern.
+    pattern: Pattern,
+    /// Whether gaps between added tokens are NFC-normalized first.
+    nfc: bool,
+    /// Ids the post-processor puts before and after a text's own.
+    around: (Vec<u32>, Vec<u32>),
+    /// Bit `a << 8 | b`: some merge joins a symbol ending in byte `a` to one starting with byte
+    /// `b`. Where two adjacent bytes of a piece are not such a pair, no merge ever crosses
+    /// between them, so the two sides merge independently: an exact cut.
+    joins: Box<[u64; 1024]>,
 }
 
-/// One of `tokenizers`' two added-token tries: leftmost-longest, with each pattern's id.
+/// One of `tokenizers`' two added-token tries: leftmost-longest, with each pattern's id and
+/// flags.
 #[derive(Debug)]
 struct Added {
     matcher: AhoCorasick,
     ids: Vec<u32>,
+    flags: Vec<Flags>,
+}
+
+/// An added token's `single_word`, `lstrip` and `rstrip`.
+#[derive(Debug, Clone, Copy, Default)]
+struct Flags {
+    single_word: bool,
+    lstrip: bool,
+    rstrip: bool,
+}
+
+/// A part of a text split on added tokens.
+enum Part<'a> {
+    /// Text between added tokens.
+    Gap(&'a str),
+    /// An added token's id.
+    Token(u32),
+}
+
+/// `tokenizers`' own tests for `single_word`, `lstrip` and `rstrip` (`added_vocabulary.rs`
+/// runs the `regex` crate's `\w` and `\s`), applied to one character at a time.
+static WORD_CHAR: LazyLock<Regex> = LazyLock::new(|| Regex::new(r"^\w$").expect("a valid regex"));
+static SPACE_CHAR: LazyLock<Regex> = LazyLock::new(|| Regex::new(r"^\s$").expect("a valid regex"));
+
+fn char_is(re: &Regex, c: char) -> bool {
+    let mut buf = [0u8; 4];
+    re.is_match(c.encode_utf8(&mut buf))
+}
+
+impl Added {
+    /// Splits `text` on this trie's tokens exactly as `AddedVocabulary::find_matches` does:
+    /// a `single_word` match touching a word character is skipped, `lstrip` takes the spaces
+    /// before the token (not before the previous split's end), `rstrip` those after it.
+    fn split<'t>(&self, text: &'t str, mut part: impl FnMut(Part<'t>)) {
+        let mut start_offset = 0;
+        for m in self.matcher.find_iter(text) {
+            let (mut start, mut stop) = (m.start(), m.end());
+            let k = m.pattern().as_usize();
+            let f = self.flags[k];
+            if f.single_word {
+                // `!ends_with_word(&text[..start])`, `!starts_with_word(&text[stop..])`.
+                let start_space = text[..start].chars().next_back().is_none_or(|c| !char_is(&WORD_CHAR, c));
+                let stop_space = text[stop..].chars().next().is_none_or(|c| !char_is(&WORD_CHAR, c));
+                if !stop_space || !start_space {
+                    continue;
+                }
+            }
+            if f.lstrip {
+                // `max(space_leftmost_at_end(&text[..start]), start_offset)`: the start of the
+                // spaces that end at `start`, no earlier than `start_offset`.
+                if start_offset < start {
+                    let gap = &text[start_offset..start];
+                    let kept = gap.trim_end_matches(|c| char_is(&SPACE_CHAR, c)).len();
+                    start = start_offset + kept;
+                } else {
+                    start = start_offset;
+                }
+            }
+            if f.rstrip {
+                // `stop + space_rightmost_at_start(&text[stop..])`.
+                let rest = &text[stop..];
+                stop += rest.len() - rest.trim_start_matches(|c| char_is(&SPACE_CHAR, c)).len();
+            }
+            if start_offset < start {
+                part(Part::Gap(&text[start_offset..start]));
+            }
+            part(Part::Token(self.ids[k]));
+            start_offset = stop;
+        }
+        if start_offset != text.len() {
+            part(Part::Gap(&text[start_offset..]));
+        }
+    }
 }
 
 /// The per-thread cache and scratch space.
@@ -149,47 +246,84 @@ fn is_byte_level(v: &Value, use_regex: bool) -> bool {
         && v.get("use_regex").and_then(Value::as_bool).unwrap_or(true) == use_regex
 }
 
-/// Checks the parts of the pipeline around the model; `Err` says what falls back.
-fn check_pipeline(j: &Value) -> Result<(), String> {
-    if !is_null_or(j.get("normalizer"), |_| false) {
-        return Err(format!("normalizer {:?} is not reproduced", ty(&j["normalizer"])));
+/// The post-processors that only put special tokens around a text's ids (and adjust offsets),
+/// whatever the ids are.
+fn is_wrapping(p: &Value) -> bool {
+    match ty(p) {
+        "ByteLevel" | "TemplateProcessing" | "BertProcessing" | "RobertaProcessing" => true,
+        "Sequence" => p.get("processors").and_then(Value::as_array).is_some_and(|ps| ps.iter().all(is_wrapping)),
+        _ => false,
     }
+}
+
+/// Checks the parts of the pipeline around the model: `Ok((pattern, nfc))`, or what falls back.
+fn check_pipeline(j: &Value) -> Result<(Pattern, bool), String> {
+    let nfc = match j.get("normalizer") {
+        None | Some(Value::Null) => false,
+        Some(n) if ty(n) == "NFC" => true,
+        Some(n) => return Err(format!("normalizer {:?} is not reproduced", ty(n))),
+    };
     if !is_null_or(j.get("truncation"), |_| false) || !is_null_or(j.get("padding"), |_| false) {
         return Err("truncation or padding is set".into());
     }
-    if !is_null_or(j.get("post_processor"), |p| ty(p) == "ByteLevel") {
-        return Err(format!("post-processor {:?} may add tokens", ty(&j["post_processor"])));
+    if !is_null_or(j.get("post_processor"), is_wrapping) {
+        return Err(format!("post-processor {:?} is not reproduced", ty(&j["post_processor"])));
     }
     let pre = j.get("pre_tokenizer").unwrap_or(&Value::Null);
-    let ok = is_byte_level(pre, true)
-        || (ty(pre) == "Sequence"
-            && match pre.get("pretokenizers").and_then(Value::as_array).map(Vec::as_slice) {
-                Some([split, bl]) => {
-                    ty(split) == "Split"
-                        && split.get("pattern").and_then(|p| p.get("Regex")).and_then(Value::as_str)
-                            == Some(GPT2_PATTERN)
-                        && split.get("behavior").and_then(Value::as_str) == Some("Isolated")
-                        && split.get("invert").and_then(Value::as_bool) == Some(false)
-                        && is_byte_level(bl, false)
-                }
-                _ => false,
-            });
-    if !ok {
-        return Err("pre-tokenizer is not GPT-2's ByteLevel pattern without a prefix space".into());
+    let pattern = if is_byte_level(pre, true) {
+        Some(Pattern::Gpt2)
+    } else if ty(pre) == "Sequence" {
+        match pre.get("pretokenizers").and_then(Value::as_array).map(Vec::as_slice) {
+            Some([split, bl])
+                if ty(split) == "Split"
+                    && split.get("behavior").and_then(Value::as_str) == Some("Isolated")
+                    && split.get("invert").and_then(Value::as_bool) == Some(false)
+                    && is_byte_level(bl, false) =>
+            {
+                split.get("pattern").and_then(|p| p.get("Regex")).and_then(Value::as_str).and_then(Pattern::of)
+            }
+            _ => None,
+        }
+    } else {
+        None
+    };
+    let pattern = pattern.ok_or(
+        "pre-tokenizer is neither ByteLevel without a prefix space nor Split(GPT-2, cl100k, Qwen2 or o200k \
+         pattern, Isolated) + ByteLevel without regex",
+    )?;
+    Ok((pattern, nfc))
+}
+
+/// The ids `tok`'s post-processor puts before and after a text's ids, found by running it on a
+/// one-token encoding of an id no vocabulary has.
+fn around(tok: &tokenizers::Tokenizer) -> Result<(Vec<u32>, Vec<u32>), String> {
+    let Some(pp) = tok.get_post_processor() else {
+        return Ok((vec![], vec![]));
+    };
+    const MARK: u32 = u32::MAX - 7;
+    let one = Encoding::from_tokens(vec![Token::new(MARK, "\u{0}".into(), (0, 1))], 0);
+    let ids = pp.process(one, None, true).map_err(|e| format!("post-processor: {e}"))?.get_ids().to_vec();
+    match ids.iter().position(|&i| i == MARK) {
+        Some(at) if ids.iter().filter(|&&i| i == MARK).count() == 1 => Ok((ids[..at].to_vec(), ids[at + 1..].to_vec())),
+        _ => Err("post-processor does not keep the text's ids together".into()),
     }
-    Ok(())
 }
 
 impl BpeModel {
     /// Builds the fast path for `json` (the parsed `tokenizer.json` that `tok` was loaded from),
     /// or says why it cannot reproduce it. Eligible: a `BPE` model with no dropout, no
     /// `unk_token`, no subword prefix or suffix, no byte fallback (`ignore_merges` either way),
-    /// with every byte's character in the vocabulary; no normalizer, truncation or padding; a
-    /// `ByteLevel` pre-tokenizer (GPT-2's pattern, no prefix space) or `Split` on that pattern
-    /// then `ByteLevel` without regex; no post-processor or a `ByteLevel` one; added tokens
-    /// without `single_word`, `lstrip` or `rstrip`.
+    /// with every byte's character in the vocabulary; no normalizer or `NFC`; no truncation or
+    /// padding; a `ByteLevel` pre-tokenizer (GPT-2's pattern, no prefix space) or `Split` on
+    /// GPT-2's, cl100k's, Qwen2's or o200k's pattern (`Isolated`) then `ByteLevel` without regex; no
+    /// post-processor, or ones that only put special tokens around the text (`ByteLevel`,
+    /// `TemplateProcessing`, `BertProcessing`, `RobertaProcessing`, a `Sequence` of them);
+    /// added tokens with any flags, special tokens not encoded as text.
     pub fn from_json(j: &Value, tok: &tokenizers::Tokenizer) -> Result<BpeModel, String> {
-        check_pipeline(j)?;
+        let (pattern, nfc) = check_pipeline(j)?;
+        if tok.get_encode_special_tokens() {
+            return Err("special tokens are encoded as text".into());
+        }
         let m = j.get("model").ok_or("no model")?;
         if ty(m) != "BPE" {
             return Err(format!("model {:?} is not BPE", ty(m)));
@@ -214,6 +348,9 @@ impl BpeModel {
         let mut seen = FxMap::<u32, ()>::default();
         for (s, v) in vocab {
             let v = v.as_u64().and_then(|v| u32::try_from(v).ok()).ok_or_else(|| format!("bad id for {s:?}"))?;
+            if v >= u32::MAX - 8 {
+                return Err(format!("id {v} is out of the fast path's range"));
+            }
             if seen.insert(v, ()).is_some() {
                 return Err(format!("id {v} is given to two tokens"));
             }
@@ -231,6 +368,7 @@ impl BpeModel {
         let merges_v = m.get("merges").and_then(Value::as_array).ok_or("BPE merges are not a list")?;
         let mut merges = FxMap::<u64, (u32, u32)>::default();
         merges.reserve(merges_v.len());
+        let mut joins = Box::new([0u64; 1024]);
         let mut rank = 0u32;
         for mv in merges_v {
             let (a, b) = match mv {
@@ -248,6 +386,13 @@ impl BpeModel {
             let missing = || format!("merge {a:?} {b:?} is not in the vocabulary");
             let (ia, ib, inew) = (id(&a).ok_or_else(missing)?, id(&b).ok_or_else(missing)?, id(&(a.clone() + &b)));
             merges.insert((ia as u64) << 32 | ib as u64, (rank, inew.ok_or_else(missing)?));
+            // A merge whose sides are not byte-level text never fires (every symbol is).
+            if let (Some(x), Some(y)) =
+                (a.chars().next_back().and_then(|c| back.get(&c)), b.chars().next().and_then(|c| back.get(&c)))
+            {
+                let k = usize::from(*x) << 8 | usize::from(*y);
+                joins[k >> 6] |= 1 << (k & 63);
+            }
             rank = rank.checked_add(1).ok_or("too many merges")?;
         }
 
@@ -263,77 +408,129 @@ impl BpeModel {
         });
 
         // Added tokens, from the loaded tokenizer itself (its flags and ids after loading).
-        let mut sets: [Vec<(String, u32)>; 2] = [vec![], vec![]];
+        let mut sets: [Vec<(String, u32, Flags)>; 2] = [vec![], vec![]];
         let mut decoder: Vec<_> = tok.get_added_tokens_decoder().into_iter().collect();
         decoder.sort_by_key(|(i, _)| *i);
         for (_, t) in decoder {
             if t.content.is_empty() {
                 continue;
             }
-            if t.single_word || t.lstrip || t.rstrip {
-                return Err(format!("added token {:?} uses single_word, lstrip or rstrip", t.content));
-            }
             let tid = tok.token_to_id(&t.content).ok_or_else(|| format!("added token {:?} has no id", t.content))?;
-            sets[usize::from(t.normalized)].push((t.content, tid));
+            if tid >= u32::MAX - 8 {
+                return Err(format!("id {tid} is out of the fast path's range"));
+            }
+            let flags = Flags { single_word: t.single_word, lstrip: t.lstrip, rstrip: t.rstrip };
+            let content = if t.normalized {
+                // The normalized trie holds each token's normalized form, as `tokenizers` builds it.
+                let mut n = NormalizedString::from(t.content.as_str());
+                if let Some(norm) = tok.get_normalizer() {
+                    norm.normalize(&mut n).map_err(|e| format!("normalizing {:?}: {e}", t.content))?;
+                }
+                n.get().to_string()
+            } else {
+                t.content
+            };
+            sets[usize::from(t.normalized)].push((content, tid, flags));
         }
-        let build = |set: &Vec<(String, u32)>| -> Result<Option<Added>, String> {
+        let build = |set: &Vec<(String, u32, Flags)>| -> Result<Option<Added>, String> {
             if set.is_empty() {
                 return Ok(None);
             }
+            // Two tokens of one trie with the same text (after normalization): which one wins
+            // depends on `tokenizers`' insertion order, which the file does not pin down.
+            let mut texts: Vec<&str> = set.iter().map(|(s, _, _)| s.as_str()).collect();
+            texts.sort_unstable();
+            if let Some(w) = texts.windows(2).find(|w| w[0] == w[1]) {
+                return Err(format!("two added tokens match as {:?}", w[0]));
+            }
             let matcher = AhoCorasick::builder()
                 .match_kind(MatchKind::LeftmostLongest)
-                .build(set.iter().map(|(s, _)| s))
+                .build(set.iter().map(|(s, _, _)| s))
                 .map_err(|e| format!("added tokens: {e}"))?;
-            Ok(Some(Added { matcher, ids: set.iter().map(|(_, i)| *i).collect() }))
+            let ids = set.iter().map(|(_, i, _)| *i).collect();
+            Ok(Some(Added { matcher, ids, flags: set.iter().map(|(_, _, f)| *f).collect() }))
         };
         let added = [build(&sets[0])?, build(&sets[1])?];
+        let around = around(tok)?;
         let key = NEXT_MODEL.fetch_add(1, Ordering::Relaxed);
-        Ok(BpeModel { key, byte_ids, merges, whole, added })
+        Ok(BpeModel { key, byte_ids, merges, whole, added, pattern, nfc, around, joins })
     }
 
-    /// Appends the ids of `text` to `out`.
+    /// What the fast path reproduces for this file, for [`super::TextTokenizer::engine`]: e.g.
+    /// "byte-level BPE, cl100k pattern, NFC, reproduced exactly".
+    pub fn describe(&self) -> String {
+        format!(
+            "byte-level BPE, {} pattern{}, reproduced exactly",
+            self.pattern.name(),
+            if self.nfc { ", NFC" } else { "" }
+        )
+    }
+
+    /// Appends the ids of `text` to `out`, the post-processor's special tokens included.
     pub fn encode_into(&self, text: &str, out: &mut Vec<u32>) {
+        out.extend_from_slice(&self.around.0);
         CACHE.with(|c| match c.try_borrow_mut() {
             Ok(mut c) => {
                 if c.model != self.key {
                     c.map.clear();
                     c.model = self.key;
                 }
-                self.split_added(text, 0, &mut c, out)
+                self.split_raw(text, &mut c, out)
             }
             // Only reachable by re-entry, which nothing here does: work without the cache.
             Err(_) => {
                 let mut c = Cache { model: 0, map: FxMap::default(), syms: vec![], ranks: vec![] };
-                self.split_added(text, 0, &mut c, out)
+                self.split_raw(text, &mut c, out)
             }
-        })
+        });
+        out.extend_from_slice(&self.around.1);
     }
 
-    /// Splits `text` on the added tokens of trie `stage` and later ones, encoding the gaps.
-    fn split_added(&self, text: &str, stage: usize, c: &mut Cache, out: &mut Vec<u32>) {
-        let Some(set) = self.added.get(stage) else {
-            return self.encode_plain(text, c, out);
-        };
-        let Some(added) = set else {
-            return self.split_added(text, stage + 1, c, out);
-        };
-        let mut at = 0;
-        for m in added.matcher.find_iter(text) {
-            if m.start() > at {
-                self.split_added(&text[at..m.start()], stage + 1, c, out);
-            }
-            out.push(added.ids[m.pattern().as_usize()]);
-            at = m.end();
+    /// Splits the raw text on the added tokens with `normalized: false`.
+    fn split_raw(&self, text: &str, c: &mut Cache, out: &mut Vec<u32>) {
+        match &self.added[0] {
+            None => self.normalize_gap(text, c, out),
+            Some(added) => added.split(text, |p| match p {
+                Part::Gap(g) => self.normalize_gap(g, c, out),
+                Part::Token(id) => out.push(id),
+            }),
         }
-        if at < text.len() {
-            self.split_added(&text[at..], stage + 1, c, out);
+    }
+
+    /// Normalizes a gap (NFC, unless it is ASCII or passes NFC's quick check), then splits it
+    /// on the added tokens with `normalized: true`.
+    fn normalize_gap(&self, gap: &str, c: &mut Cache, out: &mut Vec<u32>) {
+        if self.nfc && !gap.is_ascii() && is_nfc_quick(gap.chars()) != IsNormalized::Yes {
+            // The very function `tokenizers`' NFC normalizer runs.
+            let norm: String = gap.nfc().map(|(ch, _)| ch).collect();
+            return self.split_normalized(&norm, c, out);
+        }
+        self.split_normalized(gap, c, out)
+    }
+
+    fn split_normalized(&self, text: &str, c: &mut Cache, out: &mut Vec<u32>) {
+        match &self.added[1] {
+            None => self.encode_plain(text, c, out),
+            Some(added) => added.split(text, |p| match p {
+                Part::Gap(g) => self.encode_plain(g, c, out),
+                Part::Token(id) => out.push(id),
+            }),
         }
     }
 
     /// Text without added tokens: pieces, then BPE on each.
     fn encode_plain(&self, text: &str, c: &mut Cache, out: &mut Vec<u32>) {
+        match self.pattern {
+            Pattern::Gpt2 => self.encode_pieces::<Gpt2>(text, c, out),
+            Pattern::Cl100k => self.encode_pieces::<Cl100k<3>>(text, c, out),
+            Pattern::Qwen2 => self.encode_pieces::<Cl100k<1>>(text, c, out),
+            Pattern::O200k => self.encode_pieces::<O200k>(text, c, out),
+        }
+    }
+
+    fn encode_pieces<S: Scanner>(&self, text: &str, c: &mut Cache, out: &mut Vec<u32>) {
         let bytes = text.as_bytes();
-        for (a, b) in Pieces::new(text) {
+        for (a, b) in Pieces::<S>::new(text) {
             self.encode_piece(&bytes[a..b], c, out);
         }
     }
@@ -352,7 +549,7 @@ impl BpeModel {
         }
         if piece.len() > CACHE_MAX_PIECE {
             if piece.len() >= HEAP_FROM {
-                self.merge_heap(piece, out);
+                self.merge_long(piece, c, out);
             } else {
                 self.merge_scan(piece, c, out);
             }
@@ -406,53 +603,139 @@ impl BpeModel {
         out.extend_from_slice(syms);
     }
 
-    /// Long pieces: `tokenizers`' own algorithm, a min-heap of `(rank, position)` over a linked
-    /// list of symbols, stale entries skipped.
-    fn merge_heap(&self, piece: &[u8], out: &mut Vec<u32>) {
-        const NONE: usize = usize::MAX;
-        let n = piece.len();
-        let mut sym: Vec<u32> = piece.iter().map(|&b| self.byte_ids[b as usize]).collect();
-        let mut prev: Vec<usize> = (0..n).map(|i| i.wrapping_sub(1)).collect();
-        let mut next: Vec<usize> = (1..=n).map(|i| if i == n { NONE } else { i }).collect();
-        let mut alive = vec![true; n];
-        let mut heap = BinaryHeap::with_capacity(n);
-        for k in 0..n - 1 {
-            if let Some((r, id)) = self.pair(sym[k], sym[k + 1]) {
-                heap.push(Reverse((r, k, id)));
+    /// Long pieces: cut where no merge can cross (see `joins`), each part merged alone.
+    fn merge_long(&self, piece: &[u8], c: &mut Cache, out: &mut Vec<u32>) {
+        let mut start = 0;
+        for p in 1..piece.len() {
+            let k = usize::from(piece[p - 1]) << 8 | usize::from(piece[p]);
+            if self.joins[k >> 6] >> (k & 63) & 1 == 0 {
+                self.merge_part(&piece[start..p], c, out);
+                start = p;
             }
         }
-        while let Some(Reverse((_, pos, id))) = heap.pop() {
-            let nx = next[pos];
-            if !alive[pos] || nx == NONE {
+        self.merge_part(&piece[start..], c, out);
+    }
+
+    fn merge_part(&self, part: &[u8], c: &mut Cache, out: &mut Vec<u32>) {
+        match part.len() {
+            1 => out.push(self.byte_ids[part[0] as usize]),
+            n if n >= HEAP_FROM => self.merge_heap(part, out),
+            _ => self.merge_scan(part, c, out),
+        }
+    }
+
+    /// Long pieces: `tokenizers`' own algorithm, a min-heap of `(rank, position)` over a linked
+    /// list of symbols, stale entries skipped. Positions are `u32` for pieces under 4 GiB (about
+    /// 20 bytes of memory per byte of the piece, the heap included), `usize` beyond.
+    fn merge_heap(&self, piece: &[u8], out: &mut Vec<u32>) {
+        if piece.len() < u32::MAX as usize {
+            self.merge_heap_with::<u32>(piece, out)
+        } else {
+            self.merge_heap_with::<usize>(piece, out)
+        }
+    }
+
+    fn merge_heap_with<I: Index>(&self, piece: &[u8], out: &mut Vec<u32>) {
+        const DEAD: u32 = u32::MAX;
+        let n = piece.len();
+        let none = I::NONE;
+        let mut sym: Vec<u32> = piece.iter().map(|&b| self.byte_ids[b as usize]).collect();
+        // `prev[k]` and `next[k]`: the live neighbours of live symbol `k` (`NONE` at the ends).
+        let mut prev: Vec<I> = (0..n).map(|i| if i == 0 { none } else { I::from_usize(i - 1) }).collect();
+        let mut next: Vec<I> = (0..n).map(|i| if i + 1 == n { none } else { I::from_usize(i + 1) }).collect();
+        // Entries `(rank, position)`, smallest first: the order of `tokenizers`' `Merge`. A rank
+        // names one merge, so an entry is still valid when the pair at its position has it.
+        // Packed into one integer each (rank high, position low), built in one heapify.
+        let first: Vec<Reverse<I::Key>> = (0..n - 1)
+            .filter_map(|k| self.pair(sym[k], sym[k + 1]).map(|(r, _)| Reverse(I::key(r, I::from_usize(k)))))
+            .collect();
+        let mut heap = BinaryHeap::from(first);
+        while let Some(Reverse(key)) = heap.pop() {
+            let (rank, pos_i) = I::unkey(key);
+            let pos = pos_i.to_usize();
+            let nx_i = next[pos];
+            if sym[pos] == DEAD || nx_i == none {
                 continue;
             }
-            if self.pair(sym[pos], sym[nx]).map(|p| p.1) != Some(id) {
+            let nx = nx_i.to_usize();
+            let Some((r, id)) = self.pair(sym[pos], sym[nx]) else { continue };
+            if r != rank {
                 continue;
             }
             sym[pos] = id;
-            alive[nx] = false;
-            next[pos] = next[nx];
-            if next[nx] != NONE {
-                prev[next[nx]] = pos;
+            sym[nx] = DEAD;
+            let after = next[nx];
+            next[pos] = after;
+            if after != none {
+                prev[after.to_usize()] = pos_i;
             }
             let p = prev[pos];
-            if p != NONE {
-                if let Some((r, nid)) = self.pair(sym[p], sym[pos]) {
-                    heap.push(Reverse((r, p, nid)));
+            if p != none {
+                if let Some((r, _)) = self.pair(sym[p.to_usize()], id) {
+                    heap.push(Reverse(I::key(r, p)));
                 }
             }
-            let q = next[pos];
-            if q != NONE {
-                if let Some((r, nid)) = self.pair(sym[pos], sym[q]) {
-                    heap.push(Reverse((r, pos, nid)));
+            if after != none {
+                if let Some((r, _)) = self.pair(id, sym[after.to_usize()]) {
+                    heap.push(Reverse(I::key(r, pos_i)));
                 }
             }
         }
-        let mut k = 0;
-        while k != NONE {
-            out.push(sym[k]);
-            k = next[k];
-        }
+        out.extend(sym.into_iter().filter(|&s| s != DEAD));
+    }
+}
+
+/// A position in a piece: `u32` for the usual pieces (half the memory), `usize` for huge ones.
+trait Index: Copy + Ord + Eq {
+    /// A heap entry: `(rank, position)` in one integer that orders the same way.
+    type Key: Copy + Ord;
+    const NONE: Self;
+    fn from_usize(i: usize) -> Self;
+    fn to_usize(self) -> usize;
+    fn key(rank: u32, pos: Self) -> Self::Key;
+    fn unkey(k: Self::Key) -> (u32, Self);
+}
+
+impl Index for u32 {
+    type Key = u64;
+    const NONE: u32 = u32::MAX;
+    #[inline]
+    fn key(rank: u32, pos: u32) -> u64 {
+        (rank as u64) << 32 | pos as u64
+    }
+    #[inline]
+    fn unkey(k: u64) -> (u32, u32) {
+        ((k >> 32) as u32, k as u32)
+    }
+    #[inline]
+    fn from_usize(i: usize) -> u32 {
+        // Only used for pieces shorter than `u32::MAX` bytes.
+        i as u32
+    }
+    #[inline]
+    fn to_usize(self) -> usize {
+        self as usize
+    }
+}
+
+impl Index for usize {
+    type Key = u128;
+    const NONE: usize = usize::MAX;
+    #[inline]
+    fn key(rank: u32, pos: usize) -> u128 {
+        (rank as u128) << 64 | pos as u128
+    }
+    #[inline]
+    fn unkey(k: u128) -> (u32, usize) {
+        ((k >> 64) as u32, k as usize)
+    }
+    #[inline]
+    fn from_usize(i: usize) -> usize {
+        i
+    }
+    #[inline]
+    fn to_usize(self) -> usize {
+        self
     }
 }
 
@@ -468,6 +751,20 @@ mod tests {
         s.sort();
         s.dedup();
         assert_eq!(s.len(), 256);
+    }
+
+    /// The NFC shortcut: a scalar value that passes the quick check is its own NFC, alone and
+    /// after a letter (so skipping `nfc()` for a quick-check-yes gap changes nothing).
+    #[test]
+    fn nfc_quick_check_yes_means_unchanged() {
+        for c in (0..=0x10FFFFu32).filter_map(char::from_u32) {
+            for s in [c.to_string(), format!("a{c}")] {
+                if is_nfc_quick(s.chars()) == IsNormalized::Yes {
+                    let n: String = s.nfc().map(|(ch, _)| ch).collect();
+                    assert_eq!(n, s, "{c:?}");
+                }
+            }
+        }
     }
 
     #[test]

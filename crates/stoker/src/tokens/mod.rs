@@ -5,8 +5,9 @@
 //! - [`docs`]: the formats on disk and the document index (offsets, lengths, lines).
 //! - [`index`]: document indexes stored between runs, checked against their files.
 //! - [`tokenizer`]: a `tokenizer.json`, one instance per thread, no offsets.
-//! - [`bpe`]: stoker's exact fast path for byte-level BPE files (GPT-2's kind), chosen by
-//!   [`tokenizer`] when a file is one it reproduces; `pretok` is its hand-written GPT-2 pattern.
+//! - [`bpe`]: stoker's exact fast path for byte-level BPE files (GPT-2, GPT-NeoX, Llama 3, Qwen2,
+//!   GPT-4o kinds), chosen by [`tokenizer`] when a file is one it reproduces; `pretok` holds its
+//!   hand-written pre-tokenizer patterns (GPT-2, cl100k, Qwen2, o200k).
 //! - [`pack`]: the concat and best-fit packers and their resume points (pure functions of the
 //!   document stream).
 //! - [`cache`]: the token cache folder (`stoker tokenize`): tokens, index, description.

@@ -1,11 +1,21 @@
-//! GPT-2's pre-tokenizer regex, written out by hand:
-//! `'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+`, with the
-//! semantics the `tokenizers` crate gives it through Oniguruma (first alternative that matches,
-//! greedy runs, `\s+(?!\S)` backing off one character before a non-space). The character
-//! classes come from Oniguruma itself (`pretok_tables.rs`), so `\p{L}`, `\p{N}` and `\s`
-//! are exactly what the regex engine says, Unicode version included.
+//! The pre-tokenizer patterns of the byte-level BPE fast path, written out by hand, with the
+//! semantics the `tokenizers` crate gives them through Oniguruma (first alternative that matches,
+//! greedy runs, backtracking, `\s+(?!\S)` backing off one character before a non-space,
+//! `(?i:...)` case folding). The character classes come from Oniguruma itself
+//! (`pretok_tables.rs`), so `\p{L}`, `\p{N}` and `\s` are exactly what the regex engine says,
+//! Unicode version included. Each pattern is recognised by its exact string ([`Pattern::of`]);
+//! any other string stays on `tokenizers`.
+//!
+//! - GPT-2 (also GPT-NeoX, OLMo, ...): [`GPT2_PATTERN`].
+//! - cl100k (Llama 3, and converted `cl100k_base` files): [`CL100K_PATTERN`].
+//! - Qwen2: [`QWEN2_PATTERN`], cl100k with single digits.
+//! - o200k (GPT-4o, gpt-oss): [`O200K_PATTERN`], with letters told apart by case.
+//!
+//! Every character of the text is in exactly one match of each of these patterns (each class
+//! of character starts some alternative, none matches the empty string), so the matches are the
+//! `Split(Isolated)` pieces with no gaps between them.
 
-use super::pretok_tables::RANGES;
+use super::pretok_tables::{O200K_RANGES, RANGES};
 
 /// The four classes the pattern tells apart; they partition the Unicode scalar values.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -20,8 +30,83 @@ pub(crate) enum Class {
     Other,
 }
 
+/// The classes o200k's pattern tells apart (Oniguruma's general categories); they partition the
+/// Unicode scalar values.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Fine {
+    /// `\p{Lu}` or `\p{Lt}`.
+    Upper,
+    /// `\p{Ll}`.
+    Lower,
+    /// `\p{Lm}` or `\p{Lo}`: in both of the pattern's letter sets.
+    Caseless,
+    /// `\p{M}`: not a letter, yet in both letter sets.
+    Mark,
+    /// `\p{N}`.
+    Number,
+    /// `\s`.
+    Space,
+    /// Everything else.
+    Other,
+}
+
 /// The class of each ASCII byte, from the same table.
 static ASCII: [Class; 128] = ascii_table();
+/// The fine class of each ASCII byte.
+static ASCII_FINE: [Fine; 128] = ascii_fine_table();
+
+const fn ascii_fine_table() -> [Fine; 128] {
+    let mut t = [Fine::Other; 128];
+    let mut i = 0;
+    while i < O200K_RANGES.len() {
+        let (a, b, k) = O200K_RANGES[i];
+        let mut c = a;
+        while c <= b && c < 128 {
+            t[c as usize] = k;
+            c += 1;
+        }
+        i += 1;
+    }
+    t
+}
+
+/// The fine class and UTF-8 length of the character at `s[i]`, like [`class_at`].
+#[inline]
+fn fine_at(s: &[u8], i: usize) -> (Fine, usize) {
+    let b0 = s[i];
+    if b0 < 0x80 {
+        return (ASCII_FINE[b0 as usize], 1);
+    }
+    let (c, len) = decode(s, i, b0);
+    let k = match O200K_RANGES.binary_search_by(|&(a, b, _)| {
+        if b < c {
+            std::cmp::Ordering::Less
+        } else if a > c {
+            std::cmp::Ordering::Greater
+        } else {
+            std::cmp::Ordering::Equal
+        }
+    }) {
+        Ok(i) => O200K_RANGES[i].2,
+        Err(_) => Fine::Other,
+    };
+    (k, len)
+}
+
+/// The scalar value and length of the multi-byte character at `s[i]` (first byte `b0`).
+#[inline]
+fn decode(s: &[u8], i: usize, b0: u8) -> (u32, usize) {
+    // `s` is valid UTF-8 and `i` a boundary, so the continuation bytes are there.
+    let (len, mut c) = match b0 {
+        0xC0..=0xDF => (2, (b0 & 0x1F) as u32),
+        0xE0..=0xEF => (3, (b0 & 0x0F) as u32),
+        _ => (4, (b0 & 0x07) as u32),
+    };
+    for k in 1..len {
+        c = (c << 6) | (s.get(i + k).copied().unwrap_or(0x80) & 0x3F) as u32;
+    }
+    (c, len)
+}
 
 const fn ascii_table() -> [Class; 128] {
     let mut t = [Class::Other; 128];
@@ -62,90 +147,117 @@ fn class_at(s: &[u8], i: usize) -> (Class, usize) {
     if b0 < 0x80 {
         return (ASCII[b0 as usize], 1);
     }
-    // `s` is valid UTF-8 and `i` a boundary, so the continuation bytes are there.
-    let (len, mut c) = match b0 {
-        0xC0..=0xDF => (2, (b0 & 0x1F) as u32),
-        0xE0..=0xEF => (3, (b0 & 0x0F) as u32),
-        _ => (4, (b0 & 0x07) as u32),
-    };
-    for k in 1..len {
-        c = (c << 6) | (s.get(i + k).copied().unwrap_or(0x80) & 0x3F) as u32;
-    }
+    let (c, len) = decode(s, i, b0);
     (class_of(c), len)
 }
 
-/// The pieces of `text`, as byte ranges, in order and covering it: the matches of GPT-2's
-/// pattern (which leaves no gaps, since every character is in one of the four classes).
-pub(crate) struct Pieces<'a> {
+/// GPT-2's pattern, as `tokenizers` writes it for `ByteLevel(use_regex=true)`.
+pub(crate) const GPT2_PATTERN: &str = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+";
+/// cl100k's pattern, as Llama 3's `tokenizer.json` (and converted `cl100k_base` files) write it.
+pub(crate) const CL100K_PATTERN: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+/// o200k's pattern, as GPT-4o's and gpt-oss's `tokenizer.json` write it.
+pub(crate) const O200K_PATTERN: &str = concat!(
+    r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?",
+    r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?",
+    r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+);
+/// Qwen2's pattern: cl100k's with one digit per piece.
+pub(crate) const QWEN2_PATTERN: &str =
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+
+/// A pre-tokenizer pattern the fast path reproduces.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Pattern {
+    /// [`GPT2_PATTERN`].
+    Gpt2,
+    /// [`CL100K_PATTERN`].
+    Cl100k,
+    /// [`QWEN2_PATTERN`].
+    Qwen2,
+    /// [`O200K_PATTERN`].
+    O200k,
+}
+
+impl Pattern {
+    /// The pattern whose regex is exactly `regex`, if it is one of ours.
+    pub(crate) fn of(regex: &str) -> Option<Pattern> {
+        [
+            (GPT2_PATTERN, Pattern::Gpt2),
+            (CL100K_PATTERN, Pattern::Cl100k),
+            (QWEN2_PATTERN, Pattern::Qwen2),
+            (O200K_PATTERN, Pattern::O200k),
+        ]
+        .into_iter()
+        .find(|(p, _)| *p == regex)
+        .map(|(_, k)| k)
+    }
+
+    /// Its short name, for the reason a file got the fast path.
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Pattern::Gpt2 => "GPT-2",
+            Pattern::Cl100k => "cl100k",
+            Pattern::Qwen2 => "Qwen2",
+            Pattern::O200k => "o200k",
+        }
+    }
+}
+
+/// One pattern's matcher: where the match that starts at `i` ends.
+pub(crate) trait Scanner {
+    /// The end of the match at `i` (`i < s.len()`, on a char boundary of valid UTF-8 `s`); it
+    /// is always past `i`.
+    fn end(s: &[u8], i: usize) -> usize;
+}
+
+/// The pieces of a text, as byte ranges, in order and covering it: the matches of the pattern
+/// of `S`.
+pub(crate) struct Pieces<'a, S> {
     s: &'a [u8],
     pos: usize,
+    scanner: std::marker::PhantomData<S>,
 }
 
-impl<'a> Pieces<'a> {
+impl<'a, S: Scanner> Pieces<'a, S> {
     /// Pieces of `text`.
     pub(crate) fn new(text: &'a str) -> Self {
-        Pieces { s: text.as_bytes(), pos: 0 }
-    }
-
-    /// The end of the run of characters of class `k` that starts at `i`.
-    #[inline]
-    fn run(&self, mut i: usize, k: Class) -> usize {
-        let s = self.s;
-        while i < s.len() {
-            let (c, l) = class_at(s, i);
-            if c != k {
-                break;
-            }
-            i += l;
-        }
-        i
+        Pieces { s: text.as_bytes(), pos: 0, scanner: std::marker::PhantomData }
     }
 }
 
-impl Iterator for Pieces<'_> {
+impl<S: Scanner> Iterator for Pieces<'_, S> {
     type Item = (usize, usize);
 
     #[inline]
     fn next(&mut self) -> Option<(usize, usize)> {
-        let s = self.s;
         let i = self.pos;
-        if i >= s.len() {
+        if i >= self.s.len() {
             return None;
         }
-        let end = piece_end(self, i);
+        let end = S::end(self.s, i);
         self.pos = end;
         Some((i, end))
     }
 }
 
-/// Where the match starting at `i` ends.
+/// The end of the run of characters of class `k` that starts at `i`.
 #[inline]
-fn piece_end(p: &Pieces<'_>, i: usize) -> usize {
-    let s = p.s;
+fn run(s: &[u8], mut i: usize, k: Class) -> usize {
+    while i < s.len() {
+        let (c, l) = class_at(s, i);
+        if c != k {
+            break;
+        }
+        i += l;
+    }
+    i
+}
+
+/// `\s+(?!\S)|\s+` at `i` (a space): the whole run at the end of the text; before a non-space,
+/// all but the run's last character if it has two or more, else the one character.
+#[inline]
+fn spaces(s: &[u8], i: usize, l: usize) -> usize {
     let n = s.len();
-    let b = s[i];
-    // 's|'t|'re|'ve|'m|'ll|'d (case-sensitive)
-    if b == b'\'' && i + 1 < n {
-        match s[i + 1] {
-            b's' | b't' | b'm' | b'd' => return i + 2,
-            b'r' | b'v' if i + 2 < n && s[i + 2] == b'e' => return i + 3,
-            b'l' if i + 2 < n && s[i + 2] == b'l' => return i + 3,
-            _ => {}
-        }
-    }
-    // ` ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+`: a space joins the run of non-space that follows.
-    if b == b' ' && i + 1 < n {
-        let (k, l) = class_at(s, i + 1);
-        if k != Class::Space {
-            return p.run(i + 1 + l, k);
-        }
-    }
-    let (k, l) = class_at(s, i);
-    if k != Class::Space {
-        return p.run(i + l, k);
-    }
-    // `\s+(?!\S)|\s+`: the whole run at the end of the text; before a non-space, all but the
-    // run's last character if it has two or more, else the one character.
     let mut last = i;
     let mut j = i + l;
     while j < n {
@@ -163,12 +275,289 @@ fn piece_end(p: &Pieces<'_>, i: usize) -> usize {
     }
 }
 
+/// [`GPT2_PATTERN`].
+pub(crate) struct Gpt2;
+
+impl Scanner for Gpt2 {
+    #[inline]
+    fn end(s: &[u8], i: usize) -> usize {
+        let n = s.len();
+        let b = s[i];
+        // 's|'t|'re|'ve|'m|'ll|'d (case-sensitive)
+        if b == b'\'' && i + 1 < n {
+            match s[i + 1] {
+                b's' | b't' | b'm' | b'd' => return i + 2,
+                b'r' | b'v' if i + 2 < n && s[i + 2] == b'e' => return i + 3,
+                b'l' if i + 2 < n && s[i + 2] == b'l' => return i + 3,
+                _ => {}
+            }
+        }
+        // ` ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+`: a space joins the run of non-space that follows.
+        if b == b' ' && i + 1 < n {
+            let (k, l) = class_at(s, i + 1);
+            if k != Class::Space {
+                return run(s, i + 1 + l, k);
+            }
+        }
+        let (k, l) = class_at(s, i);
+        if k != Class::Space {
+            return run(s, i + l, k);
+        }
+        spaces(s, i, l)
+    }
+}
+
+/// `(?i:'s|'t|'re|'ve|'m|'ll|'d)` at `i` (where `s[i]` is `'`): its end, if it matches.
+/// Oniguruma's case folding adds `S T R E V M L D` and `ſ` (U+017F, folded to `s`); no other
+/// character folds to one of these letters (the tests check every scalar value).
+#[inline]
+fn contraction_ci(s: &[u8], i: usize) -> Option<usize> {
+    // ASCII letters only compare equal to a lower-case letter here after `| 0x20`.
+    let at = |k: usize| s.get(k).map(|b| b | 0x20);
+    match at(i + 1)? {
+        b's' | b't' | b'm' | b'd' => Some(i + 2),
+        b'r' | b'v' if at(i + 2) == Some(b'e') => Some(i + 3),
+        b'l' if at(i + 2) == Some(b'l') => Some(i + 3),
+        _ if s[i + 1..].starts_with("\u{17f}".as_bytes()) => Some(i + 3),
+        _ => None,
+    }
+}
+
+/// [`CL100K_PATTERN`] (`DIGITS` = 3) and [`QWEN2_PATTERN`] (`DIGITS` = 1).
+pub(crate) struct Cl100k<const DIGITS: usize>;
+
+impl<const DIGITS: usize> Scanner for Cl100k<DIGITS> {
+    #[inline]
+    fn end(s: &[u8], i: usize) -> usize {
+        let n = s.len();
+        let b = s[i];
+        // (?i:'s|'t|'re|'ve|'m|'ll|'d)
+        if b == b'\'' {
+            if let Some(e) = contraction_ci(s, i) {
+                return e;
+            }
+        }
+        let (k, l) = class_at(s, i);
+        match k {
+            // `[^\r\n\p{L}\p{N}]?\p{L}+`, no prefix: the letters.
+            Class::Letter => return run(s, i + l, Class::Letter),
+            // `\p{N}{1,3}` (or `\p{N}`).
+            Class::Number => {
+                let (mut j, mut count) = (i + l, 1);
+                while count < DIGITS && j < n {
+                    let (k, l) = class_at(s, j);
+                    if k != Class::Number {
+                        break;
+                    }
+                    j += l;
+                    count += 1;
+                }
+                return j;
+            }
+            Class::Space | Class::Other => {}
+        }
+        if b != b'\r' && b != b'\n' && i + l < n {
+            let (k2, l2) = class_at(s, i + l);
+            // `[^\r\n\p{L}\p{N}]?\p{L}+`: one character that is neither CR, LF, letter nor
+            // number, then letters.
+            if k2 == Class::Letter {
+                return run(s, i + l + l2, Class::Letter);
+            }
+            // ` ?[^\s\p{L}\p{N}]+[\r\n]*` with the space.
+            if b == b' ' && k2 == Class::Other {
+                return crlf(s, run(s, i + 1 + l2, Class::Other));
+            }
+        }
+        // ` ?[^\s\p{L}\p{N}]+[\r\n]*` without it.
+        if k == Class::Other {
+            return crlf(s, run(s, i + l, Class::Other));
+        }
+        // `\s*[\r\n]+`: a run of spaces holding a CR or LF ends after its last CR or LF
+        // (`\s*` backs off to it, `[\r\n]+` cannot go further: the next is not CR or LF).
+        let mut j = i;
+        let mut after_nl = None;
+        while j < n {
+            let (k, l) = class_at(s, j);
+            if k != Class::Space {
+                break;
+            }
+            if s[j] == b'\r' || s[j] == b'\n' {
+                after_nl = Some(j + 1);
+            }
+            j += l;
+        }
+        match after_nl {
+            Some(e) => e,
+            None => spaces(s, i, l),
+        }
+    }
+}
+
+/// [`O200K_PATTERN`].
+pub(crate) struct O200k;
+
+/// `[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]`: upper-case letters, caseless letters and marks.
+#[inline]
+fn is_upperish(k: Fine) -> bool {
+    matches!(k, Fine::Upper | Fine::Caseless | Fine::Mark)
+}
+
+/// `[\p{Ll}\p{Lm}\p{Lo}\p{M}]`: lower-case letters, caseless letters and marks.
+#[inline]
+fn is_lowerish(k: Fine) -> bool {
+    matches!(k, Fine::Lower | Fine::Caseless | Fine::Mark)
+}
+
+/// The end of the run of characters in `set` from `i`.
+#[inline]
+fn run_fine(s: &[u8], mut i: usize, set: fn(Fine) -> bool) -> usize {
+    while i < s.len() {
+        let (k, l) = fine_at(s, i);
+        if !set(k) {
+            break;
+        }
+        i += l;
+    }
+    i
+}
+
+/// `(?i:'s|'t|'re|'ve|'m|'ll|'d)?` at `i`.
+#[inline]
+fn opt_contraction(s: &[u8], i: usize) -> usize {
+    if s.get(i) == Some(&b'\'') {
+        if let Some(e) = contraction_ci(s, i) {
+            return e;
+        }
+    }
+    i
+}
+
+/// `[upper]*[lower]+` from `i`, with Oniguruma's backtracking: the upper-ish run, then the
+/// lower-ish run after it; if the character after the upper-ish run is not lower-ish, `[lower]+`
+/// takes the run's last character that is in both sets (a caseless letter or a mark), and the
+/// match ends there; with none, no match.
+#[inline]
+fn lower_word(s: &[u8], i: usize) -> Option<usize> {
+    let n = s.len();
+    let mut j = i;
+    let mut after_both = None;
+    while j < n {
+        let (k, l) = fine_at(s, j);
+        if !is_upperish(k) {
+            break;
+        }
+        if is_lowerish(k) {
+            after_both = Some(j + l);
+        }
+        j += l;
+    }
+    if j < n {
+        let (k, l) = fine_at(s, j);
+        if is_lowerish(k) {
+            return Some(run_fine(s, j + l, is_lowerish));
+        }
+    }
+    after_both
+}
+
+impl Scanner for O200k {
+    #[inline]
+    fn end(s: &[u8], i: usize) -> usize {
+        let n = s.len();
+        let b = s[i];
+        let (k, l) = fine_at(s, i);
+        // `[^\r\n\p{L}\p{N}]?`: a space (not CR or LF), a mark or another non-letter.
+        let prefix = matches!(k, Fine::Space | Fine::Other | Fine::Mark) && b != b'\r' && b != b'\n';
+        // First alternative, with the prefix (when there is one), then without.
+        if prefix {
+            if let Some(e) = lower_word(s, i + l) {
+                return opt_contraction(s, e);
+            }
+        }
+        if let Some(e) = lower_word(s, i) {
+            return opt_contraction(s, e);
+        }
+        // Second: `[upper]+[lower]*`, with the prefix, then without.
+        if prefix && i + l < n {
+            let (k2, l2) = fine_at(s, i + l);
+            if is_upperish(k2) {
+                let e = run_fine(s, i + l + l2, is_upperish);
+                return opt_contraction(s, run_fine(s, e, is_lowerish));
+            }
+        }
+        if is_upperish(k) {
+            let e = run_fine(s, i + l, is_upperish);
+            return opt_contraction(s, run_fine(s, e, is_lowerish));
+        }
+        // `\p{N}{1,3}`.
+        if k == Fine::Number {
+            let (mut j, mut count) = (i + l, 1);
+            while count < 3 && j < n {
+                let (k, l) = fine_at(s, j);
+                if k != Fine::Number {
+                    break;
+                }
+                j += l;
+                count += 1;
+            }
+            return j;
+        }
+        // ` ?[^\s\p{L}\p{N}]+[\r\n/]*` (marks are in `[^\s\p{L}\p{N}]`, though a lone mark
+        // never gets here: the first alternative takes it).
+        let q = |k: Fine| matches!(k, Fine::Other | Fine::Mark);
+        if b == b' ' && i + 1 < n {
+            let (k2, l2) = fine_at(s, i + 1);
+            if q(k2) {
+                return crlf_slash(s, run_fine(s, i + 1 + l2, q));
+            }
+        }
+        if q(k) {
+            return crlf_slash(s, run_fine(s, i + l, q));
+        }
+        // Spaces, as in cl100k.
+        let mut j = i;
+        let mut after_nl = None;
+        while j < n {
+            let (k, l) = class_at(s, j);
+            if k != Class::Space {
+                break;
+            }
+            if s[j] == b'\r' || s[j] == b'\n' {
+                after_nl = Some(j + 1);
+            }
+            j += l;
+        }
+        match after_nl {
+            Some(e) => e,
+            None => spaces(s, i, l),
+        }
+    }
+}
+
+/// `[\r\n/]*` from `i`.
+#[inline]
+fn crlf_slash(s: &[u8], mut i: usize) -> usize {
+    while i < s.len() && matches!(s[i], b'\r' | b'\n' | b'/') {
+        i += 1;
+    }
+    i
+}
+
+/// `[\r\n]*` from `i`.
+#[inline]
+fn crlf(s: &[u8], mut i: usize) -> usize {
+    while i < s.len() && (s[i] == b'\r' || s[i] == b'\n') {
+        i += 1;
+    }
+    i
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn pieces(t: &str) -> Vec<&str> {
-        Pieces::new(t).map(|(a, b)| &t[a..b]).collect()
+        Pieces::<Gpt2>::new(t).map(|(a, b)| &t[a..b]).collect()
     }
 
     #[test]
@@ -181,5 +570,122 @@ mod tests {
         assert_eq!(pieces("\u{a0}a"), ["\u{a0}", "a"]);
         assert_eq!(pieces("été ٣٤"), ["été", " ٣٤"]);
         assert_eq!(pieces(""), Vec::<&str>::new());
+    }
+
+    fn cl100k(t: &str) -> Vec<&str> {
+        Pieces::<Cl100k<3>>::new(t).map(|(a, b)| &t[a..b]).collect()
+    }
+
+    #[test]
+    fn cl100k_pattern_by_example() {
+        assert_eq!(cl100k("Hello world, it's 2024!"), ["Hello", " world", ",", " it", "'s", " ", "202", "4", "!"]);
+        assert_eq!(cl100k("DON'T 'S x'LL"), ["DON", "'T", " '", "S", " x", "'LL"]);
+        assert_eq!(cl100k("(hello)\n\n  x  \n"), ["(hello", ")\n\n", " ", " x", "  \n"]);
+        assert_eq!(cl100k("a \r\n\t b"), ["a", " \r\n", "\t", " b"]);
+        assert_eq!(cl100k("'sounds ſ'ſ"), ["'s", "ounds", " ſ", "'ſ"]);
+        assert_eq!(cl100k("\u{a0}a \u{3000}"), ["\u{a0}a", " \u{3000}"]);
+        let qwen: Vec<&str> = Pieces::<Cl100k<1>>::new("x 123").map(|(a, b)| &"x 123"[a..b]).collect();
+        assert_eq!(qwen, ["x", " ", "1", "2", "3"]);
+    }
+
+    #[test]
+    fn o200k_pattern_by_example() {
+        let t = "HELLOworld HelloWorld's ABC'S x//\n1234";
+        let p: Vec<&str> = Pieces::<O200k>::new(t).map(|(a, b)| &t[a..b]).collect();
+        assert_eq!(p, ["HELLOworld", " Hello", "World's", " ABC'S", " x", "//\n", "123", "4"]);
+    }
+
+    /// The pieces `tokenizers`' `Split(pattern, Isolated)` makes, through Oniguruma: its matches
+    /// and the gaps between them.
+    fn onig_split(re: &tokenizers::utils::SysRegex, t: &str) -> Vec<(usize, usize)> {
+        let mut out = vec![];
+        let mut prev = 0;
+        for (a, b) in re.find_iter(t) {
+            if prev != a {
+                out.push((prev, a));
+            }
+            out.push((a, b));
+            prev = b;
+        }
+        if prev != t.len() {
+            out.push((prev, t.len()));
+        }
+        out
+    }
+
+    /// A scanner's pieces of a text.
+    type Split = fn(&str) -> Vec<(usize, usize)>;
+
+    fn scanners() -> Vec<(&'static str, Split)> {
+        vec![
+            (GPT2_PATTERN, |t| Pieces::<Gpt2>::new(t).collect()),
+            (CL100K_PATTERN, |t| Pieces::<Cl100k<3>>::new(t).collect()),
+            (QWEN2_PATTERN, |t| Pieces::<Cl100k<1>>::new(t).collect()),
+            (O200K_PATTERN, |t| Pieces::<O200k>::new(t).collect()),
+        ]
+    }
+
+    fn check_all(texts: &[String]) {
+        for (pat, ours) in scanners() {
+            let re = tokenizers::utils::SysRegex::new(pat).unwrap();
+            // Joined with a plain letter run first (few calls); narrowed down on a difference.
+            let joined = texts.join("\u{1}zz\u{1}");
+            if ours(&joined) != onig_split(&re, &joined) {
+                for t in texts {
+                    assert_eq!(ours(t), onig_split(&re, t), "{pat}: {t:?}");
+                }
+                panic!("{pat}: the joined texts split differently, each alone does not: {joined:?}");
+            }
+        }
+    }
+
+    /// Every scalar value in forms that reach each branch of each pattern (contractions with
+    /// case folding included), against Oniguruma.
+    #[test]
+    fn every_scalar_value_splits_as_oniguruma() {
+        let forms: [fn(char) -> String; 12] = [
+            |c| format!("{c}"),
+            |c| format!("'{c}"),
+            |c| format!("'{c}e'{c}l"),
+            |c| format!("'r{c} 'v{c} 'l{c}"),
+            |c| format!("a{c}b"),
+            |c| format!(" {c}{c}x"),
+            |c| format!("{c}  x"),
+            |c| format!("1{c}234{c}"),
+            |c| format!("x {c}\u{a0}{c}y"),
+            |c| format!("?{c}'s\n{c}"),
+            |c| format!("\r{c}\n {c}"),
+            |c| format!("{c}\r\n{c} "),
+        ];
+        let all: Vec<char> = (0..=0x10FFFFu32).filter_map(char::from_u32).collect();
+        for chunk in all.chunks(2048) {
+            let texts: Vec<String> = chunk.iter().flat_map(|&c| forms.iter().map(move |f| f(c))).collect();
+            check_all(&texts);
+        }
+    }
+
+    /// Seeded random text from the characters that matter to these patterns.
+    #[test]
+    fn random_text_splits_as_oniguruma() {
+        let alphabet: Vec<char> =
+            "aZAé'sStTrReEvVmMlLdDſǅʰि 1٣½\t\r\n\u{a0}\u{2028}\u{3000}\u{85}\u{b}\u{c}!?/.-\u{301}\u{200d}😀日\u{0}"
+                .chars()
+                .collect();
+        let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
+        let mut next = move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        for _ in 0..200 {
+            let texts: Vec<String> = (0..500)
+                .map(|_| {
+                    let n = (next() % 24) as usize;
+                    (0..n).map(|_| alphabet[(next() % alphabet.len() as u64) as usize]).collect()
+                })
+                .collect();
+            check_all(&texts);
+        }
     }
 }

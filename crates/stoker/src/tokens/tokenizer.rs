@@ -1,8 +1,8 @@
 //! The HuggingFace `tokenizers` crate behind one small type: a `tokenizer.json` loaded once,
 //! cloned for each worker thread (one instance per thread: a shared instance's
 //! `encode_batch` scales badly past a few cores), encoding without character offsets.
-//! A byte-level BPE file that [`super::bpe`] reproduces exactly (GPT-2's kind) is encoded by
-//! that fast path instead; [`TextTokenizer::engine`] says which path a file got and why.
+//! A byte-level BPE file that [`super::bpe`] reproduces exactly (GPT-2's, GPT-NeoX's, Llama 3's
+//! or Qwen2's kind) is encoded by that fast path instead; [`TextTokenizer::engine`] says which path a file got and why.
 
 use super::bpe::BpeModel;
 use crate::error::{Error, Result};
@@ -51,7 +51,10 @@ impl TextTokenizer {
             .map_err(|e| e.to_string())
             .and_then(|j| BpeModel::from_json(&j, &inner));
         let (fast, why) = match picked {
-            Ok(m) => (Some(Arc::new(m)), "byte-level BPE with GPT-2's pre-tokenizer, reproduced exactly".into()),
+            Ok(m) => {
+                let why = m.describe();
+                (Some(Arc::new(m)), why.into())
+            }
             Err(why) => (None, why.into()),
         };
         Ok(TextTokenizer { inner, fast, why, origin: origin.to_path_buf(), hash })
