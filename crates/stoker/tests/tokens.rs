@@ -620,33 +620,3 @@ fn the_automatic_token_cache_serves_later_epochs_and_other_loaders_the_same_batc
     let err = TokenLoader::new(&[bin], None, tc).unwrap_err().to_string();
     assert!(err.contains("`cache`") && err.contains("for text"), "{err}");
 }
-
-/// `threads="auto"` gives tokenizer threads back when the consumer is the slow side, and the
-/// batches do not change.
-#[test]
-fn autotuned_threads_settle_lower_under_a_slow_consumer() {
-    let d = tempfile::tempdir().unwrap();
-    let (p, _) = corpus(d.path(), 60);
-    let mut c = TokenConfig::new(1, 128);
-    (c.threads, c.cpu_budget) = (None, Some(4.0));
-    let mut fixed_small = config(3);
-    (fixed_small.batch_size, fixed_small.seq_len) = (1, 128);
-    let want = collect(&TokenLoader::new(std::slice::from_ref(&p), Some(gpt2()), fixed_small).unwrap()).rows;
-    let l = TokenLoader::new(std::slice::from_ref(&p), Some(gpt2()), c).unwrap();
-    assert_eq!(l.threads(), 4);
-    let mut got = vec![];
-    for (k, b) in l.iter().unwrap().enumerate() {
-        got.push(b.unwrap().input_ids().to_vec());
-        if k < 80 {
-            std::thread::sleep(std::time::Duration::from_millis(25)); // a slow training step
-        }
-    }
-    assert_eq!(got, want, "tuning never changes the batches");
-    let tuning = &l.report()["tuning"];
-    let lowered = tuning["decisions"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .any(|d| d["knob"] == "threads" && d["to"].as_u64() < d["from"].as_u64());
-    assert!(lowered, "{tuning}");
-}

@@ -343,3 +343,39 @@ fn passes_dropped_with_work_queued_give_every_buffer_back() {
         assert_eq!(l.pool().held(), 0);
     }
 }
+
+/// A token loader's `threads="auto"` gives tokenizer threads back when the consumer is the slow
+/// side (within a budget of 4 cores, sharing off), and the batches do not change.
+#[test]
+fn token_loader_threads_settle_lower_under_a_slow_consumer() {
+    use stoker::tokens::{TextTokenizer, TokenConfig, TokenLoader};
+    let _g = serial();
+    let text = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/data/text");
+    let tok = TextTokenizer::from_file(&text.join("tokenizer-gpt2.json")).unwrap();
+    let data = [text.join("wiki-sample.jsonl.zst")];
+    let mut fixed = TokenConfig::new(1, 128);
+    fixed.threads = Some(3);
+    let batches = |l: &TokenLoader, slow: bool| -> Vec<Vec<i32>> {
+        let mut out = vec![];
+        for (k, b) in l.iter().unwrap().enumerate() {
+            out.push(b.unwrap().input_ids().to_vec());
+            if slow && k < 80 {
+                std::thread::sleep(Duration::from_millis(25)); // a slow training step
+            }
+        }
+        out
+    };
+    let want = batches(&TokenLoader::new(&data, Some(tok.clone()), fixed).unwrap(), false);
+    let mut auto = TokenConfig::new(1, 128);
+    auto.cpu_budget = Some(4.0);
+    let l = TokenLoader::new(&data, Some(tok), auto).unwrap();
+    assert_eq!(l.threads(), 4);
+    assert_eq!(batches(&l, true), want, "tuning never changes the batches");
+    let tuning = &l.report()["tuning"];
+    let lowered = tuning["decisions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|d| d["knob"] == "threads" && d["to"].as_u64() < d["from"].as_u64());
+    assert!(lowered, "{tuning}");
+}
