@@ -620,3 +620,31 @@ fn the_automatic_token_cache_serves_later_epochs_and_other_loaders_the_same_batc
     let err = TokenLoader::new(&[bin], None, tc).unwrap_err().to_string();
     assert!(err.contains("`cache`") && err.contains("for text"), "{err}");
 }
+
+/// A 1 GiB single line (a sparse file: no disk used) is indexed, then skipped unread as longer
+/// than `max_document_bytes` and counted with its file and line; the documents after it load.
+#[test]
+fn a_one_gigabyte_line_is_skipped_unread_and_counted() {
+    use std::io::{Seek, Write};
+    let d = tempfile::tempdir().unwrap();
+    let p = d.path().join("big.jsonl");
+    let mut f = std::fs::File::create(&p).unwrap();
+    f.write_all(b"{\"text\": \"").unwrap();
+    f.set_len(10 + (1 << 30)).unwrap(); // a hole: reads as zero bytes
+    f.seek(std::io::SeekFrom::End(0)).unwrap();
+    f.write_all(b"\"}\n{\"text\": \"after the big one\"}\n").unwrap();
+    drop(f);
+    let mut c = TokenConfig::new(1, 2);
+    c.threads = Some(2);
+    let l = TokenLoader::new(std::slice::from_ref(&p), Some(gpt2()), c).unwrap();
+    assert_eq!(l.documents(), 2);
+    let rows = collect(&l).rows.concat();
+    let mut want = vec![];
+    gpt2().encode_into("after the big one", &mut want).unwrap();
+    want.push(50256);
+    let n = want.len() / 2 * 2;
+    assert_eq!(rows.iter().map(|&t| t as u32).collect::<Vec<_>>(), want[..n]);
+    let st = l.stats().to_json();
+    assert_eq!(st["failed_documents"], 1, "{st}");
+    assert!(st["bytes_read"].as_u64().unwrap() < 1 << 27, "not read: {st}");
+}
