@@ -1595,6 +1595,15 @@ fn read_docs(
     flush(&mut chunk, &mut chunk_bytes);
 }
 
+/// Appends the little-endian ids of `width` bytes each (2 or 4) in `bytes` to `out`.
+fn extend_ids(out: &mut Vec<u32>, bytes: &[u8], width: usize) {
+    if width == 2 {
+        out.extend(bytes.chunks_exact(2).map(|t| u16::from_le_bytes([t[0], t[1]]) as u32));
+    } else {
+        out.extend(bytes.chunks_exact(4).map(|t| u32::from_le_bytes([t[0], t[1], t[2], t[3]])));
+    }
+}
+
 /// Parses and tokenizes one document; a failure is an empty document with its error.
 fn tokenize(sh: &Shared, tok: Option<&TextTokenizer>, d: RawDoc) -> (Doc, Option<Error>) {
     let skip = d.skip.min(usize::MAX as u64) as usize;
@@ -1619,11 +1628,7 @@ fn tokenize_whole(sh: &Shared, tok: Option<&TextTokenizer>, d: RawDoc) -> (Doc, 
         if sh.config.add_bos {
             doc.tokens.extend(sh.bos);
         }
-        if w == 2 {
-            doc.tokens.extend(bytes.chunks_exact(2).map(|t| u16::from_le_bytes([t[0], t[1]]) as u32));
-        } else {
-            doc.tokens.extend(bytes.chunks_exact(4).map(|t| u32::from_le_bytes([t[0], t[1], t[2], t[3]])));
-        }
+        extend_ids(&mut doc.tokens, &bytes, w);
         if sh.config.add_eos {
             doc.tokens.extend(sh.eos);
         }
@@ -1637,13 +1642,7 @@ fn tokenize_whole(sh: &Shared, tok: Option<&TextTokenizer>, d: RawDoc) -> (Doc, 
             if cached && sh.config.add_bos {
                 doc.tokens.extend(sh.bos);
             }
-            for t in bytes.chunks_exact(w) {
-                doc.tokens.push(if w == 2 {
-                    u16::from_le_bytes([t[0], t[1]]) as u32
-                } else {
-                    u32::from_le_bytes([t[0], t[1], t[2], t[3]])
-                });
-            }
+            extend_ids(&mut doc.tokens, &bytes, w);
             if cached && sh.config.add_eos {
                 doc.tokens.extend(sh.eos);
             }
