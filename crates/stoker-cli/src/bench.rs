@@ -217,6 +217,7 @@ fn decode_only(root: &str, o: &BenchOpts) -> Result<()> {
         apply_exif: false,
         dct_scaling: false,
         roi: false,
+        restart: false,
         max_pixels: config.max_pixels,
     })?;
     let mut buf = Vec::new();

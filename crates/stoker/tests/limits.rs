@@ -105,14 +105,15 @@ fn bombs() -> Vec<(&'static str, Vec<u8>, String)> {
     ]
 }
 
-/// Every decode mode: EXIF, DCT scaling and ROI each on and off.
+/// Every decode mode: EXIF, DCT scaling, ROI and restart intervals each on and off.
 fn modes(max_pixels: u64) -> Vec<DecodeOptions> {
     let mut out = vec![];
-    for bits in 0..8 {
+    for bits in 0..16 {
         out.push(DecodeOptions {
             apply_exif: bits & 1 != 0,
             dct_scaling: bits & 2 != 0,
             roi: bits & 4 != 0,
+            restart: bits & 8 != 0,
             max_pixels,
         });
     }

@@ -148,6 +148,38 @@ fn random_access_packing_keeps_every_pixel_and_adds_restart_markers() {
     // Without the flag: no summary, no markers.
     let plain = pack(&ImageFolder::new(&root).unwrap(), &d.path().join("p"), &PackOptions::default(), &|_| {}).unwrap();
     assert!(plain.random_access.is_none());
+
+    // Train, val and uint8 batches, several seeds: the same bytes from the source folder, the
+    // plain shards and the random-access shards, whose crops are decoded from the restart
+    // intervals they touch.
+    let batches = |source: Arc<dyn Source>, preset: &str, dtype: DType, seed: u64| {
+        let mut c = LoaderConfig::new(6, TransformSpec::preset(preset).unwrap().with_dtype(dtype));
+        c.sampler.shuffle = true;
+        c.sampler.seed = seed;
+        c.threads = Some(2);
+        let l = Loader::new(source, c).unwrap();
+        let got: Vec<(Vec<i64>, Vec<u8>)> =
+            l.iter().unwrap().map(|b| b.unwrap()).map(|b| (b.labels().to_vec(), b.data().to_vec())).collect();
+        (got, l.report().restart_decodes)
+    };
+    let restarts = |dir: &str| Arc::new(ShardSource::open(&shards_in(&d.path().join(dir))).unwrap());
+    for (preset, dtype, seed) in [
+        ("imagenet-train", DType::Uint8, 1),
+        ("imagenet-train", DType::Float32, 2),
+        ("imagenet-train", DType::Uint8, 3),
+        ("imagenet-val", DType::Uint8, 4),
+    ] {
+        let (want, none) = batches(Arc::new(ImageFolder::new(&root).unwrap()), preset, dtype, seed);
+        assert_eq!(none, 0, "no restart markers in the source folder");
+        let (from_plain, _) = batches(restarts("p"), preset, dtype, seed);
+        let (from_ra, used) = batches(restarts("r"), preset, dtype, seed);
+        assert!(from_plain == want, "{preset} seed {seed}: plain shards");
+        assert!(from_ra == want, "{preset} seed {seed}: random-access shards");
+        eprintln!("{preset} seed {seed}: {used} of 24 crops decoded from their restart intervals");
+        if preset == "imagenet-train" {
+            assert!(used > 12, "{preset} seed {seed}: crops decoded from their intervals: {used} of 24");
+        }
+    }
 }
 
 #[test]

@@ -129,6 +129,7 @@ pub struct Telemetry {
     skipped: Mutex<Vec<Skipped>>,
     skipped_total: AtomicU64,
     decode_warnings: AtomicU64,
+    restart_decodes: AtomicU64,
     started: Mutex<Option<Instant>>,
     wall_ns: AtomicU64,
 }
@@ -151,6 +152,7 @@ impl Default for Telemetry {
             skipped: Mutex::new(Vec::new()),
             skipped_total: AtomicU64::new(0),
             decode_warnings: AtomicU64::new(0),
+            restart_decodes: AtomicU64::new(0),
             started: Mutex::new(None),
             wall_ns: AtomicU64::new(0),
         }
@@ -235,6 +237,9 @@ pub struct Report {
     /// Images decoded and delivered despite a libjpeg warning (corrupt data that libjpeg
     /// recovered from, in the header or the scan data: Pillow and torchvision load them too).
     pub decode_warnings: u64,
+    /// JPEGs whose crop was decoded from the restart intervals it touches alone (files packed
+    /// with `stoker pack --random-access`, or with tiling restart markers from their source).
+    pub restart_decodes: u64,
     /// Where batches go.
     pub device: DeviceReport,
     /// Host-to-device copies, when batches go to a GPU.
@@ -293,6 +298,14 @@ impl Telemetry {
         }
     }
 
+    /// Counts `n` JPEGs decoded from their restart intervals alone (see
+    /// [`Report::restart_decodes`]).
+    pub fn add_restart_decodes(&self, n: u64) {
+        if n > 0 {
+            self.restart_decodes.fetch_add(n, Ordering::Relaxed);
+        }
+    }
+
     /// Zeroes every counter.
     pub fn reset(&self) {
         for s in [&self.read, &self.decode, &self.ops, &self.buffers, &self.consumer, &self.transfer] {
@@ -303,6 +316,7 @@ impl Telemetry {
         self.skipped.lock().expect("telemetry lock").clear();
         self.skipped_total.store(0, Ordering::Relaxed);
         self.decode_warnings.store(0, Ordering::Relaxed);
+        self.restart_decodes.store(0, Ordering::Relaxed);
         *self.started.lock().expect("telemetry lock") = None;
         self.wall_ns.store(0, Ordering::Relaxed);
     }
@@ -347,6 +361,7 @@ impl Telemetry {
             skipped_count: self.skipped_total.load(Ordering::Relaxed),
             skipped: self.skipped.lock().expect("telemetry lock").clone(),
             decode_warnings: self.decode_warnings.load(Ordering::Relaxed),
+            restart_decodes: self.restart_decodes.load(Ordering::Relaxed),
             device,
             transfer,
             cache: None,

@@ -17,6 +17,9 @@
 use std::ffi::CStr;
 use turbojpeg_sys as tj;
 
+/// A region `(x, y, width, height)` in pixels.
+pub type Rect = (usize, usize, usize, usize);
+
 /// What the JPEG header says.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct JpegHeader {

@@ -32,6 +32,7 @@
 //! where the bytes come from (sources), batches, threads, the cache.
 
 pub mod exif;
+pub mod intervals;
 pub mod jpeg;
 pub mod markers;
 pub mod restart;
@@ -105,6 +106,9 @@ pub struct DecodeOptions {
     pub dct_scaling: bool,
     /// Allow decoding only the region around the source box.
     pub roi: bool,
+    /// With `roi`: when a JPEG has restart markers that tile it, Huffman-decode only the
+    /// intervals the region touches ([`intervals`]); the pixels are the same.
+    pub restart: bool,
     /// The largest image (width x height, from its header) that is decoded; larger ones are
     /// that sample's error, refused before any pixel buffer is sized.
     pub max_pixels: u64,
@@ -125,7 +129,7 @@ pub const DEFAULT_MAX_PIXELS: u64 = 178_956_970;
 
 impl Default for DecodeOptions {
     fn default() -> Self {
-        DecodeOptions { apply_exif: true, dct_scaling: true, roi: true, max_pixels: DEFAULT_MAX_PIXELS }
+        DecodeOptions { apply_exif: true, dct_scaling: true, roi: true, restart: true, max_pixels: DEFAULT_MAX_PIXELS }
     }
 }
 
@@ -166,11 +170,17 @@ pub struct Decoder {
     opts: DecodeOptions,
     scratch: Vec<u8>,
     aux: Vec<u8>,
+    /// The sub-image of restart intervals ([`intervals::sub_image`]) and its marker offsets.
+    sub: Vec<u8>,
+    marks: Vec<u32>,
     png_dims: (usize, usize),
     /// Whether libjpeg warned about the image in hand (its header or its data).
     warned: bool,
     /// Images decoded despite a libjpeg warning, since [`Decoder::take_warnings`].
     warnings: u64,
+    /// Regions decoded from their restart intervals alone, since
+    /// [`Decoder::take_restart_decodes`].
+    restart_decodes: u64,
 }
 
 impl std::fmt::Debug for Decoder {
@@ -183,7 +193,9 @@ impl Decoder {
     /// A decoder with options `opts`.
     pub fn new(opts: DecodeOptions) -> Result<Self> {
         let jpeg = JpegDecoder::new(opts.max_pixels).map_err(Error::Internal)?;
-        Ok(Decoder { jpeg, opts, scratch: vec![], aux: vec![], png_dims: (0, 0), warned: false, warnings: 0 })
+        let (scratch, aux, sub, marks) = (vec![], vec![], vec![], vec![]);
+        let (warned, warnings, restart_decodes) = (false, 0, 0);
+        Ok(Decoder { jpeg, opts, scratch, aux, sub, marks, png_dims: (0, 0), warned, warnings, restart_decodes })
     }
 
     /// The options.
@@ -196,6 +208,12 @@ impl Decoder {
     /// resets the count. An image counts once per successful [`Decoder::decode`].
     pub fn take_warnings(&mut self) -> u64 {
         std::mem::take(&mut self.warnings)
+    }
+
+    /// How many regions were decoded from their restart intervals alone
+    /// ([`intervals::sub_image`]) since the last call; resets the count.
+    pub fn take_restart_decodes(&mut self) -> u64 {
+        std::mem::take(&mut self.restart_decodes)
     }
 
     /// Reads the size (after orientation) of the image in `data`; `path` names it in errors.
@@ -349,20 +367,25 @@ impl Decoder {
         region: (usize, usize, usize, usize),
         channels: usize,
     ) -> Result<usize> {
-        let (_, _, w, h) = region;
+        let (x, y, w, h) = region;
         let max = self.opts.max_pixels;
         let err = |e: jpeg::JpegError| Error::decode(path, jpeg_reason(&e.message, max));
         let n = checked_size(path, &[w, h, 3])?;
-        let warned = if channels == 4 {
+        let sub = (self.opts.roi && self.opts.restart)
+            .then(|| intervals::sub_image(data, num, region, &mut self.sub, &mut self.marks))
+            .flatten()
+            .map(|(ox, oy)| (&self.sub[..], (x - ox, y - oy, w, h)));
+        let (warned, from_sub) = if channels == 4 {
             let cmyk = scratch(&mut self.aux, checked_size(path, &[w, h, 4])?, path)?;
-            let warned = decode_tolerant(&mut self.jpeg, data, num, region, 4, cmyk).map_err(err)?;
+            let r = decode_parts(&mut self.jpeg, sub, data, num, region, 4, cmyk).map_err(err)?;
             let rgb = scratch(&mut self.scratch, n, path)?;
             cmyk_to_rgb(&self.aux, rgb);
-            warned
+            r
         } else {
             let rgb = scratch(&mut self.scratch, n, path)?;
-            decode_tolerant(&mut self.jpeg, data, num, region, 3, rgb).map_err(err)?
+            decode_parts(&mut self.jpeg, sub, data, num, region, 3, rgb).map_err(err)?
         };
+        self.restart_decodes += from_sub as u64;
         if std::mem::take(&mut self.warned) || warned {
             self.warnings += 1;
         }
@@ -493,6 +516,29 @@ fn decode_tolerant(
         }
         w => Ok(w.is_some()),
     }
+}
+
+/// Decodes `region` of `data` as [`decode_tolerant`] does, from the sub-image of its restart
+/// intervals when there is one (`sub`: its bytes and the region within it). Anything but a
+/// clean decode of the sub-image (an error, a warning) decodes the whole file instead, so that
+/// libjpeg reports about a damaged file what it always reports. Returns whether libjpeg
+/// warned and whether the sub-image was decoded.
+fn decode_parts(
+    dec: &mut JpegDecoder,
+    sub: Option<(&[u8], jpeg::Rect)>,
+    data: &[u8],
+    num: usize,
+    region: (usize, usize, usize, usize),
+    channels: usize,
+    out: &mut [u8],
+) -> std::result::Result<(bool, bool), jpeg::JpegError> {
+    if let Some((sub, sub_region)) = sub {
+        if let Ok(false) = decode_tolerant(dec, sub, num, sub_region, channels, out) {
+            return Ok((false, true));
+        }
+        dec.take_warning();
+    }
+    Ok((decode_tolerant(dec, data, num, region, channels, out)?, false))
 }
 
 /// Adobe-style (inverted) CMYK to RGB, as PIL does for Photoshop CMYK JPEGs.

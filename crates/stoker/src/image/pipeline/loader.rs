@@ -99,6 +99,7 @@ impl Loader {
             apply_exif: config.transform.apply_exif,
             dct_scaling: config.dct_scaling && !full,
             roi: config.roi && (cache.is_none() || full),
+            restart: true,
             max_pixels: config.max_pixels,
         };
         let tuner = crate::tune::Tuner::new(

@@ -166,6 +166,7 @@ pub(super) fn decode_loop(
             })
         });
         sh.telemetry.add_decode_warnings(decoder.take_warnings());
+        sh.telemetry.add_restart_decodes(decoder.take_restart_decodes());
         let _ = bytes.send(buf);
         match result {
             Ok(label) => complete(sh, task, Some(label), &done),

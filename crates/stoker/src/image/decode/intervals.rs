@@ -1,0 +1,445 @@
+//! Decoding only the restart intervals that a region touches.
+//!
+//! A baseline JPEG's entropy-coded data is one sequential bitstream: without restart markers,
+//! decoding a crop means Huffman-decoding every block above it and beside it. With restart
+//! markers every interval of MCUs starts from a clean state (byte-aligned, DC predictors at
+//! zero), so it can be decoded alone. When the interval tiles the image (it divides the row of
+//! MCUs, as `stoker pack --random-access` writes it, or it is a whole number of rows, as some
+//! cameras write it), the intervals that a region touches form a smaller JPEG of their own:
+//! the same tables, a frame of the sub-rectangle's size, and those intervals' data with their
+//! restart markers renumbered. [`sub_image`] assembles it.
+//!
+//! The pixels are the same bit for bit as decoding the whole file and cropping: the IDCT works
+//! per block and the colour conversion per pixel, and the only filter that reaches across
+//! blocks, chroma upsampling, reaches one chroma sample; the sub-image keeps a margin of one
+//! MCU (rounded out to whole intervals) around the region on every side that is not the
+//! image's own edge, so every pixel of the region sees the neighbours it sees in the whole
+//! image. The caller decodes the region out of the sub-image with the same cropping region
+//! (moved by the sub-image's offset) and the same DCT scale as it would the whole file.
+//!
+//! Anything unusual (a progressive, arithmetic or 12-bit frame, several scans, an interval
+//! that does not tile the image, a restart marker missing or out of sequence, bytes libjpeg
+//! would warn about between segments) gives `None`: the caller decodes the whole file as
+//! before, and libjpeg reports what it reports there.
+
+/// Marker codes.
+const SOF0: u8 = 0xC0;
+const SOF1: u8 = 0xC1;
+const DHT: u8 = 0xC4;
+const DQT: u8 = 0xDB;
+const DRI: u8 = 0xDD;
+const SOS: u8 = 0xDA;
+const EOI: u8 = 0xD9;
+const RST0: u8 = 0xD0;
+/// JFIF and Adobe: the two APP segments libjpeg reads (colour space, transform); the other
+/// APPn and COM segments (EXIF, ICC, XMP, comments) are not copied.
+const APP0: u8 = 0xE0;
+const APP14: u8 = 0xEE;
+
+/// What the frame header and the scan header say.
+#[derive(Debug, Clone, Copy)]
+struct Frame {
+    width: usize,
+    height: usize,
+    /// MCU width and height in pixels.
+    mcu: (usize, usize),
+    /// Offset, in the assembled output, of the frame's height field.
+    size_at: usize,
+    /// MCUs per restart interval.
+    interval: usize,
+    /// First byte of the entropy-coded data.
+    scan: usize,
+}
+
+/// Copies the header segments libjpeg needs from `data` into `out` (after SOI) and reads the
+/// frame, the restart interval and where the scan's data starts; `None` for any JPEG this
+/// module does not handle.
+fn read_header(data: &[u8], out: &mut Vec<u8>) -> Option<Frame> {
+    if !data.starts_with(&[0xFF, 0xD8]) {
+        return None;
+    }
+    out.extend_from_slice(&[0xFF, 0xD8]);
+    let mut pos = 2;
+    // The frame so far (its `interval` and `scan` are set at the scan header), and how many
+    // components it has.
+    let mut sof: Option<(Frame, usize)> = None;
+    let mut interval = 0usize;
+    loop {
+        // Segments follow each other directly (fill bytes allowed); anything else is left to
+        // libjpeg's own recovery on the whole file.
+        if *data.get(pos)? != 0xFF {
+            return None;
+        }
+        while *data.get(pos)? == 0xFF {
+            pos += 1;
+        }
+        let marker = data[pos];
+        pos += 1;
+        let len = u16::from_be_bytes([*data.get(pos)?, *data.get(pos + 1)?]) as usize;
+        let seg = data.get(pos..pos.checked_add(len)?)?;
+        if len < 2 {
+            return None;
+        }
+        let body = &seg[2..];
+        let keep = match marker {
+            SOF0 | SOF1 => {
+                let (&p, rest) = body.split_first()?;
+                let h = u16::from_be_bytes([*rest.first()?, *rest.get(1)?]) as usize;
+                let w = u16::from_be_bytes([*rest.get(2)?, *rest.get(3)?]) as usize;
+                let n = *rest.get(4)? as usize;
+                if p != 8 || w == 0 || h == 0 || !(1..=4).contains(&n) || sof.is_some() || rest.len() != 5 + 3 * n {
+                    return None;
+                }
+                let mut max = (1, 1);
+                for c in rest[5..].chunks_exact(3) {
+                    let (hs, vs) = ((c[1] >> 4) as usize, (c[1] & 15) as usize);
+                    if !(1..=4).contains(&hs) || !(1..=4).contains(&vs) {
+                        return None;
+                    }
+                    max = (max.0.max(hs), max.1.max(vs));
+                }
+                let mcu = if n == 1 { (8, 8) } else { (8 * max.0, 8 * max.1) };
+                let frame = Frame { width: w, height: h, mcu, size_at: out.len() + 5, interval: 0, scan: 0 };
+                sof = Some((frame, n));
+                true
+            }
+            DRI => {
+                if body.len() != 2 {
+                    return None;
+                }
+                interval = u16::from_be_bytes([body[0], body[1]]) as usize;
+                true
+            }
+            DHT | DQT | APP0 | APP14 => true,
+            SOS => {
+                let (frame, n) = sof?;
+                let ns = *body.first()? as usize;
+                // One scan with every component (interleaved), or the only one.
+                if ns != n || body.len() != 1 + 2 * ns + 3 {
+                    return None;
+                }
+                out.extend_from_slice(&data[pos - 2..pos + len]);
+                return (interval > 0).then_some(Frame { interval, scan: pos + len, ..frame });
+            }
+            0xE1..=0xED | 0xEF | 0xFE => false,
+            // Progressive, lossless, arithmetic, hierarchical frames, DNL, anything else.
+            _ => return None,
+        };
+        if keep {
+            out.extend_from_slice(&data[pos - 2..pos + len]);
+        }
+        pos += len;
+    }
+}
+
+/// Finds the restart markers of the scan starting at `scan`: pushes onto `marks` the offset
+/// of each one's `FF`, checks they come in sequence (RST0..RST7 cyclically) and returns the
+/// offset of the end-of-image marker that ends the scan; `None` when another marker ends it.
+fn find_markers(data: &[u8], scan: usize, marks: &mut Vec<u32>) -> Option<usize> {
+    let mut pos = scan;
+    loop {
+        pos += memchr::memchr(0xFF, data.get(pos..)?)?;
+        let next = *data.get(pos + 1)?;
+        match next {
+            0x00 | 0xFF => pos += 1,
+            RST0..=0xD7 => {
+                if (next - RST0) as usize != marks.len() % 8 {
+                    return None;
+                }
+                marks.push(u32::try_from(pos).ok()?);
+                pos += 2;
+            }
+            EOI => return Some(pos),
+            _ => return None,
+        }
+    }
+}
+
+/// Assembles into `out` a JPEG of only the restart intervals of `data` that the region
+/// `(x, y, w, h)` (at scale `num/8`, as for [`super::jpeg::JpegDecoder::decode`]) needs, and
+/// returns the offset of the sub-image's top-left corner in the same scaled coordinates: the
+/// region is `(x - ox, y - oy, w, h)` in the sub-image. `None` when `data` has no restart
+/// interval that tiles the image, when anything about it is unusual (see the module), or when
+/// the region needs the whole image anyway. `marks` is scratch space.
+pub fn sub_image(
+    data: &[u8],
+    num: usize,
+    region: (usize, usize, usize, usize),
+    out: &mut Vec<u8>,
+    marks: &mut Vec<u32>,
+) -> Option<(usize, usize)> {
+    out.clear();
+    marks.clear();
+    if !(1..=8).contains(&num) {
+        return None;
+    }
+    let f = read_header(data, out)?;
+    let (mw, mh) = f.mcu;
+    let (cols, rows) = (f.width.div_ceil(mw), f.height.div_ceil(mh));
+    let step = f.interval;
+    // Intervals across a row (`tile` MCUs each) or rows per interval.
+    let (tile, band) = if cols % step == 0 {
+        (step, 1)
+    } else if step % cols == 0 {
+        (cols, step / cols)
+    } else {
+        return None;
+    };
+    let total = (cols * rows).div_ceil(step);
+    let end = find_markers(data, f.scan, marks)?;
+    if marks.len() + 1 != total {
+        return None;
+    }
+    // The MCUs the region covers, one more on each side for upsampling, rounded out to
+    // whole intervals.
+    let (x, y, w, h) = region;
+    let (smw, smh) = (mw * num / 8, mh * num / 8);
+    let c0 = (x / smw).saturating_sub(1) / tile * tile;
+    let c1 = ((x + w).div_ceil(smw) + 1).div_ceil(tile).saturating_mul(tile).min(cols);
+    let r0 = (y / smh).saturating_sub(1) / band * band;
+    let r1 = ((y + h).div_ceil(smh) + 1).div_ceil(band).saturating_mul(band).min(rows);
+    if c0 >= c1 || r0 >= r1 || (c0, r0, c1, r1) == (0, 0, cols, rows) {
+        return None;
+    }
+    let (px0, py0) = (c0 * mw, r0 * mh);
+    let (sw, sh) = ((c1 * mw).min(f.width) - px0, (r1 * mh).min(f.height) - py0);
+    out[f.size_at..f.size_at + 4].copy_from_slice(&[(sh >> 8) as u8, sh as u8, (sw >> 8) as u8, sw as u8]);
+    // Interval `j`'s data: from the scan start or the previous marker, to its own marker or
+    // the end of the scan.
+    let span = |j: usize| {
+        let from = if j == 0 { f.scan } else { marks[j - 1] as usize + 2 };
+        let to = if j + 1 == total { end } else { marks[j] as usize };
+        &data[from..to]
+    };
+    let mut written = 0usize;
+    let mut put = |out: &mut Vec<u8>, j: usize| {
+        if written > 0 {
+            out.extend_from_slice(&[0xFF, RST0 + ((written - 1) % 8) as u8]);
+        }
+        out.extend_from_slice(span(j));
+        written += 1;
+    };
+    if band == 1 {
+        for r in r0..r1 {
+            for c in (c0..c1).step_by(tile) {
+                put(out, (r * cols + c) / step);
+            }
+        }
+    } else {
+        for j in r0 / band..r1.div_ceil(band) {
+            put(out, j);
+        }
+    }
+    out.extend_from_slice(&[0xFF, EOI]);
+    Some((px0 * num / 8, py0 * num / 8))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::jpeg::JpegDecoder;
+    use super::super::restart::add_restart_markers;
+    use super::*;
+    use turbojpeg_sys as tj;
+
+    /// A photo-like test image: smooth gradients with noise.
+    fn picture(w: usize, h: usize, seed: u32) -> Vec<u8> {
+        let mut s = seed.wrapping_mul(2_654_435_761).max(1);
+        (0..w * h * 3)
+            .map(|i| {
+                s ^= s << 13;
+                s ^= s >> 17;
+                s ^= s << 5;
+                let (px, c) = (i / 3, i % 3);
+                let (col, row) = (px % w, px / w);
+                ((col * 255 / w + row * 131 / h + c * 70) as u32 % 190 + (s % 64)) as u8
+            })
+            .collect()
+    }
+
+    /// A JPEG of `picture(w, h)`; `format` RGB, GRAY or CMYK (YCCK).
+    fn compress(w: usize, h: usize, subsamp: i32, format: tj::TJPF, seed: u32) -> Vec<u8> {
+        let rgb = picture(w, h, seed);
+        let (px, ch): (Vec<u8>, usize) = match format {
+            tj::TJPF_TJPF_GRAY => (rgb.iter().step_by(3).copied().collect(), 1),
+            tj::TJPF_TJPF_CMYK => (rgb.chunks(3).flat_map(|p| [p[0], p[1], p[2], p[0] / 2 + p[1] / 3]).collect(), 4),
+            _ => (rgb, 3),
+        };
+        // SAFETY: a fresh compressor; `px` holds `h` rows of `w * ch` bytes; the output buffer
+        // is allocated by TurboJPEG and freed with tj3Free after copying.
+        unsafe {
+            let c = tj::tj3Init(tj::TJINIT_TJINIT_COMPRESS as i32);
+            assert_eq!(tj::tj3Set(c, tj::TJPARAM_TJPARAM_QUALITY as i32, 87), 0);
+            assert_eq!(tj::tj3Set(c, tj::TJPARAM_TJPARAM_SUBSAMP as i32, subsamp), 0);
+            let (mut buf, mut size): (*mut u8, tj::size_t) = (std::ptr::null_mut(), 0);
+            let r = tj::tj3Compress8(c, px.as_ptr(), w as i32, (w * ch) as i32, h as i32, format, &mut buf, &mut size);
+            assert_eq!(r, 0, "compress {w}x{h}");
+            let v = std::slice::from_raw_parts(buf, size as usize).to_vec();
+            tj::tj3Free(buf.cast());
+            tj::tj3Destroy(c);
+            v
+        }
+    }
+
+    /// `data` losslessly transformed with a restart marker every `blocks` MCUs, or every
+    /// `rows` MCU rows when `rows > 0`.
+    fn with_restarts(data: &[u8], blocks: i32, rows: i32) -> Vec<u8> {
+        // SAFETY: a fresh transform handle; `data` is live; the output is copied, then freed.
+        unsafe {
+            let t = tj::tj3Init(tj::TJINIT_TJINIT_TRANSFORM as i32);
+            assert_eq!(tj::tj3DecompressHeader(t, data.as_ptr(), data.len() as tj::size_t), 0);
+            if rows > 0 {
+                assert_eq!(tj::tj3Set(t, tj::TJPARAM_TJPARAM_RESTARTROWS as i32, rows), 0);
+            } else {
+                assert_eq!(tj::tj3Set(t, tj::TJPARAM_TJPARAM_RESTARTBLOCKS as i32, blocks), 0);
+            }
+            let mut xf: tj::tjtransform = std::mem::zeroed();
+            xf.op = tj::TJXOP_TJXOP_NONE as i32;
+            let (mut buf, mut size): (*mut u8, tj::size_t) = (std::ptr::null_mut(), 0);
+            let r = tj::tj3Transform(t, data.as_ptr(), data.len() as tj::size_t, 1, &mut buf, &mut size, &xf);
+            assert_eq!(r, 0);
+            let v = std::slice::from_raw_parts(buf, size as usize).to_vec();
+            tj::tj3Free(buf.cast());
+            tj::tj3Destroy(t);
+            v
+        }
+    }
+
+    fn decode(
+        dec: &mut JpegDecoder,
+        data: &[u8],
+        num: usize,
+        region: (usize, usize, usize, usize),
+        ch: usize,
+    ) -> Vec<u8> {
+        let mut out = vec![0u8; region.2 * region.3 * ch];
+        dec.decode(data, num, region, ch, &mut out).unwrap();
+        assert_eq!(dec.take_warning(), None);
+        out
+    }
+
+    /// Regions at every edge, the corners, the middle, and `n` pseudo-random ones, at `num/8`.
+    fn regions(sw: usize, sh: usize, align: usize, n: usize, seed: u64) -> Vec<(usize, usize, usize, usize)> {
+        let mut s = seed | 1;
+        let mut next = |m: usize| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            (s % m.max(1) as u64) as usize
+        };
+        let mut v = vec![(0, 0, 1.min(sw), 1.min(sh)), (0, sh - 1, sw, 1), (0, 0, sw, sh / 2 + 1)];
+        v.push(((sw - 1) / align * align, sh - 1, sw - (sw - 1) / align * align, 1));
+        v.push(((sw / 2) / align * align, sh / 3, (sw - (sw / 2) / align * align).min(3), sh / 3 + 1));
+        for _ in 0..n {
+            let x = next(sw) / align * align;
+            let y = next(sh);
+            v.push((x, y, 1 + next(sw - x), 1 + next(sh - y)));
+        }
+        v
+    }
+
+    /// The region decoded out of the sub-image equals the region decoded from the whole file,
+    /// with restart markers and without, for every scale and many regions; the sub-image is
+    /// smaller than the file for small regions (the path is taken).
+    fn check(src: &[u8], restarted: &[u8], w: usize, h: usize, ch: usize, label: &str) -> usize {
+        let mut dec = JpegDecoder::new(1 << 28).unwrap();
+        let hdr = dec.header(src).unwrap();
+        let (mut out, mut marks, mut used) = (Vec::new(), Vec::new(), 0);
+        for num in [1, 2, 3, 4, 5, 7, 8] {
+            let (sw, sh) = (super::super::jpeg::scaled(w, num), super::super::jpeg::scaled(h, num));
+            let align = hdr.scaled_mcu_width(num).unwrap();
+            for (k, region) in regions(sw, sh, align, 12, (w * 31 + h * 7 + num) as u64).into_iter().enumerate() {
+                let want = decode(&mut dec, src, num, region, ch);
+                assert!(decode(&mut dec, restarted, num, region, ch) == want, "{label} num {num} {region:?}");
+                let Some((ox, oy)) = sub_image(restarted, num, region, &mut out, &mut marks) else {
+                    continue;
+                };
+                assert!(out.len() < restarted.len(), "{label}: the sub-image is smaller");
+                let (x, y, rw, rh) = region;
+                let got = decode(&mut dec, &out, num, (x - ox, y - oy, rw, rh), ch);
+                assert!(got == want, "{label} num {num} region {k} {region:?}: pixels differ");
+                used += 1;
+            }
+        }
+        used
+    }
+
+    #[test]
+    fn sub_images_decode_to_the_same_pixels() {
+        let rgb = tj::TJPF_TJPF_RGB;
+        let cases = [
+            (500, 375, tj::TJSAMP_TJSAMP_420, rgb, 3),
+            (333, 257, tj::TJSAMP_TJSAMP_420, rgb, 3),
+            (641, 480, tj::TJSAMP_TJSAMP_422, rgb, 3),
+            (250, 199, tj::TJSAMP_TJSAMP_440, rgb, 3),
+            (197, 161, tj::TJSAMP_TJSAMP_444, rgb, 3),
+            (123, 77, tj::TJSAMP_TJSAMP_GRAY, tj::TJPF_TJPF_GRAY, 3),
+            (160, 96, tj::TJSAMP_TJSAMP_420, tj::TJPF_TJPF_CMYK, 4),
+            (130, 70, tj::TJSAMP_TJSAMP_411, rgb, 3),
+        ];
+        for (k, &(w, h, sub, format, ch)) in cases.iter().enumerate() {
+            let src = compress(w, h, sub, format, k as u32 + 3);
+            let label = format!("{w}x{h} subsamp {sub} format {format}");
+            let packed = add_restart_markers(&src, 1 << 28).unwrap().data;
+            assert!(check(&src, &packed, w, h, ch, &label) > 20, "{label}: the interval path is taken");
+            // Whole rows per interval (as cameras write them), and one row per interval.
+            let rows = with_restarts(&src, 0, 2);
+            assert!(check(&src, &rows, w, h, ch, &format!("{label}, 2 rows")) > 10, "{label}: rows");
+            let one = with_restarts(&src, 0, 1);
+            assert!(check(&src, &one, w, h, ch, &format!("{label}, 1 row")) > 10, "{label}: rows");
+        }
+    }
+
+    #[test]
+    fn tiny_images_and_whole_image_regions() {
+        for (w, h) in [(1, 1), (8, 8), (17, 9), (16, 300), (300, 16)] {
+            let src = compress(w, h, tj::TJSAMP_TJSAMP_420, tj::TJPF_TJPF_RGB, 5);
+            let packed = add_restart_markers(&src, 1 << 28).unwrap().data;
+            check(&src, &packed, w, h, 3, &format!("{w}x{h}"));
+        }
+        let src = compress(200, 120, tj::TJSAMP_TJSAMP_420, tj::TJPF_TJPF_RGB, 6);
+        let packed = add_restart_markers(&src, 1 << 28).unwrap().data;
+        let (mut out, mut marks) = (Vec::new(), Vec::new());
+        assert_eq!(sub_image(&packed, 8, (0, 0, 200, 120), &mut out, &mut marks), None, "the whole image");
+        assert_eq!(sub_image(&src, 8, (0, 0, 10, 10), &mut out, &mut marks), None, "no restart markers");
+        assert!(sub_image(&packed, 8, (0, 0, 10, 10), &mut out, &mut marks).is_some());
+    }
+
+    #[test]
+    fn unusable_or_damaged_files_are_left_to_the_whole_file_path() {
+        let src = compress(320, 240, tj::TJSAMP_TJSAMP_420, tj::TJPF_TJPF_RGB, 7);
+        let (mut out, mut marks) = (Vec::new(), Vec::new());
+        let region = (32, 32, 40, 40);
+        // 20 MCUs per row: an interval of 7 neither divides it nor is whole rows.
+        let odd = with_restarts(&src, 7, 0);
+        assert_eq!(super::super::restart::restart_interval(&odd), Some(7));
+        assert_eq!(sub_image(&odd, 8, region, &mut out, &mut marks), None);
+        let packed = add_restart_markers(&src, 1 << 28).unwrap().data;
+        assert!(sub_image(&packed, 8, region, &mut out, &mut marks).is_some());
+        let rst: Vec<usize> =
+            (0..packed.len() - 1).filter(|&i| packed[i] == 0xFF && (0xD0..=0xD7).contains(&packed[i + 1])).collect();
+        // A marker out of sequence, a missing marker, a cut file, a second scan.
+        let mut bad = packed.clone();
+        bad[rst[5] + 1] = 0xD0 + ((bad[rst[5] + 1] - 0xD0 + 1) % 8);
+        assert_eq!(sub_image(&bad, 8, region, &mut out, &mut marks), None, "out of sequence");
+        let mut gone = packed.clone();
+        gone.drain(rst[3]..rst[3] + 2);
+        assert_eq!(sub_image(&gone, 8, region, &mut out, &mut marks), None, "missing");
+        assert_eq!(sub_image(&packed[..packed.len() - 2], 8, region, &mut out, &mut marks), None, "no EOI");
+        let mut two = packed[..packed.len() - 2].to_vec();
+        two.extend_from_slice(&[0xFF, 0xDA, 0x00, 0x08, 0x01, 0x01, 0x00, 0x00, 0x3F, 0x00, 0xFF, 0xD9]);
+        assert_eq!(sub_image(&two, 8, region, &mut out, &mut marks), None, "another scan");
+        // Junk between header segments (libjpeg warns there): left to the whole-file path.
+        let at = packed.windows(2).position(|w| w == [0xFF, 0xDB]).unwrap();
+        let junk = [&packed[..at], &[0x11, 0x22], &packed[at..]].concat();
+        assert_eq!(sub_image(&junk, 8, region, &mut out, &mut marks), None, "junk");
+        // Cut anywhere: never a panic.
+        for cut in (0..packed.len()).step_by(7) {
+            let _ = sub_image(&packed[..cut], 8, region, &mut out, &mut marks);
+        }
+        // A progressive frame is refused by the header walk itself.
+        let at = packed.windows(2).position(|w| w == [0xFF, 0xC0]).unwrap();
+        let mut progressive = packed.clone();
+        progressive[at + 1] = 0xC2;
+        assert_eq!(sub_image(&progressive, 8, region, &mut out, &mut marks), None, "progressive");
+    }
+}
