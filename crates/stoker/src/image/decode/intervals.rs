@@ -43,12 +43,35 @@ struct Frame {
     height: usize,
     /// MCU width and height in pixels.
     mcu: (usize, usize),
+    /// Each component's sampling factors (horizontal, vertical); unused entries are (0, 0).
+    sampling: [(usize, usize); 4],
     /// Offset, in the assembled output, of the frame's height field.
     size_at: usize,
     /// MCUs per restart interval.
     interval: usize,
     /// First byte of the entropy-coded data.
     scan: usize,
+}
+
+impl Frame {
+    /// Whether libjpeg-turbo, decoding at scale `num/8`, interpolates some component between
+    /// rows (fancy upsampling by 2 vertically, which reads the row above and the row below).
+    /// As `jdmaster.c` chooses each component's IDCT size (scaling chroma up by the IDCT
+    /// where it can, so that it needs no upsampling) and `jdsample.c` its upsampler (fancy
+    /// only when the smallest IDCT size is above 1).
+    fn rows_interpolated(&self, num: usize) -> bool {
+        let used = self.sampling.iter().filter(|s| s.0 > 0);
+        let (hmax, vmax) = used.clone().fold((1, 1), |m, s| (m.0.max(s.0), m.1.max(s.1)));
+        num > 1
+            && used.clone().any(|&(h, v)| {
+                let mut size = num;
+                while size < 8 && (hmax * num).is_multiple_of(h * size * 2) && (vmax * num).is_multiple_of(v * size * 2)
+                {
+                    size *= 2;
+                }
+                v * size / num * 2 == vmax
+            })
+    }
 }
 
 /// Copies the header segments libjpeg needs from `data` into `out` (after SOI) and reads the
@@ -90,16 +113,18 @@ fn read_header(data: &[u8], out: &mut Vec<u8>) -> Option<Frame> {
                 if p != 8 || w == 0 || h == 0 || !(1..=4).contains(&n) || sof.is_some() || rest.len() != 5 + 3 * n {
                     return None;
                 }
-                let mut max = (1, 1);
-                for c in rest[5..].chunks_exact(3) {
+                let (mut max, mut sampling) = ((1, 1), [(0, 0); 4]);
+                for (k, c) in rest[5..].chunks_exact(3).enumerate() {
                     let (hs, vs) = ((c[1] >> 4) as usize, (c[1] & 15) as usize);
                     if !(1..=4).contains(&hs) || !(1..=4).contains(&vs) {
                         return None;
                     }
                     max = (max.0.max(hs), max.1.max(vs));
+                    sampling[k] = (hs, vs);
                 }
                 let mcu = if n == 1 { (8, 8) } else { (8 * max.0, 8 * max.1) };
-                let frame = Frame { width: w, height: h, mcu, size_at: out.len() + 5, interval: 0, scan: 0 };
+                let size_at = out.len() + 5;
+                let frame = Frame { width: w, height: h, mcu, sampling, size_at, interval: 0, scan: 0 };
                 sof = Some((frame, n));
                 true
             }
@@ -190,14 +215,26 @@ pub fn sub_image(
     if marks.len() + 1 != total {
         return None;
     }
-    // The MCUs the region covers, one more on each side for upsampling, rounded out to
-    // whole intervals.
+    // The MCUs the region covers, rounded out to whole intervals. Vertically, where a
+    // component is interpolated between rows (4:2:0 and 4:4:0 at full scale; at 1/2, 1/4 and
+    // 1/8 libjpeg-turbo's IDCT brings 4:2:0 chroma to full size instead), the first output
+    // row of an MCU row reads the chroma row above it and the last one the chroma row below:
+    // one MCU row more on that side when the region starts or ends there. Horizontally no
+    // margin: libjpeg-turbo upsamples a cropping region as an image of its own width. At
+    // least two MCUs wide, so that libjpeg-turbo picks the same upsampler for the sub-image
+    // as for the whole image (its fancy upsampling wants rows of over 2 samples).
     let (x, y, w, h) = region;
     let (smw, smh) = (mw * num / 8, mh * num / 8);
-    let c0 = (x / smw).saturating_sub(1) / tile * tile;
-    let c1 = ((x + w).div_ceil(smw) + 1).div_ceil(tile).saturating_mul(tile).min(cols);
-    let r0 = (y / smh).saturating_sub(1) / band * band;
-    let r1 = ((y + h).div_ceil(smh) + 1).div_ceil(band).saturating_mul(band).min(rows);
+    let interpolated = f.rows_interpolated(num);
+    let above = usize::from(interpolated && y % smh == 0);
+    let below = usize::from(interpolated && (y + h) % smh == 0);
+    let mut c0 = x / smw / tile * tile;
+    let c1 = (x + w).div_ceil(smw).max(c0 + 2).div_ceil(tile).saturating_mul(tile).min(cols);
+    if c1 - c0 < 2 {
+        c0 = c1.saturating_sub(2) / tile * tile;
+    }
+    let r0 = (y / smh).saturating_sub(above) / band * band;
+    let r1 = ((y + h).div_ceil(smh) + below).div_ceil(band).saturating_mul(band).min(rows);
     if c0 >= c1 || r0 >= r1 || (c0, r0, c1, r1) == (0, 0, cols, rows) {
         return None;
     }
@@ -236,7 +273,7 @@ pub fn sub_image(
 
 #[cfg(test)]
 mod tests {
-    use super::super::jpeg::JpegDecoder;
+    use super::super::jpeg::{JpegDecoder, Rect};
     use super::super::restart::add_restart_markers;
     use super::*;
     use turbojpeg_sys as tj;
@@ -318,7 +355,7 @@ mod tests {
     }
 
     /// Regions at every edge, the corners, the middle, and `n` pseudo-random ones, at `num/8`.
-    fn regions(sw: usize, sh: usize, align: usize, n: usize, seed: u64) -> Vec<(usize, usize, usize, usize)> {
+    fn regions(sw: usize, sh: usize, (align, mh): (usize, usize), n: usize, seed: u64) -> Vec<Rect> {
         let mut s = seed | 1;
         let mut next = |m: usize| {
             s ^= s << 13;
@@ -329,6 +366,12 @@ mod tests {
         let mut v = vec![(0, 0, 1.min(sw), 1.min(sh)), (0, sh - 1, sw, 1), (0, 0, sw, sh / 2 + 1)];
         v.push(((sw - 1) / align * align, sh - 1, sw - (sw - 1) / align * align, 1));
         v.push(((sw / 2) / align * align, sh / 3, (sw - (sw / 2) / align * align).min(3), sh / 3 + 1));
+        // Starting and ending on MCU rows' first and last rows, and one row inside them.
+        for (y0, y1) in [(mh, 2 * mh), (mh + 1, 2 * mh - 1), (mh - 1, 2 * mh + 1), (2 * mh, 2 * mh + 1)] {
+            if y0 < y1 && y1 <= sh {
+                v.push((0, y0, sw.min(align * 3), y1 - y0));
+            }
+        }
         for _ in 0..n {
             let x = next(sw) / align * align;
             let y = next(sh);
@@ -347,7 +390,9 @@ mod tests {
         for num in [1, 2, 3, 4, 5, 7, 8] {
             let (sw, sh) = (super::super::jpeg::scaled(w, num), super::super::jpeg::scaled(h, num));
             let align = hdr.scaled_mcu_width(num).unwrap();
-            for (k, region) in regions(sw, sh, align, 12, (w * 31 + h * 7 + num) as u64).into_iter().enumerate() {
+            // MCU heights per TurboJPEG subsampling code, as the MCU widths in `jpeg.rs`.
+            let mh = [8, 8, 16, 8, 16, 8, 32][hdr.subsamp as usize] * num / 8;
+            for (k, region) in regions(sw, sh, (align, mh), 12, (w * 31 + h * 7 + num) as u64).into_iter().enumerate() {
                 let want = decode(&mut dec, src, num, region, ch);
                 assert!(decode(&mut dec, restarted, num, region, ch) == want, "{label} num {num} {region:?}");
                 let Some((ox, oy)) = sub_image(restarted, num, region, &mut out, &mut marks) else {
@@ -386,6 +431,9 @@ mod tests {
             assert!(check(&src, &rows, w, h, ch, &format!("{label}, 2 rows")) > 10, "{label}: rows");
             let one = with_restarts(&src, 0, 1);
             assert!(check(&src, &one, w, h, ch, &format!("{label}, 1 row")) > 10, "{label}: rows");
+            // A marker after every MCU (some cameras): sub-images one or two MCUs wide.
+            let every = with_restarts(&src, 1, 0);
+            assert!(check(&src, &every, w, h, ch, &format!("{label}, every MCU")) > 20, "{label}: every MCU");
         }
     }
 

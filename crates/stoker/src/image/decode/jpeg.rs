@@ -262,6 +262,10 @@ impl JpegDecoder {
     ) -> Result<(), JpegError> {
         let (x, y, w, h) = region;
         let fatal = |message: &str| JpegError { message: message.into(), warning: false };
+        if w == 0 || h == 0 {
+            // TurboJPEG reads a width or height of 0 as "to the image's edge".
+            return Err(fatal("empty region"));
+        }
         let pitch = w.checked_mul(channels).filter(|&p| i32::try_from(p).is_ok());
         let need = pitch.and_then(|p| p.checked_mul(h)).ok_or_else(|| fatal("region too large"))?;
         if out.len() < need {
