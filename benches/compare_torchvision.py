@@ -194,6 +194,9 @@ def main():
     ap.add_argument("--python", action="store_true", help="also time the Python API (stoker.ImageLoader)")
     ap.add_argument("--v2", action="store_true",
                     help="also time the DataLoader with torchvision.io.decode_jpeg and v2 transforms")
+    ap.add_argument("--shards", action="append", default=[], metavar="NAME=DIR",
+                    help="also run `stoker bench` over DIR, shards of the same images made by `stoker pack` "
+                         "(e.g. plain=... and random-access=... with --random-access); repeatable")
     ap.add_argument("--torch-runner", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--python-runner", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--baseline-runner", action="store_true", help=argparse.SUPPRESS)
@@ -217,6 +220,13 @@ def main():
     python_cmd = [sys.executable, __file__, "--python-runner", "--data", str(args.data), "--preset", args.preset,
                   "--batch-size", str(args.batch_size)]
     contenders = [("stoker", stoker_cmd), ("torchvision", torch_cmd)]
+    cli = {"stoker"}
+    for spec in args.shards:
+        name, _, shard_dir = spec.partition("=")
+        if not name or not Path(shard_dir).is_dir():
+            sys.exit(f"--shards wants NAME=DIR with an existing DIR, got {spec!r}")
+        cli.add(f"stoker-{name}")
+        contenders.insert(len(cli) - 1, (f"stoker-{name}", [str(args.stoker), "bench", shard_dir, *stoker_cmd[3:]]))
     if args.v2:
         contenders.append(("torchvision-v2", [*torch_cmd, "--v2"]))
     if args.python:
@@ -232,7 +242,7 @@ def main():
         baseline_pss.append(run_measured(baseline_cmd)[2])
         for name, cmd in contenders:
             out, rss, pss, wall = run_measured(cmd)
-            j = json.loads(out) if name == "stoker" else json.loads(out.strip().splitlines()[-1])
+            j = json.loads(out) if name in cli else json.loads(out.strip().splitlines()[-1])
             rec = {"images": j["images"], "seconds": j["seconds"], "cpu_seconds": j["cpu_seconds"],
                    "peak_rss_tree": rss, "peak_pss_tree": pss, "process_wall": wall}
             if "threads" in j:
@@ -320,6 +330,19 @@ def main():
               f"{summary['python_vs_dataloader_images_per_cpu_second']:.2f}x images per CPU-s vs DataLoader |")
         print(f"| Python API: peak RSS, process tree | {s['peak_rss_tree']['stoker-python'] / 2**20:.0f} MiB | | "
               f"{summary['python_vs_dataloader_rss']:.2f}x vs DataLoader |")
+        args.out.write_text(json.dumps(summary, indent=2))
+    for name in sorted(cli - {"stoker"}):
+        per_cpu = [(b["cpu_s_per_1000"] / a["cpu_s_per_1000"], c["cpu_s_per_1000"] / a["cpu_s_per_1000"])
+                   for a, b, c in zip(runs[name], runs["torchvision"], runs["stoker"], strict=True)]
+        summary.setdefault("shards", {})[name] = {
+            "cpu_s_per_1000": med(name, "cpu_s_per_1000"), "images_per_sec": med(name, "images_per_sec"),
+            "peak_rss_tree": med(name, "peak_rss_tree"),
+            "images_per_cpu_second_vs_dataloader": statistics.median(x for x, _ in per_cpu),
+            "images_per_cpu_second_vs_stoker_folder": statistics.median(y for _, y in per_cpu)}
+        t = summary["shards"][name]
+        print(f"| {name} (shards) | {t['cpu_s_per_1000']:.2f} CPU-s/1000, {t['images_per_sec']:.1f} img/s | | "
+              f"{t['images_per_cpu_second_vs_dataloader']:.2f}x images per CPU-s vs DataLoader, "
+              f"{t['images_per_cpu_second_vs_stoker_folder']:.2f}x vs stoker on the folder (paired) |")
         args.out.write_text(json.dumps(summary, indent=2))
     if args.v2:
         v2 = runs["torchvision-v2"]

@@ -1,6 +1,8 @@
 //! `stoker pack`: convert an ImageFolder into WebDataset tar shards with sidecar indexes and a
-//! `classes.json` (a folder that every loader accepts as a dataset). A folder that already holds
-//! shards is refused unless `--overwrite`, which removes them (and nothing else) first.
+//! `classes.json` (a folder that every loader accepts as a dataset), or re-pack shards (for
+//! example with `--random-access`). A folder that already holds shards is refused unless
+//! `--overwrite`, which removes them (and nothing else) first; the folder being re-packed is
+//! never a destination.
 
 use crate::util::progress;
 use anyhow::Result;
@@ -13,7 +15,7 @@ use stoker::ImageFolder;
 /// Flags of `stoker pack`.
 #[derive(Args)]
 pub struct PackArgs {
-    /// ImageFolder root.
+    /// ImageFolder root, or shards to re-pack (a pack folder, shard paths or a glob).
     pub src: PathBuf,
     /// Output folder for the shards (SHARD.tar + SHARD.tar.idx + classes.json).
     pub dst: PathBuf,
@@ -61,11 +63,18 @@ pub fn run(a: &PackArgs) -> Result<()> {
         overwrite: a.overwrite,
         random_access: a.random_access,
     };
-    let folder = ImageFolder::new(&a.src)?;
-    let n = stoker::Source::len(&folder);
+    let roots = [a.src.to_string_lossy().into_owned()];
+    let input: Box<dyn stoker::pack::PackInput> = match stoker::source::detect(&roots)? {
+        stoker::source::DatasetKind::Folder(root) => Box::new(ImageFolder::new(root)?),
+        stoker::source::DatasetKind::Shards(specs) => {
+            refuse_own_folder(&specs, &a.dst)?;
+            Box::new(stoker::source::open_shards(&specs)?)
+        }
+    };
+    let n = input.len();
     let bar = progress(n as u64, a.json, "{spinner} packing [{bar:30}] {pos}/{len} files ({eta})");
     let t0 = Instant::now();
-    let s = stoker::pack::pack(&folder, &a.dst, &opts, &|done| bar.set_position(done as u64))?;
+    let s = stoker::pack::pack(input.as_ref(), &a.dst, &opts, &|done| bar.set_position(done as u64))?;
     bar.finish_and_clear();
     if a.json {
         println!("{}", serde_json::to_string_pretty(&s)?);
@@ -96,6 +105,20 @@ pub fn run(a: &PackArgs) -> Result<()> {
         }
         for k in &s.skipped {
             println!("skipped {}: {}", k.path, k.reason);
+        }
+    }
+    Ok(())
+}
+
+/// Refuses a destination that is the folder of a shard being re-packed (`--overwrite` would
+/// remove the input before reading it).
+fn refuse_own_folder(specs: &[String], dst: &std::path::Path) -> Result<()> {
+    let Ok(dst) = std::fs::canonicalize(dst) else { return Ok(()) }; // not there yet: not a source
+    for spec in specs {
+        let dir = std::path::Path::new(spec).parent().filter(|p| !p.as_os_str().is_empty());
+        let dir = std::fs::canonicalize(dir.unwrap_or(std::path::Path::new(".")));
+        if dir.is_ok_and(|d| d == dst) {
+            anyhow::bail!("{}: the shards being re-packed are in this folder; pack into another one", dst.display());
         }
     }
     Ok(())

@@ -12,7 +12,8 @@ fn bench_json(root: &Path, extra: &[&str]) -> serde_json::Value {
     let out = stoker()
         .arg("bench")
         .arg(root)
-        .args(["--json", "--preset", "imagenet-val", "--batch-size", "16", "--no-shuffle", "--threads", "2"])
+        .args(["--json", "--batch-size", "16", "--no-shuffle", "--threads", "2"])
+        .args(if extra.contains(&"--preset") { &[][..] } else { &["--preset", "imagenet-val"][..] })
         .args(extra)
         .output()
         .expect("run stoker");
@@ -41,6 +42,22 @@ fn a_pack_folder_is_a_dataset() {
     let npy = d.path().join("x.npy");
     let st = stoker().arg("export").arg(&shards).arg("--out").arg(&npy).args(["--limit", "5"]).status().unwrap();
     assert!(st.success() && npy.exists());
+
+    // Re-packing the shards with restart markers: the same keys and labels, the same train
+    // batches (whose crops are now decoded from their restart intervals), never into itself.
+    let ra = d.path().join("ra");
+    let out = stoker().arg("pack").arg(&shards).arg(&ra).args(["--random-access", "--json"]).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let repacked: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(repacked["samples"], 80);
+    assert_eq!(repacked["random_access"]["recoded"], 80, "{repacked}");
+    let train = ["--preset", "imagenet-train", "--seed", "5"];
+    assert_eq!(bench_json(&ra, &train)["digest"], bench_json(&shards, &train)["digest"]);
+    assert_eq!(bench_json(&ra, &[])["digest"], folder["digest"]);
+    let out = stoker().arg("pack").arg(&shards).arg(&shards).args(["--random-access", "--overwrite"]).output().unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("pack into another one"));
+    assert_eq!(bench_json(&shards, &[])["digest"], folder["digest"], "the shards are untouched");
 }
 
 #[test]

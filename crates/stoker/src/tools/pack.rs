@@ -1,4 +1,5 @@
-//! `stoker pack`: an ImageFolder to WebDataset tar shards with sidecar indexes.
+//! `stoker pack`: an ImageFolder to WebDataset tar shards with sidecar indexes, or shards to
+//! new shards (re-packing, e.g. with [`PackOptions::random_access`]; see [`PackInput`]).
 //!
 //! Deterministic: the same input gives the same bytes (dataset order, fixed tar metadata,
 //! re-encoding at a fixed quality). `max_side` re-encodes images whose longer side exceeds it
@@ -16,7 +17,7 @@ use crate::decode::{sniff, DecodeOptions, Decoder, Format};
 use crate::error::{Error, Result};
 use crate::ops::Resampler;
 use crate::source::shards::{encode_index, index_path, partial_path, write_atomic, IndexEntry, Label};
-use crate::source::{tar, ImageFolder, Source};
+use crate::source::{tar, ImageFolder, ShardSource, Source};
 use crate::telemetry::Skipped;
 use std::path::{Path, PathBuf};
 
@@ -272,10 +273,40 @@ fn earlier_output(dst: &Path) -> Result<Vec<PathBuf>> {
     Ok(out)
 }
 
+/// What [`pack`] reads: an ImageFolder, or shards to re-pack (their samples, keys and labels
+/// are kept, in the same order).
+pub trait PackInput: Source {
+    /// The class names, in label order.
+    fn class_names(&self) -> &[std::ffi::OsString];
+    /// Sample `i`'s name in the dataset (a relative path, or a tar member name), from which
+    /// its key in the shards is made (the name without its extension).
+    fn name(&self, i: usize) -> &str;
+}
+
+impl PackInput for ImageFolder {
+    fn class_names(&self) -> &[std::ffi::OsString] {
+        ImageFolder::class_names(self)
+    }
+
+    fn name(&self, i: usize) -> &str {
+        self.relative_path(i)
+    }
+}
+
+impl PackInput for ShardSource {
+    fn class_names(&self) -> &[std::ffi::OsString] {
+        self.classes()
+    }
+
+    fn name(&self, i: usize) -> &str {
+        self.member(i)
+    }
+}
+
 /// Packs `src` into shards under `dst` (created if missing); `progress` is told how many
 /// source files are done.
 pub fn pack(
-    src: &ImageFolder,
+    src: &dyn PackInput,
     dst: &Path,
     opts: &PackOptions,
     progress: &(dyn Fn(usize) + Sync),
@@ -314,7 +345,7 @@ pub fn pack(
     }
     std::fs::create_dir_all(dst).map_err(|e| Error::io(dst, &e))?;
     // Exactly as named: a folder name that is not UTF-8 survives (Python's `\udcXX` escapes).
-    let classes = crate::source::classes_to_json(src.class_names());
+    let classes = crate::source::classes_to_json(PackInput::class_names(src));
     write_atomic(&dst.join("classes.json"), classes.as_bytes())?;
     let mut w = ShardWriter {
         dst,
@@ -375,7 +406,7 @@ pub fn pack(
                     reason: e.reason(),
                 }),
                 Ok(p) => {
-                    let mut key = key_of(src.relative_path(i));
+                    let mut key = key_of(src.name(i));
                     if !used_keys.insert(key.clone()) {
                         let mut n = 1;
                         while !used_keys.insert(format!("{key}_{n}")) {
