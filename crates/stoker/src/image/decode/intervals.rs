@@ -437,6 +437,68 @@ mod tests {
         }
     }
 
+    /// Through [`super::super::Decoder`] as the pipeline calls it (boxes, output sizes, DCT
+    /// scaling, EXIF orientation): the same region, pixels and box with restart markers as
+    /// without, and the intervals are used, except for rotated images (decoded whole).
+    #[test]
+    fn the_decoder_gives_the_same_regions() {
+        use super::super::{DecodeOptions, Decoder};
+        let path = std::path::Path::new("x.jpg");
+        // An EXIF segment with orientation `o`, placed right after SOI.
+        let exif = |o: u8| -> Vec<u8> {
+            [
+                &[0xFF, 0xE1, 0x00, 0x22][..],
+                b"Exif\0\0MM\0\x2a\0\0\0\x08\0\x01\x01\x12\0\x03\0\0\0\x01\0",
+                &[o],
+                b"\0\0\0\0\0\0",
+            ]
+            .concat()
+        };
+        let (mut plain, mut fast) =
+            (Decoder::new(DecodeOptions::default()).unwrap(), Decoder::new(DecodeOptions::default()).unwrap());
+        let mut k = 0u64;
+        for (w, h, sub) in
+            [(500, 375, tj::TJSAMP_TJSAMP_420), (375, 500, tj::TJSAMP_TJSAMP_422), (640, 427, tj::TJSAMP_TJSAMP_444)]
+        {
+            for orientation in [1u8, 6] {
+                let mut src = compress(w, h, sub, tj::TJPF_TJPF_RGB, w as u32);
+                src.splice(2..2, exif(orientation));
+                let packed = add_restart_markers(&src, 1 << 28).unwrap().data;
+                let info = plain.info(&src, path).unwrap();
+                for (bbox, out) in [
+                    ([10.0, 20.0, 200.0, 150.0], (224, 224)),
+                    ([0.0, 0.0, 120.0, 90.0], (32, 32)),
+                    ([w as f64 * 0.5, 0.0, w as f64 * 0.3, h as f64 * 0.9], (50, 60)),
+                    ([17.5, 33.25, 64.0, 64.0], (64, 64)),
+                ] {
+                    let [bx, by, bw, bh] = bbox;
+                    let (iw, ih) = (info.width as f64, info.height as f64);
+                    let bbox = [
+                        bx.min(iw - 1.0),
+                        by.min(ih - 1.0),
+                        bw.min(iw - bx.min(iw - 1.0)),
+                        bh.min(ih - by.min(ih - 1.0)),
+                    ];
+                    let a = plain.decode(&src, path, &info, bbox, out).unwrap();
+                    let a = (a.pixels.to_vec(), a.width, a.height, a.bbox, a.scale_num);
+                    let finfo = fast.info(&packed, path).unwrap();
+                    let b = fast.decode(&packed, path, &finfo, bbox, out).unwrap();
+                    let b = (b.pixels.to_vec(), b.width, b.height, b.bbox, b.scale_num);
+                    assert!(a == b, "{w}x{h} orientation {orientation} {bbox:?} -> {out:?}");
+                    k += 1;
+                }
+                let used = fast.take_restart_decodes();
+                assert_eq!(plain.take_restart_decodes(), 0);
+                if orientation == 1 {
+                    assert!(used >= 3, "{w}x{h}: {used} of 4 regions from their intervals");
+                } else {
+                    assert_eq!(used, 0, "rotated images are decoded whole");
+                }
+            }
+        }
+        assert_eq!(k, 24);
+    }
+
     #[test]
     fn tiny_images_and_whole_image_regions() {
         for (w, h) in [(1, 1), (8, 8), (17, 9), (16, 300), (300, 16)] {
