@@ -130,7 +130,7 @@ pub fn write(
         )));
     }
     std::fs::create_dir_all(out).map_err(|e| Error::io(out, &e))?;
-    let width: u8 = if tok.vocab_size() <= 1 << 16 { 2 } else { 4 };
+    let width = tok.id_width();
     let tmp = |n: &str| out.join(format!("{n}.tmp"));
     let create = |p: &Path| {
         std::fs::File::create(p).map(|f| std::io::BufWriter::with_capacity(1 << 20, f)).map_err(|e| Error::io(p, &e))

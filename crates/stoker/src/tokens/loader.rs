@@ -842,8 +842,7 @@ impl TokenLoader {
         let autocache = match (&config.cache, &tokenizer) {
             (None, _) => None,
             (Some(spec), Some(t)) if text && cache.is_none() => {
-                let width = if t.vocab_size() <= 1 << 16 { 2 } else { 4 };
-                Some(super::autocache::TokenCache::open(spec, &source, t.hash, &config.text_key, width)?)
+                Some(super::autocache::TokenCache::open(spec, &source, t.hash, &config.text_key, t.id_width())?)
             }
             (Some(_), _) => {
                 return Err(Error::config(

@@ -81,6 +81,15 @@ impl TextTokenizer {
         self.inner.get_vocab_size(true)
     }
 
+    /// Bytes per stored id in token caches: 2 when every id fits in a `u16`, else 4.
+    pub fn id_width(&self) -> u8 {
+        if self.vocab_size() <= 1 << 16 {
+            2
+        } else {
+            4
+        }
+    }
+
     /// The end-of-sequence id: `name` if given, else the first of the usual names found.
     pub fn eos(&self, name: Option<&str>) -> Result<Option<u32>> {
         self.special(name, &EOS_NAMES, "eos_token")
