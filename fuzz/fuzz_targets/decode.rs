@@ -6,7 +6,10 @@
 //! one byte choosing the payload, then the payload: raw bytes (any file), or byte patches
 //! `(offset: u16 le, value)` applied to a small valid seed image (baseline JPEG, progressive
 //! JPEG, EXIF-rotated JPEG or PNG, made once), so the fuzzer spends its time near real images
-//! with broken headers, sizes and scans.
+//! with broken headers, sizes and scans. One seed carries restart markers (`stoker pack
+//! --random-access`), so crops go through the restart-interval path ([`stoker::decode::intervals`]);
+//! every input is decoded with that path on and off, and where neither warned the two must give
+//! the same pixels.
 #![no_main]
 use libfuzzer_sys::fuzz_target;
 use std::path::Path;
@@ -60,14 +63,16 @@ fn seeds() -> &'static [Vec<u8>] {
     static SEEDS: OnceLock<Vec<Vec<u8>>> = OnceLock::new();
     SEEDS.get_or_init(|| {
         let base = jpeg(40, 24, false);
-        vec![base.clone(), jpeg(40, 24, true), with_exif(&base, 6), png(24, 16)]
+        let wide = jpeg(160, 48, false);
+        let restart = stoker::decode::restart::add_restart_markers(&wide, MAX_PIXELS).expect("re-code").data;
+        vec![base.clone(), jpeg(40, 24, true), with_exif(&base, 6), png(24, 16), restart]
     })
 }
 
 fuzz_target!(|input: &[u8]| {
     let [ctl, pick, payload @ ..] = input else { return };
-    let data = match pick % 5 {
-        4 => payload.to_vec(),
+    let data = match pick % 6 {
+        5 => payload.to_vec(),
         n => {
             let mut data = seeds()[n as usize].clone();
             for p in payload.chunks_exact(3) {
@@ -79,32 +84,43 @@ fuzz_target!(|input: &[u8]| {
             data
         }
     };
-    let opts = DecodeOptions {
-        apply_exif: ctl & 1 != 0,
-        dct_scaling: ctl & 2 != 0,
-        roi: ctl & 4 != 0,
-        max_pixels: MAX_PIXELS,
-    };
-    let mut d = Decoder::new(opts).expect("decoder");
-    let path = Path::new("fuzz");
-    // Twice: a decoder reused after an error or a success must behave the same.
-    let mut first = None;
-    for _ in 0..2 {
-        let got = d.info(&data, path).and_then(|info| {
-            assert!((info.width * info.height) as u64 <= MAX_PIXELS, "{info:?} over max_pixels");
-            let (w, h) = (info.width as f64, info.height as f64);
-            let f = (ctl >> 3) as f64 / 31.0 * 0.9 + 0.1;
-            let bbox = [w * (1.0 - f) / 2.0, h * (1.0 - f) / 2.0, w * f, h * f];
-            let out = (1 + (ctl >> 3) as usize, 1 + (ctl >> 4) as usize * 3);
-            let r = d.decode(&data, path, &info, bbox, out)?;
-            assert_eq!(r.pixels.len(), r.width * r.height * 3);
-            assert!(r.width > 0 && r.height > 0);
-            Ok((r.width, r.height, r.pixels.iter().map(|&p| p as u64).sum::<u64>()))
-        });
-        let got = got.map_err(|e| e.to_string());
-        match &first {
-            None => first = Some(got),
-            Some(f) => assert_eq!(f, &got, "second decode differs"),
+    let run = |restart: bool| {
+        let opts = DecodeOptions {
+            apply_exif: ctl & 1 != 0,
+            dct_scaling: ctl & 2 != 0,
+            roi: ctl & 4 != 0,
+            restart,
+            max_pixels: MAX_PIXELS,
+        };
+        let mut d = Decoder::new(opts).expect("decoder");
+        let path = Path::new("fuzz");
+        // Twice: a decoder reused after an error or a success must behave the same.
+        let mut first = None;
+        let mut warned = false;
+        for _ in 0..2 {
+            let got = d.info(&data, path).and_then(|info| {
+                assert!((info.width * info.height) as u64 <= MAX_PIXELS, "{info:?} over max_pixels");
+                let (w, h) = (info.width as f64, info.height as f64);
+                let f = (ctl >> 3) as f64 / 31.0 * 0.9 + 0.1;
+                let bbox = [w * (1.0 - f) / 2.0, h * (1.0 - f) / 2.0, w * f, h * f];
+                let out = (1 + (ctl >> 3) as usize, 1 + (ctl >> 4) as usize * 3);
+                let r = d.decode(&data, path, &info, bbox, out)?;
+                assert_eq!(r.pixels.len(), r.width * r.height * 3);
+                assert!(r.width > 0 && r.height > 0);
+                Ok((r.width, r.height, r.pixels.to_vec()))
+            });
+            warned |= d.take_warnings() > 0;
+            let got = got.map_err(|e| e.to_string());
+            match &first {
+                None => first = Some(got),
+                Some(f) => assert_eq!(f, &got, "second decode differs"),
+            }
         }
+        (first.expect("decoded twice"), warned)
+    };
+    let (whole, whole_warned) = run(false);
+    let (parts, parts_warned) = run(true);
+    if let (Ok(a), Ok(b), false, false) = (&whole, &parts, whole_warned, parts_warned) {
+        assert!(a == b, "the restart-interval path gives other pixels");
     }
 });
