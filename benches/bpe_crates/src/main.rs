@@ -15,7 +15,10 @@
 //! byte-level vocabulary, merges recovered by running BPE on each token with the lower ranks, the
 //! pattern as Llama 3's / GPT-4o's files write it, Split + ByteLevel, `ignore_merges`).
 //!
-//! `bpe_crates [--vocab gpt2,cl100k,o200k] [--shards N] [--rounds R] [TEXT_DIR]`
+//! `--vocab deepseek`: GPT-2's vocabulary under DeepSeek-V3's three `Split`s (stoker matches
+//! them with Oniguruma, as `tokenizers` does), stoker and `tokenizers` only.
+//!
+//! `bpe_crates [--vocab gpt2,cl100k,o200k,deepseek] [--shards N] [--rounds R] [TEXT_DIR]`
 //! (defaults: all three, every shard, 3 rounds, `/work/shared/text`).
 
 use std::collections::HashMap;
@@ -44,6 +47,16 @@ const O200K_TT: &str = concat!(
     r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?",
     r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 );
+
+/// DeepSeek-V3's three Split regexes, in order, as its `tokenizer.json` writes them.
+const DEEPSEEK_V3: [&str; 3] = [
+    r"\p{N}{1,3}",
+    "[\u{4e00}-\u{9fa5}\u{3040}-\u{309f}\u{30a0}-\u{30ff}]+",
+    concat!(
+        r##"[!"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+"##,
+        "|[^\r\n\\p{L}\\p{P}\\p{S}]?[\\p{L}\\p{M}]+| ?[\\p{P}\\p{S}]+[\r\n]*|\\s*[\r\n]+|\\s+(?!\\S)|\\s+"
+    ),
+];
 
 /// User + system CPU seconds of this process.
 fn cpu_seconds() -> f64 {
@@ -201,6 +214,23 @@ fn contenders(vocab: &str, dir: &Path) -> (tokenizers::Tokenizer, Vec<Contender>
     let mut notes = Vec::new();
     // Ranks and the `tokenizer.json` that `tokenizers` and stoker load.
     let (ranks, json, tt_pattern, lookahead): (Vec<Vec<u8>>, Value, &str, Vec<(String, bool)>) = match vocab {
+        "deepseek" => {
+            // GPT-2's vocabulary under DeepSeek-V3's pre-tokenizer (three Splits in sequence) and
+            // empty normalizer Sequence: stoker and `tokenizers` only (no other crate reads it).
+            let mut j: Value =
+                serde_json::from_slice(&std::fs::read(dir.join("tokenizer-gpt2.json")).expect("tokenizer-gpt2.json"))
+                    .unwrap();
+            j["normalizer"] = json!({"type": "Sequence", "normalizers": []});
+            let mut list: Vec<Value> = DEEPSEEK_V3
+                .iter()
+                .map(|p| json!({"type": "Split", "pattern": {"Regex": p}, "behavior": "Isolated", "invert": false}))
+                .collect();
+            list.push(
+                json!({"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": false}),
+            );
+            j["pre_tokenizer"] = json!({"type": "Sequence", "pretokenizers": list});
+            (vec![], j, "", vec![])
+        }
         "gpt2" => {
             let j: Value =
                 serde_json::from_slice(&std::fs::read(dir.join("tokenizer-gpt2.json")).expect("tokenizer-gpt2.json"))
@@ -220,7 +250,7 @@ fn contenders(vocab: &str, dir: &Path) -> (tokenizers::Tokenizer, Vec<Contender>
             let (hf, tt) = if vocab == "cl100k" { (CL100K_HF, CL100K_TT) } else { (O200K_HF, O200K_TT) };
             (ranks.clone(), json_from_ranks(&ranks, hf), tt, vec![])
         }
-        other => panic!("--vocab {other}: gpt2, cl100k or o200k"),
+        other => panic!("--vocab {other}: gpt2, cl100k, o200k or deepseek"),
     };
     let bytes = serde_json::to_vec(&json).unwrap();
     let reference = tokenizers::Tokenizer::from_bytes(&bytes).expect("tokenizers loads the file");
@@ -240,6 +270,9 @@ fn contenders(vocab: &str, dir: &Path) -> (tokenizers::Tokenizer, Vec<Contender>
         encode: Box::new(move |t, ids| ours.encode_into(t, ids).unwrap()),
     });
 
+    if vocab == "deepseek" {
+        return (reference, out, notes);
+    }
     let tk = match vocab {
         "gpt2" => tiktoken_rs::r50k_base(),
         "cl100k" => tiktoken_rs::cl100k_base(),
