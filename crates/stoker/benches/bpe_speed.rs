@@ -9,7 +9,9 @@
 //! process's peak resident memory before and after.
 //!
 //! `STOKER_BPE_PATTERN=cl100k` (or `o200k`) runs the same with GPT-2's vocabulary under that
-//! pattern (Split + ByteLevel, as Llama 3's and GPT-4o's files write it).
+//! pattern (Split + ByteLevel, as Llama 3's and GPT-4o's files write it); `deepseek` under
+//! DeepSeek-V3's three Splits in sequence (matched by Oniguruma, not a hand scanner) and its
+//! empty normalizer sequence.
 //!
 //! `cargo bench -p stoker --bench bpe_speed -- [TEXT_DIR] [ROUNDS]` (defaults:
 //! `/work/shared/text`, or `$STOKER_TEXT_DIR`, and 3 rounds). `TEXT_DIR` holds the
@@ -19,6 +21,15 @@ use std::path::PathBuf;
 use std::time::Instant;
 use stoker::tokens::TextTokenizer;
 
+/// DeepSeek-V3's three Split regexes, in order, as its `tokenizer.json` writes them.
+const DEEPSEEK_V3: [&str; 3] = [
+    r"\p{N}{1,3}",
+    "[\u{4e00}-\u{9fa5}\u{3040}-\u{309f}\u{30a0}-\u{30ff}]+",
+    concat!(
+        r##"[!"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+"##,
+        "|[^\r\n\\p{L}\\p{P}\\p{S}]?[\\p{L}\\p{M}]+| ?[\\p{P}\\p{S}]+[\r\n]*|\\s*[\r\n]+|\\s+(?!\\S)|\\s+"
+    ),
+];
 /// cl100k's pattern (Llama 3's `tokenizer.json`).
 const CL100K: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 /// o200k's pattern (GPT-4o's `tokenizer.json`).
@@ -89,14 +100,21 @@ fn main() {
     let mut json: serde_json::Value =
         serde_json::from_slice(&std::fs::read(&tok_path).expect("read tokenizer")).expect("tokenizer JSON");
     if let Ok(name) = std::env::var("STOKER_BPE_PATTERN") {
-        let pattern = match name.as_str() {
-            "cl100k" => CL100K,
-            "o200k" => O200K,
-            other => panic!("STOKER_BPE_PATTERN={other}: cl100k or o200k"),
+        let patterns: &[&str] = match name.as_str() {
+            "cl100k" => &[CL100K],
+            "o200k" => &[O200K],
+            "deepseek" => {
+                json["normalizer"] = serde_json::json!({"type": "Sequence", "normalizers": []});
+                &DEEPSEEK_V3
+            }
+            other => panic!("STOKER_BPE_PATTERN={other}: cl100k, o200k or deepseek"),
         };
-        json["pre_tokenizer"] = serde_json::json!({"type": "Sequence", "pretokenizers": [
-            {"type": "Split", "pattern": {"Regex": pattern}, "behavior": "Isolated", "invert": false},
-            {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": false}]});
+        let mut list: Vec<serde_json::Value> = patterns
+            .iter()
+            .map(|p| serde_json::json!({"type": "Split", "pattern": {"Regex": p}, "behavior": "Isolated", "invert": false}))
+            .collect();
+        list.push(serde_json::json!({"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": false}));
+        json["pre_tokenizer"] = serde_json::json!({"type": "Sequence", "pretokenizers": list});
     }
     let json = serde_json::to_vec(&json).expect("JSON");
     let fast = TextTokenizer::from_json(&json, &tok_path).expect("load tokenizer");

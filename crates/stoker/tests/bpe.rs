@@ -33,6 +33,37 @@ const O200K: &str = concat!(
 const QWEN2: &str =
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 
+/// DeepSeek-V3's three `Split` regexes, in order, as its `tokenizer.json` writes them
+/// (`deepseek-ai/DeepSeek-V3`): digit runs of up to three, runs of CJK ideographs and kana,
+/// then a cl100k-like pattern over letters, marks, punctuation and symbols.
+const DEEPSEEK_V3: [&str; 3] = [
+    r"\p{N}{1,3}",
+    "[\u{4e00}-\u{9fa5}\u{3040}-\u{309f}\u{30a0}-\u{30ff}]+",
+    concat!(
+        r##"[!"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+"##,
+        "|[^\r\n\\p{L}\\p{P}\\p{S}]?[\\p{L}\\p{M}]+| ?[\\p{P}\\p{S}]+[\r\n]*|\\s*[\r\n]+|\\s+(?!\\S)|\\s+"
+    ),
+];
+
+fn splits_then_byte_level(patterns: &[&str]) -> Value {
+    let mut list: Vec<Value> = patterns
+        .iter()
+        .map(|p| json!({"type": "Split", "pattern": {"Regex": p}, "behavior": "Isolated", "invert": false}))
+        .collect();
+    list.push(json!({"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": false}));
+    json!({"type": "Sequence", "pretokenizers": list})
+}
+
+/// A DeepSeek-V3-like file from GPT-2's vocabulary and merges: its empty normalizer sequence,
+/// its three `Split`s then `ByteLevel`, a special token of its kind.
+fn deepseek_json() -> Value {
+    let mut j = gpt2_json();
+    j["normalizer"] = json!({"type": "Sequence", "normalizers": []});
+    j["pre_tokenizer"] = splits_then_byte_level(&DEEPSEEK_V3);
+    add_token(&mut j, "<\u{ff5c}begin\u{2581}of\u{2581}sentence\u{ff5c}>", false, false, false, false);
+    j
+}
+
 fn split_then_byte_level(pattern: &str) -> Value {
     json!({"type": "Sequence", "pretokenizers": [
         {"type": "Split", "pattern": {"Regex": pattern}, "behavior": "Isolated", "invert": false},
@@ -385,7 +416,7 @@ proptest! {
         thread_local! {
             static T: Vec<(&'static str, TextTokenizer, TextTokenizer)> = [
                 ("gpt2", gpt2_json()), ("cl100k", cl100k_json()), ("qwen2", qwen2_json()), ("neox", neox_json()),
-                ("o200k", o200k_json()),
+                ("o200k", o200k_json()), ("deepseek", deepseek_json()),
             ]
             .into_iter()
             .map(|(name, j)| {
@@ -447,7 +478,14 @@ fn eligible_variants_are_identical() {
         {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": false}]});
     check(&j);
 
-    for j in [cl100k_json(), qwen2_json(), neox_json(), o200k_json()] {
+    for j in [cl100k_json(), qwen2_json(), neox_json(), o200k_json(), deepseek_json()] {
+        check(&j);
+    }
+    // Split patterns without a hand scanner: Oniguruma, as in `tokenizers`. One character away
+    // from cl100k's (`\p{N}{1,4}`); whitespace only; a sequence of two.
+    for p in [vec![CL100K.replace("{1,3}", "{1,4}")], vec![r"\s+".to_string()], vec![r"\p{N}".into(), CL100K.into()]] {
+        let mut j = gpt2_json();
+        j["pre_tokenizer"] = splits_then_byte_level(&p.iter().map(String::as_str).collect::<Vec<_>>());
         check(&j);
     }
     // The reason names the pattern and the normalizer.
@@ -455,6 +493,10 @@ fn eligible_variants_are_identical() {
     assert_eq!(load(&qwen2_json()).engine().1, "byte-level BPE, Qwen2 pattern, NFC, reproduced exactly");
     assert_eq!(load(&gpt2_json()).engine().1, "byte-level BPE, GPT-2 pattern, reproduced exactly");
     assert_eq!(load(&o200k_json()).engine().1, "byte-level BPE, o200k pattern, reproduced exactly");
+    assert_eq!(
+        load(&deepseek_json()).engine().1,
+        "byte-level BPE, 3 Split regexes in sequence, matched by Oniguruma as in `tokenizers`, reproduced exactly"
+    );
     // A template's tokens go around the text, also around an empty one.
     let (fast, slow) = pair(&cl100k_json());
     assert_eq!(ids(&fast, ""), [50256]);
@@ -496,7 +538,25 @@ fn ineligible_files_fall_back() {
             "pre-tokenizer",
             Box::new(|j| {
                 j["pre_tokenizer"] = json!({"type": "Sequence", "pretokenizers": [
-            {"type": "Split", "pattern": {"Regex": "\\s+"}, "behavior": "Isolated", "invert": false},
+            {"type": "Split", "pattern": {"String": " "}, "behavior": "Isolated", "invert": false},
+            {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": false}]})
+            }),
+        ),
+        (
+            "pre-tokenizer",
+            Box::new(|j| {
+                j["pre_tokenizer"] = json!({"type": "Sequence", "pretokenizers": [
+            {"type": "Split", "pattern": {"Regex": "\\p{N}{1,3}"}, "behavior": "Isolated", "invert": false},
+            {"type": "Split", "pattern": {"Regex": "\\s+"}, "behavior": "Isolated", "invert": true},
+            {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": false}]})
+            }),
+        ),
+        (
+            "pre-tokenizer",
+            Box::new(|j| {
+                j["pre_tokenizer"] = json!({"type": "Sequence", "pretokenizers": [
+            {"type": "Split", "pattern": {"Regex": "\\p{N}{1,3}"}, "behavior": "Isolated", "invert": false},
+            {"type": "Digits", "individual_digits": true},
             {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": false}]})
             }),
         ),
@@ -516,8 +576,6 @@ fn ineligible_files_fall_back() {
                 add_token(j, "\u{c5}", true, false, false, false);
             }),
         ),
-        // A pattern one character away from cl100k's (`\p{N}{1,4}`).
-        ("pre-tokenizer", Box::new(|j| j["pre_tokenizer"] = split_then_byte_level(&CL100K.replace("{1,3}", "{1,4}")))),
     ];
     for (word, edit) in cases {
         let mut j = gpt2_json();
@@ -616,4 +674,35 @@ fn regenerate_pretok_tables() {
 fn pretok_tables_are_oniguruma_s() {
     let have = std::fs::read_to_string(tables_path()).unwrap();
     assert!(have == pretok_tables(), "src/tokens/pretok_tables.rs is stale: run regenerate_pretok_tables");
+}
+
+/// A DeepSeek-V3-like file (three `Split`s in sequence, matched by Oniguruma): the same ids as
+/// `tokenizers` on the wiki sample (twice: cached pieces), long and mixed-script documents, and
+/// every scalar value in two forms. Hostile text: `hostile_text_is_identical`.
+#[test]
+fn deepseek_v3_splits_are_identical() {
+    let (fast, slow) = pair(&deepseek_json());
+    for t in wiki_texts().iter().chain(wiki_texts().iter()) {
+        same(&fast, &slow, t);
+    }
+    let mut x: u32 = 99;
+    let mixed: String = (0..200_000)
+        .map(|_| {
+            x = x.wrapping_mul(1_103_515_245).wrapping_add(12345);
+            match (x >> 16) % 8 {
+                0 => char::from_u32(0x4E00 + (x >> 4) % 0x51A6).unwrap(),
+                1 => char::from_u32(0x3040 + (x >> 4) % 0xC0).unwrap(),
+                2 => char::from_u32(0x30 + (x >> 4) % 10).unwrap(),
+                3 => [' ', '\n', '\r', '\t', '\u{3000}'][(x >> 4) as usize % 5],
+                4 => ['!', '-', '[', '\\', ']', '`', '~', '\'', '\u{3002}'][(x >> 4) as usize % 9],
+                5 => '\u{301}',
+                _ => char::from_u32(0x61 + (x >> 4) % 26).unwrap(),
+            }
+        })
+        .collect();
+    same(&fast, &slow, &mixed);
+    same(&fast, &slow, &"1234567".repeat(100_000));
+    same(&fast, &slow, &"\u{65e5}\u{672c}\u{8a9e}".repeat(100_000));
+    same(&fast, &slow, &format!("a{}b", " \r\n\t".repeat(50_000)));
+    every_scalar_value(&deepseek_json(), &FORMS[4..6]);
 }

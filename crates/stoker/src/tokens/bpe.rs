@@ -8,7 +8,10 @@
 //! the text first (leftmost-longest, with `tokenizers`' rules for `lstrip`, `rstrip` and
 //! `single_word`), each gap is normalized (NFC, when the file says so), those with
 //! `normalized: true` are split out of the normalized gaps, each remaining gap is cut into
-//! pieces by the file's pattern (`pretok.rs`: GPT-2's, cl100k's, Qwen2's or o200k's), and each
+//! pieces by the file's pattern (`pretok.rs`: GPT-2's, cl100k's, Qwen2's or o200k's, scanned by
+//! hand; any other `Split` regex, or a sequence of them as DeepSeek's files have, by the very
+//! matcher `tokenizers` runs for it, Oniguruma, each split cutting every piece of the one
+//! before), and each
 //! piece's bytes are merged by the lowest merge rank, leftmost first among equal ranks, exactly
 //! like `tokenizers`' `Word::merge_all`. The post-processor's special tokens (a template's
 //! `<|begin_of_text|>`, say) go around the result.
@@ -33,6 +36,7 @@ use std::collections::{BinaryHeap, HashMap};
 use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::LazyLock;
+use tokenizers::utils::SysRegex;
 use tokenizers::{Encoding, NormalizedString, Normalizer, PostProcessor, Token};
 use unicode_normalization_alignments::{is_nfc_quick, IsNormalized, UnicodeNormalization};
 
@@ -99,8 +103,8 @@ pub struct BpeModel {
     whole: Option<FxMap<Box<[u8]>, u32>>,
     /// Added tokens with `normalized: false`, then those with `normalized: true`.
     added: [Option<Added>; 2],
-    /// The pre-tokenizer's pattern.
-    pattern: Pattern,
+    /// How text is cut into pieces.
+    pre: Pre,
     /// Whether gaps between added tokens are NFC-normalized first.
     nfc: bool,
     /// Ids the post-processor puts before and after a text's own.
@@ -109,6 +113,19 @@ pub struct BpeModel {
     /// `b`. Where two adjacent bytes of a piece are not such a pair, no merge ever crosses
     /// between them, so the two sides merge independently: an exact cut.
     joins: Box<[u64; 1024]>,
+}
+
+/// How the fast path cuts text into pieces (the pre-tokenizer).
+#[derive(Debug)]
+enum Pre {
+    /// One pattern with a hand-written scanner (`pretok.rs`).
+    Scan(Pattern),
+    /// `Split(Regex, Isolated)`s in sequence, matched by `tokenizers`' own regex type (`SysRegex`:
+    /// Oniguruma, as its `Split` holds it) with its rule for them (`Pattern::find_matches` and
+    /// `PreTokenizedString::split`): every match and every gap between matches is a piece, empty
+    /// ones are dropped, and each split cuts every piece of the one before, seeing only that
+    /// piece.
+    Regexes(Vec<SysRegex>),
 }
 
 /// One of `tokenizers`' two added-token tries: leftmost-longest, with each pattern's id and
@@ -256,10 +273,27 @@ fn is_wrapping(p: &Value) -> bool {
     }
 }
 
-/// Checks the parts of the pipeline around the model: `Ok((pattern, nfc))`, or what falls back.
-fn check_pipeline(j: &Value) -> Result<(Pattern, bool), String> {
+/// The regex of a `Split` with `Isolated` behaviour, not inverted.
+fn isolated_split(v: &Value) -> Option<&str> {
+    if ty(v) == "Split"
+        && v.get("behavior").and_then(Value::as_str) == Some("Isolated")
+        && v.get("invert").and_then(Value::as_bool) == Some(false)
+    {
+        v.get("pattern").and_then(|p| p.get("Regex")).and_then(Value::as_str)
+    } else {
+        None
+    }
+}
+
+/// Checks the parts of the pipeline around the model: `Ok((pre-tokenizer, nfc))`, or what falls
+/// back.
+fn check_pipeline(j: &Value) -> Result<(Pre, bool), String> {
     let nfc = match j.get("normalizer") {
         None | Some(Value::Null) => false,
+        // DeepSeek's files: an empty sequence, which changes nothing.
+        Some(n) if ty(n) == "Sequence" && n.get("normalizers").and_then(Value::as_array).is_some_and(Vec::is_empty) => {
+            false
+        }
         Some(n) if ty(n) == "NFC" => true,
         Some(n) => return Err(format!("normalizer {:?} is not reproduced", ty(n))),
     };
@@ -270,28 +304,32 @@ fn check_pipeline(j: &Value) -> Result<(Pattern, bool), String> {
         return Err(format!("post-processor {:?} is not reproduced", ty(&j["post_processor"])));
     }
     let pre = j.get("pre_tokenizer").unwrap_or(&Value::Null);
-    let pattern = if is_byte_level(pre, true) {
-        Some(Pattern::Gpt2)
+    let splits: Option<Vec<&str>> = if is_byte_level(pre, true) {
+        return Ok((Pre::Scan(Pattern::Gpt2), nfc));
     } else if ty(pre) == "Sequence" {
         match pre.get("pretokenizers").and_then(Value::as_array).map(Vec::as_slice) {
-            Some([split, bl])
-                if ty(split) == "Split"
-                    && split.get("behavior").and_then(Value::as_str) == Some("Isolated")
-                    && split.get("invert").and_then(Value::as_bool) == Some(false)
-                    && is_byte_level(bl, false) =>
-            {
-                split.get("pattern").and_then(|p| p.get("Regex")).and_then(Value::as_str).and_then(Pattern::of)
+            Some([splits @ .., bl]) if !splits.is_empty() && is_byte_level(bl, false) => {
+                splits.iter().map(isolated_split).collect()
             }
             _ => None,
         }
     } else {
         None
     };
-    let pattern = pattern.ok_or(
-        "pre-tokenizer is neither ByteLevel without a prefix space nor Split(GPT-2, cl100k, Qwen2 or o200k \
-         pattern, Isolated) + ByteLevel without regex",
+    let splits = splits.ok_or(
+        "pre-tokenizer is neither ByteLevel without a prefix space nor Split(Regex, Isolated)s + ByteLevel \
+         without regex",
     )?;
-    Ok((pattern, nfc))
+    let pre = match splits[..] {
+        [one] if Pattern::of(one).is_some() => Pre::Scan(Pattern::of(one).expect("just checked")),
+        _ => Pre::Regexes(
+            splits
+                .iter()
+                .map(|p| SysRegex::new(p).map_err(|e| format!("pre-tokenizer regex {p:?}: {e}")))
+                .collect::<Result<_, _>>()?,
+        ),
+    };
+    Ok((pre, nfc))
 }
 
 /// The ids `tok`'s post-processor puts before and after a text's ids, found by running it on a
@@ -313,14 +351,16 @@ impl BpeModel {
     /// Builds the fast path for `json` (the parsed `tokenizer.json` that `tok` was loaded from),
     /// or says why it cannot reproduce it. Eligible: a `BPE` model with no dropout, no
     /// `unk_token`, no subword prefix or suffix, no byte fallback (`ignore_merges` either way),
-    /// with every byte's character in the vocabulary; no normalizer or `NFC`; no truncation or
-    /// padding; a `ByteLevel` pre-tokenizer (GPT-2's pattern, no prefix space) or `Split` on
-    /// GPT-2's, cl100k's, Qwen2's or o200k's pattern (`Isolated`) then `ByteLevel` without regex; no
+    /// with every byte's character in the vocabulary; no normalizer (or an empty `Sequence` of
+    /// them) or `NFC`; no truncation or
+    /// padding; a `ByteLevel` pre-tokenizer (GPT-2's pattern, no prefix space) or one or more
+    /// `Split(Regex, Isolated)` then `ByteLevel` without regex (GPT-2's, cl100k's, Qwen2's or
+    /// o200k's pattern alone is scanned by hand, anything else matched by Oniguruma); no
     /// post-processor, or ones that only put special tokens around the text (`ByteLevel`,
     /// `TemplateProcessing`, `BertProcessing`, `RobertaProcessing`, a `Sequence` of them);
     /// added tokens with any flags, special tokens not encoded as text.
     pub fn from_json(j: &Value, tok: &tokenizers::Tokenizer) -> Result<BpeModel, String> {
-        let (pattern, nfc) = check_pipeline(j)?;
+        let (pre, nfc) = check_pipeline(j)?;
         if tok.get_encode_special_tokens() {
             return Err("special tokens are encoded as text".into());
         }
@@ -453,17 +493,20 @@ impl BpeModel {
         let added = [build(&sets[0])?, build(&sets[1])?];
         let around = around(tok)?;
         let key = NEXT_MODEL.fetch_add(1, Ordering::Relaxed);
-        Ok(BpeModel { key, byte_ids, merges, whole, added, pattern, nfc, around, joins })
+        Ok(BpeModel { key, byte_ids, merges, whole, added, pre, nfc, around, joins })
     }
 
     /// What the fast path reproduces for this file, for [`super::TextTokenizer::engine`]: e.g.
     /// "byte-level BPE, cl100k pattern, NFC, reproduced exactly".
     pub fn describe(&self) -> String {
-        format!(
-            "byte-level BPE, {} pattern{}, reproduced exactly",
-            self.pattern.name(),
-            if self.nfc { ", NFC" } else { "" }
-        )
+        let pre = match &self.pre {
+            Pre::Scan(p) => format!("{} pattern", p.name()),
+            Pre::Regexes(r) if r.len() == 1 => "a Split regex matched by Oniguruma as in `tokenizers`".to_string(),
+            Pre::Regexes(r) => {
+                format!("{} Split regexes in sequence, matched by Oniguruma as in `tokenizers`", r.len())
+            }
+        };
+        format!("byte-level BPE, {pre}{}, reproduced exactly", if self.nfc { ", NFC" } else { "" })
     }
 
     /// Appends the ids of `text` to `out`, the post-processor's special tokens included.
@@ -520,11 +563,34 @@ impl BpeModel {
 
     /// Text without added tokens: pieces, then BPE on each.
     fn encode_plain(&self, text: &str, c: &mut Cache, out: &mut Vec<u32>) {
-        match self.pattern {
-            Pattern::Gpt2 => self.encode_pieces::<Gpt2>(text, c, out),
-            Pattern::Cl100k => self.encode_pieces::<Cl100k<3>>(text, c, out),
-            Pattern::Qwen2 => self.encode_pieces::<Cl100k<1>>(text, c, out),
-            Pattern::O200k => self.encode_pieces::<O200k>(text, c, out),
+        match &self.pre {
+            Pre::Scan(Pattern::Gpt2) => self.encode_pieces::<Gpt2>(text, c, out),
+            Pre::Scan(Pattern::Cl100k) => self.encode_pieces::<Cl100k<3>>(text, c, out),
+            Pre::Scan(Pattern::Qwen2) => self.encode_pieces::<Cl100k<1>>(text, c, out),
+            Pre::Scan(Pattern::O200k) => self.encode_pieces::<O200k>(text, c, out),
+            Pre::Regexes(r) => self.encode_splits(r, text, c, out),
+        }
+    }
+
+    /// Cuts `text` with the first regex (each match and each gap between matches a piece, empty
+    /// ones dropped, as `tokenizers`' `Isolated` split), each piece with the next regex, and so
+    /// on; BPE on what the last one leaves. Pieces are found one at a time, as with a scanner.
+    fn encode_splits(&self, regexes: &[SysRegex], text: &str, c: &mut Cache, out: &mut Vec<u32>) {
+        let Some((re, rest)) = regexes.split_first() else {
+            return self.encode_piece(text.as_bytes(), c, out);
+        };
+        let mut prev = 0;
+        for (start, end) in re.find_iter(text) {
+            if prev < start {
+                self.encode_splits(rest, &text[prev..start], c, out);
+            }
+            if start < end {
+                self.encode_splits(rest, &text[start..end], c, out);
+            }
+            prev = end;
+        }
+        if prev < text.len() {
+            self.encode_splits(rest, &text[prev..], c, out);
         }
     }
 
