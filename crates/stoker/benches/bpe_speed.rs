@@ -21,15 +21,7 @@ use std::path::PathBuf;
 use std::time::Instant;
 use stoker::tokens::TextTokenizer;
 
-/// DeepSeek-V3's three Split regexes, in order, as its `tokenizer.json` writes them.
-const DEEPSEEK_V3: [&str; 3] = [
-    r"\p{N}{1,3}",
-    "[\u{4e00}-\u{9fa5}\u{3040}-\u{309f}\u{30a0}-\u{30ff}]+",
-    concat!(
-        r##"[!"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+"##,
-        "|[^\r\n\\p{L}\\p{P}\\p{S}]?[\\p{L}\\p{M}]+| ?[\\p{P}\\p{S}]+[\r\n]*|\\s*[\r\n]+|\\s+(?!\\S)|\\s+"
-    ),
-];
+use stoker::tokens::bpe::DEEPSEEK_V3_SPLITS as DEEPSEEK_V3;
 /// cl100k's pattern (Llama 3's `tokenizer.json`).
 const CL100K: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 /// o200k's pattern (GPT-4o's `tokenizer.json`).

@@ -33,17 +33,7 @@ const O200K: &str = concat!(
 const QWEN2: &str =
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 
-/// DeepSeek-V3's three `Split` regexes, in order, as its `tokenizer.json` writes them
-/// (`deepseek-ai/DeepSeek-V3`): digit runs of up to three, runs of CJK ideographs and kana,
-/// then a cl100k-like pattern over letters, marks, punctuation and symbols.
-const DEEPSEEK_V3: [&str; 3] = [
-    r"\p{N}{1,3}",
-    "[\u{4e00}-\u{9fa5}\u{3040}-\u{309f}\u{30a0}-\u{30ff}]+",
-    concat!(
-        r##"[!"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+"##,
-        "|[^\r\n\\p{L}\\p{P}\\p{S}]?[\\p{L}\\p{M}]+| ?[\\p{P}\\p{S}]+[\r\n]*|\\s*[\r\n]+|\\s+(?!\\S)|\\s+"
-    ),
-];
+use stoker::tokens::bpe::DEEPSEEK_V3_SPLITS as DEEPSEEK_V3;
 
 fn splits_then_byte_level(patterns: &[&str]) -> Value {
     let mut list: Vec<Value> = patterns

@@ -115,6 +115,20 @@ pub struct BpeModel {
     joins: Box<[u64; 1024]>,
 }
 
+/// DeepSeek-V3's three `Split` regexes, in order, as its `tokenizer.json` writes them
+/// (`deepseek-ai/DeepSeek-V3`): digit runs of up to three, runs of CJK ideographs and kana, then
+/// a cl100k-like pattern over letters, marks, punctuation and symbols. The fast path matches any
+/// such sequence with Oniguruma, as `tokenizers` does; this one is named for the tests and
+/// benchmarks that build DeepSeek-style files.
+pub const DEEPSEEK_V3_SPLITS: [&str; 3] = [
+    r"\p{N}{1,3}",
+    "[\u{4e00}-\u{9fa5}\u{3040}-\u{309f}\u{30a0}-\u{30ff}]+",
+    concat!(
+        r##"[!"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+"##,
+        "|[^\r\n\\p{L}\\p{P}\\p{S}]?[\\p{L}\\p{M}]+| ?[\\p{P}\\p{S}]+[\r\n]*|\\s*[\r\n]+|\\s+(?!\\S)|\\s+"
+    ),
+];
+
 /// How the fast path cuts text into pieces (the pre-tokenizer).
 #[derive(Debug)]
 enum Pre {

@@ -275,23 +275,9 @@ pub fn sub_image(
 mod tests {
     use super::super::jpeg::{JpegDecoder, Rect};
     use super::super::restart::add_restart_markers;
+    use super::super::restart::tests::picture;
     use super::*;
     use turbojpeg_sys as tj;
-
-    /// A photo-like test image: smooth gradients with noise.
-    fn picture(w: usize, h: usize, seed: u32) -> Vec<u8> {
-        let mut s = seed.wrapping_mul(2_654_435_761).max(1);
-        (0..w * h * 3)
-            .map(|i| {
-                s ^= s << 13;
-                s ^= s >> 17;
-                s ^= s << 5;
-                let (px, c) = (i / 3, i % 3);
-                let (col, row) = (px % w, px / w);
-                ((col * 255 / w + row * 131 / h + c * 70) as u32 % 190 + (s % 64)) as u8
-            })
-            .collect()
-    }
 
     /// A JPEG of `picture(w, h)`; `format` RGB, GRAY or CMYK (YCCK).
     fn compress(w: usize, h: usize, subsamp: i32, format: tj::TJPF, seed: u32) -> Vec<u8> {

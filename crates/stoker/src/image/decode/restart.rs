@@ -176,7 +176,7 @@ pub fn restart_interval(data: &[u8]) -> Option<u32> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
 
     #[test]
@@ -194,7 +194,7 @@ mod tests {
     }
 
     /// A photo-like test image: smooth gradients with noise.
-    fn picture(w: usize, h: usize, seed: u32) -> Vec<u8> {
+    pub(in crate::image::decode) fn picture(w: usize, h: usize, seed: u32) -> Vec<u8> {
         let mut x = seed.wrapping_mul(2_654_435_761).max(1);
         (0..w * h * 3)
             .map(|i| {
