@@ -11,9 +11,11 @@
 //!
 //! The pixels are the same bit for bit as decoding the whole file and cropping: the IDCT works
 //! per block and the colour conversion per pixel, and the only filter that reaches across
-//! blocks, chroma upsampling, reaches one chroma sample; the sub-image keeps a margin of one
-//! MCU (rounded out to whole intervals) around the region on every side that is not the
-//! image's own edge, so every pixel of the region sees the neighbours it sees in the whole
+//! blocks, chroma upsampling, reaches one chroma sample. Vertically, where libjpeg-turbo
+//! interpolates chroma between rows, the sub-image keeps one MCU row more above (below) the
+//! region when the region starts (ends) on an MCU row's edge; horizontally it needs none, as
+//! libjpeg-turbo upsamples a cropping region as an image of its own width (see
+//! [`sub_image`]). So every pixel of the region sees the neighbours it sees in the whole
 //! image. The caller decodes the region out of the sub-image with the same cropping region
 //! (moved by the sub-image's offset) and the same DCT scale as it would the whole file.
 //!
