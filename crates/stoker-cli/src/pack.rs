@@ -39,8 +39,8 @@ pub struct PackArgs {
     #[arg(long)]
     pub overwrite: bool,
     /// Re-code baseline JPEGs losslessly (the same pixels) with optimised Huffman tables and
-    /// restart markers every few MCUs dividing the MCU row, so that the intervals a crop
-    /// touches can be decoded alone; progressive and other JPEGs are stored as they are.
+    /// restart markers (about one per MCU), so that the intervals a crop touches can be
+    /// decoded alone; progressive and other JPEGs are stored as they are.
     #[arg(long)]
     pub random_access: bool,
     /// Print one JSON object instead of the summary.

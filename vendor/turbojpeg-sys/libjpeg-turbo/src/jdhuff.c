@@ -404,6 +404,8 @@ no_more_bytes:
       /* Back out pre-execution and fill the buffer with zero bits */ \
       buffer -= 2; \
       get_buffer &= ~0xFF; \
+      /* stoker: count the zero bits, which are not data (see below) */ \
+      zero_bits += 8; \
     } \
   } \
 }
@@ -555,6 +557,8 @@ decode_mcu_slow(j_decompress_ptr cinfo, JBLOCKROW *MCU_data)
   BITREAD_STATE_VARS;
   int blkn;
   savable_state state;
+  /* stoker: zero bits put into the bit buffer after a marker */
+  int zero_bits = 0;
   /* Outer loop handles each block in the MCU */
 
   /* Load up working state */
@@ -667,6 +671,8 @@ decode_mcu_fast(j_decompress_ptr cinfo, JBLOCKROW *MCU_data)
   JOCTET *buffer;
   int blkn;
   savable_state state;
+  /* stoker: zero bits put into the bit buffer after a marker */
+  int zero_bits = 0;
   /* Outer loop handles each block in the MCU */
 
   /* Load up working state */
@@ -737,8 +743,24 @@ decode_mcu_fast(j_decompress_ptr cinfo, JBLOCKROW *MCU_data)
   }
 
   if (cinfo->unread_marker != 0) {
-    cinfo->unread_marker = 0;
-    return FALSE;
+    /* stoker: in a file with restart markers, the data of an interval's last
+     * MCU ends just before the marker, so the look-ahead reads into it.  The
+     * zero bits put in after the marker are the lowest `zero_bits` bits of the
+     * buffer, and bits are taken from the top: when at least that many bits
+     * are left, the MCU was decoded from data bits alone, as the slow decoder
+     * would have decoded it.  Drop the zero bits, keep the MCU and read the
+     * marker as the slow decoder reads it (its two bytes consumed, its code in
+     * unread_marker); otherwise back out, and the slow decoder decodes the MCU
+     * again (and warns where it should).  A marker preceded by fill bytes
+     * (FF FF ...), which the slow decoder skips, is left to the slow decoder. */
+    if (!cinfo->restart_interval || bits_left < zero_bits ||
+        cinfo->unread_marker == 0xFF) {
+      cinfo->unread_marker = 0;
+      return FALSE;
+    }
+    get_buffer >>= zero_bits;
+    bits_left -= zero_bits;
+    buffer += 2;
   }
 
   br_state.bytes_in_buffer -= (buffer - br_state.next_input_byte);
@@ -777,20 +799,27 @@ decode_mcu(j_decompress_ptr cinfo, JBLOCKROW *MCU_data)
     if (entropy->restarts_to_go == 0)
       if (!process_restart(cinfo))
         return FALSE;
-    /* stoker: the fast decoder for every MCU of an interval but its last one
-     * (upstream uses the slow decoder for every MCU of a file with restart
-     * markers).  The fast decoder backs out when it reads into a marker and the
-     * slow decoder then decodes the MCU again, so an MCU whose data ends at the
-     * marker is decoded as before; the last MCU, whose leftover bits
-     * process_restart() discards, is always decoded by the slow decoder.  See
-     * vendor/README.md. */
-    if (entropy->restarts_to_go == 1)
-      usefast = 0;
+    /* stoker: the fast decoder for every MCU of an interval (upstream uses the
+     * slow decoder for every MCU of a file with restart markers).  The fast
+     * decoder keeps an MCU whose data ends before the marker it read into and
+     * backs out otherwise (decode_mcu_fast()), and the slow decoder then
+     * decodes the MCU again; once the marker is read, the slow decoder takes
+     * the rest of the interval (unread_marker below).  See vendor/README.md. */
   }
 
   if (cinfo->src->bytes_in_buffer < BUFSIZE * (size_t)cinfo->blocks_in_MCU ||
       cinfo->unread_marker != 0)
     usefast = 0;
+  /* stoker: near the end of the buffer, the fast decoder is still safe when
+   * the buffer ends with a marker (FF, then a byte other than 00, such as the
+   * EOI that ends every file): its look-ahead stops at the first marker and
+   * never reads past it.  Only in files with restart markers (the crops that
+   * stoker decodes from their restart intervals end with the image's data). */
+  if (!usefast && cinfo->restart_interval && cinfo->unread_marker == 0 &&
+      cinfo->src->bytes_in_buffer >= 2 &&
+      cinfo->src->next_input_byte[cinfo->src->bytes_in_buffer - 2] == 0xFF &&
+      cinfo->src->next_input_byte[cinfo->src->bytes_in_buffer - 1] != 0)
+    usefast = 1;
 
   /* If we've run out of data, just leave the MCU set to zeroes.
    * This way, we return uniform gray for the remainder of the segment.

@@ -243,31 +243,30 @@ pub fn sub_image(
     let (px0, py0) = (c0 * mw, r0 * mh);
     let (sw, sh) = ((c1 * mw).min(f.width) - px0, (r1 * mh).min(f.height) - py0);
     out[f.size_at..f.size_at + 4].copy_from_slice(&[(sh >> 8) as u8, sh as u8, (sw >> 8) as u8, sw as u8]);
-    // Interval `j`'s data: from the scan start or the previous marker, to its own marker or
-    // the end of the scan.
-    let span = |j: usize| {
-        let from = if j == 0 { f.scan } else { marks[j - 1] as usize + 2 };
-        let to = if j + 1 == total { end } else { marks[j] as usize };
-        &data[from..to]
-    };
+    // Intervals `j0..=j1` follow each other in the file: one copy of their data, from the
+    // scan start or the marker before `j0` to the marker after `j1` or the end of the scan,
+    // then the markers inside it renumbered in place; `written` intervals came before.
     let mut written = 0usize;
-    let mut put = |out: &mut Vec<u8>, j: usize| {
+    let mut copy = |out: &mut Vec<u8>, j0: usize, j1: usize| {
         if written > 0 {
             out.extend_from_slice(&[0xFF, RST0 + ((written - 1) % 8) as u8]);
         }
-        out.extend_from_slice(span(j));
-        written += 1;
+        let from = if j0 == 0 { f.scan } else { marks[j0 - 1] as usize + 2 };
+        let to = if j1 + 1 == total { end } else { marks[j1] as usize };
+        let base = out.len();
+        out.extend_from_slice(&data[from..to]);
+        for (n, &m) in marks[j0..j1].iter().enumerate() {
+            out[base + m as usize - from + 1] = RST0 + ((written + n) % 8) as u8;
+        }
+        written += j1 - j0 + 1;
     };
     if band == 1 {
+        // Each row's intervals from column `c0` to `c1`.
         for r in r0..r1 {
-            for c in (c0..c1).step_by(tile) {
-                put(out, (r * cols + c) / step);
-            }
+            copy(out, (r * cols + c0) / step, (r * cols + c1) / step - 1);
         }
     } else {
-        for j in r0 / band..r1.div_ceil(band) {
-            put(out, j);
-        }
+        copy(out, r0 / band, r1.div_ceil(band) - 1);
     }
     out.extend_from_slice(&[0xFF, EOI]);
     Some((px0 * num / 8, py0 * num / 8))
@@ -500,6 +499,40 @@ mod tests {
         assert_eq!(sub_image(&packed, 8, (0, 0, 200, 120), &mut out, &mut marks), None, "the whole image");
         assert_eq!(sub_image(&src, 8, (0, 0, 10, 10), &mut out, &mut marks), None, "no restart markers");
         assert!(sub_image(&packed, 8, (0, 0, 10, 10), &mut out, &mut marks).is_some());
+    }
+
+    /// The vendored libjpeg-turbo decodes an interval's last MCU with its fast Huffman decoder
+    /// (`vendor/README.md`), keeping it only when the MCU took no bit past the restart marker:
+    /// an interval cut short must still be reported as libjpeg reports it (the slow decoder's
+    /// "premature end of data segment"), with every row above the damage as in the clean file.
+    #[test]
+    fn an_interval_cut_short_is_still_reported() {
+        let (w, h) = (320, 240);
+        let src = compress(w, h, tj::TJSAMP_TJSAMP_420, tj::TJPF_TJPF_RGB, 8);
+        let mut dec = JpegDecoder::new(1 << 28).unwrap();
+        let whole = (0, 0, w, h);
+        for blocks in [1, 2, 4, 5] {
+            let clean = with_restarts(&src, blocks, 0);
+            let want = decode(&mut dec, &clean, 8, whole, 3);
+            assert!(want == decode(&mut dec, &src, 8, whole, 3), "{blocks}-MCU intervals: clean file");
+            let rst: Vec<usize> =
+                (0..clean.len() - 1).filter(|&i| clean[i] == 0xFF && (0xD0..=0xD7).contains(&clean[i + 1])).collect();
+            // Interval 30's last byte removed: its last MCU lacks data bits. 20 MCUs per row.
+            let j = 30;
+            let mut cut = clean.clone();
+            cut.remove(rst[j - 1] - 1);
+            let mut got = vec![0u8; w * h * 3];
+            dec.decode(&cut, 8, whole, 3, &mut got).unwrap();
+            let warning = dec.take_warning();
+            assert!(
+                warning.as_deref().is_some_and(|m| m.contains("premature end of data segment")),
+                "{blocks}-MCU intervals: {warning:?}"
+            );
+            // The damaged MCU's row starts at pixel row 16 * (MCU index / 20); chroma reaches
+            // 8 rows up.
+            let top = 16 * ((j * blocks as usize - 1) / 20) - 8;
+            assert!(got[..top * w * 3] == want[..top * w * 3], "{blocks}-MCU intervals: rows above");
+        }
     }
 
     #[test]

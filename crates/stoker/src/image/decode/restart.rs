@@ -3,21 +3,38 @@
 //! libjpeg-turbo's transformer rewrites a JPEG's entropy-coded data from its quantised DCT
 //! coefficients (what `jpegtran -restart N -optimize` does): the decoded pixels are unchanged
 //! bit for bit, the Huffman tables are optimised for the image (which usually saves more than
-//! the markers cost), and a restart marker every `interval` MCUs makes each interval decodable
-//! on its own. The interval divides the row of MCUs, so the intervals form a grid of
-//! `interval x 1` MCU tiles: what a decoder needs to decode only the tiles a crop touches.
+//! the markers cost), and a restart marker every few MCUs ([`choose_interval`]: one for most
+//! photos) makes each interval decodable on its own. The interval divides the row of MCUs, so
+//! the intervals form a grid of `interval x 1` MCU tiles: what a decoder needs to decode only
+//! the tiles a crop touches.
 //! Every marker of the source (EXIF orientation, ICC profile, comments) is kept. Progressive,
 //! arithmetic-coded and lossless JPEGs are left as they are (the reason is returned).
 
 use turbojpeg_sys as tj;
 
-/// The fewest MCUs an interval holds when the MCU row has a divisor that large (a row of a
-/// prime number of MCUs gets one interval per row).
+/// The fewest entropy-coded bytes an interval should hold (on average): a restart marker
+/// costs about 2.5 bytes (the marker and the padding to a byte) and about 200 instructions to
+/// decode (the marker, the DC predictors' reset), so an interval of fewer bytes grows the file
+/// and the decode time by more than a few percent.
+pub const MIN_INTERVAL_BYTES: f64 = 100.0;
+
+/// The restart interval for an image of `mcu_columns` x `mcu_rows` MCUs whose file is `bytes`
+/// long: the smallest divisor of the row of MCUs whose intervals hold at least
+/// [`MIN_INTERVAL_BYTES`] on average (one MCU for photos like ImageNet's, about 130 bytes per
+/// 16 x 16 MCU), or the whole row.
 ///
-/// One MCU per interval would decode every MCU with libjpeg-turbo's slow Huffman decoder, the
-/// last MCU of each interval (see `vendor/README.md`), which whole-image decodes (the cache's
-/// fill, large centre crops) would pay too.
-pub const MIN_INTERVAL_MCUS: u32 = 2;
+/// The smallest tile is best for crops. Measured (BENCHMARKS.md, "Decode only the crop"), 210
+/// ImageNet-like JPEGs, callgrind, with the vendored libjpeg-turbo, which decodes every MCU
+/// of an interval with its fast Huffman decoder (`vendor/README.md`): one-MCU intervals take
+/// 4.4% fewer instructions per train image and 4.5% per val image than the 2-5-MCU intervals
+/// of the earlier cost model, and 0.9% more for a whole-image decode; those files shrink by
+/// 0.6% instead of 2.4%. Smooth images (few bytes per MCU) get longer intervals, so that the
+/// markers do not outweigh what the optimised Huffman tables save.
+pub fn choose_interval(mcu_columns: u32, mcu_rows: u32, bytes: usize) -> u32 {
+    let cols = mcu_columns.max(1);
+    let per_mcu = bytes as f64 / (cols as f64 * mcu_rows.max(1) as f64);
+    (1..=cols).find(|&d| cols.is_multiple_of(d) && d as f64 * per_mcu >= MIN_INTERVAL_BYTES).unwrap_or(cols)
+}
 
 /// A JPEG re-coded with restart markers.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -30,27 +47,6 @@ pub struct Recoded {
     pub mcu_columns: u32,
     /// MCU width and height in pixels.
     pub mcu_size: (u32, u32),
-}
-
-/// The restart interval for a row of `mcu_columns` MCUs: the divisor of the row (at least
-/// [`MIN_INTERVAL_MCUS`], or the whole row) that minimises the expected Huffman cost of a
-/// `RandomResizedCrop`.
-///
-/// The cost model:
-/// - a crop spans about 0.7 of the row;
-/// - rounding it out to whole intervals adds `interval - 1` MCUs on average;
-/// - the last MCU of each interval costs about 1.4 times the others (measured: 11.7 k against
-///   10.7 k instructions per MCU at 4-MCU intervals).
-///
-/// On 210 ImageNet-like JPEGs this gave 1.4% fewer instructions per train image than the
-/// smallest divisor of at least 4 (BENCHMARKS.md).
-pub fn choose_interval(mcu_columns: u32) -> u32 {
-    let cols = mcu_columns.max(1);
-    let cost = |d: u32| (cols as f64).min(0.7 * cols as f64 + d as f64 - 1.0) * (1.0 + 0.4 / d as f64);
-    (1..=cols)
-        .filter(|&d| cols.is_multiple_of(d) && (d >= MIN_INTERVAL_MCUS || d == cols))
-        .min_by(|&a, &b| cost(a).total_cmp(&cost(b)).then(b.cmp(&a)))
-        .unwrap_or(cols)
 }
 
 /// A TurboJPEG transform handle, destroyed on drop.
@@ -121,7 +117,7 @@ pub fn add_restart_markers(data: &[u8], max_pixels: u64) -> Result<Recoded, Stri
     const MCU: [(i32, i32); 7] = [(8, 8), (16, 8), (16, 16), (8, 8), (8, 16), (32, 8), (8, 32)];
     let (mw, mh) = MCU[subsamp as usize];
     let mcu_columns = (width as u32).div_ceil(mw as u32);
-    let interval = choose_interval(mcu_columns);
+    let interval = choose_interval(mcu_columns, (height as u32).div_ceil(mh as u32), data.len());
     h.set(tj::TJPARAM_TJPARAM_RESTARTBLOCKS, interval as i32)?;
     h.set(tj::TJPARAM_TJPARAM_OPTIMIZE, 1)?;
     // SAFETY: a zeroed tjtransform is "no operation, no options, no crop, no filter".
@@ -180,16 +176,20 @@ pub(super) mod tests {
     use super::*;
 
     #[test]
-    fn intervals_divide_the_mcu_row() {
-        assert_eq!(choose_interval(32), 4, "a 500-pixel 4:2:0 row");
-        assert_eq!(choose_interval(24), 3, "a 375-pixel 4:2:0 row");
-        assert_eq!(choose_interval(30), 3);
-        assert_eq!(choose_interval(38), 2, "2 x 19: not 19");
-        assert_eq!(choose_interval(31), 31, "a prime row: one interval per row");
-        assert_eq!(choose_interval(3), 3);
-        assert_eq!(choose_interval(1), 1);
+    fn intervals_divide_the_mcu_row_and_hold_enough_bytes() {
+        // A 500 x 375 4:2:0 photo like ImageNet's: 32 x 24 MCUs, 120 KB.
+        assert_eq!(choose_interval(32, 24, 120_000), 1);
+        // The same size, smooth (30 KB, 39 bytes per MCU): 3 MCUs do not divide 32, so 4.
+        assert_eq!(choose_interval(32, 24, 30_000), 4);
+        assert_eq!(choose_interval(38, 10, 38 * 10 * 60), 2, "2 x 19: 120 bytes");
+        assert_eq!(choose_interval(31, 10, 31 * 10 * 10), 31, "a prime row: one interval per row");
+        assert_eq!(choose_interval(1, 1, 10), 1);
+        assert_eq!(choose_interval(0, 0, 0), 1, "no MCU: one, not a division by zero");
         for cols in 1..200u32 {
-            assert!(cols.is_multiple_of(choose_interval(cols)));
+            for bytes in [0, 100, 5_000, 1 << 20] {
+                let d = choose_interval(cols, 7, bytes);
+                assert!(cols.is_multiple_of(d), "{cols} {bytes}: {d}");
+            }
         }
     }
 
