@@ -557,8 +557,6 @@ decode_mcu_slow(j_decompress_ptr cinfo, JBLOCKROW *MCU_data)
   BITREAD_STATE_VARS;
   int blkn;
   savable_state state;
-  /* stoker: zero bits put into the bit buffer after a marker */
-  int zero_bits = 0;
   /* Outer loop handles each block in the MCU */
 
   /* Load up working state */

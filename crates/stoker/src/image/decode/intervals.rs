@@ -501,6 +501,11 @@ mod tests {
         assert!(sub_image(&packed, 8, (0, 0, 10, 10), &mut out, &mut marks).is_some());
     }
 
+    /// Offsets of the restart markers' `FF` bytes in `data`.
+    fn rst_offsets(data: &[u8]) -> Vec<usize> {
+        (0..data.len() - 1).filter(|&i| data[i] == 0xFF && (0xD0..=0xD7).contains(&data[i + 1])).collect()
+    }
+
     /// The vendored libjpeg-turbo decodes an interval's last MCU with its fast Huffman decoder
     /// (`vendor/README.md`), keeping it only when the MCU took no bit past the restart marker:
     /// an interval cut short must still be reported as libjpeg reports it (the slow decoder's
@@ -515,8 +520,7 @@ mod tests {
             let clean = with_restarts(&src, blocks, 0);
             let want = decode(&mut dec, &clean, 8, whole, 3);
             assert!(want == decode(&mut dec, &src, 8, whole, 3), "{blocks}-MCU intervals: clean file");
-            let rst: Vec<usize> =
-                (0..clean.len() - 1).filter(|&i| clean[i] == 0xFF && (0xD0..=0xD7).contains(&clean[i + 1])).collect();
+            let rst = rst_offsets(&clean);
             // Interval 30's last byte removed: its last MCU lacks data bits. 20 MCUs per row.
             let j = 30;
             let mut cut = clean.clone();
@@ -546,8 +550,7 @@ mod tests {
         assert_eq!(sub_image(&odd, 8, region, &mut out, &mut marks), None);
         let packed = add_restart_markers(&src, 1 << 28).unwrap().data;
         assert!(sub_image(&packed, 8, region, &mut out, &mut marks).is_some());
-        let rst: Vec<usize> =
-            (0..packed.len() - 1).filter(|&i| packed[i] == 0xFF && (0xD0..=0xD7).contains(&packed[i + 1])).collect();
+        let rst = rst_offsets(&packed);
         // A marker out of sequence, a missing marker, a cut file, a second scan.
         let mut bad = packed.clone();
         bad[rst[5] + 1] = 0xD0 + ((bad[rst[5] + 1] - 0xD0 + 1) % 8);
