@@ -595,7 +595,8 @@ impl Source for ShardSource {
             ));
         }
         let total = tar::BLOCK + len as usize;
-        buf.clear();
+        // The read overwrites all `total` bytes, so the buffer's old bytes are kept rather
+        // than zeroed: only growth past its last length is filled.
         buf.resize(total, 0);
         // One positioned read: the member's tar header and its data.
         self.storage.read_at(k as usize, offset - tar::BLOCK as u64, buf).map_err(|e| {

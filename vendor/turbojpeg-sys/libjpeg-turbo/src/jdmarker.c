@@ -1146,7 +1146,12 @@ read_restart_marker(j_decompress_ptr cinfo)
   if (cinfo->unread_marker ==
       ((int)M_RST0 + cinfo->marker->next_restart_num)) {
     /* Normal case --- swallow the marker and let entropy decoder continue */
-    TRACEMS1(cinfo, 3, JTRC_RST, cinfo->marker->next_restart_num);
+    /* stoker: the trace message only where it would be shown: emit_message
+     * drops a level-3 trace below trace_level 3, and a file with a restart
+     * marker after every MCU reads one per MCU (a call through two pointers
+     * each). */
+    if (cinfo->err->trace_level >= 3)
+      TRACEMS1(cinfo, 3, JTRC_RST, cinfo->marker->next_restart_num);
     cinfo->unread_marker = 0;
   } else {
     /* Uh-oh, the restart markers have been messed up. */

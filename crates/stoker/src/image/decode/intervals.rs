@@ -159,27 +159,108 @@ fn read_header(data: &[u8], out: &mut Vec<u8>) -> Option<Frame> {
     }
 }
 
-/// Finds the restart markers of the scan starting at `scan`: pushes onto `marks` the offset
-/// of each one's `FF`, checks they come in sequence (RST0..RST7 cyclically) and returns the
-/// offset of the end-of-image marker that ends the scan; `None` when another marker ends it.
-fn find_markers(data: &[u8], scan: usize, marks: &mut Vec<u32>) -> Option<usize> {
-    let mut pos = scan;
-    loop {
-        pos += memchr::memchr(0xFF, data.get(pos..)?)?;
-        let next = *data.get(pos + 1)?;
-        match next {
-            0x00 | 0xFF => pos += 1,
-            RST0..=0xD7 => {
-                if (next - RST0) as usize != marks.len() % 8 {
-                    return None;
-                }
-                marks.push(u32::try_from(pos).ok()?);
-                pos += 2;
-            }
-            EOI => return Some(pos),
-            _ => return None,
-        }
+/// Bit `i` set where `c[i]` is `0xFF`.
+#[cfg(all(target_arch = "x86_64", target_feature = "sse2"))]
+fn ff_mask(c: &[u8; 64]) -> u64 {
+    use std::arch::x86_64::{__m128i, _mm_cmpeq_epi8, _mm_loadu_si128, _mm_movemask_epi8, _mm_set1_epi8};
+    let mut m = 0u64;
+    for k in 0..4 {
+        // SAFETY: SSE2 is enabled at compile time (the `cfg` above; every x86_64 CPU has it).
+        // Bytes `16 * k .. 16 * k + 16` lie inside `c` (64 bytes), and `_mm_loadu_si128`
+        // reads 16 bytes with no alignment requirement.
+        let bits = unsafe {
+            let v = _mm_loadu_si128(c.as_ptr().add(16 * k).cast::<__m128i>());
+            _mm_movemask_epi8(_mm_cmpeq_epi8(v, _mm_set1_epi8(-1)))
+        };
+        m |= u64::from(bits as u16) << (16 * k);
     }
+    m
+}
+
+/// Bit `i` set where `c[i]` is `0xFF`.
+#[cfg(not(all(target_arch = "x86_64", target_feature = "sse2")))]
+fn ff_mask(c: &[u8; 64]) -> u64 {
+    c.iter().enumerate().fold(0, |m, (i, &b)| m | u64::from(b == 0xFF) << i)
+}
+
+/// Finds the restart markers of the scan starting at `scan`: pushes onto `marks` the offset
+/// of each one's `FF` and checks they come in sequence (RST0..RST7 cyclically). With `stop`,
+/// returns the offset of the `stop`-th marker once found (the data after it is not needed);
+/// without, the offset of the end-of-image marker that ends the scan. `None` when another
+/// marker ends the scan, or the end comes before the `stop`-th marker.
+///
+/// Entropy-coded data holds an `FF` every 80 bytes or so (most of them stuffed `FF 00`
+/// pairs, the rest markers), so the scan compares 64 bytes at once and then visits each `FF`
+/// of the block, rather than searching afresh from each one. A fill byte (`FF FF`) is passed
+/// over as the `FF` after it is visited in turn.
+fn find_markers(data: &[u8], scan: usize, marks: &mut Vec<u32>, stop: Option<usize>) -> Option<usize> {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") {
+        // SAFETY: the CPU has AVX2 (checked on the line above).
+        return unsafe { find_markers_avx2(data, scan, marks, stop) };
+    }
+    markers_with(data, scan, marks, stop, ff_mask)
+}
+
+/// [`find_markers`] with 32-byte comparisons.
+///
+/// # Safety
+/// The CPU must support AVX2.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn find_markers_avx2(data: &[u8], scan: usize, marks: &mut Vec<u32>, stop: Option<usize>) -> Option<usize> {
+    use std::arch::x86_64::{__m256i, _mm256_cmpeq_epi8, _mm256_loadu_si256, _mm256_movemask_epi8, _mm256_set1_epi8};
+    #[target_feature(enable = "avx2")]
+    fn ff_mask_avx2(c: &[u8; 64]) -> u64 {
+        let ff = _mm256_set1_epi8(-1);
+        // SAFETY: bytes `0..32` and `32..64` lie inside `c`; `_mm256_loadu_si256` reads 32
+        // bytes with no alignment requirement.
+        let (lo, hi) = unsafe {
+            (_mm256_loadu_si256(c.as_ptr().cast::<__m256i>()), _mm256_loadu_si256(c.as_ptr().add(32).cast::<__m256i>()))
+        };
+        let lo = _mm256_movemask_epi8(_mm256_cmpeq_epi8(lo, ff)) as u32;
+        let hi = _mm256_movemask_epi8(_mm256_cmpeq_epi8(hi, ff)) as u32;
+        u64::from(lo) | u64::from(hi) << 32
+    }
+    markers_with(data, scan, marks, stop, |c| ff_mask_avx2(c))
+}
+
+/// The body of [`find_markers`], with `ff_bytes` giving the `0xFF` bytes of 64 bytes.
+#[inline(always)]
+fn markers_with(
+    data: &[u8],
+    scan: usize,
+    marks: &mut Vec<u32>,
+    stop: Option<usize>,
+    ff_bytes: impl Fn(&[u8; 64]) -> u64,
+) -> Option<usize> {
+    let mut base = scan;
+    while let Some(tail) = data.get(base..).filter(|t| !t.is_empty()) {
+        let mut mask = match tail.first_chunk::<64>() {
+            Some(block) => ff_bytes(block),
+            None => tail.iter().enumerate().fold(0, |m, (i, &b)| m | u64::from(b == 0xFF) << i),
+        };
+        while mask != 0 {
+            let pos = base + mask.trailing_zeros() as usize;
+            mask &= mask - 1;
+            match *data.get(pos + 1)? {
+                0x00 | 0xFF => {}
+                next @ RST0..=0xD7 => {
+                    if (next - RST0) as usize != marks.len() % 8 {
+                        return None;
+                    }
+                    marks.push(u32::try_from(pos).ok()?);
+                    if Some(marks.len()) == stop {
+                        return Some(pos);
+                    }
+                }
+                EOI => return stop.is_none().then_some(pos),
+                _ => return None,
+            }
+        }
+        base += 64;
+    }
+    None
 }
 
 /// Assembles into `out` a JPEG of only the restart intervals of `data` that the region
@@ -213,10 +294,6 @@ pub fn sub_image(
         return None;
     };
     let total = (cols * rows).div_ceil(step);
-    let end = find_markers(data, f.scan, marks)?;
-    if marks.len() + 1 != total {
-        return None;
-    }
     // The MCUs the region covers, rounded out to whole intervals. Vertically, where a
     // component is interpolated between rows (4:2:0 and 4:4:0 at full scale; at 1/2, 1/4 and
     // 1/8 libjpeg-turbo's IDCT brings 4:2:0 chroma to full size instead), the first output
@@ -238,6 +315,15 @@ pub fn sub_image(
     let r0 = (y / smh).saturating_sub(above) / band * band;
     let r1 = ((y + h).div_ceil(smh) + below).div_ceil(band).saturating_mul(band).min(rows);
     if c0 >= c1 || r0 >= r1 || (c0, r0, c1, r1) == (0, 0, cols, rows) {
+        return None;
+    }
+    // The markers up to the end of the last MCU row the region needs: as libjpeg, which
+    // decodes whole MCU rows and skips to the end once the region is decoded, nothing below
+    // is read (nor are libjpeg's warnings about it given). Above, every marker is checked.
+    let last = r1.div_ceil(band) * (cols * band) / step - 1;
+    let stop = (last + 1 < total).then_some(last + 1);
+    let end = find_markers(data, f.scan, marks, stop)?;
+    if stop.is_none() && marks.len() + 1 != total {
         return None;
     }
     let (px0, py0) = (c0 * mw, r0 * mh);
@@ -539,6 +625,83 @@ mod tests {
         }
     }
 
+    /// As libjpeg skips to the end once a region is decoded, the marker scan stops at the end
+    /// of the last MCU row the region needs: damage below it changes nothing, on either path.
+    #[test]
+    fn damage_below_the_region_is_not_read() {
+        let (w, h) = (320, 240);
+        let src = compress(w, h, tj::TJSAMP_TJSAMP_420, tj::TJPF_TJPF_RGB, 9);
+        let packed = with_restarts(&src, 1, 0);
+        let rst = rst_offsets(&packed);
+        let mut dec = JpegDecoder::new(1 << 28).unwrap();
+        let (mut out, mut marks) = (Vec::new(), Vec::new());
+        let region = (32, 40, 64, 50);
+        let want = decode(&mut dec, &src, 8, region, 3);
+        // One MCU per interval, 20 per row, 15 rows: the region needs rows 2-5, columns 2-5.
+        let mut damaged = packed.clone();
+        let below = rst[20 * 9];
+        damaged[below + 1] = 0xD0 + (damaged[below + 1] - 0xD0 + 3) % 8;
+        damaged.truncate(rst[20 * 12]);
+        let (ox, oy) = sub_image(&damaged, 8, region, &mut out, &mut marks).expect("the interval path");
+        let (x, y, rw, rh) = region;
+        assert!(decode(&mut dec, &out, 8, (x - ox, y - oy, rw, rh), 3) == want, "from the intervals");
+        assert!(decode(&mut dec, &damaged, 8, region, 3) == want, "the whole file, as libjpeg reads it");
+        // The same damage in the last row the region needs, right of the region (libjpeg
+        // decodes the whole row): the whole-file path.
+        let mut inside = packed.clone();
+        let at = rst[20 * 5 + 15];
+        inside[at + 1] = 0xD0 + (inside[at + 1] - 0xD0 + 3) % 8;
+        assert_eq!(sub_image(&inside, 8, region, &mut out, &mut marks), None);
+    }
+
+    /// The marker scan (64 bytes compared at once, with AVX2 where the CPU has it) finds the
+    /// markers a byte-by-byte reading finds, wherever they fall in a block, and at every
+    /// length of the last, partial block.
+    #[test]
+    fn the_marker_scan_matches_a_plain_reading() {
+        let mut s = 0x2545_F491_4F6C_DD1Du64;
+        let mut byte = || {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            s as u8
+        };
+        for len in [0usize, 1, 2, 63, 64, 65, 127, 128, 129, 1000, 4099] {
+            // Random bytes with many `FF 00`, markers in sequence (some after fill bytes), EOI.
+            let (mut data, mut n) = (Vec::new(), 0usize);
+            while data.len() < len {
+                match byte() % 16 {
+                    0 => data.extend_from_slice(&[0xFF, 0x00]),
+                    1 => {
+                        data.extend_from_slice(&[0xFF, 0xD0 + (n % 8) as u8]);
+                        n += 1;
+                    }
+                    2 => {
+                        data.extend_from_slice(&[0xFF, 0xFF, 0xFF, 0xD0 + (n % 8) as u8]);
+                        n += 1;
+                    }
+                    _ => data.push(byte() & 0xFE),
+                }
+            }
+            data.extend_from_slice(&[0xFF, 0xD9]);
+            let want: Vec<u32> = (0..data.len() - 1)
+                .filter(|&i| data[i] == 0xFF && (0xD0..=0xD7).contains(&data[i + 1]))
+                .map(|i| i as u32)
+                .collect();
+            let mut marks = Vec::new();
+            assert_eq!(markers_with(&data, 0, &mut marks, None, ff_mask), Some(data.len() - 2), "length {len}");
+            assert_eq!(marks, want, "length {len}");
+            marks.clear();
+            assert_eq!(find_markers(&data, 0, &mut marks, None), Some(data.len() - 2), "length {len}");
+            assert_eq!(marks, want, "length {len}");
+            if want.len() > 2 {
+                marks.clear();
+                assert_eq!(find_markers(&data, 0, &mut marks, Some(2)), Some(want[1] as usize));
+                assert_eq!(marks, want[..2]);
+            }
+        }
+    }
+
     #[test]
     fn unusable_or_damaged_files_are_left_to_the_whole_file_path() {
         let src = compress(320, 240, tj::TJSAMP_TJSAMP_420, tj::TJPF_TJPF_RGB, 7);
@@ -558,10 +721,17 @@ mod tests {
         let mut gone = packed.clone();
         gone.drain(rst[3]..rst[3] + 2);
         assert_eq!(sub_image(&gone, 8, region, &mut out, &mut marks), None, "missing");
-        assert_eq!(sub_image(&packed[..packed.len() - 2], 8, region, &mut out, &mut marks), None, "no EOI");
+        // The end of the scan matters to a region that reaches it (for one that does not, see
+        // `damage_below_the_region_is_not_read`).
+        let bottom = (240, 200, 80, 40);
+        assert!(sub_image(&packed, 8, bottom, &mut out, &mut marks).is_some());
+        assert_eq!(sub_image(&packed[..packed.len() - 2], 8, bottom, &mut out, &mut marks), None, "no EOI");
         let mut two = packed[..packed.len() - 2].to_vec();
         two.extend_from_slice(&[0xFF, 0xDA, 0x00, 0x08, 0x01, 0x01, 0x00, 0x00, 0x3F, 0x00, 0xFF, 0xD9]);
-        assert_eq!(sub_image(&two, 8, region, &mut out, &mut marks), None, "another scan");
+        assert_eq!(sub_image(&two, 8, bottom, &mut out, &mut marks), None, "another scan");
+        let mut extra = packed[..packed.len() - 2].to_vec();
+        extra.extend_from_slice(&[0xFF, 0xD0 + (rst.len() % 8) as u8, 0x12, 0xFF, 0xD9]);
+        assert_eq!(sub_image(&extra, 8, bottom, &mut out, &mut marks), None, "one interval too many");
         // Junk between header segments (libjpeg warns there): left to the whole-file path.
         let at = packed.windows(2).position(|w| w == [0xFF, 0xDB]).unwrap();
         let junk = [&packed[..at], &[0x11, 0x22], &packed[at..]].concat();
