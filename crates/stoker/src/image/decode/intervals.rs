@@ -180,7 +180,12 @@ fn ff_mask(c: &[u8; 64]) -> u64 {
 /// Bit `i` set where `c[i]` is `0xFF`.
 #[cfg(not(all(target_arch = "x86_64", target_feature = "sse2")))]
 fn ff_mask(c: &[u8; 64]) -> u64 {
-    c.iter().enumerate().fold(0, |m, (i, &b)| m | u64::from(b == 0xFF) << i)
+    ff_bits(c)
+}
+
+/// Bit `i` set where `bytes[i]` is `0xFF`, one byte at a time (`bytes` up to 64 long).
+fn ff_bits(bytes: &[u8]) -> u64 {
+    bytes.iter().enumerate().fold(0, |m, (i, &b)| m | u64::from(b == 0xFF) << i)
 }
 
 /// Finds the restart markers of the scan starting at `scan`: pushes onto `marks` the offset
@@ -238,7 +243,7 @@ fn markers_with(
     while let Some(tail) = data.get(base..).filter(|t| !t.is_empty()) {
         let mut mask = match tail.first_chunk::<64>() {
             Some(block) => ff_bytes(block),
-            None => tail.iter().enumerate().fold(0, |m, (i, &b)| m | u64::from(b == 0xFF) << i),
+            None => ff_bits(tail),
         };
         while mask != 0 {
             let pos = base + mask.trailing_zeros() as usize;
