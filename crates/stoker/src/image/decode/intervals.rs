@@ -689,10 +689,7 @@ mod tests {
                 }
             }
             data.extend_from_slice(&[0xFF, 0xD9]);
-            let want: Vec<u32> = (0..data.len() - 1)
-                .filter(|&i| data[i] == 0xFF && (0xD0..=0xD7).contains(&data[i + 1]))
-                .map(|i| i as u32)
-                .collect();
+            let want: Vec<u32> = rst_offsets(&data).into_iter().map(|i| i as u32).collect();
             let mut marks = Vec::new();
             assert_eq!(markers_with(&data, 0, &mut marks, None, ff_mask), Some(data.len() - 2), "length {len}");
             assert_eq!(marks, want, "length {len}");
