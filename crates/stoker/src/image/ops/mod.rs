@@ -269,9 +269,9 @@ pub struct TransformPlan {
     /// The normalisation `lut` tabulates, for the vector kernel.
     #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     norm: write::Norm,
-    /// Whether `write` uses the AVX2 kernel: the CPU has AVX2 and F16C and the kernel's
-    /// arithmetic was checked to give exactly `lut`'s values.
-    simd: bool,
+    /// The AVX2 kernel's arithmetic, when `write` uses it: the CPU has AVX2, F16C and FMA
+    /// and that arithmetic was checked to give exactly `lut`'s values.
+    simd: Option<write::Arith>,
 }
 
 impl TransformPlan {
@@ -376,7 +376,7 @@ impl TransformPlan {
         let table = normalize_table(mean, std);
         // The vector kernel is used only where it was checked to reproduce the table bit for bit
         // (for uint8 the check just says whether the CPU has the instructions).
-        let simd = write::simd_matches_table(&table, &norm);
+        let simd = write::simd_arith(&table, &norm);
         let lut = if spec.dtype == DType::Uint8 { None } else { Some(table) };
         Ok(TransformPlan { spec: spec.clone(), geo, out_h, out_w, flip_p, lut, norm, simd })
     }
@@ -457,27 +457,36 @@ impl TransformPlan {
         self.write_with(hwc, flip, out, self.simd)
     }
 
-    /// [`write`](Self::write) with the vector kernel (`simd`, only honoured where the plan
-    /// found it usable) or the portable path.
-    fn write_with(&self, hwc: &[u8], flip: bool, out: &mut [u8], simd: bool) {
+    /// [`write`](Self::write) with the vector kernel and arithmetic `simd` (only honoured where
+    /// the plan found the kernel usable; exact only where [`write::simd_exact`] holds for it) or,
+    /// for `None`, the portable path.
+    fn write_with(&self, hwc: &[u8], flip: bool, out: &mut [u8], simd: Option<write::Arith>) {
         let (h, w) = (self.out_h, self.out_w);
         debug_assert_eq!(hwc.len(), h * w * 3);
         debug_assert_eq!(out.len(), self.sample_bytes());
+        // A plain copy (uint8, NHWC, no flip) needs no kernel.
+        let copy = self.spec.dtype == DType::Uint8 && self.spec.layout == Layout::NHWC && !flip;
         #[cfg(target_arch = "x86_64")]
-        if simd && self.simd && !(self.spec.dtype == DType::Uint8 && self.spec.layout == Layout::NHWC && !flip) {
+        if let (Some(arith), Some(_), false) = (simd, self.simd, copy) {
             let (lut, layout, norm) = (self.lut.as_deref(), self.spec.layout, &self.norm);
-            // SAFETY: `self.simd` is true only when the CPU has AVX2 and F16C and the kernel's
-            // arithmetic reproduces `lut` exactly (checked in `compile`).
+            // SAFETY: `self.simd` is set only when the CPU has AVX2, F16C and FMA (checked in
+            // `compile`); exactness is the caller's (`write` passes the checked arithmetic).
             unsafe {
                 match self.spec.dtype {
-                    DType::Uint8 => write::write_avx2::<{ write::OUT_U8 }>(hwc, h, w, flip, layout, norm, lut, out),
-                    DType::Float16 => write::write_avx2::<{ write::OUT_F16 }>(hwc, h, w, flip, layout, norm, lut, out),
-                    DType::Float32 => write::write_avx2::<{ write::OUT_F32 }>(hwc, h, w, flip, layout, norm, lut, out),
+                    DType::Uint8 => {
+                        write::write_avx2::<{ write::OUT_U8 }>(hwc, h, w, flip, layout, norm, arith, lut, out)
+                    }
+                    DType::Float16 => {
+                        write::write_avx2::<{ write::OUT_F16 }>(hwc, h, w, flip, layout, norm, arith, lut, out)
+                    }
+                    DType::Float32 => {
+                        write::write_avx2::<{ write::OUT_F32 }>(hwc, h, w, flip, layout, norm, arith, lut, out)
+                    }
                 }
             }
             return;
         }
-        let _ = simd;
+        let _ = (simd, copy);
         let src_x = |x: usize| if flip { w - 1 - x } else { x };
         match (self.spec.dtype, self.spec.layout) {
             (DType::Uint8, Layout::NHWC) => {
@@ -715,33 +724,51 @@ mod tests {
                         }
                         let p =
                             TransformPlan::compile(&TransformSpec { ops, dtype, layout, apply_exif: true }).unwrap();
-                        if !p.simd {
-                            eprintln!("no AVX2/F16C (or the check failed): SIMD write not tested");
+                        if p.simd.is_none() {
+                            eprintln!("no AVX2/F16C/FMA (or the check failed): SIMD write not tested");
                             return;
                         }
+                        // Both arithmetics where they are exact for this norm (the multiply-add
+                        // one is for these three, so the plan picks it).
+                        let lut = normalize_table(p.norm.mean, p.norm.std);
+                        assert_eq!(p.simd, Some(write::Arith::MulAdd), "{norm:?}");
+                        assert!(write::simd_exact(&lut, &p.norm, write::Arith::MulAdd));
+                        assert!(write::simd_exact(&lut, &p.norm, write::Arith::Divide));
                         let hwc = noise(h * w * 3, i as u64);
-                        for flip in [false, true] {
-                            // f32 storage for alignment; compared as bytes.
-                            let mut a = vec![0f32; p.sample_bytes().div_ceil(4)];
-                            let mut b = vec![0f32; a.len()];
+                        let cases = [write::Arith::MulAdd, write::Arith::Divide]
+                            .into_iter()
+                            .flat_map(|arith| [false, true].map(|flip| (flip, arith)));
+                        for (flip, arith) in cases {
+                            // f32 storage for alignment, viewed from a 32-byte aligned start (the
+                            // kernel's non-temporal stores) and 4 bytes after it; compared as bytes.
                             let n = p.sample_bytes();
+                            let mut a = vec![0f32; n.div_ceil(4) + 9];
+                            let mut b = vec![0f32; n.div_ceil(4)];
+                            let aligned = (32 - a.as_ptr() as usize % 32) % 32 / 4;
                             // SAFETY: (test) viewing f32 vectors as their bytes.
-                            let (ab, bb) = unsafe {
-                                (
-                                    &mut std::slice::from_raw_parts_mut(a.as_mut_ptr().cast::<u8>(), a.len() * 4)[..n],
-                                    &mut std::slice::from_raw_parts_mut(b.as_mut_ptr().cast::<u8>(), b.len() * 4)[..n],
-                                )
+                            let bb = unsafe {
+                                &mut std::slice::from_raw_parts_mut(b.as_mut_ptr().cast::<u8>(), b.len() * 4)[..n]
                             };
-                            p.write_with(&hwc, flip, ab, true);
-                            p.write_with(&hwc, flip, bb, false);
-                            assert!(ab == bb, "{dtype:?} {layout:?} {norm:?} {h}x{w} flip={flip}");
-                            checked += 1;
+                            p.write_with(&hwc, flip, bb, None);
+                            for start in [aligned, aligned + 1] {
+                                // SAFETY: (test) as above; start + n / 4 elements fit in `a`.
+                                let ab = unsafe {
+                                    std::slice::from_raw_parts_mut(a.as_mut_ptr().add(start).cast::<u8>(), n)
+                                };
+                                ab.fill(0);
+                                p.write_with(&hwc, flip, ab, Some(arith));
+                                assert!(
+                                    ab == bb,
+                                    "{dtype:?} {layout:?} {norm:?} {h}x{w} flip={flip} {arith:?} {start}"
+                                );
+                                checked += 1;
+                            }
                         }
                     }
                 }
             }
         }
-        assert_eq!(checked, 2 * 2 * 10 * (1 + 3 + 3));
+        assert_eq!(checked, 8 * 2 * 10 * (1 + 3 + 3));
     }
 
     #[test]
