@@ -188,6 +188,9 @@ def main():
     ap.add_argument("--preset", default="imagenet-train", choices=["imagenet-train", "imagenet-val"])
     ap.add_argument("--batch-size", type=int, default=256)
     ap.add_argument("--workers", type=int, default=os.cpu_count(), help="DataLoader num_workers (default: cores)")
+    ap.add_argument("--threads", type=int, default=None,
+                    help="stoker's worker threads (default: its own choice, one per core of its CPU budget); "
+                         "with --workers N the same N, for a scaling series")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--stoker", type=Path, default=ROOT / "target" / "release" / "stoker")
     ap.add_argument("--out", type=Path, default=ROOT / "bench-results.json")
@@ -214,6 +217,8 @@ def main():
     files = sum(1 for _ in args.data.rglob("*.jpg"))
     stoker_cmd = [str(args.stoker), "bench", str(args.data), "--preset", args.preset, "--batch-size",
                   str(args.batch_size), "--json", "--no-digest"]
+    if args.threads is not None:
+        stoker_cmd += ["--threads", str(args.threads)]
     torch_cmd = [sys.executable, __file__, "--torch-runner", "--data", str(args.data), "--preset", args.preset,
                  "--batch-size", str(args.batch_size), "--workers", str(args.workers)]
 

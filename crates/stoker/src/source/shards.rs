@@ -328,10 +328,28 @@ pub fn write_index(shard: &Path) -> Result<usize> {
 pub(crate) trait Storage: Send + Sync {
     /// Reads exactly `buf.len()` bytes of shard `shard` at `offset`.
     fn read_at(&self, shard: usize, offset: u64, buf: &mut [u8]) -> std::result::Result<(), String>;
+    /// Reads exactly `head.len() + data.len()` bytes of shard `shard` at `offset`, the first
+    /// into `head` and the rest into `data`, in one request; `None` where the storage has no
+    /// such read (the caller then reads into one buffer and moves the data).
+    fn read_split_at(
+        &self,
+        shard: usize,
+        offset: u64,
+        head: &mut [u8],
+        data: &mut [u8],
+    ) -> Option<std::result::Result<(), String>> {
+        let _ = (shard, offset, head, data);
+        None
+    }
     /// The shard's name for messages (a path or a URL).
     fn name(&self, shard: usize) -> &str;
     /// Gives up the reads in flight (see [`Source::abandon_reads`]).
     fn abandon_reads(&self) {}
+}
+
+/// The message for a read that ended before the bytes the index promised.
+fn short_read(e: &std::io::Error) -> String {
+    format!("{e}: the shard is shorter than its index says (truncated?)")
 }
 
 struct LocalFiles {
@@ -342,11 +360,52 @@ struct LocalFiles {
 impl Storage for LocalFiles {
     fn read_at(&self, shard: usize, offset: u64, buf: &mut [u8]) -> std::result::Result<(), String> {
         self.files[shard].read_exact_at(buf, offset).map_err(|e| match e.kind() {
-            std::io::ErrorKind::UnexpectedEof => {
-                format!("{e}: the shard is shorter than its index says (truncated?)")
-            }
+            std::io::ErrorKind::UnexpectedEof => short_read(&e),
             _ => e.to_string(),
         })
+    }
+
+    /// One `preadv` into both buffers (repeated for what a short read left), so that a
+    /// member's data lands where it is used without being moved past its tar header.
+    #[cfg(target_os = "linux")]
+    fn read_split_at(
+        &self,
+        shard: usize,
+        offset: u64,
+        head: &mut [u8],
+        data: &mut [u8],
+    ) -> Option<std::result::Result<(), String>> {
+        use std::os::fd::AsRawFd;
+        let fd = self.files[shard].as_raw_fd();
+        let total = head.len() + data.len();
+        let mut done = 0;
+        while done < total {
+            let iov = |b: &mut [u8]| libc::iovec { iov_base: b.as_mut_ptr().cast(), iov_len: b.len() };
+            let (vecs, count) = if done < head.len() {
+                ([iov(&mut head[done..]), iov(&mut *data)], 2)
+            } else {
+                ([iov(&mut data[done - head.len()..]), iov(&mut [])], 1)
+            };
+            let Ok(at) = libc::off_t::try_from(offset + done as u64) else {
+                return Some(Err(format!("offset {} is past what this system can read", offset + done as u64)));
+            };
+            // SAFETY: the first `count` iovecs point into `head` and `data`, which are
+            // exclusively borrowed here and outlive the call; `fd` is an open file of `self`.
+            let n = unsafe { libc::preadv(fd, vecs.as_ptr(), count, at) };
+            if n < 0 {
+                let e = std::io::Error::last_os_error();
+                if e.kind() == std::io::ErrorKind::Interrupted {
+                    continue;
+                }
+                return Some(Err(e.to_string()));
+            }
+            if n == 0 {
+                let e = std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "failed to fill whole buffer");
+                return Some(Err(short_read(&e)));
+            }
+            done += n as usize;
+        }
+        Some(Ok(()))
     }
 
     fn name(&self, shard: usize) -> &str {
@@ -595,13 +654,20 @@ impl Source for ShardSource {
             ));
         }
         let total = tar::BLOCK + len as usize;
-        // The read overwrites all `total` bytes, so the buffer's old bytes are kept rather
-        // than zeroed: only growth past its last length is filled.
-        buf.resize(total, 0);
-        // One positioned read: the member's tar header and its data.
-        self.storage.read_at(k as usize, offset - tar::BLOCK as u64, buf).map_err(|e| {
+        let failed = |e: String| {
             Error::decode(self.describe(i), format!("cannot read {total} bytes at offset {}: {e}", offset - 512))
-        })?;
+        };
+        // The read overwrites every byte, so the buffer's old bytes are kept rather than
+        // zeroed: only growth past its last length is filled. One positioned read for the
+        // member's tar header and its data: split between two buffers where the storage can.
+        let mut head = [0u8; tar::BLOCK];
+        buf.resize(len as usize, 0);
+        if let Some(read) = self.storage.read_split_at(k as usize, offset - tar::BLOCK as u64, &mut head, buf) {
+            read.map_err(failed)?;
+            return self.check_header(i, &head);
+        }
+        buf.resize(total, 0);
+        self.storage.read_at(k as usize, offset - tar::BLOCK as u64, buf).map_err(failed)?;
         self.check_header(i, &buf[..tar::BLOCK])?;
         buf.copy_within(tar::BLOCK.., 0);
         buf.truncate(len as usize);

@@ -337,14 +337,15 @@ fn vertical_row_generic(tmp: &[u8], row_len: usize, start: usize, k: &[i32], acc
 }
 
 /// Most taps [`vertical_row_avx2`] keeps in registers; longer windows (downscaling by more
-/// than ~60x) take the generic loop.
-const VERTICAL_MAX_PAIRS: usize = 64;
+/// than ~30x) take the generic loop.
+const VERTICAL_MAX_PAIRS: usize = 32;
 
-/// One output row of the vertical pass, as [`vertical_row_generic`], 16 bytes at a time with
+/// One output row of the vertical pass, as [`vertical_row_generic`], 32 bytes at a time with
 /// `vpmaddwd`: the weights split into 11-bit halves as in [`MaddWeights`], two source rows'
 /// bytes interleaved as words so that one `vpmaddwd` does two taps of eight bytes, and the
-/// sums kept in registers over all taps. Exactly the generic path's integer result (the same
-/// argument as for [`MaddWeights`]).
+/// sums kept in registers over all taps (the generic loop stores them after every tap and
+/// multiplies with `vpmulld`). Exactly the generic path's integer result (the argument of
+/// [`MaddWeights`]). The last `row_len % 32` bytes take the scalar loop.
 ///
 /// # Safety
 /// The CPU must support AVX2.
@@ -353,66 +354,87 @@ const VERTICAL_MAX_PAIRS: usize = 64;
 unsafe fn vertical_row_avx2(tmp: &[u8], row_len: usize, start: usize, k: &[i32], acc: &mut [i32], out: &mut [u8]) {
     use std::arch::x86_64::*;
     let n = k.len();
-    let pairs = n.div_ceil(2);
-    if pairs > VERTICAL_MAX_PAIRS {
+    let pairs = n / 2;
+    if n.div_ceil(2) > VERTICAL_MAX_PAIRS {
         return vertical_row_generic(tmp, row_len, start, k, acc, out);
     }
-    assert!((start + n) * row_len <= tmp.len() && out.len() >= row_len, "vertical_row_avx2: rows out of range");
-    // Per pair of taps: the high and the low weight halves as two i16 in an i32.
-    let (mut wh, mut wl) = ([0i32; VERTICAL_MAX_PAIRS], [0i32; VERTICAL_MAX_PAIRS]);
-    for q in 0..pairs {
-        let w0 = k[2 * q];
-        let w1 = k.get(2 * q + 1).copied().unwrap_or(0);
-        let pack = |a: i32, b: i32| (a as u16 as u32 | (b as u16 as u32) << 16) as i32;
-        wh[q] = pack(w0 >> 11, w1 >> 11);
-        wl[q] = pack(w0 & 2047, w1 & 2047);
+    assert!(
+        n > 0 && (start + n) * row_len <= tmp.len() && out.len() >= row_len,
+        "vertical_row_avx2: rows out of range"
+    );
+    // Per pair of taps (and the odd last tap, paired with weight 0): the high and the low
+    // weight halves as two i16 in an i32.
+    let split = |a: i32, b: i32| {
+        let pack = |x: i32, y: i32| (x as u16 as u32 | (y as u16 as u32) << 16) as i32;
+        (pack(a >> 11, b >> 11), pack(a & 2047, b & 2047))
+    };
+    let mut w = [(0i32, 0i32); VERTICAL_MAX_PAIRS];
+    for (q, wq) in w.iter_mut().enumerate().take(n.div_ceil(2)) {
+        *wq = split(k[2 * q], k.get(2 * q + 1).copied().unwrap_or(0));
     }
     let half = _mm256_set1_epi32(1 << (PRECISION_BITS - 1));
-    let base = tmp.as_ptr();
+    let rows = tmp[start * row_len..(start + n) * row_len].as_ptr();
+    let finish = |h: __m256i, l: __m256i| {
+        _mm256_srai_epi32::<{ PRECISION_BITS as i32 }>(_mm256_add_epi32(
+            _mm256_add_epi32(_mm256_slli_epi32::<11>(h), l),
+            half,
+        ))
+    };
     let mut j = 0;
-    while j + 16 <= row_len {
-        let (mut h0, mut l0, mut h1, mut l1) =
-            (_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256());
-        for q in 0..pairs {
-            let t = start + 2 * q;
-            // SAFETY: rows t (and t + 1 when it is a tap) are < start + n, so bytes
-            // j..j + 16 of them lie in `tmp` (asserted above).
-            let (r0, r1) = unsafe {
-                let r0 = _mm256_cvtepu8_epi16(_mm_loadu_si128(base.add(t * row_len + j).cast()));
-                let r1 = if 2 * q + 1 < n {
-                    _mm256_cvtepu8_epi16(_mm_loadu_si128(base.add((t + 1) * row_len + j).cast()))
-                } else {
-                    _mm256_setzero_si256()
-                };
-                (r0, r1)
-            };
-            // Columns [j..j+4 | j+8..j+12] and [j+4..j+8 | j+12..j+16], as (row t, row t+1) pairs.
+    while j + 32 <= row_len {
+        let z = _mm256_setzero_si256();
+        // Accumulators for bytes [j..j+4 | j+8..j+12], [j+4..j+8 | j+12..j+16], and the same
+        // 16 bytes further; high and low weight halves apart.
+        let (mut h, mut l) = ([z; 4], [z; 4]);
+        let mut add = |r0: __m256i, r1: __m256i, s: usize, (wh, wl): (i32, i32)| {
+            let (vh, vl) = (_mm256_set1_epi32(wh), _mm256_set1_epi32(wl));
             let (lo, hi) = (_mm256_unpacklo_epi16(r0, r1), _mm256_unpackhi_epi16(r0, r1));
-            let (vh, vl) = (_mm256_set1_epi32(wh[q]), _mm256_set1_epi32(wl[q]));
-            h0 = _mm256_add_epi32(h0, _mm256_madd_epi16(lo, vh));
-            l0 = _mm256_add_epi32(l0, _mm256_madd_epi16(lo, vl));
-            h1 = _mm256_add_epi32(h1, _mm256_madd_epi16(hi, vh));
-            l1 = _mm256_add_epi32(l1, _mm256_madd_epi16(hi, vl));
+            h[s] = _mm256_add_epi32(h[s], _mm256_madd_epi16(lo, vh));
+            l[s] = _mm256_add_epi32(l[s], _mm256_madd_epi16(lo, vl));
+            h[s + 1] = _mm256_add_epi32(h[s + 1], _mm256_madd_epi16(hi, vh));
+            l[s + 1] = _mm256_add_epi32(l[s + 1], _mm256_madd_epi16(hi, vl));
+        };
+        for (q, &wq) in w.iter().enumerate().take(pairs) {
+            // SAFETY: rows 2q and 2q + 1 < n of the window, bytes j..j + 32 < row_len of each:
+            // inside `tmp` (asserted above).
+            let (a0, a1, b0, b1) = unsafe {
+                let p = rows.add(2 * q * row_len + j);
+                (
+                    _mm256_cvtepu8_epi16(_mm_loadu_si128(p.cast())),
+                    _mm256_cvtepu8_epi16(_mm_loadu_si128(p.add(16).cast())),
+                    _mm256_cvtepu8_epi16(_mm_loadu_si128(p.add(row_len).cast())),
+                    _mm256_cvtepu8_epi16(_mm_loadu_si128(p.add(row_len + 16).cast())),
+                )
+            };
+            add(a0, b0, 0, wq);
+            add(a1, b1, 2, wq);
         }
-        let s0 = _mm256_srai_epi32::<{ PRECISION_BITS as i32 }>(_mm256_add_epi32(
-            _mm256_add_epi32(_mm256_slli_epi32::<11>(h0), l0),
-            half,
-        ));
-        let s1 = _mm256_srai_epi32::<{ PRECISION_BITS as i32 }>(_mm256_add_epi32(
-            _mm256_add_epi32(_mm256_slli_epi32::<11>(h1), l1),
-            half,
-        ));
-        // Words [j..j+8 | j+8..j+16], then bytes j..j+16 with the saturation of clip8.
-        let w = _mm256_packs_epi32(s0, s1);
-        let bytes = _mm_packus_epi16(_mm256_castsi256_si128(w), _mm256_extracti128_si256::<1>(w));
-        // SAFETY: j + 16 <= row_len <= out.len() (asserted above).
-        unsafe { _mm_storeu_si128(out.as_mut_ptr().add(j).cast(), bytes) };
-        j += 16;
+        if n % 2 == 1 {
+            // SAFETY: row n - 1 of the window, bytes j..j + 32: as above.
+            let (a0, a1) = unsafe {
+                let p = rows.add((n - 1) * row_len + j);
+                (
+                    _mm256_cvtepu8_epi16(_mm_loadu_si128(p.cast())),
+                    _mm256_cvtepu8_epi16(_mm_loadu_si128(p.add(16).cast())),
+                )
+            };
+            add(a0, z, 0, w[pairs]);
+            add(a1, z, 2, w[pairs]);
+        }
+        for half16 in 0..2 {
+            let s = 2 * half16;
+            // Words [j..j+8 | j+8..j+16], then 16 bytes with the saturation of clip8.
+            let words = _mm256_packs_epi32(finish(h[s], l[s]), finish(h[s + 1], l[s + 1]));
+            let bytes = _mm_packus_epi16(_mm256_castsi256_si128(words), _mm256_extracti128_si256::<1>(words));
+            // SAFETY: j + 16 * half16 + 16 <= row_len <= out.len() (asserted above).
+            unsafe { _mm_storeu_si128(out.as_mut_ptr().add(j + 16 * half16).cast(), bytes) };
+        }
+        j += 32;
     }
     for (x, o) in out[..row_len].iter_mut().enumerate().skip(j) {
         let mut a = 1 << (PRECISION_BITS - 1);
-        for (t, &w) in k.iter().enumerate() {
-            a += tmp[(start + t) * row_len + x] as i32 * w;
+        for (t, &wt) in k.iter().enumerate() {
+            a += tmp[(start + t) * row_len + x] as i32 * wt;
         }
         *o = clip8(a);
     }
@@ -516,7 +538,11 @@ impl BoxResampler {
         let last = self.v.bounds.iter().map(|&(s, n)| s + n).max().unwrap_or(first);
         let row_len = dw * 3;
         let rows = last - first;
-        grow(&mut self.tmp, rows * row_len, 0);
+        // Never shrunk: the horizontal pass writes every byte the vertical pass reads, so a
+        // crop after a smaller one need not zero-fill the difference.
+        if self.tmp.len() < rows * row_len {
+            grow(&mut self.tmp, rows * row_len, 0);
+        }
         // Horizontal pass over only the rows the vertical pass reads.
         let mut r0 = 0;
         #[cfg(target_arch = "x86_64")]

@@ -166,6 +166,41 @@ pub(crate) unsafe fn write_avx2<const D: u8>(
     lut: Option<&[[f32; 256]; 3]>,
     out: &mut [u8],
 ) {
+    // Float elements go to memory with non-temporal stores where every store is aligned (rows
+    // of whole blocks, a 32-byte aligned sample): a batch is far larger than the caches and is
+    // next read by a copy to the GPU or by the consumer, so this saves reading each line of
+    // the destination before writing it.
+    let stream = D != OUT_U8 && w.is_multiple_of(8) && (out.as_ptr() as usize).is_multiple_of(32);
+    // The arithmetic and the kind of store as constants, so that the loop has no branch on them.
+    // SAFETY: forwarded from the caller.
+    unsafe {
+        match (arith, stream) {
+            (Arith::MulAdd, true) => write_rows::<D, true, true>(hwc, h, w, flip, layout, norm, lut, out),
+            (Arith::MulAdd, false) => write_rows::<D, true, false>(hwc, h, w, flip, layout, norm, lut, out),
+            (Arith::Divide, true) => write_rows::<D, false, true>(hwc, h, w, flip, layout, norm, lut, out),
+            (Arith::Divide, false) => write_rows::<D, false, false>(hwc, h, w, flip, layout, norm, lut, out),
+        }
+    }
+}
+
+/// [`write_avx2`] with the arithmetic ([`Arith::MulAdd`] when `MULADD`) and non-temporal
+/// stores (`STREAM`: then `w` must be a multiple of 8 and `out` 32-byte aligned) fixed.
+///
+/// # Safety
+/// As [`write_avx2`], and the alignment above when `STREAM`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,f16c,fma")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn write_rows<const D: u8, const MULADD: bool, const STREAM: bool>(
+    hwc: &[u8],
+    h: usize,
+    w: usize,
+    flip: bool,
+    layout: Layout,
+    norm: &Norm,
+    lut: Option<&[[f32; 256]; 3]>,
+    out: &mut [u8],
+) {
     use std::arch::x86_64::*;
     let esize = match D {
         OUT_U8 => 1,
@@ -208,12 +243,11 @@ pub(crate) unsafe fn write_avx2<const D: u8>(
     let blocks = w / 8;
     let src = hwc.as_ptr();
     let dst = out.as_mut_ptr();
-    // Float elements go to memory with non-temporal stores where every store is aligned (rows
-    // of whole blocks, a 32-byte aligned sample): a batch is far larger than the caches and is
-    // next read by a copy to the GPU or by the consumer, so this saves reading each line of
-    // the destination before writing it. `_mm_sfence` below orders them before the batch's
-    // completion is published.
-    let stream = D != OUT_U8 && w.is_multiple_of(8) && (dst as usize).is_multiple_of(32);
+    let arith = if MULADD { Arith::MulAdd } else { Arith::Divide };
+    // Non-temporal stores: `_mm_sfence` below orders them before the batch's completion is
+    // published.
+    let stream = STREAM;
+    debug_assert!(!STREAM || (w.is_multiple_of(8) && (dst as usize).is_multiple_of(32)));
     for y in 0..h {
         for b in 0..blocks {
             let x0 = b * 8;
