@@ -174,6 +174,13 @@ struct MaddWeights {
     w: Vec<i16>,
 }
 
+/// A 22-bit weight as `(hi, lo)` with `w = hi * 2^11 + lo` and `0 <= lo < 2^11` (see
+/// [`MaddWeights`]; the vertical kernel splits its weights the same way).
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+fn weight_halves(w: i32) -> (i16, i16) {
+    ((w >> 11) as i16, (w & 2047) as i16)
+}
+
 #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 impl MaddWeights {
     fn build(&mut self, c: &Coeffs, lanes: usize) {
@@ -188,7 +195,7 @@ impl MaddWeights {
             for q in 0..pairs {
                 let w0 = k.get(2 * q).copied().unwrap_or(0);
                 let w1 = k.get(2 * q + 1).copied().unwrap_or(0);
-                let (h0, l0, h1, l1) = ((w0 >> 11) as i16, (w0 & 2047) as i16, (w1 >> 11) as i16, (w1 & 2047) as i16);
+                let ((h0, l0), (h1, l1)) = (weight_halves(w0), weight_halves(w1));
                 let hv = [h0, h1, h0, h1, h0, h1, 0, 0];
                 let lv = [l0, l1, l0, l1, l0, l1, 0, 0];
                 let base = (xx * pairs + q) * per;
@@ -365,8 +372,9 @@ unsafe fn vertical_row_avx2(tmp: &[u8], row_len: usize, start: usize, k: &[i32],
     // Per pair of taps (and the odd last tap, paired with weight 0): the high and the low
     // weight halves as two i16 in an i32.
     let split = |a: i32, b: i32| {
-        let pack = |x: i32, y: i32| (x as u16 as u32 | (y as u16 as u32) << 16) as i32;
-        (pack(a >> 11, b >> 11), pack(a & 2047, b & 2047))
+        let ((ha, la), (hb, lb)) = (weight_halves(a), weight_halves(b));
+        let pack = |x: i16, y: i16| (x as u16 as u32 | (y as u16 as u32) << 16) as i32;
+        (pack(ha, hb), pack(la, lb))
     };
     let mut w = [(0i32, 0i32); VERTICAL_MAX_PAIRS];
     for (q, wq) in w.iter_mut().enumerate().take(n.div_ceil(2)) {
