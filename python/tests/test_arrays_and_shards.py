@@ -20,6 +20,7 @@ def arrays(tmp_path_factory):
     return d / "x.npy", x, y
 
 
+@pytest.mark.wheel
 def test_array_batches_are_the_sampler_rows(arrays):
     path, x, y = arrays
     loader = stoker.ArrayLoader(path, y, batch_size=64, shuffle=True, seed=3, output="numpy", threads=2)
@@ -154,6 +155,7 @@ def shards(demo, tmp_path_factory):
     return out
 
 
+@pytest.mark.wheel
 def test_shards_give_the_same_batches_as_the_folder(demo, shards):
     kw = dict(batch_size=16, preset="imagenet-train", shuffle=True, seed=9, output="numpy")
     a = [(x.copy(), y.copy()) for x, y in stoker.ImageLoader(demo, **kw)]

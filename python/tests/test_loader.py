@@ -15,6 +15,7 @@ from helpers import digest, run_bounded
 from stoker import transforms as T
 
 
+@pytest.mark.wheel
 def test_shapes_dtypes_and_labels(demo):
     loader = stoker.ImageLoader(demo, batch_size=16, preset="imagenet-val", output="numpy")
     assert len(loader) == 6
@@ -338,6 +339,7 @@ def test_bad_arguments_name_the_argument(demo, tmp_path):
         stoker.ImageLoader(demo, 4, preset="imagenet-val", memory_limit="1KiB")
 
 
+@pytest.mark.wheel
 def test_dlpack_protocol_details(demo):
     loader = stoker.ImageLoader(demo, 4, preset="imagenet-val", output="numpy")
     batch = next(iter(loader.batches()))
@@ -353,6 +355,7 @@ def test_dlpack_protocol_details(demo):
     assert len(batch) == 4 and batch.index == 0 and batch.indices == [0, 1, 2, 3]
 
 
+@pytest.mark.wheel
 def test_cli_is_installed_with_the_package(demo):
     import subprocess
     import sys

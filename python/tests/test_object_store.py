@@ -66,6 +66,7 @@ def batches(root, **kw):
     return loader, [(x.copy(), y.copy()) for x, y in loader]
 
 
+@pytest.mark.wheel
 def test_s3_shards_give_the_same_batches_as_local_shards(s3):
     _, local = batches(str(s3["shards"] / "shard-*.tar"))
     loader, remote = batches("s3://data/train/shard-*.tar")
@@ -107,6 +108,7 @@ def test_object_store_errors_name_the_object(s3):
         stoker.ImageLoader("ftp://host/x.tar", 4, preset="imagenet-val")
 
 
+@pytest.mark.wheel
 def test_text_in_object_storage_gives_the_reference_tokens(s3, tmp_path):
     """JSON Lines (plain and .zst) and a tar shard of .txt members read from S3: the same token
     stream as the reference tokenizer over the same documents; a missing object is named."""

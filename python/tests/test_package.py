@@ -20,6 +20,7 @@ def _run(code, *args):
     return r.stdout
 
 
+@pytest.mark.wheel
 def test_import_stoker_does_not_import_torch(demo):
     out = _run("import sys, stoker\n"
                "print('torch' in sys.modules)\n"
@@ -29,6 +30,7 @@ def test_import_stoker_does_not_import_torch(demo):
     assert out.split() == ["False", "False"]
 
 
+@pytest.mark.wheel
 def test_no_static_torch_import_in_the_package():
     """mypy sees no `import torch`, so it checks the same with or without torch installed."""
     for path in PACKAGE.glob("*.py"):

@@ -34,6 +34,7 @@ def reference(texts):
     return [enc.ids + [EOS] for enc in tok.encode_batch(texts)]
 
 
+@pytest.mark.wheel
 def test_ids_labels_and_positions_match_the_reference(reference):
     loader = stoker.TokenLoader(SAMPLE, tokenizer=GPT2, seq_len=512, batch_size=4, threads=2, output="numpy")
     assert loader.documents == len(reference) == 60
@@ -259,6 +260,7 @@ def test_stoker_tokenize_writes_a_cache_the_loader_reads(tmp_path):
     assert stoker._stoker.cli_main(["stoker", "tokenize", str(SAMPLE), "--tokenizer", str(GPT2), str(out)]) == 1
 
 
+@pytest.mark.wheel
 def test_parquet_written_by_pyarrow(tmp_path, texts, reference):
     pa = pytest.importorskip("pyarrow")
     import pyarrow.parquet as pq

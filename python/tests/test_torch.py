@@ -19,6 +19,7 @@ def test_torch_tensors_are_zero_copy_views(demo):
     assert images.is_contiguous()
 
 
+@pytest.mark.wheel
 def test_torch_and_numpy_outputs_agree(demo):
     kw = dict(batch_size=8, preset="imagenet-train", shuffle=True, seed=4)
     t = [x.clone() for x, _ in stoker.ImageLoader(demo, output="torch", **kw)]

@@ -81,6 +81,7 @@ def fake_driver(tmp_path_factory):
     return out
 
 
+@pytest.mark.wheel
 def test_gpu_batches_through_the_python_classes(fake_driver, demo_root):
     env = dict(os.environ, LD_LIBRARY_PATH=str(fake_driver), FAKE_CUDA_COPY_DELAY_US="2000")
     r = subprocess.run([sys.executable, "-c", SCRIPT, str(demo_root)], env=env, capture_output=True, text=True,
@@ -89,6 +90,7 @@ def test_gpu_batches_through_the_python_classes(fake_driver, demo_root):
     assert r.stdout.startswith("ok "), r.stdout
 
 
+@pytest.mark.wheel
 def test_cuda_probe_sees_the_driver(fake_driver):
     env = dict(os.environ, LD_LIBRARY_PATH=str(fake_driver))
     code = "import json, stoker; print(json.dumps(stoker.cuda_probe()))"
@@ -425,6 +427,7 @@ def test_the_engine_decides_what_the_gpu_normalises(fake_driver, demo_root):
     assert out.strip().endswith("ok"), out
 
 
+@pytest.mark.wheel
 def test_token_batches_on_the_gpu_equal_the_host_batches(fake_driver, demo_root, tmp_path):
     """TokenLoader(device='cuda'): every array of every batch, read back from the device, equals
     the host loader's; the pinned and device pools are released with the loader."""

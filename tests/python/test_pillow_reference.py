@@ -46,6 +46,7 @@ def imagefolder_order(root):
 
 
 @pytest.mark.parametrize("mode", ["exact", "scaled"])
+@pytest.mark.wheel
 def test_imagenet_val_matches_pillow(stoker_bin, demo_root, tmp_path, mode):
     out = tmp_path / "val.npy"
     extra = ["--no-dct-scaling"] if mode == "exact" else []
@@ -125,6 +126,7 @@ def test_bench_json_fields_and_determinism(stoker_bin, demo_root):
     assert (a["threads"], b["threads"]) == (1, 2)
 
 
+@pytest.mark.wheel
 def test_doctor_reports_the_machine_without_a_gpu(stoker_bin):
     import json
 

@@ -324,6 +324,10 @@ fn split_url(url: &str) -> Result<(String, String)> {
 }
 
 fn store_for(base: &str, limits: &Limits) -> Result<Arc<dyn ObjectStore>> {
+    // TLS (rustls) runs on the `ring` provider; reqwest needs a process default before a
+    // client is built. `Err` means one was installed already (by us, or by another library in
+    // the process): that one serves.
+    let _ = rustls::crypto::ring::default_provider().install_default();
     let scheme = base.split("://").next().unwrap_or("");
     let err = |e: object_store::Error| Error::Dataset(format!("{base}: cannot open object store: {}", describe(&e)));
     let store: Arc<dyn ObjectStore> = match scheme {
