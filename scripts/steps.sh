@@ -42,12 +42,17 @@ step() {
 
 step_table() {
   [ "$steps_owner" = 1 ] || return 0
-  [ -s "$STOKER_STEPS_FILE" ] || { rm -f "$STOKER_STEPS_FILE"*; return 0; }
+  if [ -s "$STOKER_STEPS_FILE" ]; then
+    __steps_print
+  fi
+  rm -f "$STOKER_STEPS_FILE" "$STOKER_STEPS_FILE".c0 "$STOKER_STEPS_FILE".c1 "$STOKER_STEPS_FILE".cpu
+}
+
+__steps_print() {
   echo
   echo "Steps (wall-clock seconds; CPU = user + system seconds of the step's processes):"
   awk -F'\t' 'BEGIN { printf "| %-46s | %6s | %6s |\n|---|---:|---:|\n", "step", "wall", "CPU" }
     { w += $2; c += $3; printf "| %-46s | %6d | %6d |%s\n", $1, $2, $3, ($4 == 0 ? "" : " failed, exit " $4) }
     END { printf "| %-46s | %6d | %6d |\n", "total", w, c }' "$STOKER_STEPS_FILE"
   echo "elapsed: $(awk -v a="$(date +%s.%N)" -v b="$__steps_t0" 'BEGIN { printf "%.0f", a - b }') s"
-  rm -f "$STOKER_STEPS_FILE" "$STOKER_STEPS_FILE".c0 "$STOKER_STEPS_FILE".c1 "$STOKER_STEPS_FILE".cpu
 }
