@@ -183,7 +183,10 @@ fn build_vendor(link_kind: LinkKind) -> Result<Library> {
     // else: not libjpeg.a (the same sources compiled a second time), not the test programs and
     // tools (cjpeg, djpeg, jpegtran, tjbench, tjunittest, ...), no install step. About half of
     // the C compile of a cold build.
-    cmake.build_target("turbojpeg-static");
+    cmake.build_target(match link_kind {
+        LinkKind::Dynamic => "turbojpeg",
+        LinkKind::Static | LinkKind::Default => "turbojpeg-static",
+    });
     let dst_path = cmake.build();
 
     let lib_path = dst_path.join("build");
