@@ -17,25 +17,24 @@ else
 fi
 __steps_t0=$(date +%s.%N)
 
-# Children's CPU seconds so far. `times` must run in this shell, not in a $(...) subshell (which
-# would report its own children), so it writes to a file.
+# Sets __steps_cpu_s to the children's CPU seconds so far. `times` must run in this shell, not
+# in a $(...) subshell (which would report its own children), so it writes to a file first.
 __steps_cpu() {
   times >"$STOKER_STEPS_FILE.cpu"
-  tail -n 1 "$STOKER_STEPS_FILE.cpu" | awk '{ split($1, u, "m"); split($2, s, "m"); sub("s", "", u[2]); sub("s", "", s[2]); printf "%.1f", u[1] * 60 + u[2] + s[1] * 60 + s[2] }'
+  __steps_cpu_s=$(tail -n 1 "$STOKER_STEPS_FILE.cpu" | awk '{ split($1, u, "m"); split($2, s, "m"); sub("s", "", u[2]); sub("s", "", s[2]); printf "%.1f", u[1] * 60 + u[2] + s[1] * 60 + s[2] }')
 }
 
 step() {
-  local name="$1" w0 c0 c1 w rc=0
+  local name="$1" w0 c0 w rc=0
   shift
   echo "== step: $name"
   w0=$(date +%s.%N)
-  __steps_cpu >"$STOKER_STEPS_FILE.c0"
+  __steps_cpu
+  c0=$__steps_cpu_s
   "$@" || rc=$?
-  __steps_cpu >"$STOKER_STEPS_FILE.c1"
-  c0=$(cat "$STOKER_STEPS_FILE.c0")
-  c1=$(cat "$STOKER_STEPS_FILE.c1")
+  __steps_cpu
   w=$(awk -v a="$(date +%s.%N)" -v b="$w0" 'BEGIN { printf "%.0f", a - b }')
-  printf '%s\t%s\t%s\t%s\n' "$name" "$w" "$(awk -v a="$c1" -v b="$c0" 'BEGIN { printf "%.0f", a - b }')" "$rc" >>"$STOKER_STEPS_FILE"
+  printf '%s\t%s\t%s\t%s\n' "$name" "$w" "$(awk -v a="$__steps_cpu_s" -v b="$c0" 'BEGIN { printf "%.0f", a - b }')" "$rc" >>"$STOKER_STEPS_FILE"
   echo "== step: $name: ${w} s$([ "$rc" -eq 0 ] || echo ", FAILED (exit $rc)")"
   return "$rc"
 }
@@ -45,7 +44,7 @@ step_table() {
   if [ -s "$STOKER_STEPS_FILE" ]; then
     __steps_print
   fi
-  rm -f "$STOKER_STEPS_FILE" "$STOKER_STEPS_FILE".c0 "$STOKER_STEPS_FILE".c1 "$STOKER_STEPS_FILE".cpu
+  rm -f "$STOKER_STEPS_FILE" "$STOKER_STEPS_FILE".cpu
 }
 
 __steps_print() {
