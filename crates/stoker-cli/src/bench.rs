@@ -191,7 +191,7 @@ impl BenchOpts {
 
     /// `--epochs`, checked.
     pub fn epochs(&self) -> Result<u64> {
-        Ok(stoker::args::positive("epochs", &self.epochs.clone().into())? as u64)
+        Ok(stoker::args::positive("epochs", &stoker::args::text_value(&self.epochs))? as u64)
     }
 }
 

@@ -25,7 +25,7 @@ pub struct DemoArgs {
 
 /// Runs `stoker demo`.
 pub fn run(a: &DemoArgs) -> Result<()> {
-    let images = stoker::args::positive("images", &a.images.clone().into())?;
+    let images = stoker::args::positive("images", &stoker::args::text_value(&a.images))?;
     if a.no_bench && a.out.is_none() {
         bail!("--no-bench needs --out DIR (a temporary dataset would be deleted at once)");
     }
@@ -55,7 +55,7 @@ pub fn run(a: &DemoArgs) -> Result<()> {
     }
     let mut o = a.opts.clone();
     // A small demo would otherwise be one or two batches: use at least eight.
-    let batch_size = stoker::args::positive("batch_size", &o.batch_size.clone().into())?;
+    let batch_size = stoker::args::positive("batch_size", &stoker::args::text_value(&o.batch_size))?;
     if batch_size * 8 > images {
         o.batch_size = (images / 8).max(1).to_string();
     }

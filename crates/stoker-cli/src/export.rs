@@ -74,7 +74,7 @@ pub fn run(a: &ExportArgs) -> Result<()> {
         ("roi", flag(!a.no_roi)),
     ]))?;
     let limit = match &a.limit {
-        Some(l) => stoker::args::positive("limit", &l.clone().into())?,
+        Some(l) => stoker::args::positive("limit", &stoker::args::text_value(l))?,
         None => usize::MAX,
     };
     let dtype = c.transform.dtype;

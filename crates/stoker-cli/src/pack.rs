@@ -50,7 +50,7 @@ pub struct PackArgs {
 
 /// Runs `stoker pack`.
 pub fn run(a: &PackArgs) -> Result<()> {
-    let text = |s: &String| serde_json::Value::String(s.clone());
+    let text = |s: &String| stoker::args::text_value(s);
     let opts = stoker::pack::PackOptions {
         shard_size: bytes("shard_size", &text(&a.shard_size))?,
         max_side: a.max_side.as_ref().map(|m| positive("max_side", &text(m))).transpose()?,

@@ -102,7 +102,7 @@ impl Classes {
         match e {
             Error::Io { .. } => &self.read,
             Error::Decode { .. } => &self.decode,
-            Error::Dataset(_) => &self.dataset,
+            Error::Dataset(_) | Error::Unavailable(_) => &self.dataset,
             Error::Config { .. } => &self.config,
             Error::Memory(_) => &self.memory,
             Error::Device(_) => &self.device,

@@ -62,15 +62,43 @@ fn shown(v: &Value) -> String {
     }
 }
 
-/// An unsigned integer: a JSON integer, or decimal digits as text. Booleans and floats are not
-/// integers.
+/// An unsigned integer: a JSON integer. Text, booleans and floats are not integers (a flag's
+/// text is made a number by [`text_value`] before it gets here).
 fn unsigned(arg: &str, v: &Value, what: &str) -> Result<u64> {
-    let n = match v {
-        Value::Number(n) => n.as_u64(),
-        Value::String(s) => s.trim().parse::<u64>().ok(),
-        _ => None,
-    };
-    n.ok_or_else(|| Error::config(arg, format!("expected {what}, got {}", shown(v))))
+    v.as_u64().ok_or_else(|| Error::config(arg, format!("expected {what}, got {}", shown_typed(v))))
+}
+
+/// A value as an error message shows it, with its type where the type is what is wrong
+/// (`"128" (a str)`, `1.5 (a float)`, `True (a bool)`).
+fn shown_typed(v: &Value) -> String {
+    match v {
+        Value::String(_) => format!("{} (a str)", shown(v)),
+        Value::Bool(_) => format!("{} (a bool)", shown(v)),
+        Value::Number(n) if !n.is_u64() && !n.is_i64() => format!("{n} (a float)"),
+        other => shown(other),
+    }
+}
+
+/// The typed value of a command-line flag's text: decimal integers and other numbers become
+/// JSON numbers, `true`/`false` booleans, anything else stays text. The CLI's values go
+/// through it (in [`from_text`] arguments, every argument that is not text by nature), so the
+/// rules below see one kind of value per argument, whoever gave it: Python's `"128"` for a
+/// number stays text and is refused.
+pub fn text_value(s: &str) -> Value {
+    let t = s.trim();
+    if let Ok(n) = t.parse::<u64>() {
+        return n.into();
+    }
+    match t {
+        "true" => return Value::Bool(true),
+        "false" => return Value::Bool(false),
+        _ => {}
+    }
+    let numeric = !t.is_empty() && t.bytes().all(|b| b.is_ascii_digit() || matches!(b, b'.' | b'-' | b'+' | b'e' | b'E'));
+    match t.parse::<f64>().ok().filter(|_| numeric).and_then(serde_json::Number::from_f64) {
+        Some(n) => Value::Number(n),
+        None => Value::String(s.to_string()),
+    }
 }
 
 /// A positive integer (≥ 1).
@@ -87,13 +115,11 @@ pub fn non_negative(arg: &str, v: &Value) -> Result<u64> {
     unsigned(arg, v, "a non-negative integer")
 }
 
-/// A boolean: JSON `true`/`false`, or the text `true`/`false`.
+/// A boolean: JSON `true`/`false` (a flag's `true`/`false` through [`text_value`]).
 pub fn boolean(arg: &str, v: &Value) -> Result<bool> {
     match v {
         Value::Bool(b) => Ok(*b),
-        Value::String(s) if s == "true" => Ok(true),
-        Value::String(s) if s == "false" => Ok(false),
-        _ => Err(Error::config(arg, format!("expected True or False, got {}", shown(v)))),
+        _ => Err(Error::config(arg, format!("expected True or False, got {}", shown_typed(v)))),
     }
 }
 
@@ -140,17 +166,15 @@ pub fn prefetch(arg: &str, v: &Value) -> Result<Option<usize>> {
     }
 }
 
-/// A CPU budget in cores: a positive number (`2`, `1.5`, `"1.5"`), at most [`MAX_THREADS`]
-/// (an autotuned loader starts a decode thread per whole core of it).
+/// A CPU budget in cores: a positive number (`2`, `1.5`), at most [`MAX_THREADS`] (an
+/// autotuned loader starts a decode thread per whole core of it).
 pub fn cpu_budget(arg: &str, v: &Value) -> Result<f64> {
-    let n = match v {
-        Value::Number(n) => n.as_f64(),
-        Value::String(s) => s.trim().parse::<f64>().ok(),
-        _ => None,
-    };
-    match n {
+    match v.as_f64() {
         Some(c) if c.is_finite() && c > 0.0 && c <= MAX_THREADS as f64 => Ok(c),
-        _ => Err(Error::config(arg, format!("expected a number of cores in (0, {MAX_THREADS}], got {}", shown(v)))),
+        _ => Err(Error::config(
+            arg,
+            format!("expected a number of cores in (0, {MAX_THREADS}], got {}", shown_typed(v)),
+        )),
     }
 }
 
@@ -243,16 +267,10 @@ pub fn max_failures(v: &Value) -> Result<crate::pipeline::MaxFailures> {
     match v {
         Value::Number(n) if n.is_u64() => Ok(MaxFailures::Count(n.as_u64().unwrap_or(0))),
         Value::Number(n) => fraction(n.as_f64().ok_or_else(bad)?),
-        Value::String(s) => {
-            let t = s.trim();
-            if let Some(p) = t.strip_suffix('%') {
-                fraction(p.trim().parse::<f64>().map_err(|_| bad())? / 100.0)
-            } else if let Ok(n) = t.parse::<u64>() {
-                Ok(MaxFailures::Count(n))
-            } else {
-                fraction(t.parse::<f64>().map_err(|_| bad())?)
-            }
-        }
+        Value::String(s) => match s.trim().strip_suffix('%') {
+            Some(p) => fraction(p.trim().parse::<f64>().map_err(|_| bad())? / 100.0),
+            None => Err(bad()),
+        },
         _ => Err(bad()),
     }
 }
@@ -450,38 +468,88 @@ fn budget_in(env: Env<'_>) -> Result<BudgetEnv> {
     Ok(BudgetEnv::File(path))
 }
 
+/// The key [`from_text`] adds to arguments that are a command line's text.
+const FROM_TEXT: &str = "\u{0}from_text";
+
 /// Takes the arguments one by one; what is left at the end is an unknown argument.
-struct Taker(Args);
+struct Taker {
+    args: Args,
+    /// The arguments are a command line's text ([`from_text`]): numbers and booleans are
+    /// read from it by [`text_value`].
+    text: bool,
+}
 
 impl Taker {
+    fn new(mut args: Args) -> Self {
+        let text = args.remove(FROM_TEXT).is_some();
+        Taker { args, text }
+    }
+
+    /// An argument that is text by nature (a path, a name, a choice): as given.
     fn take(&mut self, name: &str) -> Option<Value> {
-        self.0.remove(name).filter(|v| !v.is_null())
+        self.args.remove(name).filter(|v| !v.is_null())
+    }
+
+    /// Any other argument (a number, a boolean, or one of a few words such as `auto`): as
+    /// given from Python, through [`text_value`] from a command line.
+    fn typed(&mut self, name: &str) -> Option<Value> {
+        match self.take(name) {
+            Some(Value::String(s)) if self.text => Some(text_value(&s)),
+            v => v,
+        }
     }
 
     fn finish(self) -> Result<()> {
-        match self.0.keys().next() {
+        match self.args.keys().next() {
             Some(k) => Err(Error::config(k.as_str(), "unknown argument")),
             None => Ok(()),
         }
     }
 }
 
-/// Rank and world size: given, else torchrun's `RANK` / `WORLD_SIZE`, else 0 of 1.
+/// Rank and world size: given (`rank`, `world_size`), else those of the initialised
+/// `torch.distributed` default group (`group_rank`, `group_world_size`: the Python front
+/// passes them when there is one), else torchrun's `RANK` / `WORLD_SIZE`, else 0 of 1. Where
+/// both the group and torchrun's variables are there they must agree: a disagreement is an
+/// error naming both, never a silent choice (duplicated or missing data on some rank).
 fn ranks(a: &mut Taker, env: Env<'_>) -> Result<(usize, usize)> {
-    let world_size = match a.take("world_size") {
-        Some(v) => positive("world_size", &v)?,
-        None => match usize_in(env, "WORLD_SIZE")? {
-            Some(0) => {
-                return Err(Error::config("WORLD_SIZE", "environment variable WORLD_SIZE=0: must be at least 1"))
-            }
-            Some(n) => n,
-            None => 1,
-        },
+    let given_world = a.typed("world_size").map(|v| positive("world_size", &v)).transpose()?;
+    let given_rank = a.typed("rank").map(|v| non_negative("rank", &v)).transpose()?.map(|r| r as usize);
+    let group_world = a.typed("group_world_size").map(|v| positive("group_world_size", &v)).transpose()?;
+    let group_rank =
+        a.typed("group_rank").map(|v| non_negative("group_rank", &v)).transpose()?.map(|r| r as usize);
+    let env_world = match usize_in(env, "WORLD_SIZE")? {
+        Some(0) => {
+            return Err(Error::config("WORLD_SIZE", "environment variable WORLD_SIZE=0: must be at least 1"));
+        }
+        w => w,
     };
-    let rank = match a.take("rank") {
-        Some(v) => non_negative("rank", &v)? as usize,
-        None => usize_in(env, "RANK")?.unwrap_or(0),
+    let env_rank = usize_in(env, "RANK")?;
+    let group = match (group_rank, group_world) {
+        (Some(r), Some(w)) => Some((r, w)),
+        (None, None) => None,
+        _ => return Err(Error::config("group_rank", "group_rank and group_world_size come together")),
     };
+    if let Some((gr, gw)) = group {
+        let disagree = |name: &str, group: usize, var: usize| {
+            Error::config(
+                name,
+                format!(
+                    "torch.distributed's default group says {name} {group}, but the environment variable {} says \
+                     {var}; launch so that they agree, or pass rank= and world_size= explicitly",
+                    name.to_ascii_uppercase()
+                ),
+            )
+        };
+        if let Some(ew) = env_world.filter(|&ew| ew != gw) {
+            return Err(disagree("world_size", gw, ew));
+        }
+        if let Some(er) = env_rank.filter(|&er| er != gr) {
+            return Err(disagree("rank", gr, er));
+        }
+    }
+    let world_size = given_world.or(group.map(|g| g.1)).or(env_world).unwrap_or(1);
+    let rank = given_rank.or(group.map(|g| g.0)).or(env_rank).unwrap_or(0);
     if rank >= world_size {
         return Err(Error::config(
             "rank",
@@ -494,12 +562,12 @@ fn ranks(a: &mut Taker, env: Env<'_>) -> Result<(usize, usize)> {
 /// The sampler's arguments: `batch_size` (default 256), `shuffle`, `seed`, `drop_last`,
 /// `rank`, `world_size`; `shard_window` when `shards` is allowed.
 fn sampler(a: &mut Taker, shards: bool, env: Env<'_>) -> Result<SamplerSpec> {
-    let batch_size = a.take("batch_size").map(|v| positive("batch_size", &v)).transpose()?.unwrap_or(256);
+    let batch_size = a.typed("batch_size").map(|v| positive("batch_size", &v)).transpose()?.unwrap_or(256);
     // Whatever a sample holds, its slot keeps at least a byte and the bookkeeping; the exact
     // bound, with the sample's size, is checked by the kind of loader.
     batch_bytes(batch_size, 1)?;
     let allowed = if shards { "False, True, 'global' or 'shards'" } else { "False or True" };
-    let (shuffle, by_shards) = match a.take("shuffle") {
+    let (shuffle, by_shards) = match a.typed("shuffle") {
         None => (false, false),
         Some(Value::String(s)) if s == "global" => (true, false),
         Some(Value::String(s)) if s == "shards" && shards => (true, true),
@@ -509,9 +577,9 @@ fn sampler(a: &mut Taker, shards: bool, env: Env<'_>) -> Result<SamplerSpec> {
             false,
         ),
     };
-    let window = a.take("shard_window").map(|v| positive("shard_window", &v)).transpose()?;
-    let seed = a.take("seed").map(|v| non_negative("seed", &v)).transpose()?.unwrap_or(0);
-    let drop_last = a.take("drop_last").map(|v| boolean("drop_last", &v)).transpose()?.unwrap_or(false);
+    let window = a.typed("shard_window").map(|v| positive("shard_window", &v)).transpose()?;
+    let seed = a.typed("seed").map(|v| non_negative("seed", &v)).transpose()?.unwrap_or(0);
+    let drop_last = a.typed("drop_last").map(|v| boolean("drop_last", &v)).transpose()?.unwrap_or(false);
     let (rank, world_size) = ranks(a, env)?;
     Ok(SamplerSpec {
         batch_size,
@@ -527,12 +595,12 @@ fn sampler(a: &mut Taker, shards: bool, env: Env<'_>) -> Result<SamplerSpec> {
 /// Threads (`None`: `auto`; `STOKER_NUM_THREADS` when not given), prefetch (`None`: `auto`)
 /// and the memory cap.
 fn common(a: &mut Taker, env: Env<'_>) -> Result<(Option<usize>, Option<usize>, Option<u64>)> {
-    let given = a.take("threads").map(|v| threads("threads", &v)).transpose()?.flatten();
+    let given = a.typed("threads").map(|v| threads("threads", &v)).transpose()?.flatten();
     // Checked even when `threads` is given: a bad value in the environment is never ignored.
     let from_env = threads_in(env)?;
     let threads = given.or(from_env);
-    let prefetch = a.take("prefetch").map(|v| prefetch("prefetch", &v)).transpose()?.unwrap_or(Some(2));
-    let memory_limit = a.take("memory_limit").map(|v| bytes("memory_limit", &v)).transpose()?;
+    let prefetch = a.typed("prefetch").map(|v| prefetch("prefetch", &v)).transpose()?.unwrap_or(Some(2));
+    let memory_limit = a.typed("memory_limit").map(|v| bytes("memory_limit", &v)).transpose()?;
     Ok((threads, prefetch, memory_limit))
 }
 
@@ -564,7 +632,7 @@ fn transform(a: &mut Taker) -> Result<TransformSpec> {
     if let Some(l) = a.take("layout") {
         spec.layout = Layout::parse(text("layout", &l, "NCHW or NHWC")?)?;
     }
-    if let Some(e) = a.take("apply_exif") {
+    if let Some(e) = a.typed("apply_exif") {
         spec.apply_exif = boolean("apply_exif", &e)?;
     }
     Ok(spec)
@@ -606,7 +674,7 @@ pub fn loader_config(args: Args) -> Result<LoaderConfig> {
 }
 
 fn loader_config_in(args: Args, env: Env<'_>) -> Result<LoaderConfig> {
-    let mut a = Taker(args);
+    let mut a = Taker::new(args);
     let transform = transform(&mut a)?;
     let sampler = sampler(&mut a, true, env)?;
     let mut c = LoaderConfig::new(sampler.batch_size, transform);
@@ -617,24 +685,24 @@ fn loader_config_in(args: Args, env: Env<'_>) -> Result<LoaderConfig> {
         Some(n) => c.prefetch = n,
         None => c.prefetch_auto = true,
     }
-    c.cpu_budget = a.take("cpu_budget").map(|v| cpu_budget("cpu_budget", &v)).transpose()?;
-    c.io_threads = a.take("io_threads").map(|v| thread_count("io_threads", &v)).transpose()?;
+    c.cpu_budget = a.typed("cpu_budget").map(|v| cpu_budget("cpu_budget", &v)).transpose()?;
+    c.io_threads = a.typed("io_threads").map(|v| thread_count("io_threads", &v)).transpose()?;
     if let Some(p) = a.take("on_error") {
         c.on_error = ErrorPolicy::parse(text("on_error", &p, "skip or raise")?)?;
     }
-    if let Some(v) = a.take("dct_scaling") {
+    if let Some(v) = a.typed("dct_scaling") {
         c.dct_scaling = boolean("dct_scaling", &v)?;
     }
-    if let Some(v) = a.take("roi") {
+    if let Some(v) = a.typed("roi") {
         c.roi = boolean("roi", &v)?;
     }
-    if let Some(v) = a.take("max_pixels") {
+    if let Some(v) = a.typed("max_pixels") {
         c.max_pixels = positive("max_pixels", &v)? as u64;
     }
-    if let Some(v) = a.take("max_file_bytes") {
+    if let Some(v) = a.typed("max_file_bytes") {
         c.max_file_bytes = bytes("max_file_bytes", &v)?;
     }
-    if let Some(v) = a.take("max_failures") {
+    if let Some(v) = a.typed("max_failures") {
         c.max_failures = max_failures(&v)?;
     }
     c.cache = cache(&mut a)?;
@@ -661,8 +729,8 @@ fn sample_bytes(spec: &TransformSpec) -> Result<u64> {
 /// `cache_max_side` (pixels). Whether the directory can be written is checked when the loader
 /// opens it.
 fn cache(a: &mut Taker) -> Result<Option<CacheSpec>> {
-    let bytes = a.take("cache_bytes").map(|v| bytes("cache_bytes", &v)).transpose()?;
-    let max_side = a.take("cache_max_side").map(|v| positive("cache_max_side", &v)).transpose()?;
+    let bytes = a.typed("cache_bytes").map(|v| bytes("cache_bytes", &v)).transpose()?;
+    let max_side = a.typed("cache_max_side").map(|v| positive("cache_max_side", &v)).transpose()?;
     let location = match a.take("cache") {
         None => None,
         Some(Value::String(s)) if s == "ram" => Some(CacheLocation::Ram),
@@ -683,7 +751,7 @@ fn cache(a: &mut Taker) -> Result<Option<CacheSpec>> {
 /// [`crate::trace::DEFAULT_MAX_EVENTS`]). Whether the file's folder exists is checked when the
 /// loader is made.
 fn trace(a: &mut Taker) -> Result<Option<crate::trace::TraceSpec>> {
-    let max_events = a.take("trace_events").map(|v| positive("trace_events", &v)).transpose()?;
+    let max_events = a.typed("trace_events").map(|v| positive("trace_events", &v)).transpose()?;
     match a.take("trace") {
         None if max_events.is_some() => Err(Error::config("trace_events", "needs trace=PATH (the trace file)")),
         None => Ok(None),
@@ -704,7 +772,7 @@ pub fn array_config(args: Args) -> Result<ArrayConfig> {
 }
 
 fn array_config_in(args: Args, env: Env<'_>) -> Result<ArrayConfig> {
-    let mut a = Taker(args);
+    let mut a = Taker::new(args);
     let sampler = sampler(&mut a, false, env)?;
     let (threads, prefetch, memory_limit) = common(&mut a, env)?;
     let prefetch =
@@ -733,13 +801,13 @@ pub fn token_config(args: Args) -> Result<(TokenConfig, Option<PathBuf>)> {
 }
 
 fn token_config_in(args: Args, env: Env<'_>) -> Result<(TokenConfig, Option<PathBuf>)> {
-    let mut a = Taker(args);
+    let mut a = Taker::new(args);
     let tokenizer = match a.take("tokenizer") {
         None | Some(Value::Null) => None,
         Some(v) => Some(PathBuf::from(text("tokenizer", &v, "the path of a tokenizer.json")?)),
     };
-    let seq_len = a.take("seq_len").map(|v| bounded("seq_len", &v, MAX_SEQ_LEN, "tokens")).transpose()?.unwrap_or(2048);
-    let batch_size = a.take("batch_size").map(|v| positive("batch_size", &v)).transpose()?.unwrap_or(8);
+    let seq_len = a.typed("seq_len").map(|v| bounded("seq_len", &v, MAX_SEQ_LEN, "tokens")).transpose()?.unwrap_or(2048);
+    let batch_size = a.typed("batch_size").map(|v| positive("batch_size", &v)).transpose()?.unwrap_or(8);
     if batch_size.checked_mul(seq_len).is_none_or(|t| t > i32::MAX as usize / 4) {
         return Err(Error::config(
             "batch_size",
@@ -754,31 +822,31 @@ fn token_config_in(args: Args, env: Env<'_>) -> Result<(TokenConfig, Option<Path
             other => return Err(Error::config("pack", format!("expected 'concat' or 'best_fit', got {other:?}"))),
         };
     }
-    let int = |a: &mut Taker, k: &str| a.take(k).map(|v| positive(k, &v)).transpose();
-    if let Some(v) = a.take("pack_window") {
+    let int = |a: &mut Taker, k: &str| a.typed(k).map(|v| positive(k, &v)).transpose();
+    if let Some(v) = a.typed("pack_window") {
         c.pack_window = bounded("pack_window", &v, MAX_PACK_WINDOW, "documents")? as u64;
     }
     if let Some(n) = int(&mut a, "shuffle_window")? {
         c.shuffle_window = n as u64;
     }
-    let flag = |a: &mut Taker, k: &str| a.take(k).map(|v| boolean(k, &v)).transpose();
+    let flag = |a: &mut Taker, k: &str| a.typed(k).map(|v| boolean(k, &v)).transpose();
     c.shuffle = flag(&mut a, "shuffle")?.unwrap_or(false);
     c.drop_last = flag(&mut a, "drop_last")?.unwrap_or(false);
     c.infinite = flag(&mut a, "infinite")?.unwrap_or(false);
     c.add_bos = flag(&mut a, "add_bos")?.unwrap_or(false);
     c.add_eos = flag(&mut a, "add_eos")?.unwrap_or(true);
-    c.seed = a.take("seed").map(|v| non_negative("seed", &v)).transpose()?.unwrap_or(0);
+    c.seed = a.typed("seed").map(|v| non_negative("seed", &v)).transpose()?.unwrap_or(0);
     (c.rank, c.world_size) = ranks(&mut a, env)?;
     let (threads, prefetch, memory_limit) = common(&mut a, env)?;
     c.threads = threads;
-    c.cpu_budget = a.take("cpu_budget").map(|v| cpu_budget("cpu_budget", &v)).transpose()?;
+    c.cpu_budget = a.typed("cpu_budget").map(|v| cpu_budget("cpu_budget", &v)).transpose()?;
     if c.cpu_budget.is_some() && c.threads.is_some() {
         return Err(Error::config("cpu_budget", "bounds threads='auto': give threads='auto' or no cpu_budget"));
     }
     c.prefetch =
         prefetch.ok_or_else(|| Error::config("prefetch", "'auto' is for image loaders; give TokenLoader a number"))?;
     c.memory_limit = memory_limit;
-    if let Some(v) = a.take("max_document_bytes") {
+    if let Some(v) = a.typed("max_document_bytes") {
         c.max_document_bytes = bytes("max_document_bytes", &v)?;
         if c.max_document_bytes == 0 {
             return Err(Error::config("max_document_bytes", "must be at least 1 byte"));
@@ -794,7 +862,7 @@ fn token_config_in(args: Args, env: Env<'_>) -> Result<(TokenConfig, Option<Path
             other => return Err(Error::config("document", format!("expected 'file' or 'line', got {other:?}"))),
         };
     }
-    if let Some(v) = a.take("token_bytes") {
+    if let Some(v) = a.typed("token_bytes") {
         c.token_bytes = match unsigned("token_bytes", &v, "2 or 4")? {
             2 => 2,
             4 => 4,
@@ -810,7 +878,7 @@ fn token_config_in(args: Args, env: Env<'_>) -> Result<(TokenConfig, Option<Path
     c.bos_token = name(&mut a, "bos_token")?;
     c.eos_token = name(&mut a, "eos_token")?;
     let id = |a: &mut Taker, k: &str| -> Result<Option<u32>> {
-        match a.take(k) {
+        match a.typed(k) {
             None | Some(Value::Null) => Ok(None),
             Some(v) => {
                 let n = non_negative(k, &v)?;
@@ -831,7 +899,7 @@ fn token_config_in(args: Args, env: Env<'_>) -> Result<(TokenConfig, Option<Path
             }
         };
     }
-    if let Some(v) = a.take("max_failures") {
+    if let Some(v) = a.typed("max_failures") {
         c.max_failures = match v {
             Value::Null => u64::MAX,
             v => non_negative("max_failures", &v)?,
@@ -1286,7 +1354,10 @@ fn elastic_base(v: &Value, name: &str) -> Result<ElasticBase> {
 
 /// Named arguments from `name=value` pairs of flag text (what the CLI has).
 pub fn from_text<'a>(pairs: impl IntoIterator<Item = (&'a str, Option<String>)>) -> Args {
-    pairs.into_iter().filter_map(|(k, v)| v.map(|v| (k.to_string(), Value::String(v)))).collect()
+    let mut args: Args =
+        pairs.into_iter().filter_map(|(k, v)| v.map(|v| (k.to_string(), Value::String(v)))).collect();
+    args.insert(FROM_TEXT.into(), Value::Bool(true));
+    args
 }
 
 /// The environment variable that sets how long an idle decoded-pixel cache group is kept.
@@ -1416,12 +1487,24 @@ mod tests {
     #[test]
     fn integers_and_booleans_are_strict() {
         assert_eq!(positive("b", &json!(3)).unwrap(), 3);
-        assert_eq!(positive("b", &json!("3")).unwrap(), 3);
-        for bad in [json!(0), json!(-1), json!(true), json!(2.0), json!("x"), json!(null)] {
+        assert_eq!(positive("b", &text_value("3")).unwrap(), 3);
+        for bad in [json!(0), json!(-1), json!(true), json!(2.0), json!("x"), json!("3"), json!(null)] {
             let e = positive("batch_size", &bad).unwrap_err().to_string();
             assert!(e.starts_with("invalid argument `batch_size`"), "{e}");
         }
+        assert!(positive("b", &json!("128")).unwrap_err().to_string().contains("\"128\" (a str)"));
+        assert!(positive("b", &json!(1.5)).unwrap_err().to_string().contains("1.5 (a float)"));
+        assert!(positive("b", &json!(true)).unwrap_err().to_string().contains("True (a bool)"));
         assert!(boolean("d", &json!(1)).is_err());
+        assert!(boolean("d", &json!("true")).is_err());
+        assert!(boolean("d", &text_value("true")).unwrap());
+        assert!(cpu_budget("c", &json!("1.5")).is_err());
+        assert_eq!(cpu_budget("c", &text_value("1.5")).unwrap(), 1.5);
+        assert_eq!(text_value("2GiB"), json!("2GiB"));
+        assert_eq!(text_value("auto"), json!("auto"));
+        assert_eq!(text_value("5%"), json!("5%"));
+        assert!(max_failures(&json!("100")).is_err());
+        assert!(max_failures(&json!("5%")).is_ok());
         assert_eq!(threads("t", &json!("auto")).unwrap(), None);
         assert_eq!(threads("t", &json!(4)).unwrap(), Some(4));
         assert!(threads("t", &json!(0)).unwrap_err().to_string().contains("'auto'"));
@@ -1465,6 +1548,16 @@ mod tests {
         assert!(err(json!({"preset": "nope"})).contains("imagenet-train"));
         assert!(err(json!({})).contains("`preset`"));
         assert!(err(json!({"preset": "imagenet-val", "shuffle": "yes"})).contains("'shards'"));
+        // Python's text, floats and booleans for numbers are refused, naming the argument;
+        // a flag's text for a text argument stays text even when it looks like a number.
+        for (k, v) in [("batch_size", json!("8")), ("seed", json!(1.0)), ("prefetch", json!(true))] {
+            let e = err(json!({"preset": "imagenet-val", k: v}));
+            assert!(e.starts_with(&format!("invalid argument `{k}`")), "{e}");
+        }
+        let e = token_config(args(json!({"seq_len": "128"}))).unwrap_err().to_string();
+        assert!(e.contains("`seq_len`") && e.contains("(a str)"), "{e}");
+        let (t, _) = token_config(from_text([("text_key", Some("123".into())), ("seq_len", Some("64".into()))])).unwrap();
+        assert_eq!((t.text_key.as_str(), t.seq_len), ("123", 64));
         assert!(err(json!({"preset": "imagenet-val", "on_error": "ignore"})).contains("skip, raise"));
         let c = loader_config(args(json!({"preset": "imagenet-val", "cache": "ram", "cache_bytes": "8GiB"}))).unwrap();
         assert_eq!(
@@ -1490,7 +1583,7 @@ mod tests {
 
     #[test]
     fn trace_arguments() {
-        let c = loader_config(args(json!({"preset": "imagenet-val", "trace": "/tmp/t.json", "trace_events": "50"})))
+        let c = loader_config(args(json!({"preset": "imagenet-val", "trace": "/tmp/t.json", "trace_events": 50})))
             .unwrap();
         let t = c.trace.unwrap();
         assert_eq!((t.path.to_str(), t.max_events), (Some("/tmp/t.json"), 50));
@@ -1544,7 +1637,7 @@ mod tests {
         assert!(threads("threads", &json!("abc")).unwrap_err().to_string().contains("'auto'"));
         let e = thread_count("io_threads", &json!(5000)).unwrap_err().to_string();
         assert!(e.contains("`io_threads`") && e.contains("from 1 to 1024"), "{e}");
-        assert_eq!(thread_count("io_threads", &json!("8")).unwrap(), 8);
+        assert_eq!(thread_count("io_threads", &text_value("8")).unwrap(), 8);
         let e = prefetch("prefetch", &json!(u64::MAX)).unwrap_err().to_string();
         assert!(e.contains("`prefetch`") && e.contains("from 1 to 1024"), "{e}");
         assert!(cpu_budget("cpu_budget", &json!(4096)).unwrap_err().to_string().contains("(0, 1024]"));
@@ -1627,6 +1720,23 @@ mod tests {
         assert!(config(&[("WORLD_SIZE", Some("4")), ("RANK", Some("4"))]).unwrap_err().to_string().contains("`rank`"));
         let c = config(&[("WORLD_SIZE", Some("4")), ("RANK", Some("3"))]).unwrap();
         assert_eq!((c.sampler.rank, c.sampler.world_size), (3, 4));
+        // An initialised torch.distributed group (what the Python front passes): used when
+        // nothing else is, checked against torchrun's variables when both are there.
+        let grouped = |extra: Value, vars: &[(&str, Option<&str>)]| {
+            let mut a = json!({"preset": "imagenet-val", "group_rank": 2, "group_world_size": 4});
+            a.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+            with_env(vars, |e| loader_config_in(args(a), e)).map(|c| (c.sampler.rank, c.sampler.world_size))
+        };
+        let unset = [("WORLD_SIZE", None), ("RANK", None)];
+        assert_eq!(grouped(json!({}), &unset).unwrap(), (2, 4));
+        assert_eq!(grouped(json!({}), &[("WORLD_SIZE", Some("4")), ("RANK", Some("2"))]).unwrap(), (2, 4));
+        let e = grouped(json!({}), &[("WORLD_SIZE", Some("2")), ("RANK", Some("0"))]).unwrap_err().to_string();
+        assert!(e.contains("`world_size`") && e.contains("group says world_size 4") && e.contains("WORLD_SIZE says 2"));
+        let e = grouped(json!({}), &[("WORLD_SIZE", Some("4")), ("RANK", Some("1"))]).unwrap_err().to_string();
+        assert!(e.contains("`rank`") && e.contains("says rank 2") && e.contains("RANK says 1"), "{e}");
+        // Explicit arguments are the user's choice: they win over the group.
+        assert_eq!(grouped(json!({"rank": 0, "world_size": 1}), &unset).unwrap(), (0, 1));
+        assert!(grouped(json!({"group_rank": null}), &unset).unwrap_err().to_string().contains("come together"));
         let e = with_env(&[("LOCAL_RANK", Some("99999999999"))], local_rank_in);
         assert!(e.unwrap_err().to_string().contains("`LOCAL_RANK`"));
         assert_eq!(with_env(&[("LOCAL_RANK", Some("2"))], local_rank_in).unwrap(), 2);

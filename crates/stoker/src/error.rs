@@ -30,6 +30,10 @@ pub enum Error {
     /// The dataset itself is unusable: missing root, no classes, no images.
     #[error("dataset error: {0}")]
     Dataset(String),
+    /// The storage a pass reads is not answering (an object store whose circuit is open):
+    /// not one bad sample or document, so it ends the pass whatever the failure policy.
+    #[error("storage not answering: {0}")]
+    Unavailable(String),
     /// A bad argument: names the argument and what is allowed.
     #[error("invalid argument `{arg}`: {reason}")]
     Config {

@@ -45,3 +45,32 @@ fn dropping_an_iteration_during_a_stall_does_not_wait_for_the_timeout() {
     drop(loader);
     assert!(t2.elapsed() < Duration::from_secs(10), "{:?}", t2.elapsed());
 }
+
+/// The text path too: a `TokenLoader` whose reader thread waits on a stalled store is dropped
+/// at once (its object reads watch the run's stop flag), not after the request's bound.
+#[test]
+fn dropping_a_token_iteration_during_a_stall_does_not_wait_for_the_timeout() {
+    std::env::set_var("STOKER_OBJECT_TIMEOUT", "60");
+    let text = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/data/text");
+    let raw = zstd::decode_all(std::fs::File::open(text.join("wiki-sample.jsonl.zst")).unwrap()).unwrap();
+    let server = Server::start(HashMap::from([("a.jsonl".to_string(), raw.clone()), ("b.jsonl".to_string(), raw)]));
+    let tok = stoker::tokens::TextTokenizer::from_file(&text.join("tokenizer-gpt2.json")).unwrap();
+    let urls = [server.url("a.jsonl"), server.url("b.jsonl")].map(std::path::PathBuf::from);
+    let mut c = stoker::tokens::TokenConfig::new(2, 128);
+    c.threads = Some(1);
+    c.index_dir = None;
+    let loader = stoker::tokens::TokenLoader::new(&urls, Some(tok), c).unwrap();
+    server.stall.store(true, Ordering::Release);
+    let before = server.held.load(Ordering::Relaxed);
+    let mut it = loader.iter().unwrap();
+    let t0 = Instant::now();
+    while server.held.load(Ordering::Relaxed) < before + 1 {
+        assert!(t0.elapsed() < Duration::from_secs(30), "no request reached the stalled server");
+        assert!(matches!(it.next_timeout(Duration::from_millis(20)), Next::NotYet), "nothing can be delivered");
+    }
+    let t1 = Instant::now();
+    drop(it);
+    drop(loader);
+    let took = t1.elapsed();
+    assert!(took < Duration::from_secs(5), "dropping the token iteration took {took:?} (the time-out is 60 s)");
+}

@@ -126,8 +126,14 @@ impl FailureBudget {
         FailureBudget { limit, raise, failures: 0, last: Vec::new() }
     }
 
-    /// Counts `errs` (in sample order); under `raise`, returns the first.
+    /// Counts `errs` (in sample order); under `raise`, returns the first. Storage that is not
+    /// answering ([`Error::Unavailable`]) is returned whatever the policy: every later sample
+    /// would fail the same way, so the pass ends now with that one error.
     fn count(&mut self, mut errs: Vec<Error>) -> Option<Error> {
+        if let Some(k) = errs.iter().position(|e| matches!(e, Error::Unavailable(_))) {
+            self.failures += 1;
+            return Some(errs.swap_remove(k));
+        }
         self.failures += errs.len() as u64;
         let keep = errs.len().saturating_sub(3);
         for e in &errs[keep..] {

@@ -204,6 +204,32 @@ pub fn expand_urls(spec: &str) -> Result<Vec<String>> {
     return Err(Error::config("data", format!("{spec}: object storage support is not compiled in (feature `remote`)")));
 }
 
+/// Runs `f` with `stop` as the stop flag of the object reads it opens on this thread (see
+/// `remote::with_stop`): a loader's reader thread runs under its cancel flag, so dropping the
+/// loader never waits for a request in flight.
+pub fn with_stop<T>(stop: std::sync::Arc<std::sync::atomic::AtomicBool>, f: impl FnOnce() -> T) -> T {
+    #[cfg(feature = "remote")]
+    return remote::with_stop(stop, f);
+    #[cfg(not(feature = "remote"))]
+    {
+        let _ = stop;
+        f()
+    }
+}
+
+/// The error a failed read of an object is, when it says that its store is not answering
+/// (`remote::unavailable`): [`Error::Unavailable`], which ends a pass. `None` for any other
+/// I/O error.
+pub fn unavailable(e: &std::io::Error) -> Option<Error> {
+    #[cfg(feature = "remote")]
+    return remote::unavailable(e).map(Error::Unavailable);
+    #[cfg(not(feature = "remote"))]
+    {
+        let _ = e;
+        None
+    }
+}
+
 /// The object at `url`, read from start to end, and its size; see `remote::ObjectReader`.
 pub fn read_object(url: &str) -> Result<(Box<dyn std::io::Read + Send>, u64)> {
     #[cfg(feature = "remote")]

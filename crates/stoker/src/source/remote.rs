@@ -31,6 +31,7 @@ use futures::StreamExt;
 use object_store::path::Path as ObjPath;
 use object_store::{BackoffConfig, ClientConfigKey, ObjectStore, ObjectStoreExt, RetryConfig};
 use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -226,36 +227,44 @@ impl Breaker {
     }
 
     /// Runs one request on `rt` under the breaker: refused at once while the circuit is open,
-    /// abandoned as soon as it opens. The error is the request's, with its causes.
+    /// abandoned as soon as it opens, or as soon as `stop` completes (the caller's loader is
+    /// stopping: [`RequestFailure::Stopped`]). The error is the request's, with its causes.
     fn call<T>(
         &self,
         rt: &tokio::runtime::Runtime,
         request: impl Future<Output = object_store::Result<T>>,
+        stop: impl Future<Output = ()>,
     ) -> std::result::Result<T, RequestFailure> {
+        use futures::future::{select, Either};
         // Registered before the circuit is checked, so that an opening in between is seen.
         let opened = self.opened.notified();
         let admit = self.admit(Instant::now()).map_err(RequestFailure::Refused)?;
         let out = rt.block_on(async {
             let request = std::pin::pin!(request);
             let opened = std::pin::pin!(opened);
-            match futures::future::select(request, opened).await {
-                futures::future::Either::Left((r, _)) => Some(r),
-                futures::future::Either::Right(_) => None,
+            let stop = std::pin::pin!(stop);
+            match select(request, select(opened, stop)).await {
+                Either::Left((r, _)) => Ok(r),
+                Either::Right((Either::Left(_), _)) => Err(false),
+                Either::Right((Either::Right(_), _)) => Err(true),
             }
         });
         match out {
-            Some(Ok(v)) => {
+            Ok(Ok(v)) => {
                 self.record(&admit, None, Instant::now());
                 Ok(v)
             }
-            Some(Err(e)) => {
+            Ok(Err(e)) => {
                 let text = describe(&e);
                 self.record(&admit, unreachable(&e).then(|| text.clone()), Instant::now());
                 Err(RequestFailure::Failed(e, text))
             }
-            None => {
+            Err(stopped) => {
                 if admit == Admit::Probe {
                     lock(&self.state).probing = false;
+                }
+                if stopped {
+                    return Err(RequestFailure::Stopped(format!("object store {}: request abandoned", self.base)));
                 }
                 Err(RequestFailure::Refused(self.abandoned()))
             }
@@ -269,13 +278,84 @@ enum RequestFailure {
     Failed(object_store::Error, String),
     /// Not sent, or abandoned: the circuit of the store is open.
     Refused(String),
+    /// Abandoned because the caller is stopping.
+    Stopped(String),
 }
 
 impl RequestFailure {
     fn text(self) -> String {
         match self {
-            RequestFailure::Failed(_, t) | RequestFailure::Refused(t) => t,
+            RequestFailure::Failed(_, t) | RequestFailure::Refused(t) | RequestFailure::Stopped(t) => t,
         }
+    }
+
+    /// The failure as an I/O error of a read of `what`: a refusal (the store is not
+    /// answering) carries an [`Unavailable`] that [`unavailable`] finds again above.
+    fn into_io(self, what: &str) -> std::io::Error {
+        match self {
+            RequestFailure::Refused(t) => std::io::Error::other(Unavailable(format!("{what}: {t}"))),
+            other => std::io::Error::other(format!("{what}: {}", other.text())),
+        }
+    }
+}
+
+/// The store of an object is not answering (its circuit is open): not a fault of one
+/// document or sample, so it ends a pass instead of being skipped ([`Error::Unavailable`]).
+#[derive(Debug)]
+struct Unavailable(String);
+
+impl std::fmt::Display for Unavailable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for Unavailable {}
+
+/// The message of an I/O error that says a store is not answering ([`RequestFailure::into_io`]),
+/// if it is one.
+pub fn unavailable(e: &std::io::Error) -> Option<String> {
+    e.get_ref().and_then(|inner| inner.downcast_ref::<Unavailable>()).map(|u| u.0.clone())
+}
+
+/// The circuit breaker of each store this process reads (by `scheme://authority` and request
+/// timeout): every reader of a store shares one, so a store that stops answering is paid
+/// about two request bounds in all, not two per object or per document.
+fn breaker_for(base: &str, cooldown: Duration) -> Arc<Breaker> {
+    type Breakers = Mutex<std::collections::HashMap<(String, Duration), Arc<Breaker>>>;
+    static BREAKERS: std::sync::OnceLock<Breakers> = std::sync::OnceLock::new();
+    let mut all = BREAKERS.get_or_init(Default::default).lock().unwrap_or_else(|p| p.into_inner());
+    all.entry((base.to_string(), cooldown)).or_insert_with(|| Arc::new(Breaker::new(base, cooldown))).clone()
+}
+
+thread_local! {
+    /// The stop flag of the loader thread running on this thread ([`with_stop`]).
+    static STOP: std::cell::RefCell<Option<Arc<AtomicBool>>> = const { std::cell::RefCell::new(None) };
+}
+
+/// Runs `f` with `stop` as the stop flag of every [`ObjectReader`] opened in it on this
+/// thread: once the flag is set, their requests in flight are abandoned within [`STOP_POLL`],
+/// so a loader that is dropped while its reader thread waits on a store does not wait for
+/// the request's time bound.
+pub fn with_stop<T>(stop: Arc<AtomicBool>, f: impl FnOnce() -> T) -> T {
+    let old = STOP.with(|s| s.replace(Some(stop)));
+    let out = f();
+    STOP.with(|s| *s.borrow_mut() = old);
+    out
+}
+
+/// How often a request in flight looks at its reader's stop flag.
+const STOP_POLL: Duration = Duration::from_millis(20);
+
+/// Completes once `flag` is set (never without one).
+async fn stopped(flag: Option<Arc<AtomicBool>>) {
+    match flag {
+        Some(f) => {
+            while !f.load(Ordering::Acquire) {
+                tokio::time::sleep(STOP_POLL).await;
+            }
+        }
+        None => futures::future::pending().await,
     }
 }
 
@@ -283,23 +363,25 @@ impl RequestFailure {
 struct Remote {
     rt: tokio::runtime::Runtime,
     store: Arc<dyn ObjectStore>,
-    breaker: Breaker,
+    breaker: Arc<Breaker>,
+    /// Wakes this loader's requests in flight when its iteration stops.
+    abandon: tokio::sync::Notify,
     keys: Vec<ObjPath>,
     names: Vec<String>,
 }
 
 impl Storage for Remote {
     fn abandon_reads(&self) {
-        // The requests in flight wait on this notification too: they return at once, as when
-        // the circuit opens (their samples fail; the iteration is stopping anyway).
-        self.breaker.opened.notify_waiters();
+        // The requests in flight wait on this notification too: they return at once (their
+        // samples fail; the iteration is stopping anyway).
+        self.abandon.notify_waiters();
     }
 
     fn read_at(&self, shard: usize, offset: u64, buf: &mut [u8]) -> std::result::Result<(), String> {
         let range = offset..offset + buf.len() as u64;
         let bytes = self
             .breaker
-            .call(&self.rt, self.store.get_range(&self.keys[shard], range))
+            .call(&self.rt, self.store.get_range(&self.keys[shard], range), self.abandon.notified())
             .map_err(RequestFailure::text)?;
         if bytes.len() != buf.len() {
             return Err(format!("short read: {} of {} bytes", bytes.len(), buf.len()));
@@ -387,7 +469,8 @@ pub(crate) fn open(urls: &[String]) -> Result<ShardSource> {
     let (base, _) = split_url(&urls[0])?;
     let limits = Limits::from_env()?;
     let store = store_for(&base, &limits)?;
-    let breaker = Breaker::new(&base, limits.request);
+    let breaker = breaker_for(&base, limits.request);
+    let never = futures::future::pending::<()>;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .thread_name("stoker-object-store")
@@ -412,12 +495,12 @@ pub(crate) fn open(urls: &[String]) -> Result<ShardSource> {
         let path = ObjPath::from(key.as_str());
         let name = format!("{base}/{key}");
         let size = breaker
-            .call(&rt, store.head(&path))
+            .call(&rt, store.head(&path), never())
             .map_err(|e| Error::Dataset(format!("{name}: cannot open shard: {}", e.text())))?
             .size;
         let idx_name = format!("{name}.idx");
         let idx_path = ObjPath::from(format!("{key}.idx"));
-        let idx = match breaker.call(&rt, async { store.get(&idx_path).await?.bytes().await }) {
+        let idx = match breaker.call(&rt, async { store.get(&idx_path).await?.bytes().await }, never()) {
             Ok(b) => Ok(b.to_vec()),
             // The store stopped answering: say so now rather than after trying every shard.
             Err(RequestFailure::Refused(why)) => {
@@ -432,7 +515,7 @@ pub(crate) fn open(urls: &[String]) -> Result<ShardSource> {
     // classes.json is optional; any error other than its absence (a timeout, a server error) is
     // reported rather than silently giving a dataset without class names. S3 answers 403, not
     // 404, for a missing object when the caller may not list the bucket: absent too.
-    let classes = match breaker.call(&rt, async { store.get(&classes_path).await?.bytes().await }) {
+    let classes = match breaker.call(&rt, async { store.get(&classes_path).await?.bytes().await }, never()) {
         Ok(b) => Some(String::from_utf8_lossy(&b).into_owned()),
         Err(RequestFailure::Failed(
             object_store::Error::NotFound { .. } | object_store::Error::PermissionDenied { .. },
@@ -444,7 +527,8 @@ pub(crate) fn open(urls: &[String]) -> Result<ShardSource> {
     };
     let names = metas.iter().map(|m| m.name.clone()).collect();
     let keys = keys.into_iter().map(|k| ObjPath::from(k.as_str())).collect();
-    ShardSource::assemble(metas, classes, Box::new(Remote { rt, store, breaker, keys, names }))
+    let abandon = tokio::sync::Notify::new();
+    ShardSource::assemble(metas, classes, Box::new(Remote { rt, store, breaker, abandon, keys, names }))
 }
 
 /// Bytes of one ranged request of an [`ObjectReader`]: each request is bounded in time, so a
@@ -458,7 +542,9 @@ const READ_CHUNK: u64 = 8 << 20;
 pub struct ObjectReader {
     rt: tokio::runtime::Runtime,
     store: Arc<dyn ObjectStore>,
-    breaker: Breaker,
+    breaker: Arc<Breaker>,
+    /// The stop flag of the thread that opened it ([`with_stop`]).
+    stop: Option<Arc<AtomicBool>>,
     key: ObjPath,
     url: String,
     size: u64,
@@ -468,19 +554,23 @@ pub struct ObjectReader {
 }
 
 impl ObjectReader {
-    /// Opens the object at `url` (one request for its size).
+    /// Opens the object at `url` (one request for its size). A store that is not answering
+    /// is [`Error::Unavailable`]; another failure an [`Error::Io`] naming the URL.
     pub fn open(url: &str) -> Result<Self> {
         let (base, key) = split_url(url)?;
         let limits = Limits::from_env()?;
         let store = store_for(&base, &limits)?;
-        let breaker = Breaker::new(&base, limits.request);
+        let breaker = breaker_for(&base, limits.request);
+        let stop = STOP.with(|s| s.borrow().clone());
         let rt = calling_thread_runtime()?;
         let key = ObjPath::from(key.as_str());
-        let size = breaker
-            .call(&rt, store.head(&key))
-            .map_err(|e| Error::Io { path: url.into(), reason: format!("cannot open: {}", e.text()) })?
-            .size;
-        Ok(ObjectReader { rt, store, breaker, key, url: url.to_string(), size, pos: 0, chunk: vec![], used: 0 })
+        let size = match breaker.call(&rt, store.head(&key), stopped(stop.clone())) {
+            Ok(meta) => meta.size,
+            Err(RequestFailure::Refused(why)) => return Err(Error::Unavailable(format!("{url}: cannot open: {why}"))),
+            Err(e) => return Err(Error::Io { path: url.into(), reason: format!("cannot open: {}", e.text()) }),
+        };
+        let url = url.to_string();
+        Ok(ObjectReader { rt, store, breaker, stop, key, url, size, pos: 0, chunk: vec![], used: 0 })
     }
 
     /// The object's size in bytes.
@@ -498,8 +588,8 @@ impl std::io::Read for ObjectReader {
             let end = (self.pos + READ_CHUNK).min(self.size);
             let got = self
                 .breaker
-                .call(&self.rt, self.store.get_range(&self.key, self.pos..end))
-                .map_err(|e| std::io::Error::other(format!("{}: bytes {}..{end}: {}", self.url, self.pos, e.text())))?;
+                .call(&self.rt, self.store.get_range(&self.key, self.pos..end), stopped(self.stop.clone()))
+                .map_err(|e| e.into_io(&format!("{}: bytes {}..{end}", self.url, self.pos)))?;
             if got.len() as u64 != end - self.pos {
                 return Err(std::io::Error::other(format!(
                     "{}: short read at byte {}: {} of {} bytes (the object changed?)",
@@ -530,7 +620,7 @@ pub fn expand_url(spec: &str) -> Result<Vec<String>> {
     }
     let limits = Limits::from_env()?;
     let store = store_for(&base, &limits)?;
-    let breaker = Breaker::new(&base, limits.request);
+    let breaker = breaker_for(&base, limits.request);
     let keys = list_matching(&*store, &breaker, &calling_thread_runtime()?, (&base, dir, name), spec)?;
     Ok(keys.into_iter().map(|k| format!("{base}/{k}")).collect())
 }
@@ -564,7 +654,7 @@ fn list_matching(
             }
         }
         Ok::<_, object_store::Error>(out)
-    });
+    }, futures::future::pending());
     let mut found = listing.map_err(|e| Error::Dataset(format!("{base}/{dir}: cannot list: {}", e.text())))?;
     found.sort();
     if found.is_empty() {
@@ -649,20 +739,20 @@ mod tests {
             std::thread::spawn(move || {
                 let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
                 let t0 = Instant::now();
-                let r = b.call(&rt, futures::future::pending::<object_store::Result<()>>());
+                let r = b.call(&rt, futures::future::pending::<object_store::Result<()>>(), futures::future::pending());
                 (t0.elapsed(), r.map_err(RequestFailure::text).unwrap_err())
             })
         };
         std::thread::sleep(Duration::from_millis(100));
         for _ in 0..TRIP_AFTER {
-            let r = b.call(&rt, async { Err::<(), _>(timeout()) });
+            let r = b.call(&rt, async { Err::<(), _>(timeout()) }, futures::future::pending());
             assert!(matches!(r, Err(RequestFailure::Failed(..))));
         }
         let (waited, why) = stuck.join().unwrap();
         assert!(waited < Duration::from_secs(30), "{waited:?}");
         assert!(why.contains("is not answering") && why.contains("timed out"), "{why}");
         // Later requests are not sent at all.
-        let r = b.call::<()>(&rt, async { panic!("a request was sent through an open circuit") });
+        let r = b.call::<()>(&rt, async { panic!("a request was sent through an open circuit") }, futures::future::pending());
         assert!(matches!(r, Err(RequestFailure::Refused(_))));
     }
 }

@@ -161,7 +161,10 @@ fn read_some(r: &mut dyn Read, buf: &mut [u8], path: &Path, at: u64) -> Result<u
             Ok(n) => return Ok(n),
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
             Err(e) => {
-                return Err(Error::decode(path, format!("cannot read past byte {at} (truncated or corrupt?): {e}")))
+                if let Some(down) = crate::source::unavailable(&e) {
+                    return Err(down);
+                }
+                return Err(Error::decode(path, format!("cannot read past byte {at} (truncated or corrupt?): {e}")));
             }
         }
     }

@@ -1367,7 +1367,9 @@ fn spawn_tokenizing<S: Send + 'static>(
     {
         let (sh, cancel, read_all) = (sh.clone(), cancel.clone(), read_all.clone());
         run.spawn("stoker-text-read".into(), move || {
-            read_docs(&sh, (from, elastic), &job_tx, &credits, &cancel);
+            // Object reads in flight are abandoned once the run is cancelled (a dropped loader
+            // does not wait for a store that stopped answering).
+            crate::source::with_stop(cancel.clone(), || read_docs(&sh, (from, elastic), &job_tx, &credits, &cancel));
             read_all.store(true, Ordering::Release);
         })?;
     }

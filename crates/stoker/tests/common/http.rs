@@ -50,12 +50,18 @@ impl Server {
     pub fn url(&self, name: &str) -> String {
         format!("http://127.0.0.1:{}/{name}", self.port)
     }
+
+    /// The server dies: it stops listening (new connections are refused) and closes each
+    /// open connection at its next request, without an answer.
+    pub fn kill(&self) {
+        self.stop.store(true, Ordering::Release);
+        let _ = TcpStream::connect(("127.0.0.1", self.port));
+    }
 }
 
 impl Drop for Server {
     fn drop(&mut self) {
-        self.stop.store(true, Ordering::Release);
-        let _ = TcpStream::connect(("127.0.0.1", self.port));
+        self.kill();
     }
 }
 
@@ -89,6 +95,9 @@ fn serve(
                 let (a, b) = v.split_once('-').unwrap();
                 range = Some((a.parse::<usize>().unwrap(), b.parse::<usize>().unwrap()));
             }
+        }
+        if stop.load(Ordering::Acquire) {
+            return; // killed: the connection closes without an answer
         }
         if stall.load(Ordering::Acquire) {
             held.fetch_add(1, Ordering::Relaxed);

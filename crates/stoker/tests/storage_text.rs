@@ -1,0 +1,155 @@
+//! Text in an object store that dies or stalls mid-epoch: every remote call of the text path
+//! (opening an object, its ranged reads) keeps the image path's promise. About two request
+//! bounds after the store stops answering, the pass ends with one error naming the store,
+//! whatever the failure policy (skipping documents would silently drop the rest of the epoch),
+//! for JSON Lines, `.jsonl.zst` and tar text shards, a killed server (connections refused)
+//! and a stalled one (accepts, never answers). Its own test binary: it sets
+//! `STOKER_OBJECT_TIMEOUT` for the whole process.
+
+mod common;
+
+use common::http::Server;
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+use stoker::source::tar;
+use stoker::tokens::{TextTokenizer, TokenConfig, TokenLoader};
+use stoker::{Error, Next};
+
+/// The request bound of every test here, in seconds.
+const TIMEOUT_S: u64 = 1;
+/// Objects served: more than the reader gets ahead of the consumer (8 chunks of at most 64
+/// documents), so the fault lands in the middle of the epoch.
+const FILES: usize = 40;
+const DOCS_PER_FILE: usize = 16;
+
+fn data(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/data/text").join(name)
+}
+
+/// Real English documents (the shared Wikipedia sample) as JSON Lines.
+fn lines() -> Vec<Vec<u8>> {
+    let raw = zstd::decode_all(std::fs::File::open(data("wiki-sample.jsonl.zst")).unwrap()).unwrap();
+    raw.split(|&b| b == b'\n').filter(|l| !l.is_empty()).map(<[u8]>::to_vec).collect()
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Format {
+    Jsonl,
+    JsonlZst,
+    TarTxt,
+}
+
+/// The objects of one format, by name.
+fn objects(format: Format) -> HashMap<String, Vec<u8>> {
+    let all = lines();
+    let mut out = HashMap::new();
+    for f in 0..FILES {
+        let docs: Vec<&Vec<u8>> = (0..DOCS_PER_FILE).map(|d| &all[(f * DOCS_PER_FILE + d) % all.len()]).collect();
+        let jsonl = docs.iter().flat_map(|l| l.iter().copied().chain([b'\n'])).collect::<Vec<u8>>();
+        let (name, body) = match format {
+            Format::Jsonl => (format!("part-{f:03}.jsonl"), jsonl),
+            Format::JsonlZst => (format!("part-{f:03}.jsonl.zst"), zstd::encode_all(&jsonl[..], 3).unwrap()),
+            Format::TarTxt => {
+                let mut t = vec![];
+                for (d, l) in docs.iter().enumerate() {
+                    let v: serde_json::Value = serde_json::from_slice(l).unwrap();
+                    tar::append_member(&mut t, &format!("doc{d:04}.txt"), v["text"].as_str().unwrap().as_bytes());
+                }
+                tar::finish(&mut t);
+                (format!("part-{f:03}.tar"), t)
+            }
+        };
+        out.insert(name, body);
+    }
+    out
+}
+
+fn loader(server: &Server, names: &[String]) -> TokenLoader {
+    std::env::set_var("STOKER_OBJECT_TIMEOUT", TIMEOUT_S.to_string());
+    static TOK: std::sync::OnceLock<TextTokenizer> = std::sync::OnceLock::new();
+    let tok = TOK.get_or_init(|| TextTokenizer::from_file(&data("tokenizer-gpt2.json")).unwrap()).clone();
+    let urls: Vec<PathBuf> = names.iter().map(|n| PathBuf::from(server.url(n))).collect();
+    let mut c = TokenConfig::new(2, 128);
+    c.threads = Some(1);
+    c.prefetch = 1;
+    c.index_dir = None;
+    TokenLoader::new(&urls, Some(tok), c).unwrap()
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Fault {
+    Killed,
+    Stalled,
+}
+
+/// Takes one batch from a healthy store, then breaks it: the pass must end with one
+/// `Error::Unavailable` naming the store within a few request bounds, and dropping the
+/// iteration must be prompt.
+fn dies_mid_epoch(format: Format, fault: Fault) {
+    let files = objects(format);
+    let mut names: Vec<String> = files.keys().cloned().collect();
+    names.sort();
+    let server = Server::start(files);
+    let l = loader(&server, &names);
+    let mut it = l.iter().unwrap();
+    assert!(it.next().unwrap().is_ok(), "{format:?}: a healthy store gives a batch");
+    match fault {
+        Fault::Killed => server.kill(),
+        Fault::Stalled => server.stall.store(true, Ordering::Release),
+    }
+    let t0 = Instant::now();
+    let mut delivered = 0;
+    let err = loop {
+        assert!(t0.elapsed() < Duration::from_secs(60), "{format:?}/{fault:?}: no end 60 s after the fault");
+        match it.next_timeout(Duration::from_millis(100)) {
+            Next::NotYet => continue,
+            Next::End => panic!("{format:?}/{fault:?}: the epoch ended without an error after {delivered} batches"),
+            Next::Item(Ok(_)) => delivered += 1,
+            Next::Item(Err(e)) => break e,
+        }
+    };
+    let took = t0.elapsed();
+    // Two requests that get no answer open the store's circuit: each is bounded by about 3
+    // request bounds (the request, retries started within 2 bounds); a wide margin for a
+    // loaded machine.
+    assert!(took < Duration::from_secs(12 * TIMEOUT_S), "{format:?}/{fault:?}: the error took {took:?}");
+    let text = err.to_string();
+    assert!(matches!(err, Error::Unavailable(_)), "{format:?}/{fault:?}: {text}");
+    let store = format!("object store http://127.0.0.1:{} is not answering", server.port);
+    assert!(text.contains(&store) && text.contains("http://127.0.0.1"), "{format:?}/{fault:?}: {text}");
+    let t1 = Instant::now();
+    drop(it);
+    assert!(t1.elapsed() < Duration::from_secs(2), "{format:?}/{fault:?}: the drop took {:?}", t1.elapsed());
+}
+
+#[test]
+fn jsonl_from_a_killed_store() {
+    dies_mid_epoch(Format::Jsonl, Fault::Killed);
+}
+
+#[test]
+fn jsonl_from_a_stalled_store() {
+    dies_mid_epoch(Format::Jsonl, Fault::Stalled);
+}
+
+#[test]
+fn zstd_jsonl_from_a_killed_store() {
+    dies_mid_epoch(Format::JsonlZst, Fault::Killed);
+}
+
+#[test]
+fn zstd_jsonl_from_a_stalled_store() {
+    dies_mid_epoch(Format::JsonlZst, Fault::Stalled);
+}
+
+#[test]
+fn tar_text_from_a_killed_store() {
+    dies_mid_epoch(Format::TarTxt, Fault::Killed);
+}
+
+#[test]
+fn tar_text_from_a_stalled_store() {
+    dies_mid_epoch(Format::TarTxt, Fault::Stalled);
+}
