@@ -47,7 +47,7 @@ impl Target {
     /// which device is used.
     pub fn image_loader(self, dataset: &Dataset, config: LoaderConfig) -> Result<OnDevice<Loader>> {
         let (prefetch, limit) = (config.prefetch, config.memory_limit);
-        let loader = Loader::new_in(dataset.source.clone(), config, self.placement.allocator().as_ref())?;
+        let loader = Loader::new_in(dataset.source.clone(), config, self.placement.allocator())?;
         loader.report_not_samples(&dataset.not_samples);
         let tracer = loader.tracer().cloned();
         let stage = self
@@ -62,7 +62,7 @@ impl Target {
     pub fn array_loader(self, columns: Vec<Column>, config: ArrayConfig) -> Result<OnDevice<ArrayLoader>> {
         let (prefetch, limit, bs) = (config.prefetch, config.memory_limit, config.sampler.batch_size);
         let capacities: Vec<usize> = columns.iter().map(|c| c.row_bytes() * bs).collect();
-        let loader = ArrayLoader::new_in(columns, config, self.placement.allocator().as_ref())?;
+        let loader = ArrayLoader::new_in(columns, config, self.placement.allocator())?;
         let stage = self.placement.stage(capacities, prefetch, limit)?;
         Ok(OnDevice { loader, stage, device: self.report })
     }
@@ -76,7 +76,7 @@ impl Target {
         config: TokenConfig,
     ) -> Result<OnDevice<TokenLoader>> {
         let (prefetch, limit) = (config.prefetch, config.memory_limit);
-        let loader = TokenLoader::new_in(paths, tokenizer, config, self.placement.allocator().as_ref())?;
+        let loader = TokenLoader::new_in(paths, tokenizer, config, self.placement.allocator())?;
         let stage = self.placement.stage(loader.region_capacities(), prefetch, limit)?;
         Ok(OnDevice { loader, stage, device: self.report })
     }

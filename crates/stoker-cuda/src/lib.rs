@@ -75,15 +75,16 @@ pub enum Placement {
 impl Placement {
     /// The host memory of the batch pool: page-locked for a GPU (so copies are asynchronous),
     /// the heap otherwise.
-    pub fn allocator(&self) -> Box<dyn stoker::buffer::HostAllocator> {
+    pub fn allocator(&self) -> Arc<dyn stoker::buffer::HostAllocator> {
         match self {
-            Placement::Cpu => Box::new(stoker::buffer::HeapAllocator),
-            Placement::Cuda(gpu) => Box::new(PinnedAllocator::new(gpu.clone())),
+            Placement::Cpu => Arc::new(stoker::buffer::HeapAllocator),
+            Placement::Cuda(gpu) => Arc::new(PinnedAllocator::new(gpu.clone())),
         }
     }
 
     /// The transfer stage for batches of `capacities` regions (bytes each), or `None` on the
-    /// host. Sized by the host pool's rule: `prefetch + 2` batches, capped by `memory_limit`.
+    /// host. Sized by the host pool's rule: `prefetch + 2` batches, capped by `memory_limit`,
+    /// and grown as the host pool is (within `memory_limit`) while the consumer keeps batches.
     pub fn stage(
         &self,
         capacities: Vec<usize>,
@@ -94,7 +95,7 @@ impl Placement {
             Placement::Cpu => Ok(None),
             Placement::Cuda(gpu) => {
                 let slots = stoker::buffer::BufferPool::plan(prefetch + 2, capacities.iter().sum(), memory_limit)?;
-                DeviceStage::new(gpu.clone(), capacities, slots).map(Some)
+                DeviceStage::new(gpu.clone(), capacities, slots, memory_limit).map(Some)
             }
         }
     }

@@ -37,7 +37,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use stoker::pipeline::Run;
 use stoker::shell::epochs::Active;
-use stoker::shell::pass::{FailureBudget, Observe, Pass, PassHooks, PassSlot, PoolView};
+use stoker::shell::grow::Growth;
+use stoker::shell::pass::{FailureBudget, MakeSlot, Observe, Pass, PassHooks, PassSlot, PoolView};
 use stoker::telemetry::Telemetry;
 use stoker::trace::{Args as TraceArgs, Tracer};
 use stoker::{DType, Error, Layout, Next, Result};
@@ -317,6 +318,10 @@ struct Pool {
     capacities: Vec<usize>,
     /// Batches the consumer has received and not yet dropped.
     held: Arc<AtomicUsize>,
+    /// How the pool grows while the consumer keeps every device batch.
+    growth: Arc<Growth>,
+    /// Makes a device slot (the base ones, and grown ones).
+    make: MakeSlot<DeviceSlot>,
     /// Free buffers for detached regions.
     side: Arc<SideList>,
 }
@@ -488,8 +493,8 @@ impl<M> Drop for DeviceBatch<M> {
     fn drop(&mut self) {
         let Some(mut slot) = self.slot.take() else { return };
         slot.release.record(self.views.take());
-        self.pool.held.fetch_sub(1, Ordering::AcqRel);
-        let _ = self.pool.free_tx.send(slot);
+        // A grown slot is freed here: its drop waits for the consumer's queued work on it.
+        self.pool.growth.release(&self.pool.held, slot, &self.pool.free_tx);
     }
 }
 
@@ -517,28 +522,44 @@ impl std::fmt::Debug for DeviceStage {
 
 impl DeviceStage {
     /// Allocates `slots` device slots on `gpu`, each with one buffer per entry of
-    /// `capacities` (bytes), plus a stream for the copies.
-    pub fn new(gpu: Arc<Gpu>, capacities: Vec<usize>, slots: usize) -> Result<Self> {
+    /// `capacities` (bytes), plus a stream for the copies; the pool grows within
+    /// `memory_limit` while the consumer keeps every device batch (`stoker::shell::grow`).
+    pub fn new(gpu: Arc<Gpu>, capacities: Vec<usize>, slots: usize, memory_limit: Option<u64>) -> Result<Self> {
         if slots == 0 {
             return Err(Error::config("prefetch", "the device pool needs at least one slot"));
         }
         let stream = Arc::new(Stream::new(&gpu)?);
         let (free_tx, free_rx) = bounded(slots);
+        let make: MakeSlot<DeviceSlot> = {
+            let (gpu, capacities) = (gpu.clone(), capacities.clone());
+            Arc::new(move || {
+                let regions = capacities.iter().map(|&c| DeviceMem::new(&gpu, c)).collect::<Result<Vec<_>>>()?;
+                Ok(DeviceSlot {
+                    regions,
+                    start: Arc::new(Event::new(&gpu, true)?),
+                    ready: Arc::new(Event::new(&gpu, true)?),
+                    release: Release::new(&gpu),
+                    seq: 0,
+                    meta: None,
+                    lens: vec![],
+                    side: vec![],
+                })
+            })
+        };
         for _ in 0..slots {
-            let regions = capacities.iter().map(|&c| DeviceMem::new(&gpu, c)).collect::<Result<Vec<_>>>()?;
-            let slot = DeviceSlot {
-                regions,
-                start: Arc::new(Event::new(&gpu, true)?),
-                ready: Arc::new(Event::new(&gpu, true)?),
-                release: Release::new(&gpu),
-                seq: 0,
-                meta: None,
-                lens: vec![],
-                side: vec![],
-            };
-            free_tx.send(slot).map_err(|_| Error::Internal("device pool channel full".into()))?;
+            free_tx.send(make()?).map_err(|_| Error::Internal("device pool channel full".into()))?;
         }
-        let pool = Arc::new(Pool { free_tx, free_rx, slots, capacities, held: Arc::default(), side: Arc::default() });
+        let growth = Arc::new(Growth::new(slots, capacities.iter().sum(), memory_limit, "device batch"));
+        let pool = Arc::new(Pool {
+            free_tx,
+            free_rx,
+            slots,
+            capacities,
+            held: Arc::default(),
+            growth,
+            make,
+            side: Arc::default(),
+        });
         Ok(DeviceStage { gpu, stream, pool, active: Active::default(), detached: vec![], tracer: None })
     }
 
@@ -615,9 +636,8 @@ impl DeviceStage {
         let view = PoolView {
             free: pool.free_tx.clone(),
             held: pool.held.clone(),
-            slots: pool.slots,
-            what: "device batch",
-            bytes_each: None,
+            growth: pool.growth.clone(),
+            make: pool.make.clone(),
         };
         let observe = Observe::new(telemetry, self.tracer.clone(), None);
         let hooks = DeviceHooks { outcome };
@@ -875,8 +895,7 @@ impl<M: Send + 'static> DeviceIter<M> {
         let meta = match slot.meta.take().map(|m| m.downcast::<M>()) {
             Some(Ok(m)) => *m,
             _ => {
-                self.pool.held.fetch_sub(1, Ordering::AcqRel);
-                let _ = self.pool.free_tx.send(slot);
+                self.pool.growth.release(&self.pool.held, slot, &self.pool.free_tx);
                 return Err(Error::Internal("a device batch without its description (please report this)".into()));
             }
         };

@@ -94,7 +94,8 @@ pub fn text_value(s: &str) -> Value {
         "false" => return Value::Bool(false),
         _ => {}
     }
-    let numeric = !t.is_empty() && t.bytes().all(|b| b.is_ascii_digit() || matches!(b, b'.' | b'-' | b'+' | b'e' | b'E'));
+    let numeric =
+        !t.is_empty() && t.bytes().all(|b| b.is_ascii_digit() || matches!(b, b'.' | b'-' | b'+' | b'e' | b'E'));
     match t.parse::<f64>().ok().filter(|_| numeric).and_then(serde_json::Number::from_f64) {
         Some(n) => Value::Number(n),
         None => Value::String(s.to_string()),
@@ -171,10 +172,9 @@ pub fn prefetch(arg: &str, v: &Value) -> Result<Option<usize>> {
 pub fn cpu_budget(arg: &str, v: &Value) -> Result<f64> {
     match v.as_f64() {
         Some(c) if c.is_finite() && c > 0.0 && c <= MAX_THREADS as f64 => Ok(c),
-        _ => Err(Error::config(
-            arg,
-            format!("expected a number of cores in (0, {MAX_THREADS}], got {}", shown_typed(v)),
-        )),
+        _ => {
+            Err(Error::config(arg, format!("expected a number of cores in (0, {MAX_THREADS}], got {}", shown_typed(v))))
+        }
     }
 }
 
@@ -516,8 +516,7 @@ fn ranks(a: &mut Taker, env: Env<'_>) -> Result<(usize, usize)> {
     let given_world = a.typed("world_size").map(|v| positive("world_size", &v)).transpose()?;
     let given_rank = a.typed("rank").map(|v| non_negative("rank", &v)).transpose()?.map(|r| r as usize);
     let group_world = a.typed("group_world_size").map(|v| positive("group_world_size", &v)).transpose()?;
-    let group_rank =
-        a.typed("group_rank").map(|v| non_negative("group_rank", &v)).transpose()?.map(|r| r as usize);
+    let group_rank = a.typed("group_rank").map(|v| non_negative("group_rank", &v)).transpose()?.map(|r| r as usize);
     let env_world = match usize_in(env, "WORLD_SIZE")? {
         Some(0) => {
             return Err(Error::config("WORLD_SIZE", "environment variable WORLD_SIZE=0: must be at least 1"));
@@ -806,7 +805,8 @@ fn token_config_in(args: Args, env: Env<'_>) -> Result<(TokenConfig, Option<Path
         None | Some(Value::Null) => None,
         Some(v) => Some(PathBuf::from(text("tokenizer", &v, "the path of a tokenizer.json")?)),
     };
-    let seq_len = a.typed("seq_len").map(|v| bounded("seq_len", &v, MAX_SEQ_LEN, "tokens")).transpose()?.unwrap_or(2048);
+    let seq_len =
+        a.typed("seq_len").map(|v| bounded("seq_len", &v, MAX_SEQ_LEN, "tokens")).transpose()?.unwrap_or(2048);
     let batch_size = a.typed("batch_size").map(|v| positive("batch_size", &v)).transpose()?.unwrap_or(8);
     if batch_size.checked_mul(seq_len).is_none_or(|t| t > i32::MAX as usize / 4) {
         return Err(Error::config(
@@ -1354,8 +1354,7 @@ fn elastic_base(v: &Value, name: &str) -> Result<ElasticBase> {
 
 /// Named arguments from `name=value` pairs of flag text (what the CLI has).
 pub fn from_text<'a>(pairs: impl IntoIterator<Item = (&'a str, Option<String>)>) -> Args {
-    let mut args: Args =
-        pairs.into_iter().filter_map(|(k, v)| v.map(|v| (k.to_string(), Value::String(v)))).collect();
+    let mut args: Args = pairs.into_iter().filter_map(|(k, v)| v.map(|v| (k.to_string(), Value::String(v)))).collect();
     args.insert(FROM_TEXT.into(), Value::Bool(true));
     args
 }
@@ -1556,7 +1555,8 @@ mod tests {
         }
         let e = token_config(args(json!({"seq_len": "128"}))).unwrap_err().to_string();
         assert!(e.contains("`seq_len`") && e.contains("(a str)"), "{e}");
-        let (t, _) = token_config(from_text([("text_key", Some("123".into())), ("seq_len", Some("64".into()))])).unwrap();
+        let (t, _) =
+            token_config(from_text([("text_key", Some("123".into())), ("seq_len", Some("64".into()))])).unwrap();
         assert_eq!((t.text_key.as_str(), t.seq_len), ("123", 64));
         assert!(err(json!({"preset": "imagenet-val", "on_error": "ignore"})).contains("skip, raise"));
         let c = loader_config(args(json!({"preset": "imagenet-val", "cache": "ram", "cache_bytes": "8GiB"}))).unwrap();
@@ -1583,8 +1583,8 @@ mod tests {
 
     #[test]
     fn trace_arguments() {
-        let c = loader_config(args(json!({"preset": "imagenet-val", "trace": "/tmp/t.json", "trace_events": 50})))
-            .unwrap();
+        let c =
+            loader_config(args(json!({"preset": "imagenet-val", "trace": "/tmp/t.json", "trace_events": 50}))).unwrap();
         let t = c.trace.unwrap();
         assert_eq!((t.path.to_str(), t.max_events), (Some("/tmp/t.json"), 50));
         let c = loader_config(args(json!({"preset": "imagenet-val", "trace": "t.json"}))).unwrap();

@@ -389,6 +389,36 @@ fn raise_policy_stops_with_the_file_and_reason() {
     assert!(matches!(e, Error::Decode { .. } | Error::Io { .. }), "{e:?}");
 }
 
+/// A consumer that keeps every batch (`list(loader)`) is served as long as the batches fit in
+/// `memory_limit`: the pool grows past its base slots, each batch keeps its own contents, and
+/// the batches are the same as those of a consumer that keeps none.
+#[test]
+fn a_consumer_that_keeps_batches_grows_the_pool_within_memory_limit() {
+    let d = tempfile::tempdir().unwrap();
+    let root = demo_folder(d.path(), 40);
+    let sample = 3 * 224 * 224;
+    let mut c = LoaderConfig::new(4, TransformSpec::preset("imagenet-val").unwrap().with_dtype(DType::Uint8));
+    c.prefetch = 1;
+    c.threads = Some(2);
+    c.memory_limit = Some((4 * sample * 10) as u64);
+    let folder = Arc::new(ImageFolder::new(&root).unwrap());
+    let loader = Loader::new(folder.clone(), c.clone()).unwrap();
+    assert_eq!(loader.pool().slots(), 3);
+    let streamed: Vec<Vec<u8>> = loader.iter().unwrap().map(|b| b.unwrap().data().to_vec()).collect();
+    let kept: Vec<Batch> = loader.iter().unwrap().map(|b| b.unwrap()).collect();
+    assert_eq!(kept.len(), 10);
+    assert_eq!(kept.iter().map(|b| b.data().to_vec()).collect::<Vec<_>>(), streamed);
+    drop(kept);
+    // One batch less room: the tenth batch is refused, saying how much is held.
+    c.memory_limit = Some((4 * sample * 9) as u64);
+    let loader = Loader::new(folder, c).unwrap();
+    let mut it = loader.iter().unwrap();
+    let kept: Vec<Batch> = (0..9).map(|_| it.next().unwrap().unwrap()).collect();
+    let e = it.next().unwrap().unwrap_err().to_string();
+    assert!(e.contains("the consumer holds all 9 batch buffers (5.2 MiB, 602112 bytes each)"), "{e}");
+    drop(kept);
+}
+
 #[test]
 fn memory_limit_caps_the_pool_and_held_batches_error_instead_of_hanging() {
     let d = tempfile::tempdir().unwrap();
@@ -405,7 +435,14 @@ fn memory_limit_caps_the_pool_and_held_batches_error_instead_of_hanging() {
     let t = Instant::now();
     let e = it.next().unwrap().unwrap_err();
     assert!(t.elapsed() < Duration::from_secs(5));
-    assert!(e.to_string().contains("held by the consumer"), "{e}");
+    assert!(e.to_string().contains("the consumer holds all 2 batch buffers"), "{e}");
+    assert!(
+        e.to_string().contains(&format!(
+            "one more would pass memory_limit of {:.1} MiB",
+            (4 * sample * 2 + 100) as f64 / 1048576.0
+        )),
+        "{e}"
+    );
     // Held batches kept their contents while we waited.
     assert_eq!(a.index(), 0);
     assert_eq!(b.index(), 1);

@@ -19,7 +19,8 @@ use crate::error::{Error, Result};
 use crate::pipeline::Run;
 use crate::sampler::{ElasticBase, Fingerprint, Position, Sampler, SamplerSpec, SamplerState, Start};
 use crate::shell::epochs::Epochs;
-use crate::shell::pass::{FailureBudget, Next, Observe, Pass, PassHooks, PassSlot, PoolView};
+use crate::shell::grow::Growth;
+use crate::shell::pass::{FailureBudget, MakeSlot, Next, Observe, Pass, PassHooks, PassSlot, PoolView};
 use crossbeam_channel::{bounded, Receiver, Sender};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
@@ -192,6 +193,9 @@ struct Shared {
     free_rx: Receiver<Arc<ArraySlot>>,
     slots: usize,
     held: Arc<AtomicUsize>,
+    growth: Arc<Growth>,
+    /// Makes a slot (the base ones, and grown ones).
+    make: MakeSlot<Arc<ArraySlot>>,
 }
 
 impl PassSlot for Arc<ArraySlot> {
@@ -280,8 +284,7 @@ impl ArrayBatch {
 impl Drop for ArrayBatch {
     fn drop(&mut self) {
         if let Some(s) = self.slot.take() {
-            self.shared.held.fetch_sub(1, Ordering::AcqRel);
-            let _ = self.shared.free_tx.send(s);
+            self.shared.growth.release(&self.shared.held, s, &self.shared.free_tx);
         }
     }
 }
@@ -289,11 +292,15 @@ impl Drop for ArrayBatch {
 impl ArrayLoader {
     /// Validates the columns (equal row counts) and allocates the pool on the heap.
     pub fn new(columns: Vec<Column>, config: ArrayConfig) -> Result<Self> {
-        Self::new_in(columns, config, &crate::buffer::HeapAllocator)
+        Self::new_in(columns, config, Arc::new(crate::buffer::HeapAllocator))
     }
 
     /// Like [`ArrayLoader::new`], with the batch buffers taken from `alloc` (e.g. pinned memory).
-    pub fn new_in(columns: Vec<Column>, config: ArrayConfig, alloc: &dyn crate::buffer::HostAllocator) -> Result<Self> {
+    pub fn new_in(
+        columns: Vec<Column>,
+        config: ArrayConfig,
+        alloc: Arc<dyn crate::buffer::HostAllocator>,
+    ) -> Result<Self> {
         let rows = columns.first().map(|c| c.rows).ok_or_else(|| Error::config("arrays", "give at least one array"))?;
         if let Some((k, c)) = columns.iter().enumerate().find(|(_, c)| c.rows != rows) {
             return Err(Error::config(
@@ -320,20 +327,34 @@ impl ArrayLoader {
         let batch_bytes: usize = columns.iter().map(|c| c.row_bytes * bs).sum();
         let slots = crate::buffer::BufferPool::plan(config.prefetch + 2, batch_bytes, config.memory_limit)?;
         let (free_tx, free_rx) = bounded(slots);
-        for _ in 0..slots {
-            let bufs = columns.iter().map(|c| RawBuf::new_in(c.row_bytes * bs, alloc)).collect::<Result<Vec<_>>>()?;
-            let slot = ArraySlot {
+        let row_bytes: Vec<usize> = columns.iter().map(|c| c.row_bytes).collect();
+        let make: MakeSlot<Arc<ArraySlot>> = Arc::new(move || {
+            let bufs = row_bytes.iter().map(|r| RawBuf::new_in(r * bs, alloc.as_ref())).collect::<Result<Vec<_>>>()?;
+            Ok(Arc::new(ArraySlot {
                 bufs,
                 indices: std::sync::RwLock::new(Vec::with_capacity(bs)),
                 batch: AtomicUsize::new(0),
                 len: AtomicUsize::new(0),
                 remaining: AtomicUsize::new(0),
                 error: Mutex::new(None),
-            };
-            free_tx.send(Arc::new(slot)).expect("room");
+            }))
+        });
+        for _ in 0..slots {
+            free_tx.send(make()?).expect("room");
         }
+        let growth = Arc::new(Growth::new(slots, batch_bytes, config.memory_limit, "batch"));
         Ok(ArrayLoader {
-            shared: Arc::new(Shared { columns, sampler, threads, free_tx, free_rx, slots, held: Arc::default() }),
+            shared: Arc::new(Shared {
+                columns,
+                sampler,
+                threads,
+                free_tx,
+                free_rx,
+                slots,
+                held: Arc::default(),
+                growth,
+                make,
+            }),
             epochs: Epochs::default(),
         })
     }
@@ -482,9 +503,8 @@ impl ArrayLoader {
         let pool = PoolView {
             free: sh.free_tx.clone(),
             held: sh.held.clone(),
-            slots: sh.slots,
-            what: "batch",
-            bytes_each: None,
+            growth: sh.growth.clone(),
+            make: sh.make.clone(),
         };
         let hooks = ArrayHooks { position: self.epochs.position().clone() };
         // A failed read ends the pass with its error (arrays have no skip policy).

@@ -11,6 +11,8 @@
 //! implements the allocator; this crate never talks to CUDA). The memory cap counts every byte
 //! the allocator hands out, pinned or not.
 
+use super::grow::Growth;
+use super::pass::PoolView;
 use crate::error::{Error, Result};
 use crossbeam_channel::{Receiver, Sender};
 use std::alloc::Layout;
@@ -320,15 +322,21 @@ impl Slot {
     }
 }
 
-/// A fixed pool of batch slots.
+/// A pool of batch slots: its base set made up front, grown while the consumer keeps every
+/// batch ([`Growth`]).
 pub struct BufferPool {
     pub(crate) free_tx: Sender<Arc<Slot>>,
     pub(crate) free_rx: Receiver<Arc<Slot>>,
     slots: usize,
     batch_bytes: usize,
     pub(crate) held: Arc<AtomicUsize>,
+    pub(crate) growth: Arc<Growth>,
     addresses: Vec<usize>,
     memory: &'static str,
+    /// What a grown slot is made of: its allocator, samples and bytes per sample.
+    alloc: Arc<dyn HostAllocator>,
+    capacity: usize,
+    sample_bytes: usize,
 }
 
 impl std::fmt::Debug for BufferPool {
@@ -355,32 +363,57 @@ impl BufferPool {
         }
     }
 
-    /// Allocates `slots` slots of `capacity` samples of `sample_bytes` each on the heap.
+    /// Allocates `slots` slots of `capacity` samples of `sample_bytes` each on the heap (grown
+    /// within the default limit).
     pub fn new(slots: usize, capacity: usize, sample_bytes: usize) -> Result<Self> {
-        Self::new_in(slots, capacity, sample_bytes, &HeapAllocator)
+        Self::new_in(slots, capacity, sample_bytes, Arc::new(HeapAllocator), None)
     }
 
-    /// Allocates `slots` slots of `capacity` samples of `sample_bytes` each from `alloc`.
-    pub fn new_in(slots: usize, capacity: usize, sample_bytes: usize, alloc: &dyn HostAllocator) -> Result<Self> {
+    /// Allocates `slots` slots of `capacity` samples of `sample_bytes` each from `alloc`; the
+    /// pool grows within `memory_limit` ([`Growth`]).
+    pub fn new_in(
+        slots: usize,
+        capacity: usize,
+        sample_bytes: usize,
+        alloc: Arc<dyn HostAllocator>,
+        memory_limit: Option<u64>,
+    ) -> Result<Self> {
         let (free_tx, free_rx) = crossbeam_channel::bounded(slots);
         let mut addresses = Vec::with_capacity(slots);
         for _ in 0..slots {
-            let slot = Slot::new(capacity, sample_bytes, alloc)?;
+            let slot = Slot::new(capacity, sample_bytes, alloc.as_ref())?;
             addresses.push(slot.data.as_ptr() as usize);
             free_tx.send(Arc::new(slot)).expect("pool channel has room");
         }
+        let batch_bytes = capacity.saturating_mul(sample_bytes);
         Ok(BufferPool {
             free_tx,
             free_rx,
             slots,
-            batch_bytes: capacity.saturating_mul(sample_bytes),
+            batch_bytes,
             held: Arc::default(),
+            growth: Arc::new(Growth::new(slots, batch_bytes, memory_limit, "batch")),
             addresses,
             memory: alloc.kind(),
+            alloc,
+            capacity,
+            sample_bytes,
         })
     }
 
-    /// Number of slots.
+    /// The pass's view of the pool: where slots go back, what the consumer holds, how the
+    /// pool grows (a grown slot is made like the others).
+    pub(crate) fn view(&self) -> PoolView<Arc<Slot>> {
+        let (alloc, capacity, sample_bytes) = (self.alloc.clone(), self.capacity, self.sample_bytes);
+        PoolView {
+            free: self.free_tx.clone(),
+            held: self.held.clone(),
+            growth: self.growth.clone(),
+            make: Arc::new(move || Slot::new(capacity, sample_bytes, alloc.as_ref()).map(Arc::new)),
+        }
+    }
+
+    /// Number of slots made up front (more exist while the consumer holds them all: [`Growth`]).
     pub fn slots(&self) -> usize {
         self.slots
     }
@@ -439,10 +472,13 @@ mod tests {
 
     #[test]
     fn pool_takes_every_buffer_from_its_allocator() {
-        let a = Counting::default();
-        let pool = BufferPool::new_in(3, 4, 100, &a).unwrap();
+        let a = Arc::new(Counting::default());
+        let pool = BufferPool::new_in(3, 4, 100, a.clone(), None).unwrap();
         // Data and labels of each slot.
         assert_eq!(a.0.load(Ordering::Relaxed), 3 * (4 * 100 + 4 * 8));
+        // A grown slot comes from the same allocator.
+        let _grown = (pool.view().make)().unwrap();
+        assert_eq!(a.0.load(Ordering::Relaxed), 4 * (4 * 100 + 4 * 8));
         assert_eq!(pool.memory_kind(), "counting");
         assert!(pool.addresses().iter().all(|p| p % ALIGN == 0));
     }

@@ -4,7 +4,9 @@
 //! - [`sampler`]: the seeded per-epoch order, rank sharding with equal batch counts, the
 //!   resumable position, the elastic base that continues an epoch on another number of ranks,
 //!   and the fingerprint a saved state must match.
-//! - [`buffer`]: the fixed pool of batch buffers (the memory cap and the backpressure).
+//! - [`buffer`]: the pool of batch buffers (the memory cap and the backpressure).
+//! - [`grow`]: how every pool grows past its base slots while the consumer keeps batches,
+//!   within the memory limit, and shrinks back when they are given back.
 //! - [`ordered`]: one iteration's threads, the finished-slot queue and reorder buffer, the one
 //!   free-slot wait and the one "all buffers held" error, prompt shutdown, stale runs.
 //! - [`pass`]: the consumer's side of a run: in-order delivery, the failure budget, stale and
@@ -22,6 +24,7 @@
 
 pub mod buffer;
 pub mod epochs;
+pub mod grow;
 pub mod ordered;
 pub mod pass;
 pub mod rng;

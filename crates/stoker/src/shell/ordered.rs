@@ -8,7 +8,8 @@
 //!   panic, records it and cancels the run; the next wait returns an internal error instead
 //!   of waiting for a slot that will never come.
 //! - **No hang when the consumer holds every slot**: the wait asks the caller's `held_all`
-//!   check on every poll and returns its error.
+//!   check on every poll (which grows the pool, or gives the error: `shell::grow`) and
+//!   returns its error.
 //! - **Prompt, idempotent shutdown**: [`Run::shutdown`] cancels, joins every thread and
 //!   returns every slot it still holds (finished or reordered) to the pool, even while the
 //!   iterator object that owns the run is alive elsewhere (a newer iteration, `set_epoch`).
@@ -66,17 +67,6 @@ pub fn take_free<S>(free: &Receiver<S>, cancel: &AtomicBool) -> Option<S> {
             Err(RecvTimeoutError::Disconnected) => return None,
         }
     }
-}
-
-/// The error of a wait that can never end because the consumer holds every buffer of a pool
-/// (`slots` buffers of `what`: "batch" or "device batch", `bytes_each` when known). The one
-/// wording for every pool; a wait's `held_all` check returns it.
-pub fn all_held(slots: usize, what: &str, bytes_each: Option<usize>) -> Error {
-    let size = bytes_each.map(|b| format!(" ({b} bytes each)")).unwrap_or_default();
-    Error::Memory(format!(
-        "all {slots} {what} buffers{size} are held by the consumer, so no new batch can be made; release \
-         batches (drop tensors) sooner or raise memory_limit/prefetch"
-    ))
 }
 
 /// Locks `m` even if a thread panicked while holding it (the data are slots and handles,

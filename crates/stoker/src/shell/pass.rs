@@ -10,7 +10,8 @@
 //! failures) and its [`PassHooks`] (what else a shutdown stops, where the position advances,
 //! what a delivery updates); it wraps the slot [`Pass::poll`] returns into its own batch.
 
-use super::ordered::{all_held, Run, Wait};
+use super::grow::Growth;
+use super::ordered::{Run, Wait};
 use crate::error::{Error, Result};
 use crate::telemetry::{ConsumerClock, Telemetry};
 use crate::trace::{Args as TraceArgs, Tracer};
@@ -84,18 +85,20 @@ pub trait PassHooks: Send {
 /// No hooks.
 impl PassHooks for () {}
 
-/// Where slots go back to and how many the consumer holds: a pass's view of its pool.
+/// Makes one more slot of a pool (when it grows: [`Growth`]).
+pub type MakeSlot<S> = Arc<dyn Fn() -> Result<S> + Send + Sync>;
+
+/// Where slots go back to, how many the consumer holds and how the pool grows: a pass's view
+/// of its pool.
 pub struct PoolView<S> {
     /// Returns a slot to the pool.
     pub free: Sender<S>,
     /// Batches the consumer holds now (a delivered batch decrements it when dropped).
     pub held: Arc<AtomicUsize>,
-    /// Slots in the pool.
-    pub slots: usize,
-    /// What a slot holds, for the "all buffers held" error: "batch", "device batch".
-    pub what: &'static str,
-    /// Bytes of one slot, when known (for the same error).
-    pub bytes_each: Option<usize>,
+    /// The pool's slot count and byte limit.
+    pub growth: Arc<Growth>,
+    /// Makes a slot when the consumer holds every one and the limit has room.
+    pub make: MakeSlot<S>,
 }
 
 impl<S> PoolView<S> {
@@ -103,8 +106,23 @@ impl<S> PoolView<S> {
         let _ = self.free.send(slot);
     }
 
+    /// While the wait goes on: when the consumer holds every slot, one more is made (within
+    /// the limit) or the wait ends with the error that says how much is held.
     fn all_held(&self) -> Option<Error> {
-        (self.held.load(Ordering::Acquire) >= self.slots).then(|| all_held(self.slots, self.what, self.bytes_each))
+        match self.growth.reserve(self.held.load(Ordering::Acquire)) {
+            Ok(false) => None,
+            Ok(true) => match (self.make)() {
+                Ok(slot) => {
+                    self.give_back(slot);
+                    None
+                }
+                Err(e) => {
+                    self.growth.unreserve();
+                    Some(e)
+                }
+            },
+            Err(e) => Some(e),
+        }
     }
 }
 
@@ -420,7 +438,9 @@ mod tests {
             let errors = (0..failed).map(|k| Error::Dataset(format!("bad {b}.{k}"))).collect();
             done.send(Arc::new(S { batch: b, samples, errors: Mutex::new(errors) })).unwrap();
         }
-        let pool = PoolView { free: free_tx, held: Arc::default(), slots: n + 1, what: "batch", bytes_each: None };
+        let growth = Arc::new(Growth::new(n + 1, 1, Some(n as u64 + 1), "batch"));
+        let make: MakeSlot<Arc<S>> = Arc::new(|| Err(Error::Internal("no growth in this test".into())));
+        let pool = PoolView { free: free_tx, held: Arc::default(), growth, make };
         Pass::new(run, pool, (), (0, Some(n)), budget, Observe::default())
     }
 
@@ -470,18 +490,36 @@ mod tests {
     }
 
     #[test]
-    fn a_stale_run_is_an_error_and_holding_every_slot_too() {
+    fn a_stale_run_is_an_error_and_holding_every_slot_grows_the_pool_up_to_its_limit() {
         let mut p = pass(&[(1, 0), (1, 0)], FailureBudget::new(0, false));
         p.run.make_stale("a test replaced it");
         assert!(drain(&mut p)[0].as_ref().unwrap_err().contains("a test replaced it"));
-        // Two batches, one slot: the consumer holds it, so batch 1 can never come.
-        let (free_tx, _free_rx) = bounded(2);
-        let (run, done) = Run::new(1, free_tx.clone());
-        done.send(Arc::new(S { batch: 0, samples: 1, errors: Mutex::default() })).unwrap();
-        let pool = PoolView { free: free_tx, held: Arc::default(), slots: 1, what: "batch", bytes_each: Some(8) };
-        let mut p = Pass::new(run, pool, (), (0, Some(2)), FailureBudget::new(0, false), Observe::default());
-        let _first = p.poll(None).into_item().unwrap().unwrap();
+        // Two batches, one slot of 8 bytes: the consumer holds it, so batch 1 needs another.
+        let holding = |limit: u64| {
+            let (free_tx, free_rx) = bounded(2);
+            let (run, done) = Run::new(1, free_tx.clone());
+            done.send(Arc::new(S { batch: 0, samples: 1, errors: Mutex::default() })).unwrap();
+            let made = Arc::new(AtomicUsize::new(0));
+            let m = made.clone();
+            let make: MakeSlot<Arc<S>> = Arc::new(move || {
+                m.fetch_add(1, Ordering::Relaxed);
+                Ok(Arc::new(S { batch: 9, samples: 1, errors: Mutex::default() }))
+            });
+            let growth = Arc::new(Growth::new(1, 8, Some(limit), "batch"));
+            let pool = PoolView { free: free_tx, held: Arc::default(), growth, make };
+            let mut p = Pass::new(run, pool, (), (0, Some(2)), FailureBudget::new(0, false), Observe::default());
+            let first = p.poll(None).into_item().unwrap().unwrap();
+            (p, first, made, free_rx, done)
+        };
+        // Room for a second slot: it is made and handed to the producers; the wait goes on.
+        let (mut p, _first, made, free_rx, _done) = holding(16);
+        assert!(matches!(p.poll_timeout(Duration::from_millis(100)), Next::NotYet));
+        assert_eq!(made.load(Ordering::Relaxed), 1);
+        assert_eq!(free_rx.try_iter().count(), 1);
+        // No room: the wait ends with the error that says what the consumer holds.
+        let (mut p, _first, made, _, _done) = holding(8);
         let err = p.poll(None).into_item().unwrap().unwrap_err().to_string();
-        assert!(err.contains("all 1 batch buffers (8 bytes each)"), "{err}");
+        assert!(err.contains("the consumer holds all 1 batch buffers") && err.contains("8 bytes each"), "{err}");
+        assert_eq!(made.load(Ordering::Relaxed), 0);
     }
 }

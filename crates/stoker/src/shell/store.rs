@@ -81,7 +81,7 @@ pub const RAM_TTL: Duration = Duration::from_secs(3600);
 const BUSY_BACKOFF: Duration = Duration::from_secs(30);
 
 /// Bytes the kernel says are available (`MemAvailable`), if known.
-fn mem_available() -> Option<u64> {
+pub(crate) fn mem_available() -> Option<u64> {
     let s = std::fs::read_to_string("/proc/meminfo").ok()?;
     let line = s.lines().find(|l| l.starts_with("MemAvailable:"))?;
     let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;

@@ -643,18 +643,22 @@ fn list_matching(
     spec: &str,
 ) -> Result<Vec<String>> {
     let prefix = ObjPath::from(dir);
-    let listing = breaker.call(rt, async {
-        let mut out = vec![];
-        let mut list = store.list(Some(&prefix));
-        while let Some(meta) = list.next().await {
-            let loc = meta?.location.to_string();
-            let file = loc.rsplit('/').next().unwrap_or(&loc);
-            if glob_match(name, file) {
-                out.push(loc);
+    let listing = breaker.call(
+        rt,
+        async {
+            let mut out = vec![];
+            let mut list = store.list(Some(&prefix));
+            while let Some(meta) = list.next().await {
+                let loc = meta?.location.to_string();
+                let file = loc.rsplit('/').next().unwrap_or(&loc);
+                if glob_match(name, file) {
+                    out.push(loc);
+                }
             }
-        }
-        Ok::<_, object_store::Error>(out)
-    }, futures::future::pending());
+            Ok::<_, object_store::Error>(out)
+        },
+        futures::future::pending(),
+    );
     let mut found = listing.map_err(|e| Error::Dataset(format!("{base}/{dir}: cannot list: {}", e.text())))?;
     found.sort();
     if found.is_empty() {
@@ -752,7 +756,11 @@ mod tests {
         assert!(waited < Duration::from_secs(30), "{waited:?}");
         assert!(why.contains("is not answering") && why.contains("timed out"), "{why}");
         // Later requests are not sent at all.
-        let r = b.call::<()>(&rt, async { panic!("a request was sent through an open circuit") }, futures::future::pending());
+        let r = b.call::<()>(
+            &rt,
+            async { panic!("a request was sent through an open circuit") },
+            futures::future::pending(),
+        );
         assert!(matches!(r, Err(RequestFailure::Refused(_))));
     }
 }

@@ -20,8 +20,9 @@ use crate::error::{Error, Result};
 use crate::pipeline::Run;
 use crate::rng::{self, Rng};
 use crate::shell::epochs::Active;
+use crate::shell::grow::Growth;
 use crate::shell::ordered::{take_free, POLL};
-use crate::shell::pass::{FailureBudget, Next, Observe, Pass, PassHooks, PassSlot, PoolView};
+use crate::shell::pass::{FailureBudget, MakeSlot, Next, Observe, Pass, PassHooks, PassSlot, PoolView};
 use crossbeam_channel::{bounded, Receiver, RecvTimeoutError, SendTimeoutError, Sender};
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -467,6 +468,9 @@ struct Shared {
     free_rx: Receiver<Arc<TokenSlot>>,
     slots: usize,
     held: Arc<AtomicUsize>,
+    growth: Arc<Growth>,
+    /// Makes a batch slot (the base ones, and grown ones).
+    make: MakeSlot<Arc<TokenSlot>>,
     stats: Arc<TokenStats>,
     position: Mutex<PositionInner>,
     /// The last [`rows_per_rank`] answer and what it was for (`len()` asks every epoch).
@@ -751,7 +755,7 @@ impl TokenLoader {
     /// Opens the documents of `paths` (text needs `tokenizer`; token files need none) and
     /// allocates the pool.
     pub fn new(paths: &[std::path::PathBuf], tokenizer: Option<TextTokenizer>, config: TokenConfig) -> Result<Self> {
-        Self::new_in(paths, tokenizer, config, &HeapAllocator)
+        Self::new_in(paths, tokenizer, config, Arc::new(HeapAllocator))
     }
 
     /// As [`TokenLoader::new`], its batch buffers from `alloc` (page-locked memory when batches
@@ -760,7 +764,7 @@ impl TokenLoader {
         paths: &[std::path::PathBuf],
         tokenizer: Option<TextTokenizer>,
         config: TokenConfig,
-        alloc: &dyn crate::buffer::HostAllocator,
+        alloc: Arc<dyn crate::buffer::HostAllocator>,
     ) -> Result<Self> {
         let formats = paths.iter().map(|p| format_of(p, &config)).collect::<Result<Vec<_>>>()?;
         let format = *formats.first().ok_or_else(|| Error::config("data", "no files given"))?;
@@ -877,9 +881,9 @@ impl TokenLoader {
         let batch_bytes = (3 * values + cu_values) * 4;
         let slots = crate::buffer::BufferPool::plan(config.prefetch + 2, batch_bytes, config.memory_limit)?;
         let (free_tx, free_rx) = bounded(slots);
-        for _ in 0..slots {
-            let a = alloc;
-            let slot = TokenSlot {
+        let make: MakeSlot<Arc<TokenSlot>> = Arc::new(move || {
+            let a = alloc.as_ref();
+            Ok(Arc::new(TokenSlot {
                 batch: AtomicUsize::new(0),
                 rows: AtomicUsize::new(0),
                 input: RawBuf::new_in(values * 4, a)?,
@@ -888,9 +892,12 @@ impl TokenLoader {
                 cu: RawBuf::new_in(cu_values * 4, a)?,
                 cu_len: AtomicUsize::new(0),
                 after: Mutex::new((Resume::default(), Vec::new())),
-            };
-            free_tx.send(Arc::new(slot)).expect("room");
+            }))
+        });
+        for _ in 0..slots {
+            free_tx.send(make()?).expect("room");
         }
+        let growth = Arc::new(Growth::new(slots, batch_bytes, config.memory_limit, "batch"));
         let pad = config.pad_id.or(eos).unwrap_or(0);
         let tracer = config
             .trace
@@ -910,6 +917,8 @@ impl TokenLoader {
                 free_rx,
                 slots,
                 held: Arc::default(),
+                growth,
+                make,
                 stats: Arc::default(),
                 position: Mutex::default(),
                 rows_memo: Mutex::default(),
@@ -1338,9 +1347,8 @@ impl TokenLoader {
         let pool = PoolView {
             free: sh.free_tx.clone(),
             held: sh.held.clone(),
-            slots: sh.slots,
-            what: "batch",
-            bytes_each: None,
+            growth: sh.growth.clone(),
+            make: sh.make.clone(),
         };
         let budget = FailureBudget::new(sh.config.max_failures, sh.config.raise);
         let pass = Pass::new(run, pool, TokenHooks, (first_batch as usize, None), budget, Observe::default());
@@ -1920,8 +1928,7 @@ impl TokenBatch {
 impl Drop for TokenBatch {
     fn drop(&mut self) {
         if let Some(s) = self.slot.take() {
-            self.shared.held.fetch_sub(1, Ordering::AcqRel);
-            let _ = self.shared.free_tx.send(s);
+            self.shared.growth.release(&self.shared.held, s, &self.shared.free_tx);
         }
     }
 }

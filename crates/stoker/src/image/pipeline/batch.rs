@@ -7,6 +7,7 @@ pub struct Batch {
     pub(super) slot: Option<Arc<Slot>>,
     pub(super) free: Sender<Arc<Slot>>,
     pub(super) held: Arc<std::sync::atomic::AtomicUsize>,
+    pub(super) growth: Arc<crate::shell::grow::Growth>,
     pub(super) sample_shape: [usize; 3],
     pub(super) dtype: DType,
     pub(super) layout: Layout,
@@ -94,8 +95,7 @@ impl Batch {
 impl Drop for Batch {
     fn drop(&mut self) {
         if let Some(slot) = self.slot.take() {
-            self.held.fetch_sub(1, Ordering::AcqRel);
-            let _ = self.free.send(slot);
+            self.growth.release(&self.held, slot, &self.free);
         }
     }
 }

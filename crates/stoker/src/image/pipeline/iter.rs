@@ -7,7 +7,7 @@ use super::shared::Task;
 use super::shared::{write_trace, Shared};
 use super::stages::{decode_loop, dispatch, io_loop, Work};
 use super::*;
-use crate::shell::pass::{FailureBudget, Observe, Pass, PassHooks, PassSlot, PoolView};
+use crate::shell::pass::{FailureBudget, Observe, Pass, PassHooks, PassSlot};
 
 /// One pass over (the rest of) an epoch; yields batches in order. Dropping it stops and joins
 /// every thread.
@@ -128,13 +128,7 @@ impl EpochIter {
             bytes_rx: Mutex::new(Some(bytes_rx.clone())),
         });
         let cancel = run.cancel_flag();
-        let pool = PoolView {
-            free: shared.pool.free_tx.clone(),
-            held: shared.pool.held.clone(),
-            slots: shared.pool.slots(),
-            what: "batch",
-            bytes_each: Some(shared.pool.batch_bytes()),
-        };
+        let pool = shared.pool.view();
         let budget = FailureBudget::new(shared.max_failures.limit(samples), shared.on_error == ErrorPolicy::Raise);
         let observe = Observe::new(Some(shared.telemetry.clone()), shared.tracer.clone(), Some(epoch));
         let hooks = ImageHooks { core: core.clone(), position: state };
@@ -197,6 +191,7 @@ impl EpochIter {
             slot: Some(slot),
             free: shared.pool.free_tx.clone(),
             held: shared.pool.held.clone(),
+            growth: shared.pool.growth.clone(),
             sample_shape: plan.sample_shape(),
             dtype: plan.spec().dtype,
             layout: plan.spec().layout,

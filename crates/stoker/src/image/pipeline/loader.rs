@@ -25,12 +25,12 @@ impl std::fmt::Debug for Loader {
 impl Loader {
     /// Validates `config` against `source` and allocates the buffer pool on the heap.
     pub fn new(source: Arc<dyn Source>, config: LoaderConfig) -> Result<Self> {
-        Self::new_in(source, config, &HeapAllocator)
+        Self::new_in(source, config, Arc::new(HeapAllocator))
     }
 
     /// Like [`Loader::new`], with the batch buffers taken from `alloc` (e.g. page-locked memory
     /// from `stoker-cuda`, so the GPU copies them asynchronously).
-    pub fn new_in(source: Arc<dyn Source>, config: LoaderConfig, alloc: &dyn HostAllocator) -> Result<Self> {
+    pub fn new_in(source: Arc<dyn Source>, config: LoaderConfig, alloc: Arc<dyn HostAllocator>) -> Result<Self> {
         if source.is_empty() {
             return Err(Error::Dataset("the dataset has no samples".into()));
         }
@@ -84,7 +84,7 @@ impl Loader {
         } else {
             BufferPool::plan(config.prefetch + 2, batch_bytes, config.memory_limit)?
         };
-        let pool = BufferPool::new_in(slots, batch_size, plan.sample_bytes(), alloc)?;
+        let pool = BufferPool::new_in(slots, batch_size, plan.sample_bytes(), alloc, config.memory_limit)?;
         let cache = match &config.cache {
             Some(c) => Some(crate::cache::Cache::open(c, config.transform.apply_exif, &dataset_key(source.as_ref()))?),
             None => None,

@@ -32,7 +32,7 @@ mod shared;
 mod stages;
 mod work;
 
-pub use crate::shell::ordered::{self, all_held, panic_message, take_free, Run, Wait};
+pub use crate::shell::ordered::{self, panic_message, take_free, Run, Wait};
 pub use batch::Batch;
 pub use config::*;
 pub use iter::EpochIter;

@@ -1,0 +1,150 @@
+//! How a pool of batch slots grows while the consumer keeps its batches, within the loader's
+//! memory limit: the one rule for every pool (host batch buffers of every loader kind, and the
+//! device buffers of the CUDA stage).
+//!
+//! A pool starts with its base slots (prefetch + 2): the fixed set that the producers cycle
+//! through, zero-copy, with no allocation per batch. A consumer that keeps batches (an eval
+//! loop that keeps its outputs' inputs, `list(loader)`) could hold every slot, and then no
+//! batch can be made. Then, and only then, the pool makes one more slot, as long as all its
+//! slots together stay within the limit (`memory_limit`, else a quarter of the memory
+//! available when the loader was made); past it the wait is a [`Error::Memory`] that says how
+//! many batches and bytes the consumer holds. A slot the consumer gives back while the pool is
+//! larger than its base is freed instead of kept, so the pool shrinks back to its base and
+//! never has more than its base slots in the producers' hands (the reorder buffer and the
+//! queues are sized for that).
+
+use crate::error::{Error, Result};
+use crossbeam_channel::Sender;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+/// The growth limit when no `memory_limit` is given and the available memory is unknown.
+const FALLBACK_LIMIT: u64 = 4 << 30;
+
+/// The slot count and byte limit of one pool.
+#[derive(Debug)]
+pub struct Growth {
+    /// Slots made with the pool (never freed while the pool lives).
+    base: usize,
+    /// Slots that exist now: `base` and the grown ones not given back yet.
+    total: AtomicUsize,
+    /// Bytes of one slot.
+    bytes_each: u64,
+    /// The most bytes all slots may take together.
+    limit: u64,
+    /// Whether `limit` is the user's `memory_limit` (for the message).
+    given: bool,
+    /// What a slot holds, for messages: "batch", "device batch".
+    what: &'static str,
+}
+
+impl Growth {
+    /// The growth of a pool of `base` slots of `bytes_each` bytes under `memory_limit` (`None`:
+    /// a quarter of `MemAvailable` now).
+    pub fn new(base: usize, bytes_each: usize, memory_limit: Option<u64>, what: &'static str) -> Self {
+        let limit = memory_limit
+            .unwrap_or_else(|| crate::shell::store::mem_available().map_or(FALLBACK_LIMIT, |m| m / 4))
+            .max(base as u64 * bytes_each as u64);
+        Growth {
+            base,
+            total: AtomicUsize::new(base),
+            bytes_each: bytes_each as u64,
+            limit,
+            given: memory_limit.is_some(),
+            what,
+        }
+    }
+
+    /// Slots made with the pool.
+    pub fn base(&self) -> usize {
+        self.base
+    }
+
+    /// Slots that exist now.
+    pub fn total(&self) -> usize {
+        self.total.load(Ordering::Acquire)
+    }
+
+    /// Called while the consumer waits and holds `held` batches: `Ok(false)` when it does not
+    /// hold every slot (nothing to do), `Ok(true)` when one more slot was reserved (the caller
+    /// makes it, or calls [`Growth::unreserve`] if that fails), or the error that says how
+    /// much the consumer holds when one more slot would pass the limit.
+    pub fn reserve(&self, held: usize) -> Result<bool> {
+        let total = self.total();
+        if held < total {
+            return Ok(false);
+        }
+        let after = (total as u64 + 1).saturating_mul(self.bytes_each);
+        if after > self.limit {
+            let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
+            let limit =
+                if self.given { "memory_limit" } else { "the default limit (a quarter of the available memory)" };
+            return Err(Error::Memory(format!(
+                "the consumer holds all {held} {what} buffers ({:.1} MiB, {} bytes each); one more would pass {limit} \
+                 of {:.1} MiB. Release batches (drop tensors) sooner, or raise memory_limit",
+                mib(held as u64 * self.bytes_each),
+                self.bytes_each,
+                mib(self.limit),
+                what = self.what,
+            )));
+        }
+        self.total.fetch_add(1, Ordering::AcqRel);
+        Ok(true)
+    }
+
+    /// Gives back a reservation whose slot could not be made.
+    pub fn unreserve(&self) {
+        self.total.fetch_sub(1, Ordering::AcqRel);
+    }
+
+    /// A slot the consumer held comes back (`held` counts the consumer's batches): to the
+    /// pool's `free` queue, or freed when the pool has grown past its base.
+    pub fn release<S>(&self, held: &AtomicUsize, slot: S, free: &Sender<S>) {
+        held.fetch_sub(1, Ordering::AcqRel);
+        let shrink =
+            self.total.fetch_update(Ordering::AcqRel, Ordering::Acquire, |t| (t > self.base).then(|| t - 1)).is_ok();
+        if !shrink {
+            let _ = free.send(slot);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn grows_only_when_every_slot_is_held_and_within_the_limit() {
+        let g = Growth::new(2, 100, Some(450), "batch");
+        assert!(!g.reserve(1).unwrap(), "a free slot is coming: no growth");
+        assert!(g.reserve(2).unwrap());
+        assert!(g.reserve(3).unwrap());
+        assert_eq!(g.total(), 4);
+        let e = g.reserve(4).unwrap_err().to_string();
+        assert!(e.starts_with("memory limit: the consumer holds all 4 batch buffers (0.0 MiB, 100 bytes each)"), "{e}");
+        assert!(e.contains("memory_limit of 0.0 MiB"), "{e}");
+        g.unreserve();
+        assert_eq!(g.total(), 3);
+    }
+
+    #[test]
+    fn given_back_slots_shrink_the_pool_to_its_base() {
+        let g = Growth::new(2, 100, Some(1000), "batch");
+        let (tx, rx) = crossbeam_channel::unbounded();
+        let held = AtomicUsize::new(4);
+        assert!(g.reserve(2).unwrap() && g.reserve(3).unwrap());
+        for k in 0..4 {
+            g.release(&held, k, &tx);
+        }
+        assert_eq!(held.load(Ordering::Relaxed), 0);
+        assert_eq!(g.total(), 2);
+        // The first two were freed (the pool was past its base), the last two kept.
+        assert_eq!(rx.try_iter().collect::<Vec<_>>(), vec![2, 3]);
+    }
+
+    #[test]
+    fn the_limit_is_at_least_the_base_pool() {
+        let g = Growth::new(3, 1000, Some(10), "batch");
+        assert_eq!(g.limit, 3000);
+        assert!(g.reserve(3).is_err());
+    }
+}
