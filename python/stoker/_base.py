@@ -115,7 +115,9 @@ def native_device(device: Any) -> tuple[str, int]:
 
 def device_ordinal() -> int:
     """The ordinal that ``"cuda"`` and ``"auto"`` mean: PyTorch's current device when PyTorch
-    has initialised CUDA, else torchrun's ``LOCAL_RANK``, else 0."""
+    has initialised CUDA, else torchrun's ``LOCAL_RANK``, else the rank in the initialised
+    ``torch.distributed`` default group modulo the visible GPUs (``mp.spawn`` and SLURM
+    scripts that set no ``LOCAL_RANK``), else 0."""
     torch = sys.modules.get("torch")
     if torch is not None:
         try:
@@ -123,7 +125,29 @@ def device_ordinal() -> int:
                 return int(torch.cuda.current_device())
         except Exception:  # pragma: no cover - a broken CUDA setup falls through to LOCAL_RANK
             pass
-    return local_rank()
+    group = process_group()
+    if "LOCAL_RANK" in os.environ or group is None:
+        return local_rank()
+    devices = len(json.loads(_native_module().cuda_probe_json())["devices"])
+    return group[0] % devices if devices else 0
+
+
+def process_group() -> tuple[int, int] | None:
+    """``(rank, world_size)`` of the initialised ``torch.distributed`` default group, or
+    ``None`` when there is none (PyTorch not imported, or no group initialised). Loaders take
+    their ranks from it when ``rank``/``world_size`` are not given (the engine checks it
+    against torchrun's ``RANK``/``WORLD_SIZE``: ``stoker::args``)."""
+    torch = sys.modules.get("torch")
+    dist = getattr(torch, "distributed", None) if torch is not None else None
+    if dist is None or not dist.is_available() or not dist.is_initialized():
+        return None
+    return int(dist.get_rank()), int(dist.get_world_size())
+
+
+def _native_module() -> Any:
+    from . import _stoker
+
+    return _stoker
 
 
 def local_rank() -> int:
@@ -279,12 +303,14 @@ class LoaderBase:
 
     @property
     def rank(self) -> int:
-        """This process's rank (``rank=``, else torchrun's ``RANK``, else 0)."""
+        """This process's rank (``rank=``, else the initialised ``torch.distributed`` default
+        group's, else torchrun's ``RANK``, else 0)."""
         return self._base().rank
 
     @property
     def world_size(self) -> int:
-        """Ranks sharing the dataset (``world_size=``, else torchrun's ``WORLD_SIZE``, else 1)."""
+        """Ranks sharing the dataset (``world_size=``, else the initialised
+        ``torch.distributed`` default group's, else torchrun's ``WORLD_SIZE``, else 1)."""
         return self._base().world_size
 
     @property
@@ -370,4 +396,4 @@ def _json_integer(value: Any) -> int:
 
 __all__ = ["BatchIterator", "LoaderBase", "Normalizer", "native_device", "close_live_iterations", "normalize_table",
            "track", "converter", "device_ordinal", "gpu_present",
-           "local_rank"]
+           "local_rank", "process_group"]

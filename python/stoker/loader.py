@@ -9,7 +9,7 @@ import os
 from typing import Any, Iterator, Sequence
 
 from . import _stoker
-from ._base import BatchIterator, LoaderBase, Normalizer, converter, native_device, track
+from ._base import BatchIterator, LoaderBase, Normalizer, converter, native_device, process_group, track
 from .errors import ConfigError
 from .transforms import Transform, compile_transforms, dtype_name
 
@@ -19,8 +19,14 @@ _OUTPUTS = ("auto", "torch", "numpy")
 def arguments_json(**args: Any) -> str:
     """The loader's arguments as the JSON object the engine checks (``stoker::args``): values
     pass through unchanged; ``None`` means the engine's default. Integer-like objects (NumPy
-    integers) become ints; anything JSON cannot carry is a :class:`ConfigError` naming it."""
+    integers) become ints; anything JSON cannot carry is a :class:`ConfigError` naming it.
+    A loader that shards (``world_size`` is one of its arguments) also gets the rank and size
+    of the initialised ``torch.distributed`` default group, if any (``group_rank``,
+    ``group_world_size``): the engine takes its ranks from them when none are given."""
     out: dict[str, Any] = {}
+    group = process_group() if "world_size" in args else None
+    if group is not None:
+        out["group_rank"], out["group_world_size"] = group
     for name, value in args.items():
         if value is None:
             continue

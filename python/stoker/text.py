@@ -9,8 +9,8 @@ import sys
 from typing import Any, Callable, Iterator
 
 from . import _stoker
-from ._base import LoaderBase, converter, native_device, track
-from .errors import ConfigError
+from ._base import LoaderBase, converter, native_device, process_group, track
+from .errors import ConfigError, DatasetError
 from .loader import arguments_json, want_torch
 
 _FIELDS = ("input_ids", "labels", "position_ids", "cu_seqlens")
@@ -269,22 +269,27 @@ def _forget_gloo() -> None:
     _GLOO = None
 
 
-def _even_batches(world_size: int, required: bool) -> Callable[[bool], bool] | None:
-    """A function every rank calls once per step with whether it has a batch: ``True`` while all
-    do (a MIN all-reduce on a CPU gloo group, so no GPU stream is synchronised); ``None`` where
-    there is nothing to agree with (no initialised ``torch.distributed``, or one rank)."""
+# What a rank has at a step, agreed on by a MIN all-reduce: the smallest wins.
+_FAILED, _DONE, _HAVE = 0, 1, 2
+
+
+def _even_batches(world_size: int, required: bool) -> Callable[[int], int] | None:
+    """A function every rank calls once per step with what it has (``_HAVE`` a batch, ``_DONE``
+    none left, ``_FAILED`` its loader raised); it returns the least of every rank's (a MIN
+    all-reduce on a CPU gloo group, so no GPU stream is synchronised). ``None`` where there is
+    nothing to agree with (no initialised ``torch.distributed``, or one rank)."""
     global _GLOO
     torch = sys.modules.get("torch")
-    dist = getattr(torch, "distributed", None) if torch is not None else None
-    ready = dist is not None and dist.is_available() and dist.is_initialized()
-    if torch is None or dist is None or not ready or world_size == 1:
+    group_ranks = process_group()
+    if torch is None or group_ranks is None or world_size == 1:
         if required and world_size > 1:
             raise ConfigError("invalid argument `even_batches`: True needs torch.distributed initialised "
                               f"(world_size={world_size})")
         return None
-    if dist.get_world_size() != world_size:
+    dist = torch.distributed
+    if group_ranks[1] != world_size:
         raise ConfigError(f"invalid argument `world_size`: the loader has {world_size} ranks, torch.distributed "
-                          f"{dist.get_world_size()}")
+                          f"{group_ranks[1]}")
     group = None  # the default group, when it is a gloo one (no reference to it kept here)
     if dist.get_backend() != "gloo":
         if _GLOO is None:
@@ -294,21 +299,23 @@ def _even_batches(world_size: int, required: bool) -> Callable[[bool], bool] | N
             atexit.register(_forget_gloo)
         group = _GLOO
 
-    def agree(have: bool) -> bool:
-        flag = torch.tensor([1 if have else 0], dtype=torch.int32)
+    def agree(have: int) -> int:
+        flag = torch.tensor([have], dtype=torch.int32)
         dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=group)
-        return bool(flag.item())
+        return int(flag.item())
 
     return agree
 
 
 class _TokenBatches:
     """Yields each native batch as a dict of converted tensors; keeps no reference to a batch
-    it has handed out. With ``sync``, every rank asks the others at each step and all stop
-    together."""
+    it has handed out. With ``sync``, every rank tells the others at each step what it has, and
+    all stop together: at the end when one rank has no batch left, and with an error when one
+    rank's loader failed (that rank raises its own error, every other one a
+    :class:`DatasetError` saying so), so no rank is left waiting in a collective."""
 
     def __init__(self, native: _stoker.TokenIterator, torch_output: bool,
-                 sync: Callable[[bool], bool] | None = None) -> None:
+                 sync: Callable[[int], int] | None = None) -> None:
         self._native = native
         self._convert = converter(torch_output)
         self._sync = sync
@@ -324,14 +331,26 @@ class _TokenBatches:
         if self._sync is None:
             b = self._native.__next__()
         else:
+            got: _stoker.TokenBatch | None = None
+            failure: Exception | None = None
             try:
-                got: _stoker.TokenBatch | None = self._native.__next__()
+                got = self._native.__next__()
             except StopIteration:
-                got = None
-            if not self._sync(got is not None):
+                pass
+            except Exception as e:  # noqa: BLE001 - told to the other ranks, then raised
+                failure = e
+            have = _FAILED if failure is not None else _HAVE if got is not None else _DONE
+            agreed = self._sync(have)
+            if failure is not None:
+                self._done = True
+                raise failure
+            if agreed != _HAVE:
                 self._done = True
                 del got
                 self._native.close()
+                if agreed == _FAILED:
+                    raise DatasetError("another rank's TokenLoader failed at this step (its own error says why); "
+                                       "this rank stops too, so that no rank waits in a collective")
                 raise StopIteration
             assert got is not None
             b = got

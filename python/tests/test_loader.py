@@ -146,7 +146,7 @@ def test_holding_every_buffer_raises_instead_of_hanging(demo):
     it = iter(loader)
     keep = [next(it), next(it)]
     t = time.monotonic()
-    with pytest.raises(stoker.MemoryLimitError, match="held by the consumer"):
+    with pytest.raises(stoker.MemoryLimitError, match="the consumer holds all 2 batch buffers"):
         next(it)
     assert time.monotonic() - t < 5
     assert len(keep) == 2

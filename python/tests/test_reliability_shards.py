@@ -346,6 +346,9 @@ def test_stalled_sample_reads_end_in_bounded_time_and_drop_does_not_wait(demo, t
                 out["error"] = str(e)
             out["seconds"] = time.monotonic() - t
             # Dropped while its reads are stalled: waits for them at most one request's bound.
+            # (Past the store's cool-down first: its circuit, shared by every loader of the
+            # process, refuses requests for one request bound after it opened.)
+            time.sleep(2.5)
             loader = stoker.ImageLoader("{url}", 2, preset="imagenet-val", output="numpy", io_threads=4)
             it = loader.batches()
             time.sleep(0.5)

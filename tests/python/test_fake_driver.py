@@ -54,15 +54,23 @@ SCRIPT = textwrap.dedent("""
     report = json.loads(native.report_json())
     assert report["device"]["used"] == "cuda:0"
     assert report["transfer"]["bytes"] > 0
-    # Holding every device buffer and asking for more is an error, not a hang.
-    held = []
+    # A consumer that keeps every batch: the device pool grows past its slots (within the
+    # memory limit), and the batches are those of a consumer that keeps none.
+    held = list(native.iter())
+    assert len(held) == len(expected) > native.device_slots, (len(held), native.device_slots)
+    assert [b.indices for b in held] == [e[1] for e in expected]
+    # Within a memory limit of 4 device batches: past it, an error saying what is held, not a hang.
+    small = _stoker.Loader([root], json.dumps({**json.loads(args), "memory_limit": 4 * 16 * 3 * 224 * 224,
+                                               "prefetch": 1}), "cuda", 0)
+    kept = []
     try:
-        for b in native.iter():
-            held.append(b)
+        for b in small.iter():
+            kept.append(b)
     except stoker.MemoryLimitError as e:
-        assert "device batch buffers are held" in str(e), e
+        assert "the consumer holds all" in str(e) and "batch buffers" in str(e), e
     else:
-        raise AssertionError(f"held {len(held)} batches of {native.device_slots} slots without an error")
+        raise AssertionError(f"held {len(kept)} batches within a limit of 4 without an error")
+    del kept, small
     del held, b, native, host
     gc.collect()
     assert stoker.cuda_memory_in_use() == (0, 0), stoker.cuda_memory_in_use()
