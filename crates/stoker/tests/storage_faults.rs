@@ -67,7 +67,7 @@ fn a_stalled_object_store_ends_the_pass_within_a_few_timeouts() {
     assert_eq!(delivered, 0);
     let text = err.to_string();
     eprintln!("the stalled pass ended after {took:?}: {text}");
-    assert!(matches!(err, Error::Dataset(_)), "{err:?}");
+    assert!(matches!(err, Error::Unavailable(_)), "{err:?}");
     let base = format!("http://127.0.0.1:{}", server.port);
     assert!(text.contains(&format!("object store {base} is not answering")), "{text}");
     assert!(text.contains("timed out"), "the cause is named: {text}");

@@ -1,7 +1,8 @@
 //! Text in an object store that dies or stalls mid-epoch: every remote call of the text path
-//! (opening an object, its ranged reads) keeps the image path's promise. About two request
-//! bounds after the store stops answering, the pass ends with one error naming the store,
-//! whatever the failure policy (skipping documents would silently drop the rest of the epoch),
+//! (opening an object, its ranged reads) is bounded, and the first request that gets no
+//! answer (after its retries: about two request bounds) ends the pass with one error naming
+//! the object, whatever the failure policy (skipping documents would silently drop the rest
+//! of the epoch),
 //! for JSON Lines, `.jsonl.zst` and tar text shards, a killed server (connections refused)
 //! and a stalled one (accepts, never answers). Its own test binary: it sets
 //! `STOKER_OBJECT_TIMEOUT` for the whole process.
@@ -85,7 +86,7 @@ enum Fault {
 }
 
 /// Takes one batch from a healthy store, then breaks it: the pass must end with one
-/// `Error::Unavailable` naming the store within a few request bounds, and dropping the
+/// `Error::Unavailable` naming the object within a few request bounds, and dropping the
 /// iteration must be prompt.
 fn dies_mid_epoch(format: Format, fault: Fault) {
     let files = objects(format);
@@ -99,26 +100,32 @@ fn dies_mid_epoch(format: Format, fault: Fault) {
         Fault::Killed => server.kill(),
         Fault::Stalled => server.stall.store(true, Ordering::Release),
     }
+    // What the reader had read before the fault is still delivered (its tokenizing takes a
+    // while here); the bound is on the wait after the last batch: no batch and no error.
     let t0 = Instant::now();
-    let mut delivered = 0;
+    let mut last = t0;
     let err = loop {
-        assert!(t0.elapsed() < Duration::from_secs(60), "{format:?}/{fault:?}: no end 60 s after the fault");
+        assert!(t0.elapsed() < Duration::from_secs(120), "{format:?}/{fault:?}: no end 120 s after the fault");
         match it.next_timeout(Duration::from_millis(100)) {
             Next::NotYet => continue,
-            Next::End => panic!("{format:?}/{fault:?}: the epoch ended without an error after {delivered} batches"),
-            Next::Item(Ok(_)) => delivered += 1,
+            Next::End => panic!("{format:?}/{fault:?}: the epoch ended without an error"),
+            Next::Item(Ok(_)) => last = Instant::now(),
             Next::Item(Err(e)) => break e,
         }
     };
-    let took = t0.elapsed();
-    // Two requests that get no answer open the store's circuit: each is bounded by about 3
-    // request bounds (the request, retries started within 2 bounds); a wide margin for a
-    // loaded machine.
-    assert!(took < Duration::from_secs(12 * TIMEOUT_S), "{format:?}/{fault:?}: the error took {took:?}");
+    let waited = last.elapsed();
+    // One request that gets no answer ends the pass: about 3 request bounds at most (the
+    // request, a retry started within 2 bounds); a wide margin for a loaded machine.
+    assert!(waited < Duration::from_secs(8 * TIMEOUT_S), "{format:?}/{fault:?}: the error took {waited:?}");
     let text = err.to_string();
     assert!(matches!(err, Error::Unavailable(_)), "{format:?}/{fault:?}: {text}");
-    let store = format!("object store http://127.0.0.1:{} is not answering", server.port);
-    assert!(text.contains(&store) && text.contains("http://127.0.0.1"), "{format:?}/{fault:?}: {text}");
+    let base = format!("storage not answering: http://127.0.0.1:{}/part-", server.port);
+    assert!(text.starts_with(&base), "{format:?}/{fault:?}: {text}");
+    let cause = match fault {
+        Fault::Killed => "Connection refused",
+        Fault::Stalled => "timed out",
+    };
+    assert!(text.contains(cause), "{format:?}/{fault:?}: {text}");
     let t1 = Instant::now();
     drop(it);
     assert!(t1.elapsed() < Duration::from_secs(2), "{format:?}/{fault:?}: the drop took {:?}", t1.elapsed());

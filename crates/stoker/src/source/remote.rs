@@ -23,9 +23,19 @@
 //! cause, so a pass ends (its failure budget is spent in no time, or `on_error="raise"` raises)
 //! about 2 request timeouts after the store stopped answering, whatever the number of samples.
 //! After a cool-down of one request timeout, one request at a time probes the store; any
-//! answer (even an error status) closes the circuit.
+//! answer (even an error status) closes the circuit. The breaker belongs to the store, not to
+//! a reader: every loader and every object of the process read through one per store.
+//!
+//! What a failure does to a pass is the same for every loader: a store that does not answer is
+//! [`Error::Unavailable`], which ends the pass with that one error whatever the failure policy
+//! (skipping would drop the rest of the epoch without a word). A sample read of a shard is that
+//! once the circuit is open (its neighbours are read in parallel); a sequential read of text or
+//! token data at its first unanswered request (the reader cannot go on without that object).
+//! A request that is answered with an error (404, 403) is a bad sample or document: skipped
+//! and counted, or raised, by the policy. Requests in flight are abandoned at once when their
+//! reader stops (a dropped loader waits for none).
 
-use super::shards::{glob_match, ShardMeta, ShardSource, Storage};
+use super::shards::{glob_match, ReadFailure, ShardMeta, ShardSource, Storage};
 use crate::error::{Error, Result};
 use futures::StreamExt;
 use object_store::path::Path as ObjPath;
@@ -289,13 +299,27 @@ impl RequestFailure {
         }
     }
 
-    /// The failure as an I/O error of a read of `what`: a refusal (the store is not
-    /// answering) carries an [`Unavailable`] that [`unavailable`] finds again above.
-    fn into_io(self, what: &str) -> std::io::Error {
+    /// Whether the store did not answer: the circuit is open, or the request got no answer
+    /// (a time-out or a failed connection, after its retries).
+    fn store_down(&self) -> bool {
         match self {
-            RequestFailure::Refused(t) => std::io::Error::other(Unavailable(format!("{what}: {t}"))),
-            other => std::io::Error::other(format!("{what}: {}", other.text())),
+            RequestFailure::Refused(_) => true,
+            RequestFailure::Failed(e, _) => unreachable(e),
+            RequestFailure::Stopped(_) => false,
         }
+    }
+
+    /// The failure as an I/O error of a sequential read of `what` (text and token data): a
+    /// store that did not answer carries an [`Unavailable`] that [`unavailable`] finds again
+    /// above. A reader that goes through its objects in order cannot go on without this one,
+    /// and skipping its documents would lose them silently: unlike a sample read (whose
+    /// neighbours are read in parallel, and which the circuit stops), the first unanswered
+    /// request ends the pass.
+    fn into_io(self, what: &str) -> std::io::Error {
+        if self.store_down() {
+            return std::io::Error::other(Unavailable(format!("{what}: {}", self.text())));
+        }
+        std::io::Error::other(format!("{what}: {}", self.text()))
     }
 }
 
@@ -377,14 +401,17 @@ impl Storage for Remote {
         self.abandon.notify_waiters();
     }
 
-    fn read_at(&self, shard: usize, offset: u64, buf: &mut [u8]) -> std::result::Result<(), String> {
+    fn read_at(&self, shard: usize, offset: u64, buf: &mut [u8]) -> std::result::Result<(), ReadFailure> {
         let range = offset..offset + buf.len() as u64;
         let bytes = self
             .breaker
             .call(&self.rt, self.store.get_range(&self.keys[shard], range), self.abandon.notified())
-            .map_err(RequestFailure::text)?;
+            .map_err(|e| match e {
+                RequestFailure::Refused(why) => ReadFailure::Unavailable(why),
+                other => ReadFailure::Failed(other.text()),
+            })?;
         if bytes.len() != buf.len() {
-            return Err(format!("short read: {} of {} bytes", bytes.len(), buf.len()));
+            return Err(format!("short read: {} of {} bytes", bytes.len(), buf.len()).into());
         }
         buf.copy_from_slice(&bytes);
         Ok(())
@@ -554,8 +581,9 @@ pub struct ObjectReader {
 }
 
 impl ObjectReader {
-    /// Opens the object at `url` (one request for its size). A store that is not answering
-    /// is [`Error::Unavailable`]; another failure an [`Error::Io`] naming the URL.
+    /// Opens the object at `url` (one request for its size). A store that does not answer is
+    /// [`Error::Unavailable`] (see [`RequestFailure::into_io`]); another failure an
+    /// [`Error::Io`] naming the URL.
     pub fn open(url: &str) -> Result<Self> {
         let (base, key) = split_url(url)?;
         let limits = Limits::from_env()?;
@@ -566,7 +594,7 @@ impl ObjectReader {
         let key = ObjPath::from(key.as_str());
         let size = match breaker.call(&rt, store.head(&key), stopped(stop.clone())) {
             Ok(meta) => meta.size,
-            Err(RequestFailure::Refused(why)) => return Err(Error::Unavailable(format!("{url}: cannot open: {why}"))),
+            Err(e) if e.store_down() => return Err(Error::Unavailable(format!("{url}: cannot open: {}", e.text()))),
             Err(e) => return Err(Error::Io { path: url.into(), reason: format!("cannot open: {}", e.text()) }),
         };
         let url = url.to_string();

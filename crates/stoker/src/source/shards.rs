@@ -324,10 +324,26 @@ pub fn write_index(shard: &Path) -> Result<usize> {
     Ok(entries.iter().filter(|e| !matches!(e.label, Label::Dropped(_))).count())
 }
 
+/// Why a read of shard bytes failed.
+#[derive(Debug)]
+pub(crate) enum ReadFailure {
+    /// This read failed (the text says why).
+    Failed(String),
+    /// The storage is not answering (an object store whose circuit is open): every read
+    /// would fail the same way, so the pass ends ([`Error::Unavailable`]).
+    Unavailable(String),
+}
+
+impl From<String> for ReadFailure {
+    fn from(why: String) -> Self {
+        ReadFailure::Failed(why)
+    }
+}
+
 /// Where shard bytes come from: local files, or objects in a store.
 pub(crate) trait Storage: Send + Sync {
     /// Reads exactly `buf.len()` bytes of shard `shard` at `offset`.
-    fn read_at(&self, shard: usize, offset: u64, buf: &mut [u8]) -> std::result::Result<(), String>;
+    fn read_at(&self, shard: usize, offset: u64, buf: &mut [u8]) -> std::result::Result<(), ReadFailure>;
     /// Reads exactly `head.len() + data.len()` bytes of shard `shard` at `offset`, the first
     /// into `head` and the rest into `data`, in one request; `None` where the storage has no
     /// such read (the caller then reads into one buffer and moves the data).
@@ -337,7 +353,7 @@ pub(crate) trait Storage: Send + Sync {
         offset: u64,
         head: &mut [u8],
         data: &mut [u8],
-    ) -> Option<std::result::Result<(), String>> {
+    ) -> Option<std::result::Result<(), ReadFailure>> {
         let _ = (shard, offset, head, data);
         None
     }
@@ -358,10 +374,12 @@ struct LocalFiles {
 }
 
 impl Storage for LocalFiles {
-    fn read_at(&self, shard: usize, offset: u64, buf: &mut [u8]) -> std::result::Result<(), String> {
-        self.files[shard].read_exact_at(buf, offset).map_err(|e| match e.kind() {
-            std::io::ErrorKind::UnexpectedEof => short_read(&e),
-            _ => e.to_string(),
+    fn read_at(&self, shard: usize, offset: u64, buf: &mut [u8]) -> std::result::Result<(), ReadFailure> {
+        self.files[shard].read_exact_at(buf, offset).map_err(|e| {
+            ReadFailure::Failed(match e.kind() {
+                std::io::ErrorKind::UnexpectedEof => short_read(&e),
+                _ => e.to_string(),
+            })
         })
     }
 
@@ -374,7 +392,7 @@ impl Storage for LocalFiles {
         offset: u64,
         head: &mut [u8],
         data: &mut [u8],
-    ) -> Option<std::result::Result<(), String>> {
+    ) -> Option<std::result::Result<(), ReadFailure>> {
         use std::os::fd::AsRawFd;
         let fd = self.files[shard].as_raw_fd();
         let total = head.len() + data.len();
@@ -387,7 +405,7 @@ impl Storage for LocalFiles {
                 ([iov(&mut data[done - head.len()..]), iov(&mut [])], 1)
             };
             let Ok(at) = libc::off_t::try_from(offset + done as u64) else {
-                return Some(Err(format!("offset {} is past what this system can read", offset + done as u64)));
+                return Some(Err(format!("offset {} is past what this system can read", offset + done as u64).into()));
             };
             // SAFETY: the first `count` iovecs point into `head` and `data`, which are
             // exclusively borrowed here and outlive the call; `fd` is an open file of `self`.
@@ -397,11 +415,11 @@ impl Storage for LocalFiles {
                 if e.kind() == std::io::ErrorKind::Interrupted {
                     continue;
                 }
-                return Some(Err(e.to_string()));
+                return Some(Err(e.to_string().into()));
             }
             if n == 0 {
                 let e = std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "failed to fill whole buffer");
-                return Some(Err(short_read(&e)));
+                return Some(Err(short_read(&e).into()));
             }
             done += n as usize;
         }
@@ -654,8 +672,11 @@ impl Source for ShardSource {
             ));
         }
         let total = tar::BLOCK + len as usize;
-        let failed = |e: String| {
-            Error::decode(self.describe(i), format!("cannot read {total} bytes at offset {}: {e}", offset - 512))
+        let failed = |e: ReadFailure| match e {
+            ReadFailure::Unavailable(why) => Error::Unavailable(format!("{}: {why}", self.describe(i).display())),
+            ReadFailure::Failed(e) => {
+                Error::decode(self.describe(i), format!("cannot read {total} bytes at offset {}: {e}", offset - 512))
+            }
         };
         // The read overwrites every byte, so the buffer's old bytes are kept rather than
         // zeroed: only growth past its last length is filled. One positioned read for the
