@@ -19,6 +19,19 @@ separate process, and the same count is given to every run. Contenders:
   and the compute stream waits on the side stream's event (`record_stream` keeps the allocator
   honest).
 
+Length of a run: steady state. Every loader makes batches ahead of the training step (the
+DataLoader up to `--workers` x prefetch_factor 2 batches, one more for dataloader-uint8's side
+stream; stoker up to 2 x (prefetch 2 + 2): its pinned host pool and its device pool). Batches
+made before the clock starts are free to the measurement, so a run measures `--batches` batches
+after `--warmup` warm-up batches, and the loaders' epochs repeat (stoker's `set_epoch` and a new
+pass; the DataLoader re-iterated over its persistent workers) until they are reached, however
+small the image set. The default is 4x the most batches any contender can hold made ahead
+(132 with 16 workers), so what was made before the clock started is a small part of what is
+measured. A run whose measured batches are not more than that capacity is refused (its figures
+would count work done before the clock started, and CPU-seconds over its wall time could add up
+to more cores than the machine has); one under 4x it runs with a warning. `--epochs N` measures
+whole epochs instead (N epochs less the warm-up batches), under the same check.
+
 Every run is a fresh subprocess (this script re-invoked with `--run NAME`, printing one JSON
 line); contenders alternate for `--repeats` rounds so machine noise hits all alike, and medians
 are reported with ratios to stoker. The files are read once before the first run (when they fit
@@ -40,7 +53,9 @@ Timing modes (`--timing`):
 
 Measured per run besides: CPU-seconds per 1000 images (`getrusage` of the process plus its
 reaped children: the DataLoader's persistent workers are shut down and joined before the count
-is taken), peak RSS/PSS of the process tree (sampled every 100 ms from /proc by the parent),
+is taken; it is divided by the images delivered, warm-up included, so the work on batches made
+ahead and never delivered when a run stops is in it too: one more reason for the margin above),
+peak RSS/PSS of the process tree (sampled every 100 ms from /proc by the parent),
 peak GPU memory for data (torch's allocator peak above the baseline, plus stoker's device pool),
 and for stoker its own report (transfer GB/s, starvation, bottleneck) and the pinned bandwidth
 `stoker doctor --json` measures.
@@ -48,7 +63,7 @@ and for stoker its own report (transfer GB/s, starvation, bottleneck) and the pi
 Usage (a machine with an NVIDIA GPU, PyTorch and torchvision):
 
     python3 benches/gpu_train_step.py --images 10240 --batch-size 256 --repeats 3 --step-ms 20 \\
-        --out benches/results-gpu-train-step.json
+        --out benches/results-gpu-train-step.json     # 4x the prefetch capacity, epochs repeat
     python3 benches/gpu_train_step.py --root /data/imagenet/train --batches 300 --timing per-step
     python3 benches/gpu_train_step.py --dry-run      # prints the plan; needs no GPU
 
@@ -72,6 +87,10 @@ ROOT = Path(__file__).resolve().parents[1]
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".JPEG", ".JPG", ".PNG"}
 MATMUL_SIZE = 4096
 MiB = 2**20
+# How far ahead each contender may work; given to the loaders explicitly, so `made_ahead` stays true.
+STOKER_PREFETCH = 2
+DATALOADER_PREFETCH_FACTOR = 2
+STEADY_MARGIN = 4  # default measured batches = this x the largest made-ahead capacity
 
 
 # Process-tree memory sampling is shared with the other benches.
@@ -145,6 +164,17 @@ def calibrate(args):
 
 CONTENDERS = ("stoker", "dataloader", "dataloader-uint8")
 MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
+
+
+def made_ahead(name, workers):
+    """The most batches contender `name` can hold made ahead of the training step.
+
+    stoker: its pinned host pool and its device pool have `prefetch + 2` slots each. DataLoader:
+    `num_workers x prefetch_factor` outstanding batches; dataloader-uint8 uploads one more on its
+    side stream."""
+    if name == "stoker":
+        return 2 * (STOKER_PREFETCH + 2)
+    return workers * DATALOADER_PREFETCH_FACTOR + (1 if name == "dataloader-uint8" else 0)
 
 
 def stoker_batches(loader, epochs):
@@ -225,7 +255,8 @@ def make_dataloader(args, uint8):
     torch.manual_seed(0)
     return torch.utils.data.DataLoader(ImageFolder(str(args.root), transform=T.Compose(geometry + tail)),
                                        batch_size=args.batch_size, shuffle=True, num_workers=args.workers,
-                                       pin_memory=True, persistent_workers=True, drop_last=True)
+                                       prefetch_factor=DATALOADER_PREFETCH_FACTOR, pin_memory=True,
+                                       persistent_workers=True, drop_last=True)
 
 
 def shut_down_workers(loader):
@@ -267,7 +298,7 @@ def train(args):
         import stoker
 
         loader = stoker.ImageLoader(str(args.root), args.batch_size, preset=args.preset, shuffle=True,
-                                    drop_last=True, device="cuda")
+                                    drop_last=True, device="cuda", prefetch=STOKER_PREFETCH)
         batches = stoker_batches(loader, epochs)
     elif args.run == "dataloader":
         loader = make_dataloader(args, uint8=False)
@@ -332,7 +363,8 @@ def train(args):
     gc.collect()
     cpu = cpu_seconds() - cpu0
     if measured_batches == 0:
-        raise SystemExit(f"no batch after the {args.warmup} warm-up batches: use more images or --epochs")
+        raise SystemExit(f"no batch after the {args.warmup} warm-up batches: use more images, --batches or "
+                         "--epochs")
     gaps, span = idle_gaps(starts, ends, args.warmup)
     idle_ms = sum(gaps)
 
@@ -408,6 +440,39 @@ def warm_page_cache(root):
                 pass
 
 
+def plan_length(args, names, files, error):
+    """Settles how many batches a run measures (steady state, see the module docstring) and
+    refuses a length that the loaders' prefetch could cover. Sets `args.batches` when neither
+    --batches nor --epochs was given; returns (measured batches or None when unknown, batches per
+    epoch or None, the largest made-ahead capacity, a line that says where that comes from)."""
+    ahead = {name: made_ahead(name, args.workers) for name in names}
+    capacity = max(ahead.values())
+    why = ", ".join(f"{n} {c}" for n, c in ahead.items())
+    side = ", +1 for dataloader-uint8's side stream" if "dataloader-uint8" in names else ""
+    why = (f"{why}: DataLoader {args.workers} workers x prefetch_factor {DATALOADER_PREFETCH_FACTOR}{side}; stoker "
+           f"pinned and device pools of prefetch {STOKER_PREFETCH} + 2 slots each")
+    per_epoch = None if files is None else files // args.batch_size
+    if per_epoch == 0:
+        error(f"{files} images make no batch of --batch-size {args.batch_size} (drop_last)")
+    if args.epochs is not None:
+        measured = None if per_epoch is None else args.epochs * per_epoch - args.warmup
+        flag = f"--epochs {args.epochs} ({per_epoch} batches each, less --warmup {args.warmup})"
+    else:
+        if args.batches is None:
+            args.batches = STEADY_MARGIN * capacity
+        measured = args.batches
+        flag = f"--batches {args.batches}"
+    if measured is not None and measured <= capacity:
+        error(f"{flag} measures {measured} batches, not more than the {capacity} a loader can make before the "
+              f"clock starts ({why}): its figures would count work done before it started. Give --batches "
+              f"{STEADY_MARGIN * capacity} (epochs repeat) or leave --batches and --epochs out, or use fewer --workers")
+    if measured is not None and measured < STEADY_MARGIN * capacity:
+        print(f"WARNING: {flag} measures {measured} batches, under {STEADY_MARGIN}x the {capacity} a loader can "
+              f"make ahead ({why}): batches made before the clock started are a large part of the figures. "
+              f"--batches {STEADY_MARGIN * capacity} (the default) measures a steady state.", file=sys.stderr)
+    return measured, per_epoch, capacity, why
+
+
 def doctor_bandwidth():
     """`stoker doctor --json`'s measured host-to-device bandwidth of GPU 0 (GB/s): (pinned, pageable)."""
     exe = shutil.which("stoker")
@@ -449,9 +514,18 @@ def main():
                     help="demo images to make under bench-data/gpu-demo when --root is not given")
     ap.add_argument("--preset", default="imagenet-train", choices=["imagenet-train", "imagenet-val"])
     ap.add_argument("--batch-size", type=int, default=256)
-    ap.add_argument("--epochs", type=int, default=1, help="epochs per run (default 1)")
-    ap.add_argument("--batches", type=int, help="measured batches per run instead of --epochs (epochs repeat)")
-    ap.add_argument("--warmup", type=int, default=5, help="batches at the start of a run that are not timed")
+    length = ap.add_mutually_exclusive_group()
+    length.add_argument("--batches", type=int,
+                        help="measured batches per run, after --warmup; the loaders' epochs repeat until they are "
+                             f"reached, however few the images (default: {STEADY_MARGIN}x the most batches any "
+                             f"contender can make ahead, --workers x {DATALOADER_PREFETCH_FACTOR} (+1) for the "
+                             "DataLoader: a steady state). No more than that capacity is refused; under "
+                             f"{STEADY_MARGIN}x it, warned about")
+    length.add_argument("--epochs", type=int,
+                        help="measure whole epochs instead of --batches: N epochs less the warm-up batches, under "
+                             "the same check (a small set with many workers is refused)")
+    ap.add_argument("--warmup", type=int, default=10, help="batches at the start of a run that are not timed "
+                                                           "(default 10)")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--step-ms", type=float, default=20.0, help="GPU work per batch, milliseconds")
     ap.add_argument("--workers", type=int, default=os.cpu_count(), help="DataLoader num_workers (default: cores)")
@@ -465,11 +539,9 @@ def main():
     ap.add_argument("--run", choices=[*CONTENDERS, "calibrate"], help=argparse.SUPPRESS)
     ap.add_argument("--step-iters", type=int, help=argparse.SUPPRESS)
     args = ap.parse_args()
-    for name in ("images", "batch_size", "epochs", "repeats", "workers"):
-        if getattr(args, name) < 1:
+    for name in ("images", "batch_size", "epochs", "batches", "repeats", "workers"):
+        if getattr(args, name) is not None and getattr(args, name) < 1:
             ap.error(f"--{name.replace('_', '-')} must be at least 1")
-    if args.batches is not None and args.batches < 1:
-        ap.error("--batches must be at least 1")
     if args.warmup < 0 or args.step_ms <= 0:
         ap.error("--warmup must be >= 0 and --step-ms > 0")
     names = [c.strip() for c in args.contenders.split(",") if c.strip()]
@@ -489,12 +561,24 @@ def main():
     make_demo = args.root is None
     if make_demo:
         args.root = demo_root(args)
+    if args.root.is_dir():
+        files = count_images(args.root)
+    else:
+        files = args.images if make_demo else None
+    measured, per_epoch, capacity, why = plan_length(args, names, files, ap.error)
     if args.dry_run:
         state = "exists" if args.root.exists() else ("will be made" if make_demo else "MISSING")
-        length = f"{args.epochs} epoch(s)" if args.batches is None else f"{args.batches} batches"
-        print(f"data: {args.root} ({state}{f', {args.images} demo images' if make_demo else ''})")
+        if args.batches is not None:
+            length = f"{args.batches} measured batches (epochs repeat)"
+        else:
+            length = f"{args.epochs} epoch(s): {'?' if measured is None else measured} measured batches"
+        epoch = "" if per_epoch is None else f", {per_epoch} batches an epoch"
+        print(f"data: {args.root} ({state}{f', {args.images} demo images' if make_demo else ''}"
+              f"{'' if files is None or make_demo else f', {files} images'}{epoch})")
         print(f"preset {args.preset}, batch {args.batch_size}, {length} per run after {args.warmup} warm-up "
               f"batches, {args.step_ms:g} ms of GPU work per batch")
+        print(f"made ahead at most: {why}; measured batches must exceed {capacity} "
+              f"({STEADY_MARGIN}x = {STEADY_MARGIN * capacity} for a steady state)")
         print(f"{args.repeats} rounds of: {', '.join(names)} (DataLoader num_workers={args.workers}, persistent "
               f"workers); timing: {args.timing}; medians")
         print("calibration: " + " ".join(child_cmd(args, "calibrate")))
@@ -510,7 +594,10 @@ def main():
         stoker.make_demo(str(args.root), args.images, seed=0)
     if not args.root.is_dir():
         ap.error(f"--root {args.root} is not a directory")
-    files = count_images(args.root)
+    counted = count_images(args.root)
+    if counted != files:  # the demo set was just made: check its real size
+        files = counted
+        measured, per_epoch, capacity, why = plan_length(args, names, files, ap.error)
     warm_page_cache(args.root)
 
     pinned_gbps, pageable_gbps = doctor_bandwidth()
@@ -539,7 +626,8 @@ def main():
     summary = {
         "machine": {"cpus": os.cpu_count(), "affinity": len(os.sched_getaffinity(0)), "gpu": cal["gpu"]},
         "data": str(args.root), "files": files, "preset": args.preset, "batch_size": args.batch_size,
-        "epochs": args.epochs if args.batches is None else None, "batches": args.batches, "warmup": args.warmup,
+        "epochs": args.epochs, "batches": args.batches, "warmup": args.warmup, "measured_batches": measured,
+        "batches_per_epoch": per_epoch, "made_ahead_batches": {name: made_ahead(name, args.workers) for name in names},
         "workers": args.workers, "repeats": args.repeats, "step_ms": args.step_ms, "timing": args.timing,
         "calibration": cal, "doctor_h2d_pinned_gbps": pinned_gbps, "doctor_h2d_pageable_gbps": pageable_gbps,
         "runs": runs,
@@ -565,7 +653,9 @@ def main():
     idle = "GPU idle fraction (CUDA events)" if args.timing == "events" else "GPU-wait fraction (per-step sync)"
     print(f"\n{files} images, preset {args.preset}, batch {args.batch_size}, {args.step_ms:g} ms GPU step "
           f"({cal['iters']} bf16 matmuls), {cal['gpu']}; stoker threads={threads}, DataLoader num_workers="
-          f"{args.workers} (persistent); timing {args.timing}; medians of {args.repeats} interleaved runs\n")
+          f"{args.workers} (persistent); timing {args.timing}; {measured} measured batches after {args.warmup} "
+          f"warm-up ({per_epoch} an epoch; at most {capacity} made ahead); medians of {args.repeats} interleaved "
+          "runs\n")
     print("| metric | " + " | ".join(names) + " |")
     print("|---" * (len(names) + 1) + "|")
 
