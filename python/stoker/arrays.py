@@ -75,8 +75,9 @@ class ArrayLoader(LoaderBase):
 
     ``for x, y in stoker.ArrayLoader(x, y, batch_size=256, shuffle=True)`` yields one tensor per
     array, gathered by the sampler's indices with parallel row copies into pooled buffers and
-    handed over zero-copy. Same seed/epoch shuffle, ``rank``/``world_size`` sharding (torchrun's
-    environment by default), ``state_dict`` resume and ``memory_limit`` as ``ImageLoader``.
+    handed over zero-copy. Same seed/epoch shuffle, ``rank``/``world_size`` sharding (the
+    ``torch.distributed`` group's, else torchrun's environment, by default), ``state_dict`` resume
+    and ``memory_limit`` as ``ImageLoader``.
     ``device='cuda'`` (``'cuda:N'``, ``'auto'``) delivers each column as a CUDA tensor through
     pinned buffers and stoker's copy stream, as ``ImageLoader`` does.
     """

@@ -77,8 +77,11 @@ class ImageLoader(LoaderBase):
     list of shard paths, or the same in object storage (``"s3://bucket/train/shard-*.tar"``,
     ``gs://``, ``az://``, ``http(s)://``; credentials and endpoints from the usual environment
     variables such as ``AWS_ENDPOINT`` and ``AWS_ACCESS_KEY_ID``). Class indices follow
-    torchvision's ``ImageFolder``; ``rank``/``world_size`` default to the torchrun environment
-    (``RANK``, ``WORLD_SIZE``).
+    torchvision's ``ImageFolder``; ``rank``/``world_size`` default to the initialised
+    ``torch.distributed`` default group's, else the torchrun environment (``RANK``,
+    ``WORLD_SIZE``; a disagreement with the group is a :class:`ConfigError`). A consumer that
+    keeps batches is served while they fit in ``memory_limit`` (the pool grows; default limit a
+    quarter of the available memory), then :class:`MemoryLimitError` says how much it holds.
 
     ``shuffle`` is ``False``, ``True`` (one global permutation per epoch) or ``"shards"`` for shard
     sources on slow storage: the shards are permuted and samples are shuffled within windows of

@@ -69,7 +69,8 @@ class TokenLoader(LoaderBase):
 
     ``shuffle`` permutes documents per epoch (``seed``, ``set_epoch``); compressed files are read as
     streams, so they are shuffled by file and within windows of ``shuffle_window`` documents.
-    ``rank``/``world_size`` (torchrun's environment by default) give each rank every
+    ``rank``/``world_size`` (by default the initialised ``torch.distributed`` group's, else
+    torchrun's environment) give each rank every
     ``world_size``-th document; over token files and token caches every rank delivers the same
     number of batches (``len(loader)``), so DDP never waits at an epoch's end. Over raw text the
     counts are known only once tokenized: under ``torch.distributed`` with several ranks, every
