@@ -35,11 +35,30 @@ fn lines() -> Vec<Vec<u8>> {
     raw.split(|&b| b == b'\n').filter(|l| !l.is_empty()).map(<[u8]>::to_vec).collect()
 }
 
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 enum Format {
     Jsonl,
     JsonlZst,
     TarTxt,
+    /// Megatron's indexed dataset: `X.bin` (uint16 ids) beside `X.idx`.
+    Megatron,
+}
+
+/// Megatron's `.idx` for documents of `lens` tokens (uint16), one sequence each.
+fn megatron_idx(lens: &[usize]) -> Vec<u8> {
+    let mut b = b"MMIDIDX\x00\x00".to_vec();
+    b.extend(1u64.to_le_bytes());
+    b.push(8); // uint16
+    b.extend((lens.len() as u64).to_le_bytes());
+    b.extend((lens.len() as u64 + 1).to_le_bytes());
+    lens.iter().for_each(|&n| b.extend((n as i32).to_le_bytes()));
+    let mut at = 0i64;
+    for &n in lens {
+        b.extend(at.to_le_bytes());
+        at += 2 * n as i64;
+    }
+    (0..=lens.len() as i64).for_each(|d| b.extend(d.to_le_bytes()));
+    b
 }
 
 /// The objects of one format, by name.
@@ -49,9 +68,18 @@ fn objects(format: Format) -> HashMap<String, Vec<u8>> {
     for f in 0..FILES {
         let docs: Vec<&Vec<u8>> = (0..DOCS_PER_FILE).map(|d| &all[(f * DOCS_PER_FILE + d) % all.len()]).collect();
         let jsonl = docs.iter().flat_map(|l| l.iter().copied().chain([b'\n'])).collect::<Vec<u8>>();
+        if format == Format::Megatron {
+            // Token ids of the documents' bytes (any ids do here: no tokenizer reads them).
+            let ids: Vec<Vec<u16>> = docs.iter().map(|l| l.iter().map(|&b| b as u16).collect()).collect();
+            let bin: Vec<u8> = ids.iter().flatten().flat_map(|t| t.to_le_bytes()).collect();
+            out.insert(format!("part-{f:03}.idx"), megatron_idx(&ids.iter().map(Vec::len).collect::<Vec<_>>()));
+            out.insert(format!("part-{f:03}.bin"), bin);
+            continue;
+        }
         let (name, body) = match format {
             Format::Jsonl => (format!("part-{f:03}.jsonl"), jsonl),
             Format::JsonlZst => (format!("part-{f:03}.jsonl.zst"), zstd::encode_all(&jsonl[..], 3).unwrap()),
+            Format::Megatron => unreachable!("above"),
             Format::TarTxt => {
                 let mut t = vec![];
                 for (d, l) in docs.iter().enumerate() {
@@ -67,15 +95,18 @@ fn objects(format: Format) -> HashMap<String, Vec<u8>> {
     out
 }
 
-fn loader(server: &Server, names: &[String]) -> TokenLoader {
+fn loader(server: &Server, names: &[String], format: Format) -> TokenLoader {
     std::env::set_var("STOKER_OBJECT_TIMEOUT", TIMEOUT_S.to_string());
     static TOK: std::sync::OnceLock<TextTokenizer> = std::sync::OnceLock::new();
-    let tok = TOK.get_or_init(|| TextTokenizer::from_file(&data("tokenizer-gpt2.json")).unwrap()).clone();
     let urls: Vec<PathBuf> = names.iter().map(|n| PathBuf::from(server.url(n))).collect();
     let mut c = TokenConfig::new(2, 128);
     c.threads = Some(1);
     c.prefetch = 1;
     c.index_dir = None;
+    if format == Format::Megatron {
+        return TokenLoader::new(&urls, None, c).unwrap();
+    }
+    let tok = TOK.get_or_init(|| TextTokenizer::from_file(&data("tokenizer-gpt2.json")).unwrap()).clone();
     TokenLoader::new(&urls, Some(tok), c).unwrap()
 }
 
@@ -90,10 +121,10 @@ enum Fault {
 /// iteration must be prompt.
 fn dies_mid_epoch(format: Format, fault: Fault) {
     let files = objects(format);
-    let mut names: Vec<String> = files.keys().cloned().collect();
+    let mut names: Vec<String> = files.keys().filter(|n| !n.ends_with(".idx")).cloned().collect();
     names.sort();
     let server = Server::start(files);
-    let l = loader(&server, &names);
+    let l = loader(&server, &names, format);
     let mut it = l.iter().unwrap();
     assert!(it.next().unwrap().is_ok(), "{format:?}: a healthy store gives a batch");
     match fault {
@@ -149,6 +180,40 @@ fn zstd_jsonl_from_a_killed_store() {
 #[test]
 fn zstd_jsonl_from_a_stalled_store() {
     dies_mid_epoch(Format::JsonlZst, Fault::Stalled);
+}
+
+#[test]
+fn megatron_tokens_from_a_killed_store() {
+    dies_mid_epoch(Format::Megatron, Fault::Killed);
+}
+
+#[test]
+fn megatron_tokens_from_a_stalled_store() {
+    dies_mid_epoch(Format::Megatron, Fault::Stalled);
+}
+
+/// Megatron's `.bin`/`.idx` read from the store give the batches they give from a local disk.
+#[test]
+fn megatron_tokens_from_a_store_are_the_local_batches() {
+    let files = objects(Format::Megatron);
+    let dir = tempfile::tempdir().unwrap();
+    for (name, body) in &files {
+        std::fs::write(dir.path().join(name), body).unwrap();
+    }
+    let mut names: Vec<String> = files.keys().filter(|n| n.ends_with(".bin")).cloned().collect();
+    names.sort();
+    let server = Server::start(files);
+    let rows =
+        |l: TokenLoader| -> Vec<Vec<i32>> { l.iter().unwrap().map(|b| b.unwrap().input_ids().to_vec()).collect() };
+    let remote = rows(loader(&server, &names, Format::Megatron));
+    let paths: Vec<PathBuf> = names.iter().map(|n| dir.path().join(n)).collect();
+    let mut c = TokenConfig::new(2, 128);
+    c.threads = Some(1);
+    c.prefetch = 1;
+    c.index_dir = None;
+    let local = rows(TokenLoader::new(&paths, None, c).unwrap());
+    assert!(local.len() > 100);
+    assert_eq!(remote, local);
 }
 
 #[test]

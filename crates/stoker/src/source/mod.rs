@@ -230,6 +230,64 @@ pub fn unavailable(e: &std::io::Error) -> Option<Error> {
     }
 }
 
+/// Bytes read at positions: a local file, or an object in a store (token files, whose
+/// documents are read where the index places them).
+pub trait PositionedRead: Send + Sync {
+    /// Bytes in all.
+    fn size(&self) -> u64;
+    /// Reads exactly `buf.len()` bytes at `offset`.
+    fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()>;
+}
+
+/// A local file and its length when opened.
+struct LocalPositioned(std::fs::File, u64);
+
+impl PositionedRead for LocalPositioned {
+    fn size(&self) -> u64 {
+        self.1
+    }
+    fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+        std::os::unix::fs::FileExt::read_exact_at(&self.0, buf, offset)
+    }
+}
+
+#[cfg(feature = "remote")]
+impl PositionedRead for remote::ObjectReader {
+    fn size(&self) -> u64 {
+        remote::ObjectReader::size(self)
+    }
+    fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+        remote::ObjectReader::read_exact_at(self, buf, offset)
+    }
+}
+
+/// Opens `path` (a local file, or an object-store URL: see [`is_url`]) for reads at positions.
+pub fn open_positioned(path: &Path) -> Result<Box<dyn PositionedRead>> {
+    if is_url(path) {
+        #[cfg(feature = "remote")]
+        return Ok(Box::new(remote::ObjectReader::open(&path.to_string_lossy())?));
+        #[cfg(not(feature = "remote"))]
+        return Err(Error::config(
+            "data",
+            format!("{}: object storage support is not compiled in (feature `remote`)", path.display()),
+        ));
+    }
+    let f = std::fs::File::open(path).map_err(|e| Error::io(path, &e))?;
+    let len = f.metadata().map_err(|e| Error::io(path, &e))?.len();
+    Ok(Box::new(LocalPositioned(f, len)))
+}
+
+/// Whether `path` (a local path or an object-store URL) names an existing file or object.
+pub fn exists(path: &Path) -> Result<bool> {
+    if is_url(path) {
+        #[cfg(feature = "remote")]
+        return remote::exists(&path.to_string_lossy());
+        #[cfg(not(feature = "remote"))]
+        return Ok(false);
+    }
+    Ok(path.is_file())
+}
+
 /// The object at `url`, read from start to end, and its size; see `remote::ObjectReader`.
 pub fn read_object(url: &str) -> Result<(Box<dyn std::io::Read + Send>, u64)> {
     #[cfg(feature = "remote")]

@@ -605,6 +605,50 @@ impl ObjectReader {
     pub fn size(&self) -> u64 {
         self.size
     }
+
+    /// Reads exactly `buf.len()` bytes at `offset` (one ranged request per [`READ_CHUNK`]),
+    /// under the same bounds, breaker and stop flag as the sequential reads; a store that does
+    /// not answer is an error [`unavailable`] recognises.
+    pub fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+        let mut done = 0usize;
+        while done < buf.len() {
+            let from = offset + done as u64;
+            let end = (from + READ_CHUNK).min(offset + buf.len() as u64);
+            let got = self
+                .breaker
+                .call(&self.rt, self.store.get_range(&self.key, from..end), stopped(self.stop.clone()))
+                .map_err(|e| e.into_io(&format!("{}: bytes {from}..{end}", self.url)))?;
+            if got.len() as u64 != end - from {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::UnexpectedEof,
+                    format!("{}: short read at byte {from}: {} of {} bytes", self.url, got.len(), end - from),
+                ));
+            }
+            buf[done..done + got.len()].copy_from_slice(&got);
+            done += got.len();
+        }
+        Ok(())
+    }
+}
+
+/// Whether the object at `url` exists: `false` when the store says it does not (404, or 403 as
+/// S3 answers for a missing object to a caller that may not list the bucket); a store that does
+/// not answer is [`Error::Unavailable`].
+pub fn exists(url: &str) -> Result<bool> {
+    let (base, key) = split_url(url)?;
+    let limits = Limits::from_env()?;
+    let store = store_for(&base, &limits)?;
+    let breaker = breaker_for(&base, limits.request);
+    let stop = STOP.with(|s| s.borrow().clone());
+    match breaker.call(&calling_thread_runtime()?, store.head(&ObjPath::from(key.as_str())), stopped(stop)) {
+        Ok(_) => Ok(true),
+        Err(RequestFailure::Failed(
+            object_store::Error::NotFound { .. } | object_store::Error::PermissionDenied { .. },
+            _,
+        )) => Ok(false),
+        Err(e) if e.store_down() => Err(Error::Unavailable(format!("{url}: {}", e.text()))),
+        Err(e) => Err(Error::Io { path: url.into(), reason: e.text() }),
+    }
 }
 
 impl std::io::Read for ObjectReader {

@@ -10,7 +10,6 @@
 
 use crate::error::{Error, Result};
 use std::io::Read;
-use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 /// How a file holds its documents.
@@ -154,6 +153,12 @@ pub fn open_stream(path: &Path, compression: Compression) -> Result<Box<dyn Read
     })
 }
 
+/// A failed read of `path` at a position: [`Error::Unavailable`] when its store does not
+/// answer, else an [`Error::Io`] naming it.
+fn read_error(path: &Path, e: &std::io::Error) -> Error {
+    crate::source::unavailable(e).unwrap_or_else(|| Error::io(path, e))
+}
+
 /// Reads as much of `buf` as `r` gives; a decompression error names the file.
 fn read_some(r: &mut dyn Read, buf: &mut [u8], path: &Path, at: u64) -> Result<usize> {
     loop {
@@ -191,7 +196,7 @@ impl DocFile {
     /// file needs `eos`, the id that ends each document, or is one document).
     pub fn open(path: &Path, format: Format, eos: Option<u32>) -> Result<Self> {
         if crate::source::is_url(path) {
-            return Self::open_object(path, format);
+            return Self::open_object(path, format, eos);
         }
         let meta = std::fs::metadata(path).map_err(|e| Error::io(path, &e))?;
         if !meta.is_file() {
@@ -224,7 +229,7 @@ impl DocFile {
             if c != Compression::None {
                 return Err(Error::decode(path, "token files are read in place: decompress it first"));
             }
-            return Self::open_tokens(path, format, eos, meta.len());
+            return Self::open_tokens(path, format, eos);
         }
         Self::scan(path, compression, format)
     }
@@ -285,13 +290,15 @@ impl DocFile {
 
     /// Indexes an object in object storage by reading it from start to end (JSON Lines, text
     /// and tar shards, compressed or not; its documents are then read as a stream, in order).
-    fn open_object(path: &Path, format: Format) -> Result<Self> {
+    fn open_object(path: &Path, format: Format, eos: Option<u32>) -> Result<Self> {
         let compression = match (format, Compression::of(path)) {
+            (Format::Tokens(_), Compression::None) => return Self::open_tokens(path, format, eos),
             (Format::Tokens(_) | Format::Parquet | Format::Cache(_), _) => {
                 return Err(Error::config(
                     "data",
                     format!(
-                        "{}: token files and Parquet in object storage are read in place: copy them to a local disk",
+                        "{}: compressed token files and Parquet in object storage are not read: copy them to a local \
+                         disk (or decompress token files)",
                         path.display()
                     ),
                 ))
@@ -354,11 +361,14 @@ impl DocFile {
     /// `int64` byte offsets, `int64` document boundaries in sequences). Every count and offset is
     /// checked against the two files' lengths before anything is allocated or read.
     fn open_megatron(path: &Path, idx: &Path, bin_len: u64) -> Result<Self> {
-        let mut f = std::fs::File::open(idx).map_err(|e| Error::io(idx, &e))?;
-        let idx_len = f.metadata().map_err(|e| Error::io(idx, &e))?.len();
+        let f = crate::source::open_positioned(idx)?;
+        let idx_len = f.size();
         let bad = |why: String| Error::decode(idx, why);
         let mut head = [0u8; 34];
-        f.read_exact(&mut head).map_err(|_| bad(format!("{idx_len} bytes: too short for a Megatron index")))?;
+        if idx_len < head.len() as u64 {
+            return Err(bad(format!("{idx_len} bytes: too short for a Megatron index")));
+        }
+        f.read_exact_at(&mut head, 0).map_err(|e| read_error(idx, &e))?;
         let u64_at = |b: &[u8], i: usize| u64::from_le_bytes(b[i..i + 8].try_into().expect("8 bytes"));
         if &head[..9] != MEGATRON_MAGIC {
             return Err(bad("not a Megatron index (no MMIDIDX header)".into()));
@@ -384,7 +394,7 @@ impl DocFile {
         }
         let body_len = seqs as usize * 12 + ndocs as usize * 8;
         let mut body = vec![0u8; body_len];
-        f.read_exact(&mut body).map_err(|e| Error::io(idx, &e))?;
+        f.read_exact_at(&mut body, head.len() as u64).map_err(|e| read_error(idx, &e))?;
         let (sizes, rest) = body.split_at(seqs as usize * 4);
         let (pointers, bounds) = rest.split_at(seqs as usize * 8);
         let size = |j: usize| i32::from_le_bytes(sizes[j * 4..j * 4 + 4].try_into().expect("4 bytes"));
@@ -431,16 +441,18 @@ impl DocFile {
         })
     }
 
-    fn open_tokens(path: &Path, format: Format, eos: Option<u32>, len: u64) -> Result<Self> {
+    /// A token file, local or in object storage (read at positions either way).
+    fn open_tokens(path: &Path, format: Format, eos: Option<u32>) -> Result<Self> {
         let Format::Tokens(given) = format else { unreachable!("token format") };
+        let f = crate::source::open_positioned(path)?;
+        let len = f.size();
         let idx = path.with_extension("idx");
-        if path.extension().is_some_and(|e| e == "bin") && idx.is_file() {
+        if path.extension().is_some_and(|e| e == "bin") && crate::source::exists(&idx)? {
             return Self::open_megatron(path, &idx, len);
         }
-        let f = std::fs::File::open(path).map_err(|e| Error::io(path, &e))?;
         let (data_offset, width) = if path.extension().is_some_and(|e| e == "npy") {
             let mut head = vec![0u8; (len as usize).min(crate::arrays::npy::NPY_HEADER_MAX)];
-            f.read_exact_at(&mut head, 0).map_err(|e| Error::io(path, &e))?;
+            f.read_exact_at(&mut head, 0).map_err(|e| read_error(path, &e))?;
             let l = crate::arrays::npy::npy_layout(&head, len as usize, path)?;
             let width = match l.header.descr.as_str() {
                 "<u2" => 2u64,
@@ -470,7 +482,7 @@ impl DocFile {
             let mut at = 0u64;
             while at < bytes {
                 let n = ((bytes - at) as usize).min(SCAN_CHUNK);
-                f.read_exact_at(&mut buf[..n], data_offset + at).map_err(|e| Error::io(path, &e))?;
+                f.read_exact_at(&mut buf[..n], data_offset + at).map_err(|e| read_error(path, &e))?;
                 for (k, t) in buf[..n].chunks_exact(width as usize).enumerate() {
                     let id = if width == 2 {
                         u16::from_le_bytes([t[0], t[1]]) as u32
@@ -504,11 +516,14 @@ impl DocFile {
         })
     }
 
-    /// Reads document `d` (plain files only) into `buf`.
-    pub fn read_at(&self, file: &std::fs::File, d: &DocEntry, buf: &mut Vec<u8>) -> Result<()> {
+    /// Reads document `d` (token files and uncompressed local text) into `buf`.
+    pub fn read_at(&self, file: &dyn crate::source::PositionedRead, d: &DocEntry, buf: &mut Vec<u8>) -> Result<()> {
         buf.clear();
         buf.resize(d.len as usize, 0);
         file.read_exact_at(buf, d.offset).map_err(|e| {
+            if let Some(down) = crate::source::unavailable(&e) {
+                return down;
+            }
             let why = if e.kind() == std::io::ErrorKind::UnexpectedEof {
                 format!("{}: the file became shorter while it was read (truncated or rewritten?)", self.place(d))
             } else {

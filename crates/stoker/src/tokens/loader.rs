@@ -1232,9 +1232,8 @@ impl TokenLoader {
             let bytes = if entry.len > max {
                 Err(too_long(file, entry, max))
             } else if src.random_access() {
-                std::fs::File::open(&file.path)
-                    .map_err(|e| Error::io(&file.path, &e))
-                    .and_then(|h| file.read_at(&h, entry, &mut buf))
+                crate::source::open_positioned(&file.path)
+                    .and_then(|h| file.read_at(h.as_ref(), entry, &mut buf))
                     .map(|()| buf)
             } else if file.compression == super::docs::Compression::Parquet {
                 let t = match tables.entry(f) {
@@ -1432,7 +1431,7 @@ fn read_docs(
 ) {
     let cfg = &sh.config;
     let src = &sh.source;
-    let mut files: Vec<Option<std::fs::File>> = (0..src.files.len()).map(|_| None).collect();
+    let mut files: Vec<Option<Box<dyn crate::source::PositionedRead>>> = (0..src.files.len()).map(|_| None).collect();
     let mut seq = 0u64;
     let mut chunk: Vec<RawDoc> = Vec::new();
     let mut chunk_bytes = 0usize;
@@ -1490,24 +1489,26 @@ fn read_docs(
                 } else {
                     let handle = match &files[f] {
                         Some(h) => Ok(h),
-                        None => match std::fs::File::open(&file.path) {
-                            Ok(h) => Ok(&*files[f].insert(h)),
-                            Err(e) => Err(Error::io(&file.path, &e)),
-                        },
+                        None => crate::source::open_positioned(&file.path).map(|h| &*files[f].insert(h)),
                     };
                     handle.and_then(|h| {
                         let mut buf = Vec::new();
-                        file.read_at(h, entry, &mut buf).map(|()| buf)
+                        file.read_at(h.as_ref(), entry, &mut buf).map(|()| buf)
                     })
                 };
                 sh.stats.read_ns.fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
                 sh.stats.bytes.fetch_add(entry.len.min(cfg.max_document_bytes), Ordering::Relaxed);
                 sh.span("read", t0, &[("document", c as f64), ("bytes", entry.len as f64)]);
+                let down = store_down(&bytes);
                 if !emit(
                     RawDoc { epoch, cursor: c, at: (f, k), bytes, skip, doc, cached: false },
                     &mut chunk,
                     &mut chunk_bytes,
                 ) {
+                    return;
+                }
+                if down {
+                    flush(&mut chunk, &mut chunk_bytes);
                     return;
                 }
             }
@@ -1580,8 +1581,19 @@ fn read_docs(
                     sh.stats.bytes.fetch_add(entry.len.min(cfg.max_document_bytes), Ordering::Relaxed);
                     sh.span("read", t0, &[("document", c as f64), ("bytes", entry.len as f64)]);
                     let skip = order.skips.get(&c).copied().unwrap_or(0);
+                    let down = store_down(&bytes);
                     got.insert(c, RawDoc { epoch, cursor: c, at: (f, k), bytes, skip, doc, cached: false });
                     if cancel.load(Ordering::Acquire) {
+                        return;
+                    }
+                    if down {
+                        // No later read can succeed: hand over what was read, up to the error.
+                        for (_, d) in got {
+                            if !emit(d, &mut chunk, &mut chunk_bytes) {
+                                return;
+                            }
+                        }
+                        flush(&mut chunk, &mut chunk_bytes);
                         return;
                     }
                 }
@@ -1602,6 +1614,12 @@ fn read_docs(
         start = 0;
     }
     flush(&mut chunk, &mut chunk_bytes);
+}
+
+/// Whether a document's read failed because its store is not answering: the reader stops
+/// there (the error ends the pass; every later read would wait for its bound too).
+fn store_down(bytes: &Result<Vec<u8>>) -> bool {
+    matches!(bytes, Err(Error::Unavailable(_)))
 }
 
 /// Appends the little-endian ids of `width` bytes each (2 or 4) in `bytes` to `out`.
