@@ -52,7 +52,7 @@ class TokenLoader(LoaderBase):
     text under ``text_key``), or pre-tokenized token files (nanoGPT-style ``.bin`` of uint16, or uint32
     with ``token_bytes=4``, or a 1-D ``.npy``; documents end at ``eos_id``; or Megatron's ``.bin``
     beside its ``.idx``): a path, a glob, a folder, an object-store URL (``s3://``, ``gs://``,
-    ``az://``, ``http(s)://``; text and tar shards) or a list of them; or a token cache folder
+    ``az://``, ``http(s)://``; text, tar shards and uncompressed token files) or a list of them; or a token cache folder
     written by ``stoker tokenize`` (read instead of the text, the same batches). Text formats
     mix in one loader; token files and token caches are one kind per loader. ``tokenizer``: a
     ``tokenizer.json`` path, a ``tokenizers.Tokenizer`` or a ``transformers`` fast tokenizer
