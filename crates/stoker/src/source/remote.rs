@@ -567,12 +567,7 @@ const READ_CHUNK: u64 = 8 << 20;
 /// bounds and the circuit breaker of every request (see the module doc). Runs its requests on
 /// a runtime of the calling thread: no thread of its own to stop.
 pub struct ObjectReader {
-    rt: tokio::runtime::Runtime,
-    store: Arc<dyn ObjectStore>,
-    breaker: Arc<Breaker>,
-    /// The stop flag of the thread that opened it ([`with_stop`]).
-    stop: Option<Arc<AtomicBool>>,
-    key: ObjPath,
+    at: Object,
     url: String,
     size: u64,
     pos: u64,
@@ -580,25 +575,63 @@ pub struct ObjectReader {
     used: usize,
 }
 
+/// One object, for requests on the calling thread: its store, the store's breaker, the stop
+/// flag of the thread that opened it ([`with_stop`]) and a runtime of that thread.
+struct Object {
+    rt: tokio::runtime::Runtime,
+    store: Arc<dyn ObjectStore>,
+    breaker: Arc<Breaker>,
+    stop: Option<Arc<AtomicBool>>,
+    key: ObjPath,
+}
+
+impl Object {
+    fn new(url: &str) -> Result<Self> {
+        let (base, key) = split_url(url)?;
+        let limits = Limits::from_env()?;
+        Ok(Object {
+            rt: calling_thread_runtime()?,
+            store: store_for(&base, &limits)?,
+            breaker: breaker_for(&base, limits.request),
+            stop: STOP.with(|s| s.borrow().clone()),
+            key: ObjPath::from(key.as_str()),
+        })
+    }
+
+    /// Runs one request on it (bounded, under the breaker, abandoned when the thread stops).
+    fn call<T>(
+        &self,
+        request: impl Future<Output = object_store::Result<T>>,
+    ) -> std::result::Result<T, RequestFailure> {
+        self.breaker.call(&self.rt, request, stopped(self.stop.clone()))
+    }
+
+    /// The object's size.
+    fn head(&self) -> std::result::Result<u64, RequestFailure> {
+        self.call(self.store.head(&self.key)).map(|m| m.size)
+    }
+
+    /// Bytes `range` of the object.
+    fn range(
+        &self,
+        range: std::ops::Range<u64>,
+    ) -> std::result::Result<impl std::ops::Deref<Target = [u8]>, RequestFailure> {
+        self.call(self.store.get_range(&self.key, range))
+    }
+}
+
 impl ObjectReader {
     /// Opens the object at `url` (one request for its size). A store that does not answer is
     /// [`Error::Unavailable`] (see [`RequestFailure::into_io`]); another failure an
     /// [`Error::Io`] naming the URL.
     pub fn open(url: &str) -> Result<Self> {
-        let (base, key) = split_url(url)?;
-        let limits = Limits::from_env()?;
-        let store = store_for(&base, &limits)?;
-        let breaker = breaker_for(&base, limits.request);
-        let stop = STOP.with(|s| s.borrow().clone());
-        let rt = calling_thread_runtime()?;
-        let key = ObjPath::from(key.as_str());
-        let size = match breaker.call(&rt, store.head(&key), stopped(stop.clone())) {
-            Ok(meta) => meta.size,
+        let at = Object::new(url)?;
+        let size = match at.head() {
+            Ok(size) => size,
             Err(e) if e.store_down() => return Err(Error::Unavailable(format!("{url}: cannot open: {}", e.text()))),
             Err(e) => return Err(Error::Io { path: url.into(), reason: format!("cannot open: {}", e.text()) }),
         };
-        let url = url.to_string();
-        Ok(ObjectReader { rt, store, breaker, stop, key, url, size, pos: 0, chunk: vec![], used: 0 })
+        Ok(ObjectReader { at, url: url.to_string(), size, pos: 0, chunk: vec![], used: 0 })
     }
 
     /// The object's size in bytes.
@@ -614,10 +647,7 @@ impl ObjectReader {
         while done < buf.len() {
             let from = offset + done as u64;
             let end = (from + READ_CHUNK).min(offset + buf.len() as u64);
-            let got = self
-                .breaker
-                .call(&self.rt, self.store.get_range(&self.key, from..end), stopped(self.stop.clone()))
-                .map_err(|e| e.into_io(&format!("{}: bytes {from}..{end}", self.url)))?;
+            let got = self.at.range(from..end).map_err(|e| e.into_io(&format!("{}: bytes {from}..{end}", self.url)))?;
             if got.len() as u64 != end - from {
                 return Err(std::io::Error::new(
                     std::io::ErrorKind::UnexpectedEof,
@@ -635,12 +665,7 @@ impl ObjectReader {
 /// S3 answers for a missing object to a caller that may not list the bucket); a store that does
 /// not answer is [`Error::Unavailable`].
 pub fn exists(url: &str) -> Result<bool> {
-    let (base, key) = split_url(url)?;
-    let limits = Limits::from_env()?;
-    let store = store_for(&base, &limits)?;
-    let breaker = breaker_for(&base, limits.request);
-    let stop = STOP.with(|s| s.borrow().clone());
-    match breaker.call(&calling_thread_runtime()?, store.head(&ObjPath::from(key.as_str())), stopped(stop)) {
+    match Object::new(url)?.head() {
         Ok(_) => Ok(true),
         Err(RequestFailure::Failed(
             object_store::Error::NotFound { .. } | object_store::Error::PermissionDenied { .. },
@@ -659,8 +684,8 @@ impl std::io::Read for ObjectReader {
             }
             let end = (self.pos + READ_CHUNK).min(self.size);
             let got = self
-                .breaker
-                .call(&self.rt, self.store.get_range(&self.key, self.pos..end), stopped(self.stop.clone()))
+                .at
+                .range(self.pos..end)
                 .map_err(|e| e.into_io(&format!("{}: bytes {}..{end}", self.url, self.pos)))?;
             if got.len() as u64 != end - self.pos {
                 return Err(std::io::Error::other(format!(
