@@ -331,6 +331,7 @@ pub(crate) enum ReadFailure {
     Failed(String),
     /// The storage is not answering (an object store whose circuit is open): every read
     /// would fail the same way, so the pass ends ([`Error::Unavailable`]).
+    #[cfg_attr(not(feature = "remote"), allow(dead_code))]
     Unavailable(String),
 }
 
