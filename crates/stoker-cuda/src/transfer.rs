@@ -30,15 +30,15 @@
 //! release point) and are allocated on demand, so keeping them costs only their few bytes.
 
 use crate::driver::{DeviceMem, Event, Gpu, Stream};
-use crossbeam_channel::{bounded, Receiver, Sender};
+use crossbeam_channel::Sender;
 use std::any::Any;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use stoker::pipeline::Run;
 use stoker::shell::epochs::Active;
-use stoker::shell::grow::Growth;
-use stoker::shell::pass::{FailureBudget, MakeSlot, Observe, Pass, PassHooks, PassSlot, PoolView};
+use stoker::shell::grow::SlotPool;
+use stoker::shell::pass::{FailureBudget, MakeSlot, Observe, Pass, PassHooks, PassSlot};
 use stoker::telemetry::Telemetry;
 use stoker::trace::{Args as TraceArgs, Tracer};
 use stoker::{DType, Error, Layout, Next, Result};
@@ -312,16 +312,9 @@ impl Drop for DeviceSlot {
 }
 
 struct Pool {
-    free_tx: Sender<DeviceSlot>,
-    free_rx: Receiver<DeviceSlot>,
-    slots: usize,
+    /// The device slots (grown while the consumer keeps every device batch).
+    slots: SlotPool<DeviceSlot>,
     capacities: Vec<usize>,
-    /// Batches the consumer has received and not yet dropped.
-    held: Arc<AtomicUsize>,
-    /// How the pool grows while the consumer keeps every device batch.
-    growth: Arc<Growth>,
-    /// Makes a device slot (the base ones, and grown ones).
-    make: MakeSlot<DeviceSlot>,
     /// Free buffers for detached regions.
     side: Arc<SideList>,
 }
@@ -494,7 +487,7 @@ impl<M> Drop for DeviceBatch<M> {
         let Some(mut slot) = self.slot.take() else { return };
         slot.release.record(self.views.take());
         // A grown slot is freed here: its drop waits for the consumer's queued work on it.
-        self.pool.growth.release(&self.pool.held, slot, &self.pool.free_tx);
+        self.pool.slots.release(slot);
     }
 }
 
@@ -514,7 +507,7 @@ impl std::fmt::Debug for DeviceStage {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("DeviceStage")
             .field("gpu", &self.gpu)
-            .field("slots", &self.pool.slots)
+            .field("slots", &self.pool.slots.slots())
             .field("capacities", &self.pool.capacities)
             .finish()
     }
@@ -529,7 +522,6 @@ impl DeviceStage {
             return Err(Error::config("prefetch", "the device pool needs at least one slot"));
         }
         let stream = Arc::new(Stream::new(&gpu)?);
-        let (free_tx, free_rx) = bounded(slots);
         let make: MakeSlot<DeviceSlot> = {
             let (gpu, capacities) = (gpu.clone(), capacities.clone());
             Arc::new(move || {
@@ -546,20 +538,8 @@ impl DeviceStage {
                 })
             })
         };
-        for _ in 0..slots {
-            free_tx.send(make()?).map_err(|_| Error::Internal("device pool channel full".into()))?;
-        }
-        let growth = Arc::new(Growth::new(slots, capacities.iter().sum(), memory_limit, "device batch"));
-        let pool = Arc::new(Pool {
-            free_tx,
-            free_rx,
-            slots,
-            capacities,
-            held: Arc::default(),
-            growth,
-            make,
-            side: Arc::default(),
-        });
+        let slots = SlotPool::new(slots, capacities.iter().sum(), memory_limit, "device batch", make)?;
+        let pool = Arc::new(Pool { slots, capacities, side: Arc::default() });
         Ok(DeviceStage { gpu, stream, pool, active: Active::default(), detached: vec![], tracer: None })
     }
 
@@ -586,12 +566,12 @@ impl DeviceStage {
 
     /// Device slots.
     pub fn slots(&self) -> usize {
-        self.pool.slots
+        self.pool.slots.slots()
     }
 
     /// Bytes of device memory held by the pool.
     pub fn device_bytes(&self) -> usize {
-        self.pool.slots * self.pool.capacities.iter().sum::<usize>()
+        self.pool.slots.slots() * self.pool.capacities.iter().sum::<usize>()
     }
 
     /// Stops the running transfer (if any) now: its thread is joined, undelivered slots go
@@ -610,7 +590,7 @@ impl DeviceStage {
         P: FnMut(Duration) -> Next<B> + Send + 'static,
     {
         self.stop("a newer iteration of this loader started");
-        let (run, done) = Run::new(self.pool.slots, self.pool.free_tx.clone());
+        let (run, done) = Run::new(self.pool.slots.slots(), self.pool.slots.free_tx.clone());
         let outcome = Arc::new(Mutex::new(None));
         let ctx = Transfer {
             gpu: self.gpu.clone(),
@@ -633,12 +613,7 @@ impl DeviceStage {
         })?;
         self.active.set(run.clone());
         let pool = &self.pool;
-        let view = PoolView {
-            free: pool.free_tx.clone(),
-            held: pool.held.clone(),
-            growth: pool.growth.clone(),
-            make: pool.make.clone(),
-        };
+        let view = pool.slots.view();
         let observe = Observe::new(telemetry, self.tracer.clone(), None);
         let hooks = DeviceHooks { outcome };
         Ok(DeviceIter {
@@ -689,7 +664,9 @@ impl Transfer {
 
     /// Takes a free device slot whose release points have passed; `None`: cancelled.
     fn take_slot(&self) -> Result<Option<DeviceSlot>> {
-        let Some(mut slot) = stoker::pipeline::take_free(&self.pool.free_rx, &self.cancel) else { return Ok(None) };
+        let Some(mut slot) = stoker::pipeline::take_free(&self.pool.slots.free_rx, &self.cancel) else {
+            return Ok(None);
+        };
         // Detached buffers of an undelivered batch (a run shut down early) go back.
         for (region, buf) in slot.side.drain(..) {
             self.pool.side.put(region, buf);
@@ -697,11 +674,11 @@ impl Transfer {
         match slot.release.wait(&self.cancel) {
             Ok(true) => Ok(Some(slot)),
             Ok(false) => {
-                let _ = self.pool.free_tx.send(slot);
+                self.pool.slots.give_back(slot);
                 Ok(None)
             }
             Err(e) => {
-                let _ = self.pool.free_tx.send(slot);
+                self.pool.slots.give_back(slot);
                 Err(e)
             }
         }
@@ -786,12 +763,12 @@ impl Transfer {
             match enqueued {
                 Ok(true) => {}
                 Ok(false) => {
-                    let _ = self.pool.free_tx.send(slot);
+                    self.pool.slots.give_back(slot);
                     return Ok(());
                 }
                 Err(e) => {
                     let _ = self.stream.synchronize();
-                    let _ = self.pool.free_tx.send(slot);
+                    self.pool.slots.give_back(slot);
                     return Err(e);
                 }
             }
@@ -805,7 +782,7 @@ impl Transfer {
             let sent = match done.send(slot) {
                 Ok(()) => true,
                 Err(crossbeam_channel::SendError(slot)) => {
-                    let _ = self.pool.free_tx.send(slot);
+                    self.pool.slots.give_back(slot);
                     false
                 }
             };
@@ -895,7 +872,7 @@ impl<M: Send + 'static> DeviceIter<M> {
         let meta = match slot.meta.take().map(|m| m.downcast::<M>()) {
             Some(Ok(m)) => *m,
             _ => {
-                self.pool.growth.release(&self.pool.held, slot, &self.pool.free_tx);
+                self.pool.slots.release(slot);
                 return Err(Error::Internal("a device batch without its description (please report this)".into()));
             }
         };

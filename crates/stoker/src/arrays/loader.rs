@@ -19,9 +19,9 @@ use crate::error::{Error, Result};
 use crate::pipeline::Run;
 use crate::sampler::{ElasticBase, Fingerprint, Position, Sampler, SamplerSpec, SamplerState, Start};
 use crate::shell::epochs::Epochs;
-use crate::shell::grow::Growth;
-use crate::shell::pass::{FailureBudget, MakeSlot, Next, Observe, Pass, PassHooks, PassSlot, PoolView};
-use crossbeam_channel::{bounded, Receiver, Sender};
+use crate::shell::grow::SlotPool;
+use crate::shell::pass::{FailureBudget, MakeSlot, Next, Observe, Pass, PassHooks, PassSlot};
+use crossbeam_channel::bounded;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -189,13 +189,7 @@ struct Shared {
     columns: Vec<Column>,
     sampler: Sampler,
     threads: usize,
-    free_tx: Sender<Arc<ArraySlot>>,
-    free_rx: Receiver<Arc<ArraySlot>>,
-    slots: usize,
-    held: Arc<AtomicUsize>,
-    growth: Arc<Growth>,
-    /// Makes a slot (the base ones, and grown ones).
-    make: MakeSlot<Arc<ArraySlot>>,
+    pool: SlotPool<Arc<ArraySlot>>,
 }
 
 impl PassSlot for Arc<ArraySlot> {
@@ -284,7 +278,7 @@ impl ArrayBatch {
 impl Drop for ArrayBatch {
     fn drop(&mut self) {
         if let Some(s) = self.slot.take() {
-            self.shared.growth.release(&self.shared.held, s, &self.shared.free_tx);
+            self.shared.pool.release(s);
         }
     }
 }
@@ -326,7 +320,6 @@ impl ArrayLoader {
         let bs = config.sampler.batch_size;
         let batch_bytes: usize = columns.iter().map(|c| c.row_bytes * bs).sum();
         let slots = crate::buffer::BufferPool::plan(config.prefetch + 2, batch_bytes, config.memory_limit)?;
-        let (free_tx, free_rx) = bounded(slots);
         let row_bytes: Vec<usize> = columns.iter().map(|c| c.row_bytes).collect();
         let make: MakeSlot<Arc<ArraySlot>> = Arc::new(move || {
             let bufs = row_bytes.iter().map(|r| RawBuf::new_in(r * bs, alloc.as_ref())).collect::<Result<Vec<_>>>()?;
@@ -339,24 +332,8 @@ impl ArrayLoader {
                 error: Mutex::new(None),
             }))
         });
-        for _ in 0..slots {
-            free_tx.send(make()?).expect("room");
-        }
-        let growth = Arc::new(Growth::new(slots, batch_bytes, config.memory_limit, "batch"));
-        Ok(ArrayLoader {
-            shared: Arc::new(Shared {
-                columns,
-                sampler,
-                threads,
-                free_tx,
-                free_rx,
-                slots,
-                held: Arc::default(),
-                growth,
-                make,
-            }),
-            epochs: Epochs::default(),
-        })
+        let pool = SlotPool::new(slots, batch_bytes, config.memory_limit, "batch", make)?;
+        Ok(ArrayLoader { shared: Arc::new(Shared { columns, sampler, threads, pool }), epochs: Epochs::default() })
     }
 
     /// Batches per epoch on this rank (of the current epoch: a continued elastic epoch has
@@ -377,7 +354,7 @@ impl ArrayLoader {
 
     /// Batches held by the consumer.
     pub fn held(&self) -> usize {
-        self.shared.held.load(Ordering::Acquire)
+        self.shared.pool.held()
     }
 
     /// Selects the epoch for the next iteration (see [`Epochs::set_epoch`]: changing it makes
@@ -442,13 +419,13 @@ impl ArrayLoader {
         let sh = self.shared.clone();
         let Start { first: start, order, batches: end, .. } = self.epochs.begin(&sh.sampler);
         let (task_tx, task_rx) = bounded::<(Arc<ArraySlot>, usize, usize)>(sh.threads * 4);
-        let (run, done_tx) = Run::new(sh.slots, sh.free_tx.clone());
+        let (run, done_tx) = Run::new(sh.pool.slots(), sh.pool.free_tx.clone());
         let cancel = run.cancel_flag();
         {
             let (sh, cancel, order) = (sh.clone(), cancel.clone(), order.clone());
             run.spawn("stoker-gather".into(), move || {
                 for b in start..end {
-                    let Some(slot) = crate::pipeline::take_free(&sh.free_rx, &cancel) else { return };
+                    let Some(slot) = crate::pipeline::take_free(&sh.pool.free_rx, &cancel) else { return };
                     let idx = sh.sampler.batch(&order, b);
                     {
                         let mut v = slot.indices.write().unwrap_or_else(|p| p.into_inner());
@@ -493,19 +470,14 @@ impl ArrayLoader {
                     }
                     if slot.remaining.fetch_sub(1, Ordering::AcqRel) == 1 {
                         if let Err(e) = done.send(slot) {
-                            let _ = sh.free_tx.send(e.into_inner());
+                            sh.pool.give_back(e.into_inner());
                         }
                     }
                 }
             })?;
         }
         self.epochs.started(run.clone());
-        let pool = PoolView {
-            free: sh.free_tx.clone(),
-            held: sh.held.clone(),
-            growth: sh.growth.clone(),
-            make: sh.make.clone(),
-        };
+        let pool = sh.pool.view();
         let hooks = ArrayHooks { position: self.epochs.position().clone() };
         // A failed read ends the pass with its error (arrays have no skip policy).
         let pass = Pass::new(run, pool, hooks, (start, Some(end)), FailureBudget::new(0, true), Observe::default());

@@ -14,6 +14,7 @@
 //! queues are sized for that).
 
 use crate::error::{Error, Result};
+use crate::shell::pass::{MakeSlot, PoolView};
 use crossbeam_channel::Sender;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -104,6 +105,69 @@ impl Growth {
             self.total.fetch_update(Ordering::AcqRel, Ordering::Acquire, |t| (t > self.base).then(|| t - 1)).is_ok();
         if !shrink {
             let _ = free.send(slot);
+        }
+    }
+}
+
+/// A pool of batch slots of one kind (arrays, tokens, device batches): its free queue, what
+/// the consumer holds, its growth and how a slot is made. What a loader kind keeps instead of
+/// the same six fields each.
+pub struct SlotPool<S> {
+    /// Free slots go back here...
+    pub free_tx: Sender<S>,
+    /// ... and producers take them from here.
+    pub free_rx: crossbeam_channel::Receiver<S>,
+    /// Batches the consumer holds now.
+    pub held: std::sync::Arc<AtomicUsize>,
+    growth: std::sync::Arc<Growth>,
+    make: MakeSlot<S>,
+}
+
+impl<S> SlotPool<S> {
+    /// A pool of `slots` slots made by `make` (`bytes_each` bytes each), grown within
+    /// `memory_limit` while the consumer holds every one ([`Growth`]).
+    pub fn new(
+        slots: usize,
+        bytes_each: usize,
+        memory_limit: Option<u64>,
+        what: &'static str,
+        make: MakeSlot<S>,
+    ) -> Result<Self> {
+        let (free_tx, free_rx) = crossbeam_channel::bounded(slots);
+        for _ in 0..slots {
+            free_tx.send(make()?).map_err(|_| Error::Internal("the pool's free queue is full".into()))?;
+        }
+        let growth = std::sync::Arc::new(Growth::new(slots, bytes_each, memory_limit, what));
+        Ok(SlotPool { free_tx, free_rx, held: std::sync::Arc::default(), growth, make })
+    }
+
+    /// Slots made up front.
+    pub fn slots(&self) -> usize {
+        self.growth.base()
+    }
+
+    /// Batches the consumer holds now.
+    pub fn held(&self) -> usize {
+        self.held.load(Ordering::Acquire)
+    }
+
+    /// A slot the consumer held comes back ([`Growth::release`]).
+    pub fn release(&self, slot: S) {
+        self.growth.release(&self.held, slot, &self.free_tx);
+    }
+
+    /// A slot that was not delivered goes back to the free queue.
+    pub fn give_back(&self, slot: S) {
+        let _ = self.free_tx.send(slot);
+    }
+
+    /// The pass's view of the pool.
+    pub fn view(&self) -> PoolView<S> {
+        PoolView {
+            free: self.free_tx.clone(),
+            held: self.held.clone(),
+            growth: self.growth.clone(),
+            make: self.make.clone(),
         }
     }
 }

@@ -20,9 +20,9 @@ use crate::error::{Error, Result};
 use crate::pipeline::Run;
 use crate::rng::{self, Rng};
 use crate::shell::epochs::Active;
-use crate::shell::grow::Growth;
+use crate::shell::grow::SlotPool;
 use crate::shell::ordered::{take_free, POLL};
-use crate::shell::pass::{FailureBudget, MakeSlot, Next, Observe, Pass, PassHooks, PassSlot, PoolView};
+use crate::shell::pass::{FailureBudget, MakeSlot, Next, Observe, Pass, PassHooks, PassSlot};
 use crossbeam_channel::{bounded, Receiver, RecvTimeoutError, SendTimeoutError, Sender};
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -464,13 +464,7 @@ struct Shared {
     bos: Option<u32>,
     eos: Option<u32>,
     pad: u32,
-    free_tx: Sender<Arc<TokenSlot>>,
-    free_rx: Receiver<Arc<TokenSlot>>,
-    slots: usize,
-    held: Arc<AtomicUsize>,
-    growth: Arc<Growth>,
-    /// Makes a batch slot (the base ones, and grown ones).
-    make: MakeSlot<Arc<TokenSlot>>,
+    pool: SlotPool<Arc<TokenSlot>>,
     stats: Arc<TokenStats>,
     position: Mutex<PositionInner>,
     /// The last [`rows_per_rank`] answer and what it was for (`len()` asks every epoch).
@@ -880,7 +874,6 @@ impl TokenLoader {
         let cu_values = values + bs + 1;
         let batch_bytes = (3 * values + cu_values) * 4;
         let slots = crate::buffer::BufferPool::plan(config.prefetch + 2, batch_bytes, config.memory_limit)?;
-        let (free_tx, free_rx) = bounded(slots);
         let make: MakeSlot<Arc<TokenSlot>> = Arc::new(move || {
             let a = alloc.as_ref();
             Ok(Arc::new(TokenSlot {
@@ -894,10 +887,7 @@ impl TokenLoader {
                 after: Mutex::new((Resume::default(), Vec::new())),
             }))
         });
-        for _ in 0..slots {
-            free_tx.send(make()?).expect("room");
-        }
-        let growth = Arc::new(Growth::new(slots, batch_bytes, config.memory_limit, "batch"));
+        let pool = SlotPool::new(slots, batch_bytes, config.memory_limit, "batch", make)?;
         let pad = config.pad_id.or(eos).unwrap_or(0);
         let tracer = config
             .trace
@@ -913,12 +903,7 @@ impl TokenLoader {
                 bos,
                 eos,
                 pad,
-                free_tx,
-                free_rx,
-                slots,
-                held: Arc::default(),
-                growth,
-                make,
+                pool,
                 stats: Arc::default(),
                 position: Mutex::default(),
                 rows_memo: Mutex::default(),
@@ -1010,7 +995,7 @@ impl TokenLoader {
 
     /// Batches held by the consumer.
     pub fn held(&self) -> usize {
-        self.shared.held.load(Ordering::Acquire)
+        self.shared.pool.held()
     }
 
     /// The counters (documents, tokens, padding, time per stage).
@@ -1321,7 +1306,7 @@ impl TokenLoader {
             }
         };
         let sh = self.shared.clone();
-        let (run, done_tx) = Run::new(sh.slots, sh.free_tx.clone());
+        let (run, done_tx) = Run::new(sh.pool.slots(), sh.pool.free_tx.clone());
         let cancel = run.cancel_flag();
         let credits = sh.threads * 4 + 4;
         let (credit_tx, credit_rx) = bounded::<()>(credits);
@@ -1343,12 +1328,7 @@ impl TokenLoader {
             })?;
         }
         self.active.set(run.clone());
-        let pool = PoolView {
-            free: sh.free_tx.clone(),
-            held: sh.held.clone(),
-            growth: sh.growth.clone(),
-            make: sh.make.clone(),
-        };
+        let pool = sh.pool.view();
         let budget = FailureBudget::new(sh.config.max_failures, sh.config.raise);
         let pass = Pass::new(run, pool, TokenHooks, (first_batch as usize, None), budget, Observe::default());
         Ok(TokenIter { shared: sh, pass })
@@ -1759,7 +1739,7 @@ fn pack_batches(
     let mut segments: Vec<u32> = Vec::with_capacity(len + 1);
     let mut batch = first_batch as usize;
     loop {
-        let Some(slot) = take_free(&sh.free_rx, cancel) else { return };
+        let Some(slot) = take_free(&sh.pool.free_rx, cancel) else { return };
         let t0 = Instant::now();
         let mut rows = 0;
         let mut cu_len = 1;
@@ -1811,7 +1791,7 @@ fn pack_batches(
             }
         }
         if cancel.load(Ordering::Acquire) {
-            let _ = sh.free_tx.send(slot);
+            sh.pool.give_back(slot);
             return;
         }
         let keep = rows > 0 && !(ended && rows < bs && cfg.drop_last);
@@ -1821,7 +1801,7 @@ fn pack_batches(
             }
             let left = std::mem::take(&mut *failures.lock().unwrap_or_else(|p| p.into_inner()));
             if left.is_empty() {
-                let _ = sh.free_tx.send(slot);
+                sh.pool.give_back(slot);
                 return;
             }
             // Failed documents after the last row still count against the failure budget (and
@@ -1831,7 +1811,7 @@ fn pack_batches(
             slot.cu_len.store(1, Ordering::Release);
             slot.after.lock().unwrap_or_else(|p| p.into_inner()).1 = left;
             if !send(done, slot.clone(), cancel) {
-                let _ = sh.free_tx.send(slot);
+                sh.pool.give_back(slot);
             }
             return;
         }
@@ -1855,7 +1835,7 @@ fn pack_batches(
         sh.stats.pack_ns.fetch_add((t0.elapsed().as_nanos() as u64).saturating_sub(idle), Ordering::Relaxed);
         sh.span("pack", t0, &[("batch", batch as f64), ("rows", rows as f64), ("waited_s", idle as f64 / 1e9)]);
         if !send(done, slot.clone(), cancel) {
-            let _ = sh.free_tx.send(slot);
+            sh.pool.give_back(slot);
             return;
         }
         batch += 1;
@@ -1946,7 +1926,7 @@ impl TokenBatch {
 impl Drop for TokenBatch {
     fn drop(&mut self) {
         if let Some(s) = self.slot.take() {
-            self.shared.growth.release(&self.shared.held, s, &self.shared.free_tx);
+            self.shared.pool.release(s);
         }
     }
 }
