@@ -48,8 +48,8 @@ pub fn is_text(root: &str, t: &TextOpts) -> bool {
     }
     let cfg = stoker::tokens::TokenConfig::new(1, 1);
     !root.ends_with(".tar")
-        && stoker::tokens::loader::expand_paths(&[root.to_string()])
-            .map(|ps| ps.iter().all(|p| stoker::tokens::loader::format_of(p, &cfg).is_ok()))
+        && stoker::tokens::expand_paths(&[root.to_string()])
+            .map(|ps| ps.iter().all(|p| stoker::tokens::format_of(p, &cfg).is_ok()))
             .unwrap_or(false)
 }
 
@@ -73,7 +73,7 @@ pub fn bench(root: &str, o: &BenchOpts, t: &TextOpts) -> Result<()> {
     let epochs = o.epochs()?;
     let step = o.consumer_step()?;
     let tokenizer = tok.map(|p| stoker::tokens::TextTokenizer::from_file(&p)).transpose()?;
-    let paths = stoker::tokens::loader::expand_paths(&[root.to_string()])?;
+    let paths = stoker::tokens::expand_paths(&[root.to_string()])?;
     let loader = stoker::tokens::TokenLoader::new(&paths, tokenizer, config)?;
     let bar = progress(0, o.json, "{spinner} {pos} batches {per_sec}");
     let (cpu0, t0) = (cpu_seconds(), Instant::now());

@@ -51,7 +51,7 @@ pub fn run(a: &TokenizeArgs) -> Result<()> {
     ]);
     let (config, tok) = stoker::args::token_config(args)?;
     let tokenizer = stoker::tokens::TextTokenizer::from_file(&tok.expect("--tokenizer is required"))?;
-    let paths = stoker::tokens::loader::expand_paths(data)?;
+    let paths = stoker::tokens::expand_paths(data)?;
     let loader = stoker::tokens::TokenLoader::new(&paths, Some(tokenizer), config)?;
     let t0 = Instant::now();
     let meta = stoker::tokens::cache::write(&loader, &paths, &out, |docs, tokens| {

@@ -51,7 +51,7 @@ impl PyTokenLoader {
                         (None, Some(p)) => Some(TextTokenizer::from_file(&p)?),
                         (None, None) => None,
                     };
-                    target.token_loader(&stoker::tokens::loader::expand_paths(&paths)?, tokenizer, config)
+                    target.token_loader(&stoker::tokens::expand_paths(&paths)?, tokenizer, config)
                 })
                 .py_err()?;
             Ok(PyTokenLoader { loader: on.loader, stage: on.stage, device_report: on.device })

@@ -501,7 +501,7 @@ fn parquet_text_columns_read_by_row_group() {
 #[test]
 fn the_bottleneck_names_the_stage_that_limits_the_rate() {
     use std::sync::atomic::Ordering::Relaxed;
-    let s = stoker::tokens::loader::TokenStats::default();
+    let s = stoker::tokens::TokenStats::default();
     let ns = |x: f64| (x * 1e9) as u64;
     // The consumer hardly waited: the training step limits the rate.
     s.wait_ns.store(ns(0.5), Relaxed);

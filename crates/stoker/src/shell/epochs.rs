@@ -40,16 +40,36 @@ impl Active {
     }
 }
 
+/// A kind's position: where its iterations start and stand. The sampler's [`Position`]
+/// (images, arrays) and the token loader's document position are two; [`Epochs`] holds one
+/// and applies the rules every kind shares.
+pub trait Positioned: Default + Send + Sync + 'static {
+    /// Selects `epoch`; returns whether it changed (which forgets a restored position).
+    fn set_epoch(&self, epoch: u64) -> bool;
+    /// Whether a restored state waits for the next iteration.
+    fn resume_pending(&self) -> bool;
+}
+
+impl Positioned for Position {
+    fn set_epoch(&self, epoch: u64) -> bool {
+        Position::set_epoch(self, epoch)
+    }
+
+    fn resume_pending(&self) -> bool {
+        Position::resume_pending(self)
+    }
+}
+
 /// Epoch, position and the running iteration of one loader.
 #[derive(Default)]
-pub struct Epochs {
-    position: Arc<Position>,
+pub struct Epochs<P: Positioned = Position> {
+    position: Arc<P>,
     active: Active,
 }
 
-impl Epochs {
+impl<P: Positioned> Epochs<P> {
     /// The position the iterations of this loader advance.
-    pub fn position(&self) -> &Arc<Position> {
+    pub fn position(&self) -> &Arc<P> {
         &self.position
     }
 
@@ -62,6 +82,38 @@ impl Epochs {
         }
     }
 
+    /// Whether a state was loaded and no iteration has started from it yet.
+    pub fn resume_pending(&self) -> bool {
+        self.position.resume_pending()
+    }
+
+    /// A state was restored into the position: a running iteration becomes stale.
+    pub fn restored(&self) {
+        self.active.retire("load_state_dict was called after this iterator started");
+    }
+
+    /// Stops the running iteration (it becomes stale, its buffers return to the pool) before
+    /// something else takes the loader's threads (`why` names it).
+    pub fn retire(&self, why: &str) {
+        self.active.retire(why);
+    }
+
+    /// Stops the running iteration before a new one starts; the new one asks the position
+    /// where it starts.
+    pub fn begin_pass(&self) -> &P {
+        self.active.retire("a newer iteration of this loader was started");
+        &self.position
+    }
+
+    /// Records `it` as the running iteration (the next [`Epochs::begin_pass`] retires it).
+    pub fn started(&self, it: Arc<dyn Retire>) {
+        self.active.set(it);
+    }
+}
+
+/// The sampler's kinds (images, arrays): state, elastic bases and batch counts through the
+/// sampler.
+impl Epochs<Position> {
     /// The resumable state: where the next iteration would start.
     pub fn state(&self, sampler: &Sampler) -> SamplerState {
         self.position.state(sampler.spec().seed)
@@ -82,7 +134,7 @@ impl Epochs {
     /// [`Sampler::elastic_order`]).
     pub fn load_state(&self, st: SamplerState, elastic: Option<ElasticBase>, sampler: &Sampler) -> Result<()> {
         self.position.restore(st, elastic, sampler)?;
-        self.active.retire("load_state_dict was called after this iterator started");
+        self.restored();
         Ok(())
     }
 
@@ -100,20 +152,9 @@ impl Epochs {
         Ok(())
     }
 
-    /// Whether a state was loaded and no iteration has started from it yet.
-    pub fn resume_pending(&self) -> bool {
-        self.position.resume_pending()
-    }
-
     /// Stops the running iteration (it becomes stale, its buffers return to the pool) and
     /// says where the next one starts: the epoch, its order on this rank and the first batch.
     pub fn begin(&self, sampler: &Sampler) -> Start {
-        self.active.retire("a newer iteration of this loader was started");
-        self.position.start(sampler)
-    }
-
-    /// Records `it` as the running iteration (the next [`Epochs::begin`] retires it).
-    pub fn started(&self, it: Arc<dyn Retire>) {
-        self.active.set(it);
+        self.begin_pass().start(sampler)
     }
 }

@@ -21,7 +21,7 @@
 //!   [`Wait::Cancelled`] instead of reporting threads that stopped early.
 
 use crate::error::{Error, Result};
-use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
+use crossbeam_channel::{Receiver, RecvTimeoutError, SendTimeoutError, Sender};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -53,9 +53,10 @@ pub fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
     }
 }
 
-/// Takes a free slot from a pool's `free` queue, waiting in [`POLL`] steps so that `cancel`
-/// is seen; `None` when the run was cancelled or the pool is gone. The one free-slot wait of
-/// every producer (image dispatcher, array gatherer, CUDA transfer stage).
+/// Takes a free slot from a pool's `free` queue (or the next item of any queue between a run's
+/// threads), waiting in [`POLL`] steps so that `cancel` is seen; `None` when the run was
+/// cancelled or the queue is closed. The one free-slot wait of every producer (image
+/// dispatcher, array gatherer, token packer, CUDA transfer stage).
 pub fn take_free<S>(free: &Receiver<S>, cancel: &AtomicBool) -> Option<S> {
     loop {
         if cancel.load(Ordering::Acquire) {
@@ -65,6 +66,22 @@ pub fn take_free<S>(free: &Receiver<S>, cancel: &AtomicBool) -> Option<S> {
             Ok(s) => return Some(s),
             Err(RecvTimeoutError::Timeout) => continue,
             Err(RecvTimeoutError::Disconnected) => return None,
+        }
+    }
+}
+
+/// Sends `v` on a queue between a run's threads, waiting in [`POLL`] steps so that `cancel` is
+/// seen; false when the run was cancelled or the queue is closed (the counterpart of
+/// [`take_free`]).
+pub fn send_or_cancel<T>(tx: &Sender<T>, mut v: T, cancel: &AtomicBool) -> bool {
+    loop {
+        if cancel.load(Ordering::Acquire) {
+            return false;
+        }
+        match tx.send_timeout(v, POLL) {
+            Ok(()) => return true,
+            Err(SendTimeoutError::Timeout(back)) => v = back,
+            Err(SendTimeoutError::Disconnected(_)) => return false,
         }
     }
 }

@@ -14,7 +14,7 @@
 //! given with it against the hash, so a cache never silently serves another tokenizer's ids.
 
 use super::docs::{DocEntry, DocFile};
-use super::loader::TokenLoader;
+use super::pipeline::TokenLoader;
 use crate::error::{Error, Result};
 use std::io::Write;
 use std::path::{Path, PathBuf};

@@ -13,7 +13,8 @@
 //! - [`cache`]: the token cache folder (`stoker tokenize`): tokens, index, description.
 //! - [`autocache`]: the automatic token cache (`cache="ram"` or a directory): each document
 //!   tokenized once, its tokens shared by later epochs and other processes within a byte budget.
-//! - [`loader`]: [`TokenLoader`]: order, rank sharding, threads, pooled batches, state.
+//! - [`pipeline`]: [`TokenLoader`]: order, rank sharding, threads, pooled batches, state (one
+//!   file per job, as the image pipeline).
 //!
 //! Owns: text formats, tokenization, packing. May not touch: the shell's iteration rules
 //! (delivery, failure budget, stale iterators), which it uses through [`crate::shell::pass`].
@@ -23,14 +24,14 @@ pub mod bpe;
 pub mod cache;
 pub mod docs;
 pub mod index;
-pub mod loader;
 pub mod pack;
+pub mod pipeline;
 mod pretok;
 mod pretok_tables;
 pub mod tokenizer;
 
-pub use loader::{
-    Bottleneck, Elastic, PackMode, TokenBatch, TokenConfig, TokenFingerprint, TokenIter, TokenLoader, TokenState,
-    TokenStats,
+pub use pipeline::{
+    expand_paths, format_of, Bottleneck, Elastic, PackMode, TokenBatch, TokenConfig, TokenFingerprint, TokenIter,
+    TokenLoader, TokenState, TokenStats,
 };
 pub use tokenizer::TextTokenizer;

@@ -1,0 +1,82 @@
+//! [`TokenBatch`]: the delivered view of a pooled slot, returned to the pool on drop.
+
+use super::shared::Shared;
+use super::slot::TokenSlot;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+/// One batch: `rows` rows of `seq_len` tokens in a pooled slot, returned to the pool on drop.
+pub struct TokenBatch {
+    pub(super) slot: Option<Arc<TokenSlot>>,
+    pub(super) shared: Arc<Shared>,
+}
+
+impl TokenBatch {
+    pub(super) fn slot(&self) -> &TokenSlot {
+        self.slot.as_ref().expect("live")
+    }
+
+    /// Rows in this batch.
+    pub fn rows(&self) -> usize {
+        self.slot().rows.load(Ordering::Acquire)
+    }
+
+    /// Tokens per row.
+    pub fn seq_len(&self) -> usize {
+        self.shared.config.seq_len
+    }
+
+    /// Batch number (since the epoch's start).
+    pub fn index(&self) -> usize {
+        self.slot().batch.load(Ordering::Relaxed)
+    }
+
+    pub(super) fn values(&self) -> usize {
+        self.rows() * self.seq_len()
+    }
+
+    /// `input_ids`, `rows x seq_len`.
+    pub fn input_ids(&self) -> &[i32] {
+        // SAFETY: a delivered batch is complete: nobody writes it until it returns to the pool.
+        unsafe { TokenSlot::ints(&self.slot().input, self.values()) }
+    }
+
+    /// `labels`: the next token in the document, `-100` where there is none.
+    pub fn labels(&self) -> &[i32] {
+        // SAFETY: as above.
+        unsafe { TokenSlot::ints(&self.slot().labels, self.values()) }
+    }
+
+    /// `position_ids`, restarting at each segment.
+    pub fn position_ids(&self) -> &[i32] {
+        // SAFETY: as above.
+        unsafe { TokenSlot::ints(&self.slot().positions, self.values()) }
+    }
+
+    /// `cu_seqlens` over the flattened batch: 0, then the end of each segment.
+    pub fn cu_seqlens(&self) -> &[i32] {
+        let n = self.slot().cu_len.load(Ordering::Acquire);
+        // SAFETY: as above.
+        unsafe { TokenSlot::ints(&self.slot().cu, n) }
+    }
+
+    /// The longest segment (FlashAttention's `max_seqlen`).
+    pub fn max_seqlen(&self) -> usize {
+        self.cu_seqlens().windows(2).map(|w| (w[1] - w[0]) as usize).max().unwrap_or(0)
+    }
+
+    /// The four arrays as `(address, bytes)`: `input_ids`, `labels`, `position_ids`,
+    /// `cu_seqlens` (what a transfer to a GPU copies).
+    pub fn regions(&self) -> [(*const u8, usize); 4] {
+        let r = |s: &[i32]| (s.as_ptr().cast::<u8>(), std::mem::size_of_val(s));
+        [r(self.input_ids()), r(self.labels()), r(self.position_ids()), r(self.cu_seqlens())]
+    }
+}
+
+impl Drop for TokenBatch {
+    fn drop(&mut self) {
+        if let Some(s) = self.slot.take() {
+            self.shared.pool.release(s);
+        }
+    }
+}

@@ -1,0 +1,432 @@
+//! [`TokenLoader`]: construction (formats, tokenizer, special ids, pool, tuner), what a
+//! loader answers (counts, config, report), epochs and state, and the start of a pass.
+
+use super::batcher::pack_batches;
+use super::config::{format_of, PackMode, TokenConfig};
+use super::iter::{TokenHooks, TokenIter};
+use super::order::RowsMemo;
+use super::shared::Shared;
+use super::slot::TokenSlot;
+use super::state::{TokenFingerprint, TokenPosition, TokenState};
+use super::stats::TokenStats;
+use super::tokenize::{spawn_tokenizing, Tokenized};
+use crate::error::{Error, Result};
+use crate::shell::buffer::{HeapAllocator, RawBuf};
+use crate::shell::epochs::Epochs;
+use crate::shell::grow::SlotPool;
+use crate::shell::ordered::{take_free, Run};
+use crate::shell::pass::{FailureBudget, MakeSlot, Observe, Pass};
+use crate::tokens::docs::{DocSource, Format};
+use crate::tokens::pack::{Doc, Resume};
+use crate::tokens::tokenizer::TextTokenizer;
+use crossbeam_channel::bounded;
+use std::collections::BTreeMap;
+use std::sync::atomic::AtomicUsize;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+/// Batches of packed token rows from text or token files.
+pub struct TokenLoader {
+    pub(super) shared: Arc<Shared>,
+    pub(super) epochs: Epochs<TokenPosition>,
+}
+
+impl std::fmt::Debug for TokenLoader {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TokenLoader").field("documents", &self.shared.source.len()).finish()
+    }
+}
+
+/// Batches over which `threads="auto"` settles (a text epoch's batch count is known only once
+/// it is tokenized); the setting then holds.
+pub(super) const TUNE_BATCHES: usize = 512;
+
+impl TokenLoader {
+    /// Opens the documents of `paths` (text needs `tokenizer`; token files need none) and
+    /// allocates the pool.
+    pub fn new(paths: &[std::path::PathBuf], tokenizer: Option<TextTokenizer>, config: TokenConfig) -> Result<Self> {
+        Self::new_in(paths, tokenizer, config, Arc::new(HeapAllocator))
+    }
+
+    /// As [`TokenLoader::new`], its batch buffers from `alloc` (page-locked memory when batches
+    /// go on to a GPU).
+    pub fn new_in(
+        paths: &[std::path::PathBuf],
+        tokenizer: Option<TextTokenizer>,
+        config: TokenConfig,
+        alloc: Arc<dyn crate::buffer::HostAllocator>,
+    ) -> Result<Self> {
+        let formats = paths.iter().map(|p| format_of(p, &config)).collect::<Result<Vec<_>>>()?;
+        let format = *formats.first().ok_or_else(|| Error::config("data", "no files given"))?;
+        // Text formats mix (JSON Lines beside text files and tar shards); token files and
+        // caches are read as they are, one kind per loader.
+        let tokens = |f: &Format| matches!(f, Format::Tokens(_) | Format::Cache(_));
+        if let Some(k) = formats.iter().position(|f| {
+            (tokens(f) || tokens(&format)) && std::mem::discriminant(f) != std::mem::discriminant(&format)
+        }) {
+            return Err(Error::config(
+                "data",
+                format!(
+                    "mixes formats: {} is {:?}, {} is {:?}: token files and token caches are one kind per loader",
+                    paths[0].display(),
+                    format,
+                    paths[k].display(),
+                    formats[k]
+                ),
+            ));
+        }
+        let text = !matches!(format, Format::Tokens(_) | Format::Cache(_));
+        let cache = match format {
+            Format::Cache(_) => Some(crate::tokens::cache::read_meta(&paths[0])?),
+            _ => None,
+        };
+        if let Some(m) = &cache {
+            for p in &paths[1..] {
+                let other = crate::tokens::cache::read_meta(p)?;
+                if other.tokenizer_hash != m.tokenizer_hash {
+                    return Err(Error::config(
+                        "data",
+                        format!("{}: a cache of another tokenizer than {}", p.display(), paths[0].display()),
+                    ));
+                }
+            }
+        }
+        let tokenizer = match (text, tokenizer, &cache) {
+            (true, None, _) => return Err(Error::config("tokenizer", "text needs a tokenizer (a tokenizer.json)")),
+            (false, Some(t), Some(m)) => {
+                let h = format!("{:016x}", t.hash);
+                if h != m.tokenizer_hash {
+                    return Err(Error::config(
+                        "tokenizer",
+                        format!(
+                            "{}: the token cache {} was made with another tokenizer ({}, hash {}); this one's hash is {h}",
+                            t.origin.display(),
+                            paths[0].display(),
+                            m.tokenizer.display(),
+                            m.tokenizer_hash
+                        ),
+                    ));
+                }
+                Some(t)
+            }
+            (false, Some(_), None) => {
+                return Err(Error::config("tokenizer", "token files are already tokenized: give no tokenizer"))
+            }
+            (_, t, _) => t,
+        };
+        let (bos, eos) = match (&tokenizer, &cache) {
+            (Some(t), _) => (
+                t.bos(config.bos_token.as_deref())?,
+                match config.eos_id {
+                    Some(id) => Some(id),
+                    None => t.eos(config.eos_token.as_deref())?,
+                },
+            ),
+            (None, Some(m)) => (m.bos_id, config.eos_id.or(m.eos_id)),
+            (None, None) => (None, config.eos_id),
+        };
+        let text = text || cache.is_some(); // BOS/EOS are added as for text
+        if config.add_eos && eos.is_none() && text {
+            return Err(Error::config("eos_token", "the tokenizer has no known EOS token: name it, or add_eos=False"));
+        }
+        if config.add_bos && bos.is_none() {
+            return Err(Error::config("bos_token", "the tokenizer has no known BOS token: name it, or add_bos=False"));
+        }
+        let source = DocSource::open(paths, &formats, if text { None } else { eos }, config.index_dir.as_deref())?;
+        let autocache = match (&config.cache, &tokenizer) {
+            (None, _) => None,
+            (Some(spec), Some(t)) if text && cache.is_none() => {
+                Some(crate::tokens::autocache::TokenCache::open(spec, &source, t.hash, &config.text_key, t.id_width())?)
+            }
+            (Some(_), _) => {
+                return Err(Error::config(
+                    "cache",
+                    "token files and token cache folders are already tokens: a token cache is for text",
+                ))
+            }
+        };
+        let cpu_budget = config.cpu_budget.unwrap_or_else(crate::cpu::default_budget);
+        let threads = match config.threads {
+            Some(0) => return Err(Error::config("threads", "must be at least 1 (or auto)")),
+            Some(n) => n,
+            None => (cpu_budget + 1e-9).floor().max(1.0) as usize,
+        };
+        let tuner = crate::tune::Tuner::new(
+            crate::tune::TuneSpec {
+                auto_threads: config.threads.is_none(),
+                threads_max: threads,
+                auto_prefetch: false,
+                prefetch_max: config.prefetch,
+                prefetch: config.prefetch,
+                cpu_budget: if config.threads.is_some() { threads as f64 } else { cpu_budget },
+                epoch_batches: TUNE_BATCHES,
+            },
+            crate::args::budget_registry(),
+        );
+        let (bs, len) = (config.batch_size, config.seq_len);
+        let values = bs.checked_mul(len).filter(|v| *v <= (i32::MAX as usize)).ok_or_else(|| {
+            Error::config("seq_len", format!("batch_size x seq_len = {bs} x {len} tokens: at most 2^31 a batch"))
+        })?;
+        let cu_values = values + bs + 1;
+        let batch_bytes = (3 * values + cu_values) * 4;
+        let slots = crate::buffer::BufferPool::plan(config.prefetch + 2, batch_bytes, config.memory_limit)?;
+        let make: MakeSlot<Arc<TokenSlot>> = Arc::new(move || {
+            let a = alloc.as_ref();
+            Ok(Arc::new(TokenSlot {
+                batch: AtomicUsize::new(0),
+                rows: AtomicUsize::new(0),
+                input: RawBuf::new_in(values * 4, a)?,
+                labels: RawBuf::new_in(values * 4, a)?,
+                positions: RawBuf::new_in(values * 4, a)?,
+                cu: RawBuf::new_in(cu_values * 4, a)?,
+                cu_len: AtomicUsize::new(0),
+                after: Mutex::new((Resume::default(), Vec::new())),
+            }))
+        });
+        let pool = SlotPool::new(slots, batch_bytes, config.memory_limit, "batch", make)?;
+        let pad = config.pad_id.or(eos).unwrap_or(0);
+        let tracer = config
+            .trace
+            .as_ref()
+            .map(|t| t.check().map(|()| Arc::new(crate::trace::Tracer::from_spec(t))))
+            .transpose()?;
+        Ok(TokenLoader {
+            shared: Arc::new(Shared {
+                source,
+                tokenizer,
+                config,
+                threads,
+                bos,
+                eos,
+                pad,
+                pool,
+                stats: Arc::default(),
+                rows: RowsMemo::default(),
+                tracer,
+                autocache,
+                tuner,
+            }),
+            epochs: Epochs::default(),
+        })
+    }
+
+    /// Bytes of each array of a batch at most, in the order of [`TokenBatch::regions`]:
+    /// `input_ids`, `labels`, `position_ids` (`batch_size x seq_len` int32 each), `cu_seqlens`.
+    pub fn region_capacities(&self) -> Vec<usize> {
+        let (bs, len) = (self.shared.config.batch_size, self.shared.config.seq_len);
+        let values = bs * len;
+        vec![values * 4, values * 4, values * 4, (values + bs + 1) * 4]
+    }
+
+    /// The counters ([`TokenStats::to_json`]) with the `tokenizer` (its file, the `engine` that
+    /// runs it: stoker's byte-level BPE or `tokenizers`, and why), `wall_seconds` (since the
+    /// first iteration started) and the `bottleneck` over that time (absent before any
+    /// iteration).
+    pub fn report(&self) -> serde_json::Value {
+        let stats = self.stats();
+        let mut v = stats.to_json();
+        if let Some(t) = self.tokenizer() {
+            let (engine, why) = t.engine();
+            v["tokenizer"] = serde_json::json!({"path": t.origin, "engine": engine, "why": why});
+        }
+        if let Some(c) = &self.shared.autocache {
+            v["cache"] = serde_json::to_value(c.report()).unwrap_or_default();
+        }
+        v["tuning"] = serde_json::to_value(self.shared.tuner.report()).unwrap_or_default();
+        if let Some(t) = stats.started.get() {
+            let wall = t.elapsed().as_secs_f64();
+            v["wall_seconds"] = serde_json::json!(wall);
+            let threads = self.shared.tuner.threads_active();
+            v["bottleneck"] =
+                serde_json::to_value(stats.bottleneck(wall, threads, self.tokenizer().is_some())).unwrap_or_default();
+        }
+        v
+    }
+
+    /// The `trace=` file, when tracing is on.
+    pub fn trace_path(&self) -> Option<&std::path::Path> {
+        self.shared.tracer.as_ref().and_then(|t| t.path())
+    }
+
+    /// Writes the events recorded so far to `path` now (atomically); tracing must be on.
+    pub fn write_trace(&self, path: &std::path::Path) -> Result<()> {
+        self.shared.write_trace_to(path)
+    }
+
+    /// Documents in the source (all ranks).
+    pub fn documents(&self) -> u64 {
+        self.shared.source.len()
+    }
+
+    /// Batches per epoch on this rank (the current epoch), when known before tokenizing:
+    /// token files, where every rank has the same count. `None` for text and `infinite`.
+    pub fn batches_per_epoch(&self) -> Option<usize> {
+        let (sh, p) = (&self.shared, self.epochs.position());
+        let rows = sh.rows.rows_per_rank(&sh.source, &sh.config, p.epoch(), p.elastic().as_ref())? as usize;
+        let bs = self.shared.config.batch_size;
+        Some(if self.shared.config.drop_last { rows / bs } else { rows.div_ceil(bs) })
+    }
+
+    /// Tokenizer threads.
+    pub fn threads(&self) -> usize {
+        self.shared.threads
+    }
+
+    /// The tokenizer (text and caches made with one given).
+    pub fn tokenizer(&self) -> Option<&TextTokenizer> {
+        self.shared.tokenizer.as_ref()
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &TokenConfig {
+        &self.shared.config
+    }
+
+    /// `(bos, eos, pad)` ids.
+    pub fn special_ids(&self) -> (Option<u32>, Option<u32>, u32) {
+        (self.shared.bos, self.shared.eos, self.shared.pad)
+    }
+
+    /// Batches held by the consumer.
+    pub fn held(&self) -> usize {
+        self.shared.pool.held()
+    }
+
+    /// The counters (documents, tokens, padding, time per stage).
+    pub fn stats(&self) -> &TokenStats {
+        &self.shared.stats
+    }
+
+    /// Selects the epoch; changing it restarts at its first batch (a running iteration
+    /// becomes stale).
+    pub fn set_epoch(&self, epoch: u64) {
+        self.epochs.set_epoch(epoch);
+    }
+
+    /// The resumable state.
+    pub fn state(&self) -> TokenState {
+        self.epochs.position().state(self.shared.config.seed)
+    }
+
+    /// What a saved state is valid for.
+    pub fn fingerprint(&self) -> TokenFingerprint {
+        let (sh, c) = (&self.shared, &self.shared.config);
+        let order = match (c.shuffle, sh.source.random_access()) {
+            (false, _) => "none".to_string(),
+            (true, true) => "global".to_string(),
+            (true, false) => format!("window:{}", c.shuffle_window),
+        };
+        TokenFingerprint {
+            documents: sh.source.len(),
+            data_hash: format!("{:016x}", sh.source.hash()),
+            tokenizer_hash: sh.tokenizer.as_ref().map_or("none".into(), |t| format!("{:016x}", t.hash)),
+            batch_size: c.batch_size,
+            seq_len: c.seq_len,
+            pack: match c.pack {
+                PackMode::Concat => "concat".into(),
+                PackMode::BestFit => format!("best_fit:{}", c.pack_window),
+            },
+            order,
+            special: format!("bos={:?}:{} eos={:?}:{} pad={}", sh.bos, c.add_bos, sh.eos, c.add_eos, sh.pad),
+            world_size: c.world_size,
+            rank: c.rank,
+        }
+    }
+
+    /// Restores a state (checked by [`crate::args::token_state`]): the next iteration resumes
+    /// there; a running one becomes stale.
+    pub fn load_state(&self, st: TokenState) -> Result<()> {
+        self.epochs.position().restore(st, self.shared.config.seed)?;
+        self.epochs.restored();
+        Ok(())
+    }
+
+    /// Reads and tokenizes every document of this rank's order of the current epoch on the
+    /// loader's threads and hands each to `sink` in order, with its error if it failed (then
+    /// it is empty): what `stoker tokenize` writes. Memory stays bounded (a credit per chunk in
+    /// flight); an error from `sink` stops every thread and is returned.
+    pub fn for_each_document(&self, mut sink: impl FnMut(Doc, Option<Error>) -> Result<()>) -> Result<()> {
+        self.epochs.retire("for_each_document was started");
+        let sh = self.shared.clone();
+        let epoch = self.epochs.position().epoch();
+        let (free_tx, _free_rx) = bounded::<()>(1);
+        let (run, _done) = Run::new(1, free_tx);
+        let credits = sh.threads * 4 + 4;
+        let (credit_tx, credit_rx) = bounded::<()>(credits);
+        for _ in 0..credits {
+            credit_tx.send(()).expect("room");
+        }
+        let results = spawn_tokenizing(&run, &sh, (Resume { epoch, cursor: 0, offset: 0 }, None), credit_rx)?;
+        let mut early: BTreeMap<u64, Tokenized> = BTreeMap::new();
+        let mut next = 0u64;
+        let cancel = run.cancel_flag();
+        let outcome = loop {
+            if let Some(chunk) = early.remove(&next) {
+                next += 1;
+                let _ = credit_tx.try_send(());
+                if let Some(e) = chunk.into_iter().try_for_each(|(d, e)| sink(d, e)).err() {
+                    break Err(e);
+                }
+                continue;
+            }
+            match take_free(&results, &cancel) {
+                Some((seq, c)) => {
+                    early.insert(seq, c);
+                }
+                None => break run.death_error().map_or(Ok(()), Err),
+            }
+        };
+        run.shutdown();
+        outcome
+    }
+
+    /// Whether a loaded state waits for the next iteration.
+    pub fn resume_pending(&self) -> bool {
+        self.epochs.resume_pending()
+    }
+
+    /// Starts an iteration: the current epoch from its first batch, or a restored position.
+    pub fn iter(&self) -> Result<TokenIter> {
+        let (from, first_batch, elastic) = self.epochs.begin_pass().start();
+        self.shared.stats.started.get_or_init(Instant::now);
+        let sh = self.shared.clone();
+        let (run, done_tx) = Run::new(sh.pool.slots(), sh.pool.free_tx.clone());
+        let cancel = run.cancel_flag();
+        let credits = sh.threads * 4 + 4;
+        let (credit_tx, credit_rx) = bounded::<()>(credits);
+        for _ in 0..credits {
+            credit_tx.send(()).expect("room");
+        }
+        let res_rx = spawn_tokenizing(&run, &sh, (from, elastic.clone()), credit_rx)?;
+        {
+            let (sh, cancel, run2) = (sh.clone(), cancel.clone(), Arc::downgrade(&run));
+            // Token files: every rank stops at the same row count (the rows before a resume
+            // point are whole batches).
+            let limit = sh
+                .rows
+                .rows_per_rank(&sh.source, &sh.config, from.epoch, elastic.as_ref())
+                .map(|rows| rows.saturating_sub(first_batch * sh.config.batch_size as u64));
+            run.spawn("stoker-pack".into(), move || {
+                pack_batches(&sh, (from, first_batch, limit), &res_rx, &credit_tx, &done_tx, &cancel);
+                if let Some(r) = run2.upgrade() {
+                    r.finish();
+                }
+            })?;
+        }
+        self.epochs.started(run.clone());
+        let pool = sh.pool.view();
+        let budget = FailureBudget::new(sh.config.max_failures, sh.config.raise);
+        let pass = Pass::new(run, pool, TokenHooks, (first_batch as usize, None), budget, Observe::default());
+        Ok(TokenIter { shared: sh, position: self.epochs.position().clone(), pass })
+    }
+}
+
+impl Drop for TokenLoader {
+    /// Writes the trace, when there is one with events not yet in its file (a failure goes to
+    /// stderr: a drop has no caller to return it to).
+    fn drop(&mut self) {
+        if let Err(e) = self.shared.write_trace() {
+            eprintln!("stoker: {e}");
+        }
+    }
+}

@@ -1,0 +1,44 @@
+//! [`TokenLoader`]: documents read, tokenized on stoker's threads and packed into batches of
+//! `input_ids`, `labels`, `position_ids` and `cu_seqlens`, in pooled buffers.
+//!
+//! Threads of one iteration (all on the shell's [`crate::shell::ordered::Run`]):
+//! - `stoker-text-read` ([`read`]): walks this rank's document order from the resume point,
+//!   reads the documents (positional reads, or a decompressing stream) and sends them in chunks;
+//! - `stoker-tokenize-K` ([`tokenize`]): each owns a clone of the tokenizer; parses a chunk
+//!   (JSON, UTF-8) and tokenizes it, without offsets;
+//! - `stoker-pack` ([`batcher`]): puts chunks back in order and packs the document stream into
+//!   rows ([`crate::tokens::pack`]), a batch per pooled slot.
+//!
+//! A credit per chunk in flight bounds the memory between the reader and the packer, whatever
+//! the thread count; the packer sees documents in order, so batches do not depend on it.
+//!
+//! Files, in the order data flows: `config` (what a user sets), `state` (saved states, elastic
+//! bases, fingerprints), `order` (each epoch's document order per rank), `stats` (counters and
+//! the verdict), `slot` (a pooled batch buffer), `shared` (what a loader and its threads share),
+//! `read`, `tokenize`, `batcher` (the three threads), `batch` and `iter` (what the consumer
+//! gets), `loader` (construction, epochs, the start of a pass) and `elastic` (resuming another
+//! number of ranks). Imports run one way: `loader`/`elastic` -> `iter` -> `batch` -> `batcher`
+//! -> `tokenize` -> `read` -> `shared` -> `order` -> `state` -> `config`.
+//! Owns: running the token work. May not touch: the formats on disk (`docs`), tokenizers'
+//! internals, CUDA, Python.
+
+mod batch;
+mod batcher;
+mod config;
+mod elastic;
+mod iter;
+mod loader;
+mod order;
+mod read;
+mod shared;
+mod slot;
+mod state;
+mod stats;
+mod tokenize;
+
+pub use batch::TokenBatch;
+pub use config::{expand_paths, format_of, PackMode, TokenConfig};
+pub use iter::TokenIter;
+pub use loader::TokenLoader;
+pub use state::{Elastic, TokenFingerprint, TokenState};
+pub use stats::{Bottleneck, TokenStats};

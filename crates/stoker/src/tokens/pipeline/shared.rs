@@ -1,0 +1,59 @@
+//! [`Shared`]: what a token loader and the threads of its passes share (source, tokenizer,
+//! config, pool, counters, trace, token cache, tuner).
+
+use super::config::TokenConfig;
+use super::order::RowsMemo;
+use super::slot::TokenSlot;
+use super::stats::TokenStats;
+use crate::error::{Error, Result};
+use crate::shell::grow::SlotPool;
+use crate::tokens::docs::DocSource;
+use crate::tokens::tokenizer::TextTokenizer;
+use std::sync::Arc;
+use std::time::Instant;
+
+pub(super) struct Shared {
+    pub(super) source: DocSource,
+    pub(super) tokenizer: Option<TextTokenizer>,
+    pub(super) config: TokenConfig,
+    pub(super) threads: usize,
+    pub(super) bos: Option<u32>,
+    pub(super) eos: Option<u32>,
+    pub(super) pad: u32,
+    pub(super) pool: SlotPool<Arc<TokenSlot>>,
+    pub(super) stats: Arc<TokenStats>,
+    /// Rows per rank of token files, for the last epoch asked.
+    pub(super) rows: RowsMemo,
+    /// The trace, when asked for.
+    pub(super) tracer: Option<Arc<crate::trace::Tracer>>,
+    /// The automatic token cache, when asked for.
+    pub(super) autocache: Option<crate::tokens::autocache::TokenCache>,
+    /// `threads="auto"`: how many tokenizer threads take work (see [`crate::tune`]); a fixed
+    /// count keeps them all working.
+    pub(super) tuner: crate::tune::Tuner,
+}
+
+impl Shared {
+    /// Records a span on the trace, when there is one.
+    pub(super) fn span(&self, name: &'static str, start: Instant, args: &[(&str, f64)]) {
+        if let Some(t) = &self.tracer {
+            t.span(name, "tokens", start, Instant::now(), crate::trace::Args::numbers(args));
+        }
+    }
+
+    /// Writes the trace file, when there is one with events not yet in it.
+    pub(super) fn write_trace(&self) -> Result<()> {
+        match self.tracer.as_ref().and_then(|t| t.auto_path()) {
+            Some(path) => self.write_trace_to(path),
+            None => Ok(()),
+        }
+    }
+
+    /// Writes the events recorded so far to `path`; tracing must be on.
+    pub(super) fn write_trace_to(&self, path: &std::path::Path) -> Result<()> {
+        let t = self.tracer.as_ref().ok_or_else(|| {
+            Error::config("trace", "tracing is off: make the loader with trace=PATH to record a trace")
+        })?;
+        t.write(path, &|i| format!("document {i}")).map(drop).map_err(|e| Error::io(path, &e))
+    }
+}
