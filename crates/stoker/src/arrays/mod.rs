@@ -2,16 +2,18 @@
 //! sampler's indices, for `stoker.ArrayLoader`.
 //!
 //! - [`npy`]: the `.npy` format (header and row layout), every size checked.
-//! - [`loader`]: [`Column`] (rows in memory or read with `pread` from a file) and
-//!   [`ArrayLoader`], which runs on the shell's ordered [`crate::pipeline::Run`] and the shared
-//!   [`crate::sampler`].
+//! - [`column`]: [`Column`], rows in memory or read with `pread` from a `.npy` file.
+//! - [`loader`]: the array kind ([`Arrays`]) on the shell's [`crate::shell::kind::Loader`]
+//!   ([`ArrayLoader`]), over the shared [`crate::shell::sampler`].
 //!
 //! Owns: the `.npy` format and copying rows into slots. May not touch: images (decode, ops,
 //! the decoded-pixel cache) or Python; it never maps a file (a file that shrinks must be an
 //! error, not a `SIGBUS`).
 
+pub mod column;
 pub mod loader;
 pub mod npy;
 
+pub use column::*;
 pub use loader::*;
 pub use npy::*;

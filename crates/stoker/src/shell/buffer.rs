@@ -190,7 +190,7 @@ pub(crate) const OK: u8 = 1;
 pub(crate) const FAILED: u8 = 2;
 
 /// One batch's worth of storage plus its bookkeeping.
-pub(crate) struct Slot {
+pub struct Slot {
     pub(crate) data: RawBuf,
     labels: RawBuf,
     pub(crate) sample_bytes: usize,

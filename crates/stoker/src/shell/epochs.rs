@@ -100,7 +100,7 @@ impl<P: Positioned> Epochs<P> {
 
     /// Stops the running iteration before a new one starts; the new one asks the position
     /// where it starts.
-    pub fn begin_pass(&self) -> &P {
+    pub fn begin_pass(&self) -> &Arc<P> {
         self.active.retire("a newer iteration of this loader was started");
         &self.position
     }

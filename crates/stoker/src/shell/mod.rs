@@ -25,6 +25,7 @@
 pub mod buffer;
 pub mod epochs;
 pub mod grow;
+pub mod kind;
 pub mod ordered;
 pub mod pass;
 pub mod rng;

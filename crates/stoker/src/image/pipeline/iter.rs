@@ -1,26 +1,25 @@
-//! [`EpochIter`]: one pass of the image loader: its threads started over the shell's [`Run`],
+//! The image kind on the shell's loader: a pass's threads started over the shell's [`Run`],
 //! its batches delivered by the shell's [`Pass`] (order, failure budget, stale iterators, the
 //! consumer's telemetry), with the image kind's hooks (reads abandoned on shutdown, the tuner,
-//! the trace file at the end of a pass).
+//! the trace file at the end of a pass). [`EpochIter`] is the shell's iterator of this kind.
 
 use super::shared::Task;
-use super::shared::{write_trace, Shared};
+use super::shared::{write_trace, Images};
 use super::stages::{decode_loop, dispatch, io_loop, Work};
 use super::*;
+use crate::shell::kind::{Delivery, Iter, Kind, SamplerKind, Started};
 use crate::shell::pass::{FailureBudget, Observe, Pass, PassHooks, PassSlot};
 
 /// One pass over (the rest of) an epoch; yields batches in order. Dropping it stops and joins
 /// every thread.
-pub struct EpochIter {
-    pub(super) pass: Pass<Arc<Slot>, ImageHooks>,
-    pub(super) epoch: u64,
-}
+pub type EpochIter = Iter<Images>;
 
 /// What an iteration shares with its loader, so that starting a new iteration (or
 /// `set_epoch`, `load_state`) can stop this one and take its buffers back even while the old
 /// iterator object is still alive: the generic ordered [`Run`] plus the read buffers.
-pub(super) struct IterCore {
-    pub(super) shared: Arc<Shared>,
+/// What an iteration shares with its loader (see above).
+pub struct IterCore {
+    pub(super) shared: Arc<Images>,
     pub(super) run: Arc<Run<Arc<Slot>>>,
     pub(super) bytes_rx: Mutex<Option<Receiver<Vec<u8>>>>,
 }
@@ -65,7 +64,7 @@ impl PassSlot for Arc<Slot> {
 }
 
 /// The image kind's part of a pass.
-pub(super) struct ImageHooks {
+pub struct ImageHooks {
     core: Arc<IterCore>,
     position: Arc<Position>,
 }
@@ -100,111 +99,96 @@ impl PassHooks for ImageHooks {
     }
 }
 
-impl std::fmt::Debug for EpochIter {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("EpochIter").field("epoch", &self.epoch).field("next_batch", &self.pass.next_batch()).finish()
-    }
-}
+impl Kind for Images {
+    type Position = Position;
+    type Slot = Arc<Slot>;
+    type Hooks = ImageHooks;
+    type Batch = Batch;
 
-impl EpochIter {
-    pub(super) fn start(shared: Arc<Shared>, state: Arc<Position>, from: Start) -> Result<Self> {
-        let Start { epoch, first: start, order, batches: end, samples } = from;
-        let bs = shared.sampler.spec().batch_size;
-        let (task_tx, task_rx) = bounded::<Task>(bs.max(64));
-        let work_cap = shared.threads * 2;
-        let (work_tx, work_rx) = bounded::<Work>(work_cap);
-        let nbytes = work_cap + shared.threads + shared.io_threads;
-        let (bytes_tx, bytes_rx) = bounded::<Vec<u8>>(nbytes);
-        {
-            let mut stash = shared.stash.lock().unwrap_or_else(|p| p.into_inner());
-            for _ in 0..nbytes {
-                bytes_tx.send(stash.bytes.pop().unwrap_or_default()).expect("room");
-            }
-        }
-        let (run, done_tx) = Run::new(shared.pool.slots(), shared.pool.free_tx.clone());
-        let core = Arc::new(IterCore {
-            shared: shared.clone(),
-            run: run.clone(),
-            bytes_rx: Mutex::new(Some(bytes_rx.clone())),
-        });
-        let cancel = run.cancel_flag();
-        let pool = shared.pool.view();
-        let budget = FailureBudget::new(shared.max_failures.limit(samples), shared.on_error == ErrorPolicy::Raise);
-        let observe = Observe::new(Some(shared.telemetry.clone()), shared.tracer.clone(), Some(epoch));
-        let hooks = ImageHooks { core: core.clone(), position: state };
-        let it = EpochIter { pass: Pass::new(run.clone(), pool, hooks, (start, Some(end)), budget, observe), epoch };
-        {
-            let (sh, cancel, order) = (shared.clone(), cancel.clone(), order.clone());
-            run.spawn("stoker-dispatch".into(), move || dispatch(&sh, &cancel, &order, start, end, task_tx))?;
-        }
-        for k in 0..shared.io_threads {
-            let (sh, cancel, rx, tx, brx) =
-                (shared.clone(), cancel.clone(), task_rx.clone(), work_tx.clone(), bytes_rx.clone());
-            let done = done_tx.clone();
-            run.spawn(format!("stoker-io-{k}"), move || io_loop(&sh, &cancel, rx, tx, brx, done))?;
-        }
-        drop(task_rx);
-        drop(work_tx);
-        for k in 0..shared.threads {
-            let (sh, cancel, rx, btx, done) =
-                (shared.clone(), cancel.clone(), work_rx.clone(), bytes_tx.clone(), done_tx.clone());
-            run.spawn(format!("stoker-decode-{k}"), move || decode_loop(&sh, k, &cancel, epoch, rx, btx, done))?;
-        }
-        shared.tuner.consumed(start);
-        shared.telemetry.start();
-        Ok(it)
+    fn start(self: &Arc<Self>, position: &Arc<Position>) -> Result<Started<Self>> {
+        let from = position.start(&self.sampler);
+        start(self.clone(), position.clone(), from)
     }
 
-    /// The epoch being iterated.
-    pub fn epoch(&self) -> u64 {
-        self.epoch
-    }
-
-    /// Stops counting this iterator's caller as the consumer: for a stage that forwards the
-    /// batches (the GPU transfer) and measures the real consumer itself.
-    pub fn forwarding(mut self) -> Self {
-        self.pass.observe.consumer = None;
-        self
-    }
-
-    /// Batches left in this pass.
-    pub fn remaining(&self) -> usize {
-        self.pass.remaining()
-    }
-
-    /// The iteration's shared core (what its loader retires).
-    pub(super) fn core(&self) -> Arc<IterCore> {
-        self.pass.hooks().core.clone()
-    }
-
-    /// Like [`Iterator::next`], but gives up after `timeout` ([`Next::NotYet`]). For callers
-    /// that must stay responsive, such as the Python binding checking for Ctrl-C between waits.
-    pub fn next_timeout(&mut self, timeout: Duration) -> Next<Batch> {
-        let next = self.pass.poll_timeout(timeout);
-        self.wrap(next)
-    }
-
-    fn wrap(&self, next: Next<Arc<Slot>>) -> Next<Batch> {
-        let shared = &self.pass.hooks().core.shared;
-        let plan = &shared.plan;
-        next.map(|slot| Batch {
+    fn batch(self: &Arc<Self>, slot: Arc<Slot>, _: &Position, at: Delivery) -> Batch {
+        let plan = &self.plan;
+        Batch {
             slot: Some(slot),
-            free: shared.pool.free_tx.clone(),
-            held: shared.pool.held.clone(),
-            growth: shared.pool.growth.clone(),
+            free: self.pool.free_tx.clone(),
+            held: self.pool.held.clone(),
+            growth: self.pool.growth.clone(),
             sample_shape: plan.sample_shape(),
             dtype: plan.spec().dtype,
             layout: plan.spec().layout,
-            epoch: self.epoch,
-        })
+            epoch: at.epoch,
+        }
+    }
+
+    fn held(&self) -> usize {
+        self.pool.held()
+    }
+
+    /// Writes the trace, when there is one with events not yet in its file. A failure is
+    /// reported on stderr: a drop has no caller to return it to.
+    fn dropped(&self) {
+        if let Some(t) = &self.tracer {
+            if let Some(path) = t.auto_path() {
+                if let Err(e) = write_trace(self, t, path) {
+                    eprintln!("stoker: {e}");
+                }
+            }
+        }
     }
 }
 
-impl Iterator for EpochIter {
-    type Item = Result<Batch>;
-
-    fn next(&mut self) -> Option<Self::Item> {
-        let next = self.pass.poll(None);
-        self.wrap(next).into_item()
+impl SamplerKind for Images {
+    fn sampler(&self) -> &Sampler {
+        &self.sampler
     }
+}
+
+/// Starts a pass's threads (dispatcher, I/O, decode) from `from`, and the pass over them.
+fn start(shared: Arc<Images>, state: Arc<Position>, from: Start) -> Result<Started<Images>> {
+    let Start { epoch, first: start, order, batches: end, samples } = from;
+    let bs = shared.sampler.spec().batch_size;
+    let (task_tx, task_rx) = bounded::<Task>(bs.max(64));
+    let work_cap = shared.threads * 2;
+    let (work_tx, work_rx) = bounded::<Work>(work_cap);
+    let nbytes = work_cap + shared.threads + shared.io_threads;
+    let (bytes_tx, bytes_rx) = bounded::<Vec<u8>>(nbytes);
+    {
+        let mut stash = shared.stash.lock().unwrap_or_else(|p| p.into_inner());
+        for _ in 0..nbytes {
+            bytes_tx.send(stash.bytes.pop().unwrap_or_default()).expect("room");
+        }
+    }
+    let (run, done_tx) = Run::new(shared.pool.slots(), shared.pool.free_tx.clone());
+    let core =
+        Arc::new(IterCore { shared: shared.clone(), run: run.clone(), bytes_rx: Mutex::new(Some(bytes_rx.clone())) });
+    let cancel = run.cancel_flag();
+    let pool = shared.pool.view();
+    let budget = FailureBudget::new(shared.max_failures.limit(samples), shared.on_error == ErrorPolicy::Raise);
+    let observe = Observe::new(Some(shared.telemetry.clone()), shared.tracer.clone(), Some(epoch));
+    let hooks = ImageHooks { core: core.clone(), position: state };
+    let pass = Pass::new(run.clone(), pool, hooks, (start, Some(end)), budget, observe);
+    {
+        let (sh, cancel, order) = (shared.clone(), cancel.clone(), order.clone());
+        run.spawn("stoker-dispatch".into(), move || dispatch(&sh, &cancel, &order, start, end, task_tx))?;
+    }
+    for k in 0..shared.io_threads {
+        let (sh, cancel, rx, tx, brx) =
+            (shared.clone(), cancel.clone(), task_rx.clone(), work_tx.clone(), bytes_rx.clone());
+        let done = done_tx.clone();
+        run.spawn(format!("stoker-io-{k}"), move || io_loop(&sh, &cancel, rx, tx, brx, done))?;
+    }
+    drop(task_rx);
+    drop(work_tx);
+    for k in 0..shared.threads {
+        let (sh, cancel, rx, btx, done) =
+            (shared.clone(), cancel.clone(), work_rx.clone(), bytes_tx.clone(), done_tx.clone());
+        run.spawn(format!("stoker-decode-{k}"), move || decode_loop(&sh, k, &cancel, epoch, rx, btx, done))?;
+    }
+    shared.tuner.consumed(start);
+    shared.telemetry.start();
+    Ok(Started { pass, retire: core, epoch })
 }

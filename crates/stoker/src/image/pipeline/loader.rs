@@ -1,26 +1,12 @@
-//! [`Loader`]: the shared state of a loader (source, sampler, transform plan, buffer pool,
-//! telemetry, cache, tuner), its construction from a [`LoaderConfig`], epochs and resume, and
-//! the start of an iteration.
+//! [`Loader`]: the image kind ([`Images`]) on the shell's loader: its construction from a
+//! [`LoaderConfig`] and what only an image loader answers (transform plan, pool, cache,
+//! telemetry, trace); epochs, resume and the start of a pass are the shell's.
 
-use super::iter::EpochIter;
-use super::shared::{dataset_key, samples_hash, write_trace, Shared, Stash};
+use super::shared::{dataset_key, samples_hash, write_trace, Images, Stash};
 use super::*;
 
 /// A batch loader over a [`Source`].
-pub struct Loader {
-    pub(super) shared: Arc<Shared>,
-    pub(super) epochs: Epochs,
-}
-
-impl std::fmt::Debug for Loader {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Loader")
-            .field("samples", &self.shared.source.len())
-            .field("threads", &self.shared.threads)
-            .field("pool", &self.shared.pool)
-            .finish()
-    }
-}
+pub type Loader = crate::shell::kind::Loader<Images>;
 
 impl Loader {
     /// Validates `config` against `source` and allocates the buffer pool on the heap.
@@ -114,90 +100,47 @@ impl Loader {
             },
             crate::args::budget_registry(),
         );
-        Ok(Loader {
-            shared: Arc::new(Shared {
-                source,
-                sampler,
-                plan,
-                pool,
-                telemetry: Arc::default(),
-                tracer,
-                threads,
-                io_threads,
-                allowance,
-                on_error: config.on_error,
-                decode_opts,
-                max_file_bytes: config.max_file_bytes,
-                max_failures: config.max_failures,
-                cache,
-                tuner,
-                fingerprint: std::sync::OnceLock::new(),
-                stash: Mutex::new(Stash::default()),
-                read_high_water: std::sync::atomic::AtomicUsize::new(0),
-            }),
-            epochs: Epochs::default(),
-        })
-    }
-
-    /// Batches per epoch on this rank (of the current epoch: a continued elastic epoch has
-    /// its own count).
-    pub fn len(&self) -> usize {
-        self.epochs.batches(&self.shared.sampler)
-    }
-
-    /// Whether an epoch has no batches (never true for a constructed loader).
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
+        Ok(crate::shell::kind::Loader::of(Images {
+            source,
+            sampler,
+            plan,
+            pool,
+            telemetry: Arc::default(),
+            tracer,
+            threads,
+            io_threads,
+            allowance,
+            on_error: config.on_error,
+            decode_opts,
+            max_file_bytes: config.max_file_bytes,
+            max_failures: config.max_failures,
+            cache,
+            tuner,
+            fingerprint: std::sync::OnceLock::new(),
+            stash: Mutex::new(Stash::default()),
+            read_high_water: std::sync::atomic::AtomicUsize::new(0),
+        }))
     }
 
     /// Decode threads started (autotuned: the most that may take work; see
     /// [`Report::tuning`] for how many do).
     pub fn threads(&self) -> usize {
-        self.shared.threads
+        self.kind().threads
     }
 
     /// I/O threads.
     pub fn io_threads(&self) -> usize {
-        self.shared.io_threads
+        self.kind().io_threads
     }
 
     /// The buffer pool.
     pub fn pool(&self) -> &BufferPool {
-        &self.shared.pool
+        &self.kind().pool
     }
 
     /// The compiled transform.
     pub fn plan(&self) -> &TransformPlan {
-        &self.shared.plan
-    }
-
-    /// The sampler.
-    pub fn sampler(&self) -> &Sampler {
-        &self.shared.sampler
-    }
-
-    /// Selects the epoch for the next iteration (see [`Epochs::set_epoch`]: changing it makes
-    /// a running iteration stale; setting the current epoch again changes nothing).
-    pub fn set_epoch(&self, epoch: u64) {
-        self.epochs.set_epoch(epoch);
-    }
-
-    /// The resumable state: where the next iteration would start.
-    pub fn state(&self) -> SamplerState {
-        self.epochs.state(&self.shared.sampler)
-    }
-
-    /// The elastic base of the current epoch: the saved runs it continues on this loader's
-    /// ranks (`None`: a normal epoch). Part of the state.
-    pub fn elastic(&self) -> Option<ElasticBase> {
-        self.epochs.elastic()
-    }
-
-    /// Restores `st` (and its elastic base) exactly as another loader had it, including
-    /// whether it was still to be resumed: how a fork child's rebuilt loader continues its
-    /// parent's.
-    pub fn adopt_state(&self, st: SamplerState, elastic: Option<ElasticBase>, resume: bool) -> Result<()> {
-        self.epochs.adopt_state(st, elastic, resume, &self.shared.sampler)
+        &self.kind().plan
     }
 
     /// Lists entries of the dataset that are not samples (from [`crate::source::Dataset`]) in
@@ -205,19 +148,14 @@ impl Loader {
     pub fn report_not_samples(&self, items: &[(std::path::PathBuf, String)]) {
         for (path, reason) in items {
             let path = path.display().to_string();
-            self.shared.telemetry.skip(Skipped { index: u32::MAX, path, reason: reason.clone() });
+            self.kind().telemetry.skip(Skipped { index: u32::MAX, path, reason: reason.clone() });
         }
-    }
-
-    /// Whether a state was loaded and no iteration has started from it yet.
-    pub fn resume_pending(&self) -> bool {
-        self.epochs.resume_pending()
     }
 
     /// What a saved state is valid for (see [`Fingerprint`]); computed once, on first use.
     pub fn fingerprint(&self) -> &Fingerprint {
-        self.shared.fingerprint.get_or_init(|| {
-            let sh = &self.shared;
+        self.kind().fingerprint.get_or_init(|| {
+            let sh = &self.kind();
             let transform = serde_json::to_vec(&(sh.plan.spec(), sh.decode_opts.dct_scaling, sh.decode_opts.roi))
                 .map(|b| format!("{:016x}", xxhash_rust::xxh3::xxh3_64(&b)))
                 .unwrap_or_default();
@@ -227,88 +165,49 @@ impl Loader {
 
     /// The decoded-pixel cache, if the loader has one.
     pub fn cache(&self) -> Option<&crate::cache::Cache> {
-        self.shared.cache.as_ref()
-    }
-
-    /// Restores a state from [`Loader::state`]: the next iteration resumes there. A running
-    /// iteration becomes stale.
-    pub fn load_state(&self, st: SamplerState) -> Result<()> {
-        self.epochs.load_state(st, None, &self.shared.sampler)
-    }
-
-    /// Restores a state of an elastic epoch ([`Loader::elastic`]), or continues an epoch saved
-    /// on another number of ranks (`elastic`: their base, from
-    /// [`crate::args::saved_states`]): every sample no saved rank delivered is dealt to this
-    /// loader's ranks (see [`Sampler::elastic_order`]). A running iteration becomes stale.
-    pub fn load_elastic(&self, st: SamplerState, elastic: ElasticBase) -> Result<()> {
-        self.epochs.load_state(st, Some(elastic), &self.shared.sampler)
+        self.kind().cache.as_ref()
     }
 
     /// Telemetry since the loader was made (or last reset), with the bottleneck verdict.
     pub fn report(&self) -> Report {
-        let tuning = self.shared.tuner.report();
-        let mut r = self.shared.telemetry.report(tuning.threads_active, self.shared.io_threads, self.shared.allowance);
-        r.cache = self.shared.cache.as_ref().map(|c| c.report());
+        let tuning = self.kind().tuner.report();
+        let mut r = self.kind().telemetry.report(tuning.threads_active, self.kind().io_threads, self.kind().allowance);
+        r.cache = self.kind().cache.as_ref().map(|c| c.report());
         r.tuning = Some(tuning);
         r
     }
 
     /// The live counters (a transfer stage outside this crate records into them).
     pub fn telemetry(&self) -> &Arc<Telemetry> {
-        &self.shared.telemetry
+        &self.kind().telemetry
     }
 
     /// The trace recorder, when tracing is on (a transfer stage outside this crate records
     /// into it).
     pub fn tracer(&self) -> Option<&Arc<Tracer>> {
-        self.shared.tracer.as_ref()
+        self.kind().tracer.as_ref()
     }
 
     /// The file the trace is written to: at the end of each completed pass and when the loader
     /// is dropped (and by [`Loader::write_trace`]).
     pub fn trace_path(&self) -> Option<&Path> {
-        self.shared.tracer.as_ref().and_then(|t| t.path())
+        self.kind().tracer.as_ref().and_then(|t| t.path())
     }
 
     /// Writes the trace recorded so far (the last `trace_events` events) to `path` now,
     /// atomically (a temporary file, then a rename). An error when tracing is off.
     pub fn write_trace(&self, path: &Path) -> Result<()> {
-        let tracer = self.shared.tracer.as_ref().ok_or_else(|| {
+        let tracer = self.kind().tracer.as_ref().ok_or_else(|| {
             Error::config("trace", "tracing is off: make the loader with trace=PATH to record a trace")
         })?;
-        write_trace(&self.shared, tracer, path)
+        write_trace(self.kind(), tracer, path)
     }
 
     /// Zeroes the telemetry.
     pub fn reset_report(&self) {
-        self.shared.telemetry.reset();
-        if let Some(c) = &self.shared.cache {
+        self.kind().telemetry.reset();
+        if let Some(c) = &self.kind().cache {
             c.reset();
-        }
-    }
-
-    /// Starts an iteration of the current epoch: at its first batch, or where a state loaded
-    /// since the last iteration says. A previous iteration of this loader becomes stale (it
-    /// stops, its buffers return to the pool, and its next batch is an error).
-    pub fn iter(&self) -> Result<EpochIter> {
-        // Stop the previous iteration and take its buffers back before starting.
-        let start = self.epochs.begin(&self.shared.sampler);
-        let it = EpochIter::start(self.shared.clone(), self.epochs.position().clone(), start)?;
-        self.epochs.started(it.core());
-        Ok(it)
-    }
-}
-
-impl Drop for Loader {
-    /// Writes the trace, when there is one with events not yet in its file. A failure is
-    /// reported on stderr: a drop has no caller to return it to.
-    fn drop(&mut self) {
-        if let Some(t) = &self.shared.tracer {
-            if let Some(path) = t.auto_path() {
-                if let Err(e) = write_trace(&self.shared, t, path) {
-                    eprintln!("stoker: {e}");
-                }
-            }
         }
     }
 }

@@ -1,11 +1,12 @@
-//! [`Shared`]: what a loader and the threads of its passes share (source, sampler, plan,
+//! [`Images`]: what a loader and the threads of its passes share (source, sampler, plan,
 //! pool, telemetry, cache, tuner, scratch kept between epochs), the unit of per-sample work
 //! ([`Task`]), and the helpers every file of the pipeline needs (the trace file, the dataset's
 //! hash). It imports no other file of the pipeline but `config`; the files import it.
 
 use super::*;
 
-pub(super) struct Shared {
+/// The image kind: what a loader and the threads of its passes share.
+pub struct Images {
     pub(super) source: Arc<dyn Source>,
     pub(super) sampler: Sampler,
     pub(super) plan: TransformPlan,
@@ -47,7 +48,7 @@ pub(super) struct Task {
 }
 
 /// Writes `tracer`'s events to `path`, with the samples' paths from the source.
-pub(super) fn write_trace(sh: &Shared, tracer: &Tracer, path: &Path) -> Result<()> {
+pub(super) fn write_trace(sh: &Images, tracer: &Tracer, path: &Path) -> Result<()> {
     let describe = |i: u32| sh.source.describe(i as usize).display().to_string();
     tracer.write(path, &describe).map(drop).map_err(|e| Error::io(path, &e))
 }

@@ -2,7 +2,7 @@
 //! buffers as tasks, the I/O threads read each sample's bytes, the decode threads run the
 //! per-sample work ([`super::work`]) and mark slots done.
 
-use super::shared::{sample_args, Shared, Task};
+use super::shared::{sample_args, Images, Task};
 use super::work::process;
 use super::*;
 
@@ -12,7 +12,7 @@ pub(super) struct Work {
     pub(super) read: Result<()>,
 }
 
-pub(super) fn dispatch(sh: &Shared, cancel: &AtomicBool, order: &[u32], start: usize, end: usize, tasks: Sender<Task>) {
+pub(super) fn dispatch(sh: &Images, cancel: &AtomicBool, order: &[u32], start: usize, end: usize, tasks: Sender<Task>) {
     for b in start..end {
         let t0 = Instant::now();
         if sh.tuner.gate(b, cancel).is_none() {
@@ -40,7 +40,7 @@ pub(super) fn dispatch(sh: &Shared, cancel: &AtomicBool, order: &[u32], start: u
 }
 
 /// Marks a task finished; the thread finishing the batch compacts it and hands it on.
-pub(super) fn complete(sh: &Shared, task: Task, label: Option<i64>, done: &Sender<Arc<Slot>>) {
+pub(super) fn complete(sh: &Images, task: Task, label: Option<i64>, done: &Sender<Arc<Slot>>) {
     let Task { slot, pos } = task;
     if slot.finish(pos, label) {
         slot.compact();
@@ -51,7 +51,7 @@ pub(super) fn complete(sh: &Shared, task: Task, label: Option<i64>, done: &Sende
     }
 }
 
-pub(super) fn fail(sh: &Shared, task: Task, err: Error, done: &Sender<Arc<Slot>>) {
+pub(super) fn fail(sh: &Images, task: Task, err: Error, done: &Sender<Arc<Slot>>) {
     let index = task.slot.index(task.pos);
     let path = sh.source.describe(index as usize);
     let err = match err {
@@ -68,7 +68,7 @@ pub(super) fn fail(sh: &Shared, task: Task, err: Error, done: &Sender<Arc<Slot>>
 }
 
 pub(super) fn io_loop(
-    sh: &Shared,
+    sh: &Images,
     cancel: &AtomicBool,
     tasks: Receiver<Task>,
     work: Sender<Work>,
@@ -107,7 +107,7 @@ pub(super) fn io_loop(
 
 #[allow(clippy::too_many_arguments)]
 pub(super) fn decode_loop(
-    sh: &Shared,
+    sh: &Images,
     k: usize,
     cancel: &AtomicBool,
     epoch: u64,

@@ -1,11 +1,11 @@
 //! Per-sample work on a decode thread: decode (or read the decoded-pixel cache), run the ops
 //! and write the sample straight into its slot of the batch buffer.
 
-use super::shared::{sample_args, Shared, Task};
+use super::shared::{sample_args, Images, Task};
 use super::*;
 
 pub(super) fn process(
-    sh: &Shared,
+    sh: &Images,
     dec: &mut Decoder,
     rs: &mut Resampler,
     epoch: u64,
@@ -24,7 +24,7 @@ pub(super) fn process(
 }
 
 /// The random stream of one sample's augmentations (seed, epoch, dataset index).
-pub(super) fn augment_rng(sh: &Shared, epoch: u64, task: &Task) -> Rng {
+pub(super) fn augment_rng(sh: &Images, epoch: u64, task: &Task) -> Rng {
     let index = task.slot.index(task.pos);
     Rng::new(sh.sampler.spec().seed, rng::stream::AUGMENT ^ (epoch << 8), u64::from(index))
 }
@@ -34,7 +34,7 @@ pub(super) fn augment_rng(sh: &Shared, epoch: u64, task: &Task) -> Rng {
 /// `decode`, or `cache` for pixels read from the cache) and the ops time, and returns the label.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn finish(
-    sh: &Shared,
+    sh: &Images,
     rs: &mut Resampler,
     task: &Task,
     t0: Instant,
@@ -75,7 +75,7 @@ thread_local! {
 /// within it. With a `max_side`, the box is drawn on the source image's size (the same crops as
 /// without a cache) and scaled to the stored pixels.
 pub(super) fn process_cached(
-    sh: &Shared,
+    sh: &Images,
     cache: &crate::cache::Cache,
     dec: &mut Decoder,
     rs: &mut Resampler,

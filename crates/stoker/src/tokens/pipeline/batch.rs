@@ -1,6 +1,6 @@
 //! [`TokenBatch`]: the delivered view of a pooled slot, returned to the pool on drop.
 
-use super::shared::Shared;
+use super::shared::Tokens;
 use super::slot::TokenSlot;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -8,7 +8,7 @@ use std::sync::Arc;
 /// One batch: `rows` rows of `seq_len` tokens in a pooled slot, returned to the pool on drop.
 pub struct TokenBatch {
     pub(super) slot: Option<Arc<TokenSlot>>,
-    pub(super) shared: Arc<Shared>,
+    pub(super) shared: Arc<Tokens>,
 }
 
 impl TokenBatch {

@@ -2,7 +2,7 @@
 //! a batch per pooled slot.
 
 use super::config::PackMode;
-use super::shared::Shared;
+use super::shared::Tokens;
 use super::slot::TokenSlot;
 use super::tokenize::Tokenized;
 use crate::error::Error;
@@ -16,7 +16,7 @@ use std::time::Instant;
 
 /// The packer thread: chunks back in order, packed into rows, a batch per pooled slot.
 pub(super) fn pack_batches(
-    sh: &Shared,
+    sh: &Tokens,
     (from, first_batch, mut limit): (Resume, u64, Option<u64>),
     results: &Receiver<(u64, Tokenized)>,
     credits: &Sender<()>,

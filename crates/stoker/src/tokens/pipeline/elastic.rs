@@ -3,7 +3,7 @@
 //! current block its delivered rows hold (the block read and tokenized again).
 
 use super::config::PackMode;
-use super::loader::TokenLoader;
+use super::iter::TokenLoader;
 use super::order::{elastic_positions, global_order};
 use super::read::RawDoc;
 use super::state::{Elastic, TokenState};
@@ -54,7 +54,7 @@ impl TokenLoader {
             .collect::<Result<_>>()?;
         let base = first.elastic.clone().filter(|b| b.at.first().is_some_and(|a| a.epoch == first.at.epoch));
         let mut elastic = Elastic { world_size: *world, at, delivered: Vec::new(), base: base.map(Box::new) };
-        if self.shared.config.pack == PackMode::BestFit {
+        if self.kind().config.pack == PackMode::BestFit {
             elastic.delivered = self.best_fit_delivered(&elastic)?;
             for a in &mut elastic.at {
                 a.offset = 0;
@@ -75,7 +75,7 @@ impl TokenLoader {
     /// their first tokens. The block's documents are read and tokenized again, and packed by
     /// the same plan as then.
     pub(super) fn best_fit_delivered(&self, e: &Elastic) -> Result<Vec<Vec<(u64, u64)>>> {
-        let sh = &self.shared;
+        let sh = &self.kind();
         let cfg = &sh.config;
         let Some(epoch) = e.at.first().map(|a| a.epoch) else { return Ok(vec![]) };
         let (all, _) = global_order(&sh.source, cfg, epoch);
@@ -123,7 +123,7 @@ impl TokenLoader {
     /// The token counts of documents `(global number, tokens already used)`, read and
     /// tokenized (BOS/EOS as configured) on the calling thread; a failed document counts 0.
     pub(super) fn token_counts(&self, docs: &[(u64, u64)]) -> Result<Vec<usize>> {
-        let sh = &self.shared;
+        let sh = &self.kind();
         let src = &sh.source;
         let mut order: Vec<(usize, usize, usize)> = docs
             .iter()

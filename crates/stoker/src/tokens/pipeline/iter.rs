@@ -1,77 +1,118 @@
-//! [`TokenIter`]: one pass of the token loader over the shell's [`Pass`].
+//! The token kind on the shell's [`Loader`]: how a pass starts (the reader, tokenizer and
+//! packer threads over a [`Run`]), what a delivered slot becomes, and where the trace is
+//! written. [`TokenIter`] is the shell's [`Iter`] of this kind.
 
 use super::batch::TokenBatch;
-use super::shared::Shared;
+use super::batcher::pack_batches;
+use super::shared::Tokens;
 use super::slot::TokenSlot;
 use super::state::TokenPosition;
+use super::tokenize::spawn_tokenizing;
 use crate::error::Result;
-use crate::shell::pass::{Next, Pass, PassHooks};
+use crate::shell::epochs::Retire;
+use crate::shell::kind::{Delivery, Iter, Kind, Loader, Started};
+use crate::shell::ordered::Run;
+use crate::shell::pass::{FailureBudget, Observe, Pass, PassHooks};
+use crossbeam_channel::bounded;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// The token kind adds nothing to a pass: its position advances with each delivered slot (the
-/// producer decides the end, which [`TokenIter`] sees, and writes the trace then).
-pub(super) struct TokenHooks;
-
-impl PassHooks for TokenHooks {}
+/// Batches of packed token rows from text or token files.
+pub type TokenLoader = Loader<Tokens>;
 
 /// One pass over (the rest of) an epoch, or for ever with `infinite`.
-pub struct TokenIter {
-    pub(super) shared: Arc<Shared>,
-    pub(super) position: Arc<TokenPosition>,
-    pub(super) pass: Pass<Arc<TokenSlot>, TokenHooks>,
+pub type TokenIter = Iter<Tokens>;
+
+/// The token kind's part of a pass: the producer decides the end, and the trace file is
+/// written then.
+pub struct TokenHooks {
+    tokens: Arc<Tokens>,
 }
 
-impl std::fmt::Debug for TokenIter {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("TokenIter").field("next", &self.pass.next_batch()).finish()
-    }
-}
-
-impl TokenIter {
-    /// Like `next`, but gives up after `timeout` ([`Next::NotYet`]).
-    pub fn next_timeout(&mut self, timeout: Duration) -> Next<TokenBatch> {
-        self.poll(Some(Instant::now() + timeout))
-    }
-
-    pub(super) fn poll(&mut self, deadline: Option<Instant>) -> Next<TokenBatch> {
-        let t0 = Instant::now();
-        let got = self.pass.poll(deadline);
-        self.shared.stats.wait_ns.fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
-        let shared = &self.shared;
-        if matches!(got, Next::End) {
-            // The pass ended (the trace's writer skips a ring with nothing new).
-            if let Err(e) = shared.write_trace() {
-                eprintln!("stoker: {e}"); // the iteration has ended well: no caller to return it to
-            }
+impl PassHooks for TokenHooks {
+    fn ended(&self) -> Option<crate::error::Error> {
+        // The pass ended well (the trace's writer skips a ring with nothing new): a failure to
+        // write goes to stderr, with no caller to return it to.
+        if let Err(e) = self.tokens.write_trace() {
+            eprintln!("stoker: {e}");
         }
-        got.map(|slot| {
-            shared.span("consumer wait", t0, &[("batch", slot.batch.load(Ordering::Relaxed) as f64)]);
-            let s = &shared.stats;
-            let wait = s.wait_ns.load(Ordering::Relaxed);
-            let since = s.started.get().map_or(0, |t| t.elapsed().as_nanos() as u64);
-            shared.tuner.on_batch_load(crate::tune::Load {
-                consumer_wait_ns: wait,
-                consumer_busy_ns: since.saturating_sub(wait),
-                worker_busy_ns: s.tokenize_ns.load(Ordering::Relaxed),
-            });
-            let at = slot.after.lock().unwrap_or_else(|p| p.into_inner()).0;
-            self.position.advance(at);
-            TokenBatch { slot: Some(slot), shared: shared.clone() }
-        })
-    }
-
-    /// Stops the iteration now (every thread joined).
-    pub fn close(&mut self) {
-        self.pass.shutdown();
+        None
     }
 }
 
-impl Iterator for TokenIter {
-    type Item = Result<TokenBatch>;
+impl Kind for Tokens {
+    type Position = TokenPosition;
+    type Slot = Arc<TokenSlot>;
+    type Hooks = TokenHooks;
+    type Batch = TokenBatch;
 
-    fn next(&mut self) -> Option<Self::Item> {
-        self.poll(None).into_item()
+    /// Starts the reader, tokenizer and packer threads from the position: the current epoch
+    /// from its first batch, or a restored position.
+    fn start(self: &Arc<Self>, position: &Arc<TokenPosition>) -> Result<Started<Self>> {
+        let (from, first_batch, elastic) = position.start();
+        self.stats.started.get_or_init(Instant::now);
+        let sh = self.clone();
+        let (run, done_tx) = Run::new(sh.pool.slots(), sh.pool.free_tx.clone());
+        let cancel = run.cancel_flag();
+        let credits = sh.threads * 4 + 4;
+        let (credit_tx, credit_rx) = bounded::<()>(credits);
+        for _ in 0..credits {
+            credit_tx.send(()).expect("room");
+        }
+        let res_rx = spawn_tokenizing(&run, &sh, (from, elastic.clone()), credit_rx)?;
+        {
+            let (sh, cancel, run2) = (sh.clone(), cancel.clone(), Arc::downgrade(&run));
+            // Token files: every rank stops at the same row count (the rows before a resume
+            // point are whole batches).
+            let limit = sh
+                .rows
+                .rows_per_rank(&sh.source, &sh.config, from.epoch, elastic.as_ref())
+                .map(|rows| rows.saturating_sub(first_batch * sh.config.batch_size as u64));
+            run.spawn("stoker-pack".into(), move || {
+                pack_batches(&sh, (from, first_batch, limit), &res_rx, &credit_tx, &done_tx, &cancel);
+                if let Some(r) = run2.upgrade() {
+                    r.finish();
+                }
+            })?;
+        }
+        let pool = sh.pool.view();
+        let budget = FailureBudget::new(sh.config.max_failures, sh.config.raise);
+        let hooks = TokenHooks { tokens: sh.clone() };
+        let pass = Pass::new(run.clone(), pool, hooks, (first_batch as usize, None), budget, Observe::default());
+        Ok(Started { pass, retire: run as Arc<dyn Retire>, epoch: from.epoch })
+    }
+
+    /// Records the consumer's wait (trace, tuner) and advances the position to the slot's
+    /// resume point.
+    fn batch(self: &Arc<Self>, slot: Arc<TokenSlot>, position: &TokenPosition, at: Delivery) -> TokenBatch {
+        self.span("consumer wait", at.polled, &[("batch", slot.batch.load(Ordering::Relaxed) as f64)]);
+        let s = &self.stats;
+        let wait = s.wait_ns.load(Ordering::Relaxed);
+        let since = s.started.get().map_or(0, |t| t.elapsed().as_nanos() as u64);
+        self.tuner.on_batch_load(crate::tune::Load {
+            consumer_wait_ns: wait,
+            consumer_busy_ns: since.saturating_sub(wait),
+            worker_busy_ns: s.tokenize_ns.load(Ordering::Relaxed),
+        });
+        let at = slot.after.lock().unwrap_or_else(|p| p.into_inner()).0;
+        position.advance(at);
+        TokenBatch { slot: Some(slot), shared: self.clone() }
+    }
+
+    fn held(&self) -> usize {
+        self.pool.held()
+    }
+
+    fn waited(&self, waited: Duration) {
+        self.stats.wait_ns.fetch_add(waited.as_nanos() as u64, Ordering::Relaxed);
+    }
+
+    /// Writes the trace, when there is one with events not yet in its file (a failure goes to
+    /// stderr: a drop has no caller to return it to).
+    fn dropped(&self) {
+        if let Err(e) = self.write_trace() {
+            eprintln!("stoker: {e}");
+        }
     }
 }

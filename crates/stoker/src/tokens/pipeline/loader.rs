@@ -1,21 +1,19 @@
 //! [`TokenLoader`]: construction (formats, tokenizer, special ids, pool, tuner), what a
 //! loader answers (counts, config, report), epochs and state, and the start of a pass.
 
-use super::batcher::pack_batches;
 use super::config::{format_of, PackMode, TokenConfig};
-use super::iter::{TokenHooks, TokenIter};
 use super::order::RowsMemo;
-use super::shared::Shared;
+use super::shared::Tokens;
 use super::slot::TokenSlot;
-use super::state::{TokenFingerprint, TokenPosition, TokenState};
+use super::state::{TokenFingerprint, TokenState};
 use super::stats::TokenStats;
 use super::tokenize::{spawn_tokenizing, Tokenized};
 use crate::error::{Error, Result};
 use crate::shell::buffer::{HeapAllocator, RawBuf};
-use crate::shell::epochs::Epochs;
 use crate::shell::grow::SlotPool;
+use crate::shell::kind::Loader;
 use crate::shell::ordered::{take_free, Run};
-use crate::shell::pass::{FailureBudget, MakeSlot, Observe, Pass};
+use crate::shell::pass::MakeSlot;
 use crate::tokens::docs::{DocSource, Format};
 use crate::tokens::pack::{Doc, Resume};
 use crate::tokens::tokenizer::TextTokenizer;
@@ -23,25 +21,12 @@ use crossbeam_channel::bounded;
 use std::collections::BTreeMap;
 use std::sync::atomic::AtomicUsize;
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
-
-/// Batches of packed token rows from text or token files.
-pub struct TokenLoader {
-    pub(super) shared: Arc<Shared>,
-    pub(super) epochs: Epochs<TokenPosition>,
-}
-
-impl std::fmt::Debug for TokenLoader {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("TokenLoader").field("documents", &self.shared.source.len()).finish()
-    }
-}
 
 /// Batches over which `threads="auto"` settles (a text epoch's batch count is known only once
 /// it is tokenized); the setting then holds.
 pub(super) const TUNE_BATCHES: usize = 512;
 
-impl TokenLoader {
+impl Loader<Tokens> {
     /// Opens the documents of `paths` (text needs `tokenizer`; token files need none) and
     /// allocates the pool.
     pub fn new(paths: &[std::path::PathBuf], tokenizer: Option<TextTokenizer>, config: TokenConfig) -> Result<Self> {
@@ -190,30 +175,27 @@ impl TokenLoader {
             .as_ref()
             .map(|t| t.check().map(|()| Arc::new(crate::trace::Tracer::from_spec(t))))
             .transpose()?;
-        Ok(TokenLoader {
-            shared: Arc::new(Shared {
-                source,
-                tokenizer,
-                config,
-                threads,
-                bos,
-                eos,
-                pad,
-                pool,
-                stats: Arc::default(),
-                rows: RowsMemo::default(),
-                tracer,
-                autocache,
-                tuner,
-            }),
-            epochs: Epochs::default(),
-        })
+        Ok(Loader::of(Tokens {
+            source,
+            tokenizer,
+            config,
+            threads,
+            bos,
+            eos,
+            pad,
+            pool,
+            stats: Arc::default(),
+            rows: RowsMemo::default(),
+            tracer,
+            autocache,
+            tuner,
+        }))
     }
 
     /// Bytes of each array of a batch at most, in the order of [`TokenBatch::regions`]:
     /// `input_ids`, `labels`, `position_ids` (`batch_size x seq_len` int32 each), `cu_seqlens`.
     pub fn region_capacities(&self) -> Vec<usize> {
-        let (bs, len) = (self.shared.config.batch_size, self.shared.config.seq_len);
+        let (bs, len) = (self.kind().config.batch_size, self.kind().config.seq_len);
         let values = bs * len;
         vec![values * 4, values * 4, values * 4, (values + bs + 1) * 4]
     }
@@ -229,14 +211,14 @@ impl TokenLoader {
             let (engine, why) = t.engine();
             v["tokenizer"] = serde_json::json!({"path": t.origin, "engine": engine, "why": why});
         }
-        if let Some(c) = &self.shared.autocache {
+        if let Some(c) = &self.kind().autocache {
             v["cache"] = serde_json::to_value(c.report()).unwrap_or_default();
         }
-        v["tuning"] = serde_json::to_value(self.shared.tuner.report()).unwrap_or_default();
+        v["tuning"] = serde_json::to_value(self.kind().tuner.report()).unwrap_or_default();
         if let Some(t) = stats.started.get() {
             let wall = t.elapsed().as_secs_f64();
             v["wall_seconds"] = serde_json::json!(wall);
-            let threads = self.shared.tuner.threads_active();
+            let threads = self.kind().tuner.threads_active();
             v["bottleneck"] =
                 serde_json::to_value(stats.bottleneck(wall, threads, self.tokenizer().is_some())).unwrap_or_default();
         }
@@ -245,72 +227,61 @@ impl TokenLoader {
 
     /// The `trace=` file, when tracing is on.
     pub fn trace_path(&self) -> Option<&std::path::Path> {
-        self.shared.tracer.as_ref().and_then(|t| t.path())
+        self.kind().tracer.as_ref().and_then(|t| t.path())
     }
 
     /// Writes the events recorded so far to `path` now (atomically); tracing must be on.
     pub fn write_trace(&self, path: &std::path::Path) -> Result<()> {
-        self.shared.write_trace_to(path)
+        self.kind().write_trace_to(path)
     }
 
     /// Documents in the source (all ranks).
     pub fn documents(&self) -> u64 {
-        self.shared.source.len()
+        self.kind().source.len()
     }
 
     /// Batches per epoch on this rank (the current epoch), when known before tokenizing:
     /// token files, where every rank has the same count. `None` for text and `infinite`.
     pub fn batches_per_epoch(&self) -> Option<usize> {
-        let (sh, p) = (&self.shared, self.epochs.position());
+        let (sh, p) = (&self.kind(), self.epochs().position());
         let rows = sh.rows.rows_per_rank(&sh.source, &sh.config, p.epoch(), p.elastic().as_ref())? as usize;
-        let bs = self.shared.config.batch_size;
-        Some(if self.shared.config.drop_last { rows / bs } else { rows.div_ceil(bs) })
+        let bs = self.kind().config.batch_size;
+        Some(if self.kind().config.drop_last { rows / bs } else { rows.div_ceil(bs) })
     }
 
     /// Tokenizer threads.
     pub fn threads(&self) -> usize {
-        self.shared.threads
+        self.kind().threads
     }
 
     /// The tokenizer (text and caches made with one given).
     pub fn tokenizer(&self) -> Option<&TextTokenizer> {
-        self.shared.tokenizer.as_ref()
+        self.kind().tokenizer.as_ref()
     }
 
     /// The configuration.
     pub fn config(&self) -> &TokenConfig {
-        &self.shared.config
+        &self.kind().config
     }
 
     /// `(bos, eos, pad)` ids.
     pub fn special_ids(&self) -> (Option<u32>, Option<u32>, u32) {
-        (self.shared.bos, self.shared.eos, self.shared.pad)
-    }
-
-    /// Batches held by the consumer.
-    pub fn held(&self) -> usize {
-        self.shared.pool.held()
+        (self.kind().bos, self.kind().eos, self.kind().pad)
     }
 
     /// The counters (documents, tokens, padding, time per stage).
     pub fn stats(&self) -> &TokenStats {
-        &self.shared.stats
-    }
-
-    /// Selects the epoch; changing it restarts at its first batch (a running iteration
-    /// becomes stale).
-    pub fn set_epoch(&self, epoch: u64) {
-        self.epochs.set_epoch(epoch);
+        &self.kind().stats
     }
 
     /// The resumable state.
     pub fn state(&self) -> TokenState {
-        self.epochs.position().state(self.shared.config.seed)
+        self.epochs().position().state(self.kind().config.seed)
     }
 
     /// What a saved state is valid for.
     pub fn fingerprint(&self) -> TokenFingerprint {
-        let (sh, c) = (&self.shared, &self.shared.config);
+        let (sh, c) = (&self.kind(), &self.kind().config);
         let order = match (c.shuffle, sh.source.random_access()) {
             (false, _) => "none".to_string(),
             (true, true) => "global".to_string(),
@@ -336,8 +307,8 @@ impl TokenLoader {
     /// Restores a state (checked by [`crate::args::token_state`]): the next iteration resumes
     /// there; a running one becomes stale.
     pub fn load_state(&self, st: TokenState) -> Result<()> {
-        self.epochs.position().restore(st, self.shared.config.seed)?;
-        self.epochs.restored();
+        self.epochs().position().restore(st, self.kind().config.seed)?;
+        self.epochs().restored();
         Ok(())
     }
 
@@ -346,9 +317,9 @@ impl TokenLoader {
     /// it is empty): what `stoker tokenize` writes. Memory stays bounded (a credit per chunk in
     /// flight); an error from `sink` stops every thread and is returned.
     pub fn for_each_document(&self, mut sink: impl FnMut(Doc, Option<Error>) -> Result<()>) -> Result<()> {
-        self.epochs.retire("for_each_document was started");
-        let sh = self.shared.clone();
-        let epoch = self.epochs.position().epoch();
+        self.epochs().retire("for_each_document was started");
+        let sh = self.kind().clone();
+        let epoch = self.epochs().position().epoch();
         let (free_tx, _free_rx) = bounded::<()>(1);
         let (run, _done) = Run::new(1, free_tx);
         let credits = sh.threads * 4 + 4;
@@ -378,55 +349,5 @@ impl TokenLoader {
         };
         run.shutdown();
         outcome
-    }
-
-    /// Whether a loaded state waits for the next iteration.
-    pub fn resume_pending(&self) -> bool {
-        self.epochs.resume_pending()
-    }
-
-    /// Starts an iteration: the current epoch from its first batch, or a restored position.
-    pub fn iter(&self) -> Result<TokenIter> {
-        let (from, first_batch, elastic) = self.epochs.begin_pass().start();
-        self.shared.stats.started.get_or_init(Instant::now);
-        let sh = self.shared.clone();
-        let (run, done_tx) = Run::new(sh.pool.slots(), sh.pool.free_tx.clone());
-        let cancel = run.cancel_flag();
-        let credits = sh.threads * 4 + 4;
-        let (credit_tx, credit_rx) = bounded::<()>(credits);
-        for _ in 0..credits {
-            credit_tx.send(()).expect("room");
-        }
-        let res_rx = spawn_tokenizing(&run, &sh, (from, elastic.clone()), credit_rx)?;
-        {
-            let (sh, cancel, run2) = (sh.clone(), cancel.clone(), Arc::downgrade(&run));
-            // Token files: every rank stops at the same row count (the rows before a resume
-            // point are whole batches).
-            let limit = sh
-                .rows
-                .rows_per_rank(&sh.source, &sh.config, from.epoch, elastic.as_ref())
-                .map(|rows| rows.saturating_sub(first_batch * sh.config.batch_size as u64));
-            run.spawn("stoker-pack".into(), move || {
-                pack_batches(&sh, (from, first_batch, limit), &res_rx, &credit_tx, &done_tx, &cancel);
-                if let Some(r) = run2.upgrade() {
-                    r.finish();
-                }
-            })?;
-        }
-        self.epochs.started(run.clone());
-        let pool = sh.pool.view();
-        let budget = FailureBudget::new(sh.config.max_failures, sh.config.raise);
-        let pass = Pass::new(run, pool, TokenHooks, (first_batch as usize, None), budget, Observe::default());
-        Ok(TokenIter { shared: sh, position: self.epochs.position().clone(), pass })
-    }
-}
-
-impl Drop for TokenLoader {
-    /// Writes the trace, when there is one with events not yet in its file (a failure goes to
-    /// stderr: a drop has no caller to return it to).
-    fn drop(&mut self) {
-        if let Err(e) = self.shared.write_trace() {
-            eprintln!("stoker: {e}");
-        }
     }
 }

@@ -38,7 +38,8 @@ mod tokenize;
 
 pub use batch::TokenBatch;
 pub use config::{expand_paths, format_of, PackMode, TokenConfig};
-pub use iter::TokenIter;
-pub use loader::TokenLoader;
-pub use state::{Elastic, TokenFingerprint, TokenState};
+pub use iter::{TokenHooks, TokenIter, TokenLoader};
+pub use shared::Tokens;
+pub use slot::TokenSlot;
+pub use state::{Elastic, TokenFingerprint, TokenPosition, TokenState};
 pub use stats::{Bottleneck, TokenStats};

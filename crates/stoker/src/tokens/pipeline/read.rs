@@ -3,7 +3,7 @@
 //! a chunk for each credit.
 
 use super::order::epoch_order;
-use super::shared::Shared;
+use super::shared::Tokens;
 use super::state::Elastic;
 use crate::error::{Error, Result};
 use crate::shell::ordered::{send_or_cancel, take_free};
@@ -35,7 +35,7 @@ pub(super) const CHUNK_BYTES: usize = 256 << 10;
 
 /// The reader thread: this rank's documents from `from`, in chunks, for each credit.
 pub(super) fn read_docs(
-    sh: &Shared,
+    sh: &Tokens,
     (from, elastic): (Resume, Option<Elastic>),
     job_tx: &Sender<(u64, Vec<RawDoc>)>,
     credits: &Receiver<()>,

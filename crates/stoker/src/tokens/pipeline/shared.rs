@@ -1,4 +1,4 @@
-//! [`Shared`]: what a token loader and the threads of its passes share (source, tokenizer,
+//! [`Tokens`]: what a token loader and the threads of its passes share (source, tokenizer,
 //! config, pool, counters, trace, token cache, tuner).
 
 use super::config::TokenConfig;
@@ -12,7 +12,8 @@ use crate::tokens::tokenizer::TextTokenizer;
 use std::sync::Arc;
 use std::time::Instant;
 
-pub(super) struct Shared {
+/// The token kind: what a token loader and the threads of its passes share.
+pub struct Tokens {
     pub(super) source: DocSource,
     pub(super) tokenizer: Option<TextTokenizer>,
     pub(super) config: TokenConfig,
@@ -33,7 +34,7 @@ pub(super) struct Shared {
     pub(super) tuner: crate::tune::Tuner,
 }
 
-impl Shared {
+impl Tokens {
     /// Records a span on the trace, when there is one.
     pub(super) fn span(&self, name: &'static str, start: Instant, args: &[(&str, f64)]) {
         if let Some(t) = &self.tracer {

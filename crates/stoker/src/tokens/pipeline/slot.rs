@@ -8,7 +8,8 @@ use crate::tokens::pack::Resume;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-pub(super) struct TokenSlot {
+/// One pooled batch buffer of the token kind.
+pub struct TokenSlot {
     pub(super) batch: AtomicUsize,
     pub(super) rows: AtomicUsize,
     pub(super) input: RawBuf,

@@ -56,7 +56,7 @@ struct PositionInner {
 /// Where a token loader's iterations start and stand: the epoch, batches delivered in it,
 /// where the next row starts, and whether a restored state waits for the next pass.
 #[derive(Debug, Default)]
-pub(super) struct TokenPosition(Mutex<PositionInner>);
+pub struct TokenPosition(Mutex<PositionInner>);
 
 /// Where a pass starts: the resume point, its batch number, and the elastic base its epoch
 /// continues.

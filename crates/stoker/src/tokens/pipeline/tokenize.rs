@@ -2,7 +2,7 @@
 //! tokenizes it with its own clone of the tokenizer, without offsets.
 
 use super::read::{read_docs, RawDoc};
-use super::shared::Shared;
+use super::shared::Tokens;
 use super::state::Elastic;
 use crate::error::{Error, Result};
 use crate::shell::ordered::{send_or_cancel, take_free, Run};
@@ -22,7 +22,7 @@ pub(super) type Tokenized = Vec<(Doc, Option<Error>)>;
 /// the consumer has taken in order gives one credit back on the sender paired with `credits`.
 pub(super) fn spawn_tokenizing<S: Send + 'static>(
     run: &Arc<Run<S>>,
-    sh: &Arc<Shared>,
+    sh: &Arc<Tokens>,
     (from, elastic): (Resume, Option<Elastic>),
     credits: Receiver<()>,
 ) -> Result<Receiver<(u64, Tokenized)>> {
@@ -87,14 +87,14 @@ pub(super) fn extend_ids(out: &mut Vec<u32>, bytes: &[u8], width: usize) {
 }
 
 /// Parses and tokenizes one document; a failure is an empty document with its error.
-pub(super) fn tokenize(sh: &Shared, tok: Option<&TextTokenizer>, d: RawDoc) -> (Doc, Option<Error>) {
+pub(super) fn tokenize(sh: &Tokens, tok: Option<&TextTokenizer>, d: RawDoc) -> (Doc, Option<Error>) {
     let skip = d.skip.min(usize::MAX as u64) as usize;
     let (mut doc, err) = tokenize_whole(sh, tok, d);
     doc.tokens.drain(..skip.min(doc.tokens.len()));
     (doc, err)
 }
 
-pub(super) fn tokenize_whole(sh: &Shared, tok: Option<&TextTokenizer>, d: RawDoc) -> (Doc, Option<Error>) {
+pub(super) fn tokenize_whole(sh: &Tokens, tok: Option<&TextTokenizer>, d: RawDoc) -> (Doc, Option<Error>) {
     let mut doc = Doc { epoch: d.epoch, cursor: d.cursor, tokens: Vec::new() };
     let file = &sh.source.files[d.at.0];
     let entry = &file.docs[d.at.1];

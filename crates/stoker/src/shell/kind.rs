@@ -1,0 +1,252 @@
+//! [`Loader`] and [`Iter`]: the one loader of every kind. A kind ([`Kind`]: images, arrays,
+//! tokens) brings what differs: its position (the sampler's, or documents), how a pass starts
+//! (its threads on a [`Run`](super::ordered::Run) and the slots they fill), and the consumer's
+//! view of a delivered slot. The shell owns the rest, written once: epochs and the rule that a
+//! newer pass, epoch or restored state makes the running pass stale ([`Epochs`]), the batches
+//! held, in-order delivery with the failure budget and the consumer's observation
+//! ([`Pass`]), polling with a time-out, and stopping a pass.
+//!
+//! Kinds over the sampler ([`SamplerKind`]: images, arrays) share their state surface too
+//! (`len`, `state`, `load_state`, elastic bases), here once.
+
+use super::epochs::{Epochs, Positioned, Retire};
+use super::pass::{Next, Pass, PassHooks, PassSlot};
+use super::sampler::{ElasticBase, Position, Sampler, SamplerState};
+use crate::error::Result;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// What a loader kind brings to the shell.
+pub trait Kind: Send + Sync + Sized + 'static {
+    /// Where its passes start and stand.
+    type Position: Positioned;
+    /// A pooled batch buffer its threads fill.
+    type Slot: PassSlot;
+    /// What it adds to a pass.
+    type Hooks: PassHooks;
+    /// The consumer's view of a delivered slot.
+    type Batch;
+
+    /// Starts a pass where `position` says: the kind's threads, and the pass over them.
+    fn start(self: &Arc<Self>, position: &Arc<Self::Position>) -> Result<Started<Self>>;
+
+    /// The consumer's view of a delivered `slot` (a kind whose position advances with what the
+    /// slot says advances it here).
+    fn batch(self: &Arc<Self>, slot: Self::Slot, position: &Self::Position, at: Delivery) -> Self::Batch;
+
+    /// Batches the consumer holds now.
+    fn held(&self) -> usize;
+
+    /// One poll ended after `waited` (for a kind that measures the consumer's wait itself).
+    fn waited(&self, _waited: Duration) {}
+
+    /// The loader is dropped (a kind writes its trace file here).
+    fn dropped(&self) {}
+}
+
+/// When and in which pass a slot is delivered.
+#[derive(Debug, Clone, Copy)]
+pub struct Delivery {
+    /// The epoch the pass started in.
+    pub epoch: u64,
+    /// When the consumer began to wait for this batch (the poll's start).
+    pub polled: Instant,
+}
+
+/// A started pass: the pass, what a newer one makes stale, and its epoch.
+pub struct Started<K: Kind> {
+    /// The pass over the kind's run.
+    pub pass: Pass<K::Slot, K::Hooks>,
+    /// What [`Epochs`] retires when a newer pass, epoch or state replaces this one.
+    pub retire: Arc<dyn Retire>,
+    /// The epoch the pass starts in.
+    pub epoch: u64,
+}
+
+/// A loader of kind `K`: the kind's shared part (what its passes' threads read) and its
+/// epochs.
+pub struct Loader<K: Kind> {
+    kind: Arc<K>,
+    epochs: Epochs<K::Position>,
+}
+
+impl<K: Kind> Loader<K> {
+    /// A loader of the configured `kind`.
+    pub fn of(kind: K) -> Self {
+        Loader { kind: Arc::new(kind), epochs: Epochs::default() }
+    }
+
+    /// The kind's shared part.
+    pub fn kind(&self) -> &Arc<K> {
+        &self.kind
+    }
+
+    /// The epochs: position, the running pass.
+    pub fn epochs(&self) -> &Epochs<K::Position> {
+        &self.epochs
+    }
+
+    /// Selects the epoch for the next iteration (see [`Epochs::set_epoch`]: changing it makes
+    /// a running iteration stale and forgets a restored position; setting the current epoch
+    /// again changes nothing).
+    pub fn set_epoch(&self, epoch: u64) {
+        self.epochs.set_epoch(epoch);
+    }
+
+    /// Whether a state was loaded and no iteration has started from it yet.
+    pub fn resume_pending(&self) -> bool {
+        self.epochs.resume_pending()
+    }
+
+    /// Batches the consumer holds now.
+    pub fn held(&self) -> usize {
+        self.kind.held()
+    }
+
+    /// Starts an iteration of the current epoch: at its first batch, or where a state loaded
+    /// since the last iteration says. A previous iteration of this loader becomes stale (it
+    /// stops, its buffers return to the pool at once, and its next batch is an error naming
+    /// why), even while its iterator object is alive.
+    pub fn iter(&self) -> Result<Iter<K>> {
+        let position = self.epochs.begin_pass().clone();
+        let Started { pass, retire, epoch } = self.kind.start(&position)?;
+        self.epochs.started(retire);
+        Ok(Iter { kind: self.kind.clone(), position, pass, epoch })
+    }
+}
+
+impl<K: Kind> Drop for Loader<K> {
+    fn drop(&mut self) {
+        self.kind.dropped();
+    }
+}
+
+impl<K: Kind> std::fmt::Debug for Loader<K> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Loader").field("kind", &std::any::type_name::<K>()).finish()
+    }
+}
+
+/// One pass over (the rest of) an epoch, or for ever for an infinite kind; yields batches in
+/// order. Dropping it stops and joins every thread of the pass.
+pub struct Iter<K: Kind> {
+    kind: Arc<K>,
+    position: Arc<K::Position>,
+    pass: Pass<K::Slot, K::Hooks>,
+    epoch: u64,
+}
+
+impl<K: Kind> std::fmt::Debug for Iter<K> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Iter").field("epoch", &self.epoch).field("next_batch", &self.pass.next_batch()).finish()
+    }
+}
+
+impl<K: Kind> Iter<K> {
+    /// Like [`Iterator::next`], but gives up after `timeout` ([`Next::NotYet`]): for callers
+    /// that must stay responsive, such as the Python binding checking for Ctrl-C between waits.
+    pub fn next_timeout(&mut self, timeout: Duration) -> Next<K::Batch> {
+        self.poll(Some(Instant::now() + timeout))
+    }
+
+    fn poll(&mut self, deadline: Option<Instant>) -> Next<K::Batch> {
+        let t0 = Instant::now();
+        let got = self.pass.poll(deadline);
+        self.kind.waited(t0.elapsed());
+        let (kind, position) = (&self.kind, &*self.position);
+        let at = Delivery { epoch: self.epoch, polled: t0 };
+        got.map(|slot| kind.batch(slot, position, at))
+    }
+
+    /// The epoch the pass started in.
+    pub fn epoch(&self) -> u64 {
+        self.epoch
+    }
+
+    /// Batches left in this pass (0 when the producer decides the end).
+    pub fn remaining(&self) -> usize {
+        self.pass.remaining()
+    }
+
+    /// Stops counting this iterator's caller as the consumer: for a stage that forwards the
+    /// batches (the GPU transfer) and measures the real consumer itself.
+    pub fn forwarding(mut self) -> Self {
+        self.pass.observe.consumer = None;
+        self
+    }
+
+    /// The kind's hooks of this pass.
+    pub fn hooks(&self) -> &K::Hooks {
+        self.pass.hooks()
+    }
+
+    /// Stops the iteration now (every thread joined, every buffer back in the pool).
+    pub fn close(&mut self) {
+        self.pass.shutdown();
+    }
+}
+
+impl<K: Kind> Iterator for Iter<K> {
+    type Item = Result<K::Batch>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        self.poll(None).into_item()
+    }
+}
+
+/// A kind whose order is the sampler's (images, arrays): its position is the sampler's, and
+/// its state surface is written once below.
+pub trait SamplerKind: Kind<Position = Position> {
+    /// The sampler.
+    fn sampler(&self) -> &Sampler;
+}
+
+impl<K: SamplerKind> Loader<K> {
+    /// Batches per epoch on this rank (of the current epoch: a continued elastic epoch has
+    /// its own count).
+    pub fn len(&self) -> usize {
+        self.epochs.batches(self.kind.sampler())
+    }
+
+    /// Whether an epoch has no batches (never true for a constructed loader).
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The sampler.
+    pub fn sampler(&self) -> &Sampler {
+        self.kind.sampler()
+    }
+
+    /// The resumable state: where the next iteration would start.
+    pub fn state(&self) -> SamplerState {
+        self.epochs.state(self.kind.sampler())
+    }
+
+    /// The elastic base of the current epoch: the saved runs it continues on this loader's
+    /// ranks (`None`: a normal epoch). Part of the state.
+    pub fn elastic(&self) -> Option<ElasticBase> {
+        self.epochs.elastic()
+    }
+
+    /// Restores a state from [`Loader::state`]: the next iteration resumes there. A running
+    /// iteration becomes stale.
+    pub fn load_state(&self, st: SamplerState) -> Result<()> {
+        self.epochs.load_state(st, None, self.kind.sampler())
+    }
+
+    /// Restores a state of an elastic epoch ([`Loader::elastic`]), or continues an epoch saved
+    /// on another number of ranks (`elastic`: their base, from
+    /// [`crate::args::saved_states`]): every sample no saved rank delivered is dealt to this
+    /// loader's ranks (see [`Sampler::elastic_order`]). A running iteration becomes stale.
+    pub fn load_elastic(&self, st: SamplerState, elastic: ElasticBase) -> Result<()> {
+        self.epochs.load_state(st, Some(elastic), self.kind.sampler())
+    }
+
+    /// Restores `st` (and its elastic base) exactly as another loader had it, including
+    /// whether it was still to be resumed: how a fork child's rebuilt loader continues its
+    /// parent's.
+    pub fn adopt_state(&self, st: SamplerState, elastic: Option<ElasticBase>, resume: bool) -> Result<()> {
+        self.epochs.adopt_state(st, elastic, resume, self.kind.sampler())
+    }
+}
