@@ -54,7 +54,7 @@ pub fn run(a: &TokenizeArgs) -> Result<()> {
     let paths = stoker::tokens::expand_paths(data)?;
     let loader = stoker::tokens::TokenLoader::new(&paths, Some(tokenizer), config)?;
     let t0 = Instant::now();
-    let meta = stoker::tokens::cache::write(&loader, &paths, &out, |docs, tokens| {
+    let meta = stoker::tools::tokenize::write_cache(&loader, &paths, &out, |docs, tokens| {
         eprint!("\r{docs} documents, {tokens} tokens");
     })?;
     let s = t0.elapsed().as_secs_f64();

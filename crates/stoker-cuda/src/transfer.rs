@@ -35,10 +35,11 @@ use std::any::Any;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use stoker::pipeline::Run;
 use stoker::shell::epochs::Active;
+use stoker::shell::grow::MakeSlot;
 use stoker::shell::grow::SlotPool;
-use stoker::shell::pass::{FailureBudget, MakeSlot, Observe, Pass, PassHooks, PassSlot};
+use stoker::shell::ordered::Run;
+use stoker::shell::pass::{FailureBudget, Observe, Pass, PassHooks, PassSlot};
 use stoker::telemetry::Telemetry;
 use stoker::trace::{Args as TraceArgs, Tracer};
 use stoker::{DType, Error, Layout, Next, Result};
@@ -664,7 +665,7 @@ impl Transfer {
 
     /// Takes a free device slot whose release points have passed; `None`: cancelled.
     fn take_slot(&self) -> Result<Option<DeviceSlot>> {
-        let Some(mut slot) = stoker::pipeline::take_free(&self.pool.slots.free_rx, &self.cancel) else {
+        let Some(mut slot) = stoker::shell::ordered::take_free(&self.pool.slots.free_rx, &self.cancel) else {
             return Ok(None);
         };
         // Detached buffers of an undelivered batch (a run shut down early) go back.

@@ -136,7 +136,7 @@ pub fn to_py(e: Error) -> PyErr {
 /// not catch.
 pub fn contain<T>(f: impl FnOnce() -> PyResult<T>) -> PyResult<T> {
     std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).unwrap_or_else(|p| {
-        let why = stoker::pipeline::panic_message(p.as_ref());
+        let why = stoker::shell::ordered::panic_message(p.as_ref());
         Err(to_py(Error::Internal(format!("panic in stoker: {why} (please report this)"))))
     })
 }

@@ -18,11 +18,11 @@
 //! them cannot overflow.
 
 use crate::arrays::ArrayConfig;
-use crate::cache::{CacheLocation, CacheSpec};
 use crate::error::{Error, Result};
-use crate::ops::{DType, Layout, OpSpec, TransformSpec};
-use crate::pipeline::{ErrorPolicy, LoaderConfig};
-use crate::sampler::{ElasticBase, ElasticStep, Fingerprint, SamplerSpec, SamplerState};
+use crate::image::cache::{CacheLocation, CacheSpec};
+use crate::image::ops::{DType, Layout, OpSpec, TransformSpec};
+use crate::image::pipeline::{ErrorPolicy, LoaderConfig};
+use crate::shell::sampler::{ElasticBase, ElasticStep, Fingerprint, SamplerSpec, SamplerState};
 use crate::tokens::{PackMode, TokenConfig, TokenFingerprint, TokenState};
 use serde_json::{Map, Value};
 use std::path::PathBuf;
@@ -156,7 +156,7 @@ pub fn thread_count(arg: &str, v: &Value) -> Result<usize> {
 }
 
 /// A prefetch depth: an integer from 1 to [`MAX_PREFETCH`], or `auto` (`None`: tuned, see
-/// [`crate::tune`]).
+/// [`crate::observe::tune`]).
 pub fn prefetch(arg: &str, v: &Value) -> Result<Option<usize>> {
     match v {
         Value::String(s) if s == "auto" => Ok(None),
@@ -252,8 +252,8 @@ pub fn parse_bytes(arg: &str, s: &str) -> Result<u64> {
 }
 
 /// A failure budget: a count (`100`) or a fraction of the pass's samples (`0.05`, `"5%"`).
-pub fn max_failures(v: &Value) -> Result<crate::pipeline::MaxFailures> {
-    use crate::pipeline::MaxFailures;
+pub fn max_failures(v: &Value) -> Result<crate::image::pipeline::MaxFailures> {
+    use crate::image::pipeline::MaxFailures;
     let bad = || {
         Error::config(
             "max_failures",
@@ -406,7 +406,7 @@ fn timeout_in(env: Env<'_>) -> Result<Option<Duration>> {
     }
 }
 
-/// Where the loaders of a host share its CPU (see [`crate::budget`]), from the environment.
+/// Where the loaders of a host share its CPU (see [`crate::observe::budget`]), from the environment.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum BudgetEnv {
     /// `STOKER_SHARED_BUDGET` turns sharing off.
@@ -418,11 +418,11 @@ pub enum BudgetEnv {
 }
 
 /// The CPU registry the environment names: `STOKER_BUDGET_FILE`, else
-/// [`crate::budget::DEFAULT_FILE`] (or the temp dir without `/dev/shm`); `None` when
+/// [`crate::observe::budget::DEFAULT_FILE`] (or the temp dir without `/dev/shm`); `None` when
 /// `STOKER_SHARED_BUDGET=0` turns sharing off. A bad value was refused by `loader_config`
 /// ([`budget_env`]); a loader configured without it gets the default.
-pub fn budget_registry() -> Option<crate::budget::Registry> {
-    use crate::budget::{Registry, DEFAULT_FILE};
+pub fn budget_registry() -> Option<crate::observe::budget::Registry> {
+    use crate::observe::budget::{Registry, DEFAULT_FILE};
     match budget_env() {
         Ok(BudgetEnv::Off) => return None,
         Ok(BudgetEnv::File(p)) => return Some(Registry::at(p)),
@@ -642,7 +642,10 @@ fn transform(a: &mut Taker) -> Result<TransformSpec> {
 /// cross the bus as uint8 and are normalised there into the asked `dtype` (`float32` by
 /// default for the presets, `float16`, `bfloat16`; `uint8` for none); `bfloat16` is made only
 /// there, so on the host it is an error naming `dtype`. Otherwise as [`loader_config`].
-pub fn image_config(mut args: Args, on_gpu: bool) -> Result<(LoaderConfig, Option<crate::ops::DeviceNormalize>)> {
+pub fn image_config(
+    mut args: Args,
+    on_gpu: bool,
+) -> Result<(LoaderConfig, Option<crate::image::ops::DeviceNormalize>)> {
     let bf16 = args.get("dtype").and_then(Value::as_str).is_some_and(|d| d.eq_ignore_ascii_case("bfloat16"));
     if bf16 {
         if !on_gpu {
@@ -716,7 +719,7 @@ fn loader_config_in(args: Args, env: Env<'_>) -> Result<LoaderConfig> {
 /// Bytes of one output sample of `spec` (compiling it, which checks the ops), or an error when
 /// the output size does not fit in 64 bits.
 fn sample_bytes(spec: &TransformSpec) -> Result<u64> {
-    let plan = crate::ops::TransformPlan::compile(spec)?;
+    let plan = crate::image::ops::TransformPlan::compile(spec)?;
     let (h, w) = plan.output_size();
     (h as u64)
         .checked_mul(w as u64)
@@ -747,16 +750,16 @@ fn cache(a: &mut Taker) -> Result<Option<CacheSpec>> {
 }
 
 /// The trace: `trace` (the file) and `trace_events` (the ring's size, default
-/// [`crate::trace::DEFAULT_MAX_EVENTS`]). Whether the file's folder exists is checked when the
+/// [`crate::observe::trace::DEFAULT_MAX_EVENTS`]). Whether the file's folder exists is checked when the
 /// loader is made.
-fn trace(a: &mut Taker) -> Result<Option<crate::trace::TraceSpec>> {
+fn trace(a: &mut Taker) -> Result<Option<crate::observe::trace::TraceSpec>> {
     let max_events = a.typed("trace_events").map(|v| positive("trace_events", &v)).transpose()?;
     match a.take("trace") {
         None if max_events.is_some() => Err(Error::config("trace_events", "needs trace=PATH (the trace file)")),
         None => Ok(None),
-        Some(Value::String(s)) if !s.trim().is_empty() => Ok(Some(crate::trace::TraceSpec {
+        Some(Value::String(s)) if !s.trim().is_empty() => Ok(Some(crate::observe::trace::TraceSpec {
             path: s.into(),
-            max_events: max_events.unwrap_or(crate::trace::DEFAULT_MAX_EVENTS),
+            max_events: max_events.unwrap_or(crate::observe::trace::DEFAULT_MAX_EVENTS),
         })),
         Some(v) => Err(Error::config("trace", format!("expected None or a file path, got {}", shown(&v)))),
     }
@@ -1362,7 +1365,7 @@ pub fn from_text<'a>(pairs: impl IntoIterator<Item = (&'a str, Option<String>)>)
 /// The environment variable that sets how long an idle decoded-pixel cache group is kept.
 pub const CACHE_TTL_VAR: &str = "STOKER_CACHE_TTL";
 
-pub use crate::cache::Ttl;
+pub use crate::image::cache::Ttl;
 
 /// `STOKER_CACHE_TTL`: how long a cache group that no process uses is kept before any stoker
 /// process opening a cache under the same root removes it: `0` (the last process to leave a
@@ -1433,7 +1436,7 @@ mod tests {
 
     #[test]
     fn the_gpu_normalises_what_the_host_would() {
-        use crate::ops::{OpSpec, IMAGENET_MEAN, IMAGENET_STD};
+        use crate::image::ops::{OpSpec, IMAGENET_MEAN, IMAGENET_STD};
         let a = |v: Value| {
             let mut m = args(v);
             m.insert("batch_size".into(), json!(8));
@@ -1588,7 +1591,7 @@ mod tests {
         let t = c.trace.unwrap();
         assert_eq!((t.path.to_str(), t.max_events), (Some("/tmp/t.json"), 50));
         let c = loader_config(args(json!({"preset": "imagenet-val", "trace": "t.json"}))).unwrap();
-        assert_eq!(c.trace.unwrap().max_events, crate::trace::DEFAULT_MAX_EVENTS);
+        assert_eq!(c.trace.unwrap().max_events, crate::observe::trace::DEFAULT_MAX_EVENTS);
         assert!(loader_config(args(json!({"preset": "imagenet-val"}))).unwrap().trace.is_none());
         let err = |v: Value| loader_config(args(v)).unwrap_err().to_string();
         let e = err(json!({"preset": "imagenet-val", "trace": "t.json", "trace_events": 0}));

@@ -85,7 +85,7 @@ pub use error::{Error, Result};
 pub use ops::{DType, Layout, OpSpec, ResizeSize, TransformPlan, TransformSpec};
 pub use pipeline::{Batch, EpochIter, ErrorPolicy, Loader, LoaderConfig, MaxFailures};
 pub use sampler::{ElasticBase, ElasticStep, Fingerprint, Sampler, SamplerSpec, SamplerState};
-pub use shell::Next;
+pub use shell::pass::Next;
 pub use source::{ImageFolder, ShardSource, Source};
 pub use telemetry::Report;
 

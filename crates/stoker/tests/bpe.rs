@@ -634,8 +634,9 @@ fn pretok_tables() -> String {
          //! regex engine of the `tokenizers` crate): the code points in `\\p{L}`, `\\p{N}` and `\\s`\n\
          //! (and, for o200k's pattern, in `\\p{Lu}`+`\\p{Lt}`, `\\p{Ll}`, `\\p{Lm}`+`\\p{Lo}`, `\\p{M}`,\n\
          //! `\\p{N}` and `\\s`) as sorted, disjoint, inclusive ranges. Do not edit by hand.\n\n\
-         use super::pretok::Class::{self, Letter as L, Number as N, Space as S};\n\
-         use super::pretok::Fine::{self, Caseless as FC, Lower as FL, Mark as FM, Number as FN, Space as FS, Upper as FU};\n\n\
+         use super::pretok_class::{Class, Fine};\n\
+         use Class::{Letter as L, Number as N, Space as S};\n\
+         use Fine::{Caseless as FC, Lower as FL, Mark as FM, Number as FN, Space as FS, Upper as FU};\n\n\
          /// `(first, last, class)`; every other scalar value is [`Class::Other`].\n\
          pub(super) static RANGES: &[(u32, u32, Class)] = &[\n",
     );

@@ -359,7 +359,7 @@ fn the_token_cache_serves_the_same_batches_as_its_text() {
     let mut c = TokenConfig::new(1, 1);
     (c.add_eos, c.threads) = (false, Some(2));
     let writer = TokenLoader::new(std::slice::from_ref(&p), Some(gpt2()), c).unwrap();
-    let meta = stoker::tokens::cache::write(&writer, std::slice::from_ref(&p), &out, |_, _| {}).unwrap();
+    let meta = stoker::tools::tokenize::write_cache(&writer, std::slice::from_ref(&p), &out, |_, _| {}).unwrap();
     assert_eq!((meta.documents, meta.token_bytes, meta.eos_id), (25, 2, Some(50256)));
     for (pack, bos) in [(PackMode::Concat, false), (PackMode::BestFit, true)] {
         let mut c = config(2);
@@ -402,7 +402,7 @@ fn the_token_cache_serves_the_same_batches_as_its_text() {
         c
     })
     .unwrap();
-    let err = stoker::tokens::cache::write(&again, &[p], &out, |_, _| {}).unwrap_err().to_string();
+    let err = stoker::tools::tokenize::write_cache(&again, &[p], &out, |_, _| {}).unwrap_err().to_string();
     assert!(err.contains("not empty"), "{err}");
 }
 

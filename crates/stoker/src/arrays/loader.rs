@@ -9,10 +9,11 @@ use super::column::Column;
 use crate::error::{Error, Result};
 use crate::shell::buffer::{BufferPool, HeapAllocator, HostAllocator, RawBuf};
 use crate::shell::epochs::Retire;
+use crate::shell::grow::MakeSlot;
 use crate::shell::grow::SlotPool;
 use crate::shell::kind::{Delivery, Iter, Kind, Loader, SamplerKind, Started};
 use crate::shell::ordered::{take_free, Run};
-use crate::shell::pass::{FailureBudget, MakeSlot, Observe, Pass, PassHooks, PassSlot};
+use crate::shell::pass::{FailureBudget, Observe, Pass, PassHooks, PassSlot};
 use crate::shell::sampler::{Fingerprint, Position, Sampler, SamplerSpec, Start};
 use crossbeam_channel::bounded;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -171,7 +172,7 @@ impl Loader<Arrays> {
         let threads = match config.threads {
             Some(0) => return Err(Error::config("threads", "must be at least 1 (or auto)")),
             Some(n) => n,
-            None => crate::cpu::default_threads(),
+            None => crate::observe::cpu::default_threads(),
         };
         let bs = config.sampler.batch_size;
         let batch_bytes: usize = columns.iter().map(|c| c.row_bytes() * bs).sum();

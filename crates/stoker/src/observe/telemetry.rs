@@ -245,7 +245,7 @@ pub struct Report {
     /// Host-to-device copies, when batches go to a GPU.
     pub transfer: Option<TransferReport>,
     /// The decoded-pixel cache's counters, when the loader has one.
-    pub cache: Option<crate::cache::CacheReport>,
+    pub cache: Option<crate::image::cache::CacheReport>,
     /// Threads, prefetch and the host-wide CPU share: as set or as tuned (image loaders).
     pub tuning: Option<TuningReport>,
 }
@@ -603,7 +603,7 @@ pub struct TuningReport {
     /// Why sharing is off, if it is.
     pub note: Option<String>,
     /// Sharing was skipped because another process held the registry's lock past
-    /// [`crate::budget::LOCK_WAIT`] when this loader started (`note` says more).
+    /// [`crate::observe::budget::LOCK_WAIT`] when this loader started (`note` says more).
     pub registry_busy: bool,
     /// Re-reads of the share that found the registry's lock held by another process and kept
     /// the last share.

@@ -37,7 +37,7 @@ pub const DEFAULT_MAX_EVENTS: usize = 200_000;
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct TraceSpec {
     /// The trace file, written at the end of every completed pass and when the loader is
-    /// dropped (see [`crate::Loader::write_trace`]).
+    /// dropped (see [`crate::image::pipeline::Loader::write_trace`]).
     pub path: PathBuf,
     /// The ring's size: the file holds the last this many events.
     pub max_events: usize,

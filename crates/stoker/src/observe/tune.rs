@@ -1,6 +1,6 @@
 //! Autotuning: `threads="auto"` and `prefetch="auto"` settle, during the first epoch, on the
 //! smallest setting that keeps the consumer from waiting, within `cpu_budget` (cores), the
-//! host-wide share ([`crate::budget`]) and the memory cap.
+//! host-wide share ([`crate::observe::budget`]) and the memory cap.
 //!
 //! - **Threads.** An autotuned loader starts `threads_max = floor(cpu_budget)` decode workers,
 //!   but only the first `threads_active` take work; the others park (they poll the cancel flag,
@@ -11,7 +11,7 @@
 //!   did not wait and one worker fewer would still have done the window's work at most 80%
 //!   busy, it removes one. A raise after starvation
 //!   sets a floor that later lowering respects, so the search ends. After one epoch's batches the
-//!   setting holds; the share is still re-read every [`crate::budget::REFRESH`] and caps it, and a
+//!   setting holds; the share is still re-read every [`crate::observe::budget::REFRESH`] and caps it, and a
 //!   loader that settled below its budget lowers its demand in the registry, giving the rest to
 //!   other processes.
 //! - **Prefetch.** The pool holds buffers for up to `prefetch_max` batches ahead (8 within
@@ -20,12 +20,12 @@
 //!   the dispatcher was held back by that gate (a bursty consumer), never past the pool.
 //! - An explicit number keeps the fixed behaviour exactly: every worker takes work, no gate.
 //! - The registry never blocks a loader: when another process holds its lock past
-//!   [`crate::budget::LOCK_WAIT`], the loader runs unshared and the report says so
+//!   [`crate::observe::budget::LOCK_WAIT`], the loader runs unshared and the report says so
 //!   (`registry_busy`, `note`).
 
-use crate::budget::{Kind, Registration, Registry, Share};
-use crate::telemetry::Telemetry;
-pub use crate::telemetry::{Decision, TuningReport};
+use crate::observe::budget::{Kind, Registration, Registry, Share};
+use crate::observe::telemetry::Telemetry;
+pub use crate::observe::telemetry::{Decision, TuningReport};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};

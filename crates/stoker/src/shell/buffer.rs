@@ -3,7 +3,7 @@
 //! A batch is scheduled only when a slot is free, which is the whole memory cap and backpressure
 //! mechanism. Workers write disjoint sample regions of a slot through raw pointers (the one
 //! `unsafe` surface, kept in this file); an atomic countdown marks the batch complete. A slot
-//! returns to the pool when the [`crate::Batch`] viewing it is dropped. In steady state nothing
+//! returns to the pool when the [`crate::image::pipeline::Batch`] viewing it is dropped. In steady state nothing
 //! here allocates.
 //!
 //! Where the memory comes from is the pool's [`HostAllocator`]: the global heap by default, or
@@ -12,7 +12,7 @@
 //! the allocator hands out, pinned or not.
 
 use super::grow::Growth;
-use super::pass::PoolView;
+use super::grow::PoolView;
 use crate::error::{Error, Result};
 use crossbeam_channel::{Receiver, Sender};
 use std::alloc::Layout;

@@ -14,9 +14,9 @@
 //! queues are sized for that).
 
 use crate::error::{Error, Result};
-use crate::shell::pass::{MakeSlot, PoolView};
 use crossbeam_channel::Sender;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 
 /// The growth limit when no `memory_limit` is given and the available memory is unknown.
 const FALLBACK_LIMIT: u64 = 4 << 30;
@@ -168,6 +168,47 @@ impl<S> SlotPool<S> {
             held: self.held.clone(),
             growth: self.growth.clone(),
             make: self.make.clone(),
+        }
+    }
+}
+
+/// Makes one more slot of a pool (when it grows: [`Growth`]).
+pub type MakeSlot<S> = Arc<dyn Fn() -> Result<S> + Send + Sync>;
+
+/// Where slots go back to, how many the consumer holds and how the pool grows: a pass's view
+/// of its pool.
+pub struct PoolView<S> {
+    /// Returns a slot to the pool.
+    pub free: Sender<S>,
+    /// Batches the consumer holds now (a delivered batch decrements it when dropped).
+    pub held: Arc<AtomicUsize>,
+    /// The pool's slot count and byte limit.
+    pub growth: Arc<Growth>,
+    /// Makes a slot when the consumer holds every one and the limit has room.
+    pub make: MakeSlot<S>,
+}
+
+impl<S> PoolView<S> {
+    pub(super) fn give_back(&self, slot: S) {
+        let _ = self.free.send(slot);
+    }
+
+    /// While the wait goes on: when the consumer holds every slot, one more is made (within
+    /// the limit) or the wait ends with the error that says how much is held.
+    pub(super) fn all_held(&self) -> Option<Error> {
+        match self.growth.reserve(self.held.load(Ordering::Acquire)) {
+            Ok(false) => None,
+            Ok(true) => match (self.make)() {
+                Ok(slot) => {
+                    self.give_back(slot);
+                    None
+                }
+                Err(e) => {
+                    self.growth.unreserve();
+                    Some(e)
+                }
+            },
+            Err(e) => Some(e),
         }
     }
 }

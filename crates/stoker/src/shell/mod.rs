@@ -31,5 +31,3 @@ pub mod pass;
 pub mod rng;
 pub mod sampler;
 pub mod store;
-
-pub use pass::Next;

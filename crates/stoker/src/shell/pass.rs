@@ -10,13 +10,12 @@
 //! failures) and its [`PassHooks`] (what else a shutdown stops, where the position advances,
 //! what a delivery updates); it wraps the slot [`Pass::poll`] returns into its own batch.
 
-use super::grow::Growth;
+use super::grow::PoolView;
 use super::ordered::{Run, Wait};
 use crate::error::{Error, Result};
-use crate::telemetry::{ConsumerClock, Telemetry};
-use crate::trace::{Args as TraceArgs, Tracer};
-use crossbeam_channel::Sender;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use crate::observe::telemetry::{ConsumerClock, Telemetry};
+use crate::observe::trace::{Args as TraceArgs, Tracer};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -84,47 +83,6 @@ pub trait PassHooks: Send {
 
 /// No hooks.
 impl PassHooks for () {}
-
-/// Makes one more slot of a pool (when it grows: [`Growth`]).
-pub type MakeSlot<S> = Arc<dyn Fn() -> Result<S> + Send + Sync>;
-
-/// Where slots go back to, how many the consumer holds and how the pool grows: a pass's view
-/// of its pool.
-pub struct PoolView<S> {
-    /// Returns a slot to the pool.
-    pub free: Sender<S>,
-    /// Batches the consumer holds now (a delivered batch decrements it when dropped).
-    pub held: Arc<AtomicUsize>,
-    /// The pool's slot count and byte limit.
-    pub growth: Arc<Growth>,
-    /// Makes a slot when the consumer holds every one and the limit has room.
-    pub make: MakeSlot<S>,
-}
-
-impl<S> PoolView<S> {
-    fn give_back(&self, slot: S) {
-        let _ = self.free.send(slot);
-    }
-
-    /// While the wait goes on: when the consumer holds every slot, one more is made (within
-    /// the limit) or the wait ends with the error that says how much is held.
-    fn all_held(&self) -> Option<Error> {
-        match self.growth.reserve(self.held.load(Ordering::Acquire)) {
-            Ok(false) => None,
-            Ok(true) => match (self.make)() {
-                Ok(slot) => {
-                    self.give_back(slot);
-                    None
-                }
-                Err(e) => {
-                    self.growth.unreserve();
-                    Some(e)
-                }
-            },
-            Err(e) => Some(e),
-        }
-    }
-}
 
 /// How many failed samples a pass accepts before it ends with an error, and the last reasons.
 #[derive(Debug, Clone)]
@@ -407,7 +365,9 @@ impl<S: PassSlot, H: PassHooks> Drop for Pass<S, H> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::shell::grow::{Growth, MakeSlot};
     use crossbeam_channel::bounded;
+    use std::sync::atomic::AtomicUsize;
     use std::sync::Mutex;
 
     #[derive(Debug)]

@@ -12,7 +12,7 @@
 //! as a permutation is (above), so the continued epoch is again a pure function of its state.
 
 use crate::error::{Error, Result};
-use crate::rng::{self, Rng};
+use crate::shell::rng::{self, Rng};
 
 /// How to order and cut the samples.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]

@@ -1,5 +1,5 @@
 //! Cache groups on a host, shared by the loader kinds: the decoded-pixel cache
-//! ([`crate::cache`]) and the token cache ([`crate::tokens::autocache`]) keep their entries in
+//! ([`crate::image::cache`]) and the token cache ([`crate::tokens::autocache`]) keep their entries in
 //! **groups** under one **root**, with one lifecycle and one byte budget.
 //!
 //! A root (`/dev/shm/stoker-cache-UID` for `ram`, or the directory given) holds one group per

@@ -20,9 +20,10 @@
 //! becomes hits. Tokens are stored without the BOS/EOS a loader adds; documents that failed or
 //! were too long are never stored.
 
-use super::docs::{DocSource, Format};
-use crate::cache::{CacheSpec, DatasetKey};
+use super::corpus::DocSource;
+use super::docs::Format;
 use crate::error::{Error, Result};
+use crate::image::cache::{CacheSpec, DatasetKey};
 use crate::shell::store::{Group, GroupKind};
 use std::collections::HashSet;
 use std::fs::File;

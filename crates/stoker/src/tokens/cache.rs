@@ -14,16 +14,11 @@
 //! given with it against the hash, so a cache never silently serves another tokenizer's ids.
 
 use super::docs::{DocEntry, DocFile};
-use super::pipeline::TokenLoader;
 use crate::error::{Error, Result};
-use std::io::Write;
 use std::path::{Path, PathBuf};
 
 /// The name of the description file of a cache folder.
 pub const META: &str = "stoker-tokens.json";
-
-/// How many failures a cache's description lists (the count is always exact).
-const LISTED_FAILURES: usize = 100;
 
 /// What a token cache holds and was made from.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -105,86 +100,4 @@ pub fn open(dir: &Path) -> Result<(DocFile, CacheMeta)> {
         .map(|(d, p)| DocEntry { offset: p[0] * w, len: (p[1] - p[0]) * w, line: d as u64 + 1 })
         .collect();
     Ok((DocFile::cache(tokens, docs, tlen, m.token_bytes), m))
-}
-
-/// Tokenizes every document `loader` reads (in the files' order: made with `shuffle=False`,
-/// one rank) into a new cache folder `out` (absent or empty), on the loader's threads;
-/// `progress` sees the documents and tokens so far. Returns the description written.
-pub fn write(
-    loader: &TokenLoader,
-    sources: &[PathBuf],
-    out: &Path,
-    mut progress: impl FnMut(u64, u64),
-) -> Result<CacheMeta> {
-    let tok = loader
-        .tokenizer()
-        .ok_or_else(|| Error::config("tokenizer", "a token cache is made from text with a tokenizer"))?;
-    let c = loader.config();
-    if c.shuffle || c.world_size != 1 || c.add_bos || c.add_eos {
-        return Err(Error::Internal("the cache writer's loader must read every document in order, as is".into()));
-    }
-    if out.exists() && std::fs::read_dir(out).map_err(|e| Error::io(out, &e))?.next().is_some() {
-        return Err(Error::Dataset(format!(
-            "{}: exists and is not empty: give a new folder for the cache",
-            out.display()
-        )));
-    }
-    std::fs::create_dir_all(out).map_err(|e| Error::io(out, &e))?;
-    let width = tok.id_width();
-    let tmp = |n: &str| out.join(format!("{n}.tmp"));
-    let create = |p: &Path| {
-        std::fs::File::create(p).map(|f| std::io::BufWriter::with_capacity(1 << 20, f)).map_err(|e| Error::io(p, &e))
-    };
-    let (mut tokens, mut index) = (create(&tmp("tokens.bin"))?, create(&tmp("index.bin"))?);
-    let (mut n_tokens, mut docs, mut failed, mut failures) = (0u64, 0u64, 0u64, Vec::new());
-    index.write_all(&0u64.to_le_bytes()).map_err(|e| Error::io(tmp("index.bin"), &e))?;
-    let mut buf: Vec<u8> = Vec::new();
-    loader.for_each_document(|d, err| {
-        if let Some(e) = err {
-            failed += 1;
-            if failures.len() < LISTED_FAILURES {
-                failures.push(e.to_string());
-            }
-        }
-        buf.clear();
-        for &t in &d.tokens {
-            if width == 2 {
-                buf.extend_from_slice(&(t as u16).to_le_bytes());
-            } else {
-                buf.extend_from_slice(&t.to_le_bytes());
-            }
-        }
-        tokens.write_all(&buf).map_err(|e| Error::io(tmp("tokens.bin"), &e))?;
-        n_tokens += d.tokens.len() as u64;
-        docs += 1;
-        index.write_all(&n_tokens.to_le_bytes()).map_err(|e| Error::io(tmp("index.bin"), &e))?;
-        if docs % 1024 == 0 {
-            progress(docs, n_tokens);
-        }
-        Ok(())
-    })?;
-    for (f, name) in [(tokens, "tokens.bin"), (index, "index.bin")] {
-        let file = f.into_inner().map_err(|e| Error::io(tmp(name), e.error()))?;
-        file.sync_all().map_err(|e| Error::io(tmp(name), &e))?;
-        std::fs::rename(tmp(name), out.join(name)).map_err(|e| Error::io(out.join(name), &e))?;
-    }
-    progress(docs, n_tokens);
-    let meta = CacheMeta {
-        version: 1,
-        sources: sources.to_vec(),
-        tokenizer_hash: format!("{:016x}", tok.hash),
-        tokenizer: tok.origin.clone(),
-        text_key: c.text_key.clone(),
-        documents: docs,
-        tokens: n_tokens,
-        token_bytes: width,
-        bos_id: tok.bos(None)?,
-        eos_id: tok.eos(None)?,
-        failed,
-        failures,
-    };
-    let text = serde_json::to_vec_pretty(&meta).map_err(|e| Error::Internal(e.to_string()))?;
-    let p = out.join(META);
-    std::fs::write(&p, text).map_err(|e| Error::io(&p, &e))?;
-    Ok(meta)
 }

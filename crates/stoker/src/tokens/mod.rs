@@ -3,6 +3,7 @@
 //! rows of `seq_len` tokens with labels, position ids and `cu_seqlens`.
 //!
 //! - [`docs`]: the formats on disk and the document index (offsets, lengths, lines).
+//! - [`corpus`]: the documents of a loader's files, numbered in file order.
 //! - [`index`]: document indexes stored between runs, checked against their files.
 //! - [`tokenizer`]: a `tokenizer.json`, one instance per thread, no offsets.
 //! - [`bpe`]: stoker's exact fast path for byte-level BPE files (GPT-2, GPT-NeoX, Llama 3, Qwen2,
@@ -22,11 +23,13 @@
 pub mod autocache;
 pub mod bpe;
 pub mod cache;
+pub mod corpus;
 pub mod docs;
 pub mod index;
 pub mod pack;
 pub mod pipeline;
 mod pretok;
+mod pretok_class;
 mod pretok_tables;
 pub mod tokenizer;
 

@@ -15,40 +15,8 @@
 //! of character starts some alternative, none matches the empty string), so the matches are the
 //! `Split(Isolated)` pieces with no gaps between them.
 
+use super::pretok_class::{Class, Fine};
 use super::pretok_tables::{O200K_RANGES, RANGES};
-
-/// The four classes the pattern tells apart; they partition the Unicode scalar values.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Class {
-    /// `\p{L}`: general category L.
-    Letter,
-    /// `\p{N}`: general category N.
-    Number,
-    /// `\s`: Unicode White_Space.
-    Space,
-    /// Everything else: `[^\s\p{L}\p{N}]`.
-    Other,
-}
-
-/// The classes o200k's pattern tells apart (Oniguruma's general categories); they partition the
-/// Unicode scalar values.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Fine {
-    /// `\p{Lu}` or `\p{Lt}`.
-    Upper,
-    /// `\p{Ll}`.
-    Lower,
-    /// `\p{Lm}` or `\p{Lo}`: in both of the pattern's letter sets.
-    Caseless,
-    /// `\p{M}`: not a letter, yet in both letter sets.
-    Mark,
-    /// `\p{N}`.
-    Number,
-    /// `\s`.
-    Space,
-    /// Everything else.
-    Other,
-}
 
 /// The class of each ASCII byte, from the same table.
 static ASCII: [Class; 128] = ascii_table();

@@ -3,8 +3,9 @@
 //! (and, for o200k's pattern, in `\p{Lu}`+`\p{Lt}`, `\p{Ll}`, `\p{Lm}`+`\p{Lo}`, `\p{M}`,
 //! `\p{N}` and `\s`) as sorted, disjoint, inclusive ranges. Do not edit by hand.
 
-use super::pretok::Class::{self, Letter as L, Number as N, Space as S};
-use super::pretok::Fine::{self, Caseless as FC, Lower as FL, Mark as FM, Number as FN, Space as FS, Upper as FU};
+use super::pretok_class::{Class, Fine};
+use Class::{Letter as L, Number as N, Space as S};
+use Fine::{Caseless as FC, Lower as FL, Mark as FM, Number as FN, Space as FS, Upper as FU};
 
 /// `(first, last, class)`; every other scalar value is [`Class::Other`].
 pub(super) static RANGES: &[(u32, u32, Class)] = &[

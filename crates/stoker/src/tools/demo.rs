@@ -2,10 +2,10 @@
 //! which an ImageFolder of ImageNet-like JPEGs is derived deterministically (random crops,
 //! flips, brightness, sizes and JPEG qualities), one class per photo.
 
-use crate::decode::{DecodeOptions, Decoder};
 use crate::error::{Error, Result};
-use crate::ops::Resampler;
-use crate::rng::Rng;
+use crate::image::decode::{DecodeOptions, Decoder};
+use crate::image::ops::Resampler;
+use crate::shell::rng::Rng;
 use std::path::{Path, PathBuf};
 
 /// The embedded photos: `(class name, encoded bytes)`.

@@ -13,12 +13,12 @@
 //! output of a run (`*.tar`, `*.tar.idx`, `classes.json`) is refused unless
 //! [`PackOptions::overwrite`], which removes those files, and only those, first.
 
-use crate::decode::{sniff, DecodeOptions, Decoder, Format};
 use crate::error::{Error, Result};
-use crate::ops::Resampler;
+use crate::image::decode::{sniff, DecodeOptions, Decoder, Format};
+use crate::image::ops::Resampler;
+use crate::observe::telemetry::Skipped;
 use crate::source::shards::{encode_index, index_path, partial_path, write_atomic, IndexEntry, Label};
 use crate::source::{tar, ImageFolder, ShardSource, Source};
-use crate::telemetry::Skipped;
 use std::path::{Path, PathBuf};
 
 /// How to pack.
@@ -38,7 +38,7 @@ pub struct PackOptions {
     /// (the output of an earlier run) instead of refusing to pack there.
     pub overwrite: bool,
     /// Re-code baseline JPEGs losslessly with optimised Huffman tables and restart markers
-    /// ([`crate::decode::restart`]): the same pixels, intervals a decoder can decode alone.
+    /// ([`crate::image::decode::restart`]): the same pixels, intervals a decoder can decode alone.
     pub random_access: bool,
 }
 
@@ -105,7 +105,7 @@ fn prepare(data: Vec<u8>, path: &Path, opts: &PackOptions, dec: &mut Decoder, rs
     let mut p = shrink(data, path, opts, dec, rs)?;
     if opts.random_access && p.ext == "jpg" {
         let max = DecodeOptions::default().max_pixels;
-        p.restart = Some(match crate::decode::restart::add_restart_markers(&p.data, max) {
+        p.restart = Some(match crate::image::decode::restart::add_restart_markers(&p.data, max) {
             Ok(r) => {
                 let before = p.data.len() as u64;
                 p.data = r.data;
@@ -390,7 +390,7 @@ pub fn pack(
                         let path = src.describe(i);
                         let mut data = vec![];
                         *r = Some(
-                            src.read(i, &mut data, crate::pipeline::DEFAULT_MAX_FILE_BYTES)
+                            src.read(i, &mut data, crate::image::pipeline::DEFAULT_MAX_FILE_BYTES)
                                 .and_then(|_| prepare(data, &path, opts, &mut dec, &mut rs)),
                         );
                     }

@@ -326,8 +326,8 @@ impl Decoder {
         if self.opts.roi {
             // Margin: the resampling filter's reach, so pixels near the box edge see the same
             // neighbours as in a full decode.
-            let mx = crate::ops::resample::filter_margin(sbox[2], out.0);
-            let my = crate::ops::resample::filter_margin(sbox[3], out.1);
+            let mx = crate::image::ops::resample::filter_margin(sbox[2], out.0);
+            let my = crate::image::ops::resample::filter_margin(sbox[3], out.1);
             y0 = (sbox[1] - my).floor().max(0.0) as usize;
             y1 = ((sbox[1] + sbox[3] + my).ceil() as usize).min(sh);
             if let Some(align) = h.scaled_mcu_width(num) {

@@ -2,7 +2,7 @@
 //! size and CenterCrop's offsets (with Python's round-half-even), reduced to one source box that is
 //! resampled to the output in a single pass.
 
-use crate::rng::Rng;
+use crate::shell::rng::Rng;
 
 /// Python's `round()`: round half to even.
 pub fn round_half_even(x: f64) -> f64 {
@@ -82,7 +82,7 @@ pub fn center_crop_axis(len: usize, crop: usize) -> (usize, usize, usize) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::rng::Rng;
+    use crate::shell::rng::Rng;
     use proptest::prelude::{prop_assert, proptest};
 
     #[test]

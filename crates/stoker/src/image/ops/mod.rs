@@ -23,7 +23,7 @@ pub mod resample;
 mod write;
 
 use crate::error::{Error, Result};
-use crate::rng::Rng;
+use crate::shell::rng::Rng;
 use geometry::{center_crop_axis, resize_shorter, rrc_params};
 use resample::BoxResampler;
 

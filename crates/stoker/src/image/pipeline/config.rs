@@ -31,14 +31,14 @@ pub struct LoaderConfig {
     pub sampler: SamplerSpec,
     /// The transform.
     pub transform: TransformSpec,
-    /// Decode threads (`None`: autotuned within `cpu_budget`, see [`crate::tune`]; a set
+    /// Decode threads (`None`: autotuned within `cpu_budget`, see [`crate::observe::tune`]; a set
     /// `STOKER_NUM_THREADS` is a fixed count).
     pub threads: Option<usize>,
     /// I/O threads (`None`: 2, or fewer with a single decode thread).
     pub io_threads: Option<usize>,
     /// Finished batches that may wait ahead of the consumer (with `prefetch_auto`, the start).
     pub prefetch: usize,
-    /// `prefetch="auto"`: tuned up to [`crate::tune::AUTO_PREFETCH_MAX`] within the memory cap.
+    /// `prefetch="auto"`: tuned up to [`crate::observe::tune::AUTO_PREFETCH_MAX`] within the memory cap.
     #[serde(default)]
     pub prefetch_auto: bool,
     /// Cores autotuned threads may use (`None`: the CPU allowance).
@@ -67,8 +67,8 @@ pub struct LoaderConfig {
     /// unless the cache has a `max_side`, so batches are the same whether a sample's pixels came
     /// from the cache or from a decode.
     #[serde(default)]
-    pub cache: Option<crate::cache::CacheSpec>,
-    /// Record a trace of every sample's stages (see [`crate::trace`]); `None`: no tracing, at
+    pub cache: Option<crate::image::cache::CacheSpec>,
+    /// Record a trace of every sample's stages (see [`crate::observe::trace`]); `None`: no tracing, at
     /// no cost.
     #[serde(default)]
     pub trace: Option<TraceSpec>,
@@ -102,7 +102,7 @@ impl MaxFailures {
 }
 
 pub(super) fn default_max_pixels() -> u64 {
-    crate::decode::DEFAULT_MAX_PIXELS
+    crate::image::decode::DEFAULT_MAX_PIXELS
 }
 
 pub(super) fn default_max_file_bytes() -> u64 {

@@ -8,6 +8,7 @@ use super::shared::{write_trace, Images};
 use super::stages::{decode_loop, dispatch, io_loop, Work};
 use super::*;
 use crate::shell::kind::{Delivery, Iter, Kind, SamplerKind, Started};
+use crate::shell::ordered::Run;
 use crate::shell::pass::{FailureBudget, Observe, Pass, PassHooks, PassSlot};
 
 /// One pass over (the rest of) an epoch; yields batches in order. Dropping it stops and joins

@@ -38,13 +38,13 @@ impl Loader {
             ));
         }
         let plan = TransformPlan::compile(&config.transform)?;
-        let allowance = crate::cpu::allowance().effective;
+        let allowance = crate::observe::cpu::allowance().effective;
         let fixed = match config.threads {
             Some(0) => return Err(Error::config("threads", "must be at least 1 (or auto)")),
             Some(n) => Some(n),
-            None => crate::cpu::env_threads(),
+            None => crate::observe::cpu::env_threads(),
         };
-        let cpu_budget = config.cpu_budget.unwrap_or_else(crate::cpu::default_budget);
+        let cpu_budget = config.cpu_budget.unwrap_or_else(crate::observe::cpu::default_budget);
         // An autotuned loader starts a worker per whole core of its budget.
         let threads = fixed.unwrap_or((cpu_budget + 1e-9).floor().max(1.0) as usize);
         let io_threads = match config.io_threads {
@@ -65,14 +65,17 @@ impl Loader {
         let batch_bytes = batch_size * plan.sample_bytes();
         // One batch being filled, `prefetch` ready, one held by the consumer.
         let slots = if config.prefetch_auto {
-            let limit = config.memory_limit.unwrap_or(crate::tune::AUTO_PREFETCH_BYTES.max(4 * batch_bytes as u64));
-            BufferPool::plan(crate::tune::AUTO_PREFETCH_MAX + 2, batch_bytes, Some(limit))?
+            let limit =
+                config.memory_limit.unwrap_or(crate::observe::tune::AUTO_PREFETCH_BYTES.max(4 * batch_bytes as u64));
+            BufferPool::plan(crate::observe::tune::AUTO_PREFETCH_MAX + 2, batch_bytes, Some(limit))?
         } else {
             BufferPool::plan(config.prefetch + 2, batch_bytes, config.memory_limit)?
         };
         let pool = BufferPool::new_in(slots, batch_size, plan.sample_bytes(), alloc, config.memory_limit)?;
         let cache = match &config.cache {
-            Some(c) => Some(crate::cache::Cache::open(c, config.transform.apply_exif, &dataset_key(source.as_ref()))?),
+            Some(c) => {
+                Some(crate::image::cache::Cache::open(c, config.transform.apply_exif, &dataset_key(source.as_ref()))?)
+            }
             None => None,
         };
         let tracer = config.trace.as_ref().map(|t| t.check().map(|()| Arc::new(Tracer::from_spec(t)))).transpose()?;
@@ -88,8 +91,8 @@ impl Loader {
             restart: true,
             max_pixels: config.max_pixels,
         };
-        let tuner = crate::tune::Tuner::new(
-            crate::tune::TuneSpec {
+        let tuner = crate::observe::tune::Tuner::new(
+            crate::observe::tune::TuneSpec {
                 auto_threads: fixed.is_none(),
                 threads_max: threads,
                 auto_prefetch: config.prefetch_auto,
@@ -164,7 +167,7 @@ impl Loader {
     }
 
     /// The decoded-pixel cache, if the loader has one.
-    pub fn cache(&self) -> Option<&crate::cache::Cache> {
+    pub fn cache(&self) -> Option<&crate::image::cache::Cache> {
         self.kind().cache.as_ref()
     }
 

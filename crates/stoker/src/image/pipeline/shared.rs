@@ -22,9 +22,9 @@ pub struct Images {
     pub(super) max_file_bytes: u64,
     pub(super) max_failures: MaxFailures,
     /// The decoded-pixel cache, if any.
-    pub(super) cache: Option<crate::cache::Cache>,
+    pub(super) cache: Option<crate::image::cache::Cache>,
     /// Active threads, prefetch gate and CPU share (fixed settings included).
-    pub(super) tuner: crate::tune::Tuner,
+    pub(super) tuner: crate::observe::tune::Tuner,
     /// Computed on first use (it reads every sample's name).
     pub(super) fingerprint: std::sync::OnceLock<Fingerprint>,
     /// Worker scratch (decoder, resampler) and read buffers kept between epochs, so a new
@@ -72,7 +72,7 @@ pub(super) fn samples_hash(source: &dyn Source) -> u64 {
 
 /// The cache group key of a dataset: its samples' hash, and the folder or shards its samples
 /// come from (the longest common path of the first and last), for `stoker cache`.
-pub fn dataset_key(source: &dyn Source) -> crate::cache::DatasetKey {
+pub fn dataset_key(source: &dyn Source) -> crate::image::cache::DatasetKey {
     let n = source.len();
     let description = if n == 0 {
         String::new()
@@ -81,5 +81,5 @@ pub fn dataset_key(source: &dyn Source) -> crate::cache::DatasetKey {
         let common: PathBuf = a.components().zip(b.components()).take_while(|(x, y)| x == y).map(|(x, _)| x).collect();
         common.display().to_string()
     };
-    crate::cache::DatasetKey { hash: samples_hash(source), samples: n, description }
+    crate::image::cache::DatasetKey { hash: samples_hash(source), samples: n, description }
 }

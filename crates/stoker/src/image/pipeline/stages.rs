@@ -5,6 +5,7 @@
 use super::shared::{sample_args, Images, Task};
 use super::work::process;
 use super::*;
+use crate::shell::ordered::take_free;
 
 pub(super) struct Work {
     pub(super) task: Task,
@@ -161,7 +162,7 @@ pub(super) fn decode_loop(
                 resampler = Resampler::new();
                 Err(Error::Internal(format!(
                     "panic while processing this sample: {} (please report this)",
-                    ordered::panic_message(p.as_ref())
+                    crate::shell::ordered::panic_message(p.as_ref())
                 )))
             })
         });

@@ -42,7 +42,7 @@ pub(super) fn finish(
     pixels: &[u8],
     size: (usize, usize),
     bbox: [f64; 4],
-    g: &crate::ops::Geometry,
+    g: &crate::image::ops::Geometry,
 ) -> Result<i64> {
     let t1 = Instant::now();
     sh.telemetry.decode.record(t1 - t0);
@@ -76,7 +76,7 @@ thread_local! {
 /// without a cache) and scaled to the stored pixels.
 pub(super) fn process_cached(
     sh: &Images,
-    cache: &crate::cache::Cache,
+    cache: &crate::image::cache::Cache,
     dec: &mut Decoder,
     rs: &mut Resampler,
     epoch: u64,
@@ -86,7 +86,7 @@ pub(super) fn process_cached(
     let t0 = Instant::now();
     let nopath = Path::new("");
     let mut rng = augment_rng(sh, epoch, task);
-    let key = crate::cache::Cache::key(data);
+    let key = crate::image::cache::Cache::key(data);
     // The source box on the stored pixels: unchanged (exact) at full resolution.
     let scaled = |b: [f64; 4], (w, h): (usize, usize), (sw, sh): (usize, usize)| {
         if (w, h) == (sw, sh) {
@@ -100,11 +100,11 @@ pub(super) fn process_cached(
     // gives exactly the same pixels as the whole image. With a `max_side` (fractional boxes) a
     // window with the filter's reach as margin is used for hits and misses alike, so they agree.
     // Otherwise (a resize window at full resolution), every row.
-    let window = |[_, by, _, bh]: [f64; 4], g: &crate::ops::Geometry, height: usize| {
+    let window = |[_, by, _, bh]: [f64; 4], g: &crate::image::ops::Geometry, height: usize| {
         if !(g.hard || cache.max_side().is_some()) {
             return (0, height);
         }
-        let my = crate::ops::resample::filter_margin(bh, g.dst[3].max(1));
+        let my = crate::image::ops::resample::filter_margin(bh, g.dst[3].max(1));
         let y0 = ((by - my).floor().max(0.0) as usize).min(height - 1);
         (y0, ((by + bh + my).ceil() as usize).clamp(y0 + 1, height))
     };

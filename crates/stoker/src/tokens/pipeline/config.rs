@@ -77,10 +77,10 @@ pub struct TokenConfig {
     pub index_dir: Option<std::path::PathBuf>,
     /// The trace file and ring size (`None`: no trace): spans of reading, tokenizing, packing
     /// and the consumer's waits, written when a pass completes and when the loader is dropped.
-    pub trace: Option<crate::trace::TraceSpec>,
+    pub trace: Option<crate::observe::trace::TraceSpec>,
     /// The automatic token cache (`None`: every epoch tokenizes); see [`super::autocache`].
     #[serde(default)]
-    pub cache: Option<crate::cache::CacheSpec>,
+    pub cache: Option<crate::image::cache::CacheSpec>,
 }
 
 impl TokenConfig {

@@ -90,7 +90,7 @@ impl Kind for Tokens {
         let s = &self.stats;
         let wait = s.wait_ns.load(Ordering::Relaxed);
         let since = s.started.get().map_or(0, |t| t.elapsed().as_nanos() as u64);
-        self.tuner.on_batch_load(crate::tune::Load {
+        self.tuner.on_batch_load(crate::observe::tune::Load {
             consumer_wait_ns: wait,
             consumer_busy_ns: since.saturating_sub(wait),
             worker_busy_ns: s.tokenize_ns.load(Ordering::Relaxed),

@@ -10,11 +10,12 @@ use super::stats::TokenStats;
 use super::tokenize::{spawn_tokenizing, Tokenized};
 use crate::error::{Error, Result};
 use crate::shell::buffer::{HeapAllocator, RawBuf};
+use crate::shell::grow::MakeSlot;
 use crate::shell::grow::SlotPool;
 use crate::shell::kind::Loader;
 use crate::shell::ordered::{take_free, Run};
-use crate::shell::pass::MakeSlot;
-use crate::tokens::docs::{DocSource, Format};
+use crate::tokens::corpus::DocSource;
+use crate::tokens::docs::Format;
 use crate::tokens::pack::{Doc, Resume};
 use crate::tokens::tokenizer::TextTokenizer;
 use crossbeam_channel::bounded;
@@ -39,7 +40,7 @@ impl Loader<Tokens> {
         paths: &[std::path::PathBuf],
         tokenizer: Option<TextTokenizer>,
         config: TokenConfig,
-        alloc: Arc<dyn crate::buffer::HostAllocator>,
+        alloc: Arc<dyn crate::shell::buffer::HostAllocator>,
     ) -> Result<Self> {
         let formats = paths.iter().map(|p| format_of(p, &config)).collect::<Result<Vec<_>>>()?;
         let format = *formats.first().ok_or_else(|| Error::config("data", "no files given"))?;
@@ -130,14 +131,14 @@ impl Loader<Tokens> {
                 ))
             }
         };
-        let cpu_budget = config.cpu_budget.unwrap_or_else(crate::cpu::default_budget);
+        let cpu_budget = config.cpu_budget.unwrap_or_else(crate::observe::cpu::default_budget);
         let threads = match config.threads {
             Some(0) => return Err(Error::config("threads", "must be at least 1 (or auto)")),
             Some(n) => n,
             None => (cpu_budget + 1e-9).floor().max(1.0) as usize,
         };
-        let tuner = crate::tune::Tuner::new(
-            crate::tune::TuneSpec {
+        let tuner = crate::observe::tune::Tuner::new(
+            crate::observe::tune::TuneSpec {
                 auto_threads: config.threads.is_none(),
                 threads_max: threads,
                 auto_prefetch: false,
@@ -154,7 +155,7 @@ impl Loader<Tokens> {
         })?;
         let cu_values = values + bs + 1;
         let batch_bytes = (3 * values + cu_values) * 4;
-        let slots = crate::buffer::BufferPool::plan(config.prefetch + 2, batch_bytes, config.memory_limit)?;
+        let slots = crate::shell::buffer::BufferPool::plan(config.prefetch + 2, batch_bytes, config.memory_limit)?;
         let make: MakeSlot<Arc<TokenSlot>> = Arc::new(move || {
             let a = alloc.as_ref();
             Ok(Arc::new(TokenSlot {
@@ -173,7 +174,7 @@ impl Loader<Tokens> {
         let tracer = config
             .trace
             .as_ref()
-            .map(|t| t.check().map(|()| Arc::new(crate::trace::Tracer::from_spec(t))))
+            .map(|t| t.check().map(|()| Arc::new(crate::observe::trace::Tracer::from_spec(t))))
             .transpose()?;
         Ok(Loader::of(Tokens {
             source,

@@ -4,8 +4,9 @@
 
 use super::config::{PackMode, TokenConfig};
 use super::state::Elastic;
-use crate::rng::{self, Rng};
-use crate::tokens::docs::{DocSource, Format};
+use crate::shell::rng::{self, Rng};
+use crate::tokens::corpus::DocSource;
+use crate::tokens::docs::Format;
 use std::collections::BTreeMap;
 use std::sync::Mutex;
 

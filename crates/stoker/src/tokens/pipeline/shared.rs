@@ -7,7 +7,7 @@ use super::slot::TokenSlot;
 use super::stats::TokenStats;
 use crate::error::{Error, Result};
 use crate::shell::grow::SlotPool;
-use crate::tokens::docs::DocSource;
+use crate::tokens::corpus::DocSource;
 use crate::tokens::tokenizer::TextTokenizer;
 use std::sync::Arc;
 use std::time::Instant;
@@ -26,19 +26,19 @@ pub struct Tokens {
     /// Rows per rank of token files, for the last epoch asked.
     pub(super) rows: RowsMemo,
     /// The trace, when asked for.
-    pub(super) tracer: Option<Arc<crate::trace::Tracer>>,
+    pub(super) tracer: Option<Arc<crate::observe::trace::Tracer>>,
     /// The automatic token cache, when asked for.
     pub(super) autocache: Option<crate::tokens::autocache::TokenCache>,
-    /// `threads="auto"`: how many tokenizer threads take work (see [`crate::tune`]); a fixed
+    /// `threads="auto"`: how many tokenizer threads take work (see [`crate::observe::tune`]); a fixed
     /// count keeps them all working.
-    pub(super) tuner: crate::tune::Tuner,
+    pub(super) tuner: crate::observe::tune::Tuner,
 }
 
 impl Tokens {
     /// Records a span on the trace, when there is one.
     pub(super) fn span(&self, name: &'static str, start: Instant, args: &[(&str, f64)]) {
         if let Some(t) = &self.tracer {
-            t.span(name, "tokens", start, Instant::now(), crate::trace::Args::numbers(args));
+            t.span(name, "tokens", start, Instant::now(), crate::observe::trace::Args::numbers(args));
         }
     }
 
