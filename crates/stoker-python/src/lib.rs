@@ -6,57 +6,46 @@
 //! `stoker/errors.py` re-exports). The extension module itself is the thin `stoker-pyext` cdylib, which
 //! calls [`register`].
 //!
+//! One folder per kind, as the engine's rooms, each with a loader, an iterator, a batch and a
+//! tensor view class; what they share is written once in `shared/`:
+//!
 //! | file | role |
 //! |---|---|
 //! | `errors.rs` | the `stoker.errors` exception classes; engine errors to them, in one `match` |
-//! | `args.rs` | Python arguments and state dicts to the engine's argument rules |
 //! | `functions.rs` | the module-level functions |
-//! | `loader.rs` | the `Loader` class |
-//! | `iter.rs` | the `Iterator` class; waiting with Ctrl-C honoured, shared by every iteration |
-//! | `batch.rs` | the `Batch` class and its `Tensor` views |
-//! | `array_loader.rs` | the `ArrayLoader` class |
-//! | `array_iter.rs` | the `ArrayIterator` class |
-//! | `array_batch.rs` | the `ArrayBatch` class and its `ArrayTensor` views |
-//! | `token_loader.rs` | the `TokenLoader`, `TokenIterator`, `TokenBatch` and `TokenTensor` classes |
-//! | `held.rs` | what the batch classes read from a host or device batch, written once |
-//! | `device.rs` | `device=` placement, pinned pool + transfer stage, CUDA DLPack export |
-//! | `dlpack.rs` | zero-copy export of batch buffers through the DLPack protocol |
-//! | `buffer.rs` | array memory from Python through the buffer protocol |
+//! | `shared/` | what every kind's classes share, written once (its `mod.rs` has the file map) |
+//! | `image/` | `Loader`, `Iterator`, `Batch` and its `Tensor` views |
+//! | `arrays/` | `ArrayLoader`, `ArrayIterator`, `ArrayBatch` and its `ArrayTensor` views; the buffer protocol |
+//! | `tokens/` | `TokenLoader`, `TokenIterator`, `TokenBatch` and its `TokenTensor` views |
+//!
+//! Each kind's folder has `loader.rs`, `iter.rs` and `batch.rs` (the batch and its views).
 
-mod args;
-mod array_batch;
-mod array_iter;
-mod array_loader;
-mod batch;
-mod buffer;
-mod device;
-mod dlpack;
+mod arrays;
 mod errors;
 mod functions;
-mod held;
-mod iter;
-mod loader;
-mod token_loader;
+mod image;
+mod shared;
+mod tokens;
 
 use pyo3::prelude::*;
+use pyo3::PyClass;
 
 /// Adds the classes and functions of `stoker._stoker` to module `m`.
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add("LIBJPEG_TURBO_VERSION", stoker::decode::jpeg::LIBJPEG_TURBO_VERSION)?;
     errors::register(m)?;
-    m.add_class::<loader::PyLoader>()?;
-    m.add_class::<iter::PyIter>()?;
-    m.add_class::<batch::PyBatch>()?;
-    m.add_class::<batch::PyTensor>()?;
-    m.add_class::<array_loader::PyArrayLoader>()?;
-    m.add_class::<array_iter::PyArrayIter>()?;
-    m.add_class::<array_batch::PyArrayBatch>()?;
-    m.add_class::<array_batch::PyArrayTensor>()?;
-    m.add_class::<token_loader::PyTokenLoader>()?;
-    m.add_class::<token_loader::PyTokenIter>()?;
-    m.add_class::<token_loader::PyTokenBatch>()?;
-    m.add_class::<token_loader::PyTokenTensor>()?;
+    add_kind::<image::PyLoader, image::PyIter, image::PyBatch, image::PyTensor>(m)?;
+    add_kind::<arrays::PyArrayLoader, arrays::PyArrayIter, arrays::PyArrayBatch, arrays::PyArrayTensor>(m)?;
+    add_kind::<tokens::PyTokenLoader, tokens::PyTokenIter, tokens::PyTokenBatch, tokens::PyTokenTensor>(m)?;
     functions::register(m)?;
     Ok(())
+}
+
+/// Adds a kind's classes to module `m`: its loader, iterator, batch and tensor view.
+fn add_kind<L: PyClass, I: PyClass, B: PyClass, T: PyClass>(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<L>()?;
+    m.add_class::<I>()?;
+    m.add_class::<B>()?;
+    m.add_class::<T>()
 }

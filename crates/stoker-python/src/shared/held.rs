@@ -1,10 +1,10 @@
 //! What the batch classes read from a batch, written once for both places it can be: a pool
 //! buffer in host memory ([`Held::Host`]) or the transfer stage's device buffers
-//! ([`Held::Device`]), and for both kinds of batch (images, array rows).
+//! ([`Held::Device`]), and for every kind of batch (each kind's `batch.rs` implements [`Rows`]).
 
-use crate::device::{Held, Location};
+use crate::shared::device::{Held, Location};
 use std::sync::Arc;
-use stoker_cuda::{ArrayMeta, HostBatch, ImageMeta, TokenMeta};
+use stoker_cuda::HostBatch;
 
 /// A host batch and the description its device copy carries, read the same way.
 pub(crate) trait Rows: HostBatch {
@@ -22,86 +22,6 @@ pub(crate) trait Rows: HostBatch {
     fn meta_number(meta: &Self::Meta) -> usize;
     /// Dataset indices of a device copy's samples.
     fn meta_indices(meta: &Self::Meta) -> &[u32];
-}
-
-impl Rows for stoker::Batch {
-    fn rows(&self) -> usize {
-        self.len()
-    }
-    fn number(&self) -> usize {
-        self.index()
-    }
-    fn sample_indices(&self) -> Vec<u32> {
-        self.indices()
-    }
-    /// Region 0 is the images, region 1 the labels.
-    fn region_ptr(&self, k: usize) -> *const u8 {
-        if k == 0 {
-            self.data_ptr()
-        } else {
-            self.labels_ptr().cast::<u8>()
-        }
-    }
-    fn meta_rows(meta: &ImageMeta) -> usize {
-        meta.shape[0]
-    }
-    fn meta_number(meta: &ImageMeta) -> usize {
-        meta.index
-    }
-    fn meta_indices(meta: &ImageMeta) -> &[u32] {
-        &meta.indices
-    }
-}
-
-impl Rows for stoker::arrays::ArrayBatch {
-    fn rows(&self) -> usize {
-        self.len()
-    }
-    fn number(&self) -> usize {
-        self.index()
-    }
-    fn sample_indices(&self) -> Vec<u32> {
-        self.indices()
-    }
-    /// Region `k` is column `k`.
-    fn region_ptr(&self, k: usize) -> *const u8 {
-        self.column_ptr(k)
-    }
-    fn meta_rows(meta: &ArrayMeta) -> usize {
-        meta.len
-    }
-    fn meta_number(meta: &ArrayMeta) -> usize {
-        meta.index
-    }
-    fn meta_indices(meta: &ArrayMeta) -> &[u32] {
-        &meta.indices
-    }
-}
-
-impl Rows for stoker::tokens::TokenBatch {
-    fn rows(&self) -> usize {
-        stoker::tokens::TokenBatch::rows(self)
-    }
-    fn number(&self) -> usize {
-        self.index()
-    }
-    /// Token rows are not dataset samples: no indices.
-    fn sample_indices(&self) -> Vec<u32> {
-        vec![]
-    }
-    /// Regions: `input_ids`, `labels`, `position_ids`, `cu_seqlens`.
-    fn region_ptr(&self, k: usize) -> *const u8 {
-        self.regions()[k].0
-    }
-    fn meta_rows(meta: &TokenMeta) -> usize {
-        meta.rows
-    }
-    fn meta_number(meta: &TokenMeta) -> usize {
-        meta.index
-    }
-    fn meta_indices(_: &TokenMeta) -> &[u32] {
-        &[]
-    }
 }
 
 /// The getters of a held batch, host or device.

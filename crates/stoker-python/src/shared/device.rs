@@ -2,8 +2,8 @@
 //! exporting CUDA tensors through DLPack with the protocol's stream semantics (the consumer's
 //! stream waits on the copy's event; no host sync).
 
-use crate::dlpack::{self, View};
 use crate::errors::IntoPy;
+use crate::shared::dlpack::{self, View};
 use pyo3::exceptions::PyBufferError;
 use pyo3::prelude::*;
 use pyo3::types::PyCapsule;
@@ -13,9 +13,12 @@ use stoker::telemetry::Telemetry;
 use stoker::Next;
 use stoker_cuda::{DeviceBatch, DeviceIter, DeviceRegion, DeviceStage, HostBatch};
 
-/// A host iteration the bindings poll (images or arrays).
+/// A host iteration the bindings poll; each kind's `iter.rs` implements it for its engine
+/// iteration.
 pub(crate) trait HostIter: Send + 'static {
+    /// The batches it delivers.
     type Batch: HostBatch + Sync;
+    /// The next batch, waiting at most `t`.
     fn poll(&mut self, t: Duration) -> Next<Self::Batch>;
     /// The iteration as the transfer stage's input (which measures the consumer itself).
     fn forwarding(self) -> Self
@@ -23,30 +26,6 @@ pub(crate) trait HostIter: Send + 'static {
         Self: Sized,
     {
         self
-    }
-}
-
-impl HostIter for stoker::EpochIter {
-    type Batch = stoker::Batch;
-    fn poll(&mut self, t: Duration) -> Next<stoker::Batch> {
-        self.next_timeout(t)
-    }
-    fn forwarding(self) -> Self {
-        stoker::EpochIter::forwarding(self)
-    }
-}
-
-impl HostIter for stoker::tokens::TokenIter {
-    type Batch = stoker::tokens::TokenBatch;
-    fn poll(&mut self, t: Duration) -> Next<stoker::tokens::TokenBatch> {
-        self.next_timeout(t)
-    }
-}
-
-impl HostIter for stoker::arrays::ArrayIter {
-    type Batch = stoker::arrays::ArrayBatch;
-    fn poll(&mut self, t: Duration) -> Next<stoker::arrays::ArrayBatch> {
-        self.next_timeout(t)
     }
 }
 

@@ -3,7 +3,6 @@
 
 use crate::errors::{self, IntoPy};
 use pyo3::prelude::*;
-use stoker::args::SavedState;
 use stoker::ElasticBase;
 
 /// A Python scalar as the JSON value the engine's argument rules read: bool, int, float, str
@@ -29,31 +28,10 @@ pub fn json_of(v: &Bound<'_, PyAny>) -> serde_json::Value {
     }
 }
 
-/// Loads a state dict (its JSON, from `load_state_dict`) into a loader whose fingerprint is
-/// `mine`: the engine checks it field by field ([`stoker::args::saved_state`]), then `load`
-/// restores the position (and the elastic base of an elastic epoch's state).
-pub fn load_state_json(
-    json: &str,
-    mine: &stoker::Fingerprint,
-    load: impl FnOnce(SavedState) -> stoker::Result<()>,
-) -> PyResult<()> {
-    let state: serde_json::Value = serde_json::from_str(json)
-        .map_err(|e| errors::config("state", format!("expected a dict from state_dict(), not JSON: {e}")))?;
-    let st = stoker::args::saved_state(&state, mine).py_err()?;
-    load(st).py_err()
-}
-
-/// Continues a run saved by several ranks: the JSON list of every rank's state dict, checked
-/// by the engine ([`stoker::args::saved_states`]); `load` restores the continued epoch.
-pub fn load_states_json(
-    json: &str,
-    mine: &stoker::Fingerprint,
-    load: impl FnOnce(SavedState) -> stoker::Result<()>,
-) -> PyResult<()> {
-    let states: serde_json::Value = serde_json::from_str(json)
-        .map_err(|e| errors::config("state", format!("expected a list of state_dict()s, not JSON: {e}")))?;
-    let st = stoker::args::saved_states(&states, mine).py_err()?;
-    load(st).py_err()
+/// The JSON text of `load_state_dict`'s argument (a state dict, or a list of several ranks')
+/// as a value; not JSON is a `ConfigError` naming `state` and what was `expected`.
+pub fn state_value(json: &str, expected: &str) -> PyResult<serde_json::Value> {
+    serde_json::from_str(json).map_err(|e| errors::config("state", format!("expected {expected}, not JSON: {e}")))
 }
 
 /// An elastic base as JSON (what `elastic_json()` gives, for a fork child's rebuilt loader).

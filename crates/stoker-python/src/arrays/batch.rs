@@ -1,15 +1,44 @@
-//! The `ArrayBatch` class and its column views (`ArrayTensor`), exported through DLPack.
+//! The `ArrayBatch` class and its column views (`ArrayTensor`), exported through DLPack; how an
+//! array batch is read, in host or device memory.
 
-use crate::device;
-use crate::dlpack::{DLDataType, View};
 use crate::errors;
+use crate::shared::batch::batch_class;
+use crate::shared::device::{self, Location};
+use crate::shared::dlpack::DLDataType;
+use crate::shared::held::Rows;
+use crate::shared::tensor::{tensor_class, TensorClass};
 use pyo3::prelude::*;
-use pyo3::types::PyCapsule;
 use std::sync::Arc;
 use stoker::arrays::{descr_itemsize, ArrayBatch};
+use stoker_cuda::ArrayMeta;
 
 /// An array batch in host or device memory.
 pub(crate) type ArrHeld = device::Held<ArrayBatch>;
+
+impl Rows for ArrayBatch {
+    fn rows(&self) -> usize {
+        self.len()
+    }
+    fn number(&self) -> usize {
+        self.index()
+    }
+    fn sample_indices(&self) -> Vec<u32> {
+        self.indices()
+    }
+    /// Region `k` is column `k`.
+    fn region_ptr(&self, k: usize) -> *const u8 {
+        self.column_ptr(k)
+    }
+    fn meta_rows(meta: &ArrayMeta) -> usize {
+        meta.len
+    }
+    fn meta_number(meta: &ArrayMeta) -> usize {
+        meta.index
+    }
+    fn meta_indices(meta: &ArrayMeta) -> &[u32] {
+        &meta.indices
+    }
+}
 
 /// dtype string and the shape of one row, per column.
 #[derive(Clone)]
@@ -44,24 +73,7 @@ impl PyArrayBatch {
     }
 }
 
-#[pymethods]
-impl PyArrayBatch {
-    fn __len__(&self) -> usize {
-        self.inner.len()
-    }
-
-    /// Batch number within the epoch.
-    #[getter]
-    fn index(&self) -> usize {
-        self.inner.index()
-    }
-
-    /// Dataset indices of the rows.
-    #[getter]
-    fn indices(&self) -> Vec<u32> {
-        self.inner.indices()
-    }
-
+batch_class! { PyArrayBatch, shares [indices], {
     /// Column `c` as a DLPack-exporting tensor view.
     fn column(&self, c: usize) -> PyResult<PyArrayTensor> {
         if c >= self.specs.len() {
@@ -69,7 +81,7 @@ impl PyArrayBatch {
         }
         Ok(PyArrayTensor { batch: self.inner.clone(), column: c, spec: self.specs[c].clone() })
     }
-}
+} }
 
 /// A column of an array batch (host or device memory), exported with `__dlpack__`.
 #[pyclass(frozen, name = "ArrayTensor", module = "stoker._stoker")]
@@ -79,32 +91,17 @@ pub struct PyArrayTensor {
     spec: ColumnSpec,
 }
 
-#[pymethods]
-impl PyArrayTensor {
-    #[pyo3(signature = (*, stream=None, max_version=None, dl_device=None, copy=None))]
-    fn __dlpack__<'py>(
-        &self,
-        py: Python<'py>,
-        stream: Option<Bound<'py, PyAny>>,
-        max_version: Option<(u32, u32)>,
-        dl_device: Option<(i32, i32)>,
-        copy: Option<bool>,
-    ) -> PyResult<Bound<'py, PyCapsule>> {
-        let _ = max_version;
+impl TensorClass for PyArrayTensor {
+    fn region(&self) -> (*const u8, Location, Arc<dyn Send + Sync>) {
+        self.batch.region(self.column)
+    }
+
+    fn layout(&self) -> PyResult<(Vec<i64>, DLDataType)> {
         let dtype = dl_type(&self.spec.descr).ok_or_else(|| errors::config("arrays", "unsupported dtype"))?;
-        let (data, loc, owner) = self.batch.region(self.column);
         let mut shape = vec![self.batch.len() as i64];
         shape.extend(self.spec.row_shape.iter().map(|&d| d as i64));
-        device::export(py, &loc, View { data, shape, dtype, owner }, stream, dl_device, copy)
-    }
-
-    fn __dlpack_device__(&self) -> (i32, i32) {
-        self.batch.region(self.column).1.dlpack_device()
-    }
-
-    /// Address of the first element (host or device).
-    #[getter]
-    fn data_ptr(&self) -> usize {
-        self.batch.region(self.column).0 as usize
+        Ok((shape, dtype))
     }
 }
+
+tensor_class!(PyArrayTensor);

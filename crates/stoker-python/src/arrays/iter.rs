@@ -1,0 +1,36 @@
+//! The `ArrayIterator` class: an iteration over array batches, waiting as
+//! [`crate::shared::iter`] describes (GIL released, Ctrl-C honoured, fork-safe).
+
+use super::batch::{ArrHeld, ColumnSpec, PyArrayBatch};
+use crate::shared::device::HostIter;
+use crate::shared::iter::{iterator_class, IteratorClass, Polled};
+use pyo3::prelude::*;
+use std::sync::Arc;
+use std::time::Duration;
+use stoker::arrays::{ArrayBatch, ArrayIter};
+use stoker::Next;
+
+impl HostIter for ArrayIter {
+    type Batch = ArrayBatch;
+    fn poll(&mut self, t: Duration) -> Next<ArrayBatch> {
+        self.next_timeout(t)
+    }
+}
+
+/// An iteration over array batches (GIL released while waiting; Ctrl-C honoured).
+#[pyclass(frozen, name = "ArrayIterator", module = "stoker._stoker")]
+pub struct PyArrayIter {
+    pub(super) polled: Polled<ArrayIter>,
+    /// The columns' dtypes and row shapes, for the batches' views.
+    pub(super) specs: Arc<Vec<ColumnSpec>>,
+}
+
+impl IteratorClass for PyArrayIter {
+    type Host = ArrayIter;
+    type Batch = PyArrayBatch;
+    fn batch(&self, held: ArrHeld) -> PyArrayBatch {
+        PyArrayBatch::new(held, self.specs.clone())
+    }
+}
+
+iterator_class!(PyArrayIter => PyArrayBatch);

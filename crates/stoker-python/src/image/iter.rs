@@ -1,0 +1,37 @@
+//! The `Iterator` class: an iteration over image batches, waiting as [`crate::shared::iter`]
+//! describes (GIL released, Ctrl-C honoured, fork-safe).
+
+use super::batch::{Held, PyBatch};
+use crate::shared::device::HostIter;
+use crate::shared::iter::{iterator_class, IteratorClass, Polled};
+use pyo3::prelude::*;
+use std::time::Duration;
+use stoker::{EpochIter, Next};
+
+impl HostIter for EpochIter {
+    type Batch = stoker::Batch;
+    fn poll(&mut self, t: Duration) -> Next<stoker::Batch> {
+        self.next_timeout(t)
+    }
+    /// The transfer stage measures the consumer's waits itself.
+    fn forwarding(self) -> Self {
+        EpochIter::forwarding(self)
+    }
+}
+
+/// An iteration over (the rest of) an epoch. Waits release the GIL; Ctrl-C is honoured
+/// between 50 ms waits and stops every worker thread.
+#[pyclass(frozen, weakref, name = "Iterator", module = "stoker._stoker")]
+pub struct PyIter {
+    pub(super) polled: Polled<EpochIter>,
+}
+
+impl IteratorClass for PyIter {
+    type Host = EpochIter;
+    type Batch = PyBatch;
+    fn batch(&self, held: Held) -> PyBatch {
+        PyBatch::new(held)
+    }
+}
+
+iterator_class!(PyIter => PyBatch);

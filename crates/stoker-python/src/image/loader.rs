@@ -1,0 +1,149 @@
+//! The `Loader` class: an image dataset opened and configured, the start of every iteration.
+//! Its shared methods come from [`loader_class!`]; here is what only images have.
+
+use super::iter::PyIter;
+use crate::errors::{self, IntoPy};
+use crate::shared::args::args_of;
+use crate::shared::iter::Polled;
+use crate::shared::loader::{loader_class, LoaderClass};
+use pyo3::prelude::*;
+use std::sync::Arc;
+use stoker::telemetry::Telemetry;
+use stoker::{EpochIter, Loader};
+use stoker_cuda::{OnDevice, Target};
+
+/// A loader over a dataset (an ImageFolder root, a pack folder, shards or URLs), configured by
+/// the user's arguments as JSON, which the engine checks ([`stoker::args::loader_config`]).
+#[pyclass(frozen, name = "Loader", module = "stoker._stoker")]
+pub struct PyLoader {
+    /// The engine's loader, the transfer stage when batches go to a GPU, and the device used.
+    on: OnDevice<Loader>,
+    /// Exact class names (bytes on Linux): Python gets them as `os.listdir` shows them.
+    classes: Vec<std::ffi::OsString>,
+    samples: usize,
+    sampler: stoker::SamplerSpec,
+    /// How the GPU side normalises batches that crossed the bus as uint8 (decided in
+    /// `stoker::args::image_config`), when they go to a GPU.
+    normalize: Option<stoker::ops::DeviceNormalize>,
+}
+
+impl PyLoader {
+    fn open(py: Python<'_>, roots: Vec<String>, args_json: &str, device: &str, ordinal: u32) -> PyResult<Self> {
+        // The device first: a GPU that is asked for and unusable is the error, before any other.
+        let target = py.detach(|| Target::resolve(device, ordinal)).py_err()?;
+        let (config, normalize) = stoker::args::image_config(args_of(args_json)?, target.on_gpu()).py_err()?;
+        py.detach(move || {
+            let dataset = stoker::source::open(&roots)?;
+            let samples = dataset.source.len();
+            let sampler = config.sampler.clone();
+            let on = target.image_loader(&dataset, config)?;
+            Ok(PyLoader { on, classes: dataset.classes, samples, sampler, normalize })
+        })
+        .py_err()
+    }
+}
+
+impl LoaderClass for PyLoader {
+    type Host = EpochIter;
+    type Iterator = PyIter;
+    fn sharding(&self) -> (usize, usize, usize) {
+        (self.sampler.batch_size, self.sampler.rank, self.sampler.world_size)
+    }
+    fn held_batches(&self) -> usize {
+        self.on.loader.pool().held()
+    }
+    /// The stage records the consumer's waits into the loader's report.
+    fn stage_telemetry(&self) -> Option<Arc<Telemetry>> {
+        Some(self.on.loader.telemetry().clone())
+    }
+    fn iterator(&self, polled: Polled<EpochIter>) -> PyIter {
+        PyIter { polled }
+    }
+}
+
+loader_class! { PyLoader => PyIter, shares [positioned traced], {
+    /// Opens `roots` (what [`stoker::source::detect`] makes of them) with the GIL released and
+    /// allocates the buffer pool: pinned, plus a device pool and the transfer stage, when
+    /// `device` names a GPU (`cuda` means `cuda:{ordinal}`).
+    #[new]
+    #[pyo3(signature = (roots, args_json, device="cpu", ordinal=0))]
+    fn new(py: Python<'_>, roots: Vec<String>, args_json: &str, device: &str, ordinal: u32) -> PyResult<Self> {
+        errors::contain(|| Self::open(py, roots, args_json, device, ordinal))
+    }
+
+    /// How batches delivered to a GPU as uint8 are normalised there, as JSON
+    /// (`{mean, std, dtype, channels_last}`), or `null` when they are not.
+    fn device_normalize_json(&self) -> String {
+        serde_json::to_string(&self.normalize).unwrap_or_else(|_| "null".into())
+    }
+
+    /// `"pageable"` or `"pinned"`: the host memory of the batch buffers.
+    #[getter]
+    fn host_memory(&self) -> &'static str {
+        self.on.loader.pool().memory_kind()
+    }
+
+    /// Device batch buffers (0 for host batches).
+    #[getter]
+    fn device_slots(&self) -> usize {
+        self.on.stage.as_ref().map_or(0, |s| s.slots())
+    }
+
+    /// Class names in label order, as `os.listdir` shows them (a name that is not UTF-8 has
+    /// `surrogateescape` escapes).
+    #[getter]
+    fn classes(&self) -> Vec<std::ffi::OsString> {
+        self.classes.clone()
+    }
+
+    /// Samples in the dataset (all ranks).
+    #[getter]
+    fn num_samples(&self) -> usize {
+        self.samples
+    }
+
+    /// I/O threads.
+    #[getter]
+    fn io_threads(&self) -> usize {
+        self.on.loader.io_threads()
+    }
+
+    /// Batch buffers in the pool.
+    #[getter]
+    fn pool_slots(&self) -> usize {
+        self.on.loader.pool().slots()
+    }
+
+    /// Bytes of one batch buffer.
+    #[getter]
+    fn batch_bytes(&self) -> usize {
+        self.on.loader.pool().batch_bytes()
+    }
+
+    /// Start addresses of the pool's batch buffers (for zero-copy checks).
+    fn buffer_addresses(&self) -> Vec<usize> {
+        self.on.loader.pool().addresses().to_vec()
+    }
+
+    /// One sample's shape.
+    #[getter]
+    fn sample_shape(&self) -> Vec<usize> {
+        self.on.loader.plan().sample_shape().to_vec()
+    }
+
+    /// Output dtype name.
+    #[getter]
+    fn dtype(&self) -> &'static str {
+        self.on.loader.plan().spec().dtype.name()
+    }
+
+    /// The human summary.
+    fn report_text(&self) -> String {
+        self.on.loader.report().to_text()
+    }
+
+    /// Zeroes the counters of the report.
+    fn reset_report(&self) {
+        self.on.loader.reset_report();
+    }
+} }

@@ -1,0 +1,135 @@
+//! The `TokenLoader` class: packed token rows from text or token files. Its shared methods
+//! come from [`loader_class!`]; here is what only tokens have, their state dicts included (a
+//! token position is a document cursor, not a sampler state).
+
+use super::iter::PyTokenIter;
+use crate::errors::{self, IntoPy};
+use crate::shared::args::{args_of, state_value};
+use crate::shared::iter::Polled;
+use crate::shared::loader::{loader_class, LoaderClass};
+use pyo3::prelude::*;
+use stoker::tokens::{TextTokenizer, TokenIter, TokenLoader};
+use stoker_cuda::{OnDevice, Target};
+
+/// A loader of packed token rows (see the Python `stoker.TokenLoader`).
+#[pyclass(frozen, name = "TokenLoader", module = "stoker._stoker")]
+pub struct PyTokenLoader {
+    /// The engine's loader, the transfer stage when batches go to a GPU, and the device used.
+    on: OnDevice<TokenLoader>,
+}
+
+impl LoaderClass for PyTokenLoader {
+    type Host = TokenIter;
+    type Iterator = PyTokenIter;
+    fn sharding(&self) -> (usize, usize, usize) {
+        let c = self.on.loader.config();
+        (c.batch_size, c.rank, c.world_size)
+    }
+    fn held_batches(&self) -> usize {
+        self.on.loader.held()
+    }
+    fn iterator(&self, polled: Polled<TokenIter>) -> PyTokenIter {
+        PyTokenIter { polled }
+    }
+}
+
+loader_class! { PyTokenLoader => PyTokenIter, shares [traced device_report], {
+    /// `paths`: the data (files, globs, folders); `tokenizer_json`: a tokenizer's JSON text, when it was given
+    /// as an object rather than a path (`tokenizer` in `config_json`).
+    #[new]
+    #[pyo3(signature = (paths, config_json, tokenizer_json=None, device="cpu", ordinal=0))]
+    fn new(
+        py: Python<'_>,
+        paths: Vec<String>,
+        config_json: &str,
+        tokenizer_json: Option<String>,
+        device: &str,
+        ordinal: u32,
+    ) -> PyResult<Self> {
+        errors::contain(|| {
+            let (config, tok_path) = stoker::args::token_config(args_of(config_json)?).py_err()?;
+            let target = py.detach(|| Target::resolve(device, ordinal)).py_err()?;
+            let on = py
+                .detach(|| {
+                    let tokenizer = match (tokenizer_json, tok_path) {
+                        (Some(json), _) => {
+                            Some(TextTokenizer::from_json(json.as_bytes(), "<tokenizer object>".as_ref())?)
+                        }
+                        (None, Some(p)) => Some(TextTokenizer::from_file(&p)?),
+                        (None, None) => None,
+                    };
+                    target.token_loader(&stoker::tokens::expand_paths(&paths)?, tokenizer, config)
+                })
+                .py_err()?;
+            Ok(PyTokenLoader { on })
+        })
+    }
+
+    /// Documents in the data (all ranks).
+    #[getter]
+    fn documents(&self) -> u64 {
+        self.on.loader.documents()
+    }
+
+    /// Batches per epoch on this rank, when known before tokenizing (token files).
+    #[getter]
+    fn batches_per_epoch(&self) -> Option<usize> {
+        self.on.loader.batches_per_epoch()
+    }
+
+    /// Tokens per row.
+    #[getter]
+    fn seq_len(&self) -> usize {
+        self.on.loader.config().seq_len
+    }
+
+    /// `(bos, eos, pad)` token ids (`None` where there is none).
+    fn special_ids(&self) -> (Option<u32>, Option<u32>, u32) {
+        self.on.loader.special_ids()
+    }
+
+    /// The counters (documents, tokens, padding, seconds per stage) as JSON.
+    fn stats_json(&self) -> String {
+        self.on.loader.stats().to_json().to_string()
+    }
+
+    /// The state dict as JSON.
+    fn state_json(&self) -> PyResult<String> {
+        let st = self.on.loader.state();
+        let v = serde_json::json!({
+            "version": 1, "kind": "tokens", "seed": st.seed, "epoch": st.epoch, "next_batch": st.next_batch,
+            "cursor_epoch": st.at.epoch, "cursor": st.at.cursor, "offset": st.at.offset,
+            "elastic": st.elastic, "fingerprint": self.on.loader.fingerprint(),
+        });
+        Ok(v.to_string())
+    }
+
+    /// Restores a state dict given as JSON, checked field by field and against this loader.
+    fn load_state_json(&self, state_json: &str) -> PyResult<()> {
+        errors::contain(|| {
+            let state = state_value(state_json, "a dict from state_dict()")?;
+            let st = stoker::args::token_state(&state, &self.on.loader.fingerprint(), false).py_err()?;
+            self.on.loader.load_state(st).py_err()
+        })
+    }
+
+    /// Continues a run saved by several ranks: the JSON list of every rank's state dict
+    /// (any number of ranks; the documents no saved rank finished are dealt anew).
+    fn load_states_json(&self, states_json: &str) -> PyResult<()> {
+        errors::contain(|| {
+            let v = state_value(states_json, "a list of state_dict()s")?;
+            let list = v.as_array().ok_or_else(|| errors::config("state", "expected a list of state_dict()s"))?;
+            let mine = self.on.loader.fingerprint();
+            let mut states = Vec::with_capacity(list.len());
+            for (k, one) in list.iter().enumerate() {
+                let st = stoker::args::token_state(one, &mine, true)
+                    .map_err(|e| errors::config("state", format!("state {k} of the list: {e}")))?;
+                let fp = &one["fingerprint"];
+                let (rank, world) =
+                    (fp["rank"].as_u64().unwrap_or(0) as usize, fp["world_size"].as_u64().unwrap_or(0) as usize);
+                states.push((st, rank, world));
+            }
+            self.on.loader.load_states(&states).py_err()
+        })
+    }
+} }
