@@ -38,125 +38,18 @@ use std::time::{Duration, Instant};
 use stoker::shell::epochs::Active;
 use stoker::shell::grow::MakeSlot;
 use stoker::shell::grow::SlotPool;
+use stoker::shell::kind::HostBatch;
 use stoker::shell::ordered::Run;
 use stoker::shell::pass::{FailureBudget, Observe, Pass, PassHooks, PassSlot};
 use stoker::telemetry::Telemetry;
 use stoker::trace::{Args as TraceArgs, Tracer};
-use stoker::{DType, Error, Layout, Next, Result};
+use stoker::{Error, Next, Result};
 
 const POLL: Duration = Duration::from_millis(20);
-
-/// A host batch the transfer stage can copy: a fixed number of contiguous byte regions.
-pub trait HostBatch: Send + 'static {
-    /// What the consumer needs to know besides the bytes (shape, indices, ...).
-    type Meta: Send + Sync + 'static;
-    /// Appends the regions to copy, `(address, bytes)`, in order; always the same count. The
-    /// memory stays valid while `self` lives.
-    fn regions(&self, out: &mut Vec<(*const u8, usize)>);
-    /// The batch's description.
-    fn meta(&self) -> Self::Meta;
-}
-
-/// What a GPU image batch carries besides its bytes.
-#[derive(Debug, Clone)]
-pub struct ImageMeta {
-    /// Batch number within the epoch.
-    pub index: usize,
-    /// The epoch.
-    pub epoch: u64,
-    /// Shape `[N, C, H, W]` or `[N, H, W, C]`.
-    pub shape: [usize; 4],
-    /// Element type of the images.
-    pub dtype: DType,
-    /// Layout of the images.
-    pub layout: Layout,
-    /// Dataset indices of the samples.
-    pub indices: Vec<u32>,
-}
 
 /// The region capacities of an image loader's batches: the images buffer, then the labels.
 pub fn image_regions(loader: &stoker::Loader) -> Vec<usize> {
     vec![loader.pool().batch_bytes(), loader.sampler().spec().batch_size * 8]
-}
-
-impl HostBatch for stoker::Batch {
-    type Meta = ImageMeta;
-
-    fn regions(&self, out: &mut Vec<(*const u8, usize)>) {
-        let data = self.data();
-        out.push((data.as_ptr(), data.len()));
-        out.push((self.labels_ptr().cast::<u8>(), self.len() * 8));
-    }
-
-    fn meta(&self) -> ImageMeta {
-        ImageMeta {
-            index: self.index(),
-            epoch: self.epoch(),
-            shape: self.shape(),
-            dtype: self.dtype(),
-            layout: self.layout(),
-            indices: self.indices(),
-        }
-    }
-}
-
-/// What a GPU array batch carries besides its bytes.
-#[derive(Debug, Clone)]
-pub struct ArrayMeta {
-    /// Batch number within the epoch.
-    pub index: usize,
-    /// Rows.
-    pub len: usize,
-    /// Dataset indices of the rows.
-    pub indices: Vec<u32>,
-}
-
-impl HostBatch for stoker::arrays::ArrayBatch {
-    type Meta = ArrayMeta;
-
-    fn regions(&self, out: &mut Vec<(*const u8, usize)>) {
-        for c in 0..self.num_columns() {
-            let col = self.column(c);
-            out.push((col.as_ptr(), col.len()));
-        }
-    }
-
-    fn meta(&self) -> ArrayMeta {
-        ArrayMeta { index: self.index(), len: self.len(), indices: self.indices() }
-    }
-}
-
-/// What a GPU token batch carries besides its bytes.
-#[derive(Debug, Clone)]
-pub struct TokenMeta {
-    /// Batch number within the epoch.
-    pub index: usize,
-    /// Rows in the batch.
-    pub rows: usize,
-    /// Tokens per row.
-    pub seq_len: usize,
-    /// Values of `cu_seqlens`.
-    pub cu_len: usize,
-    /// The longest segment.
-    pub max_seqlen: usize,
-}
-
-impl HostBatch for stoker::tokens::TokenBatch {
-    type Meta = TokenMeta;
-
-    fn regions(&self, out: &mut Vec<(*const u8, usize)>) {
-        out.extend(stoker::tokens::TokenBatch::regions(self));
-    }
-
-    fn meta(&self) -> TokenMeta {
-        TokenMeta {
-            index: self.index(),
-            rows: self.rows(),
-            seq_len: self.seq_len(),
-            cu_len: self.cu_seqlens().len(),
-            max_seqlen: self.max_seqlen(),
-        }
-    }
 }
 
 /// The streams a batch was used on, for its release events.

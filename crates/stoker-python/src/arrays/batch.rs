@@ -9,8 +9,8 @@ use crate::shared::held::Rows;
 use crate::shared::tensor::{tensor_class, TensorClass};
 use pyo3::prelude::*;
 use std::sync::Arc;
+use stoker::arrays::ArrayMeta;
 use stoker::arrays::{descr_itemsize, ArrayBatch};
-use stoker_cuda::ArrayMeta;
 
 /// An array batch in host or device memory.
 pub(crate) type ArrHeld = device::Held<ArrayBatch>;

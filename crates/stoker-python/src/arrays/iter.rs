@@ -2,20 +2,10 @@
 //! [`crate::shared::iter`] describes (GIL released, Ctrl-C honoured, fork-safe).
 
 use super::batch::{ArrHeld, ColumnSpec, PyArrayBatch};
-use crate::shared::device::HostIter;
 use crate::shared::iter::{iterator_class, IteratorClass, Polled};
 use pyo3::prelude::*;
 use std::sync::Arc;
-use std::time::Duration;
-use stoker::arrays::{ArrayBatch, ArrayIter};
-use stoker::Next;
-
-impl HostIter for ArrayIter {
-    type Batch = ArrayBatch;
-    fn poll(&mut self, t: Duration) -> Next<ArrayBatch> {
-        self.next_timeout(t)
-    }
-}
+use stoker::arrays::ArrayIter;
 
 /// An iteration over array batches (GIL released while waiting; Ctrl-C honoured).
 #[pyclass(frozen, name = "ArrayIterator", module = "stoker._stoker")]

@@ -8,8 +8,9 @@ use crate::shared::held::Rows;
 use crate::shared::tensor::{tensor_class, TensorClass};
 use pyo3::prelude::*;
 use std::sync::Arc;
+use stoker::image::pipeline::ImageMeta;
 use stoker::DType;
-use stoker_cuda::{DeviceRegion, ImageMeta};
+use stoker_cuda::DeviceRegion;
 
 /// An image batch in host or device memory.
 pub(crate) type Held = device::Held<stoker::Batch>;

@@ -2,22 +2,9 @@
 //! describes (GIL released, Ctrl-C honoured, fork-safe).
 
 use super::batch::{Held, PyBatch};
-use crate::shared::device::HostIter;
 use crate::shared::iter::{iterator_class, IteratorClass, Polled};
 use pyo3::prelude::*;
-use std::time::Duration;
-use stoker::{EpochIter, Next};
-
-impl HostIter for EpochIter {
-    type Batch = stoker::Batch;
-    fn poll(&mut self, t: Duration) -> Next<stoker::Batch> {
-        self.next_timeout(t)
-    }
-    /// The transfer stage measures the consumer's waits itself.
-    fn forwarding(self) -> Self {
-        EpochIter::forwarding(self)
-    }
-}
+use stoker::EpochIter;
 
 /// An iteration over (the rest of) an epoch. Waits release the GIL; Ctrl-C is honoured
 /// between 50 ms waits and stops every worker thread.

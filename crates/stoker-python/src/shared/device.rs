@@ -9,12 +9,12 @@ use pyo3::prelude::*;
 use pyo3::types::PyCapsule;
 use std::sync::Arc;
 use std::time::Duration;
+use stoker::shell::kind::{self, HostBatch, Kind};
 use stoker::telemetry::Telemetry;
 use stoker::Next;
-use stoker_cuda::{DeviceBatch, DeviceIter, DeviceRegion, DeviceStage, HostBatch};
+use stoker_cuda::{DeviceBatch, DeviceIter, DeviceRegion, DeviceStage};
 
-/// A host iteration the bindings poll; each kind's `iter.rs` implements it for its engine
-/// iteration.
+/// A host iteration the bindings poll: the engine's iteration of any kind (one impl below).
 pub(crate) trait HostIter: Send + 'static {
     /// The batches it delivers.
     type Batch: HostBatch + Sync;
@@ -26,6 +26,20 @@ pub(crate) trait HostIter: Send + 'static {
         Self: Sized,
     {
         self
+    }
+}
+
+impl<K: Kind> HostIter for kind::Iter<K>
+where
+    K::Batch: Sync,
+{
+    type Batch = K::Batch;
+    fn poll(&mut self, t: Duration) -> Next<K::Batch> {
+        self.next_timeout(t)
+    }
+    /// The transfer stage measures the consumer's waits itself.
+    fn forwarding(self) -> Self {
+        kind::Iter::forwarding(self)
     }
 }
 

@@ -4,7 +4,7 @@
 
 use crate::shared::device::{Held, Location};
 use std::sync::Arc;
-use stoker_cuda::HostBatch;
+use stoker::shell::kind::HostBatch;
 
 /// A host batch and the description its device copy carries, read the same way.
 pub(crate) trait Rows: HostBatch {

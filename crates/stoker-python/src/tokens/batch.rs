@@ -9,8 +9,8 @@ use crate::shared::held::Rows;
 use crate::shared::tensor::{tensor_class, TensorClass};
 use pyo3::prelude::*;
 use std::sync::Arc;
+use stoker::tokens::pipeline::TokenMeta;
 use stoker::tokens::TokenBatch;
-use stoker_cuda::TokenMeta;
 
 /// A token batch in host or device memory.
 pub(crate) type TokHeld = Held<TokenBatch>;

@@ -2,19 +2,9 @@
 //! [`crate::shared::iter`] describes (GIL released, Ctrl-C honoured, fork-safe).
 
 use super::batch::{PyTokenBatch, TokHeld};
-use crate::shared::device::HostIter;
 use crate::shared::iter::{iterator_class, IteratorClass, Polled};
 use pyo3::prelude::*;
-use std::time::Duration;
-use stoker::tokens::{TokenBatch, TokenIter};
-use stoker::Next;
-
-impl HostIter for TokenIter {
-    type Batch = TokenBatch;
-    fn poll(&mut self, t: Duration) -> Next<TokenBatch> {
-        self.next_timeout(t)
-    }
-}
+use stoker::tokens::TokenIter;
 
 /// An iteration over token batches (GIL released while waiting; Ctrl-C honoured).
 #[pyclass(frozen, weakref, name = "TokenIterator", module = "stoker._stoker")]

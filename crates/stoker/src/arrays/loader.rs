@@ -302,6 +302,32 @@ impl SamplerKind for Arrays {
     }
 }
 
+/// What a GPU array batch carries besides its bytes.
+#[derive(Debug, Clone)]
+pub struct ArrayMeta {
+    /// Batch number within the epoch.
+    pub index: usize,
+    /// Rows.
+    pub len: usize,
+    /// Dataset indices of the rows.
+    pub indices: Vec<u32>,
+}
+
+impl crate::shell::kind::HostBatch for ArrayBatch {
+    type Meta = ArrayMeta;
+
+    fn regions(&self, out: &mut Vec<(*const u8, usize)>) {
+        for c in 0..self.num_columns() {
+            let col = self.column(c);
+            out.push((col.as_ptr(), col.len()));
+        }
+    }
+
+    fn meta(&self) -> ArrayMeta {
+        ArrayMeta { index: self.index(), len: self.len(), indices: self.indices() }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -24,8 +24,8 @@ pub trait Kind: Send + Sync + Sized + 'static {
     type Slot: PassSlot;
     /// What it adds to a pass.
     type Hooks: PassHooks;
-    /// The consumer's view of a delivered slot.
-    type Batch;
+    /// The consumer's view of a delivered slot: what a transfer stage copies.
+    type Batch: HostBatch;
 
     /// Starts a pass where `position` says: the kind's threads, and the pass over them.
     fn start(self: &Arc<Self>, position: &Arc<Self::Position>) -> Result<Started<Self>>;
@@ -249,4 +249,16 @@ impl<K: SamplerKind> Loader<K> {
     pub fn adopt_state(&self, st: SamplerState, elastic: Option<ElasticBase>, resume: bool) -> Result<()> {
         self.epochs.adopt_state(st, elastic, resume, self.kind.sampler())
     }
+}
+
+/// The batch contract of every kind: a host batch as a fixed number of contiguous byte
+/// regions (what the CUDA transfer stage copies) and a description of it.
+pub trait HostBatch: Send + 'static {
+    /// What the consumer needs to know besides the bytes (shape, indices, ...).
+    type Meta: Send + Sync + 'static;
+    /// Appends the regions to copy, `(address, bytes)`, in order; always the same count. The
+    /// memory stays valid while `self` lives.
+    fn regions(&self, out: &mut Vec<(*const u8, usize)>);
+    /// The batch's description.
+    fn meta(&self) -> Self::Meta;
 }

@@ -99,3 +99,41 @@ impl Drop for Batch {
         }
     }
 }
+
+/// What a GPU image batch carries besides its bytes.
+#[derive(Debug, Clone)]
+pub struct ImageMeta {
+    /// Batch number within the epoch.
+    pub index: usize,
+    /// The epoch.
+    pub epoch: u64,
+    /// Shape `[N, C, H, W]` or `[N, H, W, C]`.
+    pub shape: [usize; 4],
+    /// Element type of the images.
+    pub dtype: DType,
+    /// Layout of the images.
+    pub layout: Layout,
+    /// Dataset indices of the samples.
+    pub indices: Vec<u32>,
+}
+
+impl crate::shell::kind::HostBatch for Batch {
+    type Meta = ImageMeta;
+
+    fn regions(&self, out: &mut Vec<(*const u8, usize)>) {
+        let data = self.data();
+        out.push((data.as_ptr(), data.len()));
+        out.push((self.labels_ptr().cast::<u8>(), self.len() * 8));
+    }
+
+    fn meta(&self) -> ImageMeta {
+        ImageMeta {
+            index: self.index(),
+            epoch: self.epoch(),
+            shape: self.shape(),
+            dtype: self.dtype(),
+            layout: self.layout(),
+            indices: self.indices(),
+        }
+    }
+}

@@ -32,7 +32,7 @@ mod shared;
 mod stages;
 mod work;
 
-pub use batch::Batch;
+pub use batch::{Batch, ImageMeta};
 pub use config::*;
 pub use iter::EpochIter;
 pub use loader::Loader;

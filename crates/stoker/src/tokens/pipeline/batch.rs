@@ -80,3 +80,36 @@ impl Drop for TokenBatch {
         }
     }
 }
+
+/// What a GPU token batch carries besides its bytes.
+#[derive(Debug, Clone)]
+pub struct TokenMeta {
+    /// Batch number within the epoch.
+    pub index: usize,
+    /// Rows in the batch.
+    pub rows: usize,
+    /// Tokens per row.
+    pub seq_len: usize,
+    /// Values of `cu_seqlens`.
+    pub cu_len: usize,
+    /// The longest segment.
+    pub max_seqlen: usize,
+}
+
+impl crate::shell::kind::HostBatch for TokenBatch {
+    type Meta = TokenMeta;
+
+    fn regions(&self, out: &mut Vec<(*const u8, usize)>) {
+        out.extend(TokenBatch::regions(self));
+    }
+
+    fn meta(&self) -> TokenMeta {
+        TokenMeta {
+            index: self.index(),
+            rows: self.rows(),
+            seq_len: self.seq_len(),
+            cu_len: self.cu_seqlens().len(),
+            max_seqlen: self.max_seqlen(),
+        }
+    }
+}

@@ -36,7 +36,7 @@ mod state;
 mod stats;
 mod tokenize;
 
-pub use batch::TokenBatch;
+pub use batch::{TokenBatch, TokenMeta};
 pub use config::{expand_paths, format_of, PackMode, TokenConfig};
 pub use iter::{TokenHooks, TokenIter, TokenLoader};
 pub use shared::Tokens;
