@@ -56,7 +56,7 @@ impl Loader {
         let fixed = match config.threads {
             Some(0) => return Err(Error::config("threads", "must be at least 1 (or auto)")),
             Some(n) => Some(n),
-            None => crate::cpu::env_threads(),
+            None => None,
         };
         let cpu_budget = config.cpu_budget.unwrap_or_else(crate::cpu::default_budget);
         // An autotuned loader starts a worker per whole core of its budget.
