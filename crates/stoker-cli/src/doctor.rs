@@ -133,6 +133,8 @@ fn simd() -> serde_json::Value {
 /// Reads the machine; measures host-to-device bandwidth per GPU when `bandwidth`.
 pub fn collect(bandwidth: bool) -> Facts {
     let (total_bytes, available_bytes) = meminfo();
+    // Shown, not refused: a bad STOKER_NUM_THREADS is one of the facts doctor reports.
+    let threads_from_env = stoker::args::env_threads();
     let mut gpu = stoker_cuda::probe();
     let mut bandwidth_errors = vec![];
     if bandwidth {
@@ -153,9 +155,9 @@ pub fn collect(bandwidth: bool) -> Facts {
         stoker: env!("CARGO_PKG_VERSION"),
         libjpeg_turbo: stoker::decode::jpeg::LIBJPEG_TURBO_VERSION,
         cpu: stoker::cpu::allowance(),
-        decode_threads: stoker::cpu::default_threads(),
-        threads_from_env: matches!(stoker::args::env_threads(), Ok(Some(_))),
-        threads_env_error: stoker::args::env_threads().err().map(|e| e.to_string()),
+        decode_threads: threads_from_env.as_ref().ok().copied().flatten().unwrap_or_else(stoker::cpu::default_threads),
+        threads_from_env: matches!(threads_from_env, Ok(Some(_))),
+        threads_env_error: threads_from_env.err().map(|e| e.to_string()),
         simd: simd(),
         memory: Memory {
             total_bytes,

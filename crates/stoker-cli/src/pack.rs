@@ -51,13 +51,16 @@ pub struct PackArgs {
 /// Runs `stoker pack`.
 pub fn run(a: &PackArgs) -> Result<()> {
     let text = |s: &String| stoker::args::text_value(s);
+    // The environment, checked, and its settings applied (the object-store request bound for
+    // shards in a bucket): no loader config is built here to do it.
+    let env = stoker::args::apply_env()?;
     let opts = stoker::pack::PackOptions {
         shard_size: bytes("shard_size", &text(&a.shard_size))?,
         max_side: a.max_side.as_ref().map(|m| positive("max_side", &text(m))).transpose()?,
         quality: i32::try_from(non_negative("quality", &text(&a.quality))?).unwrap_or(i32::MAX),
         threads: match threads("threads", &text(&a.threads))? {
             Some(n) => n,
-            None => stoker::cpu::try_default_threads()?,
+            None => env.threads.unwrap_or_else(stoker::cpu::default_threads),
         },
         prefix: a.prefix.clone(),
         overwrite: a.overwrite,

@@ -8,7 +8,7 @@
 //! tiny allocations per pipeline thread, over a stretch of many more batches than that. One
 //! allocation per batch would exceed it whatever the timing; none may be buffer-sized.
 //!
-//! The host-wide CPU registry is off here (`STOKER_SHARED_BUDGET=0`): a shared loader re-reads
+//! The host-wide CPU registry is off here (`cpu_registry: None`): a shared loader re-reads
 //! the registry file every `budget::REFRESH` (500 ms), which allocates (the file, one
 //! `/proc/PID/stat` per process in it), so with it on the count depended on how long the
 //! stretch took and on how many other stoker processes the host's registry listed (this test
@@ -58,8 +58,6 @@ const PER_THREAD: u64 = 3;
 
 #[test]
 fn steady_state_allocates_nothing_per_batch() {
-    // Time-based registry refreshes are not per-batch work (see the module doc).
-    std::env::set_var("STOKER_SHARED_BUDGET", "0");
     let d = tempfile::tempdir().unwrap();
     let root = common::demo_folder(d.path(), 160);
     for preset in ["imagenet-train", "imagenet-val"] {
@@ -67,6 +65,8 @@ fn steady_state_allocates_nothing_per_batch() {
         let mut c = LoaderConfig::new(2, TransformSpec::preset(preset).unwrap());
         c.sampler.shuffle = true;
         c.threads = Some(2);
+        // Time-based registry refreshes are not per-batch work (see the module doc).
+        c.cpu_registry = None;
         let loader = Loader::new(Arc::new(ImageFolder::new(&root).unwrap()), c).unwrap();
         let batch_bytes = loader.pool().batch_bytes() as u64;
         // Warm-up: two epochs, so each worker has sized its scratch buffers (they grow in

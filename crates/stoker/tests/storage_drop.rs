@@ -15,6 +15,8 @@ use stoker::*;
 fn dropping_an_iteration_during_a_stall_does_not_wait_for_the_timeout() {
     // Far longer than the bound below: a drop that waited for a read would fail the test.
     std::env::set_var("STOKER_OBJECT_TIMEOUT", "60");
+    // Read and applied by `args`, as a loader config built there would (sources read no variable).
+    stoker::args::apply_env().unwrap();
     let (data, idx) = shard(64);
     let server = Server::start(HashMap::from([("shard.tar".to_string(), data), ("shard.tar.idx".to_string(), idx)]));
     let source: Arc<dyn Source> =
@@ -51,6 +53,8 @@ fn dropping_an_iteration_during_a_stall_does_not_wait_for_the_timeout() {
 #[test]
 fn dropping_a_token_iteration_during_a_stall_does_not_wait_for_the_timeout() {
     std::env::set_var("STOKER_OBJECT_TIMEOUT", "60");
+    // Read and applied by `args`, as a loader config built there would (sources read no variable).
+    stoker::args::apply_env().unwrap();
     let text = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/data/text");
     let raw = zstd::decode_all(std::fs::File::open(text.join("wiki-sample.jsonl.zst")).unwrap()).unwrap();
     let server = Server::start(HashMap::from([("a.jsonl".to_string(), raw.clone()), ("b.jsonl".to_string(), raw)]));

@@ -34,6 +34,8 @@ fn a_stalled_object_store_ends_the_pass_within_a_few_timeouts() {
     const SAMPLES: usize = 600;
     // Only this test of this binary reads it.
     std::env::set_var("STOKER_OBJECT_TIMEOUT", "1");
+    // Read and applied by `args`, as a loader config built there would (sources read no variable).
+    stoker::args::apply_env().unwrap();
     let (data, idx) = shard(SAMPLES);
     let server = Server::start(HashMap::from([("shard.tar".to_string(), data), ("shard.tar.idx".to_string(), idx)]));
     let url = server.url("shard.tar");

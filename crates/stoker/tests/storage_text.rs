@@ -97,6 +97,8 @@ fn objects(format: Format) -> HashMap<String, Vec<u8>> {
 
 fn loader(server: &Server, names: &[String], format: Format) -> TokenLoader {
     std::env::set_var("STOKER_OBJECT_TIMEOUT", TIMEOUT_S.to_string());
+    // Read and applied by `args`, as a loader config built there would (sources read no variable).
+    stoker::args::apply_env().unwrap();
     static TOK: std::sync::OnceLock<TextTokenizer> = std::sync::OnceLock::new();
     let urls: Vec<PathBuf> = names.iter().map(|n| PathBuf::from(server.url(n))).collect();
     let mut c = TokenConfig::new(2, 128);

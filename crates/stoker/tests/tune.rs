@@ -14,13 +14,17 @@ use stoker::telemetry::Telemetry;
 use stoker::tune::{TuneSpec, Tuner, TuningReport};
 use stoker::*;
 
-/// Serialises the loader tests and turns sharing off for them.
+/// Serialises the loader tests (their configs turn sharing off: `cpu_registry: None`).
 fn serial() -> MutexGuard<'static, ()> {
     static LOCK: Mutex<()> = Mutex::new(());
-    let g = LOCK.lock().unwrap_or_else(|p| p.into_inner());
-    std::env::set_var("STOKER_SHARED_BUDGET", "0");
-    std::env::remove_var("STOKER_NUM_THREADS");
-    g
+    LOCK.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// A config of `bs` samples a batch that shares no CPU registry with other processes.
+fn unshared(bs: usize) -> LoaderConfig {
+    let mut c = LoaderConfig::new(bs, TransformSpec::preset("imagenet-train").unwrap());
+    c.cpu_registry = None;
+    c
 }
 
 fn loader(
@@ -30,7 +34,16 @@ fn loader(
     budget: Option<f64>,
     auto_prefetch: bool,
 ) -> Loader {
-    let mut c = LoaderConfig::new(bs, TransformSpec::preset("imagenet-train").unwrap());
+    loader_in(root, unshared(bs), threads, budget, auto_prefetch)
+}
+
+fn loader_in(
+    root: &std::path::Path,
+    mut c: LoaderConfig,
+    threads: Option<usize>,
+    budget: Option<f64>,
+    auto_prefetch: bool,
+) -> Loader {
     c.sampler.shuffle = true;
     c.sampler.seed = 3;
     c.threads = threads;
@@ -176,7 +189,7 @@ fn auto_prefetch_stays_within_the_memory_cap() {
     let _g = serial();
     let d = tempfile::tempdir().unwrap();
     let root = demo_folder(d.path(), 16);
-    let mut c = LoaderConfig::new(4, TransformSpec::preset("imagenet-train").unwrap());
+    let mut c = unshared(4);
     c.prefetch_auto = true;
     let batch = 4 * 3 * 224 * 224 * 4;
     c.memory_limit = Some(5 * batch as u64);
@@ -287,13 +300,11 @@ fn a_loader_in_the_registry_reports_its_share() {
     let d = tempfile::tempdir().unwrap();
     let root = demo_folder(d.path(), 16);
     let file = d.path().join("budget");
-    std::env::set_var("STOKER_SHARED_BUDGET", "1");
-    std::env::set_var("STOKER_BUDGET_FILE", &file);
     let cores = stoker::budget::host_cores();
     let other = Registry::at(&file).register(Kind::Fixed, cores).unwrap();
-    let l = loader(&root, 4, None, Some(cores as f64), false);
-    std::env::set_var("STOKER_SHARED_BUDGET", "0");
-    std::env::remove_var("STOKER_BUDGET_FILE");
+    let mut c = unshared(4);
+    c.cpu_registry = Some(file.clone());
+    let l = loader_in(&root, c, None, Some(cores as f64), false);
     let t = tuning(&l);
     assert!(t.shared, "{t:?}");
     assert_eq!(t.share, Some(1), "a fixed loader holding every core leaves one: {t:?}");

@@ -6,6 +6,7 @@
 //! `.npy` file). Same sampler, resume state and sharding as the image loaders.
 
 use super::column::Column;
+use crate::args::values::{batch_bytes, check_prefetch, check_threads};
 use crate::error::{Error, Result};
 use crate::shell::buffer::{BufferPool, HeapAllocator, HostAllocator, RawBuf};
 use crate::shell::epochs::Retire;
@@ -166,15 +167,13 @@ impl Loader<Arrays> {
         if sampler.num_batches() == 0 {
             return Err(Error::config("batch_size", "with drop_last leaves no batch on this rank"));
         }
-        if config.prefetch == 0 {
-            return Err(Error::config("prefetch", "must be at least 1"));
-        }
+        check_prefetch(config.prefetch)?;
         let threads = match config.threads {
-            Some(0) => return Err(Error::config("threads", "must be at least 1 (or auto)")),
-            Some(n) => n,
+            Some(n) => check_threads(n)?,
             None => crate::observe::cpu::default_threads(),
         };
         let bs = config.sampler.batch_size;
+        batch_bytes(bs, columns.iter().map(|c| c.row_bytes() as u64).sum())?;
         let batch_bytes: usize = columns.iter().map(|c| c.row_bytes() * bs).sum();
         let slots = BufferPool::plan(config.prefetch + 2, batch_bytes, config.memory_limit)?;
         let row_bytes: Vec<usize> = columns.iter().map(|c| c.row_bytes()).collect();

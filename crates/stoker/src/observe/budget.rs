@@ -44,6 +44,21 @@ pub const REFRESH_LOCK_WAIT: Duration = Duration::from_millis(20);
 /// The registry file's default path.
 pub const DEFAULT_FILE: &str = "/dev/shm/stoker-cpu-budget";
 
+/// The registry file the loaders of a host share when nothing else is configured:
+/// [`DEFAULT_FILE`], or `stoker-cpu-budget` in the temp dir on a host without `/dev/shm`.
+pub fn default_path() -> std::path::PathBuf {
+    if std::path::Path::new("/dev/shm").is_dir() {
+        DEFAULT_FILE.into()
+    } else {
+        std::env::temp_dir().join("stoker-cpu-budget")
+    }
+}
+
+/// What a config's `cpu_registry` holds when it says nothing: the default registry.
+pub fn default_registry_path() -> Option<std::path::PathBuf> {
+    Some(default_path())
+}
+
 /// Whether a loader's thread count adapts to its share.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "lowercase")]

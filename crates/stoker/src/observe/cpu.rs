@@ -1,7 +1,6 @@
 //! The process's real CPU allowance: its affinity mask and its cgroup CPU quota, not the machine's
 //! core count. Two trainers on one host that each get four cores should each run four threads.
 
-use crate::error::Result;
 use std::path::Path;
 
 /// How many CPUs this process may use, and where that number came from.
@@ -80,24 +79,12 @@ pub fn parse_cpu_max(s: &str) -> Option<f64> {
     (q > 0.0).then_some(q / period)
 }
 
-/// The default number of decode threads: `STOKER_NUM_THREADS` when set, else the allowance;
-/// a bad `STOKER_NUM_THREADS` is an error naming it (see [`crate::args::env_threads`]).
-pub fn try_default_threads() -> Result<usize> {
-    Ok(crate::args::env_threads()?.unwrap_or_else(|| allowance().effective))
-}
-
-/// [`try_default_threads`] where no error can be reported: a bad `STOKER_NUM_THREADS` counts
-/// as unset here. The loaders' argument checks (`crate::args::loader_config`,
-/// `crate::args::array_config`) refuse it before this is reached.
+/// The default number of decode threads when a config fixes none: the allowance. A thread
+/// count from `STOKER_NUM_THREADS` is not this module's business: `stoker::args` reads it and
+/// puts it in the loader's config as if given (`threads=`), so nothing here reads the
+/// environment.
 pub fn default_threads() -> usize {
-    try_default_threads().unwrap_or_else(|_| allowance().effective)
-}
-
-/// `STOKER_NUM_THREADS`, when set to a valid count (a fixed count, as if given). The value is
-/// checked by [`crate::args::env_threads`], which the loaders' argument checks call first; a
-/// bad one counts as unset here.
-pub fn env_threads() -> Option<usize> {
-    crate::args::env_threads().ok().flatten()
+    allowance().effective
 }
 
 /// The default CPU budget of an autotuned loader, in cores: the allowance, with a fractional

@@ -204,6 +204,17 @@ pub fn expand_urls(spec: &str) -> Result<Vec<String>> {
     return Err(Error::config("data", format!("{spec}: object storage support is not compiled in (feature `remote`)")));
 }
 
+/// Sets the time bound of every object-store request made by the stores opened from now on
+/// (`None`: the default, 30 s; see `remote`'s module doc for the retries and the circuit
+/// breaker it also bounds). Set by `stoker::args` ([`crate::args::Env::apply`]) each time it
+/// reads the environment, from `STOKER_OBJECT_TIMEOUT`: sources read no environment variable.
+pub fn set_object_timeout(timeout: Option<std::time::Duration>) {
+    #[cfg(feature = "remote")]
+    remote::set_request_timeout(timeout);
+    #[cfg(not(feature = "remote"))]
+    let _ = timeout;
+}
+
 /// Runs `f` with `stop` as the stop flag of the object reads it opens on this thread (see
 /// `remote::with_stop`): a loader's reader thread runs under its cancel flag, so dropping the
 /// loader never waits for a request in flight.

@@ -7,7 +7,8 @@
 //! Every request is bounded in time, so a stalled or unreachable server is a clear error, never
 //! a hang, and dropping a loader never waits on one for longer than a request's bound:
 //! - request timeout: 30 s by default (connecting, sending and receiving the whole response),
-//!   set in seconds by the environment variable `STOKER_OBJECT_TIMEOUT` (e.g. `5`, `0.5`);
+//!   set with [`set_request_timeout`] (by `stoker::args`, from the environment variable
+//!   `STOKER_OBJECT_TIMEOUT`, e.g. `5`, `0.5`; this module reads no environment variable);
 //! - connect timeout: the request timeout, at most 10 s;
 //! - retries: at most 3 (transient errors: connection errors, timeouts of reads, 5xx), with
 //!   exponential backoff from 100 ms up to 5 s, and none started later than 2 × the request
@@ -41,7 +42,7 @@ use futures::StreamExt;
 use object_store::path::Path as ObjPath;
 use object_store::{BackoffConfig, ClientConfigKey, ObjectStore, ObjectStoreExt, RetryConfig};
 use std::future::Future;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -52,10 +53,24 @@ const MAX_RETRIES: usize = 3;
 /// Longest connect timeout.
 const MAX_CONNECT: Duration = Duration::from_secs(10);
 
-/// The request timeout: `STOKER_OBJECT_TIMEOUT` when set (checked by
-/// [`crate::args::object_timeout`]), else the default.
-fn request_timeout() -> Result<Duration> {
-    Ok(crate::args::object_timeout()?.unwrap_or(Duration::from_secs_f64(DEFAULT_TIMEOUT_S)))
+/// The request timeout set by [`set_request_timeout`], in nanoseconds; 0: the default.
+static REQUEST_TIMEOUT_NS: AtomicU64 = AtomicU64::new(0);
+
+/// Sets the time bound of every request of the stores opened from now on; `None`: the default
+/// (30 s). Set by `stoker::args` (through [`super::set_object_timeout`]) each time it reads the
+/// environment, from `STOKER_OBJECT_TIMEOUT`, which it has checked (a positive number of
+/// seconds, at most a day).
+pub fn set_request_timeout(t: Option<Duration>) {
+    let ns = t.map_or(0, |t| u64::try_from(t.as_nanos()).unwrap_or(u64::MAX).max(1));
+    REQUEST_TIMEOUT_NS.store(ns, Ordering::Relaxed);
+}
+
+/// The request timeout: the one set by [`set_request_timeout`], else the default.
+fn request_timeout() -> Duration {
+    match REQUEST_TIMEOUT_NS.load(Ordering::Relaxed) {
+        0 => Duration::from_secs_f64(DEFAULT_TIMEOUT_S),
+        ns => Duration::from_nanos(ns),
+    }
 }
 
 /// The time bounds of every request (see the module doc).
@@ -66,8 +81,9 @@ struct Limits {
 }
 
 impl Limits {
-    fn from_env() -> Result<Self> {
-        let request = request_timeout()?;
+    /// The bounds of the request timeout set now.
+    fn current() -> Self {
+        let request = request_timeout();
         let retry = RetryConfig {
             backoff: BackoffConfig {
                 init_backoff: Duration::from_millis(100),
@@ -77,7 +93,7 @@ impl Limits {
             max_retries: MAX_RETRIES,
             retry_timeout: request * 2,
         };
-        Ok(Limits { request, connect: request.min(MAX_CONNECT), retry })
+        Limits { request, connect: request.min(MAX_CONNECT), retry }
     }
 
     /// `(key, value)` client settings, in the builders' text form.
@@ -494,7 +510,7 @@ fn store_for(base: &str, limits: &Limits) -> Result<Arc<dyn ObjectStore>> {
 /// two per shard.
 pub(crate) fn open(urls: &[String]) -> Result<ShardSource> {
     let (base, _) = split_url(&urls[0])?;
-    let limits = Limits::from_env()?;
+    let limits = Limits::current();
     let store = store_for(&base, &limits)?;
     let breaker = breaker_for(&base, limits.request);
     let never = futures::future::pending::<()>;
@@ -588,7 +604,7 @@ struct Object {
 impl Object {
     fn new(url: &str) -> Result<Self> {
         let (base, key) = split_url(url)?;
-        let limits = Limits::from_env()?;
+        let limits = Limits::current();
         Ok(Object {
             rt: calling_thread_runtime()?,
             store: store_for(&base, &limits)?,
@@ -715,7 +731,7 @@ pub fn expand_url(spec: &str) -> Result<Vec<String>> {
     if !name.contains(['*', '?']) {
         return Ok(vec![spec.to_string()]);
     }
-    let limits = Limits::from_env()?;
+    let limits = Limits::current();
     let store = store_for(&base, &limits)?;
     let breaker = breaker_for(&base, limits.request);
     let keys = list_matching(&*store, &breaker, &calling_thread_runtime()?, (&base, dir, name), spec)?;
@@ -772,13 +788,13 @@ mod tests {
     fn urls() {
         assert_eq!(split_url("s3://b/x/y.tar").unwrap(), ("s3://b".into(), "x/y.tar".into()));
         assert!(split_url("s3:///x").is_err());
-        let limits = Limits::from_env().unwrap();
+        let limits = Limits::current();
         assert!(store_for("ftp://h", &limits).unwrap_err().to_string().contains("unsupported URL scheme"));
     }
 
     #[test]
     fn limits_are_bounded() {
-        let l = Limits::from_env().unwrap();
+        let l = Limits::current();
         assert!(l.request > Duration::ZERO && l.connect <= MAX_CONNECT);
         assert_eq!(l.retry.max_retries, MAX_RETRIES);
         assert_eq!(l.retry.retry_timeout, l.request * 2);

@@ -72,6 +72,11 @@ pub struct LoaderConfig {
     /// no cost.
     #[serde(default)]
     pub trace: Option<TraceSpec>,
+    /// The host-wide CPU registry file autotuned loaders share cores through (`None`: no
+    /// sharing); `args` sets it from the environment (see
+    /// [`crate::args::budget_registry_path`]).
+    #[serde(default = "crate::observe::budget::default_registry_path")]
+    pub cpu_registry: Option<std::path::PathBuf>,
 }
 
 /// How many samples of one pass over an epoch may fail (be skipped) before the iteration
@@ -119,6 +124,7 @@ impl LoaderConfig {
         LoaderConfig {
             sampler: SamplerSpec { batch_size, ..SamplerSpec::default() },
             transform,
+            cpu_registry: crate::observe::budget::default_registry_path(),
             threads: None,
             io_threads: None,
             prefetch: 2,

@@ -4,6 +4,7 @@
 
 use super::shared::{dataset_key, samples_hash, write_trace, Images, Stash};
 use super::*;
+use crate::args::values::{batch_bytes as checked_batch_bytes, check_io_threads, check_prefetch, check_threads};
 
 /// A batch loader over a [`Source`].
 pub type Loader = crate::shell::kind::Loader<Images>;
@@ -39,17 +40,12 @@ impl Loader {
         }
         let plan = TransformPlan::compile(&config.transform)?;
         let allowance = crate::observe::cpu::allowance().effective;
-        let fixed = match config.threads {
-            Some(0) => return Err(Error::config("threads", "must be at least 1 (or auto)")),
-            Some(n) => Some(n),
-            None => crate::observe::cpu::env_threads(),
-        };
+        let fixed = config.threads.map(check_threads).transpose()?;
         let cpu_budget = config.cpu_budget.unwrap_or_else(crate::observe::cpu::default_budget);
         // An autotuned loader starts a worker per whole core of its budget.
         let threads = fixed.unwrap_or((cpu_budget + 1e-9).floor().max(1.0) as usize);
         let io_threads = match config.io_threads {
-            Some(0) => return Err(Error::config("io_threads", "must be at least 1")),
-            Some(n) => n,
+            Some(n) => check_io_threads(n)?,
             None => {
                 if threads == 1 {
                     1
@@ -58,10 +54,9 @@ impl Loader {
                 }
             }
         };
-        if config.prefetch == 0 {
-            return Err(Error::config("prefetch", "must be at least 1"));
-        }
+        check_prefetch(config.prefetch)?;
         let batch_size = config.sampler.batch_size;
+        checked_batch_bytes(batch_size, plan.sample_bytes() as u64)?;
         let batch_bytes = batch_size * plan.sample_bytes();
         // One batch being filled, `prefetch` ready, one held by the consumer.
         let slots = if config.prefetch_auto {
@@ -101,7 +96,7 @@ impl Loader {
                 cpu_budget: if fixed.is_some() { config.cpu_budget.unwrap_or(threads as f64) } else { cpu_budget },
                 epoch_batches: sampler.num_batches(),
             },
-            crate::args::budget_registry(),
+            config.cpu_registry.clone().map(crate::observe::budget::Registry::at),
         );
         Ok(crate::shell::kind::Loader::of(Images {
             source,

@@ -81,6 +81,11 @@ pub struct TokenConfig {
     /// The automatic token cache (`None`: every epoch tokenizes); see [`super::autocache`].
     #[serde(default)]
     pub cache: Option<crate::image::cache::CacheSpec>,
+    /// The host-wide CPU registry file autotuned loaders share cores through (`None`: no
+    /// sharing); `args` sets it from the environment (see
+    /// [`crate::args::budget_registry_path`]).
+    #[serde(default = "crate::observe::budget::default_registry_path")]
+    pub cpu_registry: Option<std::path::PathBuf>,
 }
 
 impl TokenConfig {
@@ -117,6 +122,7 @@ impl TokenConfig {
             index_dir: None,
             trace: None,
             cache: None,
+            cpu_registry: crate::observe::budget::default_registry_path(),
         }
     }
 }

@@ -8,6 +8,7 @@ use super::slot::TokenSlot;
 use super::state::{TokenFingerprint, TokenState};
 use super::stats::TokenStats;
 use super::tokenize::{spawn_tokenizing, Tokenized};
+use crate::args::values::{check_prefetch, check_threads, token_values};
 use crate::error::{Error, Result};
 use crate::shell::buffer::{HeapAllocator, RawBuf};
 use crate::shell::grow::MakeSlot;
@@ -133,10 +134,10 @@ impl Loader<Tokens> {
         };
         let cpu_budget = config.cpu_budget.unwrap_or_else(crate::observe::cpu::default_budget);
         let threads = match config.threads {
-            Some(0) => return Err(Error::config("threads", "must be at least 1 (or auto)")),
-            Some(n) => n,
+            Some(n) => check_threads(n)?,
             None => (cpu_budget + 1e-9).floor().max(1.0) as usize,
         };
+        check_prefetch(config.prefetch)?;
         let tuner = crate::observe::tune::Tuner::new(
             crate::observe::tune::TuneSpec {
                 auto_threads: config.threads.is_none(),
@@ -147,12 +148,10 @@ impl Loader<Tokens> {
                 cpu_budget: if config.threads.is_some() { threads as f64 } else { cpu_budget },
                 epoch_batches: TUNE_BATCHES,
             },
-            crate::args::budget_registry(),
+            config.cpu_registry.clone().map(crate::observe::budget::Registry::at),
         );
         let (bs, len) = (config.batch_size, config.seq_len);
-        let values = bs.checked_mul(len).filter(|v| *v <= (i32::MAX as usize)).ok_or_else(|| {
-            Error::config("seq_len", format!("batch_size x seq_len = {bs} x {len} tokens: at most 2^31 a batch"))
-        })?;
+        let values = token_values(bs, len)?;
         let cu_values = values + bs + 1;
         let batch_bytes = (3 * values + cu_values) * 4;
         let slots = crate::shell::buffer::BufferPool::plan(config.prefetch + 2, batch_bytes, config.memory_limit)?;
