@@ -539,16 +539,12 @@ fn cache_counts(l: &TokenLoader) -> (u64, u64, u64, u64) {
 
 #[test]
 fn the_automatic_token_cache_serves_later_epochs_and_other_loaders_the_same_batches() {
-    use stoker::cache::{CacheLocation, CacheSpec};
+    use stoker::shell::store::{CacheLocation, StoreSpec};
     let d = tempfile::tempdir().unwrap();
     let (p, _) = corpus(d.path(), 40);
     let zst = data("wiki-sample.jsonl.zst");
-    let spec = |bytes: Option<u64>| CacheSpec {
-        location: CacheLocation::Dir(d.path().join("cache")),
-        bytes,
-        max_side: None,
-        ttl: None,
-    };
+    let spec =
+        |bytes: Option<u64>| StoreSpec { location: CacheLocation::Dir(d.path().join("cache")), bytes, ttl: None };
     let mut c = config(2);
     (c.shuffle, c.seed, c.add_bos, c.bos_token) = (true, 7, true, Some("<|endoftext|>".into()));
     for file in [&p, &zst] {
@@ -605,7 +601,7 @@ fn the_automatic_token_cache_serves_later_epochs_and_other_loaders_the_same_batc
     assert_eq!(cache_counts(&l).3, 0, "a changed file is another dataset");
     // A budget too small for anything: nothing stored, counted; batches as without a cache.
     let small = tempfile::tempdir().unwrap();
-    cached.cache = Some(CacheSpec { location: CacheLocation::Dir(small.path().to_path_buf()), ..spec(Some(4096)) });
+    cached.cache = Some(StoreSpec { location: CacheLocation::Dir(small.path().to_path_buf()), ..spec(Some(4096)) });
     let want = epochs(&TokenLoader::new(files, Some(gpt2()), c.clone()).unwrap(), 2);
     let l = TokenLoader::new(files, Some(gpt2()), cached.clone()).unwrap();
     assert_eq!(epochs(&l, 2), want);

@@ -22,7 +22,7 @@
 
 use super::values::{parse_ttl, MAX_THREADS};
 use crate::error::{Error, Result};
-use crate::image::cache::Ttl;
+use crate::shell::store::Ttl;
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::time::Duration;

@@ -163,7 +163,8 @@ pub fn max_failures(v: &Value) -> Result<MaxFailures> {
 mod tests {
     use super::*;
     use crate::args::{args, array_config, from_text, token_config, DEFAULT_SHARD_WINDOW};
-    use crate::image::cache::{CacheLocation, CacheSpec};
+    use crate::image::cache::CacheSpec;
+    use crate::shell::store::CacheLocation;
     use serde_json::json;
 
     #[test]

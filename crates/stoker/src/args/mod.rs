@@ -60,7 +60,7 @@ pub use values::{
     MAX_BATCH_TOKENS, MAX_PREFETCH, MAX_SEQ_LEN, MAX_THREADS, SLOT_BYTES_PER_SAMPLE,
 };
 
-pub use crate::image::cache::Ttl;
+pub use crate::shell::store::Ttl;
 
 use crate::error::{Error, Result};
 use serde_json::{Map, Value};

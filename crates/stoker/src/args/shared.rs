@@ -5,8 +5,9 @@ use super::env::Env;
 use super::values::{batch_bytes, boolean, bytes, non_negative, positive, prefetch, shown, threads};
 use super::Taker;
 use crate::error::{Error, Result};
-use crate::image::cache::{CacheLocation, CacheSpec};
+use crate::image::cache::CacheSpec;
 use crate::shell::sampler::SamplerSpec;
+use crate::shell::store::CacheLocation;
 use serde_json::Value;
 
 /// The shard window `shuffle="shards"` uses when none is given.

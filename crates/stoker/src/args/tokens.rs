@@ -131,10 +131,11 @@ pub(super) fn token_config_in(args: Args, env: &Env) -> Result<(TokenConfig, Opt
         };
     }
     c.trace = trace(&mut a)?;
-    c.cache = cache(&mut a, env)?;
-    if c.cache.as_ref().is_some_and(|s| s.max_side.is_some()) {
+    let spec = cache(&mut a, env)?;
+    if spec.as_ref().is_some_and(|s| s.max_side.is_some()) {
         return Err(Error::config("cache_max_side", "is for decoded images: a token cache stores whole documents"));
     }
+    c.cache = spec.map(|s| s.store());
     c.index_dir = match a.take("index_cache") {
         None | Some(Value::Null) => env.index_dir.clone(),
         Some(Value::Bool(false)) => None,

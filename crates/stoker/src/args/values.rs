@@ -8,7 +8,7 @@
 //! call it without importing the configs that the other rule books build.
 
 use crate::error::{Error, Result};
-use crate::image::cache::Ttl;
+use crate::shell::store::Ttl;
 use serde_json::Value;
 use std::time::Duration;
 

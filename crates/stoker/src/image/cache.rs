@@ -35,7 +35,7 @@ use crate::error::{Error, Result};
 pub use crate::shell::store::{
     clear, list_groups, ram_root, CacheLocation, Cleared, DatasetKey, GroupInfo, Ttl, LOCK_DEADLINE, RAM_TTL,
 };
-use crate::shell::store::{Group, GroupKind};
+use crate::shell::store::{Group, GroupKind, StoreSpec};
 use std::fs::File;
 use std::io::Write;
 use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
@@ -58,6 +58,13 @@ pub struct CacheSpec {
     /// forever for a directory); `stoker::args` reads it from `STOKER_CACHE_TTL`.
     #[serde(default)]
     pub ttl: Option<Ttl>,
+}
+
+impl CacheSpec {
+    /// The store's part of the spec (where, how many bytes, how long).
+    pub fn store(&self) -> StoreSpec {
+        StoreSpec { location: self.location.clone(), bytes: self.bytes, ttl: self.ttl }
+    }
 }
 
 const MAGIC: [u8; 8] = *b"STKPIX\0\x01";

@@ -59,6 +59,22 @@ pub enum Ttl {
     After(Duration),
 }
 
+/// Where a cache group lives and what it may hold: what every cache of the store is given (the
+/// decoded-pixel cache adds its `max_side`, see `image::cache::CacheSpec`; the token cache
+/// takes it as it is).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct StoreSpec {
+    /// Where entries are stored.
+    pub location: CacheLocation,
+    /// The byte budget (`None`: a quarter of `MemAvailable` for `ram`, half the free space of
+    /// the file system for a directory; both capped by the file system's free space).
+    pub bytes: Option<u64>,
+    /// How long an idle group is kept (`None`: the location's default, [`RAM_TTL`] for `ram`,
+    /// forever for a directory); `stoker::args` reads it from `STOKER_CACHE_TTL`.
+    #[serde(default)]
+    pub ttl: Option<Ttl>,
+}
+
 /// Which dataset a cache group belongs to: a hash of its sample list and a description for
 /// people (`stoker cache` shows it).
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -23,7 +23,7 @@
 use super::corpus::DocSource;
 use super::docs::Format;
 use crate::error::{Error, Result};
-use crate::image::cache::{CacheSpec, DatasetKey};
+use crate::shell::store::{DatasetKey, StoreSpec};
 use crate::shell::store::{Group, GroupKind};
 use std::collections::HashSet;
 use std::fs::File;
@@ -195,10 +195,7 @@ fn decode_record(r: &[u8]) -> Option<(u64, u64, u32, u64)> {
 impl TokenCache {
     /// Opens (creating it) the group of `source` tokenized by the tokenizer of `tokenizer_hash`
     /// into ids of `width` bytes, under `spec`, and reads what it holds.
-    pub fn open(spec: &CacheSpec, source: &DocSource, tokenizer_hash: u64, text_key: &str, width: u8) -> Result<Self> {
-        if spec.max_side.is_some() {
-            return Err(Error::config("cache_max_side", "is for decoded images: a token cache stores whole documents"));
-        }
+    pub fn open(spec: &StoreSpec, source: &DocSource, tokenizer_hash: u64, text_key: &str, width: u8) -> Result<Self> {
         if matches!(source.format, Format::Tokens(_) | Format::Cache(_)) {
             return Err(Error::config("cache", "token files are already tokens: a token cache is for text"));
         }

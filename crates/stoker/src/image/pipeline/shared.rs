@@ -72,7 +72,7 @@ pub(super) fn samples_hash(source: &dyn Source) -> u64 {
 
 /// The cache group key of a dataset: its samples' hash, and the folder or shards its samples
 /// come from (the longest common path of the first and last), for `stoker cache`.
-pub fn dataset_key(source: &dyn Source) -> crate::image::cache::DatasetKey {
+pub fn dataset_key(source: &dyn Source) -> crate::shell::store::DatasetKey {
     let n = source.len();
     let description = if n == 0 {
         String::new()
@@ -81,5 +81,5 @@ pub fn dataset_key(source: &dyn Source) -> crate::image::cache::DatasetKey {
         let common: PathBuf = a.components().zip(b.components()).take_while(|(x, y)| x == y).map(|(x, _)| x).collect();
         common.display().to_string()
     };
-    crate::image::cache::DatasetKey { hash: samples_hash(source), samples: n, description }
+    crate::shell::store::DatasetKey { hash: samples_hash(source), samples: n, description }
 }

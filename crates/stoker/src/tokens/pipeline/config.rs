@@ -80,7 +80,7 @@ pub struct TokenConfig {
     pub trace: Option<crate::observe::trace::TraceSpec>,
     /// The automatic token cache (`None`: every epoch tokenizes); see [`super::autocache`].
     #[serde(default)]
-    pub cache: Option<crate::image::cache::CacheSpec>,
+    pub cache: Option<crate::shell::store::StoreSpec>,
     /// The host-wide CPU registry file autotuned loaders share cores through (`None`: no
     /// sharing); `args` sets it from the environment (see
     /// [`crate::args::budget_registry_path`]).
