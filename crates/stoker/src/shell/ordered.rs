@@ -204,8 +204,9 @@ impl<S: Send + 'static> Run<S> {
     }
 
     /// Waits for the slot of batch `batch` (`batch_of` reads a slot's batch number), until
-    /// `deadline`. On every poll step, `held_all` may return an error (the consumer holds
-    /// every slot, so none can come); a dead thread or a stale run is an error too.
+    /// `deadline`. Before the wait and on every poll step, `held_all` may grow the pool or
+    /// return an error (the consumer holds every slot, so none can come); a dead thread or a
+    /// stale run is an error too.
     pub fn wait_for(
         &self,
         batch: usize,
@@ -227,6 +228,11 @@ impl<S: Send + 'static> Run<S> {
             drop(pending);
             return self.ended();
         };
+        // A consumer that holds every slot gets one more (or the error) now, not after a poll
+        // step: no slot can be on its way, and `list(loader)` would pay a step per batch.
+        if let Some(e) = held_all() {
+            return Err(e);
+        }
         loop {
             if self.cancelled() {
                 drop(guard);
