@@ -2,7 +2,7 @@
 //! cache, tokenized and packed as `TokenLoader` does; tokens/s, CPU-seconds per million tokens,
 //! padding, the seconds of each stage and which one limits the rate.
 
-use crate::bench::BenchOpts;
+use crate::loader_opts::BenchOpts;
 use crate::util::{cpu_seconds, peak_rss_bytes, progress};
 use anyhow::Result;
 use clap::Args;

@@ -1,6 +1,7 @@
 //! `stoker demo`: build ImageNet-like JPEGs from the embedded photos and bench them.
 
-use crate::bench::{bench, BenchOpts};
+use crate::bench::bench;
+use crate::loader_opts::BenchOpts;
 use crate::util::tempdir;
 use anyhow::{bail, Result};
 use clap::Args;

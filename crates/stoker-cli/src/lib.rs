@@ -15,6 +15,7 @@ mod doctor;
 mod export;
 mod html;
 mod index;
+mod loader_opts;
 mod monitor;
 mod pack;
 mod series;

@@ -15,7 +15,8 @@
 //!
 //! - [`source`]: sources and formats: what samples exist ([`ImageFolder`], tar shards, object
 //!   storage); only an index lives in memory.
-//! - [`shell`]: what every loader kind shares: [`sampler`] (seeded order, rank sharding,
+//! - [`shell`]: what every loader kind shares: [`shell::kind`] (the one `Loader<K>` and its
+//!   iterator over a kind: images, arrays, tokens), [`sampler`] (seeded order, rank sharding,
 //!   resumable [`SamplerState`], the fingerprint), [`buffer`] (the fixed pool: memory cap and
 //!   backpressure), [`shell::ordered`] (one iteration's threads, the reorder buffer, prompt
 //!   shutdown), [`shell::pass`] (the consumer's side of every kind's pass: in-order delivery,

@@ -221,7 +221,7 @@ pub const MAX_BATCH_TOKENS: usize = (1 << 29) - 1;
 
 /// The tokens of one batch, `batch_size x seq_len`, checked: `batch_size` at least 1,
 /// `seq_len` from 1 to [`MAX_SEQ_LEN`], and their product at most [`MAX_BATCH_TOKENS`] (an
-/// error naming `batch_size`). [`token_config`] checks given values with it, and the token
+/// error naming `batch_size`). [`super::token_config`] checks given values with it, and the token
 /// loader a config made by hand, so the bound is one bound.
 pub fn token_values(batch_size: usize, seq_len: usize) -> Result<usize> {
     if batch_size == 0 {

@@ -2,7 +2,7 @@
 //! sampler's indices, for `stoker.ArrayLoader`.
 //!
 //! - [`npy`]: the `.npy` format (header and row layout), every size checked.
-//! - [`column`]: [`Column`], rows in memory or read with `pread` from a `.npy` file.
+//! - [`column`](mod@column): [`Column`], rows in memory or read with `pread` from a `.npy` file.
 //! - [`loader`]: the array kind ([`Arrays`]) on the shell's [`crate::shell::kind::Loader`]
 //!   ([`ArrayLoader`]), over the shared [`crate::shell::sampler`].
 //!

@@ -1,6 +1,9 @@
-//! The loader shell: what every kind of loader (images, arrays, the CUDA transfer stage) shares
-//! instead of keeping its own copy.
+//! The loader shell: what every kind of loader (images, arrays, tokens, the CUDA transfer stage)
+//! shares instead of keeping its own copy.
 //!
+//! - [`kind`]: the one [`kind::Loader`] and [`kind::Iter`] of every kind; a [`kind::Kind`]
+//!   brings its position, how a pass starts and what a delivered slot becomes, and its batch
+//!   meets [`kind::HostBatch`], the contract the CUDA stage copies.
 //! - [`sampler`]: the seeded per-epoch order, rank sharding with equal batch counts, the
 //!   resumable position, the elastic base that continues an epoch on another number of ranks,
 //!   and the fingerprint a saved state must match.
@@ -10,10 +13,10 @@
 //! - [`ordered`]: one iteration's threads, the finished-slot queue and reorder buffer, the one
 //!   free-slot wait and the one "all buffers held" error, prompt shutdown, stale runs.
 //! - [`pass`]: the consumer's side of a run: in-order delivery, the failure budget, stale and
-//!   dead-thread errors, the held-buffer check, the consumer's telemetry and trace; [`Next`]
+//!   dead-thread errors, the held-buffer check, the consumer's telemetry and trace; [`pass::Next`]
 //!   is what one poll gives.
-//! - [`epochs`]: epoch, position, `state_dict`/`load_state_dict` and the running iteration a
-//!   newer one makes stale.
+//! - [`epochs`]: epoch, position (any kind's [`epochs::Positioned`]), `state_dict`/
+//!   `load_state_dict` and the running iteration a newer one makes stale.
 //! - [`rng`]: the per-sample random generator seeded by `(seed, epoch, index)`, so batches do
 //!   not depend on the thread count.
 //! - [`store`]: cache groups on the host (the decoded-pixel and token caches): roots, one byte

@@ -8,13 +8,13 @@ use crate::tokens::docs::Format;
 /// How documents are packed into rows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum PackMode {
-    /// Joined and cut ([`Concat`]).
+    /// Joined and cut ([`crate::tokens::pack::Concat`]).
     Concat,
-    /// Best-fit decreasing over blocks of documents ([`BestFit`]).
+    /// Best-fit decreasing over blocks of documents ([`crate::tokens::pack::BestFit`]).
     BestFit,
 }
 
-/// Configuration of a [`TokenLoader`] (checked by [`crate::args::token_config`]).
+/// Configuration of a [`super::TokenLoader`] (checked by [`crate::args::token_config`]).
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct TokenConfig {
     /// Rows per batch.
@@ -73,12 +73,12 @@ pub struct TokenConfig {
     /// Raise the first failed document instead of skipping it.
     pub raise: bool,
     /// Where document indexes are stored between runs (`None`: built at every open); see
-    /// [`super::index`].
+    /// [`crate::tokens::index`].
     pub index_dir: Option<std::path::PathBuf>,
     /// The trace file and ring size (`None`: no trace): spans of reading, tokenizing, packing
     /// and the consumer's waits, written when a pass completes and when the loader is dropped.
     pub trace: Option<crate::observe::trace::TraceSpec>,
-    /// The automatic token cache (`None`: every epoch tokenizes); see [`super::autocache`].
+    /// The automatic token cache (`None`: every epoch tokenizes); see [`crate::tokens::autocache`].
     #[serde(default)]
     pub cache: Option<crate::shell::store::StoreSpec>,
     /// The host-wide CPU registry file autotuned loaders share cores through (`None`: no

@@ -35,7 +35,7 @@ impl Loader<Tokens> {
         Self::new_in(paths, tokenizer, config, Arc::new(HeapAllocator))
     }
 
-    /// As [`TokenLoader::new`], its batch buffers from `alloc` (page-locked memory when batches
+    /// As [`Loader::new`](Self::new), its batch buffers from `alloc` (page-locked memory when batches
     /// go on to a GPU).
     pub fn new_in(
         paths: &[std::path::PathBuf],
@@ -192,7 +192,7 @@ impl Loader<Tokens> {
         }))
     }
 
-    /// Bytes of each array of a batch at most, in the order of [`TokenBatch::regions`]:
+    /// Bytes of each array of a batch at most, in the order of [`super::TokenBatch::regions`]:
     /// `input_ids`, `labels`, `position_ids` (`batch_size x seq_len` int32 each), `cu_seqlens`.
     pub fn region_capacities(&self) -> Vec<usize> {
         let (bs, len) = (self.kind().config.batch_size, self.kind().config.seq_len);

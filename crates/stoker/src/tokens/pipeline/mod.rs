@@ -2,11 +2,11 @@
 //! `input_ids`, `labels`, `position_ids` and `cu_seqlens`, in pooled buffers.
 //!
 //! Threads of one iteration (all on the shell's [`crate::shell::ordered::Run`]):
-//! - `stoker-text-read` ([`read`]): walks this rank's document order from the resume point,
+//! - `stoker-text-read` (`read`): walks this rank's document order from the resume point,
 //!   reads the documents (positional reads, or a decompressing stream) and sends them in chunks;
-//! - `stoker-tokenize-K` ([`tokenize`]): each owns a clone of the tokenizer; parses a chunk
+//! - `stoker-tokenize-K` (`tokenize`): each owns a clone of the tokenizer; parses a chunk
 //!   (JSON, UTF-8) and tokenizes it, without offsets;
-//! - `stoker-pack` ([`batcher`]): puts chunks back in order and packs the document stream into
+//! - `stoker-pack` (`batcher`): puts chunks back in order and packs the document stream into
 //!   rows ([`crate::tokens::pack`]), a batch per pooled slot.
 //!
 //! A credit per chunk in flight bounds the memory between the reader and the packer, whatever
