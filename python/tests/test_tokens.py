@@ -397,7 +397,9 @@ def test_a_trace_of_reading_tokenizing_packing_and_waiting(tmp_path, reference):
     assert sum(e["args"]["tokens"] for e in chunks) == sum(len(r) for r in reference)
     assert {threads[e["tid"]] for e in chunks} <= {"stoker-tokenize-0", "stoker-tokenize-1"}
     assert [e["args"]["batch"] for e in evs if e["name"] == "pack"] == list(range(batches))
-    assert [e["args"]["batch"] for e in evs if e["name"] == "consumer wait"] == list(range(batches))
+    # The consumer's side is the shell's, as for every kind: a wait and a delivery per batch.
+    assert [e["args"]["batch"] for e in evs if e["name"] == "deliver"] == list(range(batches))
+    assert [e["args"]["batch"] for e in evs if e["name"] == "wait"] == list(range(batches))
     # A small ring keeps the last events; save_trace writes on demand; no trace, no file.
     small = stoker.TokenLoader(SAMPLE, tokenizer=GPT2, seq_len=512, batch_size=4, trace=tmp_path / "t2.json",
                                trace_events=10, output="numpy")

@@ -94,11 +94,11 @@ pub fn bench(root: &str, o: &BenchOpts, t: &TextOpts) -> Result<()> {
     }
     bar.finish_and_clear();
     let (wall, cpu) = (t0.elapsed().as_secs_f64(), cpu_seconds() - cpu0);
-    let stats = loader.stats().to_json();
+    let stats = loader.stats().to_json(loader.consumer_wait());
     let tokens = stats["tokens"].as_u64().unwrap_or(0);
     let pad = stats["padding_fraction"].as_f64().unwrap_or(0.0);
     let sec = |k: &str| stats["seconds"][k].as_f64().unwrap_or(0.0);
-    let neck = loader.stats().bottleneck(wall, loader.threads(), loader.tokenizer().is_some());
+    let neck = loader.stats().bottleneck(wall, loader.threads(), loader.tokenizer().is_some(), loader.consumer_wait());
     let advice = neck.advice;
     let summary = serde_json::json!({
         "data": root, "epochs": epochs, "batches": batches, "rows": rows, "tokens": tokens,

@@ -90,7 +90,7 @@ fn concat_holds_every_token_of_the_reference_in_order() {
         assert_eq!((cu[0], *cu.last().unwrap()), (0, (rows * 256) as i32));
         assert!(cu.windows(2).all(|w| w[0] < w[1]));
     }
-    let st = l.stats().to_json();
+    let st = l.stats().to_json(l.consumer_wait());
     assert_eq!(st["documents"], 12);
     assert_eq!(st["tokens"], flat.len() as u64);
 }
@@ -196,7 +196,7 @@ fn bad_documents_are_counted_with_their_file_and_line() {
     }
     let n = want.len() / 4 * 4;
     assert_eq!(rows.iter().map(|&t| t as u32).collect::<Vec<_>>(), want[..n]);
-    let st = l.stats().to_json();
+    let st = l.stats().to_json(l.consumer_wait());
     assert_eq!((st["documents"].as_u64(), st["failed_documents"].as_u64()), (Some(7), Some(4)));
     // Strict: the first bad document is the error, naming the file and the line.
     c.raise = true;
@@ -474,7 +474,7 @@ fn parquet_text_columns_read_by_row_group() {
     c.threads = Some(1);
     let l = TokenLoader::new(std::slice::from_ref(&bad), Some(gpt2()), c.clone()).unwrap();
     let _ = collect(&l);
-    assert_eq!(l.stats().to_json()["failed_documents"], 1);
+    assert_eq!(l.stats().to_json(l.consumer_wait())["failed_documents"], 1);
     c.raise = true;
     let err = TokenLoader::new(std::slice::from_ref(&bad), Some(gpt2()), c.clone())
         .unwrap()
@@ -496,29 +496,6 @@ fn parquet_text_columns_read_by_row_group() {
         .find_map(|b| b.err())
         .unwrap();
     assert!(err.to_string().contains("no column `body`") && err.to_string().contains("id, text"), "{err}");
-}
-
-#[test]
-fn the_bottleneck_names_the_stage_that_limits_the_rate() {
-    use std::sync::atomic::Ordering::Relaxed;
-    let s = stoker::tokens::TokenStats::default();
-    let ns = |x: f64| (x * 1e9) as u64;
-    // The consumer hardly waited: the training step limits the rate.
-    s.wait_ns.store(ns(0.5), Relaxed);
-    s.tokenize_ns.store(ns(15.0), Relaxed);
-    assert_eq!(s.bottleneck(10.0, 2, true).stage, "consumer");
-    // It waited half the time, and tokenizing kept 2 threads busy 75% of it.
-    s.wait_ns.store(ns(5.0), Relaxed);
-    let b = s.bottleneck(10.0, 2, true);
-    assert_eq!((b.stage, b.busy_fraction), ("tokenize", 0.75));
-    assert!(b.advice.contains("stoker tokenize"), "{}", b.advice);
-    assert!(s.bottleneck(10.0, 2, false).advice.contains("stored token ids"));
-    // With 8 threads the same work is 19% of each: no stage busy, the handover dominates.
-    assert_eq!(s.bottleneck(10.0, 8, true).stage, "handover");
-    s.read_ns.store(ns(9.0), Relaxed);
-    assert_eq!(s.bottleneck(10.0, 8, true).stage, "read");
-    s.pack_ns.store(ns(9.5), Relaxed);
-    assert_eq!(s.bottleneck(10.0, 8, true).stage, "pack");
 }
 
 /// Every batch of `epochs` epochs of `l`, in order.
@@ -640,7 +617,7 @@ fn a_one_gigabyte_line_is_skipped_unread_and_counted() {
     want.push(50256);
     let n = want.len() / 2 * 2;
     assert_eq!(rows.iter().map(|&t| t as u32).collect::<Vec<_>>(), want[..n]);
-    let st = l.stats().to_json();
+    let st = l.stats().to_json(l.consumer_wait());
     assert_eq!(st["failed_documents"], 1, "{st}");
     assert!(st["bytes_read"].as_u64().unwrap() < 1 << 27, "not read: {st}");
 }

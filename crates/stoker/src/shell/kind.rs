@@ -37,9 +37,6 @@ pub trait Kind: Send + Sync + Sized + 'static {
     /// Batches the consumer holds now.
     fn held(&self) -> usize;
 
-    /// One poll ended after `waited` (for a kind that measures the consumer's wait itself).
-    fn waited(&self, _waited: Duration) {}
-
     /// The loader is dropped (a kind writes its trace file here).
     fn dropped(&self) {}
 }
@@ -49,8 +46,6 @@ pub trait Kind: Send + Sync + Sized + 'static {
 pub struct Delivery {
     /// The epoch the pass started in.
     pub epoch: u64,
-    /// When the consumer began to wait for this batch (the poll's start).
-    pub polled: Instant,
 }
 
 /// A started pass: the pass, what a newer one makes stale, and its epoch.
@@ -150,11 +145,9 @@ impl<K: Kind> Iter<K> {
     }
 
     fn poll(&mut self, deadline: Option<Instant>) -> Next<K::Batch> {
-        let t0 = Instant::now();
         let got = self.pass.poll(deadline);
-        self.kind.waited(t0.elapsed());
         let (kind, position) = (&self.kind, &*self.position);
-        let at = Delivery { epoch: self.epoch, polled: t0 };
+        let at = Delivery { epoch: self.epoch };
         got.map(|slot| kind.batch(slot, position, at))
     }
 

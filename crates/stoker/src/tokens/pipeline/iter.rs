@@ -16,7 +16,7 @@ use crate::shell::pass::{FailureBudget, Observe, Pass, PassHooks};
 use crossbeam_channel::bounded;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 /// Batches of packed token rows from text or token files.
 pub type TokenLoader = Loader<Tokens>;
@@ -79,16 +79,17 @@ impl Kind for Tokens {
         let pool = sh.pool.view();
         let budget = FailureBudget::new(sh.config.max_failures, sh.config.raise);
         let hooks = TokenHooks { tokens: sh.clone() };
-        let pass = Pass::new(run.clone(), pool, hooks, (first_batch as usize, None), budget, Observe::default());
+        // The consumer's waits and steps, and their trace, are the shell's (as for every kind).
+        let observe = Observe::new(Some(sh.telemetry.clone()), sh.tracer.clone(), Some(from.epoch));
+        let pass = Pass::new(run.clone(), pool, hooks, (first_batch as usize, None), budget, observe);
         Ok(Started { pass, retire: run as Arc<dyn Retire>, epoch: from.epoch })
     }
 
-    /// Records the consumer's wait (trace, tuner) and advances the position to the slot's
-    /// resume point.
-    fn batch(self: &Arc<Self>, slot: Arc<TokenSlot>, position: &TokenPosition, at: Delivery) -> TokenBatch {
-        self.span("consumer wait", at.polled, &[("batch", slot.batch.load(Ordering::Relaxed) as f64)]);
+    /// Tells the tuner the consumer's load and advances the position to the slot's resume
+    /// point.
+    fn batch(self: &Arc<Self>, slot: Arc<TokenSlot>, position: &TokenPosition, _: Delivery) -> TokenBatch {
         let s = &self.stats;
-        let wait = s.wait_ns.load(Ordering::Relaxed);
+        let wait = self.telemetry.consumer.wait_ns();
         let since = s.started.get().map_or(0, |t| t.elapsed().as_nanos() as u64);
         self.tuner.on_batch_load(crate::observe::tune::Load {
             consumer_wait_ns: wait,
@@ -102,10 +103,6 @@ impl Kind for Tokens {
 
     fn held(&self) -> usize {
         self.pool.held()
-    }
-
-    fn waited(&self, waited: Duration) {
-        self.stats.wait_ns.fetch_add(waited.as_nanos() as u64, Ordering::Relaxed);
     }
 
     /// Writes the trace, when there is one with events not yet in its file (a failure goes to

@@ -185,6 +185,7 @@ impl Loader<Tokens> {
             pad,
             pool,
             stats: Arc::default(),
+            telemetry: Arc::default(),
             rows: RowsMemo::default(),
             tracer,
             autocache,
@@ -206,7 +207,8 @@ impl Loader<Tokens> {
     /// iteration).
     pub fn report(&self) -> serde_json::Value {
         let stats = self.stats();
-        let mut v = stats.to_json();
+        let waited = self.consumer_wait();
+        let mut v = stats.to_json(waited);
         if let Some(t) = self.tokenizer() {
             let (engine, why) = t.engine();
             v["tokenizer"] = serde_json::json!({"path": t.origin, "engine": engine, "why": why});
@@ -219,10 +221,15 @@ impl Loader<Tokens> {
             let wall = t.elapsed().as_secs_f64();
             v["wall_seconds"] = serde_json::json!(wall);
             let threads = self.kind().tuner.threads_active();
-            v["bottleneck"] =
-                serde_json::to_value(stats.bottleneck(wall, threads, self.tokenizer().is_some())).unwrap_or_default();
+            let verdict = stats.bottleneck(wall, threads, self.tokenizer().is_some(), waited);
+            v["bottleneck"] = serde_json::to_value(verdict).unwrap_or_default();
         }
         v
+    }
+
+    /// Seconds the consumer has waited for batches (the shell's consumer counters).
+    pub fn consumer_wait(&self) -> f64 {
+        self.kind().telemetry.consumer.wait_ns() as f64 / 1e9
     }
 
     /// The `trace=` file, when tracing is on.

@@ -23,6 +23,8 @@ pub struct Tokens {
     pub(super) pad: u32,
     pub(super) pool: SlotPool<Arc<TokenSlot>>,
     pub(super) stats: Arc<TokenStats>,
+    /// The consumer's counters (waits and steps), which the shell's pass records.
+    pub(super) telemetry: Arc<crate::observe::telemetry::Telemetry>,
     /// Rows per rank of token files, for the last epoch asked.
     pub(super) rows: RowsMemo,
     /// The trace, when asked for.

@@ -29,8 +29,6 @@ pub struct TokenStats {
     pub tokenize_ns: AtomicU64,
     /// See `read_ns`.
     pub pack_ns: AtomicU64,
-    /// Nanoseconds the consumer waited for batches.
-    pub wait_ns: AtomicU64,
     /// When the loader's first iteration started.
     pub started: std::sync::OnceLock<Instant>,
 }
@@ -50,8 +48,9 @@ pub struct Bottleneck {
 }
 
 impl TokenStats {
-    /// The counters as JSON.
-    pub fn to_json(&self) -> serde_json::Value {
+    /// The counters as JSON, with the `consumer_wait` seconds the pass measured (the shell's
+    /// consumer counters).
+    pub fn to_json(&self, consumer_wait: f64) -> serde_json::Value {
         let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
         let s = |a: &AtomicU64| g(a) as f64 / 1e9;
         let (tokens, padding) = (g(&self.tokens), g(&self.padding));
@@ -66,18 +65,19 @@ impl TokenStats {
             "rows": g(&self.rows),
             "bytes_read": g(&self.bytes),
             "seconds": {"read": s(&self.read_ns), "tokenize": s(&self.tokenize_ns), "pack": s(&self.pack_ns),
-                        "consumer_wait": s(&self.wait_ns)},
+                        "consumer_wait": consumer_wait},
         })
     }
 
     /// The stage that limits the rate over `wall` seconds, with `threads` tokenizer threads
-    /// (`tokenizes`: text, not stored token ids). A consumer that waited for less than a tenth
+    /// (`tokenizes`: text, not stored token ids) and a consumer that waited `consumer_wait`
+    /// seconds. A consumer that waited for less than a tenth
     /// of the time is the limit (the loader keeps up); else the busiest stage, per thread of
     /// it, unless none is busy for a third of the time (the batches' handover then dominates).
-    pub fn bottleneck(&self, wall: f64, threads: usize, tokenizes: bool) -> Bottleneck {
+    pub fn bottleneck(&self, wall: f64, threads: usize, tokenizes: bool, consumer_wait: f64) -> Bottleneck {
         let s = |a: &AtomicU64| a.load(Ordering::Relaxed) as f64 / 1e9;
         let wall = wall.max(1e-9);
-        let waited = s(&self.wait_ns) / wall;
+        let waited = consumer_wait / wall;
         let stages = [
             ("read", s(&self.read_ns)),
             ("tokenize", s(&self.tokenize_ns) / threads.max(1) as f64),
@@ -113,29 +113,30 @@ impl TokenStats {
 mod tests {
     use super::*;
 
-    fn stats(read: f64, tokenize: f64, pack: f64, wait: f64) -> TokenStats {
+    fn stats(read: f64, tokenize: f64, pack: f64) -> TokenStats {
         let s = TokenStats::default();
         let ns = |x: f64| (x * 1e9) as u64;
         s.read_ns.store(ns(read), Ordering::Relaxed);
         s.tokenize_ns.store(ns(tokenize), Ordering::Relaxed);
         s.pack_ns.store(ns(pack), Ordering::Relaxed);
-        s.wait_ns.store(ns(wait), Ordering::Relaxed);
         s
     }
 
     #[test]
     fn the_verdict_names_the_consumer_the_busiest_stage_per_thread_or_the_handover() {
         // The consumer hardly waited: the loader keeps up, whatever the stages did.
-        assert_eq!(stats(9.0, 40.0, 1.0, 0.5).bottleneck(10.0, 4, true).stage, "consumer");
+        assert_eq!(stats(9.0, 40.0, 1.0).bottleneck(10.0, 4, true, 0.5).stage, "consumer");
         // 40 s of tokenizing over 4 threads (10 s each) beats 9 s of reading.
-        let b = stats(9.0, 40.0, 1.0, 5.0).bottleneck(10.0, 4, true);
+        let b = stats(9.0, 40.0, 1.0).bottleneck(10.0, 4, true, 5.0);
         assert_eq!((b.stage, b.busy_fraction), ("tokenize", 1.0));
         assert!(b.advice.contains("stoker tokenize"), "{}", b.advice);
         // Over 8 threads tokenizing is 5 s each: reading is the limit.
-        assert_eq!(stats(9.0, 40.0, 1.0, 5.0).bottleneck(10.0, 8, true).stage, "read");
+        assert_eq!(stats(9.0, 40.0, 1.0).bottleneck(10.0, 8, true, 5.0).stage, "read");
         // Stored ids have no tokenizer to advise about.
-        assert!(!stats(1.0, 40.0, 1.0, 5.0).bottleneck(10.0, 4, false).advice.contains("stoker tokenize"));
+        assert!(!stats(1.0, 40.0, 1.0).bottleneck(10.0, 4, false, 5.0).advice.contains("stoker tokenize"));
         // Nothing busy for a third of the time while the consumer waits: the handover.
-        assert_eq!(stats(1.0, 4.0, 1.0, 5.0).bottleneck(10.0, 4, true).stage, "handover");
+        assert_eq!(stats(1.0, 4.0, 1.0).bottleneck(10.0, 4, true, 5.0).stage, "handover");
+        // Packing busy 9.5 of 10 s beats reading's 9 s.
+        assert_eq!(stats(9.0, 4.0, 9.5).bottleneck(10.0, 4, true, 5.0).stage, "pack");
     }
 }
