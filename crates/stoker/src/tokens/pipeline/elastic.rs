@@ -5,13 +5,11 @@
 use super::config::PackMode;
 use super::iter::TokenLoader;
 use super::order::{elastic_positions, global_order};
-use super::read::RawDoc;
+use super::read::{RawDoc, Readers};
 use super::state::{Elastic, TokenState};
 use super::tokenize::tokenize;
 use crate::error::{Error, Result};
-use crate::tokens::docs::{too_long, ParquetCursor, StreamCursor};
 use crate::tokens::pack::Resume;
-use std::collections::BTreeMap;
 
 impl TokenLoader {
     /// Continues a run saved by several ranks (`(state, rank, world_size)` of every one, any
@@ -135,37 +133,9 @@ impl TokenLoader {
             .collect();
         order.sort_unstable();
         let mut lens = vec![0usize; docs.len()];
-        let mut streams: BTreeMap<usize, StreamCursor> = BTreeMap::new();
-        let mut tables: BTreeMap<usize, ParquetCursor> = BTreeMap::new();
+        let mut readers = Readers::new(src);
         for (f, k, i) in order {
-            let file = &src.files[f];
-            let entry = &file.docs[k];
-            let max = sh.config.max_document_bytes;
-            let mut buf = Vec::new();
-            let bytes = if entry.len > max {
-                Err(too_long(file, entry, max))
-            } else if src.random_access() {
-                crate::source::open_positioned(&file.path)
-                    .and_then(|h| file.read_at(h.as_ref(), entry, &mut buf))
-                    .map(|()| buf)
-            } else if file.compression == crate::tokens::docs::Compression::Parquet {
-                let t = match tables.entry(f) {
-                    std::collections::btree_map::Entry::Occupied(o) => o.into_mut(),
-                    std::collections::btree_map::Entry::Vacant(v) => {
-                        v.insert(ParquetCursor::new(file, &sh.config.text_key)?)
-                    }
-                };
-                t.read(file, entry, max, &mut buf).map(|()| buf)
-            } else {
-                if streams.get(&f).is_some_and(|s| s.position() > entry.offset) {
-                    streams.remove(&f);
-                }
-                let c = match streams.entry(f) {
-                    std::collections::btree_map::Entry::Occupied(o) => o.into_mut(),
-                    std::collections::btree_map::Entry::Vacant(v) => v.insert(StreamCursor::new(file)?),
-                };
-                c.read(file, entry, max, &mut buf).map(|()| buf)
-            };
+            let bytes = readers.read(src, (f, k), sh.config.max_document_bytes, &sh.config.text_key);
             let raw = RawDoc { epoch: 0, cursor: 0, at: (f, k), bytes, skip: docs[i].1, doc: docs[i].0, cached: false };
             let (d, _) = tokenize(sh, sh.tokenizer.as_ref(), raw);
             lens[i] = d.tokens.len();

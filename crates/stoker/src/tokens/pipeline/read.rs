@@ -7,7 +7,9 @@ use super::shared::Tokens;
 use super::state::Elastic;
 use crate::error::{Error, Result};
 use crate::shell::ordered::{send_or_cancel, take_free};
-use crate::tokens::docs::{too_long, ParquetCursor, StreamCursor};
+use crate::source::PositionedRead;
+use crate::tokens::corpus::DocSource;
+use crate::tokens::docs::{too_long, Compression, ParquetCursor, StreamCursor};
 use crate::tokens::pack::Resume;
 use crossbeam_channel::{Receiver, Sender};
 use std::collections::BTreeMap;
@@ -43,7 +45,7 @@ pub(super) fn read_docs(
 ) {
     let cfg = &sh.config;
     let src = &sh.source;
-    let mut files: Vec<Option<Box<dyn crate::source::PositionedRead>>> = (0..src.files.len()).map(|_| None).collect();
+    let mut readers = Readers::new(src);
     let mut seq = 0u64;
     let mut chunk: Vec<RawDoc> = Vec::new();
     let mut chunk_bytes = 0usize;
@@ -96,18 +98,7 @@ pub(super) fn read_docs(
                     }
                     continue;
                 }
-                let bytes = if entry.len > cfg.max_document_bytes {
-                    Err(too_long(file, entry, cfg.max_document_bytes))
-                } else {
-                    let handle = match &files[f] {
-                        Some(h) => Ok(h),
-                        None => crate::source::open_positioned(&file.path).map(|h| &*files[f].insert(h)),
-                    };
-                    handle.and_then(|h| {
-                        let mut buf = Vec::new();
-                        file.read_at(h.as_ref(), entry, &mut buf).map(|()| buf)
-                    })
-                };
+                let bytes = readers.read(src, (f, k), cfg.max_document_bytes, &cfg.text_key);
                 sh.stats.read_ns.fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
                 sh.stats.bytes.fetch_add(entry.len.min(cfg.max_document_bytes), Ordering::Relaxed);
                 sh.span("read", t0, &[("document", c as f64), ("bytes", entry.len as f64)]);
@@ -127,8 +118,7 @@ pub(super) fn read_docs(
         } else {
             // Read each group (a window of one file) from its stream in file order, then hand
             // its documents over in the epoch's order.
-            let mut cursors: Vec<Option<StreamCursor>> = (0..src.files.len()).map(|_| None).collect();
-            let mut tables: Vec<Option<ParquetCursor>> = (0..src.files.len()).map(|_| None).collect();
+            readers.new_epoch();
             for g in order.groups.windows(2) {
                 let (gs, ge) = (g[0] as u64, g[1] as u64);
                 if ge <= start {
@@ -158,36 +148,15 @@ pub(super) fn read_docs(
                     let doc = order.docs[c as usize];
                     let file = &src.files[f];
                     let entry = &file.docs[k];
-                    if cursors[f].as_ref().is_some_and(|s| s.position() > entry.offset) {
-                        cursors[f] = None;
-                    }
                     let t0 = Instant::now();
-                    if file.compression == crate::tokens::docs::Compression::Parquet {
-                        let table = match &mut tables[f] {
-                            Some(t) => Ok(t),
-                            None => ParquetCursor::new(file, &cfg.text_key).map(|t| tables[f].insert(t)),
-                        };
-                        let bytes = table.and_then(|t| {
-                            let mut buf = Vec::new();
-                            t.read(file, entry, cfg.max_document_bytes, &mut buf).map(|()| buf)
-                        });
+                    let bytes = readers.read(src, (f, k), cfg.max_document_bytes, &cfg.text_key);
+                    if file.compression == Compression::Parquet {
                         sh.stats.read_ns.fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
                         sh.stats.bytes.fetch_add(bytes.as_ref().map_or(0, |b| b.len() as u64), Ordering::Relaxed);
                         sh.span("read", t0, &[("document", c as f64)]);
                         let skip = order.skips.get(&c).copied().unwrap_or(0);
                         got.insert(c, RawDoc { epoch, cursor: c, at: (f, k), bytes, skip, doc, cached: false });
                         continue;
-                    }
-                    let cur = match &mut cursors[f] {
-                        Some(s) => Ok(s),
-                        None => StreamCursor::new(file).map(|s| cursors[f].insert(s)),
-                    };
-                    let bytes = cur.and_then(|s| {
-                        let mut buf = Vec::new();
-                        s.read(file, entry, cfg.max_document_bytes, &mut buf).map(|()| buf)
-                    });
-                    if bytes.is_err() {
-                        cursors[f] = None; // a broken stream is reopened for the next document
                     }
                     sh.stats.read_ns.fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
                     sh.stats.bytes.fetch_add(entry.len.min(cfg.max_document_bytes), Ordering::Relaxed);
@@ -232,4 +201,78 @@ pub(super) fn read_docs(
 /// there (the error ends the pass; every later read would wait for its bound too).
 pub(super) fn store_down(bytes: &Result<Vec<u8>>) -> bool {
     matches!(bytes, Err(Error::Unavailable(_)))
+}
+
+/// The open readers of a source's files, kept between documents: a positional handle (random
+/// access), a decompressing stream or a Parquet cursor per file, as its format needs. The one
+/// way a document's bytes are read: by the reader thread, and by an elastic resume that
+/// tokenizes a saved rank's block again.
+pub(super) struct Readers {
+    /// Every file can be read at any position ([`DocSource::random_access`], asked once).
+    random_access: bool,
+    positioned: Vec<Option<Box<dyn PositionedRead>>>,
+    streams: Vec<Option<StreamCursor>>,
+    tables: Vec<Option<ParquetCursor>>,
+}
+
+impl Readers {
+    /// No reader open yet, for the files of `src`.
+    pub(super) fn new(src: &DocSource) -> Self {
+        let files = src.files.len();
+        Readers {
+            random_access: src.random_access(),
+            positioned: (0..files).map(|_| None).collect(),
+            streams: (0..files).map(|_| None).collect(),
+            tables: (0..files).map(|_| None).collect(),
+        }
+    }
+
+    /// Closes the streams and Parquet cursors: a new epoch reads its windows from their files'
+    /// starts (positional handles stay open).
+    pub(super) fn new_epoch(&mut self) {
+        self.streams.iter_mut().for_each(|s| *s = None);
+        self.tables.iter_mut().for_each(|t| *t = None);
+    }
+
+    /// Document `k` of file `f` of `src`: at most `max` bytes (a longer one is an error naming
+    /// it); `text_key` is the text column of a Parquet file. A stream that fails is reopened
+    /// for the next document; one past the document is reopened from its start.
+    pub(super) fn read(
+        &mut self,
+        src: &DocSource,
+        (f, k): (usize, usize),
+        max: u64,
+        text_key: &str,
+    ) -> Result<Vec<u8>> {
+        let file = &src.files[f];
+        let entry = &file.docs[k];
+        let mut buf = Vec::new();
+        if self.random_access {
+            if entry.len > max {
+                return Err(too_long(file, entry, max));
+            }
+            if self.positioned[f].is_none() {
+                self.positioned[f] = Some(crate::source::open_positioned(&file.path)?);
+            }
+            let h = self.positioned[f].as_ref().expect("opened above");
+            file.read_at(h.as_ref(), entry, &mut buf)?;
+        } else if file.compression == Compression::Parquet {
+            if self.tables[f].is_none() {
+                self.tables[f] = Some(ParquetCursor::new(file, text_key)?);
+            }
+            self.tables[f].as_mut().expect("opened above").read(file, entry, max, &mut buf)?;
+        } else {
+            if self.streams[f].as_ref().is_some_and(|s| s.position() > entry.offset) {
+                self.streams[f] = None;
+            }
+            if self.streams[f].is_none() {
+                self.streams[f] = Some(StreamCursor::new(file)?);
+            }
+            if let Err(e) = self.streams[f].as_mut().expect("opened above").read(file, entry, max, &mut buf) {
+                self.streams[f] = None;
+                return Err(e);
+            }
+        }
+        Ok(buf)
+    }
 }
