@@ -17,6 +17,8 @@
 //!   is what one poll gives.
 //! - [`epochs`]: epoch, position (any kind's [`epochs::Positioned`]), `state_dict`/
 //!   `load_state_dict` and the running iteration a newer one makes stale.
+//! - [`mix`]: weighted mixtures of sources: the schedule that gives every position its source
+//!   with exact shares at every prefix, and the per-rank order over the sources' passes.
 //! - [`rng`]: the per-sample random generator seeded by `(seed, epoch, index)`, so batches do
 //!   not depend on the thread count.
 //! - [`store`]: cache groups on the host (the decoded-pixel and token caches): roots, one byte
@@ -29,6 +31,7 @@ pub mod buffer;
 pub mod epochs;
 pub mod grow;
 pub mod kind;
+pub mod mix;
 pub mod ordered;
 pub mod pass;
 pub mod rng;

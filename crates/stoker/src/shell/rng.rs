@@ -75,6 +75,8 @@ pub mod stream {
     pub const PERMUTATION: u64 = 1;
     /// Per-sample augmentation choices (crop boxes, flips).
     pub const AUGMENT: u64 = 2;
+    /// The permutations of a mixture's sources, one per source and pass.
+    pub const MIXTURE: u64 = 3;
 }
 
 /// Fisher-Yates shuffle of `items` driven by `rng`.
