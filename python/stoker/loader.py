@@ -6,11 +6,12 @@ import importlib.util
 import json
 import operator
 import os
-from typing import Any, Iterator, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 from . import _stoker
 from ._base import BatchIterator, LoaderBase, Normalizer, converter, native_device, process_group, track
 from .errors import ConfigError
+from .mixture import SourceIds, mixture_argument
 from .transforms import Transform, compile_transforms, dtype_name
 
 _OUTPUTS = ("auto", "torch", "numpy")
@@ -127,9 +128,23 @@ class ImageLoader(LoaderBase):
     is reused only after its tensors are dropped and the stream they were used on has passed
     that point. ``device='auto'`` uses a GPU when there is one and otherwise delivers host
     batches (``report()['device']`` says which and why).
+
+    A weighted mixture of datasets: ``root={"imagenet": ("train/", 0.8), "extra": {"root":
+    "extra/*.tar", "weight": 0.2, "label_offset": 1000, "exhausted": "stop"}}``. Every rank's
+    positions follow one schedule in which each source's share is exact within one sample at
+    every prefix (weights as written: ``0.8, 0.2`` are ``4:1``); each source is read pass after
+    pass, each pass a fresh permutation, the ranks taking disjoint samples of it. A source that
+    runs out starts its next pass (``exhausted='repeat'``, the default) or ends the epoch
+    (``'stop'``); without a ``stop`` source an epoch is ``epoch_items`` samples over all ranks
+    (default: the sources' total). ``label_offset`` shifts a source's labels (datasets with
+    different class lists). Iterating then yields ``(images, labels, sources)``: ``sources`` is
+    the id of each sample's source, in the order of the dict (:attr:`sources` names them).
+    The state resumes exactly, and elastically on another number of ranks; a state saved with
+    another mixture is refused, naming ``mixture``.
     """
 
-    def __init__(self, root: str | os.PathLike[str] | Sequence[str | os.PathLike[str]], batch_size: int = 256, *,
+    def __init__(self, root: str | os.PathLike[str] | Sequence[str | os.PathLike[str]] | Mapping[str, Any],
+                 batch_size: int = 256, *,
                  preset: str | None = None, transforms: Sequence[Transform] | None = None,
                  shuffle: bool | str = False, seed: int = 0, drop_last: bool = False, shard_window: int = 4,
                  threads: int | str = "auto", io_threads: int | None = None, prefetch: int | str = 2,
@@ -140,7 +155,8 @@ class ImageLoader(LoaderBase):
                  max_file_bytes: int | str | None = None, max_failures: int | float | str | None = None,
                  cache: str | os.PathLike[str] | None = None, cache_bytes: int | str | None = None,
                  cache_max_side: int | None = None, dct_scaling: bool = True, roi: bool = True,
-                 trace: str | os.PathLike[str] | None = None, trace_events: int | None = None) -> None:
+                 trace: str | os.PathLike[str] | None = None, trace_events: int | None = None,
+                 epoch_items: int | None = None) -> None:
         ops: list[dict[str, Any]] | None = None
         out_dtype: str | None = None
         if transforms is not None:
@@ -154,9 +170,17 @@ class ImageLoader(LoaderBase):
             bf16 = str(dtype).replace("torch.", "").lower() == "bfloat16"
             out_dtype = "bfloat16" if bf16 else dtype_name(dtype)
         self._torch = want_torch(output)
-        self._roots = roots(root)
+        mixture = None
+        if isinstance(root, Mapping):
+            mixture = mixture_argument(root, "root", epoch_items)
+            self._roots = []
+        elif epoch_items is not None:
+            raise ConfigError("invalid argument `epoch_items`: only a mixture (root={name: (root, weight)}) has one")
+        else:
+            self._roots = roots(root)
         self._device, self._ordinal = native_device(device)
         self._args = arguments_json(
+            mixture=mixture,
             preset=preset, ops=ops, dtype=out_dtype, layout=layout, apply_exif=apply_exif,
             batch_size=batch_size, shuffle=shuffle, shard_window=shard_window, seed=seed, drop_last=drop_last,
             rank=rank, world_size=world_size, threads=threads, io_threads=io_threads, prefetch=prefetch,
@@ -167,6 +191,8 @@ class ImageLoader(LoaderBase):
             trace=os.fspath(trace) if isinstance(trace, os.PathLike) else trace, trace_events=trace_events)
         self._start()
         native = self._loader()
+        mix = native.mixture_json()
+        self._source_ids = SourceIds(mix) if mix is not None else None
         norm = json.loads(native.device_normalize_json())
         self._normalizer = Normalizer(norm["mean"], norm["std"], norm["dtype"], norm["channels_last"]) if norm else None
         self._to_device(native.device, output)
@@ -199,8 +225,17 @@ class ImageLoader(LoaderBase):
         return self._loader().num_samples
 
     def __iter__(self) -> Iterator[tuple[Any, ...]]:
-        return BatchIterator(self._loader().iter(), converter(self._torch), lambda b: (b.images, b.labels),
-                             self._normalizer)
+        ids = self._source_ids
+        if ids is None:
+            return BatchIterator(self._loader().iter(), converter(self._torch), lambda b: (b.images, b.labels),
+                                 self._normalizer)
+        return BatchIterator(self._loader().iter(), converter(self._torch),
+                             lambda b: (b.images, b.labels, ids(b.indices)), self._normalizer)
+
+    @property
+    def sources(self) -> list[str] | None:
+        """A mixture's source names, by the ids its batches carry (``None``: one dataset)."""
+        return None if self._source_ids is None else self._source_ids.names
 
     def batches(self) -> _stoker.Iterator:
         """The raw batch iterator (``stoker._stoker.Batch`` objects with ``images``, ``labels``,

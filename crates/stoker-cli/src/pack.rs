@@ -73,6 +73,9 @@ pub fn run(a: &PackArgs) -> Result<()> {
             refuse_own_folder(&specs, &a.dst)?;
             Box::new(stoker::source::open_shards(&specs)?)
         }
+        stoker::source::DatasetKind::Mixture(_) => {
+            return Err(stoker::Error::config("src", "a mixture is packed one source at a time").into())
+        }
     };
     let n = input.len();
     let bar = progress(n as u64, a.json, "{spinner} packing [{bar:30}] {pos}/{len} files ({eta})");

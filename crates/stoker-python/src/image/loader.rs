@@ -33,7 +33,11 @@ impl PyLoader {
         let target = py.detach(|| Target::resolve(device, ordinal)).py_err()?;
         let (config, normalize) = stoker::args::image_config(args_of(args_json)?, target.on_gpu()).py_err()?;
         py.detach(move || {
-            let dataset = stoker::source::open(&roots)?;
+            let dataset = if config.parts.is_empty() {
+                stoker::source::open(&roots)?
+            } else {
+                stoker::source::mix::open_mixture(&config.parts)?
+            };
             let samples = dataset.source.len();
             let sampler = config.sampler.clone();
             let on = target.image_loader(&dataset, config)?;

@@ -37,7 +37,7 @@ pub(crate) trait LoaderClass {
 /// the shared ones. Every loader class gets `set_epoch`, `resume_pending`, `threads`, `held`,
 /// `batch_size`, `rank`, `world_size`, `device` and `iter`; the groups named in `shares [...]`
 /// add:
-/// - `positioned` (a sampler position: images, arrays): `__len__`, `state`, `elastic_json`,
+/// - `positioned` (a sampler position: images, arrays): `__len__`, `mixture_json`, `state`, `elastic_json`,
 ///   `load_state`, `fingerprint_json`, `load_state_json`, `load_states_json`;
 /// - `traced` (images, tokens): `trace_path`, `save_trace`, `report_json`;
 /// - `device_report` (arrays, tokens): `device_report_json`.
@@ -62,6 +62,13 @@ macro_rules! loader_class {
             /// has its own count).
             fn __len__(&self) -> usize {
                 self.on.loader.len()
+            }
+
+            /// The mixture's sources as JSON (`[{name, weight, share, exhausted, samples,
+            /// start}]`), or `None` when the loader reads one dataset.
+            fn mixture_json(&self) -> Option<String> {
+                let sources = self.on.loader.sampler().mixture_sources()?;
+                ::serde_json::to_string(&sources).ok()
             }
 
             /// `(seed, epoch, next_batch)`.

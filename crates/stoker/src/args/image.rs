@@ -120,9 +120,35 @@ pub(super) fn loader_config_in(args: Args, env: &Env) -> Result<LoaderConfig> {
     }
     c.cache = cache(&mut a, env)?;
     c.trace = trace(&mut a)?;
+    if let Some(v) = a.take("mixture") {
+        let (spec, sources) = super::mixture::mixture(&v)?;
+        c.parts = sources.into_iter().map(image_part).collect::<Result<_>>()?;
+        c.sampler.mixture = Some(spec);
+    }
     a.finish()?;
     batch_bytes(c.sampler.batch_size, sample_bytes(&c.transform)?)?;
     Ok(c)
+}
+
+/// One image source of a mixture: `root` (what [`crate::source::detect`] opens: a path, a
+/// URL, a glob, or a list of shards) and `label_offset` (added to its labels, default 0).
+fn image_part(mut s: super::mixture::SourceArgs) -> Result<crate::source::mix::PartSpec> {
+    let roots = match s.take("root") {
+        Some(Value::String(r)) => vec![r],
+        Some(Value::Array(list)) if !list.is_empty() && list.iter().all(Value::is_string) => {
+            list.iter().filter_map(|v| v.as_str().map(str::to_string)).collect()
+        }
+        _ => return Err(s.error("root", "expected a path, a URL or a list of shards")),
+    };
+    let label_offset = match s.typed("label_offset") {
+        None => 0,
+        Some(v) => v
+            .as_i64()
+            .filter(|&n| (0..1 << 40).contains(&n))
+            .ok_or_else(|| s.error("label_offset", format!("expected a non-negative integer, got {v}")))?,
+    };
+    s.finish()?;
+    Ok(crate::source::mix::PartSpec { roots, label_offset })
 }
 
 /// Bytes of one output sample of `spec` (compiling it, which checks the ops), or an error when

@@ -27,6 +27,8 @@
 //!   it hands the modules below `args` their settings as plain values ([`Env::apply`]);
 //! - `shared.rs`: the argument groups of more than one kind (sampler and ranks,
 //!   threads/prefetch/memory, cache, trace);
+//! - `mixture.rs`: the `mixture` argument (sources, weights, exhaustion, epoch length), each
+//!   source's own fields handed back to its kind;
 //! - `image.rs`, `arrays.rs`, `tokens.rs`: each kind's config ([`loader_config`] and
 //!   [`image_config`], [`array_config`], [`token_config`] and [`token_state`]);
 //! - `state.rs`: the saved states of image and array loaders ([`saved_state`],
@@ -40,6 +42,7 @@
 mod arrays;
 mod env;
 mod image;
+mod mixture;
 mod shared;
 mod state;
 mod tokens;

@@ -89,6 +89,7 @@ pub(super) fn sampler(a: &mut Taker, shards: bool, env: &Env) -> Result<SamplerS
         rank,
         world_size,
         shard_window: by_shards.then(|| window.unwrap_or(DEFAULT_SHARD_WINDOW)),
+        mixture: None,
     })
 }
 

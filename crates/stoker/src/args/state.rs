@@ -335,7 +335,7 @@ mod tests {
             drop_last: false,
             rank: 0,
             world_size: 1,
-            shard_window: None,
+            ..SamplerSpec::default()
         };
         Fingerprint::new(&spec, 96, 0xabc, "t".into())
     }

@@ -347,7 +347,7 @@ mod tests {
             drop_last: false,
             rank: 0,
             world_size: 1,
-            shard_window: None,
+            ..SamplerSpec::default()
         };
         let cfg = ArrayConfig { sampler: spec.clone(), threads: Some(3), prefetch: 2, memory_limit: None };
         let l = ArrayLoader::new(vec![column(1000, 5)], cfg).unwrap();

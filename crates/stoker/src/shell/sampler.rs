@@ -12,10 +12,11 @@
 //! as a permutation is (above), so the continued epoch is again a pure function of its state.
 
 use crate::error::{Error, Result};
+use crate::shell::mix::{MixSpec, Mixture};
 use crate::shell::rng::{self, Rng};
 
 /// How to order and cut the samples.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct SamplerSpec {
     /// Samples per batch (≥ 1).
     pub batch_size: usize,
@@ -34,6 +35,10 @@ pub struct SamplerSpec {
     /// permutation. Needs a source made of shards.
     #[serde(default)]
     pub shard_window: Option<usize>,
+    /// A weighted mixture of the sources the samples come from (see [`crate::shell::mix`]):
+    /// the order is the mixture's instead of a permutation of all samples.
+    #[serde(default)]
+    pub mixture: Option<MixSpec>,
 }
 
 impl Default for SamplerSpec {
@@ -46,6 +51,7 @@ impl Default for SamplerSpec {
             rank: 0,
             world_size: 1,
             shard_window: None,
+            mixture: None,
         }
     }
 }
@@ -238,6 +244,8 @@ pub struct Sampler {
     per_rank: usize,
     /// Samples per shard, in dataset order (for shard-aware shuffling).
     groups: Option<Vec<usize>>,
+    /// The mixture's order, when the samples are a mixture's sources.
+    mix: Option<std::sync::Arc<Mixture>>,
 }
 
 impl Sampler {
@@ -262,7 +270,39 @@ impl Sampler {
         if spec.shard_window == Some(0) {
             return Err(Error::config("shard_window", "must be at least 1"));
         }
-        Ok(Sampler { len, spec, per_rank, groups: None })
+        Ok(Sampler { len, spec, per_rank, groups: None, mix: None })
+    }
+
+    /// Declares the samples as the consecutive sources of sizes `parts` (a mixture's, see
+    /// [`crate::source::Source::parts`]): with a mixture in the spec, the order is the
+    /// mixture's. An error when one is given without the other.
+    pub fn with_parts(mut self, parts: Option<Vec<usize>>) -> Result<Self> {
+        match (&self.spec.mixture, parts) {
+            (None, None) => {}
+            (Some(mix), Some(lens)) => {
+                if self.spec.shard_window.is_some() {
+                    return Err(Error::config(
+                        "shuffle",
+                        "shard-aware shuffling ('shards') does not apply to a mixture",
+                    ));
+                }
+                self.mix = Some(std::sync::Arc::new(Mixture::new(mix, &lens, &self.spec)?));
+            }
+            (Some(_), None) => return Err(Error::config("mixture", "the dataset is not a mixture of sources")),
+            (None, Some(_)) => return Err(Error::Internal("a mixture's sources without a mixture spec".into())),
+        }
+        Ok(self)
+    }
+
+    /// The mixture's order, when the samples are a mixture's.
+    pub fn mixture(&self) -> Option<&Mixture> {
+        self.mix.as_deref()
+    }
+
+    /// The mixture's sources (name, weight, share, samples, first index), when the samples
+    /// are a mixture's.
+    pub fn mixture_sources(&self) -> Option<Vec<crate::shell::mix::SourceInfo>> {
+        Some(self.mix.as_ref()?.sources(self.spec.mixture.as_ref()?))
     }
 
     /// Declares the dataset as consecutive groups (shards) of these sizes, for shard-aware
@@ -282,11 +322,17 @@ impl Sampler {
 
     /// Samples this rank sees per epoch (before batching).
     pub fn samples_per_rank(&self) -> usize {
-        self.per_rank
+        match &self.mix {
+            Some(m) => m.samples_per_rank(),
+            None => self.per_rank,
+        }
     }
 
     /// Batches per epoch on this rank (equal on every rank).
     pub fn num_batches(&self) -> usize {
+        if let Some(m) = &self.mix {
+            return m.num_batches();
+        }
         if self.spec.drop_last {
             self.per_rank / self.spec.batch_size
         } else {
@@ -296,6 +342,9 @@ impl Sampler {
 
     /// This rank's sample order for `epoch` (only the samples that end up in batches).
     pub fn epoch_order(&self, epoch: u64) -> Vec<u32> {
+        if let Some(m) = &self.mix {
+            return m.epoch_order(epoch);
+        }
         self.deal(&self.permutation(epoch), self.spec.rank, self.spec.world_size)
     }
 
@@ -397,6 +446,9 @@ impl Sampler {
     /// samples are dropped; otherwise up to `world_size - 1` from the start of the remainder
     /// are repeated and the last batch may be short.
     pub fn elastic_order(&self, epoch: u64, base: &ElasticBase) -> Result<Vec<u32>> {
+        if let Some(m) = &self.mix {
+            return m.elastic_order(epoch, base);
+        }
         Ok(self.deal(&self.remaining(epoch, base)?, self.spec.rank, self.spec.world_size))
     }
 
@@ -419,7 +471,7 @@ mod tests {
     use proptest::prelude::*;
 
     fn spec(bs: usize, shuffle: bool, drop_last: bool, rank: usize, ws: usize) -> SamplerSpec {
-        SamplerSpec { batch_size: bs, shuffle, seed: 42, drop_last, rank, world_size: ws, shard_window: None }
+        SamplerSpec { batch_size: bs, shuffle, seed: 42, drop_last, rank, world_size: ws, ..SamplerSpec::default() }
     }
 
     #[test]
@@ -755,6 +807,14 @@ pub struct Fingerprint {
     pub rank: usize,
     /// XXH3 of the transform description, as hex (`none` for arrays).
     pub transform: String,
+    /// The mixture: each source's name, weight and policy, and the epoch's items, as JSON
+    /// (`none` when the samples are not a mixture; a state saved before mixtures has none).
+    #[serde(default = "no_mixture")]
+    pub mixture: String,
+}
+
+fn no_mixture() -> String {
+    "none".into()
 }
 
 impl Fingerprint {
@@ -774,6 +834,7 @@ impl Fingerprint {
             world_size: spec.world_size,
             rank: spec.rank,
             transform,
+            mixture: spec.mixture.as_ref().map_or_else(no_mixture, |m| serde_json::to_string(m).unwrap_or_default()),
         }
     }
 
@@ -792,8 +853,17 @@ impl Fingerprint {
             return Err(Error::config(name, "the saved fingerprint is not an object"));
         };
         // In the order of the struct: the most telling difference is named first.
-        const FIELDS: [&str; 8] =
-            ["samples", "sample_hash", "batch_size", "drop_last", "shuffle", "world_size", "rank", "transform"];
+        const FIELDS: [&str; 9] = [
+            "mixture",
+            "samples",
+            "sample_hash",
+            "batch_size",
+            "drop_last",
+            "shuffle",
+            "world_size",
+            "rank",
+            "transform",
+        ];
         for field in FIELDS {
             if ranks_may_differ && matches!(field, "rank" | "world_size") {
                 continue;
@@ -810,6 +880,7 @@ impl Fingerprint {
                         ),
                     ))
                 }
+                None if field == "mixture" && *value == serde_json::json!(no_mixture()) => {}
                 None => return Err(Error::config(name, format!("the saved fingerprint has no {field}"))),
             }
         }

@@ -6,6 +6,7 @@
 //! order or batches (a source answers "how many", "which label", "these bytes").
 
 mod image_folder;
+pub mod mix;
 #[cfg(feature = "remote")]
 mod remote;
 pub mod shards;
@@ -40,6 +41,11 @@ pub trait Source: Send + Sync + 'static {
     fn groups(&self) -> Option<Vec<usize>> {
         None
     }
+    /// Sizes of the consecutive sources the samples come from, when the source is a mixture's
+    /// ([`mix::MixSource`]): the sampler then orders them as the mixture says.
+    fn parts(&self) -> Option<Vec<usize>> {
+        None
+    }
     /// Gives up the reads in flight now (called when an iteration stops, before its threads
     /// are joined): a read from a store that does not answer returns an error at once instead
     /// of waiting for its time-out, so Ctrl-C and drop stay prompt. Local files need nothing.
@@ -53,6 +59,8 @@ pub enum DatasetKind {
     Folder(PathBuf),
     /// Indexed tar shards: local paths or globs, or object-store URLs (with globs).
     Shards(Vec<String>),
+    /// A weighted mixture's sources ([`mix::open_mixture`]), each what [`detect`] made of it.
+    Mixture(Vec<DatasetKind>),
 }
 
 /// The file name ending of a tar shard.
@@ -170,6 +178,7 @@ pub fn open(roots: &[String]) -> Result<Dataset> {
             not_samples = s.not_samples().to_vec();
             (std::sync::Arc::new(s), classes)
         }
+        DatasetKind::Mixture(_) => return Err(Error::Internal("a root list never names a mixture".into())),
     };
     Ok(Dataset { source, classes, kind, not_samples })
 }

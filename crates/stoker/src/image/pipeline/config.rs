@@ -77,6 +77,10 @@ pub struct LoaderConfig {
     /// [`crate::args::budget_registry_path`]).
     #[serde(default = "crate::observe::budget::default_registry_path")]
     pub cpu_registry: Option<std::path::PathBuf>,
+    /// The sources of a mixture (`sampler.mixture` says how they mix), opened with
+    /// [`crate::source::mix::open_mixture`]; empty for one dataset.
+    #[serde(default)]
+    pub parts: Vec<crate::source::mix::PartSpec>,
 }
 
 /// How many samples of one pass over an epoch may fail (be skipped) before the iteration
@@ -139,6 +143,7 @@ impl LoaderConfig {
             max_failures: MaxFailures::Default,
             cache: None,
             trace: None,
+            parts: vec![],
         }
     }
 }

@@ -28,6 +28,7 @@ impl Loader {
             })?;
             sampler = sampler.with_groups(groups)?;
         }
+        let sampler = sampler.with_parts(source.parts())?;
         if sampler.num_batches() == 0 {
             return Err(Error::config(
                 "batch_size",

@@ -5,7 +5,7 @@
 pub mod order;
 pub mod schedule;
 
-pub use order::{Exhausted, MixPart, MixSpec, Mixture};
+pub use order::{Exhausted, MixPart, MixSpec, Mixture, SourceInfo};
 pub use schedule::{Schedule, Weights};
 
 #[cfg(test)]

@@ -66,6 +66,23 @@ pub struct MixSpec {
     pub epoch_items: Option<u64>,
 }
 
+/// One source of a built mixture, as reports and the bindings show it.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct SourceInfo {
+    /// Its name.
+    pub name: String,
+    /// Its weight as given.
+    pub weight: f64,
+    /// Its share of the positions (exact: the integer weights' ratio).
+    pub share: f64,
+    /// What happens when its pass ends.
+    pub exhausted: Exhausted,
+    /// Its samples.
+    pub samples: u64,
+    /// The index of its first sample among all the mixture's.
+    pub start: u64,
+}
+
 /// One source's sequence: its length and where its items start in the mixture's numbering.
 #[derive(Debug, Clone)]
 struct Part {
@@ -149,6 +166,23 @@ impl Mixture {
             ));
         }
         Ok(mix)
+    }
+
+    /// The sources of `spec` (the spec this mixture was built from) as built.
+    pub fn sources(&self, spec: &MixSpec) -> Vec<SourceInfo> {
+        spec.parts
+            .iter()
+            .zip(&self.parts)
+            .enumerate()
+            .map(|(d, (s, p))| SourceInfo {
+                name: s.name.clone(),
+                weight: s.weight,
+                share: self.schedule.weights().share(d),
+                exhausted: s.exhausted,
+                samples: p.len,
+                start: p.offset,
+            })
+            .collect()
     }
 
     /// The schedule.

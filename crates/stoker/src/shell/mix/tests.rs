@@ -12,7 +12,7 @@ fn spec(parts: &[(&str, f64, Exhausted)], epoch_items: Option<u64>) -> MixSpec {
 }
 
 fn sampler(batch_size: usize, rank: usize, world_size: usize) -> SamplerSpec {
-    SamplerSpec { batch_size, shuffle: true, seed: 7, drop_last: false, rank, world_size, shard_window: None }
+    SamplerSpec { batch_size, shuffle: true, seed: 7, rank, world_size, ..SamplerSpec::default() }
 }
 
 fn mix(s: &MixSpec, lens: &[usize], bs: usize, rank: usize, world: usize) -> Mixture {
