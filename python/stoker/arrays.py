@@ -5,12 +5,23 @@ from __future__ import annotations
 import mmap
 import os
 import sys
-from typing import Any, Iterator
+from typing import Any, Iterator, Mapping
 
 from . import _stoker
 from ._base import BatchIterator, LoaderBase, converter, native_device
 from .errors import ConfigError
 from .loader import arguments_json, want_torch
+from .mixture import SourceIds, mixture_argument
+
+
+def _source_arrays(source: dict[str, Any]) -> tuple[Any, ...]:
+    """Takes a mixture source's arrays out of its fields (the engine gets them beside the
+    arguments)."""
+    arrays = source.pop("arrays", None)
+    if not isinstance(arrays, (list, tuple)) or not arrays:
+        raise ConfigError(f"invalid argument `mixture`: mixture source {source['name']!r}: expected a tuple of "
+                          f"arrays, got {arrays!r}")
+    return tuple(arrays)
 
 
 def _column(a: Any) -> Any:
@@ -80,30 +91,58 @@ class ArrayLoader(LoaderBase):
     and ``memory_limit`` as ``ImageLoader``.
     ``device='cuda'`` (``'cuda:N'``, ``'auto'``) delivers each column as a CUDA tensor through
     pinned buffers and stoker's copy stream, as ``ImageLoader`` does.
+
+    A weighted mixture: one dict ``{name: ((x, y), weight)}`` (or ``{name: {"arrays": (x, y),
+    "weight": w, "exhausted": "stop"}}``) whose sources have the same columns (element type and
+    row shape); it follows the schedule, passes and epochs ``ImageLoader`` documents for
+    mixtures (``epoch_items``), and each batch ends with the ``sources`` ids of its rows.
     """
 
     def __init__(self, *arrays: Any, batch_size: int = 256, shuffle: bool = False, seed: int = 0,
                  drop_last: bool = False, threads: int | str = "auto", prefetch: int = 2,
                  memory_limit: int | str | None = None, output: str = "auto", rank: int | None = None,
-                 world_size: int | None = None, device: str = "cpu") -> None:
+                 world_size: int | None = None, device: str = "cpu", epoch_items: int | None = None) -> None:
         if not arrays:
             raise ConfigError("invalid argument `arrays`: give at least one array or .npy path")
+        mixture = None
+        if len(arrays) == 1 and isinstance(arrays[0], Mapping):
+            mixture = mixture_argument(arrays[0], "arrays", epoch_items)
+            arrays = tuple(_source_arrays(source) for source in mixture["sources"])
+            if len({len(a) for a in arrays}) != 1:
+                raise ConfigError("invalid argument `mixture`: every source needs the same number of arrays, got "
+                                  + ", ".join(f"{s['name']!r}: {len(a)}" for s, a in zip(mixture["sources"], arrays)))
+            self._width = len(arrays[0])
+            arrays = tuple(a for source in arrays for a in source)
+        elif epoch_items is not None:
+            raise ConfigError("invalid argument `epoch_items`: only a mixture ({name: (arrays, weight)}) has one")
+        else:
+            self._width = len(arrays)
         self._columns = [_column(a) for a in arrays]
         self._args = arguments_json(batch_size=batch_size, shuffle=shuffle, seed=seed, drop_last=drop_last,
                                     threads=threads, prefetch=prefetch, memory_limit=memory_limit, rank=rank,
-                                    world_size=world_size)
+                                    world_size=world_size, mixture=mixture)
         self._device, self._ordinal = native_device(device)
         self._torch = want_torch(output)
         self._start()
+        mix = self._loader().mixture_json()
+        self._source_ids = SourceIds(mix) if mix is not None else None
         self._to_device(self._loader().device, output)
+
+    @property
+    def sources(self) -> list[str] | None:
+        """A mixture's source names, by the ids its batches carry (``None``: one set of arrays)."""
+        return None if self._source_ids is None else self._source_ids.names
 
     def _new_native(self) -> _stoker.ArrayLoader:
         return _stoker.ArrayLoader(self._columns, self._args, self._device, self._ordinal)
 
     def __iter__(self) -> Iterator[tuple[Any, ...]]:
-        n = len(self._columns)
+        n, ids = self._width, self._source_ids
+        if ids is None:
+            return BatchIterator(self._loader().iter(), converter(self._torch),
+                                 lambda b: tuple(b.column(c) for c in range(n)))
         return BatchIterator(self._loader().iter(), converter(self._torch),
-                             lambda b: tuple(b.column(c) for c in range(n)))
+                             lambda b: tuple(b.column(c) for c in range(n)) + (ids(b.indices),))
 
     def _loader(self) -> _stoker.ArrayLoader:
         native: _stoker.ArrayLoader = self._base()  # type: ignore[assignment]

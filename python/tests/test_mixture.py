@@ -118,3 +118,71 @@ def test_bad_mixtures_name_the_source_and_field(demo):
             stoker.ImageLoader(sources, BS, preset="imagenet-val")
     with pytest.raises(stoker.ConfigError, match="epoch_items"):
         stoker.ImageLoader(demo, BS, epoch_items=10)
+
+
+def arrays(rank=0, world=1, epoch_items=300, weights=(3, 7), tmp=None, **kw):
+    a = (np.arange(100, dtype=np.int64), np.arange(100, dtype=np.float32) * 2)
+    b = (1000 + np.arange(50, dtype=np.int64), (1000 + np.arange(50, dtype=np.float32)) * 2)
+    if tmp is not None:  # the second source's first column read from a .npy file
+        np.save(tmp / "b.npy", b[0])
+        b = (str(tmp / "b.npy"), b[1])
+    return stoker.ArrayLoader({"a": (a, weights[0]), "b": {"arrays": b, "weight": weights[1]}}, batch_size=8,
+                              shuffle=True, seed=1, rank=rank, world_size=world, output="numpy", threads=2,
+                              epoch_items=epoch_items, **kw)
+
+
+def test_an_array_mixture_gathers_each_sources_rows_with_exact_shares(tmp_path):
+    loader = arrays(tmp=tmp_path)
+    assert loader.sources == ["a", "b"] and len(loader) == 300 // 8 + 1
+    counts, per_pass = np.zeros(2), {0: [], 1: []}
+    for x, y, s in loader:
+        np.testing.assert_array_equal(y, x * 2)
+        np.testing.assert_array_equal(s, (x >= 1000).astype(np.int64))
+        for v, src in zip(x, s):
+            counts[src] += 1
+            n = counts.sum()
+            assert abs(counts[1] - 0.7 * n) < 1, counts
+            per_pass[src].append(int(v))
+    assert counts.tolist() == [90, 210]
+    # b (50 rows) was read 4.2 times: each full pass is a permutation, each a new one.
+    passes = [per_pass[1][k:k + 50] for k in range(0, 200, 50)]
+    assert all(sorted(p) == list(range(1000, 1050)) for p in passes)
+    assert len({tuple(p) for p in passes}) == 4
+
+
+def test_an_array_mixture_resumes_at_every_batch_and_elastically():
+    whole = [x.tolist() for x, _, _ in arrays()]
+    for k in range(0, len(whole), 7):
+        loader = arrays()
+        it = iter(loader)
+        for _ in range(k):
+            next(it)
+        state = json.loads(json.dumps(loader.state_dict()))
+        it.close()
+        again = arrays()
+        again.load_state_dict(state)
+        assert [x.tolist() for x, _, _ in again] == whole[k:], k
+    before, states = [], []
+    for r in range(4):
+        loader = arrays(rank=r, world=4, epoch_items=320, drop_last=True)
+        it = iter(loader)
+        before += [v for _ in range(3) for v in next(it)[0].tolist()]
+        it.close()
+        states.append(loader.state_dict())
+    after = []
+    for r in range(3):
+        loader = arrays(rank=r, world=3, epoch_items=320, drop_last=True)
+        loader.load_state_dict(states)
+        after += [v for x, _, _ in loader for v in x.tolist()]
+    # 4 ranks x 3 batches x 8 = 96 taken; 224 remain: 3 ranks take 9 batches each (216).
+    assert len(before) == 96 and len(after) == 216
+    a_rows = [v for v in before + after if v < 1000]
+    assert len(set(a_rows)) == len(a_rows), "a (100 rows) is not exhausted: no row twice"
+
+
+def test_array_mixture_sources_must_match():
+    x = np.zeros(4, dtype=np.int64)
+    with pytest.raises(stoker.ConfigError, match="same number of arrays"):
+        stoker.ArrayLoader({"a": ((x, x), 1), "b": ((x,), 1)})
+    with pytest.raises(stoker.ConfigError, match="source 1: array 0 is"):
+        stoker.ArrayLoader({"a": ((x,), 1), "b": ((x.astype(np.float32),), 1)})

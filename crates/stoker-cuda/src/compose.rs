@@ -58,11 +58,28 @@ impl Target {
         Ok(OnDevice { loader, stage, device: self.report })
     }
 
-    /// The array loader over `columns`, one device region per column.
-    pub fn array_loader(self, columns: Vec<Column>, config: ArrayConfig) -> Result<OnDevice<ArrayLoader>> {
+    /// The array loader over `columns`, one device region per column; with a mixture in
+    /// `config`, `columns` are its sources' columns one source after another, `per_source`
+    /// each.
+    pub fn array_loader(
+        self,
+        columns: Vec<Column>,
+        per_source: usize,
+        config: ArrayConfig,
+    ) -> Result<OnDevice<ArrayLoader>> {
         let (prefetch, limit, bs) = (config.prefetch, config.memory_limit, config.sampler.batch_size);
-        let capacities: Vec<usize> = columns.iter().map(|c| c.row_bytes() * bs).collect();
-        let loader = ArrayLoader::new_in(columns, config, self.placement.allocator())?;
+        let capacities: Vec<usize> = columns.iter().take(per_source).map(|c| c.row_bytes() * bs).collect();
+        let loader = if config.sampler.mixture.is_some() {
+            let mut columns = columns.into_iter();
+            let sources: Vec<Vec<Column>> = std::iter::from_fn(|| {
+                let source: Vec<Column> = columns.by_ref().take(per_source).collect();
+                (!source.is_empty()).then_some(source)
+            })
+            .collect();
+            ArrayLoader::mixture_in(sources, config, self.placement.allocator())?
+        } else {
+            ArrayLoader::new_in(columns, config, self.placement.allocator())?
+        };
         let stage = self.placement.stage(capacities, prefetch, limit)?;
         Ok(OnDevice { loader, stage, device: self.report })
     }

@@ -53,7 +53,31 @@ impl PyArrayLoader {
             }
         }
         let sampler = config.sampler.clone();
-        let on = py.detach(|| target.array_loader(cols, config)).py_err()?;
+        let sources = sampler.mixture.as_ref().map_or(1, |m| m.parts.len());
+        if cols.len() % sources != 0 {
+            return Err(errors::config("mixture", "every source of the mixture needs the same number of arrays"));
+        }
+        // A mixture's sources come one after another, each with the same columns.
+        let n = cols.len() / sources;
+        for (k, s) in specs.iter().enumerate().skip(n) {
+            let first = &specs[k % n];
+            if (&s.descr, &s.row_shape) != (&first.descr, &first.row_shape) {
+                return Err(errors::config(
+                    "mixture",
+                    format!(
+                        "source {}: array {} is {} {:?} per row, source 0's is {} {:?}",
+                        k / n,
+                        k % n,
+                        s.descr,
+                        s.row_shape,
+                        first.descr,
+                        first.row_shape
+                    ),
+                ));
+            }
+        }
+        specs.truncate(n);
+        let on = py.detach(|| target.array_loader(cols, n, config)).py_err()?;
         Ok(PyArrayLoader { on, specs: Arc::new(specs), sampler })
     }
 }

@@ -8,7 +8,7 @@ use crate::error::{Error, Result};
 
 /// An [`ArrayConfig`] from named arguments: `batch_size`, `shuffle` (`False`, `True`), `seed`,
 /// `drop_last`, `rank`, `world_size`, `threads` (`STOKER_NUM_THREADS` when not given),
-/// `prefetch`, `memory_limit`. The row size is not known here: the array loader checks its
+/// `prefetch`, `memory_limit`, `mixture` (see `args::mixture`). The row size is not known here: the array loader checks its
 /// batch buffer with [`super::batch_bytes`].
 pub fn array_config(args: Args) -> Result<ArrayConfig> {
     array_config_in(args, &apply_env()?)
@@ -21,6 +21,15 @@ pub(super) fn array_config_in(args: Args, env: &Env) -> Result<ArrayConfig> {
     let (threads, prefetch, memory_limit) = common(&mut a, env)?;
     let prefetch =
         prefetch.ok_or_else(|| Error::config("prefetch", "'auto' is for image loaders; give ArrayLoader a number"))?;
+    let mut sampler = sampler;
+    if let Some(v) = a.take("mixture") {
+        // A source's arrays arrive beside the arguments; it has no field of its own here.
+        let (spec, sources) = super::mixture::mixture(&v)?;
+        for s in sources {
+            s.finish()?;
+        }
+        sampler.mixture = Some(spec);
+    }
     a.finish()?;
     Ok(ArrayConfig { sampler, threads, prefetch, memory_limit })
 }

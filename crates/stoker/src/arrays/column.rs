@@ -32,6 +32,8 @@ enum Data {
     Memory { ptr: *const u8, _owner: Arc<dyn Send + Sync> },
     /// In a file, from byte `offset` on, read with positional reads.
     File { file: std::fs::File, path: PathBuf, offset: u64 },
+    /// In the columns of a mixture's sources, one after another (`starts`: each one's first row).
+    Parts { parts: Vec<Column>, starts: Vec<usize> },
 }
 
 // SAFETY: a Column only reads its rows; the owner keeps the memory alive and unchanged for the
@@ -91,6 +93,28 @@ impl Column {
         Column { rows, row_bytes, data: Data::Memory { ptr, _owner: owner } }
     }
 
+    /// Column `k` of a mixture: the sources' columns `parts` one after another. An error when
+    /// their rows differ in size (another element type or row shape), naming the source.
+    pub fn concat(parts: Vec<Column>, k: usize) -> Result<Self> {
+        let row_bytes = parts.first().map_or(0, |c| c.row_bytes);
+        let mut starts = Vec::with_capacity(parts.len());
+        let mut rows = 0usize;
+        for (d, c) in parts.iter().enumerate() {
+            if c.row_bytes != row_bytes {
+                return Err(Error::config(
+                    "mixture",
+                    format!("source {d}: array {k} has rows of {} bytes, source 0's has {row_bytes}", c.row_bytes),
+                ));
+            }
+            starts.push(rows);
+            rows += c.rows;
+        }
+        if rows > u32::MAX as usize {
+            return Err(Error::Dataset(format!("the mixture's sources hold over {} rows together", u32::MAX)));
+        }
+        Ok(Column { rows, row_bytes, data: Data::Parts { parts, starts } })
+    }
+
     /// Rows.
     pub fn rows(&self) -> usize {
         self.rows
@@ -144,6 +168,24 @@ impl Column {
                         };
                         Error::Io { path: path.clone(), reason: why }
                     })?;
+                    k = end;
+                }
+                Ok(())
+            }
+            Data::Parts { parts, starts } => {
+                // Each run of rows from one source is copied by that source's column.
+                let mut local = Vec::with_capacity(idx.len());
+                let mut k = 0;
+                while k < idx.len() {
+                    let d = starts.partition_point(|&s| s <= idx[k] as usize) - 1;
+                    let (lo, hi) = (starts[d], starts[d] + parts[d].rows);
+                    let mut end = k;
+                    local.clear();
+                    while end < idx.len() && (lo..hi).contains(&(idx[end] as usize)) {
+                        local.push((idx[end] as usize - lo) as u32);
+                        end += 1;
+                    }
+                    parts[d].copy_rows(&local, &mut dst[k * rb..end * rb])?;
                     k = end;
                 }
                 Ok(())

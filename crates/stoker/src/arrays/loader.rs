@@ -152,6 +152,41 @@ impl Loader<Arrays> {
 
     /// Like [`ArrayLoader::new`], with the batch buffers taken from `alloc` (e.g. pinned memory).
     pub fn new_in(columns: Vec<Column>, config: ArrayConfig, alloc: Arc<dyn HostAllocator>) -> Result<Self> {
+        Self::build(columns, None, config, alloc)
+    }
+
+    /// A loader over a weighted mixture (`config.sampler.mixture`) of `sources`, each the same
+    /// columns (count and row size; an error names the source and column that differ), batched
+    /// in the mixture's order.
+    pub fn mixture_in(sources: Vec<Vec<Column>>, config: ArrayConfig, alloc: Arc<dyn HostAllocator>) -> Result<Self> {
+        let n = sources.first().map_or(0, Vec::len);
+        if let Some((d, s)) = sources.iter().enumerate().find(|(_, s)| s.len() != n) {
+            return Err(Error::config("mixture", format!("source {d} has {} arrays, source 0 has {n}", s.len())));
+        }
+        let lens: Vec<usize> = sources.iter().map(|s| s.first().map_or(0, Column::rows)).collect();
+        let mut by_column: Vec<Vec<Column>> = (0..n).map(|_| Vec::with_capacity(sources.len())).collect();
+        for (d, source) in sources.into_iter().enumerate() {
+            for (k, c) in source.into_iter().enumerate() {
+                if c.rows() != lens[d] {
+                    return Err(Error::config(
+                        "mixture",
+                        format!("source {d}: array {k} has {} rows, its array 0 has {}", c.rows(), lens[d]),
+                    ));
+                }
+                by_column[k].push(c);
+            }
+        }
+        let columns =
+            by_column.into_iter().enumerate().map(|(k, parts)| Column::concat(parts, k)).collect::<Result<_>>()?;
+        Self::build(columns, Some(lens), config, alloc)
+    }
+
+    fn build(
+        columns: Vec<Column>,
+        parts: Option<Vec<usize>>,
+        config: ArrayConfig,
+        alloc: Arc<dyn HostAllocator>,
+    ) -> Result<Self> {
         let rows =
             columns.first().map(|c| c.rows()).ok_or_else(|| Error::config("arrays", "give at least one array"))?;
         if let Some((k, c)) = columns.iter().enumerate().find(|(_, c)| c.rows() != rows) {
@@ -163,7 +198,7 @@ impl Loader<Arrays> {
         if rows == 0 {
             return Err(Error::Dataset("the arrays have no rows".into()));
         }
-        let sampler = Sampler::new(rows, config.sampler.clone())?;
+        let sampler = Sampler::new(rows, config.sampler.clone())?.with_parts(parts)?;
         if sampler.num_batches() == 0 {
             return Err(Error::config("batch_size", "with drop_last leaves no batch on this rank"));
         }
