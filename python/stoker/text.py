@@ -6,12 +6,13 @@ import atexit
 import json
 import os
 import sys
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Mapping
 
 from . import _stoker
 from ._base import LoaderBase, converter, native_device, process_group, track
 from .errors import ConfigError, DatasetError
 from .loader import arguments_json, want_torch
+from .mixture import mixture_argument
 
 _FIELDS = ("input_ids", "labels", "position_ids", "cu_seqlens")
 
@@ -111,6 +112,19 @@ class TokenLoader(LoaderBase):
     ``device='cuda'`` (``'cuda:N'``, ``'auto'``) delivers every array as a CUDA tensor: the batch
     buffers are page-locked and copied on stoker's own stream, as for ``ImageLoader`` (the
     consumer's stream waits on the copy through DLPack; no host synchronisation).
+
+    A weighted mixture of sources, row by row: ``data={"web": ("web/*.jsonl.zst", 0.7), "code":
+    {"data": "code/*.parquet", "weight": 0.2, "text_key": "content"}, "books": ("books/", 0.1)}``
+    with ``epoch_items`` rows (sequences) per epoch over all ranks. Each row comes from one
+    source: the rows of every rank follow one schedule in which each source's share is exact
+    within one row at every prefix, so its share of the tokens is too (weights as written:
+    ``0.7, 0.2, 0.1`` are ``7:2:1``). Each source is a loader of its own (its files, its
+    ``text_key``, the other arguments shared) that starts a new pass of its documents at every
+    epoch and goes on to the next pass when it runs out (``exhausted='repeat'``). Batches carry
+    ``sources`` (each row's source id, in the order of the dict; :attr:`sources` names them) and
+    ``report()`` counts each source's rows against its share and names the source whose rows cost
+    the most time. The state resumes exactly; a state of another mixture is refused, naming
+    ``mixture``.
     """
 
     def __init__(self, data: Any, *, tokenizer: Any = None, seq_len: int = 2048, batch_size: int = 8,
@@ -126,11 +140,18 @@ class TokenLoader(LoaderBase):
                  index_cache: str | os.PathLike[str] | bool | None = None, device: str = "cpu",
                  even_batches: bool | None = None, trace: str | os.PathLike[str] | None = None,
                  trace_events: int | None = None, cache: str | os.PathLike[str] | None = None,
-                 cache_bytes: int | str | None = None, output: str = "auto") -> None:
+                 cache_bytes: int | str | None = None, output: str = "auto", epoch_items: int | None = None) -> None:
         if even_batches not in (None, True, False):
             raise ConfigError(f"invalid argument `even_batches`: expected True, False or None, got {even_batches!r}")
         self._even = even_batches
-        self._paths = _paths(data)
+        self._mixture = None
+        if isinstance(data, Mapping):
+            self._mixture = mixture_argument(data, "data", epoch_items)
+            self._paths = []
+        elif epoch_items is not None:
+            raise ConfigError("invalid argument `epoch_items`: only a mixture ({name: (data, weight)}) has one")
+        else:
+            self._paths = _paths(data)
         path, self._tokenizer_json = _tokenizer(tokenizer)
         self._args = arguments_json(
             tokenizer=path, seq_len=seq_len, batch_size=batch_size, pack=pack, pack_window=pack_window,
@@ -142,13 +163,15 @@ class TokenLoader(LoaderBase):
             max_failures=max_failures, max_document_bytes=max_document_bytes,
             index_cache=_index_cache(index_cache), trace=None if trace is None else os.fspath(trace),
             trace_events=trace_events, cache=os.fspath(cache) if isinstance(cache, os.PathLike) else cache,
-            cache_bytes=cache_bytes)
+            cache_bytes=cache_bytes, mixture=self._mixture)
         self._device, self._ordinal = native_device(device)
         self._torch = want_torch(output)
         self._start()
         self._to_device(self._loader().device, output)
 
-    def _new_native(self) -> _stoker.TokenLoader:
+    def _new_native(self) -> Any:
+        if self._mixture is not None:
+            return _stoker.TokenMixLoader(self._args, self._tokenizer_json, self._device, self._ordinal)
         return _stoker.TokenLoader(self._paths, self._args, self._tokenizer_json, self._device, self._ordinal)
 
     def _adopt(self, old: Any, new: Any) -> None:
@@ -162,6 +185,8 @@ class TokenLoader(LoaderBase):
         return native
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
+        if self._mixture is not None:  # every rank has the same batches: no agreement needed
+            return _TokenBatches(self._base().iter(), self._torch, mixed=True)  # type: ignore[attr-defined]
         native = self._loader()
         sync = None
         if self._even is not False and native.batches_per_epoch is None and not json.loads(self._args).get("infinite"):
@@ -174,12 +199,21 @@ class TokenLoader(LoaderBase):
 
     def __len__(self) -> int:
         """Batches per epoch on this rank: known before tokenizing for token files (every rank
-        has the same count); text is counted only once tokenized, so ``len()`` raises
-        ``TypeError`` there (as for an ``IterableDataset``)."""
+        has the same count) and for mixtures (``epoch_items`` rows); text is counted only once
+        tokenized, so ``len()`` raises ``TypeError`` there (as for an ``IterableDataset``)."""
+        if self._mixture is not None:
+            return len(self._base())
         n = self._loader().batches_per_epoch
         if n is None:
             raise TypeError("TokenLoader over text (or infinite) has no length before it is tokenized")
         return n
+
+    @property
+    def sources(self) -> list[str] | None:
+        """A mixture's source names, by the ``sources`` ids of its rows (``None``: one source)."""
+        if self._mixture is None:
+            return None
+        return [s["name"] for s in json.loads(self._base().sources_json())]  # type: ignore[attr-defined]
 
     @property
     def documents(self) -> int:
@@ -246,6 +280,9 @@ class TokenLoader(LoaderBase):
         except (TypeError, ValueError) as e:
             raise ConfigError(f"invalid argument `state`: expected a dict from state_dict(): {e}") from None
         if isinstance(state, list):
+            if self._mixture is not None:
+                raise ConfigError("invalid argument `state`: a token mixture resumes from its own rank's state; "
+                                  "continuing a list of other ranks' states is not supported yet")
             self._loader().load_states_json(text)
         else:
             self._loader().load_state_json(text)
@@ -315,9 +352,10 @@ class _TokenBatches:
     rank's loader failed (that rank raises its own error, every other one a
     :class:`DatasetError` saying so), so no rank is left waiting in a collective."""
 
-    def __init__(self, native: _stoker.TokenIterator, torch_output: bool,
-                 sync: Callable[[int], int] | None = None) -> None:
+    def __init__(self, native: Any, torch_output: bool, sync: Callable[[int], int] | None = None,
+                 mixed: bool = False) -> None:
         self._native = native
+        self._mixed = mixed
         self._convert = converter(torch_output)
         self._sync = sync
         self._done = False
@@ -357,6 +395,8 @@ class _TokenBatches:
             b = got
         out: dict[str, Any] = {name: self._convert(b.field(name)) for name in _FIELDS}
         out["max_seqlen"] = b.max_seqlen
+        if self._mixed:
+            out["sources"] = self._convert(b.field("sources"))
         return out
 
     def close(self) -> None:

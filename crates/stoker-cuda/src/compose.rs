@@ -85,7 +85,7 @@ impl Target {
     }
 
     /// The token loader over `paths`, one device region per array of a batch (`input_ids`,
-    /// `labels`, `position_ids`, `cu_seqlens`).
+    /// `labels`, `position_ids`, `cu_seqlens`, `sources`).
     pub fn token_loader(
         self,
         paths: &[std::path::PathBuf],
@@ -95,6 +95,19 @@ impl Target {
         let (prefetch, limit) = (config.prefetch, config.memory_limit);
         let loader = TokenLoader::new_in(paths, tokenizer, config, self.placement.allocator())?;
         let stage = self.placement.stage(loader.region_capacities(), prefetch, limit)?;
+        Ok(OnDevice { loader, stage, device: self.report })
+    }
+
+    /// The weighted mixture of token sources `config.mixture`, row by row, its batches shaped
+    /// as the token loader's.
+    pub fn token_mixture(
+        self,
+        tokenizer: Option<TextTokenizer>,
+        config: TokenConfig,
+    ) -> Result<OnDevice<stoker::tokens::pipeline::TokenMixLoader>> {
+        let (prefetch, limit) = (config.prefetch, config.memory_limit);
+        let loader = stoker::tokens::pipeline::TokenMixLoader::new_in(tokenizer, config, self.placement.allocator())?;
+        let stage = self.placement.stage(loader.host().region_capacities(), prefetch, limit)?;
         Ok(OnDevice { loader, stage, device: self.report })
     }
 }

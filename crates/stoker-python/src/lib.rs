@@ -38,6 +38,8 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     add_kind::<image::PyLoader, image::PyIter, image::PyBatch, image::PyTensor>(m)?;
     add_kind::<arrays::PyArrayLoader, arrays::PyArrayIter, arrays::PyArrayBatch, arrays::PyArrayTensor>(m)?;
     add_kind::<tokens::PyTokenLoader, tokens::PyTokenIter, tokens::PyTokenBatch, tokens::PyTokenTensor>(m)?;
+    m.add_class::<tokens::PyTokenMixLoader>()?;
+    m.add_class::<tokens::PyTokenMixIter>()?;
     functions::register(m)?;
     Ok(())
 }

@@ -26,7 +26,7 @@ impl Rows for TokenBatch {
     fn sample_indices(&self) -> Vec<u32> {
         vec![]
     }
-    /// Regions: `input_ids`, `labels`, `position_ids`, `cu_seqlens`.
+    /// Regions: `input_ids`, `labels`, `position_ids`, `cu_seqlens`, `sources`.
     fn region_ptr(&self, k: usize) -> *const u8 {
         self.regions()[k].0
     }
@@ -60,7 +60,7 @@ fn shape_of(b: &TokHeld) -> (usize, usize, usize, usize) {
 }
 
 /// The arrays of a batch, by name.
-const FIELDS: [&str; 4] = ["input_ids", "labels", "position_ids", "cu_seqlens"];
+const FIELDS: [&str; 5] = ["input_ids", "labels", "position_ids", "cu_seqlens", "sources"];
 
 batch_class! { PyTokenBatch, shares [device], {
     /// The longest segment (FlashAttention's `max_seqlen`).
@@ -69,8 +69,8 @@ batch_class! { PyTokenBatch, shares [device], {
         shape_of(&self.inner).3
     }
 
-    /// The array `name` (`input_ids`, `labels`, `position_ids`, `cu_seqlens`) as a
-    /// DLPack-exporting view.
+    /// The array `name` (`input_ids`, `labels`, `position_ids`, `cu_seqlens`, `sources`: each
+    /// row's source in a mixture) as a DLPack-exporting view.
     fn field(&self, name: &str) -> PyResult<PyTokenTensor> {
         let field = FIELDS
             .iter()
@@ -96,6 +96,7 @@ impl TensorClass for PyTokenTensor {
         let (rows, seq_len, cu_len, _) = shape_of(&self.batch);
         let shape = match self.field {
             3 => vec![cu_len as i64],
+            4 => vec![rows as i64],
             _ => vec![rows as i64, seq_len as i64],
         };
         Ok((shape, DLDataType::new(0, 32)))

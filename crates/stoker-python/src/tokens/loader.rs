@@ -18,6 +18,15 @@ pub struct PyTokenLoader {
     on: OnDevice<TokenLoader>,
 }
 
+/// The state dict of `loader` standing at `st` (a token mixture keeps one per source).
+pub(super) fn token_state_value(st: &stoker::tokens::TokenState, loader: &TokenLoader) -> serde_json::Value {
+    serde_json::json!({
+        "version": 1, "kind": "tokens", "seed": st.seed, "epoch": st.epoch, "next_batch": st.next_batch,
+        "cursor_epoch": st.at.epoch, "cursor": st.at.cursor, "offset": st.at.offset,
+        "elastic": st.elastic, "fingerprint": loader.fingerprint(),
+    })
+}
+
 impl LoaderClass for PyTokenLoader {
     type Host = TokenIter;
     type Iterator = PyTokenIter;
@@ -95,13 +104,7 @@ loader_class! { PyTokenLoader => PyTokenIter, shares [traced device_report], {
 
     /// The state dict as JSON.
     fn state_json(&self) -> PyResult<String> {
-        let st = self.on.loader.state();
-        let v = serde_json::json!({
-            "version": 1, "kind": "tokens", "seed": st.seed, "epoch": st.epoch, "next_batch": st.next_batch,
-            "cursor_epoch": st.at.epoch, "cursor": st.at.cursor, "offset": st.at.offset,
-            "elastic": st.elastic, "fingerprint": self.on.loader.fingerprint(),
-        });
-        Ok(v.to_string())
+        Ok(token_state_value(&self.on.loader.state(), &self.on.loader).to_string())
     }
 
     /// Restores a state dict given as JSON, checked field by field and against this loader.

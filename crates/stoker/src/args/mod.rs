@@ -56,7 +56,7 @@ pub use env::{
 pub use image::{image_config, loader_config, max_failures};
 pub use shared::DEFAULT_SHARD_WINDOW;
 pub use state::{saved_state, saved_states, SavedState};
-pub use tokens::{token_config, token_state, MAX_PACK_WINDOW};
+pub use tokens::{token_config, token_mix_state, token_state, MAX_PACK_WINDOW};
 pub use values::{
     batch_bytes, boolean, bytes, check_io_threads, check_prefetch, check_threads, cpu_budget, duration, non_negative,
     parse_bytes, positive, prefetch, text_value, thread_count, threads, token_values, DeviceSpec, MAX_BATCH_BYTES,

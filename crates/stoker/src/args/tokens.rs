@@ -14,6 +14,44 @@ use std::path::PathBuf;
 /// The most documents a best-fit block may hold (its plan is quadratic in the worst case).
 pub const MAX_PACK_WINDOW: usize = 1 << 16;
 
+/// A token mixture (see `args::mixture`): each source's `data` (a path, glob, folder or URL,
+/// or a list of them) and `text_key`; its epoch is `epoch_items` rows over all ranks, which it
+/// needs (a text's row count is known only once tokenized), and its sources repeat (a source
+/// that would stop the epoch could end it on one rank before another).
+fn token_mixture(v: &Value) -> Result<crate::tokens::pipeline::TokenMixture> {
+    let (spec, sources) = super::mixture::mixture(v)?;
+    if spec.epoch_items.is_none() {
+        return Err(Error::config(
+            "epoch_items",
+            "a token mixture needs its epoch's length: epoch_items rows (sequences) over all ranks",
+        ));
+    }
+    if let Some(p) = spec.parts.iter().find(|p| p.exhausted != crate::shell::mix::Exhausted::Repeat) {
+        return Err(Error::config(
+            "mixture",
+            format!("mixture source '{}': exhausted: a token mixture's sources repeat ('repeat')", p.name),
+        ));
+    }
+    let mut out = Vec::with_capacity(sources.len());
+    for mut s in sources {
+        let data = match s.take("data") {
+            Some(Value::String(p)) => vec![p],
+            Some(Value::Array(list)) if !list.is_empty() && list.iter().all(Value::is_string) => {
+                list.iter().filter_map(|v| v.as_str().map(str::to_string)).collect()
+            }
+            _ => return Err(s.error("data", "expected a path, a glob, a folder or a URL, or a list of them")),
+        };
+        let key = match s.take("text_key") {
+            None => None,
+            Some(Value::String(k)) => Some(k),
+            Some(v) => return Err(s.error("text_key", format!("expected a JSON key, got {}", shown(&v)))),
+        };
+        s.finish()?;
+        out.push((data, key));
+    }
+    Ok(crate::tokens::pipeline::TokenMixture { spec, sources: out })
+}
+
 /// A [`TokenConfig`] and the tokenizer file from named arguments: `tokenizer` (a path; none
 /// for token files), `seq_len` (default 2048), `batch_size` (default 8), `pack` (`concat`,
 /// `best_fit`), `pack_window`, `shuffle`, `seed`, `drop_last`, `rank`, `world_size`,
@@ -144,6 +182,9 @@ pub(super) fn token_config_in(args: Args, env: &Env) -> Result<(TokenConfig, Opt
             d => Some(absolute(PathBuf::from(d))),
         },
     };
+    if let Some(v) = a.take("mixture") {
+        c.mixture = Some(token_mixture(&v)?);
+    }
     a.finish()?;
     Ok((c, tokenizer))
 }
@@ -183,6 +224,76 @@ fn check_elastic(e: &crate::tokens::Elastic, depth: usize) -> std::result::Resul
         check_elastic(b, depth + 1)?;
     }
     Ok(())
+}
+
+/// A token mixture's state dict (`TokenLoader({...}).state_dict()`): `version` 1, `seed`,
+/// `epoch`, `next_batch`, each source's place under `sources` (`None`, or `{state, taken}`:
+/// that source's loader's state dict, checked by [`token_state`] against `sources[d]`, and the
+/// rows of its batch taken), and the `fingerprint`, whose `mixture` must be `mixture` (names,
+/// weights, rows per epoch): a state of another mixture is refused, naming it.
+pub fn token_mix_state(
+    state: &Value,
+    mixture: &Value,
+    sources: &[TokenFingerprint],
+) -> Result<crate::tokens::pipeline::MixState> {
+    let fields = state
+        .as_object()
+        .ok_or_else(|| Error::config("state", format!("expected a dict from state_dict(), got {}", shown(state))))?;
+    let s = Saved { fields, prefix: "state" };
+    let int = |k: &str| s.integer(k, true, 0).map(|v| v.unwrap_or_default());
+    if let Some(v) = s.integer("version", false, 0)?.filter(|&v| v != 1) {
+        return Err(Error::config(s.name("version"), format!("expected 1 (a token mixture's state), got {v}")));
+    }
+    let saved = fields.get("fingerprint").and_then(|f| f.get("mixture"));
+    if saved != Some(mixture) {
+        return Err(Error::config(
+            "state['fingerprint']['mixture']",
+            format!(
+                "the state was saved with mixture {}, this loader has {mixture}: a state of another mixture \
+                 (sources, weights, epoch_items) does not resume it",
+                saved.map_or("none".into(), |v| v.to_string())
+            ),
+        ));
+    }
+    let list = match fields.get("sources") {
+        Some(Value::Array(l)) if l.len() == sources.len() => l,
+        other => {
+            return Err(Error::config(
+                s.name("sources"),
+                format!(
+                    "expected a list of {} sources' places, got {}",
+                    sources.len(),
+                    other.map_or("none".into(), shown)
+                ),
+            ))
+        }
+    };
+    let mut places = Vec::with_capacity(list.len());
+    for (d, (v, fp)) in list.iter().zip(sources).enumerate() {
+        let name = format!("state['sources'][{d}]");
+        places.push(match v {
+            Value::Null => None,
+            Value::Object(o) => {
+                let taken = o
+                    .get("taken")
+                    .and_then(Value::as_u64)
+                    .ok_or_else(|| Error::config(format!("{name}['taken']"), "expected a non-negative integer"))?
+                    as usize;
+                let st = o.get("state").ok_or_else(|| Error::config(name.clone(), "has no 'state'"))?;
+                let st = token_state(st, fp, false).map_err(|e| Error::config(name.clone(), e.to_string()))?;
+                Some(crate::tokens::pipeline::SourceAt { state: st, taken })
+            }
+            other => {
+                return Err(Error::config(name, format!("expected None or {{state, taken}}, got {}", shown(other))))
+            }
+        });
+    }
+    Ok(crate::tokens::pipeline::MixState {
+        seed: int("seed")?,
+        epoch: int("epoch")?,
+        next_batch: int("next_batch")?,
+        sources: places,
+    })
 }
 
 /// A token loader's saved state (the JSON of `TokenLoader.state_dict()`), checked field by

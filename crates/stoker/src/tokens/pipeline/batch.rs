@@ -60,16 +60,23 @@ impl TokenBatch {
         unsafe { TokenSlot::ints(&self.slot().cu, n) }
     }
 
+    /// Each row's source in a mixture (its index among the mixture's sources; 0 for one
+    /// source).
+    pub fn sources(&self) -> &[i32] {
+        // SAFETY: as above.
+        unsafe { TokenSlot::ints(&self.slot().sources, self.rows()) }
+    }
+
     /// The longest segment (FlashAttention's `max_seqlen`).
     pub fn max_seqlen(&self) -> usize {
         self.cu_seqlens().windows(2).map(|w| (w[1] - w[0]) as usize).max().unwrap_or(0)
     }
 
-    /// The four arrays as `(address, bytes)`: `input_ids`, `labels`, `position_ids`,
-    /// `cu_seqlens` (what a transfer to a GPU copies).
-    pub fn regions(&self) -> [(*const u8, usize); 4] {
+    /// The five arrays as `(address, bytes)`: `input_ids`, `labels`, `position_ids`,
+    /// `cu_seqlens`, `sources` (what a transfer to a GPU copies).
+    pub fn regions(&self) -> [(*const u8, usize); 5] {
         let r = |s: &[i32]| (s.as_ptr().cast::<u8>(), std::mem::size_of_val(s));
-        [r(self.input_ids()), r(self.labels()), r(self.position_ids()), r(self.cu_seqlens())]
+        [r(self.input_ids()), r(self.labels()), r(self.position_ids()), r(self.cu_seqlens()), r(self.sources())]
     }
 }
 

@@ -86,6 +86,19 @@ pub struct TokenConfig {
     /// [`crate::args::budget_registry_path`]).
     #[serde(default = "crate::observe::budget::default_registry_path")]
     pub cpu_registry: Option<std::path::PathBuf>,
+    /// A weighted mixture of sources, row by row (`None`: one source, the paths given).
+    #[serde(default)]
+    pub mixture: Option<TokenMixture>,
+}
+
+/// A token mixture's sources: how they mix ([`MixSpec`](crate::shell::mix::MixSpec)) and where each one's documents are.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct TokenMixture {
+    /// Names, weights, exhaustion, rows per epoch (`epoch_items`, over all ranks).
+    pub spec: crate::shell::mix::MixSpec,
+    /// Each source's data (files, globs, folders, URLs) and its JSON text key (`None`: the
+    /// loader's).
+    pub sources: Vec<(Vec<String>, Option<String>)>,
 }
 
 impl TokenConfig {
@@ -123,6 +136,7 @@ impl TokenConfig {
             trace: None,
             cache: None,
             cpu_registry: crate::observe::budget::default_registry_path(),
+            mixture: None,
         }
     }
 }

@@ -153,7 +153,7 @@ impl Loader<Tokens> {
         let (bs, len) = (config.batch_size, config.seq_len);
         let values = token_values(bs, len)?;
         let cu_values = values + bs + 1;
-        let batch_bytes = (3 * values + cu_values) * 4;
+        let batch_bytes = (3 * values + cu_values + bs) * 4;
         let slots = crate::shell::buffer::BufferPool::plan(config.prefetch + 2, batch_bytes, config.memory_limit)?;
         let make: MakeSlot<Arc<TokenSlot>> = Arc::new(move || {
             let a = alloc.as_ref();
@@ -165,6 +165,7 @@ impl Loader<Tokens> {
                 positions: RawBuf::new_in(values * 4, a)?,
                 cu: RawBuf::new_in(cu_values * 4, a)?,
                 cu_len: AtomicUsize::new(0),
+                sources: RawBuf::new_in(bs * 4, a)?,
                 after: Mutex::new((Resume::default(), Vec::new())),
             }))
         });
@@ -194,11 +195,12 @@ impl Loader<Tokens> {
     }
 
     /// Bytes of each array of a batch at most, in the order of [`super::TokenBatch::regions`]:
-    /// `input_ids`, `labels`, `position_ids` (`batch_size x seq_len` int32 each), `cu_seqlens`.
+    /// `input_ids`, `labels`, `position_ids` (`batch_size x seq_len` int32 each), `cu_seqlens`,
+    /// `sources`.
     pub fn region_capacities(&self) -> Vec<usize> {
         let (bs, len) = (self.kind().config.batch_size, self.kind().config.seq_len);
         let values = bs * len;
-        vec![values * 4, values * 4, values * 4, (values + bs + 1) * 4]
+        vec![values * 4, values * 4, values * 4, (values + bs + 1) * 4, bs * 4]
     }
 
     /// The counters ([`TokenStats::to_json`]) with the `tokenizer` (its file, the `engine` that

@@ -17,7 +17,8 @@
 //! the verdict), `slot` (a pooled batch buffer), `shared` (what a loader and its threads share),
 //! `read`, `tokenize`, `batcher` (the three threads), `batch` and `iter` (what the consumer
 //! gets), `loader` (construction, epochs, the start of a pass) and `elastic` (resuming another
-//! number of ranks). Imports run one way: `loader`/`elastic` -> `iter` -> `batch` -> `batcher`
+//! number of ranks); `mix` and `mix_state` (a weighted mixture of token loaders, row by row,
+//! and where it stands). Imports run one way: `loader`/`elastic` -> `iter` -> `batch` -> `batcher`
 //! -> `tokenize` -> `read` -> `shared` -> `order` -> `state` -> `config`.
 //! Owns: running the token work. May not touch: the formats on disk (`docs`), tokenizers'
 //! internals, CUDA, Python.
@@ -28,6 +29,8 @@ mod config;
 mod elastic;
 mod iter;
 mod loader;
+mod mix;
+mod mix_state;
 mod order;
 mod read;
 mod shared;
@@ -37,8 +40,10 @@ mod stats;
 mod tokenize;
 
 pub use batch::{TokenBatch, TokenMeta};
-pub use config::{expand_paths, format_of, PackMode, TokenConfig};
+pub use config::{expand_paths, format_of, PackMode, TokenConfig, TokenMixture};
 pub use iter::{TokenHooks, TokenIter, TokenLoader};
+pub use mix::{MixHooks, TokenMix, TokenMixIter, TokenMixLoader};
+pub use mix_state::{MixPosition, MixState, SourceAt};
 pub use shared::Tokens;
 pub use slot::TokenSlot;
 pub use state::{Elastic, TokenFingerprint, TokenPosition, TokenState};

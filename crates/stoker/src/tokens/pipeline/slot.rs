@@ -1,5 +1,5 @@
 //! [`TokenSlot`]: one pooled batch buffer of the token kind (`input_ids`, `labels`,
-//! `position_ids`, `cu_seqlens`), and what a pass reads from it.
+//! `position_ids`, `cu_seqlens`, each row's source), and what a pass reads from it.
 
 use crate::error::Error;
 use crate::shell::buffer::RawBuf;
@@ -17,6 +17,8 @@ pub struct TokenSlot {
     pub(super) positions: RawBuf,
     pub(super) cu: RawBuf,
     pub(super) cu_len: AtomicUsize,
+    /// Each row's source in a mixture (`batch_size` int32; zeros for one source).
+    pub(super) sources: RawBuf,
     /// The resume point after this batch, its failures.
     pub(super) after: Mutex<(Resume, Vec<Error>)>,
 }

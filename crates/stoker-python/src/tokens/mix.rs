@@ -1,0 +1,155 @@
+//! The `TokenMixLoader` class: a weighted mixture of token sources, row by row, and its
+//! `TokenMixIterator` (its batches are `TokenBatch`es, with `sources`). Its state dicts are of
+//! the mixture's shape: each source's place is that source's token state dict.
+
+use super::batch::{PyTokenBatch, TokHeld};
+use super::loader::token_state_value;
+use crate::errors::{self, IntoPy};
+use crate::shared::args::{args_of, state_value};
+use crate::shared::iter::{iterator_class, IteratorClass, Polled};
+use crate::shared::loader::{loader_class, LoaderClass};
+use pyo3::prelude::*;
+use stoker::tokens::pipeline::{TokenMixIter, TokenMixLoader};
+use stoker::tokens::TextTokenizer;
+use stoker_cuda::{OnDevice, Target};
+
+/// A weighted mixture of token sources (see the Python `stoker.TokenLoader` given a dict).
+#[pyclass(frozen, name = "TokenMixLoader", module = "stoker._stoker")]
+pub struct PyTokenMixLoader {
+    on: OnDevice<TokenMixLoader>,
+}
+
+/// An iteration over a token mixture's batches (GIL released while waiting; Ctrl-C honoured).
+#[pyclass(frozen, weakref, name = "TokenMixIterator", module = "stoker._stoker")]
+pub struct PyTokenMixIter {
+    polled: Polled<TokenMixIter>,
+}
+
+impl IteratorClass for PyTokenMixIter {
+    type Host = TokenMixIter;
+    type Batch = PyTokenBatch;
+    fn batch(&self, held: TokHeld) -> PyTokenBatch {
+        PyTokenBatch { inner: held }
+    }
+}
+
+iterator_class!(PyTokenMixIter => PyTokenBatch);
+
+impl LoaderClass for PyTokenMixLoader {
+    type Host = TokenMixIter;
+    type Iterator = PyTokenMixIter;
+    fn sharding(&self) -> (usize, usize, usize) {
+        let c = self.on.loader.host().config();
+        (c.batch_size, c.rank, c.world_size)
+    }
+    fn held_batches(&self) -> usize {
+        self.on.loader.held()
+    }
+    fn iterator(&self, polled: Polled<TokenMixIter>) -> PyTokenMixIter {
+        PyTokenMixIter { polled }
+    }
+}
+
+impl PyTokenMixLoader {
+    /// The state dict as a JSON value.
+    fn state_value(&self) -> serde_json::Value {
+        let st = self.on.loader.state();
+        let subs = self.on.loader.sources();
+        let sources: Vec<serde_json::Value> = st
+            .sources
+            .iter()
+            .zip(subs)
+            .map(|(at, sub)| match at {
+                None => serde_json::Value::Null,
+                Some(a) => serde_json::json!({"state": token_state_value(&a.state, sub), "taken": a.taken}),
+            })
+            .collect();
+        serde_json::json!({
+            "version": 1, "kind": "token-mixture", "seed": st.seed, "epoch": st.epoch, "next_batch": st.next_batch,
+            "sources": sources, "fingerprint": self.on.loader.fingerprint(),
+        })
+    }
+}
+
+loader_class! { PyTokenMixLoader => PyTokenMixIter, shares [], {
+    /// `config_json`: the loader's arguments with `mixture` (the sources, their data and
+    /// weights); `tokenizer_json`: a tokenizer's JSON text, when it was given as an object.
+    #[new]
+    #[pyo3(signature = (config_json, tokenizer_json=None, device="cpu", ordinal=0))]
+    fn new(py: Python<'_>, config_json: &str, tokenizer_json: Option<String>, device: &str, ordinal: u32) -> PyResult<Self> {
+        errors::contain(|| {
+            let (config, tok_path) = stoker::args::token_config(args_of(config_json)?).py_err()?;
+            if config.mixture.is_none() {
+                return Err(errors::config("mixture", "a TokenMixLoader needs a mixture"));
+            }
+            let target = py.detach(|| Target::resolve(device, ordinal)).py_err()?;
+            let on = py
+                .detach(|| {
+                    let tokenizer = match (tokenizer_json, tok_path) {
+                        (Some(json), _) => {
+                            Some(TextTokenizer::from_json(json.as_bytes(), "<tokenizer object>".as_ref())?)
+                        }
+                        (None, Some(p)) => Some(TextTokenizer::from_file(&p)?),
+                        (None, None) => None,
+                    };
+                    target.token_mixture(tokenizer, config)
+                })
+                .py_err()?;
+            Ok(PyTokenMixLoader { on })
+        })
+    }
+
+    /// Batches per epoch on this rank.
+    fn __len__(&self) -> usize {
+        self.on.loader.len()
+    }
+
+    /// Tokens per row.
+    #[getter]
+    fn seq_len(&self) -> usize {
+        self.on.loader.host().config().seq_len
+    }
+
+    /// `(bos, eos, pad)` token ids (`None` where there is none).
+    fn special_ids(&self) -> (Option<u32>, Option<u32>, u32) {
+        self.on.loader.host().special_ids()
+    }
+
+    /// The sources as JSON: `[{name, weight, share}]`, in the order of their ids.
+    fn sources_json(&self) -> String {
+        let spec = self.on.loader.spec();
+        let w = stoker::shell::mix::Weights::new(&spec.parts.iter().map(|p| p.weight).collect::<Vec<_>>());
+        let list: Vec<serde_json::Value> = spec
+            .parts
+            .iter()
+            .enumerate()
+            .map(|(d, p)| {
+                let share = w.as_ref().map_or(0.0, |w| w.share(d));
+                serde_json::json!({"name": p.name, "weight": p.weight, "share": share})
+            })
+            .collect();
+        serde_json::Value::Array(list).to_string()
+    }
+
+    /// The report (rows per source against its share, each source's counters, the slowest
+    /// source) as JSON.
+    fn report_json(&self) -> String {
+        self.on.loader.report().to_string()
+    }
+
+    /// The state dict as JSON.
+    fn state_json(&self) -> String {
+        self.state_value().to_string()
+    }
+
+    /// Restores a state dict given as JSON, checked field by field and against this mixture.
+    fn load_state_json(&self, state_json: &str) -> PyResult<()> {
+        errors::contain(|| {
+            let state = state_value(state_json, "a dict from state_dict()")?;
+            let fps: Vec<_> = self.on.loader.sources().iter().map(|s| s.fingerprint()).collect();
+            let mine = self.on.loader.fingerprint();
+            let st = stoker::args::token_mix_state(&state, &mine["mixture"], &fps).py_err()?;
+            self.on.loader.load_state(st).py_err()
+        })
+    }
+} }

@@ -1,0 +1,388 @@
+//! [`TokenMix`]: a weighted mixture of token sources, row by row. Each row of a batch comes from
+//! one source, chosen by the mixture's [`Schedule`] (exact shares at every prefix: the token
+//! shares are those of rows, within one row of the weights); every source is a token loader of
+//! its own (its files, its text key) with its own threads, read from the start of a new pass at
+//! each mixture epoch (pass `epoch << 32`, then the next ones: `repeat`). The mixer thread takes
+//! each source's batches of rows in order and copies the rows the schedule asks for into the
+//! mixture's batch, with the row's source in `sources`.
+//!
+//! The state is the mixture's epoch and batch and, per source, its loader's state before the
+//! batch of rows being taken and how many rows of it were taken ([`SourceAt`]): a resume loads
+//! each source there and skips those rows, so it continues exactly.
+
+use super::batch::TokenBatch;
+use super::config::TokenConfig;
+use super::iter::{TokenIter, TokenLoader};
+use super::mix_state::{MixPosition, MixState, SourceAt};
+use super::shared::Tokens;
+use super::slot::TokenSlot;
+use crate::error::{Error, Result};
+use crate::shell::buffer::HostAllocator;
+use crate::shell::epochs::Retire;
+use crate::shell::kind::{Delivery, Iter, Kind, Loader, Started};
+use crate::shell::mix::{MixSpec, Schedule, Weights};
+use crate::shell::ordered::{send_or_cancel, take_free, Run};
+use crate::shell::pass::{FailureBudget, Next, Observe, Pass, PassHooks};
+use crate::tokens::tokenizer::TextTokenizer;
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// A weighted mixture of token sources, row by row.
+pub struct TokenMix {
+    /// A loader over the first source's files, never iterated: its pool holds the mixture's
+    /// batches, its config the batch shape, its counters the consumer's waits.
+    host: TokenLoader,
+    /// One loader per source.
+    subs: Vec<TokenLoader>,
+    spec: MixSpec,
+    schedule: Schedule,
+    /// Rows per rank in an epoch.
+    rows: u64,
+    /// The sources' places after each batch in flight, by batch number.
+    after: Mutex<BTreeMap<usize, Vec<Option<SourceAt>>>>,
+    /// Rows delivered per source.
+    delivered: Vec<AtomicU64>,
+}
+
+/// A loader of a token mixture.
+pub type TokenMixLoader = Loader<TokenMix>;
+
+/// One pass over (the rest of) a mixture's epoch.
+pub type TokenMixIter = Iter<TokenMix>;
+
+/// The mixture's part of a pass: an error that ended the mixer thread (a source failed),
+/// returned once the batches before it are delivered.
+pub struct MixHooks {
+    failed: Arc<Mutex<Option<Error>>>,
+}
+
+impl PassHooks for MixHooks {
+    fn ended(&self) -> Option<Error> {
+        self.failed.lock().unwrap_or_else(|p| p.into_inner()).take()
+    }
+}
+
+impl Loader<TokenMix> {
+    /// A mixture of the sources of `config.mixture` (each opened as a token loader with this
+    /// config and its own text key), its batches from `alloc`.
+    pub fn new_in(
+        tokenizer: Option<TextTokenizer>,
+        config: TokenConfig,
+        alloc: Arc<dyn HostAllocator>,
+    ) -> Result<Self> {
+        let mix = config.mixture.clone().ok_or_else(|| Error::Internal("a token mixture without a mixture".into()))?;
+        let per_rank = mix.spec.epoch_items.unwrap_or(0) / config.world_size as u64;
+        let rows =
+            if config.drop_last { per_rank / config.batch_size as u64 * config.batch_size as u64 } else { per_rank };
+        if rows == 0 {
+            return Err(Error::config(
+                "epoch_items",
+                format!("{} rows over {} ranks leave no batch", mix.spec.epoch_items.unwrap_or(0), config.world_size),
+            ));
+        }
+        let weights = Weights::new(&mix.spec.parts.iter().map(|p| p.weight).collect::<Vec<_>>())?;
+        let mut first = None;
+        let mut subs = Vec::with_capacity(mix.sources.len());
+        for (part, (data, key)) in mix.spec.parts.iter().zip(&mix.sources) {
+            let paths = super::config::expand_paths(data)
+                .map_err(|e| Error::config("mixture", format!("mixture source '{}': {e}", part.name)))?;
+            let mut c = config.clone();
+            c.mixture = None;
+            c.infinite = true;
+            c.drop_last = false;
+            c.trace = None;
+            if let Some(k) = key {
+                c.text_key = k.clone();
+            }
+            let sub = TokenLoader::new(&paths, tokenizer.clone(), c)
+                .map_err(|e| Error::config("mixture", format!("mixture source '{}': {e}", part.name)))?;
+            first.get_or_insert(paths);
+            subs.push(sub);
+        }
+        let mut host_config = config.clone();
+        host_config.mixture = None;
+        // The host only lends its pool and config: the first source's files (indexed just now).
+        let host = TokenLoader::new_in(&first.unwrap_or_default(), tokenizer, host_config, alloc)?;
+        let delivered = subs.iter().map(|_| AtomicU64::new(0)).collect();
+        Ok(Loader::of(TokenMix {
+            host,
+            subs,
+            spec: mix.spec,
+            schedule: Schedule::new(weights),
+            rows,
+            after: Mutex::default(),
+            delivered,
+        }))
+    }
+
+    /// The loader that lends the mixture its pool and config (tokenizer, special ids).
+    pub fn host(&self) -> &TokenLoader {
+        &self.kind().host
+    }
+
+    /// Each source's loader.
+    pub fn sources(&self) -> &[TokenLoader] {
+        &self.kind().subs
+    }
+
+    /// The mixture's configuration.
+    pub fn spec(&self) -> &MixSpec {
+        &self.kind().spec
+    }
+
+    /// Tokenizer threads of all sources.
+    pub fn threads(&self) -> usize {
+        self.kind().subs.iter().map(|s| s.threads()).sum()
+    }
+
+    /// Batches per epoch on this rank.
+    pub fn len(&self) -> usize {
+        let bs = self.kind().host.config().batch_size as u64;
+        self.kind().rows.div_ceil(bs) as usize
+    }
+
+    /// Whether an epoch has no batch (never, for a built mixture).
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The resumable state.
+    pub fn state(&self) -> MixState {
+        self.epochs().position().state(self.kind().host.config().seed)
+    }
+
+    /// Restores a state: the next iteration resumes there; a running one becomes stale.
+    pub fn load_state(&self, st: MixState) -> Result<()> {
+        self.epochs().position().restore(st, self.kind().host.config().seed, self.kind().subs.len())?;
+        self.epochs().restored();
+        Ok(())
+    }
+
+    /// What a saved state is valid for: the mixture (names, weights, rows per epoch) and each
+    /// source's loader's fingerprint.
+    pub fn fingerprint(&self) -> serde_json::Value {
+        let sources: Vec<serde_json::Value> =
+            self.kind().subs.iter().map(|s| serde_json::to_value(s.fingerprint()).unwrap_or_default()).collect();
+        serde_json::json!({"mixture": serde_json::to_value(&self.kind().spec).unwrap_or_default(), "sources": sources})
+    }
+
+    /// Rows delivered per source, with each source's share and its loader's counters, and the
+    /// source whose rows cost the most time (what starves the mixture when the consumer waits).
+    pub fn report(&self) -> serde_json::Value {
+        let k = self.kind();
+        let total: u64 = k.delivered.iter().map(|d| d.load(Ordering::Relaxed)).sum();
+        let mut cost = vec![];
+        let sources: Vec<serde_json::Value> = k
+            .spec
+            .parts
+            .iter()
+            .enumerate()
+            .map(|(d, p)| {
+                let rows = k.delivered[d].load(Ordering::Relaxed);
+                let sub = &k.subs[d];
+                let st = sub.stats();
+                let secs = |a: &AtomicU64| a.load(Ordering::Relaxed) as f64 / 1e9;
+                // Time per row of this source: reading and packing, and tokenizing over its threads.
+                let made = st.rows.load(Ordering::Relaxed).max(1) as f64;
+                let per_row =
+                    (secs(&st.read_ns) + secs(&st.pack_ns) + secs(&st.tokenize_ns) / sub.threads().max(1) as f64)
+                        / made;
+                cost.push(per_row * k.schedule.weights().share(d));
+                serde_json::json!({
+                    "name": p.name, "weight": p.weight, "share": k.schedule.weights().share(d), "rows": rows,
+                    "row_share": if total > 0 { rows as f64 / total as f64 } else { 0.0 },
+                    "seconds_per_row": per_row, "stats": st.to_json(0.0),
+                })
+            })
+            .collect();
+        let slowest = cost.iter().enumerate().max_by(|a, b| a.1.total_cmp(b.1)).map(|(d, _)| d).unwrap_or(0);
+        let all: f64 = cost.iter().sum();
+        serde_json::json!({
+            "rows": total,
+            "sources": sources,
+            "slowest": {
+                "source": k.spec.parts[slowest].name,
+                "time_share": if all > 0.0 { cost[slowest] / all } else { 0.0 },
+                "advice": "when the consumer waits, this source's rows take the most time: give it faster storage, \
+                           tokenize it once (`stoker tokenize`), or more threads",
+            },
+            "consumer_wait_seconds": k.host.kind().telemetry.consumer.wait_ns() as f64 / 1e9,
+        })
+    }
+}
+
+impl Kind for TokenMix {
+    type Position = MixPosition;
+    type Slot = Arc<TokenSlot>;
+    type Hooks = MixHooks;
+    type Batch = TokenBatch;
+
+    fn start(self: &Arc<Self>, position: &Arc<MixPosition>) -> Result<Started<Self>> {
+        let (epoch, first_batch, at) = position.start(self.subs.len());
+        let host = self.host.kind().clone();
+        let (run, done_tx) = Run::new(host.pool.slots(), host.pool.free_tx.clone());
+        let cancel = run.cancel_flag();
+        let failed = Arc::new(Mutex::new(None));
+        self.after.lock().unwrap_or_else(|p| p.into_inner()).clear();
+        {
+            let (mx, cancel, failed, run2) = (self.clone(), cancel.clone(), failed.clone(), Arc::downgrade(&run));
+            run.spawn("stoker-mix".into(), move || {
+                if let Err(e) = mix_rows(&mx, (epoch, first_batch, at), &done_tx, &cancel) {
+                    *failed.lock().unwrap_or_else(|p| p.into_inner()) = Some(e);
+                }
+                if let Some(r) = run2.upgrade() {
+                    r.finish();
+                }
+            })?;
+        }
+        let budget = FailureBudget::new(u64::MAX, false);
+        let observe = Observe::new(Some(host.telemetry.clone()), None, Some(epoch));
+        let batches = self.rows.div_ceil(host.config.batch_size as u64) as usize;
+        let pass = Pass::new(
+            run.clone(),
+            host.pool.view(),
+            MixHooks { failed },
+            (first_batch as usize, Some(batches)),
+            budget,
+            observe,
+        );
+        Ok(Started { pass, retire: run as Arc<dyn Retire>, epoch })
+    }
+
+    fn batch(self: &Arc<Self>, slot: Arc<TokenSlot>, position: &MixPosition, _: Delivery) -> TokenBatch {
+        let b = slot.batch.load(Ordering::Relaxed);
+        let after = self.after.lock().unwrap_or_else(|p| p.into_inner()).remove(&b).unwrap_or_default();
+        // SAFETY: a delivered slot is complete: nobody writes it until it returns to the pool.
+        let sources = unsafe { TokenSlot::ints(&slot.sources, slot.rows.load(Ordering::Acquire)) };
+        for &d in sources {
+            self.delivered[d as usize].fetch_add(1, Ordering::Relaxed);
+        }
+        position.advance(after);
+        TokenBatch { slot: Some(slot), shared: self.host.kind().clone() }
+    }
+
+    fn held(&self) -> usize {
+        self.host.kind().pool.held()
+    }
+}
+
+/// A source being read: its iteration, the batch of rows being taken and the rows taken of it,
+/// rows to skip in its next batch (a resume), and its place.
+struct Reading {
+    iter: Option<TokenIter>,
+    batch: Option<TokenBatch>,
+    next_row: usize,
+    skip: usize,
+    at: Option<SourceAt>,
+}
+
+/// The mixer thread: rows of the sources, as the schedule says, into the mixture's batches from
+/// `first_batch` of `epoch` on.
+fn mix_rows(
+    mx: &Arc<TokenMix>,
+    (epoch, first_batch, at): (u64, u64, Vec<Option<SourceAt>>),
+    done: &crossbeam_channel::Sender<Arc<TokenSlot>>,
+    cancel: &AtomicBool,
+) -> Result<()> {
+    let host: &Tokens = mx.host.kind();
+    let (bs, len) = (host.config.batch_size, host.config.seq_len);
+    let mut reading = Vec::with_capacity(mx.subs.len());
+    for (sub, at) in mx.subs.iter().zip(at) {
+        match &at {
+            Some(a) => sub.load_state(a.state.clone())?,
+            None => sub.set_epoch(epoch << 32),
+        }
+        reading.push(Reading { iter: None, batch: None, next_row: 0, skip: at.as_ref().map_or(0, |a| a.taken), at });
+    }
+    let mut m = first_batch * bs as u64;
+    let mut batch = first_batch as usize;
+    while m < mx.rows {
+        let Some(slot) = take_free(&host.pool.free_rx, cancel) else { return Ok(()) };
+        let mut rows = 0;
+        let mut cu_len = 1;
+        // SAFETY: the mixer is this slot's only user until it is sent.
+        unsafe { TokenSlot::ints_mut(&slot.cu, 0, 1)[0] = 0 };
+        while rows < bs && m < mx.rows {
+            let d = mx.schedule.source(m);
+            let Some((b, k)) = next_row(mx, &mut reading[d], d, cancel)? else {
+                host.pool.give_back(slot);
+                return Ok(());
+            };
+            let (off, src) = (rows * len, k * len);
+            // SAFETY: row `rows` of the slot belongs to the mixer alone.
+            unsafe {
+                TokenSlot::ints_mut(&slot.input, off, len).copy_from_slice(&b.input_ids()[src..src + len]);
+                TokenSlot::ints_mut(&slot.labels, off, len).copy_from_slice(&b.labels()[src..src + len]);
+                TokenSlot::ints_mut(&slot.positions, off, len).copy_from_slice(&b.position_ids()[src..src + len]);
+                TokenSlot::ints_mut(&slot.sources, rows, 1)[0] = d as i32;
+            }
+            // The row's segment ends, moved from row k of its batch to row `rows` of this one.
+            let cu = b.cu_seqlens();
+            let (lo, hi) = (cu.partition_point(|&c| c <= src as i32), cu.partition_point(|&c| c <= (src + len) as i32));
+            // SAFETY: as above; a row has at most seq_len segments.
+            let out = unsafe { TokenSlot::ints_mut(&slot.cu, cu_len, hi - lo) };
+            for (o, &c) in out.iter_mut().zip(&cu[lo..hi]) {
+                *o = c - src as i32 + off as i32;
+            }
+            cu_len += hi - lo;
+            rows += 1;
+            m += 1;
+        }
+        slot.batch.store(batch, Ordering::Relaxed);
+        slot.rows.store(rows, Ordering::Release);
+        slot.cu_len.store(cu_len, Ordering::Release);
+        let after = reading.iter().map(|r| r.at.clone()).collect();
+        mx.after.lock().unwrap_or_else(|p| p.into_inner()).insert(batch, after);
+        if !send_or_cancel(done, slot.clone(), cancel) {
+            host.pool.give_back(slot);
+            return Ok(());
+        }
+        batch += 1;
+    }
+    Ok(())
+}
+
+/// The next row of source `d`: its batch and the row's index in it, pulling the source's next
+/// batch when this one is used up. `None` when the pass is cancelled.
+fn next_row<'a>(
+    mx: &TokenMix,
+    r: &'a mut Reading,
+    d: usize,
+    cancel: &AtomicBool,
+) -> Result<Option<(&'a TokenBatch, usize)>> {
+    while r.batch.as_ref().is_none_or(|b| r.next_row >= b.rows()) {
+        r.batch = None;
+        let sub = &mx.subs[d];
+        let before = sub.state();
+        if r.iter.is_none() {
+            r.iter = Some(sub.iter()?);
+        }
+        let it = r.iter.as_mut().expect("just set");
+        let got = loop {
+            match it.next_timeout(Duration::from_millis(50)) {
+                Next::Item(b) => break b,
+                Next::NotYet if cancel.load(Ordering::Acquire) => return Ok(None),
+                Next::NotYet => {}
+                Next::End => {
+                    return Err(Error::Dataset(format!(
+                        "mixture source '{}' has no rows for rank {}",
+                        mx.spec.parts[d].name,
+                        mx.host.config().rank
+                    )))
+                }
+            }
+        };
+        let b = got.map_err(|e| Error::Dataset(format!("mixture source '{}': {e}", mx.spec.parts[d].name)))?;
+        r.next_row = std::mem::take(&mut r.skip);
+        r.at = Some(SourceAt { state: before, taken: r.next_row });
+        r.batch = Some(b);
+    }
+    let k = r.next_row;
+    r.next_row += 1;
+    if let Some(a) = &mut r.at {
+        a.taken = r.next_row;
+    }
+    Ok(r.batch.as_ref().map(|b| (b, k)))
+}
