@@ -85,7 +85,7 @@ impl Loader<TokenMix> {
         let weights = Weights::new(&mix.spec.parts.iter().map(|p| p.weight).collect::<Vec<_>>())?;
         let mut first = None;
         let mut subs = Vec::with_capacity(mix.sources.len());
-        for (part, (data, key)) in mix.spec.parts.iter().zip(&mix.sources) {
+        for (d, (part, (data, key))) in mix.spec.parts.iter().zip(&mix.sources).enumerate() {
             let paths = super::config::expand_paths(data)
                 .map_err(|e| Error::config("mixture", format!("mixture source '{}': {e}", part.name)))?;
             let mut c = config.clone();
@@ -93,6 +93,11 @@ impl Loader<TokenMix> {
             c.infinite = true;
             c.drop_last = false;
             c.trace = None;
+            // The sources share the threads (or the CPU budget) by their weights: a source's
+            // tokenizing takes its share of the rows' work.
+            let share = weights.share(d);
+            c.threads = config.threads.map(|t| ((t as f64 * share).round() as usize).max(1));
+            c.cpu_budget = config.cpu_budget.map(|b| (b * share).max(1.0));
             if let Some(k) = key {
                 c.text_key = k.clone();
             }
