@@ -280,10 +280,7 @@ class TokenLoader(LoaderBase):
         except (TypeError, ValueError) as e:
             raise ConfigError(f"invalid argument `state`: expected a dict from state_dict(): {e}") from None
         if isinstance(state, list):
-            if self._mixture is not None:
-                raise ConfigError("invalid argument `state`: a token mixture resumes from its own rank's state; "
-                                  "continuing a list of other ranks' states is not supported yet")
-            self._loader().load_states_json(text)
+            self._base().load_states_json(text)
         else:
             self._loader().load_state_json(text)
 

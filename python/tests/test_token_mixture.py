@@ -66,15 +66,13 @@ def test_each_sources_rows_are_its_own_loaders_in_order_with_exact_shares(tiny):
 
 
 def test_a_token_mixture_resumes_at_every_batch(tiny):
-    whole = rows_of(mixture(tiny))
-    for k in range(12):
-        loader = mixture(tiny)
-        it = iter(loader)
-        for _ in range(k):
-            next(it)
-        state = json.loads(json.dumps(loader.state_dict()))
-        it.close()
-        again = mixture(tiny)
+    loader = mixture(tiny, epoch_items=32)
+    whole, states = [], [json.loads(json.dumps(loader.state_dict()))]
+    for b in loader:
+        whole += rows_of([b])
+        states.append(json.loads(json.dumps(loader.state_dict())))
+    again = mixture(tiny, epoch_items=32)
+    for k, state in enumerate(states[:-1]):
         again.load_state_dict(state)
         assert rows_of(again) == whole[4 * k:], k
 
@@ -100,3 +98,57 @@ def test_bad_token_mixtures_are_named(tiny):
         stoker.TokenLoader({"a": {"data": AA, "weight": 1, "exhausted": "stop"}}, epoch_items=8, **ARGS)
     with pytest.raises(stoker.ConfigError, match="mixture source 'a'"):
         stoker.TokenLoader({"a": (str(Path(tiny).with_name("missing.jsonl")), 1)}, epoch_items=8, **ARGS)
+
+
+def token_file(path, first, n, every):
+    """A nanoGPT-style ``.bin`` (uint16) of `n` distinct ids from `first`, a document ending (EOS
+    0) after every `every` ids: every id appears once, so a row delivered twice shows."""
+    ids = []
+    for k, t in enumerate(range(first, first + n)):
+        ids.append(t)
+        if k % every == every - 1:
+            ids.append(0)
+    np.array(ids, dtype=np.uint16).tofile(path)
+    return str(path)
+
+
+def test_a_token_mixture_continues_from_four_ranks_on_three_without_a_row_twice(tmp_path):
+    a = token_file(tmp_path / "a.bin", 1, 12000, 37)
+    b = token_file(tmp_path / "b.bin", 30000, 8000, 53)
+
+    def ranks(world, rank):
+        return stoker.TokenLoader({"a": (a, 0.6), "b": (b, 0.4)}, token_bytes=2, eos_id=0, seq_len=32, batch_size=4,
+                                  shuffle=True, seed=2, rank=rank, world_size=world, threads=1, output="numpy",
+                                  epoch_items=240)
+
+    rows = [0, 0]
+
+    def ids(batch, when):
+        rows[when] += len(batch["input_ids"])
+        x = batch["input_ids"]
+        return [(int(s), int(t)) for s, row in zip(batch["sources"], x) for t in row if t != 0]
+
+    before, states = [], []
+    for r in range(4):
+        loader = ranks(4, r)
+        assert len(loader) == 15
+        it = iter(loader)
+        for _ in range(5):
+            before += ids(next(it), 0)
+        it.close()
+        states.append(json.loads(json.dumps(loader.state_dict())))
+    after, lens = [], set()
+    for r in range(3):
+        loader = ranks(3, r)
+        loader.load_state_dict(states)
+        lens.add(len(loader))
+        after += [t for batch in loader for t in ids(batch, 1)]
+    # 4 ranks x 5 batches x 4 rows = 80 rows delivered; the other 160 rows of the epoch go to 3 ranks
+    # (53 each: 13 full batches and one of 1 row), a continued epoch of 14 batches.
+    assert lens == {14} and rows == [80, 159]
+    tokens = [t for _, t in before + after]
+    assert len(tokens) == len(set(tokens)), "no token (no row) delivered twice"
+    assert all((t < 30000) == (s == 0) for s, t in before + after), "each row's source is its ids' file"
+    # The states of the three continue the run again exactly: the third rank resumed alone.
+    with pytest.raises(stoker.ConfigError, match="same batch"):
+        ranks(3, 0).load_state_dict([states[0], {**states[1], "next_batch": 4}] + states[2:])

@@ -59,15 +59,17 @@ impl PyTokenMixLoader {
             .sources
             .iter()
             .zip(subs)
-            .map(|(at, sub)| match at {
-                None => serde_json::Value::Null,
-                Some(a) => serde_json::json!({"state": token_state_value(&a.state, sub), "taken": a.taken}),
-            })
+            .map(|(at, sub)| at.as_ref().map_or(serde_json::Value::Null, |a| token_state_value(a, sub)))
             .collect();
-        serde_json::json!({
+        let mut v = serde_json::json!({
             "version": 1, "kind": "token-mixture", "seed": st.seed, "epoch": st.epoch, "next_batch": st.next_batch,
             "sources": sources, "fingerprint": self.on.loader.fingerprint(),
-        })
+        });
+        if let Some(end) = st.end {
+            v["end"] = end.into();
+            v["offset"] = st.offset.into();
+        }
+        v
     }
 }
 
@@ -148,8 +150,29 @@ loader_class! { PyTokenMixLoader => PyTokenMixIter, shares [], {
             let state = state_value(state_json, "a dict from state_dict()")?;
             let fps: Vec<_> = self.on.loader.sources().iter().map(|s| s.fingerprint()).collect();
             let mine = self.on.loader.fingerprint();
-            let st = stoker::args::token_mix_state(&state, &mine["mixture"], &fps).py_err()?;
+            let st = stoker::args::token_mix_state(&state, &mine["mixture"], &fps, false).py_err()?;
             self.on.loader.load_state(st).py_err()
+        })
+    }
+
+    /// Continues a run saved by several ranks: the JSON list of every rank's state dict (all
+    /// at the same batch), on this loader's ranks.
+    fn load_states_json(&self, states_json: &str) -> PyResult<()> {
+        errors::contain(|| {
+            let v = state_value(states_json, "a list of state_dict()s")?;
+            let list = v.as_array().ok_or_else(|| errors::config("state", "expected a list of state_dict()s"))?;
+            let fps: Vec<_> = self.on.loader.sources().iter().map(|s| s.fingerprint()).collect();
+            let mine = self.on.loader.fingerprint();
+            let mut states = Vec::with_capacity(list.len());
+            for (k, one) in list.iter().enumerate() {
+                let st = stoker::args::token_mix_state(one, &mine["mixture"], &fps, true)
+                    .map_err(|e| errors::config("state", format!("state {k} of the list: {e}")))?;
+                let fp = &one["fingerprint"];
+                let (rank, world) =
+                    (fp["rank"].as_u64().unwrap_or(0) as usize, fp["world_size"].as_u64().unwrap_or(0) as usize);
+                states.push((st, rank, world));
+            }
+            self.on.loader.load_states(&states).py_err()
         })
     }
 } }

@@ -227,14 +227,16 @@ fn check_elastic(e: &crate::tokens::Elastic, depth: usize) -> std::result::Resul
 }
 
 /// A token mixture's state dict (`TokenLoader({...}).state_dict()`): `version` 1, `seed`,
-/// `epoch`, `next_batch`, each source's place under `sources` (`None`, or `{state, taken}`:
-/// that source's loader's state dict, checked by [`token_state`] against `sources[d]`, and the
-/// rows of its batch taken), and the `fingerprint`, whose `mixture` must be `mixture` (names,
-/// weights, rows per epoch): a state of another mixture is refused, naming it.
+/// `epoch`, `next_batch`, `end` and `offset` (rows per rank of an epoch continued from another
+/// number of ranks, and the schedule's rows before it; absent otherwise), each source's loader state dict under `sources` (`None` before its first
+/// row; checked by [`token_state`] against `sources[d]`, ranks aside with `ranks_may_differ`),
+/// and the `fingerprint`, whose `mixture` must be `mixture` (names, weights, rows per epoch): a
+/// state of another mixture is refused, naming it.
 pub fn token_mix_state(
     state: &Value,
     mixture: &Value,
     sources: &[TokenFingerprint],
+    ranks_may_differ: bool,
 ) -> Result<crate::tokens::pipeline::MixState> {
     let fields = state
         .as_object()
@@ -261,38 +263,30 @@ pub fn token_mix_state(
             return Err(Error::config(
                 s.name("sources"),
                 format!(
-                    "expected a list of {} sources' places, got {}",
+                    "expected a list of {} sources' states, got {}",
                     sources.len(),
                     other.map_or("none".into(), shown)
                 ),
             ))
         }
     };
-    let mut places = Vec::with_capacity(list.len());
+    let mut states = Vec::with_capacity(list.len());
     for (d, (v, fp)) in list.iter().zip(sources).enumerate() {
-        let name = format!("state['sources'][{d}]");
-        places.push(match v {
+        states.push(match v {
             Value::Null => None,
-            Value::Object(o) => {
-                let taken = o
-                    .get("taken")
-                    .and_then(Value::as_u64)
-                    .ok_or_else(|| Error::config(format!("{name}['taken']"), "expected a non-negative integer"))?
-                    as usize;
-                let st = o.get("state").ok_or_else(|| Error::config(name.clone(), "has no 'state'"))?;
-                let st = token_state(st, fp, false).map_err(|e| Error::config(name.clone(), e.to_string()))?;
-                Some(crate::tokens::pipeline::SourceAt { state: st, taken })
-            }
-            other => {
-                return Err(Error::config(name, format!("expected None or {{state, taken}}, got {}", shown(other))))
-            }
+            v => Some(
+                token_state(v, fp, ranks_may_differ)
+                    .map_err(|e| Error::config(format!("state['sources'][{d}]"), e.to_string()))?,
+            ),
         });
     }
     Ok(crate::tokens::pipeline::MixState {
         seed: int("seed")?,
         epoch: int("epoch")?,
         next_batch: int("next_batch")?,
-        sources: places,
+        sources: states,
+        end: s.integer("end", false, 0)?,
+        offset: s.integer("offset", false, 0)?.unwrap_or(0),
     })
 }
 

@@ -6,16 +6,19 @@
 //! each source's batches of rows in order and copies the rows the schedule asks for into the
 //! mixture's batch, with the row's source in `sources`.
 //!
-//! The state is the mixture's epoch and batch and, per source, its loader's state before the
-//! batch of rows being taken and how many rows of it were taken ([`SourceAt`]): a resume loads
-//! each source there and skips those rows, so it continues exactly.
+//! Each source's loader hands over one row at a time (batches of one row), so its state after
+//! each row is exact. The mixture's state is its epoch and batch and each source's loader state
+//! after the last row taken ([`MixState`]): a resume loads each source there and continues
+//! exactly; the states of every rank of a run continue it on another number of ranks, each
+//! source through its own loader's elastic resume ([`TokenMixLoader::load_states`]).
 
 use super::batch::TokenBatch;
 use super::config::TokenConfig;
 use super::iter::{TokenIter, TokenLoader};
-use super::mix_state::{MixPosition, MixState, SourceAt};
+use super::mix_state::{MixPosition, MixState};
 use super::shared::Tokens;
 use super::slot::TokenSlot;
+use super::state::TokenState;
 use crate::error::{Error, Result};
 use crate::shell::buffer::HostAllocator;
 use crate::shell::epochs::Retire;
@@ -23,6 +26,7 @@ use crate::shell::kind::{Delivery, Iter, Kind, Loader, Started};
 use crate::shell::mix::{MixSpec, Schedule, Weights};
 use crate::shell::ordered::{send_or_cancel, take_free, Run};
 use crate::shell::pass::{FailureBudget, Next, Observe, Pass, PassHooks};
+use crate::tokens::pack::Resume;
 use crate::tokens::tokenizer::TextTokenizer;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -40,8 +44,8 @@ pub struct TokenMix {
     schedule: Schedule,
     /// Rows per rank in an epoch.
     rows: u64,
-    /// The sources' places after each batch in flight, by batch number.
-    after: Mutex<BTreeMap<usize, Vec<Option<SourceAt>>>>,
+    /// The sources' states after each batch in flight, by batch number.
+    after: Mutex<BTreeMap<usize, Vec<Option<TokenState>>>>,
     /// Rows delivered per source.
     delivered: Vec<AtomicU64>,
 }
@@ -91,6 +95,8 @@ impl Loader<TokenMix> {
             let mut c = config.clone();
             c.mixture = None;
             c.infinite = true;
+            c.batch_size = 1;
+            c.prefetch = config.batch_size.clamp(2, 256);
             c.drop_last = false;
             c.trace = None;
             // The sources share the threads (or the CPU budget) by their weights: a source's
@@ -142,10 +148,11 @@ impl Loader<TokenMix> {
         self.kind().subs.iter().map(|s| s.threads()).sum()
     }
 
-    /// Batches per epoch on this rank.
+    /// Batches per epoch on this rank (of the current epoch: one continued from another
+    /// number of ranks has its own count).
     pub fn len(&self) -> usize {
         let bs = self.kind().host.config().batch_size as u64;
-        self.kind().rows.div_ceil(bs) as usize
+        self.epochs().position().end().unwrap_or(self.kind().rows).div_ceil(bs) as usize
     }
 
     /// Whether an epoch has no batch (never, for a built mixture).
@@ -155,7 +162,76 @@ impl Loader<TokenMix> {
 
     /// The resumable state.
     pub fn state(&self) -> MixState {
-        self.epochs().position().state(self.kind().host.config().seed)
+        self.epochs().position().state(self.kind().host.config().seed, self.kind().subs.len())
+    }
+
+    /// Continues a run saved by the ranks of `states` (`(state, rank, world_size)` of every rank,
+    /// all at the same batch of the same epoch) on this loader's ranks: each source continues
+    /// through its loader's elastic resume (every document no saved rank finished, dealt anew),
+    /// and the epoch ends when the rows of the saved run's epoch are delivered.
+    pub fn load_states(&self, states: &[(MixState, usize, usize)]) -> Result<()> {
+        let k = self.kind();
+        let c = k.host.config();
+        let Some((first, _, old_world)) = states.first() else {
+            return Err(Error::config("state", "an empty list of states"));
+        };
+        let (epoch, next_batch, old_end, old_offset) = (first.epoch, first.next_batch, first.end, first.offset);
+        let mut ranks = vec![false; *old_world];
+        for (st, rank, world) in states {
+            if (st.epoch, st.next_batch, st.end, st.offset, world)
+                != (epoch, next_batch, old_end, old_offset, old_world)
+            {
+                return Err(Error::config(
+                    "state",
+                    format!(
+                        "the ranks of a token mixture stop at the same batch of one epoch: rank {rank} of {world} saved \
+                         epoch {} batch {}, rank 0's list entry epoch {epoch} batch {next_batch} of {old_world} ranks",
+                        st.epoch, st.next_batch
+                    ),
+                ));
+            }
+            if *rank >= *old_world || std::mem::replace(&mut ranks[*rank], true) {
+                return Err(Error::config("state", format!("rank {rank} of {world} is missing or given twice")));
+            }
+        }
+        if ranks.iter().any(|r| !r) {
+            return Err(Error::config("state", format!("needs the states of all {old_world} saved ranks")));
+        }
+        let start = TokenState {
+            seed: c.seed,
+            epoch: epoch << 32,
+            next_batch: 0,
+            at: Resume { epoch: epoch << 32, cursor: 0, offset: 0 },
+            elastic: None,
+        };
+        for (d, sub) in k.subs.iter().enumerate() {
+            let list: Vec<(TokenState, usize, usize)> = states
+                .iter()
+                .map(|(st, rank, world)| (st.sources[d].clone().unwrap_or_else(|| start.clone()), *rank, *world))
+                .collect();
+            sub.load_states(&list)
+                .map_err(|e| Error::config("state", format!("mixture source '{}': {e}", k.spec.parts[d].name)))?;
+        }
+        // The rows of the saved epoch over all ranks, less those delivered, shared by these ranks.
+        let bs = c.batch_size as u64;
+        let old_rows = old_end.unwrap_or_else(|| k.rows_for(*old_world));
+        let done = (next_batch * bs).min(old_rows);
+        let mut left = (old_rows - done) * *old_world as u64 / c.world_size as u64;
+        if c.drop_last {
+            left = left / bs * bs;
+        }
+        let st = MixState {
+            seed: c.seed,
+            epoch,
+            next_batch: 0,
+            sources: k.subs.iter().map(|s| Some(s.state())).collect(),
+            end: Some(left),
+            offset: old_offset + done,
+        };
+        self.epochs().set_epoch(epoch);
+        self.epochs().position().restore(st, c.seed, k.subs.len())?;
+        self.epochs().restored();
+        Ok(())
     }
 
     /// Restores a state: the next iteration resumes there; a running one becomes stale.
@@ -165,12 +241,16 @@ impl Loader<TokenMix> {
         Ok(())
     }
 
-    /// What a saved state is valid for: the mixture (names, weights, rows per epoch) and each
-    /// source's loader's fingerprint.
+    /// What a saved state is valid for: the mixture (names, weights, rows per epoch), each
+    /// source's loader's fingerprint, and the ranks.
     pub fn fingerprint(&self) -> serde_json::Value {
         let sources: Vec<serde_json::Value> =
             self.kind().subs.iter().map(|s| serde_json::to_value(s.fingerprint()).unwrap_or_default()).collect();
-        serde_json::json!({"mixture": serde_json::to_value(&self.kind().spec).unwrap_or_default(), "sources": sources})
+        let c = self.kind().host.config();
+        serde_json::json!({
+            "mixture": serde_json::to_value(&self.kind().spec).unwrap_or_default(), "sources": sources,
+            "rank": c.rank, "world_size": c.world_size,
+        })
     }
 
     /// Rows delivered per source, with each source's share and its loader's counters, and the
@@ -218,6 +298,19 @@ impl Loader<TokenMix> {
     }
 }
 
+impl TokenMix {
+    /// Rows per rank of an epoch over `world` ranks.
+    fn rows_for(&self, world: usize) -> u64 {
+        let c = self.host.config();
+        let per_rank = self.spec.epoch_items.unwrap_or(0) / world as u64;
+        if c.drop_last {
+            per_rank / c.batch_size as u64 * c.batch_size as u64
+        } else {
+            per_rank
+        }
+    }
+}
+
 impl Kind for TokenMix {
     type Position = MixPosition;
     type Slot = Arc<TokenSlot>;
@@ -225,7 +318,10 @@ impl Kind for TokenMix {
     type Batch = TokenBatch;
 
     fn start(self: &Arc<Self>, position: &Arc<MixPosition>) -> Result<Started<Self>> {
-        let (epoch, first_batch, at) = position.start(self.subs.len());
+        let seed = self.host.config().seed;
+        let st = position.start(seed, self.subs.len());
+        let (epoch, first_batch, end) = (st.epoch, st.next_batch, st.end.unwrap_or(self.rows));
+        let offset = st.offset;
         let host = self.host.kind().clone();
         let (run, done_tx) = Run::new(host.pool.slots(), host.pool.free_tx.clone());
         let cancel = run.cancel_flag();
@@ -234,7 +330,7 @@ impl Kind for TokenMix {
         {
             let (mx, cancel, failed, run2) = (self.clone(), cancel.clone(), failed.clone(), Arc::downgrade(&run));
             run.spawn("stoker-mix".into(), move || {
-                if let Err(e) = mix_rows(&mx, (epoch, first_batch, at), &done_tx, &cancel) {
+                if let Err(e) = mix_rows(&mx, (epoch, first_batch, offset, end, st.sources), &done_tx, &cancel) {
                     *failed.lock().unwrap_or_else(|p| p.into_inner()) = Some(e);
                 }
                 if let Some(r) = run2.upgrade() {
@@ -244,7 +340,7 @@ impl Kind for TokenMix {
         }
         let budget = FailureBudget::new(u64::MAX, false);
         let observe = Observe::new(Some(host.telemetry.clone()), None, Some(epoch));
-        let batches = self.rows.div_ceil(host.config.batch_size as u64) as usize;
+        let batches = end.div_ceil(host.config.batch_size as u64) as usize;
         let pass = Pass::new(
             run.clone(),
             host.pool.view(),
@@ -264,7 +360,7 @@ impl Kind for TokenMix {
         for &d in sources {
             self.delivered[d as usize].fetch_add(1, Ordering::Relaxed);
         }
-        position.advance(after);
+        position.advance(after, self.host.config().seed);
         TokenBatch { slot: Some(slot), shared: self.host.kind().clone() }
     }
 
@@ -273,21 +369,20 @@ impl Kind for TokenMix {
     }
 }
 
-/// A source being read: its iteration, the batch of rows being taken and the rows taken of it,
-/// rows to skip in its next batch (a resume), and its place.
+/// A source being read: its iteration, the row being taken (a batch of one row), and its
+/// loader's state after it.
 struct Reading {
     iter: Option<TokenIter>,
-    batch: Option<TokenBatch>,
-    next_row: usize,
-    skip: usize,
-    at: Option<SourceAt>,
+    row: Option<TokenBatch>,
+    at: Option<TokenState>,
 }
 
 /// The mixer thread: rows of the sources, as the schedule says, into the mixture's batches from
-/// `first_batch` of `epoch` on.
+/// `first_batch` of `epoch` on, up to `end` rows of this rank; the epoch's first row is the
+/// schedule's position `offset`.
 fn mix_rows(
     mx: &Arc<TokenMix>,
-    (epoch, first_batch, at): (u64, u64, Vec<Option<SourceAt>>),
+    (epoch, first_batch, offset, end, at): (u64, u64, u64, u64, Vec<Option<TokenState>>),
     done: &crossbeam_channel::Sender<Arc<TokenSlot>>,
     cancel: &AtomicBool,
 ) -> Result<()> {
@@ -296,42 +391,41 @@ fn mix_rows(
     let mut reading = Vec::with_capacity(mx.subs.len());
     for (sub, at) in mx.subs.iter().zip(at) {
         match &at {
-            Some(a) => sub.load_state(a.state.clone())?,
+            Some(st) => sub.load_state(st.clone())?,
             None => sub.set_epoch(epoch << 32),
         }
-        reading.push(Reading { iter: None, batch: None, next_row: 0, skip: at.as_ref().map_or(0, |a| a.taken), at });
+        reading.push(Reading { iter: None, row: None, at });
     }
     let mut m = first_batch * bs as u64;
     let mut batch = first_batch as usize;
-    while m < mx.rows {
+    while m < end {
         let Some(slot) = take_free(&host.pool.free_rx, cancel) else { return Ok(()) };
         let mut rows = 0;
         let mut cu_len = 1;
         // SAFETY: the mixer is this slot's only user until it is sent.
         unsafe { TokenSlot::ints_mut(&slot.cu, 0, 1)[0] = 0 };
-        while rows < bs && m < mx.rows {
-            let d = mx.schedule.source(m);
-            let Some((b, k)) = next_row(mx, &mut reading[d], d, cancel)? else {
+        while rows < bs && m < end {
+            let d = mx.schedule.source(offset + m);
+            let Some(b) = next_row(mx, &mut reading[d], d, cancel)? else {
                 host.pool.give_back(slot);
                 return Ok(());
             };
-            let (off, src) = (rows * len, k * len);
+            let off = rows * len;
             // SAFETY: row `rows` of the slot belongs to the mixer alone.
             unsafe {
-                TokenSlot::ints_mut(&slot.input, off, len).copy_from_slice(&b.input_ids()[src..src + len]);
-                TokenSlot::ints_mut(&slot.labels, off, len).copy_from_slice(&b.labels()[src..src + len]);
-                TokenSlot::ints_mut(&slot.positions, off, len).copy_from_slice(&b.position_ids()[src..src + len]);
+                TokenSlot::ints_mut(&slot.input, off, len).copy_from_slice(b.input_ids());
+                TokenSlot::ints_mut(&slot.labels, off, len).copy_from_slice(b.labels());
+                TokenSlot::ints_mut(&slot.positions, off, len).copy_from_slice(b.position_ids());
                 TokenSlot::ints_mut(&slot.sources, rows, 1)[0] = d as i32;
             }
-            // The row's segment ends, moved from row k of its batch to row `rows` of this one.
-            let cu = b.cu_seqlens();
-            let (lo, hi) = (cu.partition_point(|&c| c <= src as i32), cu.partition_point(|&c| c <= (src + len) as i32));
+            // The row's segment ends, moved to row `rows` of this batch.
+            let cu = &b.cu_seqlens()[1..];
             // SAFETY: as above; a row has at most seq_len segments.
-            let out = unsafe { TokenSlot::ints_mut(&slot.cu, cu_len, hi - lo) };
-            for (o, &c) in out.iter_mut().zip(&cu[lo..hi]) {
-                *o = c - src as i32 + off as i32;
+            let out = unsafe { TokenSlot::ints_mut(&slot.cu, cu_len, cu.len()) };
+            for (o, &c) in out.iter_mut().zip(cu) {
+                *o = c + off as i32;
             }
-            cu_len += hi - lo;
+            cu_len += cu.len();
             rows += 1;
             m += 1;
         }
@@ -349,45 +443,30 @@ fn mix_rows(
     Ok(())
 }
 
-/// The next row of source `d`: its batch and the row's index in it, pulling the source's next
-/// batch when this one is used up. `None` when the pass is cancelled.
-fn next_row<'a>(
-    mx: &TokenMix,
-    r: &'a mut Reading,
-    d: usize,
-    cancel: &AtomicBool,
-) -> Result<Option<(&'a TokenBatch, usize)>> {
-    while r.batch.as_ref().is_none_or(|b| r.next_row >= b.rows()) {
-        r.batch = None;
-        let sub = &mx.subs[d];
-        let before = sub.state();
-        if r.iter.is_none() {
-            r.iter = Some(sub.iter()?);
-        }
-        let it = r.iter.as_mut().expect("just set");
-        let got = loop {
-            match it.next_timeout(Duration::from_millis(50)) {
-                Next::Item(b) => break b,
-                Next::NotYet if cancel.load(Ordering::Acquire) => return Ok(None),
-                Next::NotYet => {}
-                Next::End => {
-                    return Err(Error::Dataset(format!(
-                        "mixture source '{}' has no rows for rank {}",
-                        mx.spec.parts[d].name,
-                        mx.host.config().rank
-                    )))
-                }
+/// The next row of source `d` (a batch of one row from its loader), and its loader's state
+/// after it. `None` when the pass is cancelled.
+fn next_row<'a>(mx: &TokenMix, r: &'a mut Reading, d: usize, cancel: &AtomicBool) -> Result<Option<&'a TokenBatch>> {
+    r.row = None; // the previous row goes back to its loader's pool
+    let sub = &mx.subs[d];
+    if r.iter.is_none() {
+        r.iter = Some(sub.iter()?);
+    }
+    let it = r.iter.as_mut().expect("just set");
+    let got = loop {
+        match it.next_timeout(Duration::from_millis(50)) {
+            Next::Item(b) => break b,
+            Next::NotYet if cancel.load(Ordering::Acquire) => return Ok(None),
+            Next::NotYet => {}
+            Next::End => {
+                return Err(Error::Dataset(format!(
+                    "mixture source '{}' has no rows for rank {}",
+                    mx.spec.parts[d].name,
+                    mx.host.config().rank
+                )))
             }
-        };
-        let b = got.map_err(|e| Error::Dataset(format!("mixture source '{}': {e}", mx.spec.parts[d].name)))?;
-        r.next_row = std::mem::take(&mut r.skip);
-        r.at = Some(SourceAt { state: before, taken: r.next_row });
-        r.batch = Some(b);
-    }
-    let k = r.next_row;
-    r.next_row += 1;
-    if let Some(a) = &mut r.at {
-        a.taken = r.next_row;
-    }
-    Ok(r.batch.as_ref().map(|b| (b, k)))
+        }
+    };
+    let b = got.map_err(|e| Error::Dataset(format!("mixture source '{}': {e}", mx.spec.parts[d].name)))?;
+    r.at = Some(sub.state());
+    Ok(Some(r.row.insert(b)))
 }

@@ -1,21 +1,11 @@
-//! Where a token mixture stands: the epoch, batches delivered in it, and each source's place
-//! ([`SourceAt`]: the state of its loader before the batch of rows it is taking, and how many of
-//! those rows the mixture took). What a saved state holds, and where a pass starts.
+//! Where a token mixture stands: the epoch, batches delivered in it, each source's loader state
+//! after the last row the mixture took from it, and where an epoch continued on another number
+//! of ranks ends. What a saved state holds, and where a pass starts.
 
 use super::state::TokenState;
 use crate::error::{Error, Result};
 use crate::shell::epochs::Positioned;
 use std::sync::Mutex;
-
-/// One source of a token mixture: its loader's state before the batch of rows the mixture is
-/// taking from, and how many rows of that batch it took.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct SourceAt {
-    /// The source loader's state before that batch.
-    pub state: TokenState,
-    /// Rows of that batch the mixture took.
-    pub taken: usize,
-}
 
 /// A token mixture's resumable state.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -26,15 +16,22 @@ pub struct MixState {
     pub epoch: u64,
     /// Batches delivered in it.
     pub next_batch: u64,
-    /// Each source's place (`None`: not read yet in this epoch).
-    pub sources: Vec<Option<SourceAt>>,
+    /// Each source's loader state after the last row taken from it (`None`: none taken yet in
+    /// this epoch).
+    pub sources: Vec<Option<TokenState>>,
+    /// Rows per rank of this epoch, when it continues a run of another number of ranks (`None`:
+    /// the mixture's rows per epoch).
+    pub end: Option<u64>,
+    /// Rows per rank of the schedule before this epoch's first batch: a continued epoch goes on
+    /// where the saved run's ranks stopped.
+    #[serde(default)]
+    pub offset: u64,
 }
 
 #[derive(Debug, Default)]
 struct Inner {
+    state: Option<MixState>,
     epoch: u64,
-    next_batch: u64,
-    sources: Vec<Option<SourceAt>>,
     resume: bool,
 }
 
@@ -42,18 +39,20 @@ struct Inner {
 #[derive(Debug, Default)]
 pub struct MixPosition(Mutex<Inner>);
 
-/// Where a pass starts: the epoch, its first batch and each source's place.
-pub(super) type MixStart = (u64, u64, Vec<Option<SourceAt>>);
-
 impl MixPosition {
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
         self.0.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// The resumable state, for a mixture seeded with `seed`.
-    pub(super) fn state(&self, seed: u64) -> MixState {
+    /// The resumable state of a mixture of `sources` seeded with `seed`.
+    pub(super) fn state(&self, seed: u64, sources: usize) -> MixState {
         let p = self.lock();
-        MixState { seed, epoch: p.epoch, next_batch: p.next_batch, sources: p.sources.clone() }
+        match &p.state {
+            Some(s) => MixState { seed, ..s.clone() },
+            None => {
+                MixState { seed, epoch: p.epoch, next_batch: 0, sources: vec![None; sources], end: None, offset: 0 }
+            }
+        }
     }
 
     /// Restores `st` after checking it against the mixture's `seed` and its `sources` count:
@@ -68,26 +67,33 @@ impl MixPosition {
                 format!("has {} mixture sources, this loader has {sources}", st.sources.len()),
             ));
         }
-        *self.lock() = Inner { epoch: st.epoch, next_batch: st.next_batch, sources: st.sources, resume: true };
+        *self.lock() = Inner { epoch: st.epoch, state: Some(st), resume: true };
         Ok(())
     }
 
-    /// Where a new pass starts: the restored position if a state was loaded since the last
-    /// pass started, else the epoch's first batch with every source at its start.
-    pub(super) fn start(&self, sources: usize) -> MixStart {
+    /// Where a new pass starts: the restored state if one was loaded since the last pass
+    /// started, else the epoch's first batch with no source read.
+    pub(super) fn start(&self, seed: u64, sources: usize) -> MixState {
         let mut p = self.lock();
         if !std::mem::take(&mut p.resume) {
-            p.next_batch = 0;
-            p.sources = vec![None; sources];
+            p.state = None;
         }
-        (p.epoch, p.next_batch, p.sources.clone())
+        drop(p);
+        self.state(seed, sources)
     }
 
     /// A batch was delivered; the sources stand at `after`.
-    pub(super) fn advance(&self, after: Vec<Option<SourceAt>>) {
+    pub(super) fn advance(&self, after: Vec<Option<TokenState>>, seed: u64) {
         let mut p = self.lock();
-        p.next_batch += 1;
-        p.sources = after;
+        let epoch = p.epoch;
+        let s = p.state.get_or_insert(MixState { seed, epoch, next_batch: 0, sources: vec![], end: None, offset: 0 });
+        s.next_batch += 1;
+        s.sources = after;
+    }
+
+    /// Rows per rank after which the current epoch ends, when it continues another run.
+    pub(super) fn end(&self) -> Option<u64> {
+        self.lock().state.as_ref().and_then(|s| s.end)
     }
 }
 
@@ -111,28 +117,28 @@ mod tests {
     use super::*;
     use crate::tokens::pack::Resume;
 
-    fn at(cursor: u64, taken: usize) -> Option<SourceAt> {
-        let state =
-            TokenState { seed: 1, epoch: 0, next_batch: 2, at: Resume { epoch: 0, cursor, offset: 0 }, elastic: None };
-        Some(SourceAt { state, taken })
+    fn at(cursor: u64) -> Option<TokenState> {
+        Some(TokenState { seed: 1, epoch: 0, next_batch: 2, at: Resume { epoch: 0, cursor, offset: 0 }, elastic: None })
     }
 
     #[test]
     fn a_mixture_state_round_trips_resumes_once_and_checks_seed_and_sources() {
         let p = MixPosition::default();
         assert!(p.set_epoch(3));
-        assert_eq!(p.start(2), (3, 0, vec![None, None]));
-        p.advance(vec![at(5, 1), None]);
-        p.advance(vec![at(9, 3), at(2, 0)]);
-        let st = p.state(7);
+        let fresh = MixState { seed: 7, epoch: 3, next_batch: 0, sources: vec![None, None], end: None, offset: 0 };
+        assert_eq!(p.start(7, 2), fresh);
+        p.advance(vec![at(5), None], 7);
+        p.advance(vec![at(9), at(2)], 7);
+        let st = p.state(7, 2);
+        assert_eq!((st.epoch, st.next_batch), (3, 2));
         let back: MixState = serde_json::from_str(&serde_json::to_string(&st).unwrap()).unwrap();
         assert_eq!(back, st);
         let q = MixPosition::default();
         assert!(q.restore(back.clone(), 8, 2).unwrap_err().to_string().contains("seed 7"));
         assert!(q.restore(back.clone(), 7, 3).unwrap_err().to_string().contains("2 mixture sources"));
-        q.restore(back, 7, 2).unwrap();
+        q.restore(back.clone(), 7, 2).unwrap();
         assert!(q.resume_pending() && !q.set_epoch(3));
-        assert_eq!(q.start(2), (3, 2, vec![at(9, 3), at(2, 0)]));
-        assert_eq!(q.start(2), (3, 0, vec![None, None]), "a second pass starts the epoch anew");
+        assert_eq!(q.start(7, 2), back);
+        assert_eq!(q.start(7, 2), fresh, "a second pass starts the epoch anew");
     }
 }
