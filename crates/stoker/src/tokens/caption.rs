@@ -18,7 +18,9 @@
 //! ftfy: HTML references replaced twice by Python's own algorithm ([`super::html`]), the caption
 //! split on Python's whitespace (`str.split()`) and joined with single spaces, then lowercased as
 //! Python's `str.lower` does (a final capital sigma becomes `ς`); a special token spelled in a
-//! caption (`<|endoftext|>`) is encoded as its text, as open_clip does. **ftfy is not run**: it
+//! caption (`<|endoftext|>`) is encoded as its text, as open_clip does (open_clip itself does
+//! turn its own spellings, `<start_of_text>` and `<end_of_text>`, into the special ids; here
+//! they stay text). **ftfy is not run**: it
 //! repairs mojibake (`cafÃ©` to `café`), curly quotes (`’` to `'`) and some other text, so
 //! captions with those get other ids than open_clip gives (about 1 caption in 100 of English
 //! Wikipedia sentences, mostly for `’`); ftfy's NFC is done, by the tokenizer's normalizer. Clean
