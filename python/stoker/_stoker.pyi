@@ -38,6 +38,7 @@ __all__ = [
     "cuda_probe_json",
     "cuda_memory_in_use",
     "cuda_bandwidth_json",
+    "encode_captions",
 ]
 
 __version__: str
@@ -333,3 +334,10 @@ def cli_main(argv: list[str]) -> int: ...
 def cuda_probe_json() -> str: ...
 def cuda_memory_in_use() -> tuple[int, int]: ...
 def cuda_bandwidth_json(ordinal: int = 0, bytes: int = 268435456, repeats: int = 10) -> str: ...
+def encode_captions(
+    tokenizer: str | os.PathLike[str],
+    captions: Sequence[str | bytes],
+    context_length: int = 77,
+    pad_id: int = 0,
+    clean: str = "open_clip",
+) -> tuple[bytes, bytes]: ...

@@ -1,8 +1,10 @@
 //! The module-level functions of `stoker._stoker`: the demo dataset, argument checks the Python
-//! side asks for before it builds a loader, and what the CPU and CUDA probes report.
+//! side asks for before it builds a loader, what the CPU and CUDA probes report, and the caption
+//! encoder on a list of captions (for parity checks against open_clip and HuggingFace).
 
 use crate::errors::{self, IntoPy};
 use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyString};
 use std::path::PathBuf;
 use stoker::DType;
 
@@ -18,6 +20,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(cuda_probe_json, m)?)?;
     m.add_function(wrap_pyfunction!(cuda_memory_in_use, m)?)?;
     m.add_function(wrap_pyfunction!(cuda_bandwidth_json, m)?)?;
+    m.add_function(wrap_pyfunction!(encode_captions, m)?)?;
     Ok(())
 }
 /// Builds the demo ImageFolder (embedded public-domain photos) under `root`; returns the number
@@ -108,4 +111,58 @@ pub fn cuda_bandwidth_json(py: Python<'_>, ordinal: u32, bytes: usize, repeats: 
         serde_json::to_string(&bw).map_err(|e| stoker::Error::Internal(e.to_string()))
     })
     .py_err()
+}
+
+/// Encodes `captions` (each `str` or UTF-8 `bytes`) with the CLIP-style `tokenizer.json` at
+/// `tokenizer` (`stoker::tokens::CaptionEncoder`): `(ids, mask)`, each `len(captions) *
+/// context_length` little-endian int32 values as `bytes`, row by row
+/// (`numpy.frombuffer(ids, "<i4").reshape(-1, context_length)`). The options are checked as
+/// everywhere (`ConfigError`); a caption that is neither `str` nor `bytes` is a `ConfigError`,
+/// one that is not UTF-8 a `DecodeError` naming its index. Loads the tokenizer on every call: a
+/// tool for checks, not for a training loop.
+#[pyfunction]
+#[pyo3(signature = (tokenizer, captions, context_length=77, pad_id=0, clean="open_clip"))]
+pub fn encode_captions<'py>(
+    py: Python<'py>,
+    tokenizer: PathBuf,
+    captions: &Bound<'py, PyAny>,
+    context_length: i64,
+    pad_id: i64,
+    clean: &str,
+) -> PyResult<(Bound<'py, PyBytes>, Bound<'py, PyBytes>)> {
+    let options = stoker::args::caption_options(
+        Some(&context_length.into()),
+        Some(&pad_id.into()),
+        Some(&serde_json::Value::from(clean)),
+    )
+    .py_err()?;
+    let mut texts: Vec<Vec<u8>> = vec![];
+    for (i, item) in captions.try_iter()?.enumerate() {
+        let item = item?;
+        if let Ok(b) = item.cast::<PyBytes>() {
+            texts.push(b.as_bytes().to_vec());
+        } else if let Ok(s) = item.cast::<PyString>() {
+            texts.push(s.to_cow()?.as_bytes().to_vec());
+        } else {
+            let ty = item.get_type().name().map(|n| n.to_string()).unwrap_or_default();
+            return Err(errors::config("captions", format!("captions[{i}]: expected str or bytes, got {ty}")));
+        }
+    }
+    let (ids, mask) = py
+        .detach(|| -> stoker::Result<(Vec<u8>, Vec<u8>)> {
+            let t = stoker::tokens::TextTokenizer::from_file(&tokenizer)?;
+            let enc = stoker::tokens::CaptionEncoder::new(t, options)?;
+            let n = options.context_length;
+            let (mut ids, mut mask) = (vec![0i32; texts.len() * n], vec![0i32; texts.len() * n]);
+            for (i, ((text, row), m)) in texts.iter().zip(ids.chunks_mut(n)).zip(mask.chunks_mut(n)).enumerate() {
+                enc.encode_into(text, row, m).map_err(|e| match e {
+                    stoker::Error::Decode { reason, .. } => stoker::Error::decode(format!("captions[{i}]"), reason),
+                    e => e,
+                })?;
+            }
+            let bytes = |v: &[i32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
+            Ok((bytes(&ids), bytes(&mask)))
+        })
+        .py_err()?;
+    Ok((PyBytes::new(py, &ids), PyBytes::new(py, &mask)))
 }

@@ -31,6 +31,7 @@
 //!   source's own fields handed back to its kind;
 //! - `image.rs`, `arrays.rs`, `tokens.rs`: each kind's config ([`loader_config`] and
 //!   [`image_config`], [`array_config`], [`token_config`] and [`token_state`]);
+//! - `captions.rs`: the caption encoder's options ([`caption_options`], [`check_caption_options`]);
 //! - `state.rs`: the saved states of image and array loaders ([`saved_state`],
 //!   [`saved_states`]).
 //!
@@ -40,6 +41,7 @@
 //! a config carries it, for the CPU registry the environment names ([`budget_registry_path`]).
 
 mod arrays;
+mod captions;
 mod env;
 mod image;
 mod mixture;
@@ -49,6 +51,7 @@ mod tokens;
 pub mod values;
 
 pub use arrays::array_config;
+pub use captions::{caption_options, check_caption_options, MAX_CONTEXT_LENGTH};
 pub use env::{
     apply_env, budget_env, budget_registry_path, env_cache_ttl, env_text, env_threads, env_usize, index_dir,
     local_rank, object_timeout, BudgetEnv, Env, CACHE_TTL_VAR, INDEX_DIR_VAR, OBJECT_TIMEOUT_VAR, THREADS_VAR,

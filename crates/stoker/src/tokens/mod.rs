@@ -9,6 +9,9 @@
 //! - [`bpe`]: stoker's exact fast path for byte-level BPE files (GPT-2, GPT-NeoX, Llama 3, Qwen2,
 //!   GPT-4o kinds), chosen by [`tokenizer`] when a file is one it reproduces; `pretok` holds its
 //!   hand-written pre-tokenizer patterns (GPT-2, cl100k, Qwen2, o200k).
+//! - [`caption`]: captions of image-text pairs as fixed rows of ids and a mask (CLIP's start and
+//!   end of text, truncation, padding), with open_clip's cleaning or HuggingFace's; [`html`] is
+//!   Python's `html.unescape` for it (`html_tables` holds its generated tables).
 //! - [`pack`]: the concat and best-fit packers and their resume points (pure functions of the
 //!   document stream).
 //! - [`cache`]: the token cache folder (`stoker tokenize`): tokens, index, description.
@@ -23,8 +26,11 @@
 pub mod autocache;
 pub mod bpe;
 pub mod cache;
+pub mod caption;
 pub mod corpus;
 pub mod docs;
+pub mod html;
+mod html_tables;
 pub mod index;
 pub mod pack;
 pub mod pipeline;
@@ -33,6 +39,7 @@ mod pretok_class;
 mod pretok_tables;
 pub mod tokenizer;
 
+pub use caption::{CaptionEncoder, CaptionOptions, Clean};
 pub use pipeline::{
     expand_paths, format_of, Bottleneck, Elastic, PackMode, TokenBatch, TokenConfig, TokenFingerprint, TokenIter,
     TokenLoader, TokenState, TokenStats,

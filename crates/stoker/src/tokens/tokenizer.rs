@@ -71,6 +71,16 @@ impl TextTokenizer {
         TextTokenizer { fast: None, why: "fast path turned off by the caller".into(), ..self.clone() }
     }
 
+    /// The same tokenizer with its special added tokens (`<|endoftext|>`, say) encoded as the
+    /// text they spell when a text contains them, as open_clip's tokenizer does; the
+    /// post-processor's special tokens are still added. Always on the `tokenizers` crate (the
+    /// fast path does not take this mode).
+    pub fn with_special_tokens_as_text(&self) -> Self {
+        let mut inner = self.inner.clone();
+        inner.set_encode_special_tokens(true);
+        TextTokenizer { inner, fast: None, why: "special tokens are encoded as text".into(), ..self.clone() }
+    }
+
     /// The id of `token`, if the vocabulary has it.
     pub fn id_of(&self, token: &str) -> Option<u32> {
         self.inner.token_to_id(token)
