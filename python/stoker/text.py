@@ -203,13 +203,13 @@ class TokenLoader(LoaderBase):
         return stats
 
     def report(self) -> dict[str, Any]:
-        """:meth:`stats` with ``wall_seconds`` since the first iteration started and the
-        ``bottleneck``: ``{stage, busy_fraction, consumer_waited_fraction, advice}``, the stage
-        that limits the rate (``consumer`` when the training step does: the loader keeps up;
-        ``read``, ``tokenize``, ``pack``, or ``handover`` for batches too small) and what to
-        change."""
-        report: dict[str, Any] = json.loads(self._loader().report_json())
-        return report
+        """The report of every loader (see :meth:`LoaderBase.report`) with :meth:`stats`, the
+        ``tokenizer`` (``{path, engine, why}``) and the token ``cache``. Its ``bottleneck``,
+        ``{stage, reason, suggestion}``, names the stage that limits the rate (``consumer`` when
+        the training step does: the loader keeps up; ``read``, ``tokenize``, ``pack``, or
+        ``handover`` for batches too small) and what to change; it is ``None`` before the first
+        iteration."""
+        return super().report()
 
     @property
     def trace_path(self) -> str | None:

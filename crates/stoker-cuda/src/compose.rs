@@ -6,8 +6,8 @@
 
 use crate::{place, DeviceStage, Placement};
 use stoker::arrays::{ArrayConfig, ArrayLoader, Column};
+use stoker::report::DeviceReport;
 use stoker::source::Dataset;
-use stoker::telemetry::DeviceReport;
 use stoker::tokens::{TextTokenizer, TokenConfig, TokenLoader};
 use stoker::{Loader, LoaderConfig, Result};
 
@@ -58,17 +58,19 @@ impl Target {
         Ok(OnDevice { loader, stage, device: self.report })
     }
 
-    /// The array loader over `columns`, one device region per column.
+    /// The array loader over `columns`, one device region per column; the report says which
+    /// device is used.
     pub fn array_loader(self, columns: Vec<Column>, config: ArrayConfig) -> Result<OnDevice<ArrayLoader>> {
         let (prefetch, limit, bs) = (config.prefetch, config.memory_limit, config.sampler.batch_size);
         let capacities: Vec<usize> = columns.iter().map(|c| c.row_bytes() * bs).collect();
         let loader = ArrayLoader::new_in(columns, config, self.placement.allocator())?;
         let stage = self.placement.stage(capacities, prefetch, limit)?;
+        loader.telemetry().set_device(self.report.clone());
         Ok(OnDevice { loader, stage, device: self.report })
     }
 
     /// The token loader over `paths`, one device region per array of a batch (`input_ids`,
-    /// `labels`, `position_ids`, `cu_seqlens`).
+    /// `labels`, `position_ids`, `cu_seqlens`); the report says which device is used.
     pub fn token_loader(
         self,
         paths: &[std::path::PathBuf],
@@ -78,6 +80,7 @@ impl Target {
         let (prefetch, limit) = (config.prefetch, config.memory_limit);
         let loader = TokenLoader::new_in(paths, tokenizer, config, self.placement.allocator())?;
         let stage = self.placement.stage(loader.region_capacities(), prefetch, limit)?;
+        loader.telemetry().set_device(self.report.clone());
         Ok(OnDevice { loader, stage, device: self.report })
     }
 }

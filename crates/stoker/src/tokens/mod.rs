@@ -34,7 +34,7 @@ mod pretok_tables;
 pub mod tokenizer;
 
 pub use pipeline::{
-    expand_paths, format_of, Bottleneck, Elastic, PackMode, TokenBatch, TokenConfig, TokenFingerprint, TokenIter,
-    TokenLoader, TokenState, TokenStats,
+    expand_paths, format_of, Elastic, PackMode, TokenBatch, TokenConfig, TokenCounts, TokenFingerprint, TokenIter,
+    TokenLoader, TokenReport, TokenSection, TokenState, TokenStats,
 };
 pub use tokenizer::TextTokenizer;
