@@ -47,8 +47,8 @@ pub mod values;
 
 pub use arrays::array_config;
 pub use env::{
-    apply_env, budget_env, budget_registry_path, env_cache_ttl, env_text, env_threads, env_usize, index_dir,
-    local_rank, object_timeout, BudgetEnv, Env, CACHE_TTL_VAR, INDEX_DIR_VAR, OBJECT_TIMEOUT_VAR, THREADS_VAR,
+    apply_env, budget_registry_path, env_cache_ttl, env_threads, index_dir, local_rank, object_timeout, BudgetEnv, Env,
+    CACHE_TTL_VAR, INDEX_DIR_VAR, OBJECT_TIMEOUT_VAR, THREADS_VAR,
 };
 pub use image::{image_config, loader_config, max_failures};
 pub use shared::DEFAULT_SHARD_WINDOW;
