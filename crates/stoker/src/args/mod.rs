@@ -55,9 +55,9 @@ pub use shared::DEFAULT_SHARD_WINDOW;
 pub use state::{saved_state, saved_states, SavedState};
 pub use tokens::{token_config, token_state, MAX_PACK_WINDOW};
 pub use values::{
-    batch_bytes, boolean, bytes, check_io_threads, check_prefetch, check_threads, cpu_budget, duration, non_negative,
-    parse_bytes, positive, prefetch, text_value, thread_count, threads, token_values, DeviceSpec, MAX_BATCH_BYTES,
-    MAX_BATCH_TOKENS, MAX_PREFETCH, MAX_SEQ_LEN, MAX_THREADS, SLOT_BYTES_PER_SAMPLE,
+    batch_bytes, boolean, bytes, check_io_threads, check_positive, check_prefetch, check_threads, cpu_budget, duration,
+    non_negative, parse_bytes, positive, prefetch, text_value, thread_count, threads, token_values, DeviceSpec,
+    MAX_BATCH_BYTES, MAX_BATCH_TOKENS, MAX_PREFETCH, MAX_SEQ_LEN, MAX_THREADS, SLOT_BYTES_PER_SAMPLE,
 };
 
 pub use crate::shell::store::Ttl;

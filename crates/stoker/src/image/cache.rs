@@ -31,7 +31,8 @@
 //! and renamed into place, so a crash leaves no partial entry under a real name; published
 //! entries are never modified in place, so an open entry stays valid while it is used.
 
-use crate::error::{Error, Result};
+use crate::args::values::check_positive;
+use crate::error::Result;
 pub use crate::shell::store::{
     clear, list_groups, ram_root, CacheLocation, Cleared, DatasetKey, GroupInfo, Ttl, LOCK_DEADLINE, RAM_TTL,
 };
@@ -230,11 +231,11 @@ fn chunk_sums(pixels: &[u8], row: usize, rows_per_chunk: usize) -> Vec<u64> {
 impl Cache {
     /// Opens (creating it if needed) the group of `dataset` in the cache `spec`, for images
     /// decoded with `apply_exif`; idle groups past their time to live are removed. Errors are
-    /// [`Error::Config`] naming `cache` (a directory that cannot be made or written),
+    /// [`crate::Error::Config`] naming `cache` (a directory that cannot be made or written),
     /// `cache_max_side` or `STOKER_CACHE_TTL`.
     pub fn open(spec: &CacheSpec, apply_exif: bool, dataset: &DatasetKey) -> Result<Self> {
-        if spec.max_side == Some(0) {
-            return Err(Error::config("cache_max_side", "must be at least 1"));
+        if let Some(m) = spec.max_side {
+            check_positive("cache_max_side", m)?;
         }
         let settings = settings_text(apply_exif, spec.max_side);
         let kind = GroupKind { letter: 'v', version: VERSION };
