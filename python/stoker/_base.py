@@ -83,6 +83,8 @@ class _Native(Protocol):
     @property
     def device(self) -> str: ...
     def device_report_json(self) -> str: ...
+    def report_json(self) -> str: ...
+    def report_text(self) -> str: ...
 
 
 def torch_module() -> Any:
@@ -327,6 +329,24 @@ class LoaderBase:
         """``{requested, used, note}`` for the ``device=`` argument."""
         report: dict[str, Any] = json.loads(self._base().device_report_json())
         return report
+
+    def report(self) -> dict[str, Any]:
+        """What the loader did, the same keys for every kind: ``wall_seconds`` (of its passes),
+        ``samples`` (rows for arrays and tokens) delivered, ``stages`` (each with ``name``,
+        ``threads``, ``items``, ``busy_seconds``, ``wait_seconds``, ``utilization``: the kind's
+        stages, then ``buffer wait``, ``consumer`` and, on a GPU, ``transfer``), ``starvation``
+        (the consumer's share of time waiting for data), ``bottleneck`` (``{stage, reason,
+        suggestion}``: the stage that limits the rate, ``consumer`` when the training step does,
+        and what to change; ``None`` before a token loader's first iteration), ``skipped_count``
+        and ``skipped``, ``device``, ``transfer`` and ``tuning``; beside them the kind's own keys
+        (images: ``decode_warnings``, ``restart_decodes``, ``cache``; tokens: the :meth:`stats`
+        counters, ``tokenizer``, ``cache``; arrays: ``batches``, ``columns``, ``bytes_copied``)."""
+        report: dict[str, Any] = json.loads(self._base().report_json())
+        return report
+
+    def report_text(self) -> str:
+        """The human summary of :meth:`report`: the stage table and the bottleneck verdict."""
+        return self._base().report_text()
 
     def set_epoch(self, epoch: int) -> None:
         """Selects the epoch (its shuffle and augmentations). Changing it restarts at batch 0;

@@ -243,15 +243,6 @@ class ImageLoader(LoaderBase):
         it: _stoker.Iterator = track(self._loader().iter())
         return it
 
-    def report(self) -> dict[str, Any]:
-        """Telemetry: per-stage counters, starvation, the bottleneck verdict, skipped files."""
-        report: dict[str, Any] = json.loads(self._loader().report_json())
-        return report
-
-    def report_text(self) -> str:
-        """The human summary with the stage table and the bottleneck verdict."""
-        return self._loader().report_text()
-
     @property
     def trace_path(self) -> str | None:
         """The ``trace=`` file, or ``None`` when tracing is off."""

@@ -232,18 +232,23 @@ class TokenLoader(LoaderBase):
 
     def stats(self) -> dict[str, Any]:
         """Counters over the loader's life: documents (failed ones too), tokens, padding, split
-        documents, dropped tail tokens, rows, bytes read, seconds per stage."""
+        documents, dropped tail tokens, rows, bytes read, seconds per stage. A mixture's are
+        per source: ``{name: counters}``."""
+        if self._mixture is not None:
+            return {s["name"]: s["counts"] for s in self.report()["sources"]}
         stats: dict[str, Any] = json.loads(self._loader().stats_json())
         return stats
 
     def report(self) -> dict[str, Any]:
-        """:meth:`stats` with ``wall_seconds`` since the first iteration started and the
-        ``bottleneck``: ``{stage, busy_fraction, consumer_waited_fraction, advice}``, the stage
-        that limits the rate (``consumer`` when the training step does: the loader keeps up;
-        ``read``, ``tokenize``, ``pack``, or ``handover`` for batches too small) and what to
-        change."""
-        report: dict[str, Any] = json.loads(self._loader().report_json())
-        return report
+        """The report of every loader (see :meth:`LoaderBase.report`) with :meth:`stats`, the
+        ``tokenizer`` (``{path, engine, why}``) and the token ``cache``. Its ``bottleneck``,
+        ``{stage, reason, suggestion}``, names the stage that limits the rate (``consumer`` when
+        the training step does: the loader keeps up; ``read``, ``tokenize``, ``pack``, or
+        ``handover`` for batches too small) and what to change; it is ``None`` before the first
+        iteration. A mixture's report has a stage per source (``source NAME``), ``sources``
+        (each one's rows against its share, and its counters) and a ``bottleneck`` that names the
+        source whose rows take the most time when the consumer waits."""
+        return super().report()
 
     @property
     def trace_path(self) -> str | None:

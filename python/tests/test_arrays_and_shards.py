@@ -36,6 +36,21 @@ def test_array_batches_are_the_sampler_rows(arrays):
     assert sorted(np.concatenate([s[1] for s in seen]).tolist()) == sorted(y.tolist())
 
 
+def test_an_array_loader_reports_its_batches_rows_and_stages(arrays):
+    path, x, y = arrays
+    loader = stoker.ArrayLoader(path, y, batch_size=64, output="numpy", threads=2)
+    assert sum(1 for _ in loader) == 16
+    r = loader.report()
+    assert (r["batches"], r["samples"], r["columns"]) == (16, 1000, 2), r
+    assert r["bytes_copied"] == x.nbytes + y.nbytes
+    assert [s["name"] for s in r["stages"]] == ["copy", "buffer wait", "consumer"]
+    assert r["stages"][2]["items"] == 16 and r["wall_seconds"] > 0
+    assert r["bottleneck"]["stage"] in {"consumer", "copy", "buffers"} and r["bottleneck"]["suggestion"]
+    assert r["device"]["used"] == "cpu" and r["transfer"] is None and r["tuning"] is None
+    text = loader.report_text()
+    assert text.startswith("1000 rows in ") and "16 batches of 2 array(s)" in text, text
+
+
 def test_array_resume_and_rank_sharding(arrays):
     _, x, _ = arrays
     idx = np.arange(1000)

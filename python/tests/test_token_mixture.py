@@ -61,8 +61,10 @@ def test_each_sources_rows_are_its_own_loaders_in_order_with_exact_shares(tiny):
     it.close()
     assert [r[1:] for r in got if r[0] == 1] == [r[1:] for r in tiny_rows]
     report = loader.report()
-    assert [s["rows"] for s in report["sources"]] == [36, 12]
-    assert report["slowest"]["source"] in ("wiki", "tiny")
+    assert [s["rows"] for s in report["sources"]] == [36, 12] and report["samples"] == 48
+    assert [s["name"] for s in report["stages"][:2]] == ["source wiki", "source tiny"]
+    assert report["bottleneck"]["stage"] in ("consumer", "source wiki", "source tiny")
+    assert "source tiny: 12 rows (25.0% of rows, share 25.0%)" in loader.report_text()
 
 
 def test_a_token_mixture_resumes_at_every_batch(tiny):

@@ -251,7 +251,7 @@ pub fn bench(root: &str, o: &BenchOpts) -> Result<()> {
             "bottleneck": report.bottleneck,
             "device": report.device,
             "transfer": report.transfer,
-            "cache": report.cache,
+            "cache": report.kind.cache,
             "consumer_ms": step.as_secs_f64() * 1e3,
             "threads_active": report.tuning.as_ref().map(|t| t.threads_active),
             "tuning": report.tuning,
@@ -285,7 +285,7 @@ pub fn bench(root: &str, o: &BenchOpts) -> Result<()> {
 }
 
 /// The report page's settings table: what the run used, beside what was asked.
-fn settings_table(f: &series::Facts, o: &BenchOpts, report: &stoker::Report) -> crate::html::Table {
+fn settings_table(f: &series::Facts, o: &BenchOpts, report: &stoker::pipeline::ImageReport) -> crate::html::Table {
     const MIB: f64 = (1u64 << 20) as f64;
     let pool = f.pool_bytes as f64 / MIB;
     let opt = |v: &Option<String>| v.clone().unwrap_or_else(|| "default".into());

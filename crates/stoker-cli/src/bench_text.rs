@@ -94,12 +94,9 @@ pub fn bench(root: &str, o: &BenchOpts, t: &TextOpts) -> Result<()> {
     }
     bar.finish_and_clear();
     let (wall, cpu) = (t0.elapsed().as_secs_f64(), cpu_seconds() - cpu0);
-    let stats = loader.stats().to_json(loader.consumer_wait());
-    let tokens = stats["tokens"].as_u64().unwrap_or(0);
-    let pad = stats["padding_fraction"].as_f64().unwrap_or(0.0);
-    let sec = |k: &str| stats["seconds"][k].as_f64().unwrap_or(0.0);
+    let stats = loader.stats().counts(loader.consumer_wait());
+    let (tokens, pad, sec) = (stats.tokens, stats.padding_fraction, &stats.seconds);
     let neck = loader.stats().bottleneck(wall, loader.threads(), loader.tokenizer().is_some(), loader.consumer_wait());
-    let advice = neck.advice;
     let summary = serde_json::json!({
         "data": root, "epochs": epochs, "batches": batches, "rows": rows, "tokens": tokens,
         "seconds": wall, "cpu_seconds": cpu, "tokens_per_s": tokens as f64 / wall,
@@ -131,12 +128,9 @@ pub fn bench(root: &str, o: &BenchOpts, t: &TextOpts) -> Result<()> {
     );
     println!(
         "stages (seconds busy): read {:.2}, tokenize {:.2} (all threads), pack {:.2}, consumer waited {:.2}",
-        sec("read"),
-        sec("tokenize"),
-        sec("pack"),
-        sec("consumer_wait")
+        sec.read, sec.tokenize, sec.pack, sec.consumer_wait
     );
-    let failed = stats["failed_documents"].as_u64().unwrap_or(0);
+    let failed = stats.failed_documents;
     if failed > 0 {
         println!("{failed} documents failed and were skipped");
     }
@@ -144,6 +138,6 @@ pub fn bench(root: &str, o: &BenchOpts, t: &TextOpts) -> Result<()> {
         let (engine, why) = t.engine();
         println!("tokenizer: {engine} ({why})");
     }
-    println!("verdict: {advice}");
+    println!("verdict: {} ({})\n  -> {}", neck.stage, neck.reason, neck.suggestion);
     Ok(())
 }

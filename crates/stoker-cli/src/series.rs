@@ -13,7 +13,7 @@ use anyhow::{Context, Result};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
-use stoker::telemetry::Report;
+use stoker::pipeline::ImageReport as Report;
 
 /// Shortest time between two samples (a run of tiny batches is not slowed by sampling).
 pub(crate) const MIN_GAP: Duration = Duration::from_millis(10);
@@ -289,26 +289,32 @@ pub(crate) fn page(f: &Facts, settings: Table, report: &Report, rec: &Recorder) 
             format!("{:.1} MiB in {} copies, {:.1} GB/s", t.bytes as f64 / MIB, t.batches, t.gbps),
         ));
     }
-    if let Some(c) = &report.cache {
+    if let Some(c) = &report.kind.cache {
         meta.push((
             "cache".into(),
-            format!("{} hits, {} misses, {:.2} s of decoding saved", c.hits, c.misses, c.decode_seconds_saved),
+            format!(
+                "{} hits, {} misses, {:.2} s of decoding saved",
+                c.group.hits, c.group.misses, c.decode_seconds_saved
+            ),
         ));
     }
-    let b = &report.bottleneck;
-    let severity = if b.stage == "consumer" {
-        "ok"
-    } else if report.starvation >= 0.5 {
-        "problem"
-    } else {
-        "warning"
-    };
-    let mut verdicts = vec![HtmlVerdict {
-        severity: severity.into(),
-        title: format!("bottleneck: {}", b.stage),
-        evidence: format!("{}; the consumer waited {:.1}% of its time", b.reason, report.starvation * 100.0),
-        fix: b.suggestion.clone(),
-    }];
+    let mut verdicts: Vec<HtmlVerdict> = report
+        .bottleneck
+        .iter()
+        .map(|b| HtmlVerdict {
+            severity: if b.stage == "consumer" {
+                "ok"
+            } else if report.starvation >= 0.5 {
+                "problem"
+            } else {
+                "warning"
+            }
+            .into(),
+            title: format!("bottleneck: {}", b.stage),
+            evidence: format!("{}; the consumer waited {:.1}% of its time", b.reason, report.starvation * 100.0),
+            fix: b.suggestion.clone(),
+        })
+        .collect();
     verdicts.push(if report.skipped_count == 0 {
         HtmlVerdict {
             severity: "ok".into(),

@@ -140,7 +140,8 @@ fn tokenize_then_bench_the_cache() {
     assert_eq!(text["documents"], 60);
     assert_eq!(text["tokens"], cached["tokens"]);
     assert!(text["tokens"].as_u64().unwrap() > 300_000);
-    assert!(text["bottleneck"]["advice"].as_str().unwrap().len() > 10);
+    assert!(text["bottleneck"]["suggestion"].as_str().unwrap().len() > 10);
+    assert!(text["bottleneck"]["reason"].as_str().unwrap().contains("the consumer waited"));
     assert_eq!(text["tokenizer"]["engine"], "stoker byte-level BPE", "{}", text["tokenizer"]);
     assert!(cached["tokenizer"].is_null(), "a token cache is read without a tokenizer");
     // A folder that is not empty is refused, and the message says so.

@@ -6,8 +6,8 @@
 
 use crate::{place, DeviceStage, Placement};
 use stoker::arrays::{ArrayConfig, ArrayLoader, Column};
+use stoker::report::DeviceReport;
 use stoker::source::Dataset;
-use stoker::telemetry::DeviceReport;
 use stoker::tokens::{TextTokenizer, TokenConfig, TokenLoader};
 use stoker::{Loader, LoaderConfig, Result};
 
@@ -60,7 +60,7 @@ impl Target {
 
     /// The array loader over `columns`, one device region per column; with a mixture in
     /// `config`, `columns` are its sources' columns one source after another, `per_source`
-    /// each.
+    /// each; the report says which device is used.
     pub fn array_loader(
         self,
         columns: Vec<Column>,
@@ -81,11 +81,12 @@ impl Target {
             ArrayLoader::new_in(columns, config, self.placement.allocator())?
         };
         let stage = self.placement.stage(capacities, prefetch, limit)?;
+        loader.telemetry().set_device(self.report.clone());
         Ok(OnDevice { loader, stage, device: self.report })
     }
 
     /// The token loader over `paths`, one device region per array of a batch (`input_ids`,
-    /// `labels`, `position_ids`, `cu_seqlens`, `sources`).
+    /// `labels`, `position_ids`, `cu_seqlens`, `sources`); the report says which device is used.
     pub fn token_loader(
         self,
         paths: &[std::path::PathBuf],
@@ -95,6 +96,7 @@ impl Target {
         let (prefetch, limit) = (config.prefetch, config.memory_limit);
         let loader = TokenLoader::new_in(paths, tokenizer, config, self.placement.allocator())?;
         let stage = self.placement.stage(loader.region_capacities(), prefetch, limit)?;
+        loader.telemetry().set_device(self.report.clone());
         Ok(OnDevice { loader, stage, device: self.report })
     }
 

@@ -103,8 +103,8 @@ impl Placement {
 /// torchrun's `LOCAL_RANK` or the framework's current device). `cuda`/`cuda:N` without a usable
 /// GPU is an error naming the reason; `auto` falls back to the host and says why in the
 /// returned report.
-pub fn place(requested: &str, default_ordinal: u32) -> stoker::Result<(Placement, stoker::telemetry::DeviceReport)> {
-    use stoker::telemetry::DeviceReport;
+pub fn place(requested: &str, default_ordinal: u32) -> stoker::Result<(Placement, stoker::report::DeviceReport)> {
+    use stoker::report::DeviceReport;
     let report = |used: String, note: Option<String>| DeviceReport { requested: requested.to_string(), used, note };
     let spec = stoker::args::DeviceSpec::parse(requested)?;
     if spec == stoker::args::DeviceSpec::Auto {

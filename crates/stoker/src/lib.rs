@@ -33,7 +33,8 @@
 //! - [`tokens`]: language-model data: JSON Lines, text and token files tokenized with the
 //!   HuggingFace `tokenizers` crate or stoker's exact byte-level BPE on stoker's threads,
 //!   cached once tokenized, and packed into rows ([`tokens::TokenLoader`]).
-//! - [`observe`]: [`telemetry`] (per-stage counters, the bottleneck verdict), [`trace`]
+//! - [`observe`]: [`telemetry`] (per-stage counters), [`report`] (one [`Report`] for every
+//!   kind, its typed section flattened in, the bottleneck verdict's shape), [`trace`]
 //!   (Chrome/Perfetto traces), [`tune`] and [`budget`] (`threads`/`prefetch="auto"`, the host-wide
 //!   CPU share), [`cpu`] (the real CPU allowance).
 //! - [`tools`]: [`pack`] (ImageFolder to shards) and [`demo`].
@@ -78,17 +79,17 @@ pub mod tools;
 
 // The modules of each room, at the crate root as well: the paths other crates and older code use.
 pub use image::{cache, decode, ops, pipeline};
-pub use observe::{budget, cpu, telemetry, trace, tune};
+pub use observe::{budget, cpu, report, telemetry, trace, tune};
 pub use shell::{buffer, rng, sampler};
 pub use tools::{demo, pack};
 
 pub use error::{Error, Result};
 pub use ops::{DType, Layout, OpSpec, ResizeSize, TransformPlan, TransformSpec};
 pub use pipeline::{Batch, EpochIter, ErrorPolicy, Loader, LoaderConfig, MaxFailures};
+pub use report::Report;
 pub use sampler::{ElasticBase, ElasticStep, Fingerprint, Sampler, SamplerSpec, SamplerState};
 pub use shell::pass::Next;
 pub use source::{ImageFolder, ShardSource, Source};
-pub use telemetry::Report;
 
 /// A running 128-bit hash (XXH3) of batches in delivery order: data bytes, then labels.
 /// Two runs that deliver the same batches have the same digest.

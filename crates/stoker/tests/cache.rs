@@ -56,7 +56,7 @@ fn epoch(l: &Loader, e: u64) -> (String, usize, Option<CacheReport>) {
         n += b.len();
         d.update(&b);
     }
-    (d.hex(), n, l.report().cache)
+    (d.hex(), n, l.report().kind.cache)
 }
 
 fn entry_paths(cache_dir: &Path, root: &Path) -> Vec<PathBuf> {
@@ -98,11 +98,11 @@ fn first_epoch_fills_later_epochs_hit_and_batches_equal_the_full_resolution_path
         assert_eq!(digest, want, "epoch {e}: cached batches differ from the uncached full-resolution ones");
         let rep = rep.unwrap();
         if e == 0 {
-            assert_eq!((rep.hits, rep.misses, rep.stored), (0, N as u64, N as u64), "{rep:?}");
-            assert!(rep.stored_bytes > 0 && rep.used_bytes == rep.stored_bytes, "{rep:?}");
+            assert_eq!((rep.group.hits, rep.group.misses, rep.group.stored), (0, N as u64, N as u64), "{rep:?}");
+            assert!(rep.group.stored_bytes > 0 && rep.group.used_bytes == rep.group.stored_bytes, "{rep:?}");
         } else {
-            assert_eq!((rep.hits, rep.misses, rep.stored), (N as u64, 0, 0), "{rep:?}");
-            assert!(rep.read_bytes > 0 && rep.decode_seconds_saved > 0.0, "{rep:?}");
+            assert_eq!((rep.group.hits, rep.group.misses, rep.group.stored), (N as u64, 0, 0), "{rep:?}");
+            assert!(rep.group.read_bytes > 0 && rep.decode_seconds_saved > 0.0, "{rep:?}");
         }
     }
     // A second loader (another process would see the same files) starts with every hit.
@@ -110,7 +110,7 @@ fn first_epoch_fills_later_epochs_hit_and_batches_equal_the_full_resolution_path
     let (digest, _, rep) = epoch(&again, 7);
     assert_eq!(digest, epoch(&plain, 7).0);
     let rep = rep.unwrap();
-    assert_eq!((rep.hits, rep.misses), (N as u64, 0));
+    assert_eq!((rep.group.hits, rep.group.misses), (N as u64, 0));
     // The report and its text name the cache.
     assert!(again.report().to_text().contains("hits"));
 }
@@ -150,10 +150,14 @@ fn truncated_corrupt_and_foreign_entries_are_misses_and_are_replaced() {
     let (digest, n, rep) = epoch(&l, 1);
     assert_eq!((digest, n), (want.clone(), N), "a changed entry must never be served");
     let rep = rep.unwrap();
-    assert_eq!((rep.hits, rep.misses, rep.replaced, rep.verify_failures), (N as u64 - 5, 5, 4, 1), "{rep:?}");
+    assert_eq!(
+        (rep.group.hits, rep.group.misses, rep.replaced, rep.group.verify_failures),
+        (N as u64 - 5, 5, 4, 1),
+        "{rep:?}"
+    );
     let (digest, _, rep) = epoch(&l, 1);
     assert_eq!(digest, want);
-    assert_eq!(rep.unwrap().hits, N as u64, "the bad entries were rewritten");
+    assert_eq!(rep.unwrap().group.hits, N as u64, "the bad entries were rewritten");
 }
 
 #[test]
@@ -164,19 +168,19 @@ fn a_budget_smaller_than_the_dataset_stores_only_up_to_it() {
     // Fill once without a limit to learn the entry sizes.
     let full_dir = d.path().join("full");
     let (_, _, rep) = epoch(&loader(&root, config(Some(&full_dir), None)), 0);
-    let total = rep.unwrap().stored_bytes;
+    let total = rep.unwrap().group.stored_bytes;
     let budget = total / 2;
     let l = loader(&root, config(Some(&cdir), Some(budget)));
     let (_, _, rep) = epoch(&l, 0);
     let rep = rep.unwrap();
-    assert!(rep.stored > 0 && rep.stored < N as u64, "{rep:?}");
-    assert!(rep.stored_bytes <= budget && rep.used_bytes <= budget, "{rep:?}");
-    assert_eq!(rep.stored + rep.not_stored_budget, N as u64, "{rep:?}");
-    let stored = rep.stored;
+    assert!(rep.group.stored > 0 && rep.group.stored < N as u64, "{rep:?}");
+    assert!(rep.group.stored_bytes <= budget && rep.group.used_bytes <= budget, "{rep:?}");
+    assert_eq!(rep.group.stored + rep.group.not_stored_budget, N as u64, "{rep:?}");
+    let stored = rep.group.stored;
     // Never evict: the next epoch hits exactly what was stored and stores nothing more.
     let (digest, _, rep) = epoch(&l, 1);
     let rep = rep.unwrap();
-    assert_eq!((rep.hits, rep.misses, rep.stored), (stored, N as u64 - stored, 0), "{rep:?}");
+    assert_eq!((rep.group.hits, rep.group.misses, rep.group.stored), (stored, N as u64 - stored, 0), "{rep:?}");
     assert_eq!(digest, epoch(&loader(&root, uncached_full(&config(None, None))), 1).0);
     let on_disk: u64 = walk(&cdir)
         .iter()
@@ -187,7 +191,7 @@ fn a_budget_smaller_than_the_dataset_stores_only_up_to_it() {
     // Another loader sharing the directory shares the budget.
     let other = loader(&root, config(Some(&cdir), Some(budget)));
     let rep = epoch(&other, 2).2.unwrap();
-    assert_eq!(rep.stored, 0, "{rep:?}");
+    assert_eq!(rep.group.stored, 0, "{rep:?}");
 }
 
 #[test]
@@ -204,7 +208,7 @@ fn a_changed_source_file_is_not_served_stale() {
     let l = loader(&root, config(Some(&cdir), None));
     let (digest, _, rep) = epoch(&l, 1);
     let rep = rep.unwrap();
-    assert_eq!((rep.hits, rep.misses), (N as u64 - 1, 1), "{rep:?}");
+    assert_eq!((rep.group.hits, rep.group.misses), (N as u64 - 1, 1), "{rep:?}");
     assert_eq!(digest, epoch(&loader(&root, uncached_full(&config(None, None))), 1).0);
 }
 
@@ -243,17 +247,17 @@ fn a_max_side_cache_stores_reduced_images_and_gives_the_same_batches_whatever_it
     // Filling (every sample a miss) and reading (every sample a hit) give the same batches.
     let filling = reduced(&root, &cdir, side, None, "imagenet-train");
     let first = epoch_bytes(&filling, 4);
-    let rep = filling.report().cache.unwrap();
-    assert_eq!((rep.misses, rep.stored, rep.max_side), (N as u64, N as u64, Some(side)), "{rep:?}");
+    let rep = filling.report().kind.cache.unwrap();
+    assert_eq!((rep.group.misses, rep.group.stored, rep.max_side), (N as u64, N as u64, Some(side)), "{rep:?}");
     let reading = reduced(&root, &cdir, side, None, "imagenet-train");
     assert_eq!(epoch_bytes(&reading, 4), first, "hits and misses must give the same pixels");
-    assert_eq!(reading.report().cache.unwrap().hits, N as u64);
+    assert_eq!(reading.report().kind.cache.unwrap().group.hits, N as u64);
     // So does a cache whose budget holds only some of the images (misses not stored are
     // reduced the same way).
-    let half = reduced(&root, &d.path().join("half"), side, Some(rep.stored_bytes / 2), "imagenet-train");
+    let half = reduced(&root, &d.path().join("half"), side, Some(rep.group.stored_bytes / 2), "imagenet-train");
     assert_eq!(epoch_bytes(&half, 4), first);
-    let rep_half = half.report().cache.unwrap();
-    assert!(rep_half.not_stored_budget > 0 && rep_half.stored > 0, "{rep_half:?}");
+    let rep_half = half.report().kind.cache.unwrap();
+    assert!(rep_half.group.not_stored_budget > 0 && rep_half.group.stored > 0, "{rep_half:?}");
 
     // The entries: longer side `side`, the source's oriented size recorded, and smaller files
     // than full resolution.
@@ -310,7 +314,7 @@ fn a_full_resolution_cache_equals_the_full_resolution_path_for_resize_and_center
     for e in 0..2 {
         let (got, n, rep) = epoch(&cached, e);
         assert_eq!(n, N);
-        assert_eq!(got, epoch(&plain, e).0, "epoch {e} ({:?})", rep.map(|r| (r.hits, r.misses)));
+        assert_eq!(got, epoch(&plain, e).0, "epoch {e} ({:?})", rep.map(|r| (r.group.hits, r.group.misses)));
     }
 }
 
@@ -342,22 +346,22 @@ fn a_new_dataset_evicts_idle_groups_but_never_one_in_use() {
     let cdir = d.path().join("cache");
     // Learn one dataset's size, then give the root a budget that holds one dataset only.
     let (_, _, rep) = epoch(&loader(&root, config(Some(&d.path().join("sizing")), None)), 0);
-    let one = rep.unwrap().stored_bytes;
+    let one = rep.unwrap().group.stored_bytes;
     let budget = one + one / 2;
 
     // Dataset A fills the cache; while its loader lives, B cannot take A's room.
     let a = loader(&root, config(Some(&cdir), Some(budget)));
     let rep = epoch(&a, 0).2.unwrap();
-    assert_eq!(rep.stored, N as u64, "{rep:?}");
+    assert_eq!(rep.group.stored, N as u64, "{rep:?}");
     let a_dir = a.cache().unwrap().dir().to_path_buf();
     let b = loader(&other, config(Some(&cdir), Some(budget)));
     let rep = epoch(&b, 0).2.unwrap();
-    assert!(rep.stored < N as u64 && rep.not_stored_budget > 0, "{rep:?}");
-    assert_eq!(rep.evicted_groups, 0, "a group in use was evicted: {rep:?}");
+    assert!(rep.group.stored < N as u64 && rep.group.not_stored_budget > 0, "{rep:?}");
+    assert_eq!(rep.group.evicted_groups, 0, "a group in use was evicted: {rep:?}");
     assert_eq!(rep.held_by_others_bytes, one, "{rep:?}");
     assert!(b.report().to_text().contains("held by other datasets in use"), "{}", b.report().to_text());
     assert_eq!(px_bytes(&a_dir), one, "A's entries are intact");
-    assert_eq!(epoch(&a, 1).2.unwrap().hits, N as u64, "A still hits everything");
+    assert_eq!(epoch(&a, 1).2.unwrap().group.hits, N as u64, "A still hits everything");
     drop(b);
 
     // A's loader ends: its group is idle, and the next dataset to need room evicts it (least
@@ -365,11 +369,11 @@ fn a_new_dataset_evicts_idle_groups_but_never_one_in_use() {
     drop(a);
     let b = loader(&other, config(Some(&cdir), Some(budget)));
     let rep = epoch(&b, 2).2.unwrap();
-    assert_eq!(rep.evicted_groups, 1, "{rep:?}");
-    assert_eq!(rep.evicted_bytes, one, "{rep:?}");
+    assert_eq!(rep.group.evicted_groups, 1, "{rep:?}");
+    assert_eq!(rep.group.evicted_bytes, one, "{rep:?}");
     assert!(!a_dir.exists(), "the evicted group is removed from disk");
-    assert!(rep.used_bytes <= budget && px_bytes(&cdir) <= budget, "{rep:?}");
-    assert_eq!(epoch(&b, 3).2.unwrap().hits, N as u64, "B now holds all of its images");
+    assert!(rep.group.used_bytes <= budget && px_bytes(&cdir) <= budget, "{rep:?}");
+    assert_eq!(epoch(&b, 3).2.unwrap().group.hits, N as u64, "B now holds all of its images");
     let listed = stoker::cache::list_groups(&cdir);
     assert_eq!(listed.len(), 1, "{listed:?}");
     assert!(listed[0].in_use && listed[0].samples == N as u64 && listed[0].dataset.ends_with("other"), "{listed:?}");
@@ -397,7 +401,7 @@ fn clear_leaves_groups_in_use_and_older_formats_are_removed() {
     epoch(&l, 0);
     let cleared = stoker::cache::clear(&cdir, None).unwrap();
     assert_eq!((cleared.removed.len(), cleared.in_use.len()), (0, 1), "a group in use is never removed");
-    assert_eq!(epoch(&l, 1).2.unwrap().hits, N as u64);
+    assert_eq!(epoch(&l, 1).2.unwrap().group.hits, N as u64);
     let cleared = stoker::cache::clear(&cdir, Some(std::time::Duration::from_secs(3600))).unwrap();
     assert_eq!((cleared.removed.len(), cleared.in_use.len()), (0, 1));
     drop(l);
@@ -423,8 +427,8 @@ fn a_held_root_lock_costs_one_deadline_then_the_run_goes_on_without_storing() {
     let took = t.elapsed();
     let rep = rep.unwrap();
     assert_eq!((digest, n), (want, N));
-    assert_eq!(rep.stored, 0, "{rep:?}");
-    assert!(rep.lock_timeouts >= 1, "{rep:?}");
+    assert_eq!(rep.group.stored, 0, "{rep:?}");
+    assert!(rep.group.lock_timeouts >= 1, "{rep:?}");
     // One wait of LOCK_DEADLINE, then no more waiting (not one per sample: 24 x 2 s).
     assert!(took < stoker::cache::LOCK_DEADLINE * 6, "{took:?}");
     assert!(l.report().to_text().contains("lock waits timed out"));

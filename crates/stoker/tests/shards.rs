@@ -160,7 +160,7 @@ fn random_access_packing_keeps_every_pixel_and_adds_restart_markers() {
         let l = Loader::new(source, c).unwrap();
         let got: Vec<(Vec<i64>, Vec<u8>)> =
             l.iter().unwrap().map(|b| b.unwrap()).map(|b| (b.labels().to_vec(), b.data().to_vec())).collect();
-        (got, l.report().restart_decodes)
+        (got, l.report().kind.restart_decodes)
     };
     let restarts = |dir: &str| Arc::new(ShardSource::open(&shards_in(&d.path().join(dir))).unwrap());
     for (preset, dtype, seed) in [

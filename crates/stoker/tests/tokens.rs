@@ -6,6 +6,11 @@ use std::path::{Path, PathBuf};
 use stoker::tokens::pack::IGNORE;
 use stoker::tokens::{PackMode, TextTokenizer, TokenConfig, TokenLoader};
 
+/// `v` as JSON, as Python and `--json` read it.
+fn json(v: impl serde::Serialize) -> serde_json::Value {
+    serde_json::to_value(v).unwrap()
+}
+
 fn data(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/data/text").join(name)
 }
@@ -90,7 +95,7 @@ fn concat_holds_every_token_of_the_reference_in_order() {
         assert_eq!((cu[0], *cu.last().unwrap()), (0, (rows * 256) as i32));
         assert!(cu.windows(2).all(|w| w[0] < w[1]));
     }
-    let st = l.stats().to_json(l.consumer_wait());
+    let st = json(l.stats().counts(l.consumer_wait()));
     assert_eq!(st["documents"], 12);
     assert_eq!(st["tokens"], flat.len() as u64);
 }
@@ -196,7 +201,7 @@ fn bad_documents_are_counted_with_their_file_and_line() {
     }
     let n = want.len() / 4 * 4;
     assert_eq!(rows.iter().map(|&t| t as u32).collect::<Vec<_>>(), want[..n]);
-    let st = l.stats().to_json(l.consumer_wait());
+    let st = json(l.stats().counts(l.consumer_wait()));
     assert_eq!((st["documents"].as_u64(), st["failed_documents"].as_u64()), (Some(7), Some(4)));
     // Strict: the first bad document is the error, naming the file and the line.
     c.raise = true;
@@ -474,7 +479,7 @@ fn parquet_text_columns_read_by_row_group() {
     c.threads = Some(1);
     let l = TokenLoader::new(std::slice::from_ref(&bad), Some(gpt2()), c.clone()).unwrap();
     let _ = collect(&l);
-    assert_eq!(l.stats().to_json(l.consumer_wait())["failed_documents"], 1);
+    assert_eq!(json(l.stats().counts(l.consumer_wait()))["failed_documents"], 1);
     c.raise = true;
     let err = TokenLoader::new(std::slice::from_ref(&bad), Some(gpt2()), c.clone())
         .unwrap()
@@ -509,7 +514,7 @@ fn epochs(l: &TokenLoader, epochs: u64) -> Vec<Vec<Vec<i32>>> {
 }
 
 fn cache_counts(l: &TokenLoader) -> (u64, u64, u64, u64) {
-    let r = &l.report()["cache"];
+    let r = &json(l.report())["cache"];
     let n = |k: &str| r[k].as_u64().unwrap_or_else(|| panic!("{k} in {r}"));
     (n("hits"), n("misses"), n("stored"), n("documents_cached"))
 }
@@ -548,7 +553,7 @@ fn the_automatic_token_cache_serves_later_epochs_and_other_loaders_the_same_batc
     cached.cache = Some(spec(None));
     let want = epochs(&TokenLoader::new(files, Some(gpt2()), c.clone()).unwrap(), 1);
     let group = PathBuf::from(
-        TokenLoader::new(files, Some(gpt2()), cached.clone()).unwrap().report()["cache"]["dir"].as_str().unwrap(),
+        TokenLoader::new(files, Some(gpt2()), cached.clone()).unwrap().report().kind.cache.unwrap().group.dir,
     );
     let seg = std::fs::read_dir(&group)
         .unwrap()
@@ -561,7 +566,7 @@ fn the_automatic_token_cache_serves_later_epochs_and_other_loaders_the_same_batc
     std::fs::write(&seg, raw).unwrap();
     let l = TokenLoader::new(files, Some(gpt2()), cached.clone()).unwrap();
     assert_eq!(epochs(&l, 1), want);
-    assert!(l.report()["cache"]["verify_failures"].as_u64().unwrap() >= 1);
+    assert!(json(l.report())["cache"]["verify_failures"].as_u64().unwrap() >= 1);
     // Another tokenizer is another group; so is a changed file.
     let other = TextTokenizer::from_json(
         &std::fs::read(data("tokenizer-gpt2.json")).unwrap().iter().copied().chain(*b" ").collect::<Vec<_>>(),
@@ -569,7 +574,7 @@ fn the_automatic_token_cache_serves_later_epochs_and_other_loaders_the_same_batc
     )
     .unwrap();
     let l = TokenLoader::new(files, Some(other), cached.clone()).unwrap();
-    assert_ne!(l.report()["cache"]["dir"], serde_json::json!(group.display().to_string()));
+    assert_ne!(json(l.report())["cache"]["dir"], serde_json::json!(group.display().to_string()));
     assert_eq!(cache_counts(&l).3, 0);
     let mut text = std::fs::read(&p).unwrap();
     text.extend_from_slice(b"\n{\"text\": \"one more document\"}");
@@ -582,7 +587,7 @@ fn the_automatic_token_cache_serves_later_epochs_and_other_loaders_the_same_batc
     let want = epochs(&TokenLoader::new(files, Some(gpt2()), c.clone()).unwrap(), 2);
     let l = TokenLoader::new(files, Some(gpt2()), cached.clone()).unwrap();
     assert_eq!(epochs(&l, 2), want);
-    let r = l.report();
+    let r = json(l.report());
     assert_eq!(r["cache"]["stored"], 0, "{r}");
     assert!(r["cache"]["not_stored_budget"].as_u64().unwrap() > 0, "{r}");
     // Token files are tokens already: refused.
@@ -617,7 +622,7 @@ fn a_one_gigabyte_line_is_skipped_unread_and_counted() {
     want.push(50256);
     let n = want.len() / 2 * 2;
     assert_eq!(rows.iter().map(|&t| t as u32).collect::<Vec<_>>(), want[..n]);
-    let st = l.stats().to_json(l.consumer_wait());
+    let st = json(l.stats().counts(l.consumer_wait()));
     assert_eq!(st["failed_documents"], 1, "{st}");
     assert!(st["bytes_read"].as_u64().unwrap() < 1 << 27, "not read: {st}");
 }

@@ -10,7 +10,6 @@ use common::*;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 use stoker::budget::{Kind, Registry};
-use stoker::telemetry::Telemetry;
 use stoker::tune::{TuneSpec, Tuner, TuningReport};
 use stoker::*;
 
@@ -94,13 +93,13 @@ fn auto_and_fixed_threads_give_identical_batches() {
     assert!(f.decisions.is_empty());
 }
 
-/// A tuner driven by hand: its telemetry gets the waits and busy times a test gives, so its
+/// A tuner driven by hand: its load is the waits and busy times a test gives, so its
 /// decisions do not depend on how fast this machine decodes or how loaded it is. (These were
 /// pipeline runs with a sleeping consumer: beside two busy loops, the fast phase's single
 /// worker got too little CPU to look busy, and the raise never came.)
 struct Driven {
     tuner: Tuner,
-    tel: Telemetry,
+    load: Mutex<tune::Load>,
 }
 
 impl Driven {
@@ -114,8 +113,9 @@ impl Driven {
             cpu_budget: threads_max as f64,
             epoch_batches,
         };
-        let d = Driven { tuner: Tuner::new(spec, None), tel: Telemetry::default() };
-        d.tuner.on_batch(&d.tel); // opens the first window
+        let load = tune::Load::default();
+        let d = Driven { tuner: Tuner::new(spec, None), load: Mutex::new(load) };
+        d.tuner.on_batch_load(load); // opens the first window
         d
     }
 
@@ -123,12 +123,16 @@ impl Driven {
     /// workers were busy for `workers` (far above or at zero, whatever the window's real
     /// length, which is at least `WINDOW_MIN`).
     fn window(&self, waited: Duration, busy: Duration, workers: Duration) {
-        self.tel.consumer.add_wait(waited);
-        self.tel.consumer.add_busy(busy);
-        self.tel.decode.add_busy(workers);
+        let load = {
+            let mut l = self.load.lock().unwrap();
+            l.consumer_wait_ns += waited.as_nanos() as u64;
+            l.consumer_busy_ns += busy.as_nanos() as u64;
+            l.worker_busy_ns += workers.as_nanos() as u64;
+            *l
+        };
         std::thread::sleep(stoker::tune::WINDOW_MIN);
         for _ in 0..stoker::tune::WINDOW_BATCHES {
-            self.tuner.on_batch(&self.tel);
+            self.tuner.on_batch_load(load);
         }
     }
 }
@@ -382,11 +386,7 @@ fn token_loader_threads_settle_lower_under_a_slow_consumer() {
     let l = TokenLoader::new(&data, Some(tok), auto).unwrap();
     assert_eq!(l.threads(), 4);
     assert_eq!(batches(&l, true), want, "tuning never changes the batches");
-    let tuning = &l.report()["tuning"];
-    let lowered = tuning["decisions"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .any(|d| d["knob"] == "threads" && d["to"].as_u64() < d["from"].as_u64());
-    assert!(lowered, "{tuning}");
+    let tuning = l.report().tuning.expect("token loaders report their tuning");
+    let lowered = tuning.decisions.iter().any(|d| d.knob == "threads" && d.to < d.from);
+    assert!(lowered, "{tuning:?}");
 }

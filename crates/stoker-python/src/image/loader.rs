@@ -7,8 +7,6 @@ use crate::shared::args::args_of;
 use crate::shared::iter::Polled;
 use crate::shared::loader::{loader_class, LoaderClass};
 use pyo3::prelude::*;
-use std::sync::Arc;
-use stoker::telemetry::Telemetry;
 use stoker::{EpochIter, Loader};
 use stoker_cuda::{OnDevice, Target};
 
@@ -55,10 +53,6 @@ impl LoaderClass for PyLoader {
     }
     fn held_batches(&self) -> usize {
         self.on.loader.pool().held()
-    }
-    /// The stage records the consumer's waits into the loader's report.
-    fn stage_telemetry(&self) -> Option<Arc<Telemetry>> {
-        Some(self.on.loader.telemetry().clone())
     }
     fn iterator(&self, polled: Polled<EpochIter>) -> PyIter {
         PyIter { polled }
@@ -139,11 +133,6 @@ loader_class! { PyLoader => PyIter, shares [positioned traced], {
     #[getter]
     fn dtype(&self) -> &'static str {
         self.on.loader.plan().spec().dtype.name()
-    }
-
-    /// The human summary.
-    fn report_text(&self) -> String {
-        self.on.loader.report().to_text()
     }
 
     /// Zeroes the counters of the report.

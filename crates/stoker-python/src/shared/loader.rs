@@ -10,8 +10,6 @@
 
 use crate::shared::device::HostIter;
 use crate::shared::iter::Polled;
-use std::sync::Arc;
-use stoker::telemetry::Telemetry;
 
 /// What a loader class adds to the shared methods. The class keeps the engine's loader, its
 /// transfer stage and its device report in a field `on` ([`stoker_cuda::OnDevice`]).
@@ -24,22 +22,17 @@ pub(crate) trait LoaderClass {
     fn sharding(&self) -> (usize, usize, usize);
     /// Batches currently held by Python (tensors or arrays alive).
     fn held_batches(&self) -> usize;
-    /// The counters a transfer stage records the consumer's waits into (`None`: the stage
-    /// measures nothing for this kind).
-    fn stage_telemetry(&self) -> Option<Arc<Telemetry>> {
-        None
-    }
     /// The iterator class of a started iteration.
     fn iterator(&self, it: Polled<Self::Host>) -> Self::Iterator;
 }
 
 /// The one `#[pymethods]` block of a loader class: the kind's own methods (the braces) and
 /// the shared ones. Every loader class gets `set_epoch`, `resume_pending`, `threads`, `held`,
-/// `batch_size`, `rank`, `world_size`, `device` and `iter`; the groups named in `shares [...]`
-/// add:
+/// `batch_size`, `rank`, `world_size`, `device`, `report_json`, `report_text` and `iter`; the
+/// groups named in `shares [...]` add:
 /// - `positioned` (a sampler position: images, arrays): `__len__`, `mixture_json`, `state`, `elastic_json`,
 ///   `load_state`, `fingerprint_json`, `load_state_json`, `load_states_json`;
-/// - `traced` (images, tokens): `trace_path`, `save_trace`, `report_json`;
+/// - `traced` (images, tokens): `trace_path`, `save_trace`;
 /// - `device_report` (arrays, tokens): `device_report_json`.
 ///
 /// ```ignore
@@ -173,12 +166,6 @@ macro_rules! loader_class {
                     Ok(path.display().to_string())
                 })
             }
-
-            /// The report (counters, the bottleneck verdict) as JSON.
-            fn report_json(&self) -> ::pyo3::PyResult<String> {
-                ::serde_json::to_string(&self.on.loader.report())
-                    .map_err(|e| $crate::errors::to_py(::stoker::Error::Internal(e.to_string())))
-            }
         ]);
     };
 
@@ -244,6 +231,18 @@ macro_rules! loader_class {
                 self.on.device.used.clone()
             }
 
+            /// The report (stages, starvation, the bottleneck verdict, the kind's section) as
+            /// JSON.
+            fn report_json(&self) -> ::pyo3::PyResult<String> {
+                ::serde_json::to_string(&self.on.loader.report())
+                    .map_err(|e| $crate::errors::to_py(::stoker::Error::Internal(e.to_string())))
+            }
+
+            /// The report's human summary.
+            fn report_text(&self) -> String {
+                self.on.loader.report().to_text()
+            }
+
             /// Starts iterating from the current state; ends any previous iteration of this
             /// loader (its buffers return to the pool, its next batch is an error).
             fn iter(&self, py: ::pyo3::Python<'_>) -> ::pyo3::PyResult<$iter> {
@@ -251,7 +250,9 @@ macro_rules! loader_class {
                 $crate::errors::contain(|| {
                     let it = py
                         .detach(|| {
-                            let telemetry = $crate::shared::loader::LoaderClass::stage_telemetry(self);
+                            // The stage records the copies and the consumer's waits into the
+                            // loader's report.
+                            let telemetry = Some(self.on.loader.telemetry().clone());
                             let host = self.on.loader.iter()?;
                             $crate::shared::device::Iter::start(host, self.on.stage.as_ref(), telemetry)
                         })

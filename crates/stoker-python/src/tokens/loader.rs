@@ -99,7 +99,7 @@ loader_class! { PyTokenLoader => PyTokenIter, shares [traced device_report], {
 
     /// The counters (documents, tokens, padding, seconds per stage) as JSON.
     fn stats_json(&self) -> String {
-        self.on.loader.stats().to_json(self.on.loader.consumer_wait()).to_string()
+        serde_json::to_string(&self.on.loader.stats().counts(self.on.loader.consumer_wait())).unwrap_or_default()
     }
 
     /// The state dict as JSON.

@@ -133,11 +133,6 @@ loader_class! { PyTokenMixLoader => PyTokenMixIter, shares [], {
         serde_json::Value::Array(list).to_string()
     }
 
-    /// The report (rows per source against its share, each source's counters, the slowest
-    /// source) as JSON.
-    fn report_json(&self) -> String {
-        self.on.loader.report().to_string()
-    }
 
     /// The state dict as JSON.
     fn state_json(&self) -> String {

@@ -118,12 +118,8 @@ pub fn apply_env() -> Result<Env> {
     Ok(env)
 }
 
-/// The text of environment variable `name`, trimmed; unset or blank is `None`. A value that is
-/// not UTF-8 is an error naming the variable (`allowed` says what it may be).
-pub fn env_text(name: &str, allowed: &str) -> Result<Option<String>> {
-    text_in(&process_var, name, allowed)
-}
-
+/// The text of environment variable `name` in `env`, trimmed; unset or blank is `None`. A
+/// value that is not UTF-8 is an error naming the variable (`allowed` says what it may be).
 fn text_in(env: Lookup<'_>, name: &str, allowed: &str) -> Result<Option<String>> {
     match env(name).map(|v| v.into_string()) {
         None => Ok(None),
@@ -133,12 +129,8 @@ fn text_in(env: Lookup<'_>, name: &str, allowed: &str) -> Result<Option<String>>
     }
 }
 
-/// An integer from the environment (torchrun's `RANK`, `WORLD_SIZE`, `LOCAL_RANK`); unset or
-/// empty is `None`.
-pub fn env_usize(name: &str) -> Result<Option<usize>> {
-    usize_in(&process_var, name)
-}
-
+/// An integer from `env` (torchrun's `RANK`, `WORLD_SIZE`, `LOCAL_RANK`); unset or empty is
+/// `None`.
 fn usize_in(env: Lookup<'_>, name: &str) -> Result<Option<usize>> {
     let allowed = "expected a non-negative integer";
     let Some(v) = text_in(env, name, allowed)? else { return Ok(None) };
@@ -218,10 +210,6 @@ pub fn budget_registry_path(budget: &BudgetEnv) -> Option<PathBuf> {
 /// `true`, `on`, `yes` keep it on) and `STOKER_BUDGET_FILE` (the registry file, when sharing is
 /// on: a file path whose folder exists, not a folder itself). Anything else is an error naming
 /// the variable.
-pub fn budget_env() -> Result<BudgetEnv> {
-    budget_in(&process_var)
-}
-
 fn budget_in(env: Lookup<'_>) -> Result<BudgetEnv> {
     let allowed = "expected 0, false, off or no (no sharing) or 1, true, on or yes (sharing, the default)";
     if let Some(v) = text_in(env, SHARED_VAR, allowed)? {

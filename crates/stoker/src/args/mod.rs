@@ -53,17 +53,17 @@ pub mod values;
 pub use arrays::array_config;
 pub use captions::{caption_options, check_caption_options, MAX_CONTEXT_LENGTH};
 pub use env::{
-    apply_env, budget_env, budget_registry_path, env_cache_ttl, env_text, env_threads, env_usize, index_dir,
-    local_rank, object_timeout, BudgetEnv, Env, CACHE_TTL_VAR, INDEX_DIR_VAR, OBJECT_TIMEOUT_VAR, THREADS_VAR,
+    apply_env, budget_registry_path, env_cache_ttl, env_threads, index_dir, local_rank, object_timeout, BudgetEnv, Env,
+    CACHE_TTL_VAR, INDEX_DIR_VAR, OBJECT_TIMEOUT_VAR, THREADS_VAR,
 };
 pub use image::{image_config, loader_config, max_failures};
 pub use shared::DEFAULT_SHARD_WINDOW;
 pub use state::{saved_state, saved_states, SavedState};
 pub use tokens::{token_config, token_mix_state, token_state, MAX_PACK_WINDOW};
 pub use values::{
-    batch_bytes, boolean, bytes, check_io_threads, check_prefetch, check_threads, cpu_budget, duration, non_negative,
-    parse_bytes, positive, prefetch, text_value, thread_count, threads, token_values, DeviceSpec, MAX_BATCH_BYTES,
-    MAX_BATCH_TOKENS, MAX_PREFETCH, MAX_SEQ_LEN, MAX_THREADS, SLOT_BYTES_PER_SAMPLE,
+    batch_bytes, boolean, bytes, check_io_threads, check_positive, check_prefetch, check_threads, cpu_budget, duration,
+    non_negative, parse_bytes, positive, prefetch, text_value, thread_count, threads, token_values, DeviceSpec,
+    MAX_BATCH_BYTES, MAX_BATCH_TOKENS, MAX_PREFETCH, MAX_SEQ_LEN, MAX_THREADS, SLOT_BYTES_PER_SAMPLE,
 };
 
 pub use crate::shell::store::Ttl;

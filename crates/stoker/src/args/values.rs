@@ -91,10 +91,17 @@ pub fn text_value(s: &str) -> Value {
 /// A positive integer (≥ 1).
 pub fn positive(arg: &str, v: &Value) -> Result<usize> {
     let n = unsigned(arg, v, "a positive integer")?;
+    check_positive(arg, usize::try_from(n).map_err(|_| Error::config(arg, format!("{n} is too large")))?)
+}
+
+/// The rule of every count that must be positive (`batch_size`, `world_size`, `shard_window`,
+/// `cache_max_side`), for a value a config holds: at least 1. What [`positive`] checks of a
+/// given value.
+pub fn check_positive(arg: &str, n: usize) -> Result<usize> {
     if n == 0 {
         return Err(Error::config(arg, "must be at least 1, got 0"));
     }
-    usize::try_from(n).map_err(|_| Error::config(arg, format!("{n} is too large")))
+    Ok(n)
 }
 
 /// A non-negative integer.

@@ -6,8 +6,10 @@
 //! `.npy` file). Same sampler, resume state and sharding as the image loaders.
 
 use super::column::Column;
+use super::report::{verdict, ArrayCounters, ArrayReport, ArraySection};
 use crate::args::values::{batch_bytes, check_prefetch, check_threads};
 use crate::error::{Error, Result};
+use crate::observe::telemetry::Telemetry;
 use crate::shell::buffer::{BufferPool, HeapAllocator, HostAllocator, RawBuf};
 use crate::shell::epochs::Retire;
 use crate::shell::grow::MakeSlot;
@@ -19,6 +21,7 @@ use crate::shell::sampler::{Fingerprint, Position, Sampler, SamplerSpec, Start};
 use crossbeam_channel::bounded;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
 /// Configuration of an [`ArrayLoader`].
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
@@ -51,6 +54,10 @@ pub struct Arrays {
     sampler: Sampler,
     threads: usize,
     pool: SlotPool<Arc<ArraySlot>>,
+    /// The shell's counters (buffer wait, consumer, samples, device, transfer).
+    telemetry: Arc<Telemetry>,
+    /// The copy threads' counters.
+    counters: ArrayCounters,
 }
 
 impl PassSlot for Arc<ArraySlot> {
@@ -224,7 +231,14 @@ impl Loader<Arrays> {
             }))
         });
         let pool = SlotPool::new(slots, batch_bytes, config.memory_limit, "batch", make)?;
-        Ok(Loader::of(Arrays { columns, sampler, threads, pool }))
+        Ok(Loader::of(Arrays {
+            columns,
+            sampler,
+            threads,
+            pool,
+            telemetry: Arc::default(),
+            counters: ArrayCounters::default(),
+        }))
     }
 
     /// Copy threads.
@@ -251,6 +265,7 @@ impl Kind for Arrays {
     type Slot = Arc<ArraySlot>;
     type Hooks = ArrayHooks;
     type Batch = ArrayBatch;
+    type Section = ArraySection;
 
     fn start(self: &Arc<Self>, position: &Arc<Position>) -> Result<Started<Self>> {
         let sh = self.clone();
@@ -262,7 +277,9 @@ impl Kind for Arrays {
             let (sh, cancel, order) = (sh.clone(), cancel.clone(), order.clone());
             run.spawn("stoker-gather".into(), move || {
                 for b in start..end {
+                    let t0 = Instant::now();
                     let Some(slot) = take_free(&sh.pool.free_rx, &cancel) else { return };
+                    sh.telemetry.buffers.record_wait(t0.elapsed());
                     let idx = sh.sampler.batch(&order, b);
                     {
                         let mut v = slot.indices.write().unwrap_or_else(|p| p.into_inner());
@@ -290,6 +307,7 @@ impl Kind for Arrays {
             run.spawn(format!("stoker-copy-{k}"), move || {
                 while let Ok((slot, lo, hi)) = rx.recv() {
                     if !cancel.load(Ordering::Acquire) {
+                        let t0 = Instant::now();
                         let guard = slot.indices.read().unwrap_or_else(|p| p.into_inner());
                         let idx = &guard[lo..hi];
                         for (c, col) in sh.columns.iter().enumerate() {
@@ -304,6 +322,8 @@ impl Kind for Arrays {
                                 break;
                             }
                         }
+                        let bytes = sh.columns.iter().map(|c| c.row_bytes() * (hi - lo)).sum();
+                        sh.counters.copied(bytes, t0.elapsed());
                     }
                     if slot.remaining.fetch_sub(1, Ordering::AcqRel) == 1 {
                         if let Err(e) = done.send(slot) {
@@ -317,16 +337,31 @@ impl Kind for Arrays {
         let hooks = ArrayHooks { position: position.clone() };
         // A failed read ends the pass with its error (arrays have no skip policy).
         let budget = FailureBudget::new(0, true);
-        let pass = Pass::new(run.clone(), pool, hooks, (start, Some(end)), budget, Observe::default());
+        let observe = Observe::new(Some(sh.telemetry.clone()), None, Some(epoch));
+        let pass = Pass::new(run.clone(), pool, hooks, (start, Some(end)), budget, observe);
         Ok(Started { pass, retire: run as Arc<dyn Retire>, epoch })
     }
 
     fn batch(self: &Arc<Self>, slot: Arc<ArraySlot>, _: &Position, _: Delivery) -> ArrayBatch {
+        self.counters.delivered();
         ArrayBatch { slot: Some(slot), shared: self.clone() }
     }
 
     fn held(&self) -> usize {
         self.pool.held()
+    }
+
+    fn telemetry(&self) -> &Arc<Telemetry> {
+        &self.telemetry
+    }
+
+    /// The copy stage, the batches, and the array verdict.
+    fn report(&self) -> ArrayReport {
+        let counters = &self.counters;
+        let mut r =
+            self.telemetry.report(|wall| counters.stages(wall, self.threads), counters.section(self.columns.len()));
+        r.bottleneck = Some(verdict(&r));
+        r
     }
 }
 

@@ -31,11 +31,12 @@
 //! and renamed into place, so a crash leaves no partial entry under a real name; published
 //! entries are never modified in place, so an open entry stays valid while it is used.
 
-use crate::error::{Error, Result};
+use crate::args::values::check_positive;
+use crate::error::Result;
 pub use crate::shell::store::{
     clear, list_groups, ram_root, CacheLocation, Cleared, DatasetKey, GroupInfo, Ttl, LOCK_DEADLINE, RAM_TTL,
 };
-use crate::shell::store::{Group, GroupKind, StoreSpec};
+use crate::shell::store::{Group, GroupKind, GroupReport, StoreSpec};
 use std::fs::File;
 use std::io::Write;
 use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
@@ -75,18 +76,10 @@ const CHANNELS: u32 = 3;
 /// Bytes of pixels one checksum covers, about (whole rows, at least one).
 const CHUNK_BYTES: usize = 64 << 10;
 
-/// Counters of one cache in one process.
+/// Counters of one cache in one process, besides its group's ([`crate::shell::store::GroupCounters`]).
 #[derive(Debug, Default)]
 struct Stats {
-    hits: AtomicU64,
-    misses: AtomicU64,
-    stored: AtomicU64,
-    stored_bytes: AtomicU64,
-    read_bytes: AtomicU64,
-    not_stored_budget: AtomicU64,
     replaced: AtomicU64,
-    verify_failures: AtomicU64,
-    write_errors: AtomicU64,
     saved_ns: AtomicU64,
     lookup_ns: AtomicU64,
     fill_ns: AtomicU64,
@@ -95,14 +88,9 @@ struct Stats {
 /// What the cache did: the `cache` field of the loader's report.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct CacheReport {
-    /// This dataset's group directory (`stoker cache clear` removes it when idle).
-    pub dir: String,
-    /// The cache root, shared by the groups of every dataset.
-    pub root: String,
-    /// The byte budget of this process (shared by every group under the root).
-    pub budget_bytes: u64,
-    /// Bytes stored in this dataset's group, by all processes.
-    pub used_bytes: u64,
+    /// What the group did (hits, misses, stores, bytes, evictions, lock time-outs).
+    #[serde(flatten)]
+    pub group: GroupReport,
     /// Bytes held under the root by the groups of other datasets or settings.
     pub other_groups_bytes: u64,
     /// Of those, bytes of groups in use by a live process (they cannot be evicted): when a
@@ -110,32 +98,8 @@ pub struct CacheReport {
     pub held_by_others_bytes: u64,
     /// The longer side entries are reduced to (`None`: full resolution).
     pub max_side: Option<usize>,
-    /// Samples whose pixels came from the cache (no decode).
-    pub hits: u64,
-    /// Samples decoded (not in the cache, or an entry that failed its checks).
-    pub misses: u64,
-    /// Entries this process stored.
-    pub stored: u64,
-    /// Bytes this process stored (headers included).
-    pub stored_bytes: u64,
-    /// Pixel bytes read from the cache.
-    pub read_bytes: u64,
-    /// Misses not stored because the budget was used (by this dataset or by groups in use).
-    pub not_stored_budget: u64,
     /// Entries that failed their checks (truncated, corrupt, foreign) and were replaced.
     pub replaced: u64,
-    /// Entries whose pixels failed their checksums when read (served as misses, rewritten).
-    pub verify_failures: u64,
-    /// Entries that could not be written (disk full, ...): the sample was still delivered.
-    pub write_errors: u64,
-    /// Locks on the cache's shared files not obtained within [`LOCK_DEADLINE`] (another
-    /// process held them): the entry was not stored.
-    pub lock_timeouts: u64,
-    /// Idle groups of other datasets this process evicted to make room (least recently used
-    /// first) or removed because their time to live had passed.
-    pub evicted_groups: u64,
-    /// Bytes those groups held.
-    pub evicted_bytes: u64,
     /// Decode time the hits did not spend: the sum of the decode times recorded in their
     /// entries when they were filled (by whichever process filled them).
     pub decode_seconds_saved: f64,
@@ -267,11 +231,11 @@ fn chunk_sums(pixels: &[u8], row: usize, rows_per_chunk: usize) -> Vec<u64> {
 impl Cache {
     /// Opens (creating it if needed) the group of `dataset` in the cache `spec`, for images
     /// decoded with `apply_exif`; idle groups past their time to live are removed. Errors are
-    /// [`Error::Config`] naming `cache` (a directory that cannot be made or written),
+    /// [`crate::Error::Config`] naming `cache` (a directory that cannot be made or written),
     /// `cache_max_side` or `STOKER_CACHE_TTL`.
     pub fn open(spec: &CacheSpec, apply_exif: bool, dataset: &DatasetKey) -> Result<Self> {
-        if spec.max_side == Some(0) {
-            return Err(Error::config("cache_max_side", "must be at least 1"));
+        if let Some(m) = spec.max_side {
+            check_positive("cache_max_side", m)?;
         }
         let settings = settings_text(apply_exif, spec.max_side);
         let kind = GroupKind { letter: 'v', version: VERSION };
@@ -336,11 +300,11 @@ impl Cache {
         self.stats.lookup_ns.fetch_add(ns, Ordering::Relaxed);
         match &e {
             Some(e) => {
-                self.stats.hits.fetch_add(1, Ordering::Relaxed);
+                self.group.counters.hits.fetch_add(1, Ordering::Relaxed);
                 self.stats.saved_ns.fetch_add(e.decode_ns, Ordering::Relaxed);
             }
             None => {
-                self.stats.misses.fetch_add(1, Ordering::Relaxed);
+                self.group.counters.misses.fetch_add(1, Ordering::Relaxed);
             }
         }
         e
@@ -407,7 +371,7 @@ impl Cache {
                 ));
             }
         }
-        self.stats.read_bytes.fetch_add(((y1 - y0) * row) as u64, Ordering::Relaxed);
+        self.group.counters.read_bytes.fetch_add(((y1 - y0) * row) as u64, Ordering::Relaxed);
         Ok(&buf[(y0 - r0) * row..(y1 - r0) * row])
     }
 
@@ -416,10 +380,10 @@ impl Cache {
     /// bytes are given back to the budget, so that the miss that follows rewrites it.
     pub fn discard(&self, entry: &Entry, key: u128) {
         // The lookup counted a hit; the sample is decoded after all.
-        self.stats.hits.fetch_sub(1, Ordering::Relaxed);
-        self.stats.misses.fetch_add(1, Ordering::Relaxed);
+        self.group.counters.hits.fetch_sub(1, Ordering::Relaxed);
+        self.group.counters.misses.fetch_add(1, Ordering::Relaxed);
         self.stats.saved_ns.fetch_sub(entry.decode_ns, Ordering::Relaxed);
-        self.stats.verify_failures.fetch_add(1, Ordering::Relaxed);
+        self.group.counters.verify_failures.fetch_add(1, Ordering::Relaxed);
         self.group.remove_entry(&self.path(key), entry.ino, entry.len);
     }
 
@@ -433,7 +397,7 @@ impl Cache {
         if self.used().saturating_add(total) <= self.group.budget() || self.path(key).symlink_metadata().is_ok() {
             return true;
         }
-        self.stats.not_stored_budget.fetch_add(1, Ordering::Relaxed);
+        self.group.counters.not_stored_budget.fetch_add(1, Ordering::Relaxed);
         false
     }
 
@@ -457,7 +421,7 @@ impl Cache {
         let t0 = std::time::Instant::now();
         let dims = [width, height, source.0, source.1].map(u32::try_from);
         let [Ok(width32), Ok(height32), Ok(source_width), Ok(source_height)] = dims else {
-            self.stats.write_errors.fetch_add(1, Ordering::Relaxed);
+            self.group.counters.write_errors.fetch_add(1, Ordering::Relaxed);
             return;
         };
         let per = rows_per_chunk(width);
@@ -477,7 +441,7 @@ impl Cache {
             match self.group.reserve(total) {
                 Some(true) => reserved = total,
                 Some(false) => {
-                    self.stats.not_stored_budget.fetch_add(1, Ordering::Relaxed);
+                    self.group.counters.not_stored_budget.fetch_add(1, Ordering::Relaxed);
                     return;
                 }
                 None => return, // counted in lock_timeouts
@@ -507,15 +471,15 @@ impl Cache {
         })();
         match written {
             Ok(()) => {
-                self.stats.stored.fetch_add(1, Ordering::Relaxed);
-                self.stats.stored_bytes.fetch_add(total, Ordering::Relaxed);
+                self.group.counters.stored.fetch_add(1, Ordering::Relaxed);
+                self.group.counters.stored_bytes.fetch_add(total, Ordering::Relaxed);
             }
             Err(_) => {
                 let _ = std::fs::remove_file(&tmp);
                 if reserved > 0 {
                     self.group.unreserve(reserved);
                 }
-                self.stats.write_errors.fetch_add(1, Ordering::Relaxed);
+                self.group.counters.write_errors.fetch_add(1, Ordering::Relaxed);
             }
         }
         self.stats.fill_ns.fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
@@ -525,28 +489,12 @@ impl Cache {
     pub fn report(&self) -> CacheReport {
         let s = &self.stats;
         let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        let g = &self.group.counters;
-        let other_groups_bytes = self.group.other_groups_bytes();
         CacheReport {
-            dir: self.group.dir().display().to_string(),
-            root: self.group.root().display().to_string(),
-            budget_bytes: self.group.budget(),
-            used_bytes: self.used(),
-            other_groups_bytes,
-            held_by_others_bytes: get(&g.held_by_others),
+            group: self.group.report(),
+            other_groups_bytes: self.group.other_groups_bytes(),
+            held_by_others_bytes: get(&self.group.counters.held_by_others),
             max_side: self.max_side,
-            hits: get(&s.hits),
-            misses: get(&s.misses),
-            stored: get(&s.stored),
-            stored_bytes: get(&s.stored_bytes),
-            read_bytes: get(&s.read_bytes),
-            not_stored_budget: get(&s.not_stored_budget),
             replaced: get(&s.replaced),
-            verify_failures: get(&s.verify_failures),
-            write_errors: get(&s.write_errors),
-            lock_timeouts: get(&g.lock_timeouts),
-            evicted_groups: get(&g.evicted_groups),
-            evicted_bytes: get(&g.evicted_bytes),
             decode_seconds_saved: get(&s.saved_ns) as f64 * 1e-9,
             lookup_seconds: get(&s.lookup_ns) as f64 * 1e-9,
             fill_seconds: get(&s.fill_ns) as f64 * 1e-9,
@@ -556,20 +504,7 @@ impl Cache {
     /// Zeroes the counters (with the loader's report).
     pub fn reset(&self) {
         let s = &self.stats;
-        for a in [
-            &s.hits,
-            &s.misses,
-            &s.stored,
-            &s.stored_bytes,
-            &s.read_bytes,
-            &s.not_stored_budget,
-            &s.replaced,
-            &s.verify_failures,
-            &s.write_errors,
-            &s.saved_ns,
-            &s.lookup_ns,
-            &s.fill_ns,
-        ] {
+        for a in [&s.replaced, &s.saved_ns, &s.lookup_ns, &s.fill_ns] {
             a.store(0, Ordering::Relaxed);
         }
         self.group.counters.reset();

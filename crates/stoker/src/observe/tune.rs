@@ -24,8 +24,7 @@
 //!   (`registry_busy`, `note`).
 
 use crate::observe::budget::{Kind, Registration, Registry, Share};
-use crate::observe::telemetry::Telemetry;
-pub use crate::observe::telemetry::{Decision, TuningReport};
+pub use crate::observe::report::{Decision, TuningReport};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -238,16 +237,6 @@ impl Tuner {
         if st.decisions.len() < MAX_DECISIONS {
             st.decisions.push(Decision { batch: st.batches, knob: knob.into(), from, to, reason });
         }
-    }
-
-    /// After each delivered batch of an image loader (on the consumer's thread): see
-    /// [`Tuner::on_batch_load`]; the workers are the decode and ops stages.
-    pub fn on_batch(&self, tel: &Telemetry) {
-        self.on_batch_load(Load {
-            consumer_wait_ns: tel.consumer.wait_ns(),
-            consumer_busy_ns: tel.consumer.busy_ns(),
-            worker_busy_ns: tel.decode.busy_ns() + tel.ops.busy_ns(),
-        });
     }
 
     /// After each delivered batch (on the consumer's thread), with the loader's counters now:

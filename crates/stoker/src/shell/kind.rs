@@ -1,10 +1,11 @@
 //! [`Loader`] and [`Iter`]: the one loader of every kind. A kind ([`Kind`]: images, arrays,
 //! tokens) brings what differs: its position (the sampler's, or documents), how a pass starts
 //! (its threads on a [`Run`](super::ordered::Run) and the slots they fill), and the consumer's
-//! view of a delivered slot. The shell owns the rest, written once: epochs and the rule that a
-//! newer pass, epoch or restored state makes the running pass stale ([`Epochs`]), the batches
-//! held, in-order delivery with the failure budget and the consumer's observation
-//! ([`Pass`]), polling with a time-out, and stopping a pass.
+//! view of a delivered slot, and its part of the report (stages, section, verdict). The shell
+//! owns the rest, written once: epochs and the rule that a newer pass, epoch or restored state
+//! makes the running pass stale ([`Epochs`]), the batches held, in-order delivery with the
+//! failure budget and the consumer's observation ([`Pass`]), polling with a time-out, stopping
+//! a pass, and the report's common part.
 //!
 //! Kinds over the sampler ([`SamplerKind`]: images, arrays) share their state surface too
 //! (`len`, `state`, `load_state`, elastic bases), here once.
@@ -13,6 +14,8 @@ use super::epochs::{Epochs, Positioned, Retire};
 use super::pass::{Next, Pass, PassHooks, PassSlot};
 use super::sampler::{ElasticBase, Position, Sampler, SamplerState};
 use crate::error::Result;
+use crate::observe::report::{Report, Section};
+use crate::observe::telemetry::Telemetry;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -26,6 +29,8 @@ pub trait Kind: Send + Sync + Sized + 'static {
     type Hooks: PassHooks;
     /// The consumer's view of a delivered slot: what a transfer stage copies.
     type Batch: HostBatch;
+    /// What the kind adds to its [`Report`].
+    type Section: Section;
 
     /// Starts a pass where `position` says: the kind's threads, and the pass over them.
     fn start(self: &Arc<Self>, position: &Arc<Self::Position>) -> Result<Started<Self>>;
@@ -36,6 +41,13 @@ pub trait Kind: Send + Sync + Sized + 'static {
 
     /// Batches the consumer holds now.
     fn held(&self) -> usize;
+
+    /// The shell's counters of this loader (its passes record the wall clock, the samples and
+    /// the consumer into them; a transfer stage the copies).
+    fn telemetry(&self) -> &Arc<Telemetry>;
+
+    /// The report: [`Telemetry::report`] with the kind's stages and section, and its verdict.
+    fn report(&self) -> Report<Self::Section>;
 
     /// The loader is dropped (a kind writes its trace file here).
     fn dropped(&self) {}
@@ -96,6 +108,17 @@ impl<K: Kind> Loader<K> {
     /// Batches the consumer holds now.
     pub fn held(&self) -> usize {
         self.kind.held()
+    }
+
+    /// The live counters (a transfer stage outside this crate records into them).
+    pub fn telemetry(&self) -> &Arc<Telemetry> {
+        self.kind.telemetry()
+    }
+
+    /// What the loader did since it was made (or its report was last reset): the stages, the
+    /// consumer's starvation and the bottleneck verdict, with the kind's section.
+    pub fn report(&self) -> Report<K::Section> {
+        self.kind.report()
     }
 
     /// Starts an iteration of the current epoch: at its first batch, or where a state loaded
@@ -164,7 +187,7 @@ impl<K: Kind> Iter<K> {
     /// Stops counting this iterator's caller as the consumer: for a stage that forwards the
     /// batches (the GPU transfer) and measures the real consumer itself.
     pub fn forwarding(mut self) -> Self {
-        self.pass.observe.consumer = None;
+        self.pass.observe.consumer = false;
         self
     }
 

@@ -13,7 +13,7 @@
 use super::grow::PoolView;
 use super::ordered::{Run, Wait};
 use crate::error::{Error, Result};
-use crate::observe::telemetry::{ConsumerClock, Telemetry};
+use crate::observe::telemetry::{ConsumerClock, StageCounters, Telemetry};
 use crate::observe::trace::{Args as TraceArgs, Tracer};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -154,12 +154,15 @@ impl FailureBudget {
     }
 }
 
-/// What a pass records about its consumer.
+/// What a pass records: the shell's counters of its loader (the wall clock of the pass, the
+/// samples delivered) and its consumer's waits and steps.
 #[derive(Default)]
 pub struct Observe {
-    /// Counters whose consumer stage measures this pass's caller (`None`: the caller forwards
-    /// the batches, and whoever consumes them is measured elsewhere).
-    pub consumer: Option<Arc<Telemetry>>,
+    /// The loader's counters (`None`: the pass records nothing).
+    pub telemetry: Option<Arc<Telemetry>>,
+    /// Whether this pass's caller is the consumer whose waits and steps are counted (false:
+    /// the caller forwards the batches, and whoever consumes them is measured elsewhere).
+    pub consumer: bool,
     /// The trace recorder, when tracing is on.
     pub tracer: Option<Arc<Tracer>>,
     /// The epoch, for the trace's delivery events.
@@ -170,22 +173,26 @@ pub struct Observe {
 }
 
 impl Observe {
-    /// Records `consumer`'s waits and steps, and traces into `tracer`.
-    pub fn new(consumer: Option<Arc<Telemetry>>, tracer: Option<Arc<Tracer>>, epoch: Option<u64>) -> Self {
-        Observe { consumer, tracer, epoch, ..Observe::default() }
+    /// Records into `telemetry` (its caller measured as the consumer), and traces into
+    /// `tracer`.
+    pub fn new(telemetry: Option<Arc<Telemetry>>, tracer: Option<Arc<Tracer>>, epoch: Option<u64>) -> Self {
+        Observe { consumer: telemetry.is_some(), telemetry, tracer, epoch, ..Observe::default() }
     }
 
     fn waiting(&mut self) {
-        self.clock.waiting(self.consumer.as_deref().map(|t| &t.consumer));
+        self.clock.waiting(consumer_counters(&self.telemetry, self.consumer));
         if self.tracer.is_some() {
             self.trace_wait.get_or_insert_with(Instant::now);
         }
     }
 
     /// Counts the consumer's wait for a batch being handed over (before the kind's hooks see
-    /// the batch: the tuner reads this wait).
-    fn handing_over(&mut self) {
-        self.clock.delivered(self.consumer.as_deref().map(|t| &t.consumer));
+    /// the batch: the tuner reads this wait), and the batch's samples.
+    fn handing_over(&mut self, samples: Option<usize>) {
+        self.clock.delivered(consumer_counters(&self.telemetry, self.consumer));
+        if let (Some(t), Some(n)) = (&self.telemetry, samples) {
+            t.add_samples(n);
+        }
     }
 
     /// Traces a delivery: the consumer's wait for it, its step since the previous batch, and
@@ -194,7 +201,9 @@ impl Observe {
         let Some(t) = &self.tracer else { return };
         let now = Instant::now();
         let waited = self.trace_wait.take().unwrap_or(now);
-        if let (Some((last, prev)), true) = (self.trace_last.take(), self.consumer.is_some()) {
+        if let (Some((last, prev)), true) =
+            (self.trace_last.take(), consumer_counters(&self.telemetry, self.consumer).is_some())
+        {
             t.span("step", "consumer", last, waited, TraceArgs::fields(serde_json::json!({"after_batch": prev})));
         }
         t.span("wait", "consumer", waited, now, TraceArgs::fields(serde_json::json!({"batch": batch})));
@@ -208,6 +217,11 @@ impl Observe {
         t.instant("deliver", "batch", now, TraceArgs::fields(args));
         self.trace_last = Some((now, batch));
     }
+}
+
+/// The consumer's counters of `telemetry`, when the pass's caller is the consumer.
+fn consumer_counters(telemetry: &Option<Arc<Telemetry>>, consumer: bool) -> Option<&StageCounters> {
+    telemetry.as_deref().filter(|_| consumer).map(|t| &t.consumer)
 }
 
 /// One pass over (the rest of) an epoch, on the consumer's side: in-order delivery over a
@@ -245,6 +259,9 @@ impl<S: PassSlot, H: PassHooks> Pass<S, H> {
         observe: Observe,
     ) -> Self {
         let finished = end.is_some_and(|e| start >= e);
+        if let Some(t) = &observe.telemetry {
+            t.start();
+        }
         Pass { run, pool, hooks, next: start, end, finished, budget, delivered: 0, observe }
     }
 
@@ -274,6 +291,9 @@ impl<S: PassSlot, H: PassHooks> Pass<S, H> {
             self.finished = true;
             self.hooks.shutdown();
             self.run.shutdown();
+            if let Some(t) = &self.observe.telemetry {
+                t.stop();
+            }
         }
     }
 
@@ -339,7 +359,7 @@ impl<S: PassSlot, H: PassHooks> Pass<S, H> {
                 self.pool.give_back(slot);
                 continue;
             }
-            self.observe.handing_over();
+            self.observe.handing_over(samples);
             if let Some(n) = samples {
                 self.hooks.delivered(n);
                 self.delivered += n as u64;

@@ -11,6 +11,7 @@
 //! sample a saved rank delivered, in permutation order; they are dealt to the new ranks exactly
 //! as a permutation is (above), so the continued epoch is again a pure function of its state.
 
+use crate::args::values::check_positive;
 use crate::error::{Error, Result};
 use crate::shell::mix::{MixSpec, Mixture};
 use crate::shell::rng::{self, Rng};
@@ -251,11 +252,10 @@ pub struct Sampler {
 impl Sampler {
     /// Validates `spec` for a dataset of `len` samples.
     pub fn new(len: usize, spec: SamplerSpec) -> Result<Self> {
-        if spec.batch_size == 0 {
-            return Err(Error::config("batch_size", "must be at least 1"));
-        }
-        if spec.world_size == 0 {
-            return Err(Error::config("world_size", "must be at least 1"));
+        check_positive("batch_size", spec.batch_size)?;
+        check_positive("world_size", spec.world_size)?;
+        if let Some(w) = spec.shard_window {
+            check_positive("shard_window", w)?;
         }
         if spec.rank >= spec.world_size {
             return Err(Error::config(
@@ -267,9 +267,6 @@ impl Sampler {
             return Err(Error::Dataset(format!("{len} samples: at most {} are supported", u32::MAX)));
         }
         let per_rank = if spec.drop_last { len / spec.world_size } else { len.div_ceil(spec.world_size) };
-        if spec.shard_window == Some(0) {
-            return Err(Error::config("shard_window", "must be at least 1"));
-        }
         Ok(Sampler { len, spec, per_rank, groups: None, mix: None })
     }
 
@@ -476,8 +473,14 @@ mod tests {
 
     #[test]
     fn bad_arguments_are_named() {
+        // The counts follow the rule of `args` (one message for a config made by hand and for
+        // a value given).
         let e = Sampler::new(10, spec(0, false, false, 0, 1)).unwrap_err();
-        assert!(e.to_string().contains("batch_size"), "{e}");
+        assert_eq!(e.to_string(), crate::args::values::check_positive("batch_size", 0).unwrap_err().to_string());
+        let e = Sampler::new(10, spec(2, false, false, 0, 0)).unwrap_err();
+        assert!(e.to_string().contains("`world_size`: must be at least 1, got 0"), "{e}");
+        let e = Sampler::new(10, SamplerSpec { shard_window: Some(0), ..spec(2, true, false, 0, 1) }).unwrap_err();
+        assert!(e.to_string().contains("`shard_window`: must be at least 1, got 0"), "{e}");
         let e = Sampler::new(10, spec(2, false, false, 3, 2)).unwrap_err();
         assert!(e.to_string().contains("rank"), "{e}");
     }

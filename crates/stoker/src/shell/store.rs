@@ -431,9 +431,26 @@ pub struct GroupKind {
     pub version: u32,
 }
 
-/// The counters a group keeps for the cache using it.
+/// The counters a group keeps for the cache using it: what this process's use of the group
+/// did, for every kind of entry.
 #[derive(Debug, Default)]
 pub struct GroupCounters {
+    /// Entries (samples, documents) served from the cache.
+    pub hits: AtomicU64,
+    /// Entries not in the cache, or that failed their checks (made anew).
+    pub misses: AtomicU64,
+    /// Entries this process stored.
+    pub stored: AtomicU64,
+    /// Bytes this process stored.
+    pub stored_bytes: AtomicU64,
+    /// Entry bytes read from the cache.
+    pub read_bytes: AtomicU64,
+    /// Entries not stored because the budget was used.
+    pub not_stored_budget: AtomicU64,
+    /// Entries that failed their checksums when read (served as misses).
+    pub verify_failures: AtomicU64,
+    /// Writes that failed (disk full, ...): the run went on.
+    pub write_errors: AtomicU64,
     /// Locks on shared files not obtained within [`LOCK_DEADLINE`].
     pub lock_timeouts: AtomicU64,
     /// Idle groups evicted or removed by this process.
@@ -447,10 +464,61 @@ pub struct GroupCounters {
 impl GroupCounters {
     /// Zeroes the counters.
     pub fn reset(&self) {
-        for a in [&self.lock_timeouts, &self.evicted_groups, &self.evicted_bytes, &self.held_by_others] {
+        for a in [
+            &self.hits,
+            &self.misses,
+            &self.stored,
+            &self.stored_bytes,
+            &self.read_bytes,
+            &self.not_stored_budget,
+            &self.verify_failures,
+            &self.write_errors,
+            &self.lock_timeouts,
+            &self.evicted_groups,
+            &self.evicted_bytes,
+            &self.held_by_others,
+        ] {
             a.store(0, Ordering::Relaxed);
         }
     }
+}
+
+/// What a cache group did in this process: the part of the `cache` field of a loader's report
+/// that every kind of cache has (a kind's report adds its own fields beside it).
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct GroupReport {
+    /// This dataset's group directory (`stoker cache clear` removes it when idle).
+    pub dir: String,
+    /// The cache root, shared by the groups of every dataset and kind.
+    pub root: String,
+    /// The byte budget (shared by every group under the root).
+    pub budget_bytes: u64,
+    /// Bytes stored in this group, by all processes.
+    pub used_bytes: u64,
+    /// Entries served from the cache (no decode, no read and tokenizing).
+    pub hits: u64,
+    /// Entries made anew (not in the cache, or an entry that failed its checks).
+    pub misses: u64,
+    /// Entries this process stored.
+    pub stored: u64,
+    /// Bytes this process stored (headers and records included).
+    pub stored_bytes: u64,
+    /// Entry bytes read from the cache.
+    pub read_bytes: u64,
+    /// Entries not stored because the budget was used (by this dataset or by groups in use).
+    pub not_stored_budget: u64,
+    /// Entries that failed their checksums when read (served as misses, rewritten).
+    pub verify_failures: u64,
+    /// Writes that failed (disk full, ...): the run went on.
+    pub write_errors: u64,
+    /// Locks on the cache's shared files not obtained within [`LOCK_DEADLINE`] (another
+    /// process held them): the entry was not stored.
+    pub lock_timeouts: u64,
+    /// Idle groups of other datasets this process evicted to make room (least recently used
+    /// first) or removed because their time to live had passed.
+    pub evicted_groups: u64,
+    /// Bytes those groups held.
+    pub evicted_bytes: u64,
 }
 
 /// A group joined by this process: its directory, the root's budget, and the locks.
@@ -647,6 +715,29 @@ impl Group {
     /// Bytes stored in this group by all processes.
     pub fn used(&self) -> u64 {
         read_u64(&self.usage)
+    }
+
+    /// What this process's use of the group did (see [`GroupReport`]).
+    pub fn report(&self) -> GroupReport {
+        let c = &self.counters;
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        GroupReport {
+            dir: self.dir.display().to_string(),
+            root: self.root.display().to_string(),
+            budget_bytes: self.budget,
+            used_bytes: self.used(),
+            hits: get(&c.hits),
+            misses: get(&c.misses),
+            stored: get(&c.stored),
+            stored_bytes: get(&c.stored_bytes),
+            read_bytes: get(&c.read_bytes),
+            not_stored_budget: get(&c.not_stored_budget),
+            verify_failures: get(&c.verify_failures),
+            write_errors: get(&c.write_errors),
+            lock_timeouts: get(&c.lock_timeouts),
+            evicted_groups: get(&c.evicted_groups),
+            evicted_bytes: get(&c.evicted_bytes),
+        }
     }
 
     /// Bytes held under the root by other groups.

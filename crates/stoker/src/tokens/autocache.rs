@@ -24,13 +24,13 @@ use super::corpus::DocSource;
 use super::docs::Format;
 use crate::error::{Error, Result};
 use crate::shell::store::{DatasetKey, StoreSpec};
-use crate::shell::store::{Group, GroupKind};
+use crate::shell::store::{Group, GroupKind, GroupReport};
 use std::collections::HashSet;
 use std::fs::File;
 use std::io::Write;
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Mutex, RwLock};
 
 /// The entry format version (the group kind's version).
@@ -81,55 +81,17 @@ struct Writer {
     pending: HashSet<u64>,
 }
 
-#[derive(Debug, Default)]
-struct Stats {
-    hits: AtomicU64,
-    misses: AtomicU64,
-    stored: AtomicU64,
-    stored_bytes: AtomicU64,
-    read_bytes: AtomicU64,
-    not_stored_budget: AtomicU64,
-    verify_failures: AtomicU64,
-    write_errors: AtomicU64,
-}
-
 /// What the token cache did: the `cache` field of the token loader's report.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct TokenCacheReport {
-    /// This dataset's group directory.
-    pub dir: String,
-    /// The cache root, shared with every other group (pixel groups included).
-    pub root: String,
-    /// The byte budget (shared by every group under the root).
-    pub budget_bytes: u64,
-    /// Bytes stored in this group by all processes.
-    pub used_bytes: u64,
+    /// What the group did (hits and misses are documents; stores, bytes, evictions, lock
+    /// time-outs).
+    #[serde(flatten)]
+    pub group: GroupReport,
     /// Documents of this dataset with tokens in the cache (as last read).
     pub documents_cached: u64,
     /// Documents of the dataset.
     pub documents: u64,
-    /// Documents whose tokens came from the cache (no read, no tokenizing).
-    pub hits: u64,
-    /// Documents read and tokenized.
-    pub misses: u64,
-    /// Documents this process stored.
-    pub stored: u64,
-    /// Bytes this process stored (records included).
-    pub stored_bytes: u64,
-    /// Token bytes read from the cache.
-    pub read_bytes: u64,
-    /// Documents not stored because the budget was used.
-    pub not_stored_budget: u64,
-    /// Cached documents whose tokens failed their hash (read and tokenized instead).
-    pub verify_failures: u64,
-    /// Batches of documents that could not be written (the run went on).
-    pub write_errors: u64,
-    /// Locks on the root not obtained in time (the batch was not stored).
-    pub lock_timeouts: u64,
-    /// Idle groups evicted by this process to make room, or past their time to live.
-    pub evicted_groups: u64,
-    /// Bytes those groups held.
-    pub evicted_bytes: u64,
 }
 
 /// The token cache of one loader: its group, the index of what is stored, the writer.
@@ -139,7 +101,6 @@ pub struct TokenCache {
     width: u8,
     index: RwLock<Index>,
     writer: Mutex<Writer>,
-    stats: Stats,
 }
 
 /// What decides the stored tokens: another value is another group.
@@ -208,7 +169,6 @@ impl TokenCache {
             width,
             index: RwLock::new(Index { locs: vec![NONE; n], segs: Vec::new(), cached: 0 }),
             writer: Mutex::default(),
-            stats: Stats::default(),
         };
         cache.refresh();
         Ok(cache)
@@ -289,7 +249,7 @@ impl TokenCache {
         let loc = usize::try_from(doc).ok().and_then(|d| ix.locs.get(d)).copied().unwrap_or(NONE);
         if loc.seg == u32::MAX {
             drop(ix);
-            self.stats.misses.fetch_add(1, Ordering::Relaxed);
+            self.group.counters.misses.fetch_add(1, Ordering::Relaxed);
             return false;
         }
         let n = loc.tokens as usize * self.width as usize;
@@ -299,12 +259,12 @@ impl TokenCache {
             && xxhash_rust::xxh3::xxh3_64(buf) == loc.sum;
         drop(ix);
         if ok {
-            self.stats.hits.fetch_add(1, Ordering::Relaxed);
-            self.stats.read_bytes.fetch_add(n as u64, Ordering::Relaxed);
+            self.group.counters.hits.fetch_add(1, Ordering::Relaxed);
+            self.group.counters.read_bytes.fetch_add(n as u64, Ordering::Relaxed);
             return true;
         }
-        self.stats.verify_failures.fetch_add(1, Ordering::Relaxed);
-        self.stats.misses.fetch_add(1, Ordering::Relaxed);
+        self.group.counters.verify_failures.fetch_add(1, Ordering::Relaxed);
+        self.group.counters.misses.fetch_add(1, Ordering::Relaxed);
         let mut ix = self.index.write().unwrap_or_else(|p| p.into_inner());
         if let Some(l) = ix.locs.get_mut(doc as usize) {
             *l = NONE;
@@ -361,7 +321,7 @@ impl TokenCache {
         match self.group.reserve(bytes) {
             Some(true) => {}
             Some(false) => {
-                self.stats.not_stored_budget.fetch_add(docs, Ordering::Relaxed);
+                self.group.counters.not_stored_budget.fetch_add(docs, Ordering::Relaxed);
                 return;
             }
             None => return, // counted in lock_timeouts
@@ -387,44 +347,23 @@ impl TokenCache {
         })();
         match written {
             Ok(_) => {
-                self.stats.stored.fetch_add(docs, Ordering::Relaxed);
-                self.stats.stored_bytes.fetch_add(bytes, Ordering::Relaxed);
+                self.group.counters.stored.fetch_add(docs, Ordering::Relaxed);
+                self.group.counters.stored_bytes.fetch_add(bytes, Ordering::Relaxed);
             }
             Err(_) => {
                 // A segment that failed part-way is abandoned: its records stay consistent with
                 // what reached its `.tok` (readers check every record against it).
                 w.seg = None;
                 self.group.unreserve(bytes);
-                self.stats.write_errors.fetch_add(1, Ordering::Relaxed);
+                self.group.counters.write_errors.fetch_add(1, Ordering::Relaxed);
             }
         }
     }
 
     /// The counters of this process.
     pub fn report(&self) -> TokenCacheReport {
-        let s = &self.stats;
-        let g = &self.group.counters;
-        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
         let ix = self.index.read().unwrap_or_else(|p| p.into_inner());
-        TokenCacheReport {
-            dir: self.group.dir().display().to_string(),
-            root: self.group.root().display().to_string(),
-            budget_bytes: self.group.budget(),
-            used_bytes: self.group.used(),
-            documents_cached: ix.cached,
-            documents: ix.locs.len() as u64,
-            hits: get(&s.hits),
-            misses: get(&s.misses),
-            stored: get(&s.stored),
-            stored_bytes: get(&s.stored_bytes),
-            read_bytes: get(&s.read_bytes),
-            not_stored_budget: get(&s.not_stored_budget),
-            verify_failures: get(&s.verify_failures),
-            write_errors: get(&s.write_errors),
-            lock_timeouts: get(&g.lock_timeouts),
-            evicted_groups: get(&g.evicted_groups),
-            evicted_bytes: get(&g.evicted_bytes),
-        }
+        TokenCacheReport { group: self.group.report(), documents_cached: ix.cached, documents: ix.locs.len() as u64 }
     }
 
     /// The group's directory.

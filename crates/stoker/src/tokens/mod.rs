@@ -41,7 +41,7 @@ pub mod tokenizer;
 
 pub use caption::{CaptionEncoder, CaptionOptions, Clean};
 pub use pipeline::{
-    expand_paths, format_of, Bottleneck, Elastic, PackMode, TokenBatch, TokenConfig, TokenFingerprint, TokenIter,
-    TokenLoader, TokenState, TokenStats,
+    expand_paths, format_of, Elastic, PackMode, TokenBatch, TokenConfig, TokenCounts, TokenFingerprint, TokenIter,
+    TokenLoader, TokenReport, TokenSection, TokenState, TokenStats,
 };
 pub use tokenizer::TextTokenizer;

@@ -16,7 +16,7 @@
 use crate::error::{Error, Result};
 use crate::image::decode::{sniff, DecodeOptions, Decoder, Format};
 use crate::image::ops::Resampler;
-use crate::observe::telemetry::Skipped;
+use crate::observe::report::Skipped;
 use crate::source::shards::{encode_index, index_path, partial_path, write_atomic, IndexEntry, Label};
 use crate::source::{tar, ImageFolder, ShardSource, Source};
 use std::path::{Path, PathBuf};

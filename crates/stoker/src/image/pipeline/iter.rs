@@ -73,7 +73,6 @@ pub struct ImageHooks {
 impl PassHooks for ImageHooks {
     fn shutdown(&self) {
         self.core.shutdown();
-        self.core.shared.telemetry.stop();
     }
 
     fn advanced(&self, next: usize) {
@@ -81,10 +80,10 @@ impl PassHooks for ImageHooks {
         self.core.shared.tuner.consumed(next);
     }
 
-    fn delivered(&self, samples: usize) {
-        let tel = &self.core.shared.telemetry;
-        tel.add_samples(samples);
-        self.core.shared.tuner.on_batch(tel);
+    /// Tells the tuner the load after each batch.
+    fn delivered(&self, _samples: usize) {
+        let sh = &self.core.shared;
+        sh.tuner.on_batch_load(sh.counters.load(&sh.telemetry));
     }
 
     /// Writes the trace file (a failure goes to stderr: the iteration has ended well).
@@ -105,6 +104,7 @@ impl Kind for Images {
     type Slot = Arc<Slot>;
     type Hooks = ImageHooks;
     type Batch = Batch;
+    type Section = ImageSection;
 
     fn start(self: &Arc<Self>, position: &Arc<Position>) -> Result<Started<Self>> {
         let from = position.start(&self.sampler);
@@ -127,6 +127,24 @@ impl Kind for Images {
 
     fn held(&self) -> usize {
         self.pool.held()
+    }
+
+    fn telemetry(&self) -> &Arc<Telemetry> {
+        &self.telemetry
+    }
+
+    /// The image stages (read on the I/O threads; decode and ops on the decode threads now
+    /// active), the decode warnings, restart decodes and the cache, the tuning, and the image
+    /// verdict.
+    fn report(&self) -> ImageReport {
+        let tuning = self.tuner.report();
+        let threads = tuning.threads_active;
+        let counters = &self.counters;
+        let stages = |wall| counters.stages(wall, threads, self.io_threads);
+        let mut r = self.telemetry.report(stages, counters.section(self.cache.as_ref().map(|c| c.report())));
+        r.bottleneck = Some(verdict(&r, threads, self.allowance));
+        r.tuning = Some(tuning);
+        r
     }
 
     /// Writes the trace, when there is one with events not yet in its file. A failure is
@@ -190,6 +208,5 @@ fn start(shared: Arc<Images>, state: Arc<Position>, from: Start) -> Result<Start
         run.spawn(format!("stoker-decode-{k}"), move || decode_loop(&sh, k, &cancel, epoch, rx, btx, done))?;
     }
     shared.tuner.consumed(start);
-    shared.telemetry.start();
     Ok(Started { pass, retire: core, epoch })
 }

@@ -105,6 +105,7 @@ impl Loader {
             plan,
             pool,
             telemetry: Arc::default(),
+            counters: ImageCounters::default(),
             tracer,
             threads,
             io_threads,
@@ -122,7 +123,7 @@ impl Loader {
     }
 
     /// Decode threads started (autotuned: the most that may take work; see
-    /// [`Report::tuning`] for how many do).
+    /// [`crate::observe::report::Report::tuning`] for how many do).
     pub fn threads(&self) -> usize {
         self.kind().threads
     }
@@ -167,20 +168,6 @@ impl Loader {
         self.kind().cache.as_ref()
     }
 
-    /// Telemetry since the loader was made (or last reset), with the bottleneck verdict.
-    pub fn report(&self) -> Report {
-        let tuning = self.kind().tuner.report();
-        let mut r = self.kind().telemetry.report(tuning.threads_active, self.kind().io_threads, self.kind().allowance);
-        r.cache = self.kind().cache.as_ref().map(|c| c.report());
-        r.tuning = Some(tuning);
-        r
-    }
-
-    /// The live counters (a transfer stage outside this crate records into them).
-    pub fn telemetry(&self) -> &Arc<Telemetry> {
-        &self.kind().telemetry
-    }
-
     /// The trace recorder, when tracing is on (a transfer stage outside this crate records
     /// into it).
     pub fn tracer(&self) -> Option<&Arc<Tracer>> {
@@ -202,9 +189,10 @@ impl Loader {
         write_trace(self.kind(), tracer, path)
     }
 
-    /// Zeroes the telemetry.
+    /// Zeroes the counters of the report.
     pub fn reset_report(&self) {
         self.kind().telemetry.reset();
+        self.kind().counters.reset();
         if let Some(c) = &self.kind().cache {
             c.reset();
         }

@@ -19,15 +19,18 @@
 //! its threads share, built from the config), `loader` (construction; epochs, resume, report),
 //! `stages` (the dispatcher, I/O and decode threads of a pass), `work` (one sample: decode or
 //! cache, ops, the write into its slot), `iter` (a pass: its threads, and the image kind's
-//! hooks on the shell's `Pass`: delivery, failure budget, stale iterators), `batch` (the
-//! delivered view of a buffer). Imports run one way: `loader` -> `iter` -> `stages` -> `work`
-//! -> `shared` -> `config`, and `iter` -> `batch`; no two files import each other.
+//! hooks on the shell's `Pass`: delivery, failure budget, stale iterators, its report),
+//! `batch` (the delivered view of a buffer), `report` (the image stages' counters, the
+//! report's image section and the image verdict). Imports run one way: `loader` -> `iter` ->
+//! `stages` -> `work` -> `shared` -> `report` and `config`, and `iter` -> `batch`; no two files
+//! import each other.
 //! Owns: running the image work. May not touch: sources' formats, CUDA, Python.
 
 mod batch;
 mod config;
 mod iter;
 mod loader;
+mod report;
 mod shared;
 mod stages;
 mod work;
@@ -36,12 +39,14 @@ pub use batch::{Batch, ImageMeta};
 pub use config::*;
 pub use iter::EpochIter;
 pub use loader::Loader;
+pub use report::{ImageCounters, ImageReport, ImageSection};
 pub use shared::dataset_key;
 
 use crate::error::{Error, Result};
 use crate::image::decode::{DecodeOptions, Decoder};
 use crate::image::ops::{DType, Layout, Resampler, TransformPlan, TransformSpec};
-use crate::observe::telemetry::{Report, Skipped, Telemetry};
+use crate::observe::report::Skipped;
+use crate::observe::telemetry::Telemetry;
 use crate::observe::trace::{Args as TraceArgs, TraceSpec, Tracer};
 use crate::shell::buffer::{BufferPool, HeapAllocator, HostAllocator, Slot};
 pub use crate::shell::pass::Next;
@@ -49,6 +54,7 @@ use crate::shell::rng::{self, Rng};
 use crate::shell::sampler::{Fingerprint, Position, Sampler, SamplerSpec, Start};
 use crate::source::Source;
 use crossbeam_channel::{bounded, Receiver, Sender};
+use report::verdict;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};

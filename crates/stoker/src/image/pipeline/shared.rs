@@ -1,7 +1,8 @@
 //! [`Images`]: what a loader and the threads of its passes share (source, sampler, plan,
 //! pool, telemetry, cache, tuner, scratch kept between epochs), the unit of per-sample work
 //! ([`Task`]), and the helpers every file of the pipeline needs (the trace file, the dataset's
-//! hash). It imports no other file of the pipeline but `config`; the files import it.
+//! hash). It imports no other file of the pipeline but `config` and `report`; the files import
+//! it.
 
 use super::*;
 
@@ -11,7 +12,10 @@ pub struct Images {
     pub(super) sampler: Sampler,
     pub(super) plan: TransformPlan,
     pub(super) pool: BufferPool,
+    /// The shell's counters (buffer wait, consumer, samples, skipped, device, transfer).
     pub(super) telemetry: Arc<Telemetry>,
+    /// The image stages' counters.
+    pub(super) counters: ImageCounters,
     /// The trace recorder, when tracing is on (checked once per event site).
     pub(super) tracer: Option<Arc<Tracer>>,
     pub(super) threads: usize,

@@ -87,7 +87,7 @@ pub(super) fn io_loop(
             continue;
         };
         let t0 = Instant::now();
-        sh.telemetry.read.add_wait(t0 - t_wait);
+        sh.counters.read.add_wait(t0 - t_wait);
         let hw = sh.read_high_water.load(Ordering::Relaxed);
         if buf.capacity() < hw {
             buf.reserve_exact(hw - buf.len());
@@ -95,7 +95,7 @@ pub(super) fn io_loop(
         let read = sh.source.read(task.slot.index(task.pos) as usize, &mut buf, sh.max_file_bytes);
         sh.read_high_water.fetch_max(buf.capacity(), Ordering::Relaxed);
         let t1 = Instant::now();
-        sh.telemetry.read.record(t1 - t0);
+        sh.counters.read.record(t1 - t0);
         if let Some(t) = &sh.tracer {
             t.span("read", "sample", t0, t1, sample_args(&task));
         }
@@ -142,7 +142,7 @@ pub(super) fn decode_loop(
             sh.stash.lock().expect("stash lock").workers.push((decoder, resampler));
             return;
         };
-        sh.telemetry.decode.add_wait(t_wait.elapsed());
+        sh.counters.decode.add_wait(t_wait.elapsed());
         let Work { task, bytes: buf, read } = w;
         if cancel.load(Ordering::Acquire) {
             let _ = bytes.send(buf);
@@ -166,8 +166,8 @@ pub(super) fn decode_loop(
                 )))
             })
         });
-        sh.telemetry.add_decode_warnings(decoder.take_warnings());
-        sh.telemetry.add_restart_decodes(decoder.take_restart_decodes());
+        sh.counters.add_decode_warnings(decoder.take_warnings());
+        sh.counters.add_restart_decodes(decoder.take_restart_decodes());
         let _ = bytes.send(buf);
         match result {
             Ok(label) => complete(sh, task, Some(label), &done),

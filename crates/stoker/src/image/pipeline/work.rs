@@ -45,14 +45,14 @@ pub(super) fn finish(
     g: &crate::image::ops::Geometry,
 ) -> Result<i64> {
     let t1 = Instant::now();
-    sh.telemetry.decode.record(t1 - t0);
+    sh.counters.decode.record(t1 - t0);
     let (oh, ow) = sh.plan.output_size();
     let hwc = rs.resample(pixels, size.0, size.1, bbox, g.hard, g.dst, ow, oh)?;
     // SAFETY: this worker owns position `task.pos` of the slot until `complete` is called.
     let out = unsafe { task.slot.sample_mut(task.pos) };
     sh.plan.write(hwc, g.flip, out);
     let t2 = Instant::now();
-    sh.telemetry.ops.record(t2 - t1);
+    sh.counters.ops.record(t2 - t1);
     if let Some(t) = &sh.tracer {
         t.span(got, "sample", t0, t1, sample_args(task));
         t.span("ops", "sample", t1, t2, sample_args(task));

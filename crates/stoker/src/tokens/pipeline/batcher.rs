@@ -65,7 +65,9 @@ pub(super) fn pack_batches(
     let mut segments: Vec<u32> = Vec::with_capacity(len + 1);
     let mut batch = first_batch as usize;
     loop {
+        let t0 = Instant::now();
         let Some(slot) = take_free(&sh.pool.free_rx, cancel) else { return };
+        sh.telemetry.buffers.record_wait(t0.elapsed());
         let t0 = Instant::now();
         let mut rows = 0;
         let mut cu_len = 1;

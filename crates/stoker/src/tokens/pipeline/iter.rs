@@ -7,8 +7,10 @@ use super::batcher::pack_batches;
 use super::shared::Tokens;
 use super::slot::TokenSlot;
 use super::state::TokenPosition;
+use super::stats::{TokenReport, TokenSection, TokenizerReport};
 use super::tokenize::spawn_tokenizing;
 use crate::error::Result;
+use crate::observe::telemetry::Telemetry;
 use crate::shell::epochs::Retire;
 use crate::shell::kind::{Delivery, Iter, Kind, Loader, Started};
 use crate::shell::ordered::Run;
@@ -46,6 +48,7 @@ impl Kind for Tokens {
     type Slot = Arc<TokenSlot>;
     type Hooks = TokenHooks;
     type Batch = TokenBatch;
+    type Section = TokenSection;
 
     /// Starts the reader, tokenizer and packer threads from the position: the current epoch
     /// from its first batch, or a restored position.
@@ -103,6 +106,35 @@ impl Kind for Tokens {
 
     fn held(&self) -> usize {
         self.pool.held()
+    }
+
+    fn telemetry(&self) -> &Arc<Telemetry> {
+        &self.telemetry
+    }
+
+    /// The token stages (read, tokenize on the threads now active, pack), the counters with
+    /// the `tokenizer` (its file, the `engine` that runs it: stoker's byte-level BPE or
+    /// `tokenizers`, and why) and the token cache, the tuning, and the token verdict over the
+    /// passes' wall time (`None` before the first iteration).
+    fn report(&self) -> TokenReport {
+        let threads = self.tuner.threads_active();
+        let consumer_wait = self.telemetry.consumer.wait_ns() as f64 / 1e9;
+        let tokenizer = self.tokenizer.as_ref().map(|t| {
+            let (engine, why) = t.engine();
+            TokenizerReport { path: t.origin.clone(), engine, why: why.to_string() }
+        });
+        let section = TokenSection {
+            counts: self.stats.counts(consumer_wait),
+            tokenizer,
+            cache: self.autocache.as_ref().map(|c| c.report()),
+        };
+        let mut r = self.telemetry.report(|wall| self.stats.stages(wall, threads), section);
+        if self.stats.started.get().is_some() {
+            let tokenizes = self.tokenizer.is_some();
+            r.bottleneck = Some(self.stats.bottleneck(r.wall_seconds, threads, tokenizes, consumer_wait));
+        }
+        r.tuning = Some(self.tuner.report());
+        r
     }
 
     /// Writes the trace, when there is one with events not yet in its file (a failure goes to

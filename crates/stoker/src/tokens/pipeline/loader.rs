@@ -203,32 +203,6 @@ impl Loader<Tokens> {
         vec![values * 4, values * 4, values * 4, (values + bs + 1) * 4, bs * 4]
     }
 
-    /// The counters ([`TokenStats::to_json`]) with the `tokenizer` (its file, the `engine` that
-    /// runs it: stoker's byte-level BPE or `tokenizers`, and why), `wall_seconds` (since the
-    /// first iteration started) and the `bottleneck` over that time (absent before any
-    /// iteration).
-    pub fn report(&self) -> serde_json::Value {
-        let stats = self.stats();
-        let waited = self.consumer_wait();
-        let mut v = stats.to_json(waited);
-        if let Some(t) = self.tokenizer() {
-            let (engine, why) = t.engine();
-            v["tokenizer"] = serde_json::json!({"path": t.origin, "engine": engine, "why": why});
-        }
-        if let Some(c) = &self.kind().autocache {
-            v["cache"] = serde_json::to_value(c.report()).unwrap_or_default();
-        }
-        v["tuning"] = serde_json::to_value(self.kind().tuner.report()).unwrap_or_default();
-        if let Some(t) = stats.started.get() {
-            let wall = t.elapsed().as_secs_f64();
-            v["wall_seconds"] = serde_json::json!(wall);
-            let threads = self.kind().tuner.threads_active();
-            let verdict = stats.bottleneck(wall, threads, self.tokenizer().is_some(), waited);
-            v["bottleneck"] = serde_json::to_value(verdict).unwrap_or_default();
-        }
-        v
-    }
-
     /// Seconds the consumer has waited for batches (the shell's consumer counters).
     pub fn consumer_wait(&self) -> f64 {
         self.kind().telemetry.consumer.wait_ns() as f64 / 1e9

@@ -20,6 +20,8 @@ use super::shared::Tokens;
 use super::slot::TokenSlot;
 use super::state::TokenState;
 use crate::error::{Error, Result};
+use crate::observe::report::{keeps_up, percent, Bottleneck, Report, Section, StageReport};
+use crate::observe::telemetry::Telemetry;
 use crate::shell::buffer::HostAllocator;
 use crate::shell::epochs::Retire;
 use crate::shell::kind::{Delivery, Iter, Kind, Loader, Started};
@@ -252,50 +254,6 @@ impl Loader<TokenMix> {
             "rank": c.rank, "world_size": c.world_size,
         })
     }
-
-    /// Rows delivered per source, with each source's share and its loader's counters, and the
-    /// source whose rows cost the most time (what starves the mixture when the consumer waits).
-    pub fn report(&self) -> serde_json::Value {
-        let k = self.kind();
-        let total: u64 = k.delivered.iter().map(|d| d.load(Ordering::Relaxed)).sum();
-        let mut cost = vec![];
-        let sources: Vec<serde_json::Value> = k
-            .spec
-            .parts
-            .iter()
-            .enumerate()
-            .map(|(d, p)| {
-                let rows = k.delivered[d].load(Ordering::Relaxed);
-                let sub = &k.subs[d];
-                let st = sub.stats();
-                let secs = |a: &AtomicU64| a.load(Ordering::Relaxed) as f64 / 1e9;
-                // Time per row of this source: reading and packing, and tokenizing over its threads.
-                let made = st.rows.load(Ordering::Relaxed).max(1) as f64;
-                let per_row =
-                    (secs(&st.read_ns) + secs(&st.pack_ns) + secs(&st.tokenize_ns) / sub.threads().max(1) as f64)
-                        / made;
-                cost.push(per_row * k.schedule.weights().share(d));
-                serde_json::json!({
-                    "name": p.name, "weight": p.weight, "share": k.schedule.weights().share(d), "rows": rows,
-                    "row_share": if total > 0 { rows as f64 / total as f64 } else { 0.0 },
-                    "seconds_per_row": per_row, "stats": st.to_json(0.0),
-                })
-            })
-            .collect();
-        let slowest = cost.iter().enumerate().max_by(|a, b| a.1.total_cmp(b.1)).map(|(d, _)| d).unwrap_or(0);
-        let all: f64 = cost.iter().sum();
-        serde_json::json!({
-            "rows": total,
-            "sources": sources,
-            "slowest": {
-                "source": k.spec.parts[slowest].name,
-                "time_share": if all > 0.0 { cost[slowest] / all } else { 0.0 },
-                "advice": "when the consumer waits, this source's rows take the most time: give it faster storage, \
-                           tokenize it once (`stoker tokenize`), or more threads",
-            },
-            "consumer_wait_seconds": k.host.kind().telemetry.consumer.wait_ns() as f64 / 1e9,
-        })
-    }
 }
 
 impl TokenMix {
@@ -316,6 +274,7 @@ impl Kind for TokenMix {
     type Slot = Arc<TokenSlot>;
     type Hooks = MixHooks;
     type Batch = TokenBatch;
+    type Section = MixSection;
 
     fn start(self: &Arc<Self>, position: &Arc<MixPosition>) -> Result<Started<Self>> {
         let seed = self.host.config().seed;
@@ -366,6 +325,134 @@ impl Kind for TokenMix {
 
     fn held(&self) -> usize {
         self.host.kind().pool.held()
+    }
+
+    fn telemetry(&self) -> &Arc<Telemetry> {
+        &self.host.kind().telemetry
+    }
+
+    /// A stage per source (its loader's reading, tokenizing and packing, over its rows), each
+    /// source's rows against its share, and the verdict: the consumer when it hardly waited,
+    /// else the source whose rows take the most of the sources' time (what starves the mixture).
+    fn report(&self) -> Report<MixSection> {
+        let total: u64 = self.delivered.iter().map(|d| d.load(Ordering::Relaxed)).sum();
+        let sources: Vec<MixSourceReport> = self
+            .spec
+            .parts
+            .iter()
+            .enumerate()
+            .map(|(d, p)| {
+                let sub = &self.subs[d];
+                let st = sub.stats();
+                let secs = |a: &AtomicU64| a.load(Ordering::Relaxed) as f64 / 1e9;
+                let busy = secs(&st.read_ns) + secs(&st.pack_ns) + secs(&st.tokenize_ns) / sub.threads().max(1) as f64;
+                let rows = self.delivered[d].load(Ordering::Relaxed);
+                MixSourceReport {
+                    name: p.name.clone(),
+                    weight: p.weight,
+                    share: self.schedule.weights().share(d),
+                    rows,
+                    row_share: if total > 0 { rows as f64 / total as f64 } else { 0.0 },
+                    busy_seconds: busy,
+                    seconds_per_row: busy / st.rows.load(Ordering::Relaxed).max(1) as f64,
+                    counts: st.counts(0.0),
+                }
+            })
+            .collect();
+        let section = MixSection { sources: sources.clone() };
+        let stages = |wall: f64| {
+            sources
+                .iter()
+                .zip(&self.subs)
+                .map(|(s, sub)| StageReport {
+                    name: format!("source {}", s.name),
+                    threads: sub.threads(),
+                    items: s.rows,
+                    busy_seconds: s.busy_seconds,
+                    wait_seconds: 0.0,
+                    utilization: if wall > 0.0 { s.busy_seconds / wall } else { 0.0 },
+                })
+                .collect()
+        };
+        let verdict = starved_by(&sources);
+        let mut r = self.telemetry().report(stages, section);
+        if total > 0 {
+            r.bottleneck = Some(keeps_up(r.starvation).unwrap_or(verdict));
+        }
+        r
+    }
+}
+
+/// One source of a token mixture in its report.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct MixSourceReport {
+    /// Its name.
+    pub name: String,
+    /// Its weight as given.
+    pub weight: f64,
+    /// Its share of the rows (the schedule's).
+    pub share: f64,
+    /// Rows of it delivered.
+    pub rows: u64,
+    /// Its share of the rows delivered.
+    pub row_share: f64,
+    /// Seconds its loader was busy: reading and packing, and tokenizing per thread.
+    pub busy_seconds: f64,
+    /// Of those, per row it made.
+    pub seconds_per_row: f64,
+    /// Its loader's counters (documents, tokens, padding, seconds per stage).
+    pub counts: super::stats::TokenCounts,
+}
+
+/// What a token mixture adds to its report: each source's rows against its share.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct MixSection {
+    /// The sources, in the order of their ids.
+    pub sources: Vec<MixSourceReport>,
+}
+
+impl Section for MixSection {
+    fn items(&self) -> &'static str {
+        "rows"
+    }
+
+    fn text(&self) -> String {
+        self.sources
+            .iter()
+            .map(|s| {
+                format!(
+                    "source {}: {} rows ({:.1}% of rows, share {:.1}%), {:.2} ms per row\n",
+                    s.name,
+                    s.rows,
+                    s.row_share * 100.0,
+                    s.share * 100.0,
+                    s.seconds_per_row * 1e3
+                )
+            })
+            .collect()
+    }
+}
+
+/// The source whose rows take the most of the sources' time: its cost per row times its share.
+fn starved_by(sources: &[MixSourceReport]) -> Bottleneck {
+    let cost: Vec<f64> = sources.iter().map(|s| s.seconds_per_row * s.share).collect();
+    let all: f64 = cost.iter().sum();
+    let d = cost.iter().enumerate().max_by(|a, b| a.1.total_cmp(b.1)).map_or(0, |(d, _)| d);
+    let s = &sources[d];
+    Bottleneck {
+        stage: format!("source {}", s.name),
+        reason: format!(
+            "the rows of '{}' take {} of the sources' time ({:.2} ms per row for {} of the rows)",
+            s.name,
+            percent(if all > 0.0 { cost[d] / all } else { 0.0 }),
+            s.seconds_per_row * 1e3,
+            percent(s.share)
+        ),
+        suggestion: format!(
+            "speed up '{}': tokenize it once (`stoker tokenize`, then mix the token files), faster storage, \
+             or more threads",
+            s.name
+        ),
     }
 }
 

@@ -13,8 +13,8 @@
 //! the thread count; the packer sees documents in order, so batches do not depend on it.
 //!
 //! Files, in the order data flows: `config` (what a user sets), `state` (saved states, elastic
-//! bases, fingerprints), `order` (each epoch's document order per rank), `stats` (counters and
-//! the verdict), `slot` (a pooled batch buffer), `shared` (what a loader and its threads share),
+//! bases, fingerprints), `order` (each epoch's document order per rank), `stats` (counters, the
+//! report's token section and the verdict), `slot` (a pooled batch buffer), `shared` (what a loader and its threads share),
 //! `read`, `tokenize`, `batcher` (the three threads), `batch` and `iter` (what the consumer
 //! gets), `loader` (construction, epochs, the start of a pass) and `elastic` (resuming another
 //! number of ranks); `mix` and `mix_state` (a weighted mixture of token loaders, row by row,
@@ -42,9 +42,9 @@ mod tokenize;
 pub use batch::{TokenBatch, TokenMeta};
 pub use config::{expand_paths, format_of, PackMode, TokenConfig, TokenMixture};
 pub use iter::{TokenHooks, TokenIter, TokenLoader};
-pub use mix::{MixHooks, TokenMix, TokenMixIter, TokenMixLoader};
+pub use mix::{MixHooks, MixSection, MixSourceReport, TokenMix, TokenMixIter, TokenMixLoader};
 pub use mix_state::{MixPosition, MixState};
 pub use shared::Tokens;
 pub use slot::TokenSlot;
 pub use state::{Elastic, TokenFingerprint, TokenPosition, TokenState};
-pub use stats::{Bottleneck, TokenStats};
+pub use stats::{TokenCounts, TokenReport, TokenSeconds, TokenSection, TokenStats, TokenizerReport};

@@ -1,0 +1,273 @@
+//! The image kind's part of its report: the counters its threads record ([`ImageCounters`]:
+//! read, decode, ops, decode warnings, restart decodes; plain atomics, as cheap as before),
+//! its typed [`ImageSection`] (decode warnings, restart decodes, the pixel cache) and its
+//! bottleneck verdict. It imports no file of the pipeline; `shared` keeps the counters.
+
+use crate::image::cache::CacheReport;
+use crate::observe::report::{keeps_up, percent, Bottleneck, Report, Section, StageReport};
+use crate::observe::telemetry::{StageCounters, Telemetry};
+use crate::observe::tune::Load;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// The report of an image loader.
+pub type ImageReport = Report<ImageSection>;
+
+/// The counters of the image stages, recorded by the loader's threads.
+#[derive(Debug, Default)]
+pub struct ImageCounters {
+    /// Reading bytes from storage.
+    pub read: StageCounters,
+    /// Decoding (header, entropy decode, IDCT, colour conversion).
+    pub decode: StageCounters,
+    /// Resampling and writing the slot (flip, normalise, dtype, layout).
+    pub ops: StageCounters,
+    decode_warnings: AtomicU64,
+    restart_decodes: AtomicU64,
+}
+
+impl ImageCounters {
+    /// Counts `n` images decoded despite a libjpeg warning (see
+    /// [`ImageSection::decode_warnings`]).
+    pub fn add_decode_warnings(&self, n: u64) {
+        if n > 0 {
+            self.decode_warnings.fetch_add(n, Ordering::Relaxed);
+        }
+    }
+
+    /// Counts `n` JPEGs decoded from their restart intervals alone (see
+    /// [`ImageSection::restart_decodes`]).
+    pub fn add_restart_decodes(&self, n: u64) {
+        if n > 0 {
+            self.restart_decodes.fetch_add(n, Ordering::Relaxed);
+        }
+    }
+
+    /// Zeroes every counter.
+    pub fn reset(&self) {
+        for s in [&self.read, &self.decode, &self.ops] {
+            s.reset();
+        }
+        self.decode_warnings.store(0, Ordering::Relaxed);
+        self.restart_decodes.store(0, Ordering::Relaxed);
+    }
+
+    /// The image stages over `wall` seconds: `read` on `io_threads`, `decode` and `ops` on
+    /// `threads`.
+    pub fn stages(&self, wall: f64, threads: usize, io_threads: usize) -> Vec<StageReport> {
+        vec![
+            self.read.snapshot("read", io_threads, wall),
+            self.decode.snapshot("decode", threads, wall),
+            self.ops.snapshot("ops", threads, wall),
+        ]
+    }
+
+    /// The section, with the pixel cache's report when the loader has a cache.
+    pub fn section(&self, cache: Option<CacheReport>) -> ImageSection {
+        ImageSection {
+            decode_warnings: self.decode_warnings.load(Ordering::Relaxed),
+            restart_decodes: self.restart_decodes.load(Ordering::Relaxed),
+            cache,
+        }
+    }
+
+    /// The load the tuner weighs after each batch: the consumer's, and the decode and ops
+    /// stages' busy time (the tuned workers).
+    pub fn load(&self, tel: &Telemetry) -> Load {
+        Load {
+            consumer_wait_ns: tel.consumer.wait_ns(),
+            consumer_busy_ns: tel.consumer.busy_ns(),
+            worker_busy_ns: self.decode.busy_ns() + self.ops.busy_ns(),
+        }
+    }
+}
+
+/// The image kind's section of its report.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct ImageSection {
+    /// Images decoded and delivered despite a libjpeg warning (corrupt data that libjpeg
+    /// recovered from, in the header or the scan data: Pillow and torchvision load them too).
+    pub decode_warnings: u64,
+    /// JPEGs whose crop was decoded from the restart intervals it touches alone (files packed
+    /// with `stoker pack --random-access`, or with tiling restart markers from their source).
+    pub restart_decodes: u64,
+    /// The decoded-pixel cache's counters, when the loader has one.
+    pub cache: Option<CacheReport>,
+}
+
+impl Section for ImageSection {
+    /// The cache's lines, and the images decoded despite warnings.
+    fn text(&self) -> String {
+        let mut s = String::new();
+        if let Some(c) = &self.cache {
+            let g = &c.group;
+            let mib = |b: u64| b as f64 / (1 << 20) as f64;
+            s.push_str(&format!(
+                "cache {}: {} hits, {} misses; stored {} ({:.1} MiB, {} over budget), read {:.1} MiB; \
+                 used {:.1} of {:.1} MiB; decode time saved {:.2} s (lookups {:.2} s, fills {:.2} s)\n",
+                g.dir,
+                g.hits,
+                g.misses,
+                g.stored,
+                mib(g.stored_bytes),
+                g.not_stored_budget,
+                mib(g.read_bytes),
+                mib(g.used_bytes),
+                mib(g.budget_bytes),
+                c.decode_seconds_saved,
+                c.lookup_seconds,
+                c.fill_seconds
+            ));
+            if c.held_by_others_bytes > 0 && g.not_stored_budget > 0 {
+                s.push_str(&format!(
+                    "  cache budget: {:.1} MiB of it held by other datasets in use under {} (not evictable while \
+                     they run); {} misses not stored. `stoker cache --dir {}` lists them\n",
+                    mib(c.held_by_others_bytes),
+                    g.root,
+                    g.not_stored_budget,
+                    g.root
+                ));
+            }
+            if g.evicted_groups > 0 {
+                s.push_str(&format!(
+                    "  cache: {} idle group(s) of other datasets removed ({:.1} MiB) to make room or past their \
+                     time to live\n",
+                    g.evicted_groups,
+                    mib(g.evicted_bytes)
+                ));
+            }
+            if g.verify_failures > 0 || g.lock_timeouts > 0 {
+                s.push_str(&format!(
+                    "  cache: {} entries failed their pixel checksums (decoded and rewritten); {} lock waits timed \
+                     out (entries not stored)\n",
+                    g.verify_failures, g.lock_timeouts
+                ));
+            }
+        }
+        if self.decode_warnings > 0 {
+            s.push_str(&format!(
+                "decoded {} image(s) despite libjpeg warnings (corrupt data libjpeg recovered from)\n",
+                self.decode_warnings
+            ));
+        }
+        s
+    }
+}
+
+/// The image verdict over a report: the consumer (the loader keeps up), the bus, storage,
+/// buffers, decode or ops; `threads` work now of the `allowance`.
+pub(super) fn verdict(r: &ImageReport, threads: usize, allowance: usize) -> Bottleneck {
+    if let Some(b) = keeps_up(r.starvation) {
+        return b;
+    }
+    let stage = |name: &str| r.stage(name).cloned().unwrap_or_default();
+    let (read, decode, ops, buffers) = (stage("read"), stage("decode"), stage("ops"), stage("buffer wait"));
+    let pct = percent;
+    let worker_util = decode.utilization + ops.utilization;
+    if let Some(t) = r.stage("transfer").filter(|t| t.utilization > 0.7) {
+        return Bottleneck {
+            stage: "transfer".into(),
+            reason: format!(
+                "bus-bound: host-to-device copies keep the bus {} busy while decode threads are {} busy",
+                pct(t.utilization),
+                pct(worker_util)
+            ),
+            suggestion: "send uint8 over the bus (dtype uint8 or a GPU-normalised preset), smaller crops, \
+                         or check the PCIe link with `stoker doctor`"
+                .into(),
+        };
+    }
+    if read.utilization > 0.7 && worker_util < 0.7 {
+        return Bottleneck {
+            stage: "storage".into(),
+            reason: format!(
+                "reads keep {} I/O threads {} busy while decode threads are only {} busy",
+                read.threads,
+                pct(read.utilization),
+                pct(worker_util)
+            ),
+            suggestion: "raise io_threads, use faster storage, or pack small files into shards".into(),
+        };
+    }
+    if worker_util < 0.5 && buffers.wait_seconds > 0.25 * decode.busy_seconds.max(1e-9) {
+        return Bottleneck {
+            stage: "buffers".into(),
+            reason: "the scheduler often waits for a free batch buffer while workers idle".into(),
+            suggestion: "raise prefetch or memory_limit, or release batches sooner".into(),
+        };
+    }
+    let more = if threads < allowance {
+        format!("raise threads (now {threads}, allowance {allowance})")
+    } else {
+        format!("all {threads} allowed CPUs are used: give the job more CPUs")
+    };
+    if decode.busy_seconds >= ops.busy_seconds {
+        Bottleneck {
+            stage: "decode".into(),
+            reason: format!(
+                "decode-bound: decode takes {} of worker time, threads are {} busy",
+                pct(decode.busy_seconds / (decode.busy_seconds + ops.busy_seconds).max(1e-9)),
+                pct(worker_util)
+            ),
+            suggestion: format!(
+                "{more}, or pre-resized shards (`stoker pack --max-side 512`: smaller JPEGs decode faster)"
+            ),
+        }
+    } else {
+        Bottleneck {
+            stage: "ops".into(),
+            reason: format!(
+                "ops-bound: resize/normalise take {} of worker time, threads are {} busy",
+                pct(ops.busy_seconds / (decode.busy_seconds + ops.busy_seconds).max(1e-9)),
+                pct(worker_util)
+            ),
+            suggestion: format!("{more}, output uint8 and normalise on the GPU, or pre-resize images"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    /// An image report over `wall`-second counters with the consumer waiting `waited` of 10 s.
+    fn report(c: &ImageCounters, waited: u64) -> ImageReport {
+        let tel = Telemetry::default();
+        tel.consumer.add_busy(Duration::from_secs(10 - waited));
+        tel.consumer.add_wait(Duration::from_secs(waited));
+        tel.start();
+        tel.stop();
+        let mut r = tel.report(|_| c.stages(10.0, 2, 1), c.section(None));
+        // The counters' stages over 10 s, whatever the real clock said.
+        for s in &mut r.stages {
+            s.utilization = s.busy_seconds / (10.0 * s.threads as f64);
+        }
+        r
+    }
+
+    #[test]
+    fn the_image_section_keeps_its_keys_and_the_verdict_its_meaning() {
+        let c = ImageCounters::default();
+        c.add_decode_warnings(2);
+        c.add_restart_decodes(5);
+        c.decode.record(Duration::from_secs(15));
+        c.ops.record(Duration::from_secs(3));
+        let r = report(&c, 6);
+        let v = serde_json::to_value(&r).unwrap();
+        assert_eq!((v["decode_warnings"].as_u64(), v["restart_decodes"].as_u64()), (Some(2), Some(5)));
+        assert!(v["cache"].is_null() && v.get("kind").is_none(), "flattened: {v}");
+        let names: Vec<&str> = r.stages.iter().map(|s| s.name.as_str()).collect();
+        assert_eq!(names, ["read", "decode", "ops", "buffer wait", "consumer"]);
+        // Decode holds 15 of 18 s of worker time, with 2 of 4 allowed threads.
+        let b = verdict(&r, 2, 4);
+        assert_eq!(b.stage, "decode");
+        assert!(b.suggestion.starts_with("raise threads (now 2, allowance 4)"), "{}", b.suggestion);
+        // A consumer that hardly waits is the limit.
+        assert_eq!(verdict(&report(&c, 0), 2, 4).stage, "consumer");
+        // Reads busy on their one thread while the workers idle: storage.
+        let io = ImageCounters::default();
+        io.read.record(Duration::from_secs(9));
+        assert_eq!(verdict(&report(&io, 6), 2, 4).stage, "storage");
+        assert!(r.to_text().contains("decoded 2 image(s) despite libjpeg warnings"));
+    }
+}
