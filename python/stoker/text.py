@@ -235,7 +235,8 @@ class TokenLoader(LoaderBase):
         documents, dropped tail tokens, rows, bytes read, seconds per stage. A mixture's are
         per source: ``{name: counters}``."""
         if self._mixture is not None:
-            return {s["name"]: s["counts"] for s in self.report()["sources"]}
+            report = self.report()
+            return {s["name"]: c for s, c in zip(report["mixture"]["sources"], report["counts"])}
         stats: dict[str, Any] = json.loads(self._loader().stats_json())
         return stats
 
@@ -245,9 +246,10 @@ class TokenLoader(LoaderBase):
         ``{stage, reason, suggestion}``, names the stage that limits the rate (``consumer`` when
         the training step does: the loader keeps up; ``read``, ``tokenize``, ``pack``, or
         ``handover`` for batches too small) and what to change; it is ``None`` before the first
-        iteration. A mixture's report has a stage per source (``source NAME``), ``sources``
-        (each one's rows against its share, and its counters) and a ``bottleneck`` that names the
-        source whose rows take the most time when the consumer waits."""
+        iteration. A mixture's report has a stage per source (``source NAME``), ``mixture``
+        (each source's rows against its share, and its time per row), ``counts`` (each source's
+        counters) and a ``bottleneck`` that names the source whose rows take the most time when
+        the consumer waits."""
         return super().report()
 
     @property

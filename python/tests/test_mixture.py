@@ -45,6 +45,13 @@ def test_a_mixture_has_exact_shares_and_each_sources_own_pixels_and_labels(demo,
             np.testing.assert_array_equal(images[k], reference[0][i])
             assert labels[k] == reference[1][i] + (0 if s == 0 else 7)
     assert counts.tolist() == [18, 54]
+    report = loader.report()
+    sources = report["mixture"]["sources"]
+    # Over the loader's life: the raw pass that took the indices, and this one.
+    assert [s["items"] for s in sources] == [36, 108] and [s["share"] for s in sources] == [0.25, 0.75]
+    assert all(s["seconds_per_item"] > 0 for s in sources)
+    assert "source b: 108 samples (75.0%, share 75.0%)" in loader.report_text()
+    assert stoker.ImageLoader(demo, BS, preset="imagenet-val").report()["mixture"] is None
 
 
 def test_resume_at_every_batch_gives_the_rest_of_the_epoch(demo):
@@ -144,6 +151,7 @@ def test_an_array_mixture_gathers_each_sources_rows_with_exact_shares(tmp_path):
             assert abs(counts[1] - 0.7 * n) < 1, counts
             per_pass[src].append(int(v))
     assert counts.tolist() == [90, 210]
+    assert [s["items"] for s in loader.report()["mixture"]["sources"]] == [90, 210]
     # b (50 rows) was read 4.2 times: each full pass is a permutation, each a new one.
     passes = [per_pass[1][k:k + 50] for k in range(0, 200, 50)]
     assert all(sorted(p) == list(range(1000, 1050)) for p in passes)

@@ -1,14 +1,11 @@
-//! The caption encoder's rule book: `context_length`, `pad_id` and `clean` ([`caption_options`]),
-//! and the same limits on options made by hand ([`check_caption_options`], which
-//! [`crate::tokens::CaptionEncoder::new`] runs with its tokenizer's vocabulary).
+//! The caption encoder's rule book: `context_length`, `pad_id` and `clean` ([`caption_options`]);
+//! their limits are [`check_caption_values`], which [`crate::tokens::CaptionEncoder::new`] also
+//! runs on options made by hand, with its tokenizer's vocabulary.
 
-use super::values::{shown, text, unsigned};
+use super::values::{check_caption_values, shown, text, unsigned, MAX_CONTEXT_LENGTH};
 use crate::error::{Error, Result};
 use crate::tokens::{CaptionOptions, Clean};
 use serde_json::Value;
-
-/// The longest caption row: 65,536 ids (CLIP's is 77; long-caption models use a few hundred).
-pub const MAX_CONTEXT_LENGTH: usize = 1 << 16;
 
 /// [`CaptionOptions`] from the values given (`None`: not given): `context_length` (an integer
 /// from 2, the start and end of text, to [`MAX_CONTEXT_LENGTH`]; default 77), `pad_id` (a token
@@ -32,26 +29,8 @@ pub fn caption_options(
         o.clean = Clean::from_name(name)
             .ok_or_else(|| Error::config("clean", format!("expected 'open_clip' or 'none', got {}", shown(v))))?;
     }
-    check_caption_options(&o, None)?;
+    check_caption_values(o.context_length, o.pad_id, None)?;
     Ok(o)
-}
-
-/// The limits of [`caption_options`] on options made by hand: `context_length` from 2 to
-/// [`MAX_CONTEXT_LENGTH`], `pad_id` an `i32` (the rows' type) and, with the tokenizer's
-/// `vocab_size`, one of its ids.
-pub fn check_caption_options(o: &CaptionOptions, vocab_size: Option<usize>) -> Result<()> {
-    if !(2..=MAX_CONTEXT_LENGTH).contains(&o.context_length) {
-        return Err(Error::config(
-            "context_length",
-            format!("must be from 2 (the start and end of text) to {MAX_CONTEXT_LENGTH} ids, got {}", o.context_length),
-        ));
-    }
-    let limit = vocab_size.map_or(i32::MAX as u64, |v| v as u64 - 1).min(i32::MAX as u64);
-    if u64::from(o.pad_id) > limit {
-        let what = if vocab_size.is_some() { "the tokenizer's ids" } else { "token ids" };
-        return Err(Error::config("pad_id", format!("must be one of {what}, from 0 to {limit}, got {}", o.pad_id)));
-    }
-    Ok(())
 }
 
 #[cfg(test)]
@@ -92,8 +71,8 @@ mod tests {
             assert!(e.contains(arg) && e.contains(says), "{e}");
         }
         let o = CaptionOptions { context_length: 77, pad_id: 49408, clean: Clean::None };
-        let e = check_caption_options(&o, Some(49408)).unwrap_err().to_string();
+        let e = check_caption_values(o.context_length, o.pad_id, Some(49408)).unwrap_err().to_string();
         assert!(e.contains("`pad_id`") && e.contains("from 0 to 49407, got 49408"), "{e}");
-        assert!(check_caption_options(&CaptionOptions { pad_id: 49407, ..o }, Some(49408)).is_ok());
+        assert!(check_caption_values(o.context_length, 49407, Some(49408)).is_ok());
     }
 }

@@ -31,7 +31,8 @@
 //!   source's own fields handed back to its kind;
 //! - `image.rs`, `arrays.rs`, `tokens.rs`: each kind's config ([`loader_config`] and
 //!   [`image_config`], [`array_config`], [`token_config`] and [`token_state`]);
-//! - `captions.rs`: the caption encoder's options ([`caption_options`], [`check_caption_options`]);
+//! - `captions.rs`: the caption encoder's options ([`caption_options`]; their limits are
+//!   [`values::check_caption_values`]);
 //! - `state.rs`: the saved states of image and array loaders ([`saved_state`],
 //!   [`saved_states`]).
 //!
@@ -51,7 +52,7 @@ mod tokens;
 pub mod values;
 
 pub use arrays::array_config;
-pub use captions::{caption_options, check_caption_options, MAX_CONTEXT_LENGTH};
+pub use captions::caption_options;
 pub use env::{
     apply_env, budget_registry_path, env_cache_ttl, env_threads, index_dir, local_rank, object_timeout, BudgetEnv, Env,
     CACHE_TTL_VAR, INDEX_DIR_VAR, OBJECT_TIMEOUT_VAR, THREADS_VAR,
@@ -61,9 +62,10 @@ pub use shared::DEFAULT_SHARD_WINDOW;
 pub use state::{saved_state, saved_states, SavedState};
 pub use tokens::{token_config, token_mix_state, token_state, MAX_PACK_WINDOW};
 pub use values::{
-    batch_bytes, boolean, bytes, check_io_threads, check_positive, check_prefetch, check_threads, cpu_budget, duration,
-    non_negative, parse_bytes, positive, prefetch, text_value, thread_count, threads, token_values, DeviceSpec,
-    MAX_BATCH_BYTES, MAX_BATCH_TOKENS, MAX_PREFETCH, MAX_SEQ_LEN, MAX_THREADS, SLOT_BYTES_PER_SAMPLE,
+    batch_bytes, boolean, bytes, check_caption_values, check_io_threads, check_positive, check_prefetch, check_threads,
+    cpu_budget, duration, non_negative, parse_bytes, positive, prefetch, text_value, thread_count, threads,
+    token_values, DeviceSpec, MAX_BATCH_BYTES, MAX_BATCH_TOKENS, MAX_CONTEXT_LENGTH, MAX_PREFETCH, MAX_SEQ_LEN,
+    MAX_THREADS, SLOT_BYTES_PER_SAMPLE,
 };
 
 pub use crate::shell::store::Ttl;

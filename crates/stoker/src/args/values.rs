@@ -368,6 +368,27 @@ pub(super) fn parse_ttl(v: &str) -> Option<Ttl> {
     (n.is_finite() && n >= 0.0 && secs <= 3.2e9).then(|| Ttl::After(Duration::from_secs_f64(secs)))
 }
 
+/// The longest caption row: 65,536 ids (CLIP's is 77; long-caption models use a few hundred).
+pub const MAX_CONTEXT_LENGTH: usize = 1 << 16;
+
+/// The limits of a caption row: `context_length` from 2 (the start and end of text) to
+/// [`MAX_CONTEXT_LENGTH`], `pad_id` an `i32` (the rows' type) and, with the tokenizer's
+/// `vocab_size`, one of its ids.
+pub fn check_caption_values(context_length: usize, pad_id: u32, vocab_size: Option<usize>) -> Result<()> {
+    if !(2..=MAX_CONTEXT_LENGTH).contains(&context_length) {
+        return Err(Error::config(
+            "context_length",
+            format!("must be from 2 (the start and end of text) to {MAX_CONTEXT_LENGTH} ids, got {context_length}"),
+        ));
+    }
+    let limit = vocab_size.map_or(i32::MAX as u64, |v| v as u64 - 1).min(i32::MAX as u64);
+    if u64::from(pad_id) > limit {
+        let what = if vocab_size.is_some() { "the tokenizer's ids" } else { "token ids" };
+        return Err(Error::config("pad_id", format!("must be one of {what}, from 0 to {limit}, got {pad_id}")));
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

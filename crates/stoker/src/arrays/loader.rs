@@ -58,6 +58,8 @@ pub struct Arrays {
     telemetry: Arc<Telemetry>,
     /// The copy threads' counters.
     counters: ArrayCounters,
+    /// A mixture's rows delivered per source, when the rows are a mixture's.
+    tally: Option<crate::shell::mix::Tally>,
 }
 
 impl PassSlot for Arc<ArraySlot> {
@@ -238,6 +240,7 @@ impl Loader<Arrays> {
             pool,
             telemetry: Arc::default(),
             counters: ArrayCounters::default(),
+            tally: config.sampler.mixture.as_ref().map(|m| crate::shell::mix::Tally::new(m.parts.len())),
         }))
     }
 
@@ -344,6 +347,11 @@ impl Kind for Arrays {
 
     fn batch(self: &Arc<Self>, slot: Arc<ArraySlot>, _: &Position, _: Delivery) -> ArrayBatch {
         self.counters.delivered();
+        if let (Some(t), Some(m)) = (&self.tally, self.sampler.mixture()) {
+            for &i in slot.indices.read().unwrap_or_else(|p| p.into_inner()).iter() {
+                t.delivered(m.source_of(i), 1);
+            }
+        }
         ArrayBatch { slot: Some(slot), shared: self.clone() }
     }
 
@@ -358,8 +366,9 @@ impl Kind for Arrays {
     /// The copy stage, the batches, and the array verdict.
     fn report(&self) -> ArrayReport {
         let counters = &self.counters;
-        let mut r =
-            self.telemetry.report(|wall| counters.stages(wall, self.threads), counters.section(self.columns.len()));
+        let mixture = self.tally.as_ref().zip(self.sampler.spec().mixture.as_ref()).map(|(t, m)| t.report(m));
+        let section = counters.section(self.columns.len(), mixture);
+        let mut r = self.telemetry.report(|wall| counters.stages(wall, self.threads), section);
         r.bottleneck = Some(verdict(&r));
         r
     }

@@ -37,17 +37,18 @@ impl ArrayCounters {
     }
 
     /// The section, for a loader of `columns` arrays.
-    pub fn section(&self, columns: usize) -> ArraySection {
+    pub fn section(&self, columns: usize, mixture: Option<crate::shell::mix::MixReport>) -> ArraySection {
         ArraySection {
             batches: self.batches.load(Ordering::Relaxed),
             columns,
             bytes_copied: self.bytes.load(Ordering::Relaxed),
+            mixture,
         }
     }
 }
 
 /// The array kind's section of its report.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct ArraySection {
     /// Batches delivered.
     pub batches: u64,
@@ -55,6 +56,8 @@ pub struct ArraySection {
     pub columns: usize,
     /// Bytes of rows copied into batch buffers (every column).
     pub bytes_copied: u64,
+    /// Each source's rows against its share, when the rows are a mixture's.
+    pub mixture: Option<crate::shell::mix::MixReport>,
 }
 
 impl Section for ArraySection {
@@ -63,12 +66,16 @@ impl Section for ArraySection {
     }
 
     fn text(&self) -> String {
-        format!(
+        let mut s = format!(
             "{} batches of {} array(s), {:.1} MiB of rows copied\n",
             self.batches,
             self.columns,
             self.bytes_copied as f64 / (1 << 20) as f64
-        )
+        );
+        if let Some(m) = &self.mixture {
+            s.push_str(&m.text("rows"));
+        }
+        s
     }
 }
 
@@ -121,8 +128,8 @@ mod tests {
         c.copied(1024, Duration::from_millis(10));
         c.delivered();
         let tel = Telemetry::default();
-        let r = tel.report(|wall| c.stages(wall, 2), c.section(3));
-        assert_eq!(r.kind, ArraySection { batches: 1, columns: 3, bytes_copied: 5120 });
+        let r = tel.report(|wall| c.stages(wall, 2), c.section(3, None));
+        assert_eq!(r.kind, ArraySection { batches: 1, columns: 3, bytes_copied: 5120, mixture: None });
         assert_eq!(r.stages[0].items, 2);
         // Nothing consumed: the consumer did not wait, the loader keeps up.
         assert_eq!(verdict(&r).stage, "consumer");

@@ -283,7 +283,16 @@ impl Sampler {
                         "shard-aware shuffling ('shards') does not apply to a mixture",
                     ));
                 }
-                self.mix = Some(std::sync::Arc::new(Mixture::new(mix, &lens, &self.spec)?));
+                let s = &self.spec;
+                let deal = crate::shell::mix::Deal {
+                    seed: s.seed,
+                    shuffle: s.shuffle,
+                    batch_size: s.batch_size,
+                    drop_last: s.drop_last,
+                    rank: s.rank,
+                    world_size: s.world_size,
+                };
+                self.mix = Some(std::sync::Arc::new(Mixture::new(mix, &lens, &deal)?));
             }
             (Some(_), None) => return Err(Error::config("mixture", "the dataset is not a mixture of sources")),
             (None, Some(_)) => return Err(Error::Internal("a mixture's sources without a mixture spec".into())),
@@ -444,7 +453,9 @@ impl Sampler {
     /// are repeated and the last batch may be short.
     pub fn elastic_order(&self, epoch: u64, base: &ElasticBase) -> Result<Vec<u32>> {
         if let Some(m) = &self.mix {
-            return m.elastic_order(epoch, base);
+            let steps: Vec<(usize, &[usize])> =
+                base.0.iter().map(|s| (s.world_size, s.next_batch.as_slice())).collect();
+            return m.elastic_order(epoch, &steps);
         }
         Ok(self.deal(&self.remaining(epoch, base)?, self.spec.rank, self.spec.world_size))
     }

@@ -112,6 +112,13 @@ impl Kind for Images {
     }
 
     fn batch(self: &Arc<Self>, slot: Arc<Slot>, _: &Position, at: Delivery) -> Batch {
+        if self.tally.is_some() {
+            for i in slot.indices() {
+                if let Some((d, tally)) = self.mixed(i) {
+                    tally.delivered(d, 1);
+                }
+            }
+        }
         let plan = &self.plan;
         Batch {
             slot: Some(slot),
@@ -141,8 +148,14 @@ impl Kind for Images {
         let threads = tuning.threads_active;
         let counters = &self.counters;
         let stages = |wall| counters.stages(wall, threads, self.io_threads);
-        let mut r = self.telemetry.report(stages, counters.section(self.cache.as_ref().map(|c| c.report())));
-        r.bottleneck = Some(verdict(&r, threads, self.allowance));
+        let mixture = self.tally.as_ref().zip(self.sampler.spec().mixture.as_ref()).map(|(t, m)| t.report(m));
+        let section = counters.section(self.cache.as_ref().map(|c| c.report()), mixture);
+        let mut r = self.telemetry.report(stages, section);
+        let v = verdict(&r, threads, self.allowance);
+        r.bottleneck = Some(match &r.kind.mixture {
+            Some(m) if v.stage != "consumer" => crate::shell::mix::with_slowest(v, m),
+            _ => v,
+        });
         r.tuning = Some(tuning);
         r
     }

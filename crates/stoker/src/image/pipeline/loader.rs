@@ -119,6 +119,7 @@ impl Loader {
             fingerprint: std::sync::OnceLock::new(),
             stash: Mutex::new(Stash::default()),
             read_high_water: std::sync::atomic::AtomicUsize::new(0),
+            tally: config.sampler.mixture.as_ref().map(|m| crate::shell::mix::Tally::new(m.parts.len())),
         }))
     }
 

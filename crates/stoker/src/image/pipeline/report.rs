@@ -7,6 +7,7 @@ use crate::image::cache::CacheReport;
 use crate::observe::report::{keeps_up, percent, Bottleneck, Report, Section, StageReport};
 use crate::observe::telemetry::{StageCounters, Telemetry};
 use crate::observe::tune::Load;
+use crate::shell::mix::MixReport;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 /// The report of an image loader.
@@ -61,12 +62,14 @@ impl ImageCounters {
         ]
     }
 
-    /// The section, with the pixel cache's report when the loader has a cache.
-    pub fn section(&self, cache: Option<CacheReport>) -> ImageSection {
+    /// The section, with the pixel cache's report when the loader has a cache, and the
+    /// mixture's when the samples are a mixture's.
+    pub fn section(&self, cache: Option<CacheReport>, mixture: Option<MixReport>) -> ImageSection {
         ImageSection {
             decode_warnings: self.decode_warnings.load(Ordering::Relaxed),
             restart_decodes: self.restart_decodes.load(Ordering::Relaxed),
             cache,
+            mixture,
         }
     }
 
@@ -92,6 +95,9 @@ pub struct ImageSection {
     pub restart_decodes: u64,
     /// The decoded-pixel cache's counters, when the loader has one.
     pub cache: Option<CacheReport>,
+    /// Each source's samples against its share, and its read, decode and ops time per sample,
+    /// when the samples are a mixture's.
+    pub mixture: Option<MixReport>,
 }
 
 impl Section for ImageSection {
@@ -148,6 +154,9 @@ impl Section for ImageSection {
                 "decoded {} image(s) despite libjpeg warnings (corrupt data libjpeg recovered from)\n",
                 self.decode_warnings
             ));
+        }
+        if let Some(m) = &self.mixture {
+            s.push_str(&m.text("samples"));
         }
         s
     }
@@ -237,7 +246,7 @@ mod tests {
         tel.consumer.add_wait(Duration::from_secs(waited));
         tel.start();
         tel.stop();
-        let mut r = tel.report(|_| c.stages(10.0, 2, 1), c.section(None));
+        let mut r = tel.report(|_| c.stages(10.0, 2, 1), c.section(None, None));
         // The counters' stages over 10 s, whatever the real clock said.
         for s in &mut r.stages {
             s.utilization = s.busy_seconds / (10.0 * s.threads as f64);

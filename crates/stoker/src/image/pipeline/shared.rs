@@ -37,6 +37,15 @@ pub struct Images {
     /// The largest read buffer any I/O thread has needed: every buffer is grown to it at once,
     /// so the rotating buffers stop reallocating as soon as one of them has met the largest file.
     pub(super) read_high_water: std::sync::atomic::AtomicUsize,
+    /// A mixture's counters per source, when the samples are a mixture's.
+    pub(super) tally: Option<crate::shell::mix::Tally>,
+}
+
+impl Images {
+    /// The mixture source of sample `index` and the tally, when the samples are a mixture's.
+    pub(super) fn mixed(&self, index: u32) -> Option<(usize, &crate::shell::mix::Tally)> {
+        Some((self.sampler.mixture()?.source_of(index), self.tally.as_ref()?))
+    }
 }
 
 #[derive(Default)]

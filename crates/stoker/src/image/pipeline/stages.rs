@@ -96,6 +96,9 @@ pub(super) fn io_loop(
         sh.read_high_water.fetch_max(buf.capacity(), Ordering::Relaxed);
         let t1 = Instant::now();
         sh.counters.read.record(t1 - t0);
+        if let Some((d, tally)) = sh.mixed(task.slot.index(task.pos)) {
+            tally.add_busy(d, (t1 - t0).as_nanos() as u64);
+        }
         if let Some(t) = &sh.tracer {
             t.span("read", "sample", t0, t1, sample_args(&task));
         }

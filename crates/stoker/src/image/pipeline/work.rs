@@ -53,6 +53,9 @@ pub(super) fn finish(
     sh.plan.write(hwc, g.flip, out);
     let t2 = Instant::now();
     sh.counters.ops.record(t2 - t1);
+    if let Some((d, tally)) = sh.mixed(task.slot.index(task.pos)) {
+        tally.worked(d, (t2 - t0).as_nanos() as u64);
+    }
     if let Some(t) = &sh.tracer {
         t.span(got, "sample", t0, t1, sample_args(task));
         t.span("ops", "sample", t1, t2, sample_args(task));

@@ -22,7 +22,6 @@
 use super::schedule::{Schedule, Weights};
 use crate::error::{Error, Result};
 use crate::shell::rng::{self, Rng};
-use crate::shell::sampler::{ElasticBase, SamplerSpec};
 
 /// What a source does when its pass ends.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -83,6 +82,24 @@ pub struct SourceInfo {
     pub start: u64,
 }
 
+/// How the samples are dealt: the sampler's seed, shuffle, batch size, `drop_last` and ranks
+/// (the sampler builds it from its spec; the mixture imports nothing of the sampler's).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Deal {
+    /// The seed of the sources' permutations.
+    pub seed: u64,
+    /// A seeded permutation per pass (else each source in its order).
+    pub shuffle: bool,
+    /// Samples per batch (≥ 1).
+    pub batch_size: usize,
+    /// Cut an epoch to whole batches.
+    pub drop_last: bool,
+    /// This rank.
+    pub rank: usize,
+    /// Ranks sharing the sources.
+    pub world_size: usize,
+}
+
 /// One source's sequence: its length and where its items start in the mixture's numbering.
 #[derive(Debug, Clone)]
 struct Part {
@@ -121,7 +138,7 @@ impl Mixture {
     /// The mixture of `spec` over sources of `lens` items, ordered as `sampler` says (seed,
     /// shuffle, batch size, `drop_last`, ranks). An error when a source is empty, or when an
     /// epoch would have no batch.
-    pub fn new(spec: &MixSpec, lens: &[usize], sampler: &SamplerSpec) -> Result<Mixture> {
+    pub fn new(spec: &MixSpec, lens: &[usize], sampler: &Deal) -> Result<Mixture> {
         if spec.parts.len() != lens.len() {
             return Err(Error::Internal(format!("{} mixture parts for {} sources", spec.parts.len(), lens.len())));
         }
@@ -271,18 +288,19 @@ impl Mixture {
         self.walk(epoch, self.start(epoch, self.world), self.items)
     }
 
-    /// This rank's order for the rest of `epoch` after the saved runs of `base` (whose ranks
-    /// must all have stopped at the same batch: a mixture's ranks move in step). The continued
-    /// epoch has what remains of the epoch's samples over all ranks, shared by this run's ranks.
-    pub fn elastic_order(&self, epoch: u64, base: &ElasticBase) -> Result<Vec<u32>> {
-        let Some(first) = base.0.first() else {
+    /// This rank's order for the rest of `epoch` after the saved runs of `base` (oldest first,
+    /// each `(world_size, next_batch of each of its ranks)`, whose ranks must all have stopped
+    /// at the same batch: a mixture's ranks move in step). The continued epoch has what remains
+    /// of the epoch's samples over all ranks, shared by this run's ranks.
+    pub fn elastic_order(&self, epoch: u64, base: &[(usize, &[usize])]) -> Result<Vec<u32>> {
+        let Some(&(first, _)) = base.first() else {
             return Ok(self.epoch_order(epoch));
         };
-        let mut cursor = self.start(epoch, first.world_size as u64);
-        let mut left = self.cut(self.epoch_positions(first.world_size as u64)) * first.world_size as u64;
-        for (k, step) in base.0.iter().enumerate() {
-            let w = step.world_size as u64;
-            let done = match step.next_batch.as_slice() {
+        let mut cursor = self.start(epoch, first as u64);
+        let mut left = self.cut(self.epoch_positions(first as u64)) * first as u64;
+        for (k, &(world, next_batch)) in base.iter().enumerate() {
+            let w = world as u64;
+            let done = match next_batch {
                 [] => return Err(Error::config("state", format!("elastic step {k} has no ranks"))),
                 [n, rest @ ..] if rest.iter().all(|x| x == n) => *n as u64,
                 all => {

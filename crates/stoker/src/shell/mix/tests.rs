@@ -1,7 +1,6 @@
 //! The mixture's order: ranks, passes, epochs, `stop`, elastic resumes.
 
 use super::*;
-use crate::shell::sampler::{ElasticBase, ElasticStep, SamplerSpec};
 use std::collections::HashSet;
 
 fn spec(parts: &[(&str, f64, Exhausted)], epoch_items: Option<u64>) -> MixSpec {
@@ -11,8 +10,8 @@ fn spec(parts: &[(&str, f64, Exhausted)], epoch_items: Option<u64>) -> MixSpec {
     }
 }
 
-fn sampler(batch_size: usize, rank: usize, world_size: usize) -> SamplerSpec {
-    SamplerSpec { batch_size, shuffle: true, seed: 7, rank, world_size, ..SamplerSpec::default() }
+fn sampler(batch_size: usize, rank: usize, world_size: usize) -> Deal {
+    Deal { batch_size, shuffle: true, seed: 7, rank, world_size, drop_last: false }
 }
 
 fn mix(s: &MixSpec, lens: &[usize], bs: usize, rank: usize, world: usize) -> Mixture {
@@ -95,10 +94,10 @@ fn an_elastic_resume_from_four_ranks_to_three_takes_every_remaining_sample_once(
     for r in 0..4 {
         taken.extend_from_slice(&mix(&s, &lens, bs, r, 4).epoch_order(0)[..5 * bs]);
     }
-    let base = ElasticBase(vec![ElasticStep { world_size: 4, next_batch: vec![5; 4] }]);
+    let base: &[(usize, &[usize])] = &[(4, &[5; 4])];
     let mut continued = vec![];
     for r in 0..3 {
-        let order = mix(&s, &lens, bs, r, 3).elastic_order(0, &base).unwrap();
+        let order = mix(&s, &lens, bs, r, 3).elastic_order(0, base).unwrap();
         assert_eq!(order.len(), (480 - 160) / 3);
         continued.push(order);
     }
@@ -117,8 +116,8 @@ fn an_elastic_resume_from_four_ranks_to_three_takes_every_remaining_sample_once(
         assert!((a - 0.6 * order.len() as f64).abs() < 1.0 + 1e-9, "{a} of {}", order.len());
     }
     // Ranks that stopped at different batches are refused, naming what they saved.
-    let uneven = ElasticBase(vec![ElasticStep { world_size: 2, next_batch: vec![3, 4] }]);
-    let e = mix(&s, &lens, bs, 0, 3).elastic_order(0, &uneven).unwrap_err().to_string();
+    let uneven: &[(usize, &[usize])] = &[(2, &[3, 4])];
+    let e = mix(&s, &lens, bs, 0, 3).elastic_order(0, uneven).unwrap_err().to_string();
     assert!(e.contains("[3, 4]"), "{e}");
 }
 

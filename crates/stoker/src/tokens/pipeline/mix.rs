@@ -20,12 +20,12 @@ use super::shared::Tokens;
 use super::slot::TokenSlot;
 use super::state::TokenState;
 use crate::error::{Error, Result};
-use crate::observe::report::{keeps_up, percent, Bottleneck, Report, Section, StageReport};
+use crate::observe::report::{keeps_up, Report, Section, StageReport};
 use crate::observe::telemetry::Telemetry;
 use crate::shell::buffer::HostAllocator;
 use crate::shell::epochs::Retire;
 use crate::shell::kind::{Delivery, Iter, Kind, Loader, Started};
-use crate::shell::mix::{MixSpec, Schedule, Weights};
+use crate::shell::mix::{MixReport, MixSpec, Schedule, Tally, Weights};
 use crate::shell::ordered::{send_or_cancel, take_free, Run};
 use crate::shell::pass::{FailureBudget, Next, Observe, Pass, PassHooks};
 use crate::tokens::pack::Resume;
@@ -48,8 +48,8 @@ pub struct TokenMix {
     rows: u64,
     /// The sources' states after each batch in flight, by batch number.
     after: Mutex<BTreeMap<usize, Vec<Option<TokenState>>>>,
-    /// Rows delivered per source.
-    delivered: Vec<AtomicU64>,
+    /// Rows delivered per source, and each source's work.
+    tally: Tally,
 }
 
 /// A loader of a token mixture.
@@ -118,7 +118,7 @@ impl Loader<TokenMix> {
         host_config.mixture = None;
         // The host only lends its pool and config: the first source's files (indexed just now).
         let host = TokenLoader::new_in(&first.unwrap_or_default(), tokenizer, host_config, alloc)?;
-        let delivered = subs.iter().map(|_| AtomicU64::new(0)).collect();
+        let tally = Tally::new(subs.len());
         Ok(Loader::of(TokenMix {
             host,
             subs,
@@ -126,7 +126,7 @@ impl Loader<TokenMix> {
             schedule: Schedule::new(weights),
             rows,
             after: Mutex::default(),
-            delivered,
+            tally,
         }))
     }
 
@@ -317,7 +317,7 @@ impl Kind for TokenMix {
         // SAFETY: a delivered slot is complete: nobody writes it until it returns to the pool.
         let sources = unsafe { TokenSlot::ints(&slot.sources, slot.rows.load(Ordering::Acquire)) };
         for &d in sources {
-            self.delivered[d as usize].fetch_add(1, Ordering::Relaxed);
+            self.tally.delivered(d as usize, 1);
         }
         position.advance(after, self.host.config().seed);
         TokenBatch { slot: Some(slot), shared: self.host.kind().clone() }
@@ -332,83 +332,50 @@ impl Kind for TokenMix {
     }
 
     /// A stage per source (its loader's reading, tokenizing and packing, over its rows), each
-    /// source's rows against its share, and the verdict: the consumer when it hardly waited,
-    /// else the source whose rows take the most of the sources' time (what starves the mixture).
+    /// source's rows against its share with its loader's counters, and the verdict: the consumer
+    /// when it hardly waited, else the source whose rows take the most of the sources' time
+    /// (what starves the mixture).
     fn report(&self) -> Report<MixSection> {
-        let total: u64 = self.delivered.iter().map(|d| d.load(Ordering::Relaxed)).sum();
-        let sources: Vec<MixSourceReport> = self
-            .spec
-            .parts
-            .iter()
-            .enumerate()
-            .map(|(d, p)| {
-                let sub = &self.subs[d];
-                let st = sub.stats();
-                let secs = |a: &AtomicU64| a.load(Ordering::Relaxed) as f64 / 1e9;
-                let busy = secs(&st.read_ns) + secs(&st.pack_ns) + secs(&st.tokenize_ns) / sub.threads().max(1) as f64;
-                let rows = self.delivered[d].load(Ordering::Relaxed);
-                MixSourceReport {
-                    name: p.name.clone(),
-                    weight: p.weight,
-                    share: self.schedule.weights().share(d),
-                    rows,
-                    row_share: if total > 0 { rows as f64 / total as f64 } else { 0.0 },
-                    busy_seconds: busy,
-                    seconds_per_row: busy / st.rows.load(Ordering::Relaxed).max(1) as f64,
-                    counts: st.counts(0.0),
-                }
-            })
-            .collect();
-        let section = MixSection { sources: sources.clone() };
+        let secs = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        for (d, sub) in self.subs.iter().enumerate() {
+            let st = sub.stats();
+            let busy = secs(&st.read_ns) + secs(&st.pack_ns) + secs(&st.tokenize_ns) / sub.threads().max(1) as u64;
+            self.tally.set_work(d, busy, secs(&st.rows));
+        }
+        let mixture = self.tally.report(&self.spec);
+        let counts = self.subs.iter().map(|s| s.stats().counts(0.0)).collect();
         let stages = |wall: f64| {
-            sources
+            mixture
+                .sources
                 .iter()
                 .zip(&self.subs)
                 .map(|(s, sub)| StageReport {
                     name: format!("source {}", s.name),
                     threads: sub.threads(),
-                    items: s.rows,
+                    items: s.items,
                     busy_seconds: s.busy_seconds,
                     wait_seconds: 0.0,
                     utilization: if wall > 0.0 { s.busy_seconds / wall } else { 0.0 },
                 })
                 .collect()
         };
-        let verdict = starved_by(&sources);
-        let mut r = self.telemetry().report(stages, section);
-        if total > 0 {
-            r.bottleneck = Some(keeps_up(r.starvation).unwrap_or(verdict));
+        let verdict = mixture.starved_by();
+        let mut r = self.telemetry().report(stages, MixSection { mixture: mixture.clone(), counts });
+        if r.samples > 0 {
+            r.bottleneck = keeps_up(r.starvation).or(verdict);
         }
         r
     }
 }
 
-/// One source of a token mixture in its report.
-#[derive(Debug, Clone, serde::Serialize)]
-pub struct MixSourceReport {
-    /// Its name.
-    pub name: String,
-    /// Its weight as given.
-    pub weight: f64,
-    /// Its share of the rows (the schedule's).
-    pub share: f64,
-    /// Rows of it delivered.
-    pub rows: u64,
-    /// Its share of the rows delivered.
-    pub row_share: f64,
-    /// Seconds its loader was busy: reading and packing, and tokenizing per thread.
-    pub busy_seconds: f64,
-    /// Of those, per row it made.
-    pub seconds_per_row: f64,
-    /// Its loader's counters (documents, tokens, padding, seconds per stage).
-    pub counts: super::stats::TokenCounts,
-}
-
-/// What a token mixture adds to its report: each source's rows against its share.
+/// What a token mixture adds to its report: each source's rows against its share, and its
+/// loader's counters.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct MixSection {
-    /// The sources, in the order of their ids.
-    pub sources: Vec<MixSourceReport>,
+    /// The sources' rows, shares and time per row, in the order of their ids.
+    pub mixture: MixReport,
+    /// Each source's loader's counters (documents, tokens, padding, seconds per stage).
+    pub counts: Vec<super::stats::TokenCounts>,
 }
 
 impl Section for MixSection {
@@ -417,42 +384,7 @@ impl Section for MixSection {
     }
 
     fn text(&self) -> String {
-        self.sources
-            .iter()
-            .map(|s| {
-                format!(
-                    "source {}: {} rows ({:.1}% of rows, share {:.1}%), {:.2} ms per row\n",
-                    s.name,
-                    s.rows,
-                    s.row_share * 100.0,
-                    s.share * 100.0,
-                    s.seconds_per_row * 1e3
-                )
-            })
-            .collect()
-    }
-}
-
-/// The source whose rows take the most of the sources' time: its cost per row times its share.
-fn starved_by(sources: &[MixSourceReport]) -> Bottleneck {
-    let cost: Vec<f64> = sources.iter().map(|s| s.seconds_per_row * s.share).collect();
-    let all: f64 = cost.iter().sum();
-    let d = cost.iter().enumerate().max_by(|a, b| a.1.total_cmp(b.1)).map_or(0, |(d, _)| d);
-    let s = &sources[d];
-    Bottleneck {
-        stage: format!("source {}", s.name),
-        reason: format!(
-            "the rows of '{}' take {} of the sources' time ({:.2} ms per row for {} of the rows)",
-            s.name,
-            percent(if all > 0.0 { cost[d] / all } else { 0.0 }),
-            s.seconds_per_row * 1e3,
-            percent(s.share)
-        ),
-        suggestion: format!(
-            "speed up '{}': tokenize it once (`stoker tokenize`, then mix the token files), faster storage, \
-             or more threads",
-            s.name
-        ),
+        self.mixture.text("rows")
     }
 }
 
