@@ -11,8 +11,8 @@
 //! whose window closes first takes it (ties: the lower source index). On one processor with
 //! shares summing to one, EDF meets every window, so after `n` positions every source has
 //! `count_d(n)` items with `|count_d(n) - n a_d / D| < 1`: exact at every prefix, within one
-//! item, for any number of sources and any weights (Megatron's greedy blend has no such bound
-//! beyond two sources). After a period every source has exactly `a_d` items, so the schedule
+//! item, for any number of sources and any weights (Megatron's "furthest behind its share"
+//! blend keeps this too, but is computed by replaying it from the start). After a period every source has exactly `a_d` items, so the schedule
 //! repeats: position `n` takes `period[n mod D]`, and `count_d(n)` is closed form
 //! ([`Schedule::counts_at`]): resuming at any position is O(D) at most, not O(n).
 
