@@ -18,6 +18,19 @@ pub struct PyTokenLoader {
     on: OnDevice<TokenLoader>,
 }
 
+/// The tokenizer a loader was given: its JSON text (a `tokenizers` object from Python), else
+/// the `tokenizer.json` path among the arguments, else none (token files).
+pub(super) fn tokenizer_of(
+    json: Option<String>,
+    path: Option<std::path::PathBuf>,
+) -> stoker::Result<Option<TextTokenizer>> {
+    Ok(match (json, path) {
+        (Some(json), _) => Some(TextTokenizer::from_json(json.as_bytes(), "<tokenizer object>".as_ref())?),
+        (None, Some(p)) => Some(TextTokenizer::from_file(&p)?),
+        (None, None) => None,
+    })
+}
+
 /// The state dict of `loader` standing at `st` (a token mixture keeps one per source).
 pub(super) fn token_state_value(st: &stoker::tokens::TokenState, loader: &TokenLoader) -> serde_json::Value {
     serde_json::json!({
@@ -60,13 +73,7 @@ loader_class! { PyTokenLoader => PyTokenIter, shares [traced device_report], {
             let target = py.detach(|| Target::resolve(device, ordinal)).py_err()?;
             let on = py
                 .detach(|| {
-                    let tokenizer = match (tokenizer_json, tok_path) {
-                        (Some(json), _) => {
-                            Some(TextTokenizer::from_json(json.as_bytes(), "<tokenizer object>".as_ref())?)
-                        }
-                        (None, Some(p)) => Some(TextTokenizer::from_file(&p)?),
-                        (None, None) => None,
-                    };
+                    let tokenizer = tokenizer_of(tokenizer_json, tok_path)?;
                     target.token_loader(&stoker::tokens::expand_paths(&paths)?, tokenizer, config)
                 })
                 .py_err()?;

@@ -3,14 +3,13 @@
 //! the mixture's shape: each source's place is that source's token state dict.
 
 use super::batch::{PyTokenBatch, TokHeld};
-use super::loader::token_state_value;
+use super::loader::{token_state_value, tokenizer_of};
 use crate::errors::{self, IntoPy};
 use crate::shared::args::{args_of, state_value};
 use crate::shared::iter::{iterator_class, IteratorClass, Polled};
 use crate::shared::loader::{loader_class, LoaderClass};
 use pyo3::prelude::*;
 use stoker::tokens::pipeline::{TokenMixIter, TokenMixLoader};
-use stoker::tokens::TextTokenizer;
 use stoker_cuda::{OnDevice, Target};
 
 /// A weighted mixture of token sources (see the Python `stoker.TokenLoader` given a dict).
@@ -86,16 +85,7 @@ loader_class! { PyTokenMixLoader => PyTokenMixIter, shares [], {
             }
             let target = py.detach(|| Target::resolve(device, ordinal)).py_err()?;
             let on = py
-                .detach(|| {
-                    let tokenizer = match (tokenizer_json, tok_path) {
-                        (Some(json), _) => {
-                            Some(TextTokenizer::from_json(json.as_bytes(), "<tokenizer object>".as_ref())?)
-                        }
-                        (None, Some(p)) => Some(TextTokenizer::from_file(&p)?),
-                        (None, None) => None,
-                    };
-                    target.token_mixture(tokenizer, config)
-                })
+                .detach(|| target.token_mixture(tokenizer_of(tokenizer_json, tok_path)?, config))
                 .py_err()?;
             Ok(PyTokenMixLoader { on })
         })

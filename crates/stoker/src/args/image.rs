@@ -133,13 +133,7 @@ pub(super) fn loader_config_in(args: Args, env: &Env) -> Result<LoaderConfig> {
 /// One image source of a mixture: `root` (what [`crate::source::detect`] opens: a path, a
 /// URL, a glob, or a list of shards) and `label_offset` (added to its labels, default 0).
 fn image_part(mut s: super::mixture::SourceArgs) -> Result<crate::source::mix::PartSpec> {
-    let roots = match s.take("root") {
-        Some(Value::String(r)) => vec![r],
-        Some(Value::Array(list)) if !list.is_empty() && list.iter().all(Value::is_string) => {
-            list.iter().filter_map(|v| v.as_str().map(str::to_string)).collect()
-        }
-        _ => return Err(s.error("root", "expected a path, a URL or a list of shards")),
-    };
+    let roots = s.paths("root", "expected a path, a URL or a list of shards")?;
     let label_offset = match s.typed("label_offset") {
         None => 0,
         Some(v) => v

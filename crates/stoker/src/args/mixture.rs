@@ -92,6 +92,19 @@ impl SourceArgs {
     pub(super) fn typed(&mut self, name: &str) -> Option<Value> {
         self.args.typed(name)
     }
+
+    /// Takes the field `name` that says where the source's data is: a path (or URL, glob,
+    /// folder), or a non-empty list of them; else an error saying what it should be
+    /// (`expected`).
+    pub(super) fn paths(&mut self, name: &str, expected: &str) -> Result<Vec<String>> {
+        match self.take(name) {
+            Some(Value::String(p)) => Ok(vec![p]),
+            Some(Value::Array(list)) if !list.is_empty() && list.iter().all(Value::is_string) => {
+                Ok(list.iter().filter_map(|v| v.as_str().map(str::to_string)).collect())
+            }
+            _ => Err(self.error(name, expected)),
+        }
+    }
 }
 
 #[cfg(test)]

@@ -34,13 +34,7 @@ fn token_mixture(v: &Value) -> Result<crate::tokens::pipeline::TokenMixture> {
     }
     let mut out = Vec::with_capacity(sources.len());
     for mut s in sources {
-        let data = match s.take("data") {
-            Some(Value::String(p)) => vec![p],
-            Some(Value::Array(list)) if !list.is_empty() && list.iter().all(Value::is_string) => {
-                list.iter().filter_map(|v| v.as_str().map(str::to_string)).collect()
-            }
-            _ => return Err(s.error("data", "expected a path, a glob, a folder or a URL, or a list of them")),
-        };
+        let data = s.paths("data", "expected a path, a glob, a folder or a URL, or a list of them")?;
         let key = match s.take("text_key") {
             None => None,
             Some(Value::String(k)) => Some(k),
@@ -226,6 +220,19 @@ fn check_elastic(e: &crate::tokens::Elastic, depth: usize) -> std::result::Resul
     Ok(())
 }
 
+/// A saved state's fields (a dict of `version` 1, when it has a version; `what` names it in
+/// the error).
+fn saved_v1<'a>(state: &'a Value, what: &str) -> Result<(&'a serde_json::Map<String, Value>, Saved<'a>)> {
+    let fields = state
+        .as_object()
+        .ok_or_else(|| Error::config("state", format!("expected a dict from state_dict(), got {}", shown(state))))?;
+    let s = Saved { fields, prefix: "state" };
+    if let Some(v) = s.integer("version", false, 0)?.filter(|&v| v != 1) {
+        return Err(Error::config(s.name("version"), format!("expected 1 ({what}), got {v}")));
+    }
+    Ok((fields, s))
+}
+
 /// A token mixture's state dict (`TokenLoader({...}).state_dict()`): `version` 1, `seed`,
 /// `epoch`, `next_batch`, `end` and `offset` (rows per rank of an epoch continued from another
 /// number of ranks, and the schedule's rows before it; absent otherwise), each source's loader state dict under `sources` (`None` before its first
@@ -238,14 +245,8 @@ pub fn token_mix_state(
     sources: &[TokenFingerprint],
     ranks_may_differ: bool,
 ) -> Result<crate::tokens::pipeline::MixState> {
-    let fields = state
-        .as_object()
-        .ok_or_else(|| Error::config("state", format!("expected a dict from state_dict(), got {}", shown(state))))?;
-    let s = Saved { fields, prefix: "state" };
+    let (fields, s) = saved_v1(state, "a token mixture's state")?;
     let int = |k: &str| s.integer(k, true, 0).map(|v| v.unwrap_or_default());
-    if let Some(v) = s.integer("version", false, 0)?.filter(|&v| v != 1) {
-        return Err(Error::config(s.name("version"), format!("expected 1 (a token mixture's state), got {v}")));
-    }
     let saved = fields.get("fingerprint").and_then(|f| f.get("mixture"));
     if saved != Some(mixture) {
         return Err(Error::config(
@@ -297,14 +298,8 @@ pub fn token_mix_state(
 /// with `ranks_may_differ`, `rank` and `world_size` are not compared: a state of another
 /// number of ranks, for [`crate::tokens::TokenLoader::load_states`]).
 pub fn token_state(state: &Value, mine: &TokenFingerprint, ranks_may_differ: bool) -> Result<TokenState> {
-    let fields = state
-        .as_object()
-        .ok_or_else(|| Error::config("state", format!("expected a dict from state_dict(), got {}", shown(state))))?;
-    let s = Saved { fields, prefix: "state" };
+    let (fields, s) = saved_v1(state, "a TokenLoader state")?;
     let int = |k: &str| s.integer(k, true, 0).map(|v| v.unwrap_or_default());
-    if let Some(v) = s.integer("version", false, 0)?.filter(|&v| v != 1) {
-        return Err(Error::config(s.name("version"), format!("expected 1 (a TokenLoader state), got {v}")));
-    }
     let st = TokenState {
         seed: int("seed")?,
         epoch: int("epoch")?,
