@@ -254,7 +254,9 @@ class TokenLoader(LoaderBase):
 
     @property
     def trace_path(self) -> str | None:
-        """The ``trace=`` file, or ``None`` when tracing is off."""
+        """The ``trace=`` file, or ``None`` when tracing is off (a mixture records none)."""
+        if self._mixture is not None:
+            return None
         return self._loader().trace_path
 
     def save_trace(self, path: str | os.PathLike[str] | None = None) -> str:
@@ -263,6 +265,8 @@ class TokenLoader(LoaderBase):
         trace format, for ``chrome://tracing`` or Perfetto) to ``path`` (default: the ``trace=``
         file, also written when a pass completes and when the loader is dropped) now; returns
         the path written."""
+        if self._mixture is not None:
+            raise ConfigError("invalid argument `trace`: a token mixture records no trace yet")
         return self._loader().save_trace(path)
 
     def state_dict(self) -> dict[str, Any]:

@@ -99,6 +99,13 @@ def test_bad_token_mixtures_are_named(tiny):
         stoker.TokenLoader({"a": (AA, 1)}, **ARGS)
     with pytest.raises(stoker.ConfigError, match="repeat"):
         stoker.TokenLoader({"a": {"data": AA, "weight": 1, "exhausted": "stop"}}, epoch_items=8, **ARGS)
+    with pytest.raises(stoker.ConfigError, match="`infinite`"):
+        stoker.TokenLoader({"a": (AA, 1)}, epoch_items=8, infinite=True, **ARGS)
+    with pytest.raises(stoker.ConfigError, match="`trace`"):
+        stoker.TokenLoader({"a": (AA, 1)}, epoch_items=8, trace=str(Path(tiny).with_name("t.json")), **ARGS)
+    loader = stoker.TokenLoader({"a": (AA, 1), "b": {"data": tiny, "weight": 1, "text_key": "body"}}, epoch_items=8,
+                                **ARGS)
+    assert loader.trace_path is None and loader.documents == 60 + 3
     with pytest.raises(stoker.ConfigError, match="mixture source 'a'"):
         stoker.TokenLoader({"a": (str(Path(tiny).with_name("missing.jsonl")), 1)}, epoch_items=8, **ARGS)
 

@@ -96,6 +96,12 @@ loader_class! { PyTokenMixLoader => PyTokenMixIter, shares [], {
         self.on.loader.len()
     }
 
+    /// Documents in all the sources (all ranks).
+    #[getter]
+    fn documents(&self) -> u64 {
+        self.on.loader.sources().iter().map(|s| s.documents()).sum()
+    }
+
     /// Tokens per row.
     #[getter]
     fn seq_len(&self) -> usize {

@@ -178,6 +178,18 @@ pub(super) fn token_config_in(args: Args, env: &Env) -> Result<(TokenConfig, Opt
     };
     if let Some(v) = a.take("mixture") {
         c.mixture = Some(token_mixture(&v)?);
+        if c.trace.is_some() {
+            return Err(Error::config(
+                "trace",
+                "a token mixture records no trace yet: trace one source's loader alone",
+            ));
+        }
+        if c.infinite {
+            return Err(Error::config(
+                "infinite",
+                "a token mixture's epoch is epoch_items rows and its sources repeat: give the rows you train on",
+            ));
+        }
     }
     a.finish()?;
     Ok((c, tokenizer))
