@@ -54,6 +54,16 @@ def test_a_mixture_has_exact_shares_and_each_sources_own_pixels_and_labels(demo,
     assert stoker.ImageLoader(demo, BS, preset="imagenet-val").report()["mixture"] is None
 
 
+def test_the_same_batches_whatever_the_thread_count(demo):
+    def run(threads):
+        loader = stoker.ImageLoader({"a": (demo, 0.25), "b": {"root": str(demo), "weight": 0.75, "label_offset": 7}},
+                                    BS, preset="imagenet-train", shuffle=True, seed=3, output="numpy",
+                                    threads=threads, epoch_items=36)
+        return [(x.tobytes(), y.tolist(), s.tolist()) for x, y, s in loader]
+
+    assert run(1) == run(3)
+
+
 def test_resume_at_every_batch_gives_the_rest_of_the_epoch(demo):
     def run(loader):
         return [(list(map(int, y)), list(map(int, s))) for _, y, s in loader]

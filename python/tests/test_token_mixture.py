@@ -162,3 +162,10 @@ def test_a_token_mixture_continues_from_four_ranks_on_three_without_a_row_twice(
     # The states of the three continue the run again exactly: the third rank resumed alone.
     with pytest.raises(stoker.ConfigError, match="same batch"):
         ranks(3, 0).load_state_dict([states[0], {**states[1], "next_batch": 4}] + states[2:])
+
+
+def test_a_token_mixture_is_the_same_whatever_the_thread_count(tiny):
+    one, four = ({**ARGS, "threads": n} for n in (1, 4))
+    sources = {"wiki": (AA, 0.75), "tiny": {"data": tiny, "weight": 0.25, "text_key": "body"}}
+    assert rows_of(stoker.TokenLoader(sources, epoch_items=48, **one)) == rows_of(
+        stoker.TokenLoader(sources, epoch_items=48, **four))

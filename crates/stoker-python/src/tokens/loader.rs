@@ -4,7 +4,7 @@
 
 use super::iter::PyTokenIter;
 use crate::errors::{self, IntoPy};
-use crate::shared::args::{args_of, state_value};
+use crate::shared::args::{args_of, rank_states, state_value};
 use crate::shared::iter::Polled;
 use crate::shared::loader::{loader_class, LoaderClass};
 use pyo3::prelude::*;
@@ -127,18 +127,8 @@ loader_class! { PyTokenLoader => PyTokenIter, shares [traced device_report], {
     /// (any number of ranks; the documents no saved rank finished are dealt anew).
     fn load_states_json(&self, states_json: &str) -> PyResult<()> {
         errors::contain(|| {
-            let v = state_value(states_json, "a list of state_dict()s")?;
-            let list = v.as_array().ok_or_else(|| errors::config("state", "expected a list of state_dict()s"))?;
             let mine = self.on.loader.fingerprint();
-            let mut states = Vec::with_capacity(list.len());
-            for (k, one) in list.iter().enumerate() {
-                let st = stoker::args::token_state(one, &mine, true)
-                    .map_err(|e| errors::config("state", format!("state {k} of the list: {e}")))?;
-                let fp = &one["fingerprint"];
-                let (rank, world) =
-                    (fp["rank"].as_u64().unwrap_or(0) as usize, fp["world_size"].as_u64().unwrap_or(0) as usize);
-                states.push((st, rank, world));
-            }
+            let states = rank_states(states_json, |one| stoker::args::token_state(one, &mine, true))?;
             self.on.loader.load_states(&states).py_err()
         })
     }

@@ -5,7 +5,7 @@
 use super::batch::{PyTokenBatch, TokHeld};
 use super::loader::{token_state_value, tokenizer_of};
 use crate::errors::{self, IntoPy};
-use crate::shared::args::{args_of, state_value};
+use crate::shared::args::{args_of, rank_states, state_value};
 use crate::shared::iter::{iterator_class, IteratorClass, Polled};
 use crate::shared::loader::{loader_class, LoaderClass};
 use pyo3::prelude::*;
@@ -150,19 +150,9 @@ loader_class! { PyTokenMixLoader => PyTokenMixIter, shares [], {
     /// at the same batch), on this loader's ranks.
     fn load_states_json(&self, states_json: &str) -> PyResult<()> {
         errors::contain(|| {
-            let v = state_value(states_json, "a list of state_dict()s")?;
-            let list = v.as_array().ok_or_else(|| errors::config("state", "expected a list of state_dict()s"))?;
             let fps: Vec<_> = self.on.loader.sources().iter().map(|s| s.fingerprint()).collect();
             let mine = self.on.loader.fingerprint();
-            let mut states = Vec::with_capacity(list.len());
-            for (k, one) in list.iter().enumerate() {
-                let st = stoker::args::token_mix_state(one, &mine["mixture"], &fps, true)
-                    .map_err(|e| errors::config("state", format!("state {k} of the list: {e}")))?;
-                let fp = &one["fingerprint"];
-                let (rank, world) =
-                    (fp["rank"].as_u64().unwrap_or(0) as usize, fp["world_size"].as_u64().unwrap_or(0) as usize);
-                states.push((st, rank, world));
-            }
+            let states = rank_states(states_json, |one| stoker::args::token_mix_state(one, &mine["mixture"], &fps, true))?;
             self.on.loader.load_states(&states).py_err()
         })
     }
