@@ -115,16 +115,12 @@ loader_class! { PyTokenMixLoader => PyTokenMixIter, shares [], {
 
     /// The sources as JSON: `[{name, weight, share}]`, in the order of their ids.
     fn sources_json(&self) -> String {
-        let spec = self.on.loader.spec();
-        let w = stoker::shell::mix::Weights::new(&spec.parts.iter().map(|p| p.weight).collect::<Vec<_>>());
+        let (spec, w) = (self.on.loader.spec(), self.on.loader.weights());
         let list: Vec<serde_json::Value> = spec
             .parts
             .iter()
             .enumerate()
-            .map(|(d, p)| {
-                let share = w.as_ref().map_or(0.0, |w| w.share(d));
-                serde_json::json!({"name": p.name, "weight": p.weight, "share": share})
-            })
+            .map(|(d, p)| serde_json::json!({"name": p.name, "weight": p.weight, "share": w.share(d)}))
             .collect();
         serde_json::Value::Array(list).to_string()
     }

@@ -366,7 +366,7 @@ impl Kind for Arrays {
     /// The copy stage, the batches, and the array verdict.
     fn report(&self) -> ArrayReport {
         let counters = &self.counters;
-        let mixture = self.tally.as_ref().zip(self.sampler.spec().mixture.as_ref()).map(|(t, m)| t.report(m));
+        let mixture = self.tally.as_ref().and_then(|t| self.sampler.mixture_report(t));
         let section = counters.section(self.columns.len(), mixture);
         let mut r = self.telemetry.report(|wall| counters.stages(wall, self.threads), section);
         r.bottleneck = Some(verdict(&r));

@@ -305,6 +305,11 @@ impl Sampler {
         self.mix.as_deref()
     }
 
+    /// `tally`'s report of the mixture, when the samples are a mixture's.
+    pub fn mixture_report(&self, tally: &crate::shell::mix::Tally) -> Option<crate::shell::mix::MixReport> {
+        Some(tally.report(self.spec.mixture.as_ref()?, self.mix.as_ref()?.schedule().weights()))
+    }
+
     /// The mixture's sources (name, weight, share, samples, first index), when the samples
     /// are a mixture's.
     pub fn mixture_sources(&self) -> Option<Vec<crate::shell::mix::SourceInfo>> {

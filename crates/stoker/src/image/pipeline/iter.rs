@@ -148,7 +148,7 @@ impl Kind for Images {
         let threads = tuning.threads_active;
         let counters = &self.counters;
         let stages = |wall| counters.stages(wall, threads, self.io_threads);
-        let mixture = self.tally.as_ref().zip(self.sampler.spec().mixture.as_ref()).map(|(t, m)| t.report(m));
+        let mixture = self.tally.as_ref().and_then(|t| self.sampler.mixture_report(t));
         let section = counters.section(self.cache.as_ref().map(|c| c.report()), mixture);
         let mut r = self.telemetry.report(stages, section);
         let v = verdict(&r, threads, self.allowance);

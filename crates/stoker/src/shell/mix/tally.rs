@@ -53,9 +53,8 @@ impl Tally {
         }
     }
 
-    /// The counters of the mixture `spec`.
-    pub fn report(&self, spec: &MixSpec) -> MixReport {
-        let weights = Weights::new(&spec.parts.iter().map(|p| p.weight).collect::<Vec<_>>()).ok();
+    /// The counters of the mixture `spec`, whose schedule has `weights`.
+    pub fn report(&self, spec: &MixSpec, weights: &Weights) -> MixReport {
         let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
         let total: u64 = self.delivered.iter().map(g).sum();
         let sources = spec
@@ -67,7 +66,7 @@ impl Tally {
                 SourceReport {
                     name: p.name.clone(),
                     weight: p.weight,
-                    share: weights.as_ref().map_or(0.0, |w| w.share(d)),
+                    share: weights.share(d),
                     items,
                     item_share: if total > 0 { items as f64 / total as f64 } else { 0.0 },
                     busy_seconds: busy,
@@ -175,7 +174,8 @@ mod tests {
         let part = |n: &str, w| MixPart { name: n.into(), weight: w, exhausted: Exhausted::Repeat };
         let spec = MixSpec { parts: vec![part("web", 0.8), part("books", 0.2)], epoch_items: None };
         let t = Tally::new(2);
-        assert!(t.report(&spec).starved_by().is_none(), "nothing made yet");
+        let w = Weights::new(&[0.8, 0.2]).unwrap();
+        assert!(t.report(&spec, &w).starved_by().is_none(), "nothing made yet");
         t.delivered(0, 8);
         t.delivered(1, 2);
         for _ in 0..8 {
@@ -184,7 +184,7 @@ mod tests {
         for _ in 0..2 {
             t.worked(1, 9_000_000); // 9 ms a book
         }
-        let r = t.report(&spec);
+        let r = t.report(&spec, &w);
         assert_eq!([r.sources[0].items, r.sources[1].items], [8, 2]);
         assert!((r.sources[1].item_share - 0.2).abs() < 1e-12 && (r.sources[1].share - 0.2).abs() < 1e-12);
         // Books: 9 ms x 0.2 = 1.8 against web's 1 ms x 0.8: books take 69% of the work.
@@ -193,6 +193,6 @@ mod tests {
         assert!(b.reason.contains("69% of the work"), "{}", b.reason);
         assert!(r.text("samples").contains("source books: 2 samples (20.0%, share 20.0%), 9.00 ms each"));
         t.reset();
-        assert_eq!(t.report(&spec).sources[0].items, 0);
+        assert_eq!(t.report(&spec, &w).sources[0].items, 0);
     }
 }

@@ -79,9 +79,7 @@ impl Loader<TokenMix> {
         alloc: Arc<dyn HostAllocator>,
     ) -> Result<Self> {
         let mix = config.mixture.clone().ok_or_else(|| Error::Internal("a token mixture without a mixture".into()))?;
-        let per_rank = mix.spec.epoch_items.unwrap_or(0) / config.world_size as u64;
-        let rows =
-            if config.drop_last { per_rank / config.batch_size as u64 * config.batch_size as u64 } else { per_rank };
+        let rows = rows_per_rank(&config, mix.spec.epoch_items.unwrap_or(0), config.world_size);
         if rows == 0 {
             return Err(Error::config(
                 "epoch_items",
@@ -143,6 +141,11 @@ impl Loader<TokenMix> {
     /// The mixture's configuration.
     pub fn spec(&self) -> &MixSpec {
         &self.kind().spec
+    }
+
+    /// The weights as the schedule has them (each source's exact share).
+    pub fn weights(&self) -> &Weights {
+        self.kind().schedule.weights()
     }
 
     /// Tokenizer threads of all sources.
@@ -216,12 +219,9 @@ impl Loader<TokenMix> {
         }
         // The rows of the saved epoch over all ranks, less those delivered, shared by these ranks.
         let bs = c.batch_size as u64;
-        let old_rows = old_end.unwrap_or_else(|| k.rows_for(*old_world));
+        let old_rows = old_end.unwrap_or_else(|| rows_per_rank(c, k.spec.epoch_items.unwrap_or(0), *old_world));
         let done = (next_batch * bs).min(old_rows);
-        let mut left = (old_rows - done) * *old_world as u64 / c.world_size as u64;
-        if c.drop_last {
-            left = left / bs * bs;
-        }
+        let left = rows_per_rank(c, (old_rows - done) * *old_world as u64, c.world_size);
         let st = MixState {
             seed: c.seed,
             epoch,
@@ -256,16 +256,14 @@ impl Loader<TokenMix> {
     }
 }
 
-impl TokenMix {
-    /// Rows per rank of an epoch over `world` ranks.
-    fn rows_for(&self, world: usize) -> u64 {
-        let c = self.host.config();
-        let per_rank = self.spec.epoch_items.unwrap_or(0) / world as u64;
-        if c.drop_last {
-            per_rank / c.batch_size as u64 * c.batch_size as u64
-        } else {
-            per_rank
-        }
+/// Each of `world` ranks' share of `rows` rows over all ranks, cut to whole batches with
+/// `drop_last`.
+fn rows_per_rank(c: &TokenConfig, rows: u64, world: usize) -> u64 {
+    let per_rank = rows / world as u64;
+    if c.drop_last {
+        per_rank / c.batch_size as u64 * c.batch_size as u64
+    } else {
+        per_rank
     }
 }
 
@@ -342,7 +340,7 @@ impl Kind for TokenMix {
             let busy = secs(&st.read_ns) + secs(&st.pack_ns) + secs(&st.tokenize_ns) / sub.threads().max(1) as u64;
             self.tally.set_work(d, busy, secs(&st.rows));
         }
-        let mixture = self.tally.report(&self.spec);
+        let mixture = self.tally.report(&self.spec, self.schedule.weights());
         let counts = self.subs.iter().map(|s| s.stats().counts(0.0)).collect();
         let stages = |wall: f64| {
             mixture
