@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Writes image-text pair shards as img2dataset and DataComp leave them, broken members included.
 
-    python scripts/make-pairs.py OUT_DIR [--shards 4] [--per-shard 32] [--seed 0] [--photos DIR] [--no-index]
+    python scripts/make-pairs.py OUT_DIR [--shards 4] [--per-shard 32] [--seed 0] [--photos DIR]
+        [--min-side 64] [--max-side 320] [--no-index]
 
 Each shard `OUT_DIR/NNNNN.tar` is a WebDataset tar: per sample `KEY.jpg`, `KEY.txt` (the caption,
 UTF-8) and `KEY.json` (`caption`, `url`, `key`, `status`, `width`, `height`, `original_width`,
@@ -12,8 +13,11 @@ per shard).
 
 Images: random crops of the photos in `--photos DIR` (default: the demo photos embedded in stoker,
 made with `stoker.make_demo`, so the script runs on a clean clone; `/work/shared/photos` on the
-development machine is another choice), resized to 64..320 pixels a side and saved as JPEG with
-Pillow. Captions: sentences of `tests/data/text/wiki-sample.jsonl.zst` (Wikipedia, CC BY-SA 3.0).
+development machine is another choice), resized so that the longer side is `--min-side` to
+`--max-side` pixels (default 64..320, small shards for tests; 256..512 spans what img2dataset leaves
+with the usual settings: `--image_size 256` for LAION-400M, 384 for LAION-2B, and DataComp's 512
+with `keep_ratio_largest`, a longer side of at most 512) and saved as JPEG with Pillow.
+Captions: sentences of `tests/data/text/wiki-sample.jsonl.zst` (Wikipedia, CC BY-SA 3.0).
 
 Broken and unusual samples, on purpose, in shard 0 (one of each, listed in `manifest.json` with
 their `kind`):
@@ -75,13 +79,14 @@ def photos(folder: Path | None, seed: int, tmp: Path) -> list[Image.Image]:
     return [Image.open(p).convert("RGB") for p in paths]
 
 
-def picture(rng: random.Random, sources: list[Image.Image]) -> tuple[bytes, int, int, int, int]:
-    """A random crop of a source, resized: `(jpeg, width, height, original width, original height)`."""
+def picture(rng: random.Random, sources: list[Image.Image], sides: tuple[int, int]) -> tuple[bytes, int, int, int, int]:
+    """A random crop of a source, resized to a longer side in `sides`: `(jpeg, width, height, original
+    width, original height)`."""
     src = rng.choice(sources)
     w, h = src.size
     cw, ch = rng.randint(max(8, w // 4), w), rng.randint(max(8, h // 4), h)
     x, y = rng.randint(0, w - cw), rng.randint(0, h - ch)
-    scale = rng.uniform(64, 320) / max(cw, ch)
+    scale = rng.uniform(*sides) / max(cw, ch)
     out_w, out_h = max(8, round(cw * scale)), max(8, round(ch * scale))
     img = src.crop((x, y, x + cw, y + ch)).resize((out_w, out_h), Image.BILINEAR)
     buf = io.BytesIO()
@@ -103,10 +108,14 @@ def main() -> None:
     ap.add_argument("--per-shard", type=int, default=32, help="keys per shard before the gaps")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--photos", type=Path, default=None, help="a folder of images (default: stoker's demo)")
+    ap.add_argument("--min-side", type=int, default=64, help="shortest longer side of an image, pixels")
+    ap.add_argument("--max-side", type=int, default=320, help="longest longer side of an image, pixels")
     ap.add_argument("--no-index", action="store_true", help="do not run `stoker index` on the shards")
     a = ap.parse_args()
     if a.shards < 1 or a.per_shard < len(SPECIAL) + 1:
         raise SystemExit(f"need --shards >= 1 and --per-shard >= {len(SPECIAL) + 1}")
+    if not 8 <= a.min_side <= a.max_side:
+        raise SystemExit("need 8 <= --min-side <= --max-side")
     rng = random.Random(a.seed)
     a.out.mkdir(parents=True, exist_ok=True)
     texts = sentences()
@@ -127,7 +136,7 @@ def main() -> None:
                         missing.append(key)
                         continue
                     kind = kinds.pop(0) if kinds else "ok"
-                    jpeg, w, h, ow, oh = picture(rng, sources)
+                    jpeg, w, h, ow, oh = picture(rng, sources, (a.min_side, a.max_side))
                     caption: str | None = rng.choice(texts)
                     meta = {
                         "caption": caption,

@@ -15,7 +15,7 @@ from . import transforms
 from ._stoker import LIBJPEG_TURBO_VERSION, __version__
 from .arrays import ArrayLoader
 from .errors import ConfigError, DatasetError, DecodeError, DeviceError, MemoryLimitError, ReadError, StokerError
-from .loader import ImageLoader
+from .loader import ImageLoader, PairLoader
 from .text import TokenLoader
 
 
@@ -47,7 +47,7 @@ def cuda_memory_in_use() -> tuple[int, int]:
     return _stoker.cuda_memory_in_use()
 
 
-__all__ = ["ImageLoader", "ArrayLoader", "TokenLoader", "transforms", "make_demo", "cuda_probe", "cuda_memory_in_use",
+__all__ = ["ImageLoader", "PairLoader", "ArrayLoader", "TokenLoader", "transforms", "make_demo", "cuda_probe", "cuda_memory_in_use",
            "StokerError",
            "ConfigError", "DatasetError", "DecodeError", "ReadError", "MemoryLimitError", "DeviceError", "__version__",
            "LIBJPEG_TURBO_VERSION"]

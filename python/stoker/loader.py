@@ -6,7 +6,7 @@ import importlib.util
 import json
 import operator
 import os
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from . import _stoker
 from ._base import BatchIterator, LoaderBase, Normalizer, converter, native_device, process_group, track
@@ -188,7 +188,8 @@ class ImageLoader(LoaderBase):
             memory_limit=memory_limit, on_error=on_error, max_pixels=max_pixels, max_file_bytes=max_file_bytes,
             max_failures=max_failures, cache=os.fspath(cache) if isinstance(cache, os.PathLike) else cache,
             cache_bytes=cache_bytes, cache_max_side=cache_max_side, dct_scaling=dct_scaling, roi=roi,
-            trace=os.fspath(trace) if isinstance(trace, os.PathLike) else trace, trace_events=trace_events)
+            trace=os.fspath(trace) if isinstance(trace, os.PathLike) else trace, trace_events=trace_events,
+            captions=getattr(self, "_captions", None))
         self._start()
         native = self._loader()
         mix = native.mixture_json()
@@ -232,6 +233,11 @@ class ImageLoader(LoaderBase):
         return BatchIterator(self._loader().iter(), converter(self._torch),
                              lambda b: (b.images, b.labels, ids(b.indices)), self._normalizer)
 
+    def keys(self, indices: Sequence[int]) -> list[str]:
+        """The keys of the dataset's samples ``indices`` (a batch's ``indices``): WebDataset's
+        keys for shards (``KEY`` of ``KEY.jpg``), the path without its extension for a folder."""
+        return self._loader().keys(list(indices))
+
     @property
     def sources(self) -> list[str] | None:
         """A mixture's source names, by the ids its batches carry (``None``: one dataset)."""
@@ -260,4 +266,72 @@ class ImageLoader(LoaderBase):
                 f"threads={self.threads}, rank={self.rank}/{self.world_size}, device={self.device!r})")
 
 
-__all__ = ["ImageLoader"]
+class PairIterator(BatchIterator):
+    """Yields each image-text pair batch as a dict: ``images``, ``input_ids``,
+    ``attention_mask`` (converted views) and ``keys`` (a list of str)."""
+
+    def __init__(self, native: Any, convert: Callable[[Any], Any], first: Callable[[Any], Any] | None,
+                 keys: Callable[[list[int]], list[str]]) -> None:
+        super().__init__(native, convert, lambda b: (b.images, b.input_ids, b.attention_mask), first)
+        self._keys = keys
+
+    def __next__(self) -> dict[str, Any]:  # type: ignore[override]
+        b = self._native.__next__()
+        images, input_ids, attention_mask = (self._convert(v) for v in self._views(b))
+        if self._first is not None:
+            images = self._first(images)
+        return {"images": images, "input_ids": input_ids, "attention_mask": attention_mask,
+                "keys": self._keys(b.indices)}
+
+
+class PairLoader(ImageLoader):
+    """Batches of image-text pairs from WebDataset shards in img2dataset's layout (``KEY.jpg``
+    beside ``KEY.txt`` and ``KEY.json``, as LAION and DataComp ship them), for CLIP-style
+    training.
+
+    Iterating yields dicts: ``images`` exactly as :class:`ImageLoader` makes them from the same
+    shards and arguments (``preset``, ``transforms``, ``dtype``, ``device``, ...), ``input_ids``
+    and ``attention_mask`` (int32, ``[N, context_length]``) and ``keys`` (each sample's
+    WebDataset key). A caption row is the start of text, the caption's ids from ``tokenizer``
+    (any ``tokenizer.json`` with ``<|startoftext|>`` and ``<|endoftext|>``: CLIP's), the end of
+    text, then ``pad_id``; a caption longer than ``context_length`` is cut with the end of text
+    in the last place. ``clean='open_clip'`` (with ``pad_id=0``, the defaults) cleans captions as
+    open_clip's tokenizer does except for ftfy; ``clean='none', pad_id=49407`` gives HuggingFace
+    ``CLIPTokenizerFast(padding='max_length', truncation=True)``'s ids.
+
+    ``caption`` says where each caption is: ``'txt'`` (``KEY.txt``, the default), ``'json'``
+    (the ``caption`` field of ``KEY.json``) or ``'json:FIELD'``. Extensions match in any case.
+    A sample without an image or without its caption member is not a sample (listed in
+    ``report()['skipped']``); a corrupt image, a caption that is not UTF-8 or a JSON member
+    without the field is a bad sample (``on_error``). The shards must be indexed by this
+    version of stoker (``stoker index SHARDS``: the index lists each image's text members).
+    Sharding by rank, resume (``state_dict``), ``len`` and the report are
+    :class:`ImageLoader`'s; the report has a ``caption`` stage.
+    """
+
+    def __init__(self, root: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
+                 batch_size: int = 256, *, tokenizer: str | os.PathLike[str], context_length: int = 77,
+                 pad_id: int = 0, clean: str = "open_clip", caption: str = "txt", **kwargs: Any) -> None:
+        if isinstance(root, Mapping):
+            raise ConfigError("invalid argument `root`: a pair loader reads one dataset of shards, not a mixture")
+        self._captions = {"tokenizer": os.fspath(tokenizer), "context_length": context_length, "pad_id": pad_id,
+                          "clean": clean, "caption": caption}
+        super().__init__(root, batch_size, **kwargs)
+
+    @property
+    def context_length(self) -> int:
+        """Ids per caption row."""
+        n: int = self._loader().context_length
+        return n
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:  # type: ignore[override]
+        return PairIterator(self._loader().iter(), converter(self._torch), self._normalizer, self._loader().keys)
+
+    def __repr__(self) -> str:
+        root = self._roots[0] if len(self._roots) == 1 else self._roots
+        return (f"PairLoader({root!r}, batch_size={self.batch_size}, batches={len(self)}, "
+                f"context_length={self.context_length}, threads={self.threads}, "
+                f"rank={self.rank}/{self.world_size}, device={self.device!r})")
+
+
+__all__ = ["ImageLoader", "PairLoader"]

@@ -49,7 +49,13 @@ const POLL: Duration = Duration::from_millis(20);
 
 /// The region capacities of an image loader's batches: the images buffer, then the labels.
 pub fn image_regions(loader: &stoker::Loader) -> Vec<usize> {
-    vec![loader.pool().batch_bytes(), loader.sampler().spec().batch_size * 8]
+    let batch_size = loader.sampler().spec().batch_size;
+    let mut regions = vec![loader.pool().batch_bytes(), batch_size * 8];
+    // An image-text pair batch's caption ids and mask (int32 rows).
+    if let Some(n) = loader.context_length() {
+        regions.extend([batch_size * n * 4; 2]);
+    }
+    regions
 }
 
 /// The streams a batch was used on, for its release events.

@@ -25,12 +25,14 @@ impl Rows for stoker::Batch {
     fn sample_indices(&self) -> Vec<u32> {
         self.indices()
     }
-    /// Region 0 is the images, region 1 the labels.
+    /// Region 0 is the images, region 1 the labels; an image-text pair batch's caption ids
+    /// and attention mask are regions 2 and 3.
     fn region_ptr(&self, k: usize) -> *const u8 {
-        if k == 0 {
-            self.data_ptr()
-        } else {
-            self.labels_ptr().cast::<u8>()
+        match k {
+            0 => self.data_ptr(),
+            1 => self.labels_ptr().cast::<u8>(),
+            2 => self.input_ids().as_ptr().cast::<u8>(),
+            _ => self.attention_mask().as_ptr().cast::<u8>(),
         }
     }
     fn meta_rows(meta: &ImageMeta) -> usize {
@@ -56,6 +58,15 @@ impl PyBatch {
     pub(crate) fn new(inner: Held) -> Self {
         PyBatch { inner }
     }
+
+    /// The view of caption region `k` (2: ids, 3: mask), when the batch has captions.
+    fn caption_rows(&self, k: usize) -> Option<PyTensor> {
+        let n = match &self.inner {
+            Held::Host(b) => b.context_length(),
+            Held::Device(b) => b.meta().context_length,
+        };
+        (n > 0).then(|| PyTensor { src: Source::Rows(self.inner.clone(), k, n) })
+    }
 }
 
 batch_class! { PyBatch, shares [indices device], {
@@ -76,6 +87,20 @@ batch_class! { PyBatch, shares [indices device], {
             },
             Held::Host(_) => PyTensor { src: Source::Labels(self.inner.clone()) },
         }
+    }
+
+    /// An image-text pair batch's caption ids (int32, `[N, context_length]`), as a
+    /// DLPack-exporting view; `None` for images alone.
+    #[getter]
+    fn input_ids(&self) -> Option<PyTensor> {
+        self.caption_rows(2)
+    }
+
+    /// An image-text pair batch's attention mask (int32, `[N, context_length]`: 1 for the
+    /// caption's ids, 0 for padding); `None` for images alone.
+    #[getter]
+    fn attention_mask(&self) -> Option<PyTensor> {
+        self.caption_rows(3)
     }
 
     /// The epoch.
@@ -103,6 +128,8 @@ enum Source {
     Labels(Held),
     /// A GPU batch's labels in their own buffer (`len` labels), without the batch.
     DeviceLabels(Arc<DeviceRegion>, usize),
+    /// A pair batch's int32 rows of region `k`, `n` values each (caption ids or mask).
+    Rows(Held, usize, usize),
 }
 
 fn dl_dtype(d: DType) -> DLDataType {
@@ -118,6 +145,7 @@ impl TensorClass for PyTensor {
         match &self.src {
             Source::Images(b) => b.region(0),
             Source::Labels(b) => b.region(1),
+            Source::Rows(b, k, _) => b.region(*k),
             Source::DeviceLabels(r, _) => {
                 (r.ptr() as *const u8, Location::Cuda { batch: r.clone(), ordinal: r.ordinal() }, r.clone())
             }
@@ -135,6 +163,7 @@ impl TensorClass for PyTensor {
             }
             Source::Labels(b) => (vec![b.len() as i64], DLDataType::I64),
             Source::DeviceLabels(_, n) => (vec![*n as i64], DLDataType::I64),
+            Source::Rows(b, _, n) => (vec![b.len() as i64, *n as i64], DLDataType::I32),
         })
     }
 }

@@ -31,7 +31,9 @@ impl PyLoader {
         let target = py.detach(|| Target::resolve(device, ordinal)).py_err()?;
         let (config, normalize) = stoker::args::image_config(args_of(args_json)?, target.on_gpu()).py_err()?;
         py.detach(move || {
-            let dataset = if config.parts.is_empty() {
+            let dataset = if let Some(c) = &config.captions {
+                stoker::source::open_pairs(&roots, c.field.member())?
+            } else if config.parts.is_empty() {
                 stoker::source::open(&roots)?
             } else {
                 stoker::source::mix::open_mixture(&config.parts)?
@@ -133,6 +135,17 @@ loader_class! { PyLoader => PyIter, shares [positioned traced], {
     #[getter]
     fn dtype(&self) -> &'static str {
         self.on.loader.plan().spec().dtype.name()
+    }
+
+    /// Ids per caption row of an image-text pair loader (`None`: images alone).
+    #[getter]
+    fn context_length(&self) -> Option<usize> {
+        self.on.loader.context_length()
+    }
+
+    /// The keys of the samples `indices` (WebDataset's, for shards).
+    fn keys(&self, indices: Vec<u32>) -> Vec<String> {
+        self.on.loader.keys(&indices)
     }
 
     /// Zeroes the counters of the report.

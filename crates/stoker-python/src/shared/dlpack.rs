@@ -37,6 +37,8 @@ impl DLDataType {
 
     /// Unsigned 8-bit integer.
     pub const U8: Self = DLDataType { code: 1, bits: 8, lanes: 1 };
+    /// Signed 32-bit integer.
+    pub const I32: Self = DLDataType { code: 0, bits: 32, lanes: 1 };
     /// Signed 64-bit integer.
     pub const I64: Self = DLDataType { code: 0, bits: 64, lanes: 1 };
     /// IEEE half.

@@ -99,7 +99,7 @@ impl TensorClass for PyTokenTensor {
             4 => vec![rows as i64],
             _ => vec![rows as i64, seq_len as i64],
         };
-        Ok((shape, DLDataType::new(0, 32)))
+        Ok((shape, DLDataType::I32))
     }
 }
 

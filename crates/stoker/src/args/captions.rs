@@ -1,10 +1,11 @@
 //! The caption encoder's rule book: `context_length`, `pad_id` and `clean` ([`caption_options`]);
 //! their limits are [`check_caption_values`], which [`crate::tokens::CaptionEncoder::new`] also
-//! runs on options made by hand, with its tokenizer's vocabulary.
+//! runs on options made by hand, with its tokenizer's vocabulary. A pair loader's `captions`
+//! argument ([`captions`]) adds the tokenizer file and where the caption is (`caption`).
 
 use super::values::{check_caption_values, shown, text, unsigned, MAX_CONTEXT_LENGTH};
 use crate::error::{Error, Result};
-use crate::tokens::{CaptionOptions, Clean};
+use crate::tokens::{CaptionField, CaptionOptions, CaptionSpec, Clean};
 use serde_json::Value;
 
 /// [`CaptionOptions`] from the values given (`None`: not given): `context_length` (an integer
@@ -33,6 +34,48 @@ pub fn caption_options(
     Ok(o)
 }
 
+/// A pair loader's captions from the object `v`: `tokenizer` (a `tokenizer.json` path),
+/// `context_length`, `pad_id`, `clean` (see [`caption_options`]) and `caption`: `"txt"` (the
+/// default: `KEY.txt`), `"json"` (the `caption` field of `KEY.json`) or `"json:FIELD"`.
+pub fn captions(v: &Value) -> Result<CaptionSpec> {
+    let Value::Object(o) = v else {
+        return Err(Error::config("captions", format!("expected an object, got {}", shown(v))));
+    };
+    if let Some(k) =
+        o.keys().find(|k| !["tokenizer", "context_length", "pad_id", "clean", "caption"].contains(&k.as_str()))
+    {
+        return Err(Error::config("captions", format!("unknown field {k:?}")));
+    }
+    let tokenizer = match o.get("tokenizer") {
+        None | Some(Value::Null) => {
+            return Err(Error::config(
+                "tokenizer",
+                "a pair loader needs a tokenizer.json (CLIP's, or any with <|startoftext|> and <|endoftext|>)",
+            ))
+        }
+        Some(t) => text("tokenizer", t, "a path to a tokenizer.json")?,
+    };
+    if tokenizer.is_empty() {
+        return Err(Error::config("tokenizer", "empty path"));
+    }
+    let field = match o.get("caption") {
+        None | Some(Value::Null) => CaptionField::Txt,
+        Some(c) => caption_field(text("caption", c, "'txt', 'json' or 'json:FIELD'")?)?,
+    };
+    let options = caption_options(o.get("context_length"), o.get("pad_id"), o.get("clean"))?;
+    Ok(CaptionSpec { tokenizer: tokenizer.into(), options, field })
+}
+
+/// `txt`, `json` (the field `caption`) or `json:FIELD`.
+fn caption_field(s: &str) -> Result<CaptionField> {
+    match s.split_once(':') {
+        None if s == "txt" => Ok(CaptionField::Txt),
+        None if s == "json" => Ok(CaptionField::Json("caption".into())),
+        Some(("json", field)) if !field.is_empty() => Ok(CaptionField::Json(field.into())),
+        _ => Err(Error::config("caption", format!("expected 'txt', 'json' or 'json:FIELD', got {s:?}"))),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -48,6 +91,27 @@ mod tests {
         assert_eq!(o, CaptionOptions { context_length: 64, pad_id: 49407, clean: Clean::None });
         assert_eq!(caption_options(Some(&json!(2)), None, None).unwrap().context_length, 2);
         assert_eq!(caption_options(Some(&json!(65536)), None, None).unwrap().context_length, 65536);
+    }
+
+    #[test]
+    fn pair_captions() {
+        let c = captions(&json!({"tokenizer": "t.json"})).unwrap();
+        assert_eq!(
+            (c.tokenizer.to_str(), c.field, c.options),
+            (Some("t.json"), CaptionField::Txt, CaptionOptions::default())
+        );
+        let field = |s: &str| captions(&json!({"tokenizer": "t.json", "caption": s})).map(|c| c.field);
+        assert_eq!(field("json").unwrap(), CaptionField::Json("caption".into()));
+        assert_eq!(field("json:alt_text").unwrap(), CaptionField::Json("alt_text".into()));
+        for bad in ["json:", "csv", "txt:x", ""] {
+            assert!(field(bad).unwrap_err().to_string().contains("`caption`"), "{bad}");
+        }
+        let e = captions(&json!({"context_length": 77})).unwrap_err().to_string();
+        assert!(e.contains("`tokenizer`"), "{e}");
+        let e = captions(&json!({"tokenizer": "t.json", "max_len": 3})).unwrap_err().to_string();
+        assert!(e.contains("\"max_len\""), "{e}");
+        let e = captions(&json!({"tokenizer": "t.json", "context_length": 1})).unwrap_err().to_string();
+        assert!(e.contains("`context_length`"), "{e}");
     }
 
     #[test]

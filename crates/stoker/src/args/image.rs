@@ -78,7 +78,8 @@ pub fn image_config(
 /// `seed`, `drop_last`, `rank`, `world_size` (torchrun's environment by default), `threads`,
 /// `io_threads`, `prefetch` (a number or `auto`), `cpu_budget`, `memory_limit`, `on_error`
 /// (`skip`, `raise`), `dct_scaling`, `roi`, `max_pixels`, `max_file_bytes`, `max_failures`,
-/// `cache`, `cache_bytes`, `cache_max_side`, `trace`, `trace_events`. An unknown name is an
+/// `cache`, `cache_bytes`, `cache_max_side`, `trace`, `trace_events`, and for image-text pairs
+/// `captions` ([`super::captions()`]). An unknown name is an
 /// error. The environment ([`super::Env`]) is read, checked and applied first.
 pub fn loader_config(args: Args) -> Result<LoaderConfig> {
     loader_config_in(args, &apply_env()?)
@@ -124,6 +125,12 @@ pub(super) fn loader_config_in(args: Args, env: &Env) -> Result<LoaderConfig> {
         let (spec, sources) = super::mixture::mixture(&v)?;
         c.parts = sources.into_iter().map(image_part).collect::<Result<_>>()?;
         c.sampler.mixture = Some(spec);
+    }
+    if let Some(v) = a.take("captions") {
+        if c.sampler.mixture.is_some() {
+            return Err(Error::config("root", "a pair loader reads one dataset of shards, not a mixture"));
+        }
+        c.captions = Some(super::captions::captions(&v)?);
     }
     a.finish()?;
     batch_bytes(c.sampler.batch_size, sample_bytes(&c.transform)?)?;

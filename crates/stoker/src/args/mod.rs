@@ -32,7 +32,7 @@
 //! - `image.rs`, `arrays.rs`, `tokens.rs`: each kind's config ([`loader_config`] and
 //!   [`image_config`], [`array_config`], [`token_config`] and [`token_state`]);
 //! - `captions.rs`: the caption encoder's options ([`caption_options`]; their limits are
-//!   [`values::check_caption_values`]);
+//!   [`values::check_caption_values`]) and a pair loader's captions ([`captions`]);
 //! - `state.rs`: the saved states of image and array loaders ([`saved_state`],
 //!   [`saved_states`]).
 //!
@@ -52,7 +52,7 @@ mod tokens;
 pub mod values;
 
 pub use arrays::array_config;
-pub use captions::caption_options;
+pub use captions::{caption_options, captions};
 pub use env::{
     apply_env, budget_registry_path, env_cache_ttl, env_threads, index_dir, local_rank, object_timeout, BudgetEnv, Env,
     CACHE_TTL_VAR, INDEX_DIR_VAR, OBJECT_TIMEOUT_VAR, THREADS_VAR,

@@ -206,10 +206,13 @@ pub struct Slot {
     pub(crate) len: AtomicUsize,
     /// Failures of the current batch: (dataset index, error).
     pub(crate) errors: Mutex<Vec<(u32, Error)>>,
+    /// Further per-sample regions (an image-text pair's caption ids and mask): each buffer and
+    /// its bytes per sample, compacted with the samples.
+    extras: Box<[(RawBuf, usize)]>,
 }
 
 impl Slot {
-    fn new(capacity: usize, sample_bytes: usize, alloc: &dyn HostAllocator) -> Result<Self> {
+    fn new(capacity: usize, sample_bytes: usize, extras: &[usize], alloc: &dyn HostAllocator) -> Result<Self> {
         // The sizes are checked by `crate::args::batch_bytes` for configured loaders; checked
         // again here, and the bookkeeping allocated fallibly, so no size reaches an abort.
         let too_large = || {
@@ -224,7 +227,13 @@ impl Slot {
         status.try_reserve_exact(capacity).map_err(|_| too_large())?;
         indices.extend((0..capacity).map(|_| AtomicU32::new(0)));
         status.extend((0..capacity).map(|_| AtomicU8::new(PENDING)));
+        let extras = extras
+            .iter()
+            .map(|&b| Ok((RawBuf::new_in(capacity.checked_mul(b).ok_or_else(too_large)?, alloc)?, b)))
+            .collect::<Result<Vec<_>>>()?
+            .into_boxed_slice();
         Ok(Slot {
+            extras,
             data: RawBuf::new_in(data, alloc)?,
             labels: RawBuf::new_in(capacity.checked_mul(8).ok_or_else(too_large)?, alloc)?,
             sample_bytes,
@@ -264,6 +273,24 @@ impl Slot {
         unsafe { self.data.slice_mut(pos * self.sample_bytes, self.sample_bytes) }
     }
 
+    /// Extra region `k` of position `pos` (see [`BufferPool::with_extras`]).
+    ///
+    /// # Safety
+    /// As for [`Slot::sample_mut`].
+    #[allow(clippy::mut_from_ref)]
+    pub(crate) unsafe fn extra_mut(&self, k: usize, pos: usize) -> &mut [u8] {
+        let (buf, b) = &self.extras[k];
+        // SAFETY: positions are disjoint regions, each owned by one worker (caller's contract).
+        unsafe { buf.slice_mut(pos * b, *b) }
+    }
+
+    /// The delivered rows of extra region `k` (valid once the batch is complete).
+    pub(crate) fn extra(&self, k: usize) -> &[u8] {
+        let (buf, b) = &self.extras[k];
+        // SAFETY: called only on completed batches, which no worker writes any more.
+        unsafe { buf.slice(self.len.load(Ordering::Acquire) * b) }
+    }
+
     /// Records the outcome of position `pos`; returns `true` if this finished the batch.
     pub(crate) fn finish(&self, pos: usize, label: Option<i64>) -> bool {
         match label {
@@ -293,6 +320,9 @@ impl Slot {
                     unsafe {
                         std::ptr::copy(self.data.as_ptr().add(pos * sb), self.data.as_ptr().add(out * sb), sb);
                         std::ptr::copy(self.labels.as_ptr().add(pos * 8), self.labels.as_ptr().add(out * 8), 8);
+                        for (buf, b) in self.extras.iter() {
+                            std::ptr::copy(buf.as_ptr().add(pos * b), buf.as_ptr().add(out * b), *b);
+                        }
                     }
                     self.indices[out].store(self.indices[pos].load(Ordering::Relaxed), Ordering::Relaxed);
                 }
@@ -337,6 +367,8 @@ pub struct BufferPool {
     alloc: Arc<dyn HostAllocator>,
     capacity: usize,
     sample_bytes: usize,
+    /// Bytes per sample of each extra region.
+    extras: Vec<usize>,
 }
 
 impl std::fmt::Debug for BufferPool {
@@ -378,10 +410,23 @@ impl BufferPool {
         alloc: Arc<dyn HostAllocator>,
         memory_limit: Option<u64>,
     ) -> Result<Self> {
+        Self::with_extras(slots, capacity, sample_bytes, &[], alloc, memory_limit)
+    }
+
+    /// [`BufferPool::new_in`] with further per-sample regions of `extras` bytes each (an
+    /// image-text pair's caption ids and mask), beside the samples and labels of every slot.
+    pub fn with_extras(
+        slots: usize,
+        capacity: usize,
+        sample_bytes: usize,
+        extras: &[usize],
+        alloc: Arc<dyn HostAllocator>,
+        memory_limit: Option<u64>,
+    ) -> Result<Self> {
         let (free_tx, free_rx) = crossbeam_channel::bounded(slots);
         let mut addresses = Vec::with_capacity(slots);
         for _ in 0..slots {
-            let slot = Slot::new(capacity, sample_bytes, alloc.as_ref())?;
+            let slot = Slot::new(capacity, sample_bytes, extras, alloc.as_ref())?;
             addresses.push(slot.data.as_ptr() as usize);
             free_tx.send(Arc::new(slot)).expect("pool channel has room");
         }
@@ -398,6 +443,7 @@ impl BufferPool {
             alloc,
             capacity,
             sample_bytes,
+            extras: extras.to_vec(),
         })
     }
 
@@ -405,11 +451,12 @@ impl BufferPool {
     /// pool grows (a grown slot is made like the others).
     pub(crate) fn view(&self) -> PoolView<Arc<Slot>> {
         let (alloc, capacity, sample_bytes) = (self.alloc.clone(), self.capacity, self.sample_bytes);
+        let extras = self.extras.clone();
         PoolView {
             free: self.free_tx.clone(),
             held: self.held.clone(),
             growth: self.growth.clone(),
-            make: Arc::new(move || Slot::new(capacity, sample_bytes, alloc.as_ref()).map(Arc::new)),
+            make: Arc::new(move || Slot::new(capacity, sample_bytes, &extras, alloc.as_ref()).map(Arc::new)),
         }
     }
 
@@ -421,6 +468,11 @@ impl BufferPool {
     /// Bytes of one batch buffer.
     pub fn batch_bytes(&self) -> usize {
         self.batch_bytes
+    }
+
+    /// Bytes of one batch's extra region `k` (see [`BufferPool::with_extras`]).
+    pub fn extra_bytes(&self, k: usize) -> usize {
+        self.capacity.saturating_mul(self.extras[k])
     }
 
     /// Bytes of all batch buffers together.
@@ -485,11 +537,14 @@ mod tests {
 
     #[test]
     fn compaction_keeps_order() {
-        let s = Slot::new(4, 2, &HeapAllocator).unwrap();
+        let s = Slot::new(4, 2, &[3], &HeapAllocator).unwrap();
         s.reset(0, &[10, 11, 12, 13]);
         for pos in 0..4 {
             // SAFETY: (test) one thread owns every position.
-            unsafe { s.sample_mut(pos).fill(pos as u8) };
+            unsafe {
+                s.sample_mut(pos).fill(pos as u8);
+                s.extra_mut(0, pos).fill(10 + pos as u8);
+            }
         }
         assert!(!s.finish(0, Some(0)));
         assert!(!s.finish(1, None));
@@ -498,6 +553,7 @@ mod tests {
         s.compact();
         assert_eq!(s.data(), &[0, 0, 2, 2, 3, 3]);
         assert_eq!(s.labels(), &[0, 2, 3]);
+        assert_eq!(s.extra(0), &[10, 10, 10, 12, 12, 12, 13, 13, 13]);
         assert_eq!(s.indices().collect::<Vec<_>>(), vec![10, 12, 13]);
     }
 }

@@ -46,10 +46,61 @@ pub trait Source: Send + Sync + 'static {
     fn parts(&self) -> Option<Vec<usize>> {
         None
     }
+    /// Reads sample `i`'s `kind` text member (an image-text pair's `KEY.txt` or `KEY.json`) into
+    /// `buf` (cleared first). An error naming the sample when it has none: only indexed shards
+    /// hold text members.
+    fn read_text(&self, i: usize, kind: TextKind, buf: &mut Vec<u8>) -> Result<()> {
+        let _ = buf;
+        let why = format!("no {}: only tar shards hold KEY.{} members", kind.what(), kind.extension());
+        Err(Error::decode(self.describe(i), why))
+    }
+    /// The key of sample `i`: WebDataset's key (the member name up to its first '.') for
+    /// shards, the path without its extension otherwise.
+    fn key(&self, i: usize) -> String {
+        self.describe(i).with_extension("").to_string_lossy().into_owned()
+    }
     /// Gives up the reads in flight now (called when an iteration stops, before its threads
     /// are joined): a read from a store that does not answer returns an error at once instead
     /// of waiting for its time-out, so Ctrl-C and drop stay prompt. Local files need nothing.
     fn abandon_reads(&self) {}
+}
+
+/// A text member beside a sample's image in a shard: what an image-text pair's caption is
+/// read from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TextKind {
+    /// `KEY.txt`: the caption.
+    Txt = 0,
+    /// `KEY.json`: metadata (img2dataset writes the caption there too).
+    Json = 1,
+}
+
+impl TextKind {
+    /// The kind of a member with extension `ext` (lowercase), if it is a text member.
+    pub fn of_extension(ext: &str) -> Option<TextKind> {
+        match ext {
+            "txt" => Some(TextKind::Txt),
+            "json" => Some(TextKind::Json),
+            _ => None,
+        }
+    }
+
+    /// The extension, lowercase.
+    pub fn extension(self) -> &'static str {
+        match self {
+            TextKind::Txt => "txt",
+            TextKind::Json => "json",
+        }
+    }
+
+    /// What the member holds, for messages.
+    pub fn what(self) -> &'static str {
+        match self {
+            TextKind::Txt => "caption",
+            TextKind::Json => "metadata",
+        }
+    }
 }
 
 /// What kind of dataset a root names (see [`detect`]).
@@ -181,6 +232,26 @@ pub fn open(roots: &[String]) -> Result<Dataset> {
         DatasetKind::Mixture(_) => return Err(Error::Internal("a root list never names a mixture".into())),
     };
     Ok(Dataset { source, classes, kind, not_samples })
+}
+
+/// Opens image-text pairs: what `roots` names must be shards ([`detect`]), and only their
+/// samples with a `text` member (the caption) are samples; the others are listed as not
+/// samples, with the reason ([`ShardSource::require_text`]).
+pub fn open_pairs(roots: &[String], text: TextKind) -> Result<Dataset> {
+    let kind = detect(roots)?;
+    let DatasetKind::Shards(specs) = &kind else {
+        return Err(Error::config(
+            "root",
+            format!(
+                "image-text pairs are read from WebDataset tar shards (KEY.jpg beside KEY.{}), not from a folder of images",
+                text.extension()
+            ),
+        ));
+    };
+    let s = open_shards(specs)?.require_text(text)?;
+    let classes = s.classes().to_vec();
+    let not_samples = s.not_samples().to_vec();
+    Ok(Dataset { source: std::sync::Arc::new(s), classes, kind, not_samples })
 }
 
 /// Opens shards given as paths, globs (`*`, `?` in the file name) or object-store URLs

@@ -10,6 +10,12 @@
 //! corrupt index is a clear error naming the file. Indexes of the first format (`STKIDX1`,
 //! without fingerprints) are still read; their samples are checked by name and size.
 //!
+//! The index also records each image's text members (`KEY.txt`, `KEY.json`: an image-text
+//! pair's caption and metadata, as img2dataset writes them; [`TextMember`]), which a pair loader
+//! reads beside the image ([`ShardSource::read_text`], the same header check); a caption without
+//! an image is listed as not a sample. Indexes before the fourth format (`STKIDX4`) have no text
+//! members: a pair loader asks for the index to be made again.
+//!
 //! Indexing streams the shard (headers are read, image data is skipped), so `stoker index`
 //! needs memory for the index, not for the shard; an index is written under a temporary name
 //! and renamed into place. Tar member names are only compared as strings, never used as
@@ -33,7 +39,7 @@
 //!   be resolved, a symbolic link, a device or a FIFO named like an image is not a sample.
 
 use super::tar;
-use super::{Source, IMG_EXTENSIONS};
+use super::{Source, TextKind, IMG_EXTENSIONS};
 use crate::error::{Error, Result};
 use std::io::{Read, Seek, Write};
 use std::os::unix::fs::FileExt;
@@ -43,8 +49,14 @@ use std::path::{Path, PathBuf};
 const MAGIC_V1: &[u8; 8] = b"STKIDX1\0";
 /// The second format (fingerprints; labels as integers, -1 for none).
 const MAGIC_V2: &[u8; 8] = b"STKIDX2\0";
-/// The index format written now (labels as [`Label`]).
-const MAGIC: &[u8; 8] = b"STKIDX3\0";
+/// The third format (labels as [`Label`], no text members).
+const MAGIC_V3: &[u8; 8] = b"STKIDX3\0";
+/// The index format written now (text members beside each image).
+const MAGIC: &[u8; 8] = b"STKIDX4\0";
+
+/// Largest text member (`KEY.txt`, `KEY.json`) a pair loader reads: a caption and its
+/// metadata are a few hundred bytes; the length in the index is untrusted.
+pub const MAX_TEXT_BYTES: u64 = 1 << 20;
 
 /// Largest `.cls` member accepted (a label is a short decimal integer).
 const MAX_LABEL_BYTES: u64 = 4096;
@@ -63,6 +75,21 @@ pub enum Label {
     Dropped(String),
 }
 
+/// A text member of a sample (`KEY.txt` or `KEY.json`, extensions in any case), as indexed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TextMember {
+    /// Which member it is.
+    pub kind: TextKind,
+    /// Its name in the shard.
+    pub member: String,
+    /// Offset of its data in the shard.
+    pub offset: u64,
+    /// Data length.
+    pub length: u64,
+    /// [`tar::Header::fingerprint`] of its header.
+    pub fingerprint: u64,
+}
+
 /// One indexed image member.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct IndexEntry {
@@ -78,6 +105,8 @@ pub struct IndexEntry {
     pub label: Label,
     /// [`tar::Header::fingerprint`] of the member's header (0: unknown, a first-format index).
     pub fingerprint: u64,
+    /// The sample's text members (none before the fourth format).
+    pub texts: Vec<TextMember>,
 }
 
 /// The sidecar index path of `shard`.
@@ -148,6 +177,7 @@ pub fn index_reader<R: Read + Seek>(reader: R, total: u64, shard: &Path) -> Resu
     let mut r = tar::Reader::new(reader, total);
     let mut out: Vec<IndexEntry> = vec![];
     let mut labels: std::collections::HashMap<String, Label> = std::collections::HashMap::new();
+    let mut texts: std::collections::HashMap<String, Vec<TextMember>> = std::collections::HashMap::new();
     // Members without data: an image is listed as not a sample, a label drops its image.
     let note_unread =
         |unread: Vec<tar::Unread>, out: &mut Vec<IndexEntry>, labels: &mut std::collections::HashMap<String, Label>| {
@@ -164,6 +194,7 @@ pub fn index_reader<R: Read + Seek>(reader: R, total: u64, shard: &Path) -> Resu
                         length: 0,
                         label: Label::Dropped(format!("the member is {}", u.reason)),
                         fingerprint: 0,
+                        texts: vec![],
                     });
                 }
             }
@@ -183,6 +214,15 @@ pub fn index_reader<R: Read + Seek>(reader: R, total: u64, shard: &Path) -> Resu
                 parse_label(&m.name, &raw)
             };
             labels.insert(key.to_string(), label);
+        } else if let Some(kind) = TextKind::of_extension(&ext_l) {
+            let text = TextMember {
+                kind,
+                member: m.name.clone(),
+                offset: m.offset,
+                length: m.size,
+                fingerprint: m.fingerprint,
+            };
+            texts.entry(key.to_string()).or_default().push(text);
         } else if IMG_EXTENSIONS.contains(&ext_l.as_str()) {
             out.push(IndexEntry {
                 key: key.to_string(),
@@ -191,27 +231,54 @@ pub fn index_reader<R: Read + Seek>(reader: R, total: u64, shard: &Path) -> Resu
                 length: m.size,
                 label: Label::Missing,
                 fingerprint: m.fingerprint,
+                texts: vec![],
             });
         }
     }
     note_unread(r.take_unread(), &mut out, &mut labels);
+    let mut imaged = std::collections::HashSet::new();
     for e in &mut out {
         if e.label == Label::Missing {
             if let Some(l) = labels.get(&e.key) {
                 e.label = l.clone();
             }
         }
+        if let Some(t) = texts.get(&e.key) {
+            e.texts = t.clone();
+        }
+        imaged.insert(e.key.clone());
+    }
+    // A caption or metadata without an image: listed, so that a pair loader's report counts it.
+    let mut orphans: Vec<TextMember> =
+        texts.into_iter().filter(|(k, _)| !imaged.contains(k)).filter_map(|(_, t)| t.into_iter().next()).collect();
+    orphans.sort_by_key(|t| t.offset);
+    for t in orphans {
+        let key = split_key(&t.member).map(|(k, _)| k.to_string()).unwrap_or_default();
+        out.push(IndexEntry {
+            label: Label::Dropped(format!(
+                "no image: the shard has {} but no image member {key}.jpg/.png/...",
+                t.member
+            )),
+            key,
+            member: t.member,
+            offset: t.offset,
+            length: t.length,
+            fingerprint: t.fingerprint,
+            texts: vec![],
+        });
     }
     Ok(out)
 }
 
 /// Serialises an index for a shard of `shard_size` bytes.
 ///
-/// Format 3 (`STKIDX3`), little-endian: magic, shard size (u64), entry count (u64), then per
+/// Format 4 (`STKIDX4`), little-endian: magic, shard size (u64), entry count (u64), then per
 /// entry: data offset, length and header fingerprint (u64 each), the member name (u32 length,
 /// UTF-8), the label kind (u8: 0 integer, 1 class name, 2 missing, 3 dropped) and its value (an
 /// i64 for an integer, a u32 length and UTF-8 text for a name or a reason, nothing for
-/// missing); last, an xxh3 checksum of everything before it (u64).
+/// missing), then the text members (u8 count; each: u8 kind, 0 `txt` or 1 `json`, data offset,
+/// length and fingerprint, u64 each, and the member name); last, an xxh3 checksum of everything
+/// before it (u64). Format 3 is format 4 without the text members.
 pub fn encode_index(entries: &[IndexEntry], shard_size: u64) -> Vec<u8> {
     let mut b = MAGIC.to_vec();
     b.extend_from_slice(&shard_size.to_le_bytes());
@@ -240,6 +307,16 @@ pub fn encode_index(entries: &[IndexEntry], shard_size: u64) -> Vec<u8> {
                 text(&mut b, why);
             }
         }
+        // At most a few per sample (`txt`, `json`, in any case): a shard with more is cut here.
+        let texts = &e.texts[..e.texts.len().min(u8::MAX as usize)];
+        b.push(texts.len() as u8);
+        for t in texts {
+            b.push(t.kind as u8);
+            for v in [t.offset, t.length, t.fingerprint] {
+                b.extend_from_slice(&v.to_le_bytes());
+            }
+            text(&mut b, &t.member);
+        }
     }
     let sum = xxhash_rust::xxh3::xxh3_64(&b);
     b.extend_from_slice(&sum.to_le_bytes());
@@ -253,7 +330,8 @@ pub fn decode_index(b: &[u8], path: &Path) -> Result<(Vec<IndexEntry>, u64)> {
     let version = match b.get(..8) {
         Some(m) if b.len() >= 32 && m == MAGIC_V1 => 1,
         Some(m) if b.len() >= 32 && m == MAGIC_V2 => 2,
-        Some(m) if b.len() >= 32 && m == MAGIC => 3,
+        Some(m) if b.len() >= 32 && m == MAGIC_V3 => 3,
+        Some(m) if b.len() >= 32 && m == MAGIC => 4,
         _ => return Err(bad("not a stoker index (bad magic)")),
     };
     let (body, sum) = b.split_at(b.len() - 8);
@@ -300,11 +378,30 @@ pub fn decode_index(b: &[u8], path: &Path) -> Result<(Vec<IndexEntry>, u64)> {
                 k => return Err(bad(&format!("unknown label kind {k}"))),
             };
         }
+        let mut texts = vec![];
+        if version >= 4 {
+            for _ in 0..take(1)?[0] {
+                let kind = match take(1)?[0] {
+                    0 => TextKind::Txt,
+                    1 => TextKind::Json,
+                    k => return Err(bad(&format!("unknown text member kind {k}"))),
+                };
+                let (offset, length, fingerprint) = (u64_of(take(8)?), u64_of(take(8)?), u64_of(take(8)?));
+                let n = u32_of(take(4)?);
+                texts.push(TextMember { kind, member: utf8(take(n)?, "member name")?, offset, length, fingerprint });
+            }
+        }
         let key = split_key(&member).map(|(k, _)| k.to_string()).unwrap_or_else(|| member.clone());
-        if offset < tar::BLOCK as u64 || offset.checked_add(length).is_none_or(|end| end > shard_size) {
+        let inside = |offset: u64, length: u64| {
+            offset >= tar::BLOCK as u64 && offset.checked_add(length).is_some_and(|end| end <= shard_size)
+        };
+        if !inside(offset, length) {
             return Err(bad(&format!("entry {member} lies outside the shard")));
         }
-        out.push(IndexEntry { key, member, offset, length, label, fingerprint });
+        if let Some(t) = texts.iter().find(|t| !inside(t.offset, t.length)) {
+            return Err(bad(&format!("entry {} lies outside the shard", t.member)));
+        }
+        out.push(IndexEntry { key, member, offset, length, label, fingerprint, texts });
     }
     if pos != body.len() {
         return Err(bad("trailing bytes"));
@@ -455,6 +552,19 @@ pub struct ShardSource {
     classes: Vec<std::ffi::OsString>,
     /// Image members that are not samples, with the reason.
     not_samples: Vec<(PathBuf, String)>,
+    /// Per sample, its text members by [`TextKind`] (empty when no sample has one).
+    texts: Vec<[Option<TextRef>; 2]>,
+    /// Indexes made before text members were indexed (`STKIDX4`), by name.
+    old_indexes: Vec<String>,
+}
+
+/// Where a sample's text member is (see [`TextMember`]).
+#[derive(Debug, Clone)]
+struct TextRef {
+    offset: u64,
+    length: u32,
+    fingerprint: u64,
+    member: Box<str>,
 }
 
 impl std::fmt::Debug for ShardSource {
@@ -496,6 +606,8 @@ impl ShardSource {
             member_ends: vec![],
             classes: vec![],
             not_samples: vec![],
+            texts: vec![],
+            old_indexes: vec![],
         };
         if let Some(text) = classes {
             // Names exactly as `stoker pack` wrote them: a folder name that is not UTF-8 is kept
@@ -513,6 +625,9 @@ impl ShardSource {
                 ))
             })?;
             let (entries, expected) = decode_index(&bytes, Path::new(&idx))?;
+            if !bytes.starts_with(MAGIC) {
+                out.old_indexes.push(idx.clone());
+            }
             if expected != m.size {
                 return Err(Error::Dataset(format!(
                     "{idx}: index does not match its shard: the index was made for {expected} bytes, the shard has {} (truncated or rewritten shard?)",
@@ -534,6 +649,25 @@ impl ShardSource {
                 let len = u32::try_from(e.length)
                     .map_err(|_| Error::decode(&name, format!("member {} is larger than 4 GiB", e.member)))?;
                 out.samples.push((k as u32, e.offset, len, label));
+                if !e.texts.is_empty() && out.texts.is_empty() {
+                    out.texts.resize(out.samples.len() - 1, [None, None]);
+                }
+                if !out.texts.is_empty() {
+                    let mut refs: [Option<TextRef>; 2] = [None, None];
+                    for t in &e.texts {
+                        // The first of a kind counts (`KEY.txt` before `KEY.TXT`); a member too
+                        // large for a caption is kept, and refused when read, naming its size.
+                        let length = u32::try_from(t.length).unwrap_or(u32::MAX);
+                        let r = TextRef {
+                            offset: t.offset,
+                            length,
+                            fingerprint: t.fingerprint,
+                            member: t.member.as_str().into(),
+                        };
+                        refs[t.kind as usize].get_or_insert(r);
+                    }
+                    out.texts.push(refs);
+                }
                 out.fingerprints.push(e.fingerprint);
                 out.members.push_str(&e.member);
                 out.member_ends.push(out.members.len() as u64);
@@ -568,6 +702,62 @@ impl ShardSource {
     pub fn member(&self, i: usize) -> &str {
         let start = if i == 0 { 0 } else { self.member_ends[i - 1] as usize };
         &self.members[start..self.member_ends[i] as usize]
+    }
+
+    /// The WebDataset key of sample `i` (its member name up to the first '.' of the base name).
+    pub fn key(&self, i: usize) -> &str {
+        let m = self.member(i);
+        split_key(m).map_or(m, |(k, _)| k)
+    }
+
+    fn text(&self, i: usize, kind: TextKind) -> Option<&TextRef> {
+        self.texts.get(i).and_then(|t| t[kind as usize].as_ref())
+    }
+
+    /// Keeps only the samples that have a `kind` text member (a pair loader's captions); the
+    /// others are listed as not samples, with the reason. An error when an index was made
+    /// before text members were indexed, or when no sample is left.
+    pub fn require_text(mut self, kind: TextKind) -> Result<Self> {
+        if let Some(idx) = self.old_indexes.first() {
+            let shard = idx.strip_suffix(".idx").unwrap_or(idx);
+            return Err(Error::Dataset(format!(
+                "{idx}: the index was made by an older stoker and does not list the shard's text members (captions); re-create it with `stoker index {shard}`"
+            )));
+        }
+        let samples = std::mem::take(&mut self.samples);
+        let fingerprints = std::mem::take(&mut self.fingerprints);
+        let texts = std::mem::take(&mut self.texts);
+        let members = std::mem::take(&mut self.members);
+        let member_ends = std::mem::take(&mut self.member_ends);
+        for (i, &sample) in samples.iter().enumerate() {
+            let start = if i == 0 { 0 } else { member_ends[i - 1] as usize };
+            let member = &members[start..member_ends[i] as usize];
+            match texts.get(i) {
+                Some(t) if t[kind as usize].is_some() => {
+                    self.samples.push(sample);
+                    self.fingerprints.push(fingerprints[i]);
+                    self.texts.push(t.clone());
+                    self.members.push_str(member);
+                    self.member_ends.push(self.members.len() as u64);
+                }
+                _ => {
+                    let key = split_key(member).map_or(member, |(k, _)| k);
+                    let shard = self.storage.name(sample.0 as usize);
+                    let why = format!("no {}: the shard has no {key}.{}", kind.what(), kind.extension());
+                    self.not_samples.push((PathBuf::from(format!("{shard}:{member}")), why));
+                }
+            }
+        }
+        if self.samples.is_empty() {
+            return Err(Error::Dataset(format!(
+                "none of the image members of the shards has a {} ({}.{}); {} are not samples",
+                kind.what(),
+                "KEY",
+                kind.extension(),
+                self.not_samples.len()
+            )));
+        }
+        Ok(self)
     }
 }
 
@@ -624,13 +814,17 @@ impl ShardSource {
     /// the indexed name and size).
     fn check_header(&self, i: usize, block: &[u8]) -> Result<()> {
         let (k, offset, len, _) = self.samples[i];
-        let member = self.member(i);
-        let fingerprint = self.fingerprints[i];
+        let member = Member { name: self.member(i), offset, length: len, fingerprint: self.fingerprints[i] };
+        self.check_member(k, &member, block).map_err(|why| Error::decode(self.describe(i), why))
+    }
+
+    /// Why `block` is not the header indexed for `m` in shard `k`, if it is not.
+    fn check_member(&self, k: u32, m: &Member<'_>, block: &[u8]) -> std::result::Result<(), String> {
         let why = match tar::Header::parse(block) {
             Err(e) => e,
             Ok(h) => {
-                let same = match fingerprint {
-                    0 => h.size == u64::from(len) && h.name == member.as_bytes(),
+                let same = match m.fingerprint {
+                    0 => h.size == u64::from(m.length) && h.name == m.name.as_bytes(),
                     f => h.fingerprint() == f,
                 };
                 if h.is_file() && same {
@@ -644,15 +838,29 @@ impl ShardSource {
                 )
             }
         };
-        Err(Error::decode(
-            self.describe(i),
-            format!(
-                "index does not match its shard: no tar header for this member at byte {} ({why}); re-create the index with `stoker index {}`",
-                offset - tar::BLOCK as u64,
-                self.storage.name(k as usize)
-            ),
+        Err(format!(
+            "index does not match its shard: no tar header for {} at byte {} ({why}); re-create the index with `stoker index {}`",
+            m.name,
+            m.offset - tar::BLOCK as u64,
+            self.storage.name(k as usize)
         ))
     }
+
+    /// The failure of a read of `total` bytes at `at` for the member described by `what`.
+    fn read_failed(&self, what: PathBuf, total: usize, at: u64, e: ReadFailure) -> Error {
+        match e {
+            ReadFailure::Unavailable(why) => Error::Unavailable(format!("{}: {why}", what.display())),
+            ReadFailure::Failed(e) => Error::decode(what, format!("cannot read {total} bytes at offset {at}: {e}")),
+        }
+    }
+}
+
+/// An indexed member as a read checks it.
+struct Member<'a> {
+    name: &'a str,
+    offset: u64,
+    length: u32,
+    fingerprint: u64,
 }
 
 impl Source for ShardSource {
@@ -673,12 +881,7 @@ impl Source for ShardSource {
             ));
         }
         let total = tar::BLOCK + len as usize;
-        let failed = |e: ReadFailure| match e {
-            ReadFailure::Unavailable(why) => Error::Unavailable(format!("{}: {why}", self.describe(i).display())),
-            ReadFailure::Failed(e) => {
-                Error::decode(self.describe(i), format!("cannot read {total} bytes at offset {}: {e}", offset - 512))
-            }
-        };
+        let failed = |e: ReadFailure| self.read_failed(self.describe(i), total, offset - tar::BLOCK as u64, e);
         // The read overwrites every byte, so the buffer's old bytes are kept rather than
         // zeroed: only growth past its last length is filled. One positioned read for the
         // member's tar header and its data: split between two buffers where the storage can.
@@ -694,6 +897,33 @@ impl Source for ShardSource {
         buf.copy_within(tar::BLOCK.., 0);
         buf.truncate(len as usize);
         Ok(())
+    }
+
+    fn read_text(&self, i: usize, kind: TextKind, buf: &mut Vec<u8>) -> Result<()> {
+        let (k, ..) = self.samples[i];
+        let shard = self.storage.name(k as usize);
+        let Some(t) = self.text(i, kind) else {
+            let why = format!("no {}: the shard has no {}.{}", kind.what(), self.key(i), kind.extension());
+            return Err(Error::decode(self.describe(i), why));
+        };
+        let what = PathBuf::from(format!("{shard}:{}", t.member));
+        if u64::from(t.length) > MAX_TEXT_BYTES {
+            let why = format!("{} bytes: a text member has at most {MAX_TEXT_BYTES}", t.length);
+            return Err(Error::decode(what, why));
+        }
+        let total = tar::BLOCK + t.length as usize;
+        buf.clear();
+        buf.resize(total, 0);
+        let at = t.offset - tar::BLOCK as u64;
+        self.storage.read_at(k as usize, at, buf).map_err(|e| self.read_failed(what.clone(), total, at, e))?;
+        let m = Member { name: &t.member, offset: t.offset, length: t.length, fingerprint: t.fingerprint };
+        self.check_member(k, &m, &buf[..tar::BLOCK]).map_err(|why| Error::decode(what, why))?;
+        buf.drain(..tar::BLOCK);
+        Ok(())
+    }
+
+    fn key(&self, i: usize) -> String {
+        ShardSource::key(self, i).to_string()
     }
 
     fn abandon_reads(&self) {
@@ -770,13 +1000,19 @@ mod tests {
             length: 10,
             label: Label::Index(3),
             fingerprint: 7,
+            texts: vec![],
         };
+        let caption =
+            TextMember { kind: TextKind::Txt, member: "a/x.TXT".into(), offset: 1024, length: 5, fingerprint: 9 };
+        let meta =
+            TextMember { kind: TextKind::Json, member: "a/x.json".into(), offset: 1536, length: 7, fingerprint: 11 };
         let e = vec![
             one.clone(),
             IndexEntry { label: Label::Name("n01440764".into()), ..one.clone() },
             IndexEntry { label: Label::Missing, ..one.clone() },
             IndexEntry { label: Label::Dropped("its label a/x.cls is empty".into()), ..one.clone() },
             IndexEntry { label: Label::Index(-7), key: "é".into(), member: "é.png".into(), ..one.clone() },
+            IndexEntry { texts: vec![caption.clone(), meta], ..one.clone() },
         ];
         let b = encode_index(&e, 2048);
         assert_eq!(decode_index(&b, Path::new("i")).unwrap(), (e.clone(), 2048));
@@ -788,6 +1024,9 @@ mod tests {
         assert!(decode_index(&flip, Path::new("i")).unwrap_err().to_string().contains("checksum"));
         let outside = encode_index(&[IndexEntry { offset: 4096, ..e[0].clone() }], 2048);
         assert!(decode_index(&outside, Path::new("i")).unwrap_err().to_string().contains("outside"));
+        let text_outside = IndexEntry { texts: vec![TextMember { offset: 2046, ..caption }], ..e[0].clone() };
+        let e = decode_index(&encode_index(&[text_outside], 2048), Path::new("i")).unwrap_err().to_string();
+        assert!(e.contains("a/x.TXT lies outside"), "{e}");
     }
 
     proptest::proptest! {
@@ -810,6 +1049,15 @@ mod tests {
                         _ => Label::Dropped(text),
                     },
                     fingerprint: v as u64,
+                    texts: (0..kind % 3)
+                        .map(|t| TextMember {
+                            kind: if t == 0 { TextKind::Txt } else { TextKind::Json },
+                            member: format!("{t}.txt"),
+                            offset: 512 * (k as u64 + 1),
+                            length: t as u64,
+                            fingerprint: v as u64 ^ 1,
+                        })
+                        .collect(),
                 })
                 .collect();
             let b = encode_index(&entries, 1 << 20);
@@ -859,7 +1107,8 @@ mod tests {
                 offset: 512,
                 length: 10,
                 label: Label::Index(3),
-                fingerprint: 0
+                fingerprint: 0,
+                texts: vec![]
             }
         );
     }

@@ -83,6 +83,58 @@ impl Default for CaptionOptions {
     }
 }
 
+/// Where an image-text pair's caption is read from.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CaptionField {
+    /// The whole `KEY.txt` member (open_clip's `txt`).
+    Txt,
+    /// A string field of the `KEY.json` member (img2dataset writes `caption` there).
+    Json(String),
+}
+
+impl CaptionField {
+    /// The member the caption is in.
+    pub fn member(&self) -> crate::source::TextKind {
+        match self {
+            CaptionField::Txt => crate::source::TextKind::Txt,
+            CaptionField::Json(_) => crate::source::TextKind::Json,
+        }
+    }
+
+    /// The caption's bytes in `member` (what [`CaptionField::member`] names), or why there is
+    /// none: a JSON member that is not a JSON object, or whose field is missing or not a string.
+    pub fn caption<'a>(&self, member: &'a [u8]) -> std::result::Result<Cow<'a, [u8]>, String> {
+        let CaptionField::Json(field) = self else { return Ok(Cow::Borrowed(member)) };
+        let value: serde_json::Value =
+            serde_json::from_slice(member).map_err(|e| format!("its JSON member is not JSON: {e}"))?;
+        match value.get(field) {
+            Some(serde_json::Value::String(s)) => Ok(Cow::Owned(s.clone().into_bytes())),
+            Some(serde_json::Value::Null) | None => Err(format!("no caption: its JSON member has no {field:?}")),
+            Some(other) => Err(format!("its JSON member's {field:?} is not a string ({other})")),
+        }
+    }
+}
+
+/// The captions of an image-text pair loader: the tokenizer file, the row options and where
+/// the caption is read from (checked by [`crate::args::captions`]).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct CaptionSpec {
+    /// The `tokenizer.json` (a local file).
+    pub tokenizer: std::path::PathBuf,
+    /// The rows made of each caption.
+    pub options: CaptionOptions,
+    /// Where each sample's caption is.
+    pub field: CaptionField,
+}
+
+impl CaptionSpec {
+    /// The encoder this spec describes (its tokenizer loaded and checked).
+    pub fn encoder(&self) -> Result<CaptionEncoder> {
+        CaptionEncoder::new(TextTokenizer::from_file(&self.tokenizer)?, self.options)
+    }
+}
+
 /// Encodes captions into fixed rows of ids and masks.
 #[derive(Debug, Clone)]
 pub struct CaptionEncoder {

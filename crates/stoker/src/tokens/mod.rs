@@ -39,7 +39,7 @@ mod pretok_class;
 mod pretok_tables;
 pub mod tokenizer;
 
-pub use caption::{CaptionEncoder, CaptionOptions, Clean};
+pub use caption::{CaptionEncoder, CaptionField, CaptionOptions, CaptionSpec, Clean};
 pub use pipeline::{
     expand_paths, format_of, Elastic, PackMode, TokenBatch, TokenConfig, TokenCounts, TokenFingerprint, TokenIter,
     TokenLoader, TokenReport, TokenSection, TokenState, TokenStats,

@@ -222,6 +222,7 @@ impl ShardWriter<'_> {
             length: m.size,
             label: Label::Index(label),
             fingerprint: m.fingerprint,
+            texts: vec![],
         });
         Ok(())
     }

@@ -12,6 +12,8 @@ pub struct Batch {
     pub(super) dtype: DType,
     pub(super) layout: Layout,
     pub(super) epoch: u64,
+    /// Ids per caption of an image-text pair batch (0: images alone).
+    pub(super) context_length: usize,
 }
 
 impl std::fmt::Debug for Batch {
@@ -90,6 +92,33 @@ impl Batch {
     pub fn indices(&self) -> Vec<u32> {
         self.slot().indices().collect()
     }
+
+    /// Ids per caption row of an image-text pair batch; 0 for images alone.
+    pub fn context_length(&self) -> usize {
+        self.context_length
+    }
+
+    /// An image-text pair batch's caption ids, `[len, context_length]` row by row (start of
+    /// text, the caption's ids, end of text, padding); empty for images alone.
+    pub fn input_ids(&self) -> &[i32] {
+        self.caption_rows(0)
+    }
+
+    /// An image-text pair batch's attention mask, `[len, context_length]` (1 for the caption's
+    /// ids, 0 for padding); empty for images alone.
+    pub fn attention_mask(&self) -> &[i32] {
+        self.caption_rows(1)
+    }
+
+    fn caption_rows(&self, k: usize) -> &[i32] {
+        if self.context_length == 0 {
+            return &[];
+        }
+        let b = self.slot().extra(k);
+        // SAFETY: the region holds `len * context_length` int32 values written by the workers
+        // (a completed batch: no writer), at the start of a 64-aligned buffer.
+        unsafe { std::slice::from_raw_parts(b.as_ptr().cast::<i32>(), b.len() / 4) }
+    }
 }
 
 impl Drop for Batch {
@@ -115,6 +144,8 @@ pub struct ImageMeta {
     pub layout: Layout,
     /// Dataset indices of the samples.
     pub indices: Vec<u32>,
+    /// Ids per caption row of an image-text pair batch (0: images alone).
+    pub context_length: usize,
 }
 
 impl crate::shell::kind::HostBatch for Batch {
@@ -124,6 +155,11 @@ impl crate::shell::kind::HostBatch for Batch {
         let data = self.data();
         out.push((data.as_ptr(), data.len()));
         out.push((self.labels_ptr().cast::<u8>(), self.len() * 8));
+        if self.context_length > 0 {
+            for rows in [self.input_ids(), self.attention_mask()] {
+                out.push((rows.as_ptr().cast::<u8>(), rows.len() * 4));
+            }
+        }
     }
 
     fn meta(&self) -> ImageMeta {
@@ -134,6 +170,7 @@ impl crate::shell::kind::HostBatch for Batch {
             dtype: self.dtype(),
             layout: self.layout(),
             indices: self.indices(),
+            context_length: self.context_length,
         }
     }
 }

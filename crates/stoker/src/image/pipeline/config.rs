@@ -81,6 +81,9 @@ pub struct LoaderConfig {
     /// [`crate::source::mix::open_mixture`]; empty for one dataset.
     #[serde(default)]
     pub parts: Vec<crate::source::mix::PartSpec>,
+    /// Image-text pairs: each sample's caption, encoded beside its image (`None`: images alone).
+    #[serde(default)]
+    pub captions: Option<crate::tokens::CaptionSpec>,
 }
 
 /// How many samples of one pass over an epoch may fail (be skipped) before the iteration
@@ -144,6 +147,7 @@ impl LoaderConfig {
             cache: None,
             trace: None,
             parts: vec![],
+            captions: None,
         }
     }
 }

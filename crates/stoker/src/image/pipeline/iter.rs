@@ -129,6 +129,7 @@ impl Kind for Images {
             dtype: plan.spec().dtype,
             layout: plan.spec().layout,
             epoch: at.epoch,
+            context_length: self.captions.as_ref().map_or(0, |c| c.encoder.options().context_length),
         }
     }
 
@@ -147,7 +148,7 @@ impl Kind for Images {
         let tuning = self.tuner.report();
         let threads = tuning.threads_active;
         let counters = &self.counters;
-        let stages = |wall| counters.stages(wall, threads, self.io_threads);
+        let stages = |wall| counters.stages(wall, threads, self.io_threads, self.captions.is_some());
         let mixture = self.tally.as_ref().and_then(|t| self.sampler.mixture_report(t));
         let section = counters.section(self.cache.as_ref().map(|c| c.report()), mixture);
         let mut r = self.telemetry.report(stages, section);

@@ -2,7 +2,7 @@
 //! [`LoaderConfig`] and what only an image loader answers (transform plan, pool, cache,
 //! telemetry, trace); epochs, resume and the start of a pass are the shell's.
 
-use super::shared::{dataset_key, samples_hash, write_trace, Images, Stash};
+use super::shared::{dataset_key, samples_hash, write_trace, Captions, Images, Stash};
 use super::*;
 use crate::args::values::{batch_bytes as checked_batch_bytes, check_io_threads, check_prefetch, check_threads};
 
@@ -57,8 +57,18 @@ impl Loader {
         };
         check_prefetch(config.prefetch)?;
         let batch_size = config.sampler.batch_size;
-        checked_batch_bytes(batch_size, plan.sample_bytes() as u64)?;
-        let batch_bytes = batch_size * plan.sample_bytes();
+        let captions = match &config.captions {
+            Some(spec) => Some(Captions { encoder: spec.encoder()?, field: spec.field.clone() }),
+            None => None,
+        };
+        // A pair's caption: a row of ids and a row of mask values (int32) beside its image.
+        let extras = match &config.captions {
+            Some(spec) => vec![spec.options.context_length * 4; 2],
+            None => vec![],
+        };
+        let sample_bytes = plan.sample_bytes() + extras.iter().sum::<usize>();
+        checked_batch_bytes(batch_size, sample_bytes as u64)?;
+        let batch_bytes = batch_size * sample_bytes;
         // One batch being filled, `prefetch` ready, one held by the consumer.
         let slots = if config.prefetch_auto {
             let limit =
@@ -67,7 +77,8 @@ impl Loader {
         } else {
             BufferPool::plan(config.prefetch + 2, batch_bytes, config.memory_limit)?
         };
-        let pool = BufferPool::new_in(slots, batch_size, plan.sample_bytes(), alloc, config.memory_limit)?;
+        let pool =
+            BufferPool::with_extras(slots, batch_size, plan.sample_bytes(), &extras, alloc, config.memory_limit)?;
         let cache = match &config.cache {
             Some(c) => {
                 Some(crate::image::cache::Cache::open(c, config.transform.apply_exif, &dataset_key(source.as_ref()))?)
@@ -120,6 +131,7 @@ impl Loader {
             stash: Mutex::new(Stash::default()),
             read_high_water: std::sync::atomic::AtomicUsize::new(0),
             tally: config.sampler.mixture.as_ref().map(|m| crate::shell::mix::Tally::new(m.parts.len())),
+            captions,
         }))
     }
 
@@ -157,9 +169,13 @@ impl Loader {
     pub fn fingerprint(&self) -> &Fingerprint {
         self.kind().fingerprint.get_or_init(|| {
             let sh = &self.kind();
-            let transform = serde_json::to_vec(&(sh.plan.spec(), sh.decode_opts.dct_scaling, sh.decode_opts.roi))
-                .map(|b| format!("{:016x}", xxhash_rust::xxh3::xxh3_64(&b)))
-                .unwrap_or_default();
+            // A pair loader's captions too (images alone hash as they always have).
+            let transform = match sh.captions.as_ref().map(|c| (c.encoder.options(), &c.field)) {
+                None => serde_json::to_vec(&(sh.plan.spec(), sh.decode_opts.dct_scaling, sh.decode_opts.roi)),
+                Some(c) => serde_json::to_vec(&(sh.plan.spec(), sh.decode_opts.dct_scaling, sh.decode_opts.roi, c)),
+            }
+            .map(|b| format!("{:016x}", xxhash_rust::xxh3::xxh3_64(&b)))
+            .unwrap_or_default();
             Fingerprint::new(sh.sampler.spec(), sh.source.len(), samples_hash(sh.source.as_ref()), transform)
         })
     }
@@ -188,6 +204,17 @@ impl Loader {
             Error::config("trace", "tracing is off: make the loader with trace=PATH to record a trace")
         })?;
         write_trace(self.kind(), tracer, path)
+    }
+
+    /// The caption rows' length (`context_length`), when the samples are image-text pairs.
+    pub fn context_length(&self) -> Option<usize> {
+        self.kind().captions.as_ref().map(|c| c.encoder.options().context_length)
+    }
+
+    /// The key of each of the dataset's samples `indices` (WebDataset's, for shards).
+    pub fn keys(&self, indices: &[u32]) -> Vec<String> {
+        let source = &self.kind().source;
+        indices.iter().filter(|&&i| (i as usize) < source.len()).map(|&i| source.key(i as usize)).collect()
     }
 
     /// Zeroes the counters of the report.

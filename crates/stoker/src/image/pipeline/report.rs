@@ -22,6 +22,8 @@ pub struct ImageCounters {
     pub decode: StageCounters,
     /// Resampling and writing the slot (flip, normalise, dtype, layout).
     pub ops: StageCounters,
+    /// Tokenizing image-text pairs' captions into their rows (pair loaders only).
+    pub caption: StageCounters,
     decode_warnings: AtomicU64,
     restart_decodes: AtomicU64,
 }
@@ -45,7 +47,7 @@ impl ImageCounters {
 
     /// Zeroes every counter.
     pub fn reset(&self) {
-        for s in [&self.read, &self.decode, &self.ops] {
+        for s in [&self.read, &self.decode, &self.ops, &self.caption] {
             s.reset();
         }
         self.decode_warnings.store(0, Ordering::Relaxed);
@@ -53,13 +55,17 @@ impl ImageCounters {
     }
 
     /// The image stages over `wall` seconds: `read` on `io_threads`, `decode` and `ops` on
-    /// `threads`.
-    pub fn stages(&self, wall: f64, threads: usize, io_threads: usize) -> Vec<StageReport> {
-        vec![
+    /// `threads`, and `caption` on `threads` when the samples are image-text pairs.
+    pub fn stages(&self, wall: f64, threads: usize, io_threads: usize, captions: bool) -> Vec<StageReport> {
+        let mut stages = vec![
             self.read.snapshot("read", io_threads, wall),
             self.decode.snapshot("decode", threads, wall),
             self.ops.snapshot("ops", threads, wall),
-        ]
+        ];
+        if captions {
+            stages.push(self.caption.snapshot("caption", threads, wall));
+        }
+        stages
     }
 
     /// The section, with the pixel cache's report when the loader has a cache, and the
@@ -79,7 +85,7 @@ impl ImageCounters {
         Load {
             consumer_wait_ns: tel.consumer.wait_ns(),
             consumer_busy_ns: tel.consumer.busy_ns(),
-            worker_busy_ns: self.decode.busy_ns() + self.ops.busy_ns(),
+            worker_busy_ns: self.decode.busy_ns() + self.ops.busy_ns() + self.caption.busy_ns(),
         }
     }
 }
@@ -246,7 +252,7 @@ mod tests {
         tel.consumer.add_wait(Duration::from_secs(waited));
         tel.start();
         tel.stop();
-        let mut r = tel.report(|_| c.stages(10.0, 2, 1), c.section(None, None));
+        let mut r = tel.report(|_| c.stages(10.0, 2, 1, false), c.section(None, None));
         // The counters' stages over 10 s, whatever the real clock said.
         for s in &mut r.stages {
             s.utilization = s.busy_seconds / (10.0 * s.threads as f64);

@@ -39,6 +39,15 @@ pub struct Images {
     pub(super) read_high_water: std::sync::atomic::AtomicUsize,
     /// A mixture's counters per source, when the samples are a mixture's.
     pub(super) tally: Option<crate::shell::mix::Tally>,
+    /// Image-text pairs: how each sample's caption is read and encoded.
+    pub(super) captions: Option<Captions>,
+}
+
+/// An image-text pair loader's captions: where each is read from and its encoder (rows of ids
+/// and a mask in the slot's extra regions 0 and 1, int32).
+pub(super) struct Captions {
+    pub(super) encoder: crate::tokens::CaptionEncoder,
+    pub(super) field: crate::tokens::CaptionField,
 }
 
 impl Images {

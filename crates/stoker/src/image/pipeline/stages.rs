@@ -3,13 +3,15 @@
 //! per-sample work ([`super::work`]) and mark slots done.
 
 use super::shared::{sample_args, Images, Task};
-use super::work::process;
+use super::work::{caption, process};
 use super::*;
 use crate::shell::ordered::take_free;
 
 pub(super) struct Work {
     pub(super) task: Task,
     pub(super) bytes: Vec<u8>,
+    /// An image-text pair's caption member (empty for images alone).
+    pub(super) text: Vec<u8>,
     pub(super) read: Result<()>,
 }
 
@@ -92,7 +94,12 @@ pub(super) fn io_loop(
         if buf.capacity() < hw {
             buf.reserve_exact(hw - buf.len());
         }
-        let read = sh.source.read(task.slot.index(task.pos) as usize, &mut buf, sh.max_file_bytes);
+        let index = task.slot.index(task.pos) as usize;
+        let mut text = vec![];
+        let read = sh.source.read(index, &mut buf, sh.max_file_bytes).and_then(|()| match &sh.captions {
+            Some(c) => sh.source.read_text(index, c.field.member(), &mut text),
+            None => Ok(()),
+        });
         sh.read_high_water.fetch_max(buf.capacity(), Ordering::Relaxed);
         let t1 = Instant::now();
         sh.counters.read.record(t1 - t0);
@@ -102,7 +109,7 @@ pub(super) fn io_loop(
         if let Some(t) = &sh.tracer {
             t.span("read", "sample", t0, t1, sample_args(&task));
         }
-        if let Err(e) = work.send(Work { task, bytes: buf, read }) {
+        if let Err(e) = work.send(Work { task, bytes: buf, text, read }) {
             let w = e.into_inner();
             complete(sh, w.task, None, &done);
         }
@@ -146,13 +153,13 @@ pub(super) fn decode_loop(
             return;
         };
         sh.counters.decode.add_wait(t_wait.elapsed());
-        let Work { task, bytes: buf, read } = w;
+        let Work { task, bytes: buf, text, read } = w;
         if cancel.load(Ordering::Acquire) {
             let _ = bytes.send(buf);
             complete(sh, task, None, &done);
             continue;
         }
-        let result = read.and_then(|_| {
+        let result = read.and_then(|()| caption(sh, &task, &text)).and_then(|_| {
             // A panic while processing one sample is that sample's error; the worker goes on
             // with a fresh decoder and resampler (the old ones may be mid-update).
             std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {

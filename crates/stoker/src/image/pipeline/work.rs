@@ -23,6 +23,33 @@ pub(super) fn process(
     finish(sh, rs, task, t0, "decode", region.pixels, (region.width, region.height), region.bbox, &g)
 }
 
+/// An image-text pair's caption: taken from its member `text` and encoded into the sample's
+/// rows of ids and mask (the slot's extra regions 0 and 1). Images alone: nothing. A caption
+/// that is missing from its JSON member or not UTF-8 is the sample's error.
+pub(super) fn caption(sh: &Images, task: &Task, text: &[u8]) -> Result<()> {
+    let Some(c) = &sh.captions else { return Ok(()) };
+    let t0 = Instant::now();
+    let bad = |why: String| Error::decode("", format!("its caption: {why}"));
+    let caption = c.field.caption(text).map_err(bad)?;
+    let n = c.encoder.options().context_length;
+    // SAFETY: this worker owns position `task.pos` of the slot until `complete` is called;
+    // each region holds `n` int32 values per position at a 4-aligned offset of a 64-aligned
+    // buffer, and regions 0 and 1 are distinct buffers.
+    let (ids, mask) = unsafe {
+        let rows = |k: usize| {
+            let b = task.slot.extra_mut(k, task.pos);
+            std::slice::from_raw_parts_mut(b.as_mut_ptr().cast::<i32>(), n)
+        };
+        (rows(0), rows(1))
+    };
+    c.encoder.encode_into(&caption, ids, mask).map_err(|e| match e {
+        Error::Decode { reason, .. } => bad(reason),
+        other => other,
+    })?;
+    sh.counters.caption.record(t0.elapsed());
+    Ok(())
+}
+
 /// The random stream of one sample's augmentations (seed, epoch, dataset index).
 pub(super) fn augment_rng(sh: &Images, epoch: u64, task: &Task) -> Rng {
     let index = task.slot.index(task.pos);
