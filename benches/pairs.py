@@ -45,7 +45,9 @@ the window is the work for as many batches. (The reference's shuffle buffer stil
 to 5,000 raw samples per worker during the window, one extra tar member group read per sample: a
 few percent of its work at most.) The consumer only touches each batch (one element of each tensor).
 Each run also records what the rest of the machine used meanwhile (``others_cpu_s``: busy time in
-``/proc/stat`` less the run's own): on a shared machine, runs with much of it are suspect.
+``/proc/stat`` less the run's own): contention costs CPU time per pair too (shared caches), so a run
+during which others used more than ``--busy`` (10%) of its CPU time is redone, after ``--busy-wait``
+seconds, up to ``--retries`` times (the discarded runs are kept in the JSON).
 
 Runs alternate (reference stoker reference stoker ...); ``--rounds`` of them. Reported: medians of
 pairs per CPU-second, pairs per wall second and the CPU split (main process, workers), and the median
@@ -371,6 +373,10 @@ def main() -> None:
     p.add_argument("--skip", type=int, default=10, help="batches before the measured window")
     p.add_argument("--measure", type=int, default=60, help="batches measured")
     p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--busy", type=float, default=0.1,
+                   help="a run during which other processes used more than this fraction of its CPU time is redone")
+    p.add_argument("--retries", type=int, default=3, help="redone runs at most, per run (the last one is kept)")
+    p.add_argument("--busy-wait", type=float, default=30.0, help="seconds to wait before redoing a run")
     p.add_argument("--only", choices=KINDS)
     p.add_argument("--check", action="store_true", help="compare the pipelines' outputs (no timing)")
     p.add_argument("--reindex", action="store_true", help="run `stoker index` even where an index exists")
@@ -396,20 +402,29 @@ def main() -> None:
             "--shuffle-initial", str(a.shuffle_initial), "--seed", str(a.seed), "--skip", str(a.skip),
             "--measure", str(a.measure)]
     runs: dict[str, list[dict]] = {k: [] for k in kinds}
+    discarded: list[dict] = []
     for r in range(a.rounds):
         for kind in kinds:
-            t0 = time.perf_counter()
-            proc = subprocess.run(base + ["--child", kind], capture_output=True, text=True)
-            if proc.returncode != 0:
-                raise SystemExit(f"{kind} run failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
-            run = json.loads(proc.stdout.strip().splitlines()[-1])
-            run["process_wall_s"] = time.perf_counter() - t0
+            for attempt in range(1 + a.retries):
+                t0 = time.perf_counter()
+                proc = subprocess.run(base + ["--child", kind], capture_output=True, text=True)
+                if proc.returncode != 0:
+                    raise SystemExit(f"{kind} run failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+                run = json.loads(proc.stdout.strip().splitlines()[-1])
+                run["process_wall_s"] = time.perf_counter() - t0
+                busy = run["busy"] = run["others_cpu_s"] > a.busy * run["cpu_s"]
+                note = ("" if not busy else "  (busy machine: again)" if attempt < a.retries
+                        else "  (busy machine: kept)")
+                print(f"round {r} {kind:9s} {run['pairs_per_cpu_s']:7.1f} pairs/CPU-s  {run['pairs_per_wall_s']:7.1f}"
+                      f" pairs/s  CPU main {run['cpu_main_s']:.2f} s + workers {run['cpu_workers_s']:.2f} s"
+                      f"  wall {run['wall_s']:.2f} s ({run['process_wall_s']:.0f} s in all)"
+                      f"  others {run['others_cpu_s']:.1f} CPU-s{note}",
+                      flush=True)
+                if not busy or attempt == a.retries:
+                    break
+                discarded.append(run)
+                time.sleep(a.busy_wait)
             runs[kind].append(run)
-            print(f"round {r} {kind:9s} {run['pairs_per_cpu_s']:7.1f} pairs/CPU-s  {run['pairs_per_wall_s']:7.1f}"
-                  f" pairs/s  CPU main {run['cpu_main_s']:.2f} s + workers {run['cpu_workers_s']:.2f} s"
-                  f"  wall {run['wall_s']:.2f} s ({run['process_wall_s']:.0f} s in all)"
-                  f"  others {run['others_cpu_s']:.1f} CPU-s",
-                  flush=True)
     med = {k: {m: statistics.median(x[m] for x in v) for m in ("pairs_per_cpu_s", "pairs_per_wall_s", "cpu_s",
                                                                 "cpu_main_s", "cpu_workers_s", "wall_s",
                                                                 "first_batch_s", "others_cpu_s")}
@@ -424,6 +439,7 @@ def main() -> None:
             "target_pairs_per_cpu_s": 4.0, "meets_target": statistics.median(cpu) >= 4.0}
     result["machine"]["loadavg_at_end"] = os.getloadavg()
     result["runs"] = runs
+    result["discarded_busy_runs"] = discarded
     print(f"\n| {'pipeline':9s} | pairs/CPU-s | pairs/s | CPU-s main | CPU-s workers | wall s |")
     print("|---|---:|---:|---:|---:|---:|")
     for k, m in med.items():

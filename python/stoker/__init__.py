@@ -47,7 +47,7 @@ def cuda_memory_in_use() -> tuple[int, int]:
     return _stoker.cuda_memory_in_use()
 
 
-__all__ = ["ImageLoader", "PairLoader", "ArrayLoader", "TokenLoader", "transforms", "make_demo", "cuda_probe", "cuda_memory_in_use",
-           "StokerError",
+__all__ = ["ImageLoader", "PairLoader", "ArrayLoader", "TokenLoader", "transforms", "make_demo", "cuda_probe",
+           "cuda_memory_in_use", "StokerError",
            "ConfigError", "DatasetError", "DecodeError", "ReadError", "MemoryLimitError", "DeviceError", "__version__",
            "LIBJPEG_TURBO_VERSION"]

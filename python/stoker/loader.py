@@ -275,6 +275,9 @@ class PairIterator(BatchIterator):
         super().__init__(native, convert, lambda b: (b.images, b.input_ids, b.attention_mask), first)
         self._keys = keys
 
+    def __iter__(self) -> PairIterator:
+        return self
+
     def __next__(self) -> dict[str, Any]:  # type: ignore[override]
         b = self._native.__next__()
         images, input_ids, attention_mask = (self._convert(v) for v in self._views(b))
@@ -321,10 +324,11 @@ class PairLoader(ImageLoader):
     @property
     def context_length(self) -> int:
         """Ids per caption row."""
-        n: int = self._loader().context_length
+        n = self._loader().context_length
+        assert n is not None  # a pair loader's native loader has captions
         return n
 
-    def __iter__(self) -> Iterator[dict[str, Any]]:  # type: ignore[override]
+    def __iter__(self) -> PairIterator:  # type: ignore[override]
         return PairIterator(self._loader().iter(), converter(self._torch), self._normalizer, self._loader().keys)
 
     def __repr__(self) -> str:

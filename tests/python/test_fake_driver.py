@@ -473,3 +473,37 @@ def test_token_batches_on_the_gpu_equal_the_host_batches(fake_driver, demo_root,
         print("ok", n)
     """.replace("FIELDS", '("input_ids", "labels", "position_ids", "cu_seqlens")'))
     assert out.strip().startswith("ok "), out
+
+
+@pytest.mark.wheel
+def test_pair_batches_on_the_gpu_equal_the_host_batches(fake_driver, demo_root, tmp_path):
+    """PairLoader(device='cuda'): images, caption ids and masks read back from the device equal
+    the host loader's batch for batch."""
+    pairs = tmp_path / "pairs"
+    subprocess.run([sys.executable, str(ROOT / "scripts" / "make-pairs.py"), str(pairs), "--shards", "2",
+                    "--per-shard", "10"], check=True, capture_output=True)
+    clip = ROOT / "tests" / "data" / "text" / "tokenizer-clip.json"
+    out = run_scenario(fake_driver, demo_root, f"""
+        import numpy as np
+        kw = dict(tokenizer={str(clip)!r}, preset="imagenet-val", dtype="uint8", shuffle=True, seed=2)
+        host = stoker.PairLoader({str(pairs / "*.tar")!r}, 4, output="numpy", **kw)
+        want = [(b["keys"], [b[f].copy() for f in ("images", "input_ids", "attention_mask")]) for b in host]
+        gpu = stoker.PairLoader({str(pairs / "*.tar")!r}, 4, device="cuda", **kw)
+        check(cuda.cuCtxPushCurrent_v2(ctypes.c_void_p(primary(0))), "push")  # as a framework would
+        n = 0
+        for k, b in enumerate(gpu.batches()):
+            assert b.device == "cuda:0" and gpu.keys(b.indices) == want[k][0]
+            for t, w in zip((b.images, b.input_ids, b.attention_mask), want[k][1]):
+                assert t.__dlpack_device__() == (2, 0)
+                t.__dlpack__(stream=None)
+                check(cuda.cuStreamSynchronize(ctypes.c_void_p(1)), "sync")
+                got = np.frombuffer(read(t.data_ptr, w.nbytes), dtype=w.dtype).reshape(w.shape)
+                assert np.array_equal(got, w), k
+            n += 1
+        assert n == len(want) >= 3, (n, len(want))
+        del b, t, gpu, host
+        gc.collect()
+        assert stoker.cuda_memory_in_use() == (0, 0), stoker.cuda_memory_in_use()
+        print("ok", n)
+    """)
+    assert out.strip().startswith("ok "), out

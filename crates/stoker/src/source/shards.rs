@@ -649,10 +649,9 @@ impl ShardSource {
                 let len = u32::try_from(e.length)
                     .map_err(|_| Error::decode(&name, format!("member {} is larger than 4 GiB", e.member)))?;
                 out.samples.push((k as u32, e.offset, len, label));
-                if !e.texts.is_empty() && out.texts.is_empty() {
+                // Text members are kept per sample from the first sample that has one on.
+                if !e.texts.is_empty() || !out.texts.is_empty() {
                     out.texts.resize(out.samples.len() - 1, [None, None]);
-                }
-                if !out.texts.is_empty() {
                     let mut refs: [Option<TextRef>; 2] = [None, None];
                     for t in &e.texts {
                         // The first of a kind counts (`KEY.txt` before `KEY.TXT`); a member too
