@@ -1065,6 +1065,60 @@ mod tests {
     }
 
     #[test]
+    fn pairs_need_a_fourth_format_index_and_keep_captioned_images() {
+        let d = tempfile::tempdir().unwrap();
+        let shard = d.path().join("p.tar");
+        let mut data = vec![];
+        for (name, bytes) in [
+            ("a.jpg", &b"jpeg-a"[..]),
+            ("a.txt", b"a cat"),
+            ("b.JPG", b"jpeg-b"),
+            ("b.TXT", b"a dog"),
+            ("c.jpg", b"jpeg-c"),
+            ("c.json", b"{}"),
+            ("d.txt", b"no image"),
+        ] {
+            tar::append_member(&mut data, name, bytes);
+        }
+        tar::finish(&mut data);
+        std::fs::write(&shard, &data).unwrap();
+        assert_eq!(write_index(&shard).unwrap(), 3);
+        let open = || ShardSource::open(std::slice::from_ref(&shard)).unwrap();
+        // Images alone: every image, and the caption without one listed.
+        let all = open();
+        assert_eq!(all.len(), 3);
+        assert!(all.not_samples()[0].1.contains("no image") && all.not_samples()[0].0.ends_with("p.tar:d.txt"));
+        let pairs = open().require_text(TextKind::Txt).unwrap();
+        assert_eq!((pairs.len(), pairs.key(0), pairs.key(1)), (2, "a", "b"));
+        let mut buf = vec![];
+        pairs.read_text(1, TextKind::Txt, &mut buf).unwrap();
+        assert_eq!(buf, b"a dog");
+        assert!(pairs.not_samples().iter().any(|(p, why)| p.ends_with("p.tar:c.jpg") && why.contains("no caption")));
+        let e = pairs.read_text(0, TextKind::Json, &mut buf).unwrap_err().to_string();
+        assert!(e.contains("no metadata") && e.contains("a.json"), "{e}");
+        // The same index in the third format (no text members): refused, naming the command.
+        let (mut entries, size) = decode_index(&std::fs::read(index_path(&shard)).unwrap(), &shard).unwrap();
+        entries.retain(|e| e.label == Label::Missing);
+        let mut v3 = MAGIC_V3.to_vec();
+        v3.extend_from_slice(&size.to_le_bytes());
+        v3.extend_from_slice(&(entries.len() as u64).to_le_bytes());
+        for e in &entries {
+            for v in [e.offset, e.length, e.fingerprint] {
+                v3.extend_from_slice(&v.to_le_bytes());
+            }
+            v3.extend_from_slice(&(e.member.len() as u32).to_le_bytes());
+            v3.extend_from_slice(e.member.as_bytes());
+            v3.push(2); // no label
+        }
+        let sum = xxhash_rust::xxh3::xxh3_64(&v3);
+        v3.extend_from_slice(&sum.to_le_bytes());
+        std::fs::write(index_path(&shard), &v3).unwrap();
+        assert_eq!(open().len(), 3);
+        let e = open().require_text(TextKind::Txt).unwrap_err().to_string();
+        assert!(e.contains("p.tar.idx") && e.contains("older stoker") && e.contains("stoker index"), "{e}");
+    }
+
+    #[test]
     fn second_format_indexes_are_still_read() {
         // STKIDX2: offset, length, label (-1: no .cls), fingerprint, name length, name.
         let mut b = MAGIC_V2.to_vec();
