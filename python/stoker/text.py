@@ -120,7 +120,11 @@ class TokenLoader(LoaderBase):
     within one row at every prefix, so its share of the tokens is too (weights as written:
     ``0.7, 0.2, 0.1`` are ``7:2:1``). Each source is a loader of its own (its files, its
     ``text_key``, the other arguments shared) that starts a new pass of its documents at every
-    epoch and goes on to the next pass when it runs out (``exhausted='repeat'``). Batches carry
+    epoch and goes on to the next pass when it runs out (``exhausted='repeat'``), or, with
+    ``exhausted='stop'``, is read once per epoch and ends the epoch when its pass runs out (at
+    most ``epoch_items`` rows, which is then optional); as over raw text, that end is known only
+    once tokenized, so ``len()`` raises ``TypeError`` and the ranks agree at each step
+    (``even_batches``) and stop together. Batches carry
     ``sources`` (each row's source id, in the order of the dict; :attr:`sources` names them) and
     ``report()`` counts each source's rows against its share and names the source whose rows cost
     the most time. The state resumes exactly; a state of another mixture is refused, naming
@@ -185,8 +189,13 @@ class TokenLoader(LoaderBase):
         return native
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
-        if self._mixture is not None:  # every rank has the same batches: no agreement needed
-            return _TokenBatches(self._base().iter(), self._torch, mixed=True)  # type: ignore[attr-defined]
+        if self._mixture is not None:
+            mix: _stoker.TokenMixLoader = self._base()  # type: ignore[assignment]
+            # Every rank has the same batches (epoch_items rows), unless a source that stops the
+            # mixture ends it: known once tokenized, so the ranks agree at each step.
+            sync = _even_batches(mix.world_size, required=bool(self._even)) if mix.stops and self._even is not False \
+                else None
+            return _TokenBatches(mix.iter(), self._torch, sync, mixed=True)
         native = self._loader()
         sync = None
         if self._even is not False and native.batches_per_epoch is None and not json.loads(self._args).get("infinite"):

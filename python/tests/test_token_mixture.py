@@ -97,8 +97,6 @@ def test_epochs_start_new_passes_and_other_mixtures_states_are_refused(tiny):
 def test_bad_token_mixtures_are_named(tiny):
     with pytest.raises(stoker.ConfigError, match="epoch_items"):
         stoker.TokenLoader({"a": (AA, 1)}, **ARGS)
-    with pytest.raises(stoker.ConfigError, match="repeat"):
-        stoker.TokenLoader({"a": {"data": AA, "weight": 1, "exhausted": "stop"}}, epoch_items=8, **ARGS)
     with pytest.raises(stoker.ConfigError, match="`infinite`"):
         stoker.TokenLoader({"a": (AA, 1)}, epoch_items=8, infinite=True, **ARGS)
     with pytest.raises(stoker.ConfigError, match="`trace`"):
@@ -169,3 +167,86 @@ def test_a_token_mixture_is_the_same_whatever_the_thread_count(tiny):
     sources = {"wiki": (AA, 0.75), "tiny": {"data": tiny, "weight": 0.25, "text_key": "body"}}
     assert rows_of(stoker.TokenLoader(sources, epoch_items=48, **one)) == rows_of(
         stoker.TokenLoader(sources, epoch_items=48, **four))
+
+
+def test_a_stop_source_ends_the_epoch_after_its_one_pass(tiny, tmp_path):
+    """exhausted='stop': the small source is read once per epoch; the epoch ends at the row the
+    schedule asks of it after its pass ran out, so it delivered exactly its own loader's rows of
+    one pass, and the wiki source its share up to there; a new epoch starts both afresh."""
+    small = tmp_path / "small.jsonl"
+    small.write_text(Path(tiny).read_text() * 8)  # 24 short documents
+    small = str(small)
+    sources = {"wiki": (AA, 0.75), "small": {"data": small, "weight": 0.25, "text_key": "body", "exhausted": "stop"}}
+    loader = stoker.TokenLoader(sources, **ARGS)
+    with pytest.raises(TypeError):
+        len(loader)
+    alone = rows_of(stoker.TokenLoader(small, text_key="body", **ARGS))
+    first = rows_of(loader)
+    tiny_rows = [r[1:] for r in first if r[0] == 1]
+    assert tiny_rows == [r[1:] for r in alone] and len(tiny_rows) >= 3
+    # The last row is wiki's or tiny's last; the shares held at every prefix until then.
+    counts = np.cumsum([[r[0] == 0, r[0] == 1] for r in first], axis=0)
+    n = np.arange(1, len(first) + 1)
+    assert np.all(np.abs(counts[:, 1] - n / 4) < 1)
+    loader.set_epoch(1)
+    again = rows_of(loader)
+    assert len([r for r in again if r[0] == 1]) == len(alone)
+    # A bound given too: the epoch ends at epoch_items rows when that comes first.
+    short = stoker.TokenLoader(sources, epoch_items=8, **ARGS)
+    assert len(rows_of(short)) == 8
+    # Resume inside the epoch continues it exactly.
+    resumed = stoker.TokenLoader(sources, **ARGS)
+    it = iter(resumed)
+    next(it)
+    state = json.loads(json.dumps(resumed.state_dict()))
+    it.close()
+    other = stoker.TokenLoader(sources, **ARGS)
+    other.load_state_dict(state)
+    assert rows_of(other) == first[4:]
+
+
+GLOO_SCRIPT = r"""
+import json, sys
+from datetime import timedelta
+import torch
+import torch.distributed as dist
+import stoker
+
+dist.init_process_group("gloo", timeout=timedelta(seconds=60))
+rank, world = dist.get_rank(), dist.get_world_size()
+wiki, small, gpt2, out = sys.argv[1:5]
+sources = {"wiki": (wiki, 0.75), "small": {"data": small, "weight": 0.25, "text_key": "body", "exhausted": "stop"}}
+loader = stoker.TokenLoader(sources, tokenizer=gpt2, seq_len=64, batch_size=4, shuffle=True, seed=1, threads=1,
+                            output="torch")
+assert (loader.rank, loader.world_size) == (rank, world)
+rows, steps = [], 0
+for batch in loader:
+    flag = torch.ones(1)
+    dist.all_reduce(flag)  # DDP's gradient all-reduce: unequal step counts would hang here
+    rows += [(int(s), r.tolist()) for s, r in zip(batch["sources"], batch["input_ids"])]
+    steps += 1
+everyone = [None] * world
+dist.all_gather_object(everyone, {"steps": steps, "rows": rows})
+if rank == 0:
+    with open(out, "w") as f:
+        json.dump(everyone, f)
+dist.destroy_process_group()
+"""
+
+
+def test_ranks_of_a_stop_mixture_agree_under_torch_distributed(tiny, tmp_path):
+    """Two torchrun ranks (gloo) over a mixture whose small source stops it: the sources' rows
+    split by document differ per rank, yet both ranks take the same steps (a collective each
+    step), each its own disjoint rows, the same schedule of sources."""
+    pytest.importorskip("torch")
+    from test_tokens import _torchrun
+
+    small = tmp_path / "small.jsonl"
+    small.write_text(Path(tiny).read_text() * 8)
+    ranks = _torchrun(tmp_path, GLOO_SCRIPT, AA, small, GPT2)
+    assert ranks[0]["steps"] == ranks[1]["steps"] > 1
+    # One schedule: the same sources row for row (a last batch may end earlier on one rank).
+    common = min(len(k["rows"]) for k in ranks)
+    assert [s for s, _ in ranks[0]["rows"][:common]] == [s for s, _ in ranks[1]["rows"][:common]]
+    wiki = [{tuple(r) for s, r in k["rows"] if s == 0} for k in ranks]
+    assert not wiki[0] & wiki[1]

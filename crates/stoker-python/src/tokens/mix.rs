@@ -91,9 +91,20 @@ loader_class! { PyTokenMixLoader => PyTokenMixIter, shares [], {
         })
     }
 
-    /// Batches per epoch on this rank.
-    fn __len__(&self) -> usize {
-        self.on.loader.len()
+    /// Batches per epoch on this rank; a `TypeError` when a source that stops the mixture
+    /// ends the epoch (known only once its pass is tokenized).
+    fn __len__(&self) -> PyResult<usize> {
+        self.on.loader.len().ok_or_else(|| {
+            pyo3::exceptions::PyTypeError::new_err(
+                "a token mixture with a source that stops it (exhausted='stop') has no length before it is tokenized",
+            )
+        })
+    }
+
+    /// Whether a source stops the mixture's epoch when its pass runs out.
+    #[getter]
+    fn stops(&self) -> bool {
+        self.on.loader.stops()
     }
 
     /// Documents in all the sources (all ranks).

@@ -15,21 +15,17 @@ use std::path::PathBuf;
 pub const MAX_PACK_WINDOW: usize = 1 << 16;
 
 /// A token mixture (see `args::mixture`): each source's `data` (a path, glob, folder or URL,
-/// or a list of them) and `text_key`; its epoch is `epoch_items` rows over all ranks, which it
-/// needs (a text's row count is known only once tokenized), and its sources repeat (a source
-/// that would stop the epoch could end it on one rank before another).
+/// or a list of them) and `text_key`; its epoch is `epoch_items` rows over all ranks (a text's
+/// row count is known only once tokenized), or, with a source that stops it
+/// (`exhausted: stop`), until that source's pass runs out (at most `epoch_items` when given).
 fn token_mixture(v: &Value) -> Result<crate::tokens::pipeline::TokenMixture> {
     let (spec, sources) = super::mixture::mixture(v)?;
-    if spec.epoch_items.is_none() {
+    let stops = spec.parts.iter().any(|p| p.exhausted == crate::shell::mix::Exhausted::Stop);
+    if spec.epoch_items.is_none() && !stops {
         return Err(Error::config(
             "epoch_items",
-            "a token mixture needs its epoch's length: epoch_items rows (sequences) over all ranks",
-        ));
-    }
-    if let Some(p) = spec.parts.iter().find(|p| p.exhausted != crate::shell::mix::Exhausted::Repeat) {
-        return Err(Error::config(
-            "mixture",
-            format!("mixture source '{}': exhausted: a token mixture's sources repeat ('repeat')", p.name),
+            "a token mixture needs its epoch's length: epoch_items rows (sequences) over all ranks, or a source \
+             that ends it (exhausted='stop')",
         ));
     }
     let mut out = Vec::with_capacity(sources.len());
@@ -187,7 +183,7 @@ pub(super) fn token_config_in(args: Args, env: &Env) -> Result<(TokenConfig, Opt
         if c.infinite {
             return Err(Error::config(
                 "infinite",
-                "a token mixture's epoch is epoch_items rows and its sources repeat: give the rows you train on",
+                "a token mixture's epoch is epoch_items rows, or ends with a source that stops it: give the rows you train on",
             ));
         }
     }

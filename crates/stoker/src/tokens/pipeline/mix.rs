@@ -6,6 +6,11 @@
 //! each source's batches of rows in order and copies the rows the schedule asks for into the
 //! mixture's batch, with the row's source in `sources`.
 //!
+//! A source that stops the mixture (`exhausted: stop`) is read one pass per epoch: the epoch
+//! ends on this rank when that pass has no row left (the rows of a text are known only once
+//! tokenized, so the ranks end apart unless they agree: Python's `TokenLoader` does, at each
+//! step, as it does over raw text), or at `epoch_items` rows when given first.
+//!
 //! Each source's loader hands over one row at a time (batches of one row), so its state after
 //! each row is exact. The mixture's state is its epoch and batch and each source's loader state
 //! after the last row taken ([`MixState`]): a resume loads each source there and continues
@@ -44,7 +49,7 @@ pub struct TokenMix {
     subs: Vec<TokenLoader>,
     spec: MixSpec,
     schedule: Schedule,
-    /// Rows per rank in an epoch.
+    /// Rows per rank in an epoch (`u64::MAX`: until a `stop` source runs out).
     rows: u64,
     /// The sources' states after each batch in flight, by batch number.
     after: Mutex<BTreeMap<usize, Vec<Option<TokenState>>>>,
@@ -79,7 +84,10 @@ impl Loader<TokenMix> {
         alloc: Arc<dyn HostAllocator>,
     ) -> Result<Self> {
         let mix = config.mixture.clone().ok_or_else(|| Error::Internal("a token mixture without a mixture".into()))?;
-        let rows = rows_per_rank(&config, mix.spec.epoch_items.unwrap_or(0), config.world_size);
+        let rows = match mix.spec.epoch_items {
+            None => u64::MAX,
+            Some(items) => rows_per_rank(&config, items, config.world_size),
+        };
         if rows == 0 {
             return Err(Error::config(
                 "epoch_items",
@@ -94,7 +102,8 @@ impl Loader<TokenMix> {
                 .map_err(|e| Error::config("mixture", format!("mixture source '{}': {e}", part.name)))?;
             let mut c = config.clone();
             c.mixture = None;
-            c.infinite = true;
+            // A source that stops the epoch is read one pass per epoch; the others repeat.
+            c.infinite = part.exhausted == crate::shell::mix::Exhausted::Repeat;
             c.batch_size = 1;
             c.prefetch = config.batch_size.clamp(2, 256);
             c.drop_last = false;
@@ -154,15 +163,24 @@ impl Loader<TokenMix> {
     }
 
     /// Batches per epoch on this rank (of the current epoch: one continued from another
-    /// number of ranks has its own count).
-    pub fn len(&self) -> usize {
+    /// number of ranks has its own count); `None` when a `stop` source ends the epoch first
+    /// (known only once its pass is tokenized).
+    pub fn len(&self) -> Option<usize> {
+        if self.kind().stops() {
+            return None;
+        }
         let bs = self.kind().host.config().batch_size as u64;
-        self.epochs().position().end().unwrap_or(self.kind().rows).div_ceil(bs) as usize
+        Some(self.epochs().position().end().unwrap_or(self.kind().rows).div_ceil(bs) as usize)
     }
 
     /// Whether an epoch has no batch (never, for a built mixture).
     pub fn is_empty(&self) -> bool {
-        self.len() == 0
+        self.len() == Some(0)
+    }
+
+    /// Whether a source stops the epoch when its pass runs out (`exhausted: stop`).
+    pub fn stops(&self) -> bool {
+        self.kind().stops()
     }
 
     /// The resumable state.
@@ -219,15 +237,21 @@ impl Loader<TokenMix> {
         }
         // The rows of the saved epoch over all ranks, less those delivered, shared by these ranks.
         let bs = c.batch_size as u64;
-        let old_rows = old_end.unwrap_or_else(|| rows_per_rank(c, k.spec.epoch_items.unwrap_or(0), *old_world));
-        let done = (next_batch * bs).min(old_rows);
-        let left = rows_per_rank(c, (old_rows - done) * *old_world as u64, c.world_size);
+        let done = next_batch * bs;
+        // Until a `stop` source runs out, when no `epoch_items` bounds the epoch: still so.
+        let left = match old_end.or_else(|| k.spec.epoch_items.map(|n| rows_per_rank(c, n, *old_world))) {
+            None => None,
+            Some(old_rows) => {
+                let done = done.min(old_rows);
+                Some(rows_per_rank(c, (old_rows - done) * *old_world as u64, c.world_size))
+            }
+        };
         let st = MixState {
             seed: c.seed,
             epoch,
             next_batch: 0,
             sources: k.subs.iter().map(|s| Some(s.state())).collect(),
-            end: Some(left),
+            end: left,
             offset: old_offset + done,
         };
         self.epochs().set_epoch(epoch);
@@ -297,12 +321,12 @@ impl Kind for TokenMix {
         }
         let budget = FailureBudget::new(u64::MAX, false);
         let observe = Observe::new(Some(host.telemetry.clone()), None, Some(epoch));
-        let batches = end.div_ceil(host.config.batch_size as u64) as usize;
+        let batches = (!self.stops()).then(|| end.div_ceil(host.config.batch_size as u64) as usize);
         let pass = Pass::new(
             run.clone(),
             host.pool.view(),
             MixHooks { failed },
-            (first_batch as usize, Some(batches)),
+            (first_batch as usize, batches),
             budget,
             observe,
         );
@@ -366,6 +390,13 @@ impl Kind for TokenMix {
     }
 }
 
+impl TokenMix {
+    /// Whether a source stops the epoch when its pass runs out.
+    fn stops(&self) -> bool {
+        self.spec.parts.iter().any(|p| p.exhausted == crate::shell::mix::Exhausted::Stop)
+    }
+}
+
 /// What a token mixture adds to its report: each source's rows against its share, and its
 /// loader's counters.
 #[derive(Debug, Clone, serde::Serialize)]
@@ -415,7 +446,8 @@ fn mix_rows(
     }
     let mut m = first_batch * bs as u64;
     let mut batch = first_batch as usize;
-    while m < end {
+    let mut ended = false;
+    while m < end && !ended {
         let Some(slot) = take_free(&host.pool.free_rx, cancel) else { return Ok(()) };
         let mut rows = 0;
         let mut cu_len = 1;
@@ -423,9 +455,16 @@ fn mix_rows(
         unsafe { TokenSlot::ints_mut(&slot.cu, 0, 1)[0] = 0 };
         while rows < bs && m < end {
             let d = mx.schedule.source(offset + m);
-            let Some(b) = next_row(mx, &mut reading[d], d, cancel)? else {
-                host.pool.give_back(slot);
-                return Ok(());
+            let b = match next_row(mx, &mut reading[d], d, cancel)? {
+                Row::Got(b) => b,
+                Row::Cancelled => {
+                    host.pool.give_back(slot);
+                    return Ok(());
+                }
+                Row::Ended => {
+                    ended = true;
+                    break;
+                }
             };
             let off = rows * len;
             // SAFETY: row `rows` of the slot belongs to the mixer alone.
@@ -446,6 +485,12 @@ fn mix_rows(
             rows += 1;
             m += 1;
         }
+        // A `stop` source ran out: the rows before it are the epoch's last batch (unless
+        // `drop_last` drops a short one).
+        if rows == 0 || (ended && rows < bs && host.config.drop_last) {
+            host.pool.give_back(slot);
+            return Ok(());
+        }
         slot.batch.store(batch, Ordering::Relaxed);
         slot.rows.store(rows, Ordering::Release);
         slot.cu_len.store(cu_len, Ordering::Release);
@@ -460,9 +505,19 @@ fn mix_rows(
     Ok(())
 }
 
+/// What a source gave the mixer.
+enum Row<'a> {
+    /// Its next row.
+    Got(&'a TokenBatch),
+    /// Nothing: the pass is cancelled.
+    Cancelled,
+    /// Nothing: its pass ran out, and it stops the epoch.
+    Ended,
+}
+
 /// The next row of source `d` (a batch of one row from its loader), and its loader's state
-/// after it. `None` when the pass is cancelled.
-fn next_row<'a>(mx: &TokenMix, r: &'a mut Reading, d: usize, cancel: &AtomicBool) -> Result<Option<&'a TokenBatch>> {
+/// after it.
+fn next_row<'a>(mx: &TokenMix, r: &'a mut Reading, d: usize, cancel: &AtomicBool) -> Result<Row<'a>> {
     r.row = None; // the previous row goes back to its loader's pool
     let sub = &mx.subs[d];
     if r.iter.is_none() {
@@ -472,8 +527,9 @@ fn next_row<'a>(mx: &TokenMix, r: &'a mut Reading, d: usize, cancel: &AtomicBool
     let got = loop {
         match it.next_timeout(Duration::from_millis(50)) {
             Next::Item(b) => break b,
-            Next::NotYet if cancel.load(Ordering::Acquire) => return Ok(None),
+            Next::NotYet if cancel.load(Ordering::Acquire) => return Ok(Row::Cancelled),
             Next::NotYet => {}
+            Next::End if mx.spec.parts[d].exhausted == crate::shell::mix::Exhausted::Stop => return Ok(Row::Ended),
             Next::End => {
                 return Err(Error::Dataset(format!(
                     "mixture source '{}' has no rows for rank {}",
@@ -485,5 +541,5 @@ fn next_row<'a>(mx: &TokenMix, r: &'a mut Reading, d: usize, cancel: &AtomicBool
     };
     let b = got.map_err(|e| Error::Dataset(format!("mixture source '{}': {e}", mx.spec.parts[d].name)))?;
     r.at = Some(sub.state());
-    Ok(Some(r.row.insert(b)))
+    Ok(Row::Got(r.row.insert(b)))
 }
