@@ -54,6 +54,13 @@ pub trait Source: Send + Sync + 'static {
         let why = format!("no {}: only tar shards hold KEY.{} members", kind.what(), kind.extension());
         Err(Error::decode(self.describe(i), why))
     }
+    /// Reads sample `i`'s bytes into `buf` and its `kind` text member into `text`: what
+    /// [`Source::read`] and [`Source::read_text`] read, in one request where the storage makes
+    /// that worth it (shards in an object store).
+    fn read_pair(&self, i: usize, kind: TextKind, buf: &mut Vec<u8>, text: &mut Vec<u8>, max_bytes: u64) -> Result<()> {
+        self.read(i, buf, max_bytes)?;
+        self.read_text(i, kind, text)
+    }
     /// The key of sample `i`: WebDataset's key (the member name up to its first '.') for
     /// shards, the path without its extension otherwise.
     fn key(&self, i: usize) -> String {

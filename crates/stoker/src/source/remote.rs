@@ -433,6 +433,11 @@ impl Storage for Remote {
         Ok(())
     }
 
+    /// Every read is a request: an image and its caption are read in one.
+    fn coalesce(&self) -> bool {
+        true
+    }
+
     fn name(&self, shard: usize) -> &str {
         &self.names[shard]
     }

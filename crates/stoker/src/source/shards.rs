@@ -54,6 +54,10 @@ const MAGIC_V3: &[u8; 8] = b"STKIDX3\0";
 /// The index format written now (text members beside each image).
 const MAGIC: &[u8; 8] = b"STKIDX4\0";
 
+/// The most bytes between a sample's image and its caption that one request reads through
+/// rather than making two (see `Storage::coalesce`).
+const COALESCE_GAP: u64 = 64 << 10;
+
 /// Largest text member (`KEY.txt`, `KEY.json`) a pair loader reads: a caption and its
 /// metadata are a few hundred bytes; the length in the index is untrusted.
 pub const MAX_TEXT_BYTES: u64 = 1 << 20;
@@ -457,6 +461,11 @@ pub(crate) trait Storage: Send + Sync {
     }
     /// The shard's name for messages (a path or a URL).
     fn name(&self, shard: usize) -> &str;
+    /// Whether each read is a request worth saving (an object store): a sample's image and
+    /// caption, close together in the shard, are then read in one request.
+    fn coalesce(&self) -> bool {
+        false
+    }
     /// Gives up the reads in flight (see [`Source::abandon_reads`]).
     fn abandon_reads(&self) {}
 }
@@ -921,6 +930,42 @@ impl Source for ShardSource {
         Ok(())
     }
 
+    /// One request for the image and the caption where the storage counts requests and the
+    /// two lie within [`COALESCE_GAP`] of each other (img2dataset writes a sample's members
+    /// next to each other), else two reads.
+    fn read_pair(&self, i: usize, kind: TextKind, buf: &mut Vec<u8>, text: &mut Vec<u8>, max_bytes: u64) -> Result<()> {
+        let (k, offset, len, _) = self.samples[i];
+        let near = self.text(i, kind).filter(|t| {
+            let (a, b) = (offset - tar::BLOCK as u64, offset + u64::from(len));
+            let (c, d) = (t.offset - tar::BLOCK as u64, t.offset + u64::from(t.length));
+            self.storage.coalesce()
+                && u64::from(len) <= max_bytes
+                && u64::from(t.length) <= MAX_TEXT_BYTES
+                && b.max(d) - a.min(c) <= u64::from(len) + u64::from(t.length) + 2 * tar::BLOCK as u64 + COALESCE_GAP
+        });
+        let Some(t) = near else {
+            self.read(i, buf, max_bytes)?;
+            return self.read_text(i, kind, text);
+        };
+        let lo = (offset - tar::BLOCK as u64).min(t.offset - tar::BLOCK as u64);
+        let hi = (offset + u64::from(len)).max(t.offset + u64::from(t.length));
+        let mut span = vec![0u8; (hi - lo) as usize];
+        self.storage
+            .read_at(k as usize, lo, &mut span)
+            .map_err(|e| self.read_failed(self.describe(i), span.len(), lo, e))?;
+        let at = |o: u64| (o - lo) as usize;
+        self.check_header(i, &span[at(offset - tar::BLOCK as u64)..at(offset)])?;
+        let m = Member { name: &t.member, offset: t.offset, length: t.length, fingerprint: t.fingerprint };
+        let shard = self.storage.name(k as usize);
+        self.check_member(k, &m, &span[at(t.offset - tar::BLOCK as u64)..at(t.offset)])
+            .map_err(|why| Error::decode(format!("{shard}:{}", t.member), why))?;
+        buf.clear();
+        buf.extend_from_slice(&span[at(offset)..at(offset) + len as usize]);
+        text.clear();
+        text.extend_from_slice(&span[at(t.offset)..at(t.offset) + t.length as usize]);
+        Ok(())
+    }
+
     fn key(&self, i: usize) -> String {
         ShardSource::key(self, i).to_string()
     }
@@ -1096,6 +1141,43 @@ mod tests {
         assert!(pairs.not_samples().iter().any(|(p, why)| p.ends_with("p.tar:c.jpg") && why.contains("no caption")));
         let e = pairs.read_text(0, TextKind::Json, &mut buf).unwrap_err().to_string();
         assert!(e.contains("no metadata") && e.contains("a.json"), "{e}");
+        // Where requests count (an object store), the image and its caption are one read.
+        struct Requests(LocalFiles, std::sync::Arc<std::sync::atomic::AtomicUsize>);
+        impl Storage for Requests {
+            fn read_at(&self, k: usize, at: u64, buf: &mut [u8]) -> std::result::Result<(), ReadFailure> {
+                self.1.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                self.0.read_at(k, at, buf)
+            }
+            fn name(&self, k: usize) -> &str {
+                self.0.name(k)
+            }
+            fn coalesce(&self) -> bool {
+                true
+            }
+        }
+        let idx = index_path(&shard);
+        let meta = ShardMeta {
+            name: shard.display().to_string(),
+            size: data.len() as u64,
+            index: (idx.display().to_string(), Ok(std::fs::read(&idx).unwrap())),
+        };
+        let files = LocalFiles { names: vec![meta.name.clone()], files: vec![std::fs::File::open(&shard).unwrap()] };
+        let count = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counted = Box::new(Requests(files, count.clone()));
+        let remote = ShardSource::assemble(vec![meta], None, counted).unwrap().require_text(TextKind::Txt).unwrap();
+        let (mut image, mut caption) = (vec![], vec![]);
+        for i in 0..2 {
+            remote.read_pair(i, TextKind::Txt, &mut image, &mut caption, u64::MAX).unwrap();
+            let (mut want_image, mut want_caption) = (vec![], vec![]);
+            pairs.read(i, &mut want_image, u64::MAX).unwrap();
+            pairs.read_text(i, TextKind::Txt, &mut want_caption).unwrap();
+            assert_eq!((&image, &caption), (&want_image, &want_caption));
+        }
+        assert_eq!(count.load(std::sync::atomic::Ordering::Relaxed), 2);
+        // An image over max_file_bytes is refused before anything is read.
+        let e = remote.read_pair(0, TextKind::Txt, &mut image, &mut caption, 3).unwrap_err().to_string();
+        assert!(e.contains("too large") && count.load(std::sync::atomic::Ordering::Relaxed) == 2, "{e}");
+
         // The same index in the third format (no text members): refused, naming the command.
         let (mut entries, size) = decode_index(&std::fs::read(index_path(&shard)).unwrap(), &shard).unwrap();
         entries.retain(|e| e.label == Label::Missing);

@@ -96,10 +96,10 @@ pub(super) fn io_loop(
         }
         let index = task.slot.index(task.pos) as usize;
         let mut text = vec![];
-        let read = sh.source.read(index, &mut buf, sh.max_file_bytes).and_then(|()| match &sh.captions {
-            Some(c) => sh.source.read_text(index, c.field.member(), &mut text),
-            None => Ok(()),
-        });
+        let read = match &sh.captions {
+            Some(c) => sh.source.read_pair(index, c.field.member(), &mut buf, &mut text, sh.max_file_bytes),
+            None => sh.source.read(index, &mut buf, sh.max_file_bytes),
+        };
         sh.read_high_water.fetch_max(buf.capacity(), Ordering::Relaxed);
         let t1 = Instant::now();
         sh.counters.read.record(t1 - t0);
