@@ -23,12 +23,15 @@ with OpenAI CLIP's mean and std, and captions as CLIP token ids (``tests/data/te
   with ``max_length=77, padding="max_length", truncation=True, return_tensors="pt"``, ``input_ids[0]``
   kept (open_clip drops the attention mask; the tokenizer computes it anyway). The ``HFTokenizer``'s
   default caption cleaning (``ftfy.fix_text``, ``html.unescape`` twice, whitespace collapsed) runs only
-  with ``--clean whitespace``; the default ``--clean none`` leaves it out on both sides, so the reference
-  does less than open_clip does. ``TOKENIZERS_PARALLELISM=false``, as open_clip's tokenizer module sets.
+  with ``--clean open_clip`` (stoker's ``clean="open_clip"`` then: the same but ftfy); the default
+  ``--clean none`` leaves it out on both sides, so the reference does less than open_clip does.
+  ``TOKENIZERS_PARALLELISM=false``, as open_clip's tokenizer module sets.
 - ``stoker``: ``stoker.PairLoader(shards, batch_size, tokenizer, context_length=77, pad_id=49407,
   clean=--clean, caption="txt", transforms=[RandomResizedCrop(224, scale=(0.9, 1.0),
-  interpolation="bicubic"), ToTensor(), Normalize(mean, std)], shuffle=True, threads=--threads,
-  device="cpu", output="torch")``, epoch after epoch (``set_epoch``). Batches are dicts: ``images``
+  interpolation="bicubic"), ToTensor(), Normalize(mean, std)], shuffle=True, drop_last=True,
+  threads=--threads, device="cpu", output="torch")``, epoch after epoch (``set_epoch``); where the
+  installed stoker's ``RandomResizedCrop`` has no ``interpolation`` it resamples bilinearly (the
+  results say which: ``stoker_interpolation``). Batches are dicts: ``images``
   float32 [B, 3, 224, 224], ``input_ids`` and ``attention_mask`` int32 [B, 77], ``keys``. The shards
   are indexed first (``stoker index``, not timed) where an index is missing, or always with
   ``--reindex``.
@@ -195,7 +198,8 @@ def reference_loader(a: argparse.Namespace, check: bool = False):
         return "txt" in sample and any(k in sample for k in ("png", "jpg", "jpeg", "webp"))
 
     preprocess = T.Compose([
-        T.RandomResizedCrop(224, scale=(0.9, 1.0), interpolation=T.InterpolationMode.BICUBIC),
+        T.RandomResizedCrop(224, scale=(0.9, 1.0), interpolation=getattr(T.InterpolationMode,
+                                                                          a.reference_interpolation.upper())),
         maybe_rgb,
         T.ToTensor(),
         T.Normalize(mean=MEAN, std=STD),
@@ -224,17 +228,29 @@ def reference_loader(a: argparse.Namespace, check: bool = False):
                          persistent_workers=a.workers > 0)
 
 
+def stoker_interpolation() -> str:
+    """``bicubic`` where this stoker's ``RandomResizedCrop`` takes ``interpolation``, else its only
+    one, ``bilinear`` (the reference stays bicubic: recorded in the results)."""
+    import inspect
+
+    from stoker import transforms as T
+
+    return "bicubic" if "interpolation" in inspect.signature(T.RandomResizedCrop).parameters else "bilinear"
+
+
 def stoker_loader(a: argparse.Namespace, shuffle: bool = True):
     import stoker
     from stoker import transforms as T
 
     threads = a.threads if a.threads == "auto" else int(a.threads)
+    interpolation = {"interpolation": "bicubic"} if stoker_interpolation() == "bicubic" else {}
     return stoker.PairLoader(
         shards(a), batch_size=a.batch_size, tokenizer=str(a.tokenizer), context_length=a.context_length,
         pad_id=PAD_ID, clean=a.clean, caption="txt",
-        transforms=[T.RandomResizedCrop(224, scale=(0.9, 1.0), interpolation="bicubic"), T.ToTensor(),
+        transforms=[T.RandomResizedCrop(224, scale=(0.9, 1.0), **interpolation), T.ToTensor(),
                     T.Normalize(MEAN, STD)],
-        shuffle=shuffle, seed=a.seed, threads=threads, device="cpu", output="torch")
+        shuffle=shuffle, seed=a.seed, drop_last=shuffle, threads=threads, device="cpu", output="torch",
+        dct_scaling=a.stoker_dct_scaling == "on")
 
 
 def reference_batches(a: argparse.Namespace):
@@ -362,8 +378,8 @@ def main() -> None:
     p.add_argument("--data", type=Path, default=DATA, help="folder of .tar shards and manifest.json")
     p.add_argument("--tokenizer", type=Path, default=TOKENIZER)
     p.add_argument("--context-length", type=int, default=77)
-    p.add_argument("--clean", choices=["none", "whitespace"], default="none",
-                   help="caption cleaning before tokenizing (whitespace: open_clip HFTokenizer's default)")
+    p.add_argument("--clean", choices=["none", "open_clip"], default="none",
+                   help="caption cleaning before tokenizing (open_clip: HFTokenizer's default, 'whitespace')")
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--workers", type=int, default=2, help="the reference's DataLoader workers")
     p.add_argument("--threads", default="auto", help="stoker's threads (a number or auto)")
@@ -371,13 +387,17 @@ def main() -> None:
     p.add_argument("--shuffle-initial", type=int, default=SHUFFLE_INITIAL)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--skip", type=int, default=10, help="batches before the measured window")
-    p.add_argument("--measure", type=int, default=60, help="batches measured")
+    p.add_argument("--measure", type=int, default=100, help="batches measured")
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--busy", type=float, default=0.1,
                    help="a run during which other processes used more than this fraction of its CPU time is redone")
     p.add_argument("--retries", type=int, default=3, help="redone runs at most, per run (the last one is kept)")
     p.add_argument("--busy-wait", type=float, default=30.0, help="seconds to wait before redoing a run")
     p.add_argument("--only", choices=KINDS)
+    p.add_argument("--reference-interpolation", choices=["bicubic", "bilinear"], default="bicubic",
+                   help="the reference crop's resampling: open_clip's bicubic, or bilinear as stoker's")
+    p.add_argument("--stoker-dct-scaling", choices=["on", "off"], default="on",
+                   help="stoker's DCT-scaled JPEG decode (on by default; off decodes every image whole)")
     p.add_argument("--check", action="store_true", help="compare the pipelines' outputs (no timing)")
     p.add_argument("--reindex", action="store_true", help="run `stoker index` even where an index exists")
     p.add_argument("--out", type=Path, help="JSON results (e.g. benches/results-pairs.json)")
@@ -396,11 +416,14 @@ def main() -> None:
         sys.exit(0 if ok else 1)
     result = {"command": " ".join([Path(sys.executable).name, *sys.argv]), "machine": machine(),
               "data": data_summary(a), "config": {k: str(v) for k, v in vars(a).items() if k != "child"}}
+    if "stoker" in kinds:
+        result["config"]["stoker_interpolation"] = stoker_interpolation()
     base = [sys.executable, __file__, "--data", str(a.data), "--tokenizer", str(a.tokenizer),
             "--context-length", str(a.context_length), "--clean", a.clean, "--batch-size", str(a.batch_size),
             "--workers", str(a.workers), "--threads", str(a.threads), "--shuffle-buffer", str(a.shuffle_buffer),
             "--shuffle-initial", str(a.shuffle_initial), "--seed", str(a.seed), "--skip", str(a.skip),
-            "--measure", str(a.measure)]
+            "--measure", str(a.measure), "--reference-interpolation", a.reference_interpolation,
+            "--stoker-dct-scaling", a.stoker_dct_scaling]
     runs: dict[str, list[dict]] = {k: [] for k in kinds}
     discarded: list[dict] = []
     for r in range(a.rounds):

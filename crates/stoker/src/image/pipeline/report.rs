@@ -176,8 +176,10 @@ pub(super) fn verdict(r: &ImageReport, threads: usize, allowance: usize) -> Bott
     }
     let stage = |name: &str| r.stage(name).cloned().unwrap_or_default();
     let (read, decode, ops, buffers) = (stage("read"), stage("decode"), stage("ops"), stage("buffer wait"));
+    // An image-text pair loader's captions are tokenized on the same threads.
+    let caption = stage("caption");
     let pct = percent;
-    let worker_util = decode.utilization + ops.utilization;
+    let worker_util = decode.utilization + ops.utilization + caption.utilization;
     if let Some(t) = r.stage("transfer").filter(|t| t.utilization > 0.7) {
         return Bottleneck {
             stage: "transfer".into(),
@@ -215,12 +217,23 @@ pub(super) fn verdict(r: &ImageReport, threads: usize, allowance: usize) -> Bott
     } else {
         format!("all {threads} allowed CPUs are used: give the job more CPUs")
     };
-    if decode.busy_seconds >= ops.busy_seconds {
+    let worker_busy = (decode.busy_seconds + ops.busy_seconds + caption.busy_seconds).max(1e-9);
+    if caption.busy_seconds > decode.busy_seconds.max(ops.busy_seconds) {
+        Bottleneck {
+            stage: "caption".into(),
+            reason: format!(
+                "caption-bound: tokenizing captions takes {} of worker time, threads are {} busy",
+                pct(caption.busy_seconds / worker_busy),
+                pct(worker_util)
+            ),
+            suggestion: format!("{more}, or a shorter context_length (long captions are cut there anyway)"),
+        }
+    } else if decode.busy_seconds >= ops.busy_seconds {
         Bottleneck {
             stage: "decode".into(),
             reason: format!(
                 "decode-bound: decode takes {} of worker time, threads are {} busy",
-                pct(decode.busy_seconds / (decode.busy_seconds + ops.busy_seconds).max(1e-9)),
+                pct(decode.busy_seconds / worker_busy),
                 pct(worker_util)
             ),
             suggestion: format!(
@@ -232,7 +245,7 @@ pub(super) fn verdict(r: &ImageReport, threads: usize, allowance: usize) -> Bott
             stage: "ops".into(),
             reason: format!(
                 "ops-bound: resize/normalise take {} of worker time, threads are {} busy",
-                pct(ops.busy_seconds / (decode.busy_seconds + ops.busy_seconds).max(1e-9)),
+                pct(ops.busy_seconds / worker_busy),
                 pct(worker_util)
             ),
             suggestion: format!("{more}, output uint8 and normalise on the GPU, or pre-resize images"),
@@ -252,7 +265,8 @@ mod tests {
         tel.consumer.add_wait(Duration::from_secs(waited));
         tel.start();
         tel.stop();
-        let mut r = tel.report(|_| c.stages(10.0, 2, 1, false), c.section(None, None));
+        let captions = c.caption.busy_ns() > 0;
+        let mut r = tel.report(|_| c.stages(10.0, 2, 1, captions), c.section(None, None));
         // The counters' stages over 10 s, whatever the real clock said.
         for s in &mut r.stages {
             s.utilization = s.busy_seconds / (10.0 * s.threads as f64);
@@ -284,5 +298,15 @@ mod tests {
         io.read.record(Duration::from_secs(9));
         assert_eq!(verdict(&report(&io, 6), 2, 4).stage, "storage");
         assert!(r.to_text().contains("decoded 2 image(s) despite libjpeg warnings"));
+        // Image-text pairs whose captions take the most of the workers' time.
+        let pairs = ImageCounters::default();
+        pairs.decode.record(Duration::from_secs(4));
+        pairs.ops.record(Duration::from_secs(2));
+        pairs.caption.record(Duration::from_secs(9));
+        let r = report(&pairs, 6);
+        assert_eq!(r.stages.iter().filter(|s| s.name == "caption").count(), 1);
+        let b = verdict(&r, 2, 2);
+        assert_eq!(b.stage, "caption");
+        assert!(b.reason.contains("60%") && b.suggestion.contains("give the job more CPUs"), "{b:?}");
     }
 }
