@@ -168,14 +168,15 @@ impl Section for ImageSection {
     }
 }
 
-/// The image verdict over a report: the consumer (the loader keeps up), the bus, storage,
-/// buffers, decode or ops; `threads` work now of the `allowance`.
-pub(super) fn verdict(r: &ImageReport, threads: usize, allowance: usize) -> Bottleneck {
+/// The image verdict over a report: the consumer (the loader keeps up), the bus, storage, what
+/// holds the work of idle threads ([`idle`]), or the busy threads' stage (decode, ops, caption);
+/// `threads` work now of the `allowance`, `prefetch` batches may be ahead of the consumer.
+pub(super) fn verdict(r: &ImageReport, threads: usize, allowance: usize, prefetch: usize) -> Bottleneck {
     if let Some(b) = keeps_up(r.starvation) {
         return b;
     }
     let stage = |name: &str| r.stage(name).cloned().unwrap_or_default();
-    let (read, decode, ops, buffers) = (stage("read"), stage("decode"), stage("ops"), stage("buffer wait"));
+    let (read, decode, ops) = (stage("read"), stage("decode"), stage("ops"));
     // An image-text pair loader's captions are tokenized on the same threads.
     let caption = stage("caption");
     let pct = percent;
@@ -205,12 +206,8 @@ pub(super) fn verdict(r: &ImageReport, threads: usize, allowance: usize) -> Bott
             suggestion: "raise io_threads, use faster storage, or pack small files into shards".into(),
         };
     }
-    if worker_util < 0.5 && buffers.wait_seconds > 0.25 * decode.busy_seconds.max(1e-9) {
-        return Bottleneck {
-            stage: "buffers".into(),
-            reason: "the scheduler often waits for a free batch buffer while workers idle".into(),
-            suggestion: "raise prefetch or memory_limit, or release batches sooner".into(),
-        };
+    if worker_util < 0.7 {
+        return idle(r, worker_util, prefetch);
     }
     let more = if threads < allowance {
         format!("raise threads (now {threads}, allowance {allowance})")
@@ -253,6 +250,56 @@ pub(super) fn verdict(r: &ImageReport, threads: usize, allowance: usize) -> Bott
     }
 }
 
+/// The verdict when the consumer waits although the workers are under 70% busy (`worker_util`):
+/// more threads or a cheaper decode would not help, so it names what holds the work instead of
+/// a stage the threads are not limited by. The dispatcher hands out a batch only when the
+/// prefetch gate lets it and a buffer is free (its `buffer wait`): when it waits a quarter of
+/// the time or more, that is the limit. Otherwise the work is held after the workers: a batch
+/// delivered in order waits for its slowest sample, the copy to the GPU, or the consumer's own
+/// CPU between batches.
+fn idle(r: &ImageReport, worker_util: f64, prefetch: usize) -> Bottleneck {
+    let pct = percent;
+    let wall = r.wall_seconds.max(1e-9);
+    let stage = |name: &str| r.stage(name).cloned().unwrap_or_default();
+    let dispatcher = stage("buffer wait").wait_seconds / wall;
+    let consumer = stage("consumer");
+    if dispatcher >= 0.25 {
+        return Bottleneck {
+            stage: "buffers".into(),
+            reason: format!(
+                "decode threads are only {} busy: the dispatcher waits {} of the time for the prefetch gate or a \
+                 free batch buffer ({prefetch} batch(es) may be ahead of the consumer), so the threads run out of work",
+                pct(worker_util),
+                pct(dispatcher)
+            ),
+            suggestion: format!(
+                "raise prefetch (now {prefetch}) or use prefetch='auto'; a consumer that keeps batches: release \
+                 them sooner or raise memory_limit"
+            ),
+        };
+    }
+    let transfer = r.stage("transfer").map(|t| t.utilization).unwrap_or(0.0);
+    let step = consumer.busy_seconds / (consumer.busy_seconds + consumer.wait_seconds).max(1e-9);
+    Bottleneck {
+        stage: "delivery".into(),
+        reason: format!(
+            "decode threads are only {} busy and the dispatcher waits {} of the time, yet the consumer waits {} of \
+             its time: finished samples are held on their way out: a batch is delivered in order, after its \
+             slowest sample (prefetch {prefetch}), then copied to the device (the copies keep the bus {} busy), \
+             and the consumer spends {} of its time in its own step",
+            pct(worker_util),
+            pct(dispatcher),
+            pct(r.starvation),
+            pct(transfer),
+            pct(step)
+        ),
+        suggestion: format!(
+            "raise prefetch (now {prefetch}) or use prefetch='auto' so that more batches are in flight behind a slow \
+             sample; a trace (trace=PATH) shows which batch the consumer waits for and why"
+        ),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -260,9 +307,15 @@ mod tests {
 
     /// An image report over `wall`-second counters with the consumer waiting `waited` of 10 s.
     fn report(c: &ImageCounters, waited: u64) -> ImageReport {
+        report_with(c, waited, 0)
+    }
+
+    /// [`report`], the dispatcher having waited `dispatcher` of the 10 s for buffers.
+    fn report_with(c: &ImageCounters, waited: u64, dispatcher: u64) -> ImageReport {
         let tel = Telemetry::default();
         tel.consumer.add_busy(Duration::from_secs(10 - waited));
         tel.consumer.add_wait(Duration::from_secs(waited));
+        tel.buffers.add_wait(Duration::from_secs(dispatcher));
         tel.start();
         tel.stop();
         let captions = c.caption.busy_ns() > 0;
@@ -271,7 +324,30 @@ mod tests {
         for s in &mut r.stages {
             s.utilization = s.busy_seconds / (10.0 * s.threads as f64);
         }
+        r.wall_seconds = 10.0;
         r
+    }
+
+    #[test]
+    fn idle_threads_name_what_holds_the_work_not_decode() {
+        // 2 threads 40% busy (decode most of it) while the consumer waits 6 of 10 s.
+        let c = ImageCounters::default();
+        c.decode.record(Duration::from_secs(6));
+        c.ops.record(Duration::from_secs(2));
+        // The dispatcher waited 4 s at the prefetch gate or for a buffer: that is the limit.
+        let b = verdict(&report_with(&c, 6, 4), 2, 4, 2);
+        assert_eq!(b.stage, "buffers", "{b:?}");
+        assert!(b.reason.contains("only 40% busy") && b.reason.contains("waits 40% of the time"), "{}", b.reason);
+        assert!(b.suggestion.starts_with("raise prefetch (now 2)"), "{}", b.suggestion);
+        // It hardly waited: the work is held after the workers, and the verdict says so
+        // instead of calling a 40%-busy loader decode-bound.
+        let b = verdict(&report_with(&c, 6, 1), 2, 4, 3);
+        assert_eq!(b.stage, "delivery", "{b:?}");
+        assert!(b.reason.contains("only 40% busy") && b.reason.contains("consumer waits 60%"), "{}", b.reason);
+        assert!(b.suggestion.contains("prefetch (now 3)") && b.suggestion.contains("trace"), "{}", b.suggestion);
+        // Busy threads are the limit as before.
+        c.decode.record(Duration::from_secs(8));
+        assert_eq!(verdict(&report_with(&c, 6, 4), 2, 4, 2).stage, "decode");
     }
 
     #[test]
@@ -288,15 +364,15 @@ mod tests {
         let names: Vec<&str> = r.stages.iter().map(|s| s.name.as_str()).collect();
         assert_eq!(names, ["read", "decode", "ops", "buffer wait", "consumer"]);
         // Decode holds 15 of 18 s of worker time, with 2 of 4 allowed threads.
-        let b = verdict(&r, 2, 4);
+        let b = verdict(&r, 2, 4, 2);
         assert_eq!(b.stage, "decode");
         assert!(b.suggestion.starts_with("raise threads (now 2, allowance 4)"), "{}", b.suggestion);
         // A consumer that hardly waits is the limit.
-        assert_eq!(verdict(&report(&c, 0), 2, 4).stage, "consumer");
+        assert_eq!(verdict(&report(&c, 0), 2, 4, 2).stage, "consumer");
         // Reads busy on their one thread while the workers idle: storage.
         let io = ImageCounters::default();
         io.read.record(Duration::from_secs(9));
-        assert_eq!(verdict(&report(&io, 6), 2, 4).stage, "storage");
+        assert_eq!(verdict(&report(&io, 6), 2, 4, 2).stage, "storage");
         assert!(r.to_text().contains("decoded 2 image(s) despite libjpeg warnings"));
         // Image-text pairs whose captions take the most of the workers' time.
         let pairs = ImageCounters::default();
@@ -305,7 +381,7 @@ mod tests {
         pairs.caption.record(Duration::from_secs(9));
         let r = report(&pairs, 6);
         assert_eq!(r.stages.iter().filter(|s| s.name == "caption").count(), 1);
-        let b = verdict(&r, 2, 2);
+        let b = verdict(&r, 2, 2, 2);
         assert_eq!(b.stage, "caption");
         assert!(b.reason.contains("60%") && b.suggestion.contains("give the job more CPUs"), "{b:?}");
     }
