@@ -255,7 +255,7 @@ pub fn open_pairs(roots: &[String], text: TextKind) -> Result<Dataset> {
             ),
         ));
     };
-    let s = open_shards(specs)?.require_text(text)?;
+    let s = open_shards_keeping(specs, Some(text))?.require_text(text)?;
     let classes = s.classes().to_vec();
     let not_samples = s.not_samples().to_vec();
     Ok(Dataset { source: std::sync::Arc::new(s), classes, kind, not_samples })
@@ -265,9 +265,14 @@ pub fn open_pairs(roots: &[String], text: TextKind) -> Result<Dataset> {
 /// (`s3://`, `gs://`, `az://`, `http(s)://`, with the same globs). Here, above both, so that
 /// `shards` (the format) and `remote` (object storage, which uses it) do not import each other.
 pub fn open_shards(specs: &[String]) -> Result<ShardSource> {
+    open_shards_keeping(specs, None)
+}
+
+/// [`open_shards`], keeping where each sample's `text` member is (a pair loader's captions).
+fn open_shards_keeping(specs: &[String], text: Option<TextKind>) -> Result<ShardSource> {
     if specs.iter().any(|s| s.contains("://")) {
         #[cfg(feature = "remote")]
-        return remote::open(specs);
+        return remote::open(specs, text);
         #[cfg(not(feature = "remote"))]
         return Err(Error::config("root", "object storage support is not compiled in (feature `remote`)"));
     }
@@ -275,7 +280,7 @@ pub fn open_shards(specs: &[String]) -> Result<ShardSource> {
     for s in specs {
         paths.extend(shards::expand_glob(Path::new(s))?);
     }
-    ShardSource::open(&paths)
+    ShardSource::open_keeping(&paths, text)
 }
 
 /// Whether a data path is an object-store URL (`s3://`, `gs://`, `az://`, `http(s)://`).

@@ -513,7 +513,7 @@ fn store_for(base: &str, limits: &Limits) -> Result<Arc<dyn ObjectStore>> {
 /// against a listing of the prefix). Every request goes through the store's [`Breaker`], so a
 /// store that stops answering while many shards are opened costs about two request bounds, not
 /// two per shard.
-pub(crate) fn open(urls: &[String]) -> Result<ShardSource> {
+pub(crate) fn open(urls: &[String], text: Option<super::TextKind>) -> Result<ShardSource> {
     let (base, _) = split_url(&urls[0])?;
     let limits = Limits::current();
     let store = store_for(&base, &limits)?;
@@ -576,7 +576,7 @@ pub(crate) fn open(urls: &[String]) -> Result<ShardSource> {
     let names = metas.iter().map(|m| m.name.clone()).collect();
     let keys = keys.into_iter().map(|k| ObjPath::from(k.as_str())).collect();
     let abandon = tokio::sync::Notify::new();
-    ShardSource::assemble(metas, classes, Box::new(Remote { rt, store, breaker, abandon, keys, names }))
+    ShardSource::assemble(metas, classes, Box::new(Remote { rt, store, breaker, abandon, keys, names }), text)
 }
 
 /// Bytes of one ranged request of an [`ObjectReader`]: each request is bounded in time, so a

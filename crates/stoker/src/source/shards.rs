@@ -561,8 +561,11 @@ pub struct ShardSource {
     classes: Vec<std::ffi::OsString>,
     /// Image members that are not samples, with the reason.
     not_samples: Vec<(PathBuf, String)>,
-    /// Per sample, its text members by [`TextKind`] (empty when no sample has one).
-    texts: Vec<[Option<TextRef>; 2]>,
+    /// The kind of text member kept (a pair loader's caption member), if any: an image loader
+    /// keeps none, so image-text shards cost it no memory for their captions.
+    text_kind: Option<TextKind>,
+    /// Per sample, its `text_kind` member (empty when none is kept).
+    texts: Vec<Option<TextRef>>,
     /// Indexes made before text members were indexed (`STKIDX4`), by name.
     old_indexes: Vec<String>,
 }
@@ -586,6 +589,12 @@ impl ShardSource {
     /// Opens local `shards` (in this order) with their sidecar indexes. Class names come from a
     /// `classes.json` beside the first shard, when present (written by `stoker pack`).
     pub fn open(shards: &[PathBuf]) -> Result<Self> {
+        Self::open_keeping(shards, None)
+    }
+
+    /// [`ShardSource::open`], keeping where each sample's `text` member is (a pair loader's
+    /// captions: see [`ShardSource::require_text`]).
+    pub fn open_keeping(shards: &[PathBuf], text: Option<TextKind>) -> Result<Self> {
         if shards.is_empty() {
             return Err(Error::Dataset("no shards given".into()));
         }
@@ -602,10 +611,16 @@ impl ShardSource {
         }
         let classes = shards[0].parent().and_then(|d| std::fs::read_to_string(d.join("classes.json")).ok());
         let names = metas.iter().map(|m| m.name.clone()).collect();
-        Self::assemble(metas, classes, Box::new(LocalFiles { names, files }))
+        Self::assemble(metas, classes, Box::new(LocalFiles { names, files }), text)
     }
 
-    pub(crate) fn assemble(metas: Vec<ShardMeta>, classes: Option<String>, storage: Box<dyn Storage>) -> Result<Self> {
+    /// The source of the shards `metas` on `storage`, keeping each sample's `text` member.
+    pub(crate) fn assemble(
+        metas: Vec<ShardMeta>,
+        classes: Option<String>,
+        storage: Box<dyn Storage>,
+        text: Option<TextKind>,
+    ) -> Result<Self> {
         let mut out = ShardSource {
             storage,
             shard_count: metas.len(),
@@ -615,6 +630,7 @@ impl ShardSource {
             member_ends: vec![],
             classes: vec![],
             not_samples: vec![],
+            text_kind: text,
             texts: vec![],
             old_indexes: vec![],
         };
@@ -658,23 +674,15 @@ impl ShardSource {
                 let len = u32::try_from(e.length)
                     .map_err(|_| Error::decode(&name, format!("member {} is larger than 4 GiB", e.member)))?;
                 out.samples.push((k as u32, e.offset, len, label));
-                // Text members are kept per sample from the first sample that has one on.
-                if !e.texts.is_empty() || !out.texts.is_empty() {
-                    out.texts.resize(out.samples.len() - 1, [None, None]);
-                    let mut refs: [Option<TextRef>; 2] = [None, None];
-                    for t in &e.texts {
-                        // The first of a kind counts (`KEY.txt` before `KEY.TXT`); a member too
-                        // large for a caption is kept, and refused when read, naming its size.
-                        let length = u32::try_from(t.length).unwrap_or(u32::MAX);
-                        let r = TextRef {
-                            offset: t.offset,
-                            length,
-                            fingerprint: t.fingerprint,
-                            member: t.member.as_str().into(),
-                        };
-                        refs[t.kind as usize].get_or_insert(r);
-                    }
-                    out.texts.push(refs);
+                if let Some(kind) = text {
+                    // The first member of the kind counts (`KEY.txt` before `KEY.TXT`); one too
+                    // large for a caption is kept, and refused when read, naming its size.
+                    out.texts.push(e.texts.iter().find(|t| t.kind == kind).map(|t| TextRef {
+                        offset: t.offset,
+                        length: u32::try_from(t.length).unwrap_or(u32::MAX),
+                        fingerprint: t.fingerprint,
+                        member: t.member.as_str().into(),
+                    }));
                 }
                 out.fingerprints.push(e.fingerprint);
                 out.members.push_str(&e.member);
@@ -719,13 +727,16 @@ impl ShardSource {
     }
 
     fn text(&self, i: usize, kind: TextKind) -> Option<&TextRef> {
-        self.texts.get(i).and_then(|t| t[kind as usize].as_ref())
+        (self.text_kind == Some(kind)).then(|| self.texts.get(i).and_then(Option::as_ref)).flatten()
     }
 
-    /// Keeps only the samples that have a `kind` text member (a pair loader's captions); the
-    /// others are listed as not samples, with the reason. An error when an index was made
-    /// before text members were indexed, or when no sample is left.
+    /// Keeps only the samples that have a `kind` text member (a pair loader's captions; the
+    /// shards opened keeping it); the others are listed as not samples, with the reason. An
+    /// error when an index was made before text members were indexed, or when no sample is left.
     pub fn require_text(mut self, kind: TextKind) -> Result<Self> {
+        if self.text_kind != Some(kind) {
+            return Err(Error::Internal(format!("shards opened without their {} members", kind.extension())));
+        }
         if let Some(idx) = self.old_indexes.first() {
             let shard = idx.strip_suffix(".idx").unwrap_or(idx);
             return Err(Error::Dataset(format!(
@@ -741,10 +752,10 @@ impl ShardSource {
             let start = if i == 0 { 0 } else { member_ends[i - 1] as usize };
             let member = &members[start..member_ends[i] as usize];
             match texts.get(i) {
-                Some(t) if t[kind as usize].is_some() => {
+                Some(Some(t)) => {
                     self.samples.push(sample);
                     self.fingerprints.push(fingerprints[i]);
-                    self.texts.push(t.clone());
+                    self.texts.push(Some(t.clone()));
                     self.members.push_str(member);
                     self.member_ends.push(self.members.len() as u64);
                 }
@@ -1128,9 +1139,10 @@ mod tests {
         tar::finish(&mut data);
         std::fs::write(&shard, &data).unwrap();
         assert_eq!(write_index(&shard).unwrap(), 3);
-        let open = || ShardSource::open(std::slice::from_ref(&shard)).unwrap();
+        let open = || ShardSource::open_keeping(std::slice::from_ref(&shard), Some(TextKind::Txt)).unwrap();
         // Images alone: every image, and the caption without one listed.
-        let all = open();
+        let all = ShardSource::open(std::slice::from_ref(&shard)).unwrap();
+        assert!(all.texts.is_empty() && all.text_kind.is_none());
         assert_eq!(all.len(), 3);
         assert!(all.not_samples()[0].1.contains("no image") && all.not_samples()[0].0.ends_with("p.tar:d.txt"));
         let pairs = open().require_text(TextKind::Txt).unwrap();
@@ -1141,6 +1153,11 @@ mod tests {
         assert!(pairs.not_samples().iter().any(|(p, why)| p.ends_with("p.tar:c.jpg") && why.contains("no caption")));
         let e = pairs.read_text(0, TextKind::Json, &mut buf).unwrap_err().to_string();
         assert!(e.contains("no metadata") && e.contains("a.json"), "{e}");
+        let json = ShardSource::open_keeping(std::slice::from_ref(&shard), Some(TextKind::Json)).unwrap();
+        let json = json.require_text(TextKind::Json).unwrap();
+        assert_eq!((json.len(), json.key(0)), (1, "c"));
+        json.read_text(0, TextKind::Json, &mut buf).unwrap();
+        assert_eq!(buf, b"{}");
         // Where requests count (an object store), the image and its caption are one read.
         struct Requests(LocalFiles, std::sync::Arc<std::sync::atomic::AtomicUsize>);
         impl Storage for Requests {
@@ -1164,7 +1181,10 @@ mod tests {
         let files = LocalFiles { names: vec![meta.name.clone()], files: vec![std::fs::File::open(&shard).unwrap()] };
         let count = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let counted = Box::new(Requests(files, count.clone()));
-        let remote = ShardSource::assemble(vec![meta], None, counted).unwrap().require_text(TextKind::Txt).unwrap();
+        let remote = ShardSource::assemble(vec![meta], None, counted, Some(TextKind::Txt))
+            .unwrap()
+            .require_text(TextKind::Txt)
+            .unwrap();
         let (mut image, mut caption) = (vec![], vec![]);
         for i in 0..2 {
             remote.read_pair(i, TextKind::Txt, &mut image, &mut caption, u64::MAX).unwrap();
