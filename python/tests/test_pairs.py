@@ -166,3 +166,5 @@ def test_what_a_pair_loader_refuses(pairs, demo):
         pair_loader(glob, context_length=1)
     with pytest.raises(stoker.ConfigError, match="mixture"):
         stoker.PairLoader({"a": (glob, 1)}, tokenizer=CLIP)
+    with pytest.raises(stoker.ConfigError, match="indices.*past the dataset"):
+        pair_loader(glob).keys([0, 10**6])

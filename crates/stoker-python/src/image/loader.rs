@@ -144,8 +144,8 @@ loader_class! { PyLoader => PyIter, shares [positioned traced], {
     }
 
     /// The keys of the samples `indices` (WebDataset's, for shards).
-    fn keys(&self, indices: Vec<u32>) -> Vec<String> {
-        self.on.loader.keys(&indices)
+    fn keys(&self, indices: Vec<u32>) -> PyResult<Vec<String>> {
+        self.on.loader.keys(&indices).py_err()
     }
 
     /// Zeroes the counters of the report.

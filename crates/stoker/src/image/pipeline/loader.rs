@@ -62,8 +62,8 @@ impl Loader {
             None => None,
         };
         // A pair's caption: a row of ids and a row of mask values (int32) beside its image.
-        let extras = match &config.captions {
-            Some(spec) => vec![spec.options.context_length * 4; 2],
+        let extras = match &captions {
+            Some(c) => vec![c.encoder.options().context_length * 4; 2],
             None => vec![],
         };
         let sample_bytes = plan.sample_bytes() + extras.iter().sum::<usize>();
@@ -211,10 +211,17 @@ impl Loader {
         self.kind().captions.as_ref().map(|c| c.encoder.options().context_length)
     }
 
-    /// The key of each of the dataset's samples `indices` (WebDataset's, for shards).
-    pub fn keys(&self, indices: &[u32]) -> Vec<String> {
+    /// The key of each of the dataset's samples `indices` (WebDataset's, for shards); an index
+    /// past the dataset is an error naming it, never a shorter list.
+    pub fn keys(&self, indices: &[u32]) -> Result<Vec<String>> {
         let source = &self.kind().source;
-        indices.iter().filter(|&&i| (i as usize) < source.len()).map(|&i| source.key(i as usize)).collect()
+        indices
+            .iter()
+            .map(|&i| match (i as usize) < source.len() {
+                true => Ok(source.key(i as usize)),
+                false => Err(Error::config("indices", format!("{i} is past the dataset's {} samples", source.len()))),
+            })
+            .collect()
     }
 
     /// Zeroes the counters of the report.
