@@ -245,6 +245,32 @@ jpeg_make_d_derived_tbl(j_decompress_ptr cinfo, boolean isDC, int tblno,
     }
   }
 
+  /* stoker: the whole-coefficient table of AC tables (see jdhuff.h).  For
+   * each code of length l <= FAST_AC_BITS whose symbol has a size s with
+   * l + s <= FAST_AC_BITS, every index that starts with the code holds, in
+   * its next s bits, the value bits: the entry is their HUFF_EXTEND (written
+   * out here, as the macro is defined further down). */
+  if (!isDC) {
+    memset(dtbl->fast_ac, 0, sizeof(dtbl->fast_ac));
+    p = 0;
+    for (l = 1; l <= FAST_AC_BITS; l++) {
+      for (i = 1; i <= (int)htbl->bits[l]; i++, p++) {
+        int rs = htbl->huffval[p], run = rs >> 4, size = rs & 15;
+        int rest = FAST_AC_BITS - l - size, extra;
+        if (size == 0 || rest < 0)
+          continue;
+        lookbits = huffcode[p] << (FAST_AC_BITS - l);
+        for (extra = 0; extra < (1 << (FAST_AC_BITS - l)); extra++) {
+          int v = extra >> rest;
+          if (v < (1 << (size - 1)))
+            v += 1 - (1 << size);
+          dtbl->fast_ac[lookbits + extra] =
+            (int)((unsigned int)v << 16) | (run << 8) | (l + size);
+        }
+      }
+    }
+  }
+
   /* Validate symbols as being reasonable.
    * For AC tables, we make no check, but accept all byte values 0..255.
    * For DC tables, we require the symbols to be in range 0..15 in lossy mode
@@ -428,6 +454,26 @@ no_more_bytes:
 
 #endif
 
+
+/* stoker: the refill of the 64-bit fast decoder (decode_mcu_fast()): when
+ * fewer than 32 bits are left, four bytes at once when none of them is FF and
+ * the buffer holds them (one load: the bit test below is nonzero exactly when
+ * a byte of w is FF), GET_BYTE four times otherwise.  Leaves 32 to 63 bits. */
+#define FILL_BIT_BUFFER_FAST32 \
+  if (bits_left < 32) { \
+    unsigned int w; \
+    if (buffer_end - buffer >= 4 && \
+        (w = ((unsigned int)buffer[0] << 24) | \
+             ((unsigned int)buffer[1] << 16) | \
+             ((unsigned int)buffer[2] << 8) | (unsigned int)buffer[3], \
+         ((~w - 0x01010101U) & w & 0x80808080U) == 0)) { \
+      get_buffer = (get_buffer << 32) | w; \
+      bits_left += 32; \
+      buffer += 4; \
+    } else { \
+      GET_BYTE GET_BYTE GET_BYTE GET_BYTE \
+    } \
+  }
 
 /*
  * Out-of-line code for Huffman code decoding.
@@ -655,6 +701,152 @@ decode_mcu_slow(j_decompress_ptr cinfo, JBLOCKROW *MCU_data)
 }
 
 
+#if BIT_BUF_SIZE == 64
+
+#if defined(__has_feature)
+#if __has_feature(undefined_behavior_sanitizer)
+__attribute__((no_sanitize("signed-integer-overflow"),
+               no_sanitize("unsigned-integer-overflow")))
+#endif
+#endif
+LOCAL(boolean)
+decode_mcu_fast(j_decompress_ptr cinfo, JBLOCKROW *MCU_data)
+{
+  /* stoker: the fast decoder with a 64-bit bit buffer.  Two changes from
+   * upstream's (kept below for 32-bit buffers), both exact:
+   * - one refill check per code: FILL_BIT_BUFFER_FAST32 leaves at least 32
+   *   bits, as many as the longest code (16 bits, 17 on garbage) and its
+   *   value bits (15) take together, and loads four bytes at once when none
+   *   of them is FF (neither a stuffed byte nor a marker) and the buffer
+   *   holds them, byte by byte (GET_BYTE, marker handling included)
+   *   otherwise;
+   * - an AC coefficient whose code and value bits fit in FAST_AC_BITS bits
+   *   is resolved by one lookup (fast_ac, jdhuff.h), the same run, value and
+   *   bit count as the code lookup, GET_BITS and HUFF_EXTEND give; the rest
+   *   (end-of-block, ZRL, longer codes) take upstream's path. */
+  huff_entropy_ptr entropy = (huff_entropy_ptr)cinfo->entropy;
+  BITREAD_STATE_VARS;
+  JOCTET *buffer;
+  const JOCTET *buffer_end;
+  int blkn;
+  savable_state state;
+  /* stoker: zero bits put into the bit buffer after a marker */
+  int zero_bits = 0;
+  /* Outer loop handles each block in the MCU */
+
+  /* Load up working state */
+  BITREAD_LOAD_STATE(cinfo, entropy->bitstate);
+  buffer = (JOCTET *)br_state.next_input_byte;
+  buffer_end = buffer + br_state.bytes_in_buffer;
+  state = entropy->saved;
+
+  for (blkn = 0; blkn < cinfo->blocks_in_MCU; blkn++) {
+    JBLOCKROW block = MCU_data ? MCU_data[blkn] : NULL;
+    d_derived_tbl *dctbl = entropy->dc_cur_tbls[blkn];
+    d_derived_tbl *actbl = entropy->ac_cur_tbls[blkn];
+    register int s, k, r, l, e;
+
+    FILL_BIT_BUFFER_FAST32
+    HUFF_DECODE_FAST_NOFILL(s, l, dctbl);
+    if (s) {
+      r = GET_BITS(s);
+      s = HUFF_EXTEND(r, s);
+    }
+
+    if (entropy->dc_needed[blkn]) {
+      int ci = cinfo->MCU_membership[blkn];
+      /* Refer to the comment in decode_mcu_slow() regarding the supression of
+       * a UBSan integer overflow error in this line of code.
+       */
+      s += state.last_dc_val[ci];
+      state.last_dc_val[ci] = s;
+      if (block)
+        (*block)[0] = (JCOEF)s;
+    }
+
+    if (entropy->ac_needed[blkn] && block) {
+
+      for (k = 1; k < DCTSIZE2; k++) {
+        FILL_BIT_BUFFER_FAST32
+        e = actbl->fast_ac[PEEK_BITS(FAST_AC_BITS)];
+        if (e) {
+          k += (e >> 8) & 15;
+          DROP_BITS(e & 31);
+          (*block)[jpeg_natural_order[k]] = (JCOEF)(e >> 16);
+          continue;
+        }
+        HUFF_DECODE_FAST_NOFILL(s, l, actbl);
+        r = s >> 4;
+        s &= 15;
+
+        if (s) {
+          k += r;
+          r = GET_BITS(s);
+          s = HUFF_EXTEND(r, s);
+          (*block)[jpeg_natural_order[k]] = (JCOEF)s;
+        } else {
+          if (r != 15) break;
+          k += 15;
+        }
+      }
+
+    } else {
+
+      for (k = 1; k < DCTSIZE2; k++) {
+        FILL_BIT_BUFFER_FAST32
+        e = actbl->fast_ac[PEEK_BITS(FAST_AC_BITS)];
+        if (e) {
+          k += (e >> 8) & 15;
+          DROP_BITS(e & 31);
+          continue;
+        }
+        HUFF_DECODE_FAST_NOFILL(s, l, actbl);
+        r = s >> 4;
+        s &= 15;
+
+        if (s) {
+          k += r;
+          DROP_BITS(s);
+        } else {
+          if (r != 15) break;
+          k += 15;
+        }
+      }
+    }
+  }
+
+  if (cinfo->unread_marker != 0) {
+    /* stoker: in a file with restart markers, the data of an interval's last
+     * MCU ends just before the marker, so the look-ahead reads into it.  The
+     * zero bits put in after the marker are the lowest `zero_bits` bits of the
+     * buffer, and bits are taken from the top: when at least that many bits
+     * are left, the MCU was decoded from data bits alone, as the slow decoder
+     * would have decoded it.  Drop the zero bits, keep the MCU and read the
+     * marker as the slow decoder reads it (its two bytes consumed, its code in
+     * unread_marker); otherwise back out, and the slow decoder decodes the MCU
+     * again (and warns where it should).  A marker preceded by fill bytes
+     * (FF FF ...), which the slow decoder skips, is left to the slow decoder. */
+    if (!cinfo->restart_interval || bits_left < zero_bits ||
+        cinfo->unread_marker == 0xFF) {
+      cinfo->unread_marker = 0;
+      return FALSE;
+    }
+    get_buffer >>= zero_bits;
+    bits_left -= zero_bits;
+    buffer += 2;
+  }
+
+  br_state.bytes_in_buffer -= (buffer - br_state.next_input_byte);
+  br_state.next_input_byte = buffer;
+  BITREAD_SAVE_STATE(cinfo, entropy->bitstate);
+  entropy->saved = state;
+  return TRUE;
+}
+
+
+
+#else
+
 #if defined(__has_feature)
 #if __has_feature(undefined_behavior_sanitizer)
 __attribute__((no_sanitize("signed-integer-overflow"),
@@ -767,6 +959,8 @@ decode_mcu_fast(j_decompress_ptr cinfo, JBLOCKROW *MCU_data)
   entropy->saved = state;
   return TRUE;
 }
+
+#endif /* BIT_BUF_SIZE == 64 */
 
 
 /*

@@ -23,6 +23,7 @@
 /* Derived data constructed for each Huffman table */
 
 #define HUFF_LOOKAHEAD  8       /* # of bits of lookahead */
+#define FAST_AC_BITS    10      /* stoker: # of bits of fast_ac[] (below) */
 
 typedef struct {
   /* Basic tables: (element [0] of each array is unused) */
@@ -48,6 +49,15 @@ typedef struct {
    * symbol.
    */
   int lookup[1 << HUFF_LOOKAHEAD];
+
+  /* stoker: for AC tables (filled by jpeg_make_d_derived_tbl() only when
+   * isDC is FALSE), a second lookahead table that resolves a whole
+   * coefficient: indexed by the next FAST_AC_BITS bits, an entry is nonzero
+   * when they hold a complete code with a nonzero size s AND its s value
+   * bits.  Bits 0-4: code length + s (the bits to drop); bits 8-11: the run
+   * of zeros r; bits 16-31: the coefficient, sign-extended (HUFF_EXTEND).
+   * End-of-block, ZRL and longer codes are left to `lookup` (entry 0). */
+  int fast_ac[1 << FAST_AC_BITS];
 } d_derived_tbl;
 
 /* Expand a Huffman table definition into the derived format */
@@ -222,6 +232,11 @@ slowlabel: \
 
 #define HUFF_DECODE_FAST(s, nb, htbl) \
   FILL_BIT_BUFFER_FAST; \
+  HUFF_DECODE_FAST_NOFILL(s, nb, htbl)
+
+/* stoker: HUFF_DECODE_FAST without its refill, for a caller that has made
+ * sure of the bits (decode_mcu_fast() of 64-bit buffers) */
+#define HUFF_DECODE_FAST_NOFILL(s, nb, htbl) \
   s = PEEK_BITS(HUFF_LOOKAHEAD); \
   s = htbl->lookup[s]; \
   nb = s >> HUFF_LOOKAHEAD; \

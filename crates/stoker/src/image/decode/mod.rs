@@ -37,6 +37,9 @@ pub mod jpeg;
 pub mod markers;
 pub mod restart;
 
+#[cfg(test)]
+mod entropy_tests;
+
 use crate::error::{Error, Result};
 use jpeg::{JpegDecoder, JpegHeader};
 use std::path::Path;
