@@ -455,11 +455,37 @@ no_more_bytes:
 #endif
 
 
-/* stoker: the refill of the 64-bit fast decoder (decode_mcu_fast()): when
- * fewer than 32 bits are left, four bytes at once when none of them is FF and
- * the buffer holds them (one load: the bit test below is nonzero exactly when
- * a byte of w is FF), GET_BYTE four times otherwise.  Leaves 32 to 63 bits. */
-#define FILL_BIT_BUFFER_FAST32 \
+/* stoker: the 64-bit fast decoder (decode_mcu_fast()) keeps its bits
+ * left-aligned in `lbuf`: the next bit to read is bit 63, `bits_left` bits are
+ * valid and the bits below them are zero.  Reading n bits is a shift by a
+ * constant (LPEEK) and dropping them a shift by n, so the next code's lookup
+ * waits only for one shift of the previous one.  Converted from and back to
+ * upstream's right-aligned `get_buffer` at entry and exit. */
+#define LPEEK(n)  ((int)(lbuf >> (64 - (n))))
+#define LDROP(n)  { lbuf <<= (n);  bits_left -= (n); }
+
+/* One byte into lbuf (bits_left <= 56), as GET_BYTE does: FF 00 is an FF data
+ * byte, FF and another byte is a marker, which puts eight zero bits in (lbuf
+ * unchanged: its low bits are zero), counted in zero_bits, and stays unread. */
+#define LGET_BYTE { \
+  int c0 = buffer[0], c1 = buffer[1]; \
+  if (c0 != 0xFF) { \
+    lbuf |= (bit_buf_type)c0 << (56 - bits_left); \
+    buffer++; \
+  } else if (c1 == 0) { \
+    lbuf |= (bit_buf_type)0xFF << (56 - bits_left); \
+    buffer += 2; \
+  } else { \
+    cinfo->unread_marker = c1; \
+    zero_bits += 8; \
+  } \
+  bits_left += 8; \
+}
+
+/* When fewer than 32 bits are left: four bytes at once when none of them is
+ * FF and the buffer holds them (the bit test below is nonzero exactly when a
+ * byte of w is FF), LGET_BYTE four times otherwise.  Leaves 32 to 63 bits. */
+#define LFILL32 \
   if (bits_left < 32) { \
     unsigned int w; \
     if (buffer_end - buffer >= 4 && \
@@ -467,13 +493,40 @@ no_more_bytes:
              ((unsigned int)buffer[1] << 16) | \
              ((unsigned int)buffer[2] << 8) | (unsigned int)buffer[3], \
          ((~w - 0x01010101U) & w & 0x80808080U) == 0)) { \
-      get_buffer = (get_buffer << 32) | w; \
+      lbuf |= (bit_buf_type)w << (32 - bits_left); \
       bits_left += 32; \
       buffer += 4; \
     } else { \
-      GET_BYTE GET_BYTE GET_BYTE GET_BYTE \
+      LGET_BYTE LGET_BYTE LGET_BYTE LGET_BYTE \
     } \
   }
+
+/* HUFF_DECODE_FAST on lbuf: the code's symbol into s.  A code longer than
+ * HUFF_LOOKAHEAD bits is read a bit longer at a time against maxcode, as
+ * upstream does (17 bits at most, where the sentinel stops garbage). */
+#define LHUFF_DECODE(s, nb, htbl) { \
+  s = htbl->lookup[LPEEK(HUFF_LOOKAHEAD)]; \
+  nb = s >> HUFF_LOOKAHEAD; \
+  s &= (1 << HUFF_LOOKAHEAD) - 1; \
+  if (nb <= HUFF_LOOKAHEAD) { \
+    LDROP(nb); \
+  } else { \
+    int code = LPEEK(HUFF_LOOKAHEAD + 1); \
+    nb = HUFF_LOOKAHEAD + 1; \
+    while (code > htbl->maxcode[nb]) { \
+      nb++; \
+      code = (int)(lbuf >> (64 - nb)); \
+    } \
+    LDROP(nb); \
+    if (nb > 16) \
+      s = 0; \
+    else \
+      s = htbl->pub->huffval[(int)(code + htbl->valoffset[nb]) & 0xFF]; \
+  } \
+}
+
+/* The next s bits (1 <= s <= 15), dropped. */
+#define LGET_BITS(v, s) { v = (int)(lbuf >> (64 - (s)));  LDROP(s); }
 
 /*
  * Out-of-line code for Huffman code decoding.
@@ -712,20 +765,21 @@ __attribute__((no_sanitize("signed-integer-overflow"),
 LOCAL(boolean)
 decode_mcu_fast(j_decompress_ptr cinfo, JBLOCKROW *MCU_data)
 {
-  /* stoker: the fast decoder with a 64-bit bit buffer.  Two changes from
-   * upstream's (kept below for 32-bit buffers), both exact:
-   * - one refill check per code: FILL_BIT_BUFFER_FAST32 leaves at least 32
-   *   bits, as many as the longest code (16 bits, 17 on garbage) and its
-   *   value bits (15) take together, and loads four bytes at once when none
-   *   of them is FF (neither a stuffed byte nor a marker) and the buffer
-   *   holds them, byte by byte (GET_BYTE, marker handling included)
-   *   otherwise;
+  /* stoker: the fast decoder with a 64-bit bit buffer.  Three changes from
+   * upstream's (kept below for 32-bit buffers), all exact:
+   * - the bits are kept left-aligned (lbuf, LPEEK above);
+   * - one refill check per code: LFILL32 leaves at least 32 bits, as many as
+   *   the longest code (16 bits, 17 on garbage) and its value bits (15) take
+   *   together, and loads four bytes at once when none of them is FF (neither
+   *   a stuffed byte nor a marker) and the buffer holds them, byte by byte
+   *   (LGET_BYTE, upstream's marker handling) otherwise;
    * - an AC coefficient whose code and value bits fit in FAST_AC_BITS bits
    *   is resolved by one lookup (fast_ac, jdhuff.h), the same run, value and
    *   bit count as the code lookup, GET_BITS and HUFF_EXTEND give; the rest
-   *   (end-of-block, ZRL, longer codes) take upstream's path. */
+   *   (end-of-block, ZRL, longer codes) take upstream's steps. */
   huff_entropy_ptr entropy = (huff_entropy_ptr)cinfo->entropy;
   BITREAD_STATE_VARS;
+  bit_buf_type lbuf;
   JOCTET *buffer;
   const JOCTET *buffer_end;
   int blkn;
@@ -736,6 +790,8 @@ decode_mcu_fast(j_decompress_ptr cinfo, JBLOCKROW *MCU_data)
 
   /* Load up working state */
   BITREAD_LOAD_STATE(cinfo, entropy->bitstate);
+  /* Bits above the valid ones may be stale in get_buffer: shifted out. */
+  lbuf = bits_left > 0 ? get_buffer << (64 - bits_left) : 0;
   buffer = (JOCTET *)br_state.next_input_byte;
   buffer_end = buffer + br_state.bytes_in_buffer;
   state = entropy->saved;
@@ -746,10 +802,10 @@ decode_mcu_fast(j_decompress_ptr cinfo, JBLOCKROW *MCU_data)
     d_derived_tbl *actbl = entropy->ac_cur_tbls[blkn];
     register int s, k, r, l, e;
 
-    FILL_BIT_BUFFER_FAST32
-    HUFF_DECODE_FAST_NOFILL(s, l, dctbl);
+    LFILL32
+    LHUFF_DECODE(s, l, dctbl);
     if (s) {
-      r = GET_BITS(s);
+      LGET_BITS(r, s);
       s = HUFF_EXTEND(r, s);
     }
 
@@ -767,21 +823,21 @@ decode_mcu_fast(j_decompress_ptr cinfo, JBLOCKROW *MCU_data)
     if (entropy->ac_needed[blkn] && block) {
 
       for (k = 1; k < DCTSIZE2; k++) {
-        FILL_BIT_BUFFER_FAST32
-        e = actbl->fast_ac[PEEK_BITS(FAST_AC_BITS)];
+        LFILL32
+        e = actbl->fast_ac[LPEEK(FAST_AC_BITS)];
         if (e) {
           k += (e >> 8) & 15;
-          DROP_BITS(e & 31);
+          LDROP(e & 31);
           (*block)[jpeg_natural_order[k]] = (JCOEF)(e >> 16);
           continue;
         }
-        HUFF_DECODE_FAST_NOFILL(s, l, actbl);
+        LHUFF_DECODE(s, l, actbl);
         r = s >> 4;
         s &= 15;
 
         if (s) {
           k += r;
-          r = GET_BITS(s);
+          LGET_BITS(r, s);
           s = HUFF_EXTEND(r, s);
           (*block)[jpeg_natural_order[k]] = (JCOEF)s;
         } else {
@@ -793,20 +849,20 @@ decode_mcu_fast(j_decompress_ptr cinfo, JBLOCKROW *MCU_data)
     } else {
 
       for (k = 1; k < DCTSIZE2; k++) {
-        FILL_BIT_BUFFER_FAST32
-        e = actbl->fast_ac[PEEK_BITS(FAST_AC_BITS)];
+        LFILL32
+        e = actbl->fast_ac[LPEEK(FAST_AC_BITS)];
         if (e) {
           k += (e >> 8) & 15;
-          DROP_BITS(e & 31);
+          LDROP(e & 31);
           continue;
         }
-        HUFF_DECODE_FAST_NOFILL(s, l, actbl);
+        LHUFF_DECODE(s, l, actbl);
         r = s >> 4;
         s &= 15;
 
         if (s) {
           k += r;
-          DROP_BITS(s);
+          LDROP(s);
         } else {
           if (r != 15) break;
           k += 15;
@@ -818,32 +874,31 @@ decode_mcu_fast(j_decompress_ptr cinfo, JBLOCKROW *MCU_data)
   if (cinfo->unread_marker != 0) {
     /* stoker: in a file with restart markers, the data of an interval's last
      * MCU ends just before the marker, so the look-ahead reads into it.  The
-     * zero bits put in after the marker are the lowest `zero_bits` bits of the
-     * buffer, and bits are taken from the top: when at least that many bits
-     * are left, the MCU was decoded from data bits alone, as the slow decoder
-     * would have decoded it.  Drop the zero bits, keep the MCU and read the
-     * marker as the slow decoder reads it (its two bytes consumed, its code in
-     * unread_marker); otherwise back out, and the slow decoder decodes the MCU
-     * again (and warns where it should).  A marker preceded by fill bytes
-     * (FF FF ...), which the slow decoder skips, is left to the slow decoder. */
+     * zero bits put in after the marker are the last `zero_bits` valid bits
+     * of the buffer, and bits are taken from the front: when at least that
+     * many bits are left, the MCU was decoded from data bits alone, as the
+     * slow decoder would have decoded it.  Drop the zero bits, keep the MCU
+     * and read the marker as the slow decoder reads it (its two bytes
+     * consumed, its code in unread_marker); otherwise back out, and the slow
+     * decoder decodes the MCU again (and warns where it should).  A marker
+     * preceded by fill bytes (FF FF ...), which the slow decoder skips, is
+     * left to the slow decoder. */
     if (!cinfo->restart_interval || bits_left < zero_bits ||
         cinfo->unread_marker == 0xFF) {
       cinfo->unread_marker = 0;
       return FALSE;
     }
-    get_buffer >>= zero_bits;
     bits_left -= zero_bits;
     buffer += 2;
   }
 
+  get_buffer = bits_left > 0 ? lbuf >> (64 - bits_left) : 0;
   br_state.bytes_in_buffer -= (buffer - br_state.next_input_byte);
   br_state.next_input_byte = buffer;
   BITREAD_SAVE_STATE(cinfo, entropy->bitstate);
   entropy->saved = state;
   return TRUE;
 }
-
-
 
 #else
 

@@ -232,11 +232,6 @@ slowlabel: \
 
 #define HUFF_DECODE_FAST(s, nb, htbl) \
   FILL_BIT_BUFFER_FAST; \
-  HUFF_DECODE_FAST_NOFILL(s, nb, htbl)
-
-/* stoker: HUFF_DECODE_FAST without its refill, for a caller that has made
- * sure of the bits (decode_mcu_fast() of 64-bit buffers) */
-#define HUFF_DECODE_FAST_NOFILL(s, nb, htbl) \
   s = PEEK_BITS(HUFF_LOOKAHEAD); \
   s = htbl->lookup[s]; \
   nb = s >> HUFF_LOOKAHEAD; \

@@ -10,9 +10,10 @@
 //! at the box, as `img.crop(box).resize(size)` does).
 //!
 //! All buffers are reused: after warm-up a call allocates nothing. The [`Kernel`] is chosen
-//! once, at construction, from what the CPU has: AVX2 (horizontal pass two rows at a time with
+//! once, at construction, from what the CPU has: AVX-512BW (the AVX2 kernels with the
+//! horizontal pass four rows at a time), AVX2 (horizontal pass two rows at a time with
 //! `vpmaddwd` on the weights split into two 11-bit halves, vertical pass in 8 lanes), SSE4.1,
-//! or portable Rust; all give the same bytes, and the tests force each one.
+//! or portable Rust; all give the same bytes, and the tests force each one the CPU has.
 
 /// The margin, in source pixels, to keep around a box of `box_len` pixels resampled to
 /// `out_len` so that pixels near its edge see the same neighbours as in the whole image: the
@@ -302,6 +303,106 @@ unsafe fn horizontal_rows2_madd<const P: usize>(
     }
 }
 
+/// Four rows of the horizontal pass at once with AVX-512BW: [`horizontal_rows2_madd`] with a
+/// row in each 128-bit lane of a 512-bit vector (`mw` built with 4 lanes), the same shuffles and
+/// `vpmaddwd` pairs, so the same integers; the sums are clamped to `0..=255` (as `clip8`) and
+/// narrowed with `vpmovdb`. `P` as there.
+///
+/// # Safety
+/// The CPU must support AVX-512F and AVX-512BW; `mw` must be built from `c` with 4 lanes.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw")]
+unsafe fn horizontal_rows4_madd<const P: usize>(rows: [&[u8]; 4], c: &Coeffs, mw: &MaddWeights, outs: [&mut [u8]; 4]) {
+    use std::arch::x86_64::*;
+    let pairs = if P == 0 { mw.pairs } else { P };
+    let len = rows[0].len();
+    let dw = c.bounds.len();
+    assert!(pairs == mw.pairs && mw.lanes == 4 && mw.w.len() >= dw * pairs * 64);
+    assert!(rows.iter().all(|r| r.len() == len) && outs.iter().all(|o| o.len() >= dw * 3));
+    let loads = pairs.div_ceil(2);
+    let reach = 12 * (loads - 1) + 16;
+    const Z: i8 = -128;
+    #[rustfmt::skip]
+    let sh0 = _mm512_broadcast_i32x4(_mm_setr_epi8(0, Z, 3, Z, 1, Z, 4, Z, 2, Z, 5, Z, Z, Z, Z, Z));
+    #[rustfmt::skip]
+    let sh1 = _mm512_broadcast_i32x4(_mm_setr_epi8(6, Z, 9, Z, 7, Z, 10, Z, 8, Z, 11, Z, Z, Z, Z, Z));
+    let half = _mm512_set1_epi32(1 << (PRECISION_BITS - 1));
+    let (zero, max) = (_mm512_setzero_si512(), _mm512_set1_epi32(255));
+    let p = rows.map(|r| r.as_ptr());
+    let [o0, o1, o2, o3] = outs;
+    let wbase = mw.w.as_ptr();
+    for (xx, &(start, n)) in c.bounds.iter().enumerate() {
+        let off = start * 3;
+        if off + reach > len {
+            let k = &c.k[xx * c.ksize..xx * c.ksize + n];
+            for (row, out) in rows.iter().zip([&mut *o0, &mut *o1, &mut *o2, &mut *o3]) {
+                out[xx * 3..xx * 3 + 3].copy_from_slice(&pixel_scalar(&row[off..(start + n) * 3], k));
+            }
+            continue;
+        }
+        // SAFETY: pixel xx's weights are the 64 * pairs words at xx * pairs * 64 (length
+        // asserted above).
+        let wp = unsafe { wbase.add(xx * pairs * 64) };
+        let mut ah = _mm512_setzero_si512();
+        let mut al = _mm512_setzero_si512();
+        for g in 0..loads {
+            let o = off + 12 * g;
+            // SAFETY: o + 16 <= off + reach <= len (checked above) for all four rows; the
+            // weight reads stay within pixel xx's 64 * pairs words (q < pairs).
+            unsafe {
+                let v = _mm512_castsi128_si512(_mm_loadu_si128(p[0].add(o).cast()));
+                let v = _mm512_inserti32x4::<1>(v, _mm_loadu_si128(p[1].add(o).cast()));
+                let v = _mm512_inserti32x4::<2>(v, _mm_loadu_si128(p[2].add(o).cast()));
+                let v = _mm512_inserti32x4::<3>(v, _mm_loadu_si128(p[3].add(o).cast()));
+                let q = 2 * g;
+                let x = _mm512_shuffle_epi8(v, sh0);
+                ah = _mm512_add_epi32(ah, _mm512_madd_epi16(x, _mm512_loadu_si512(wp.add(q * 64).cast())));
+                al = _mm512_add_epi32(al, _mm512_madd_epi16(x, _mm512_loadu_si512(wp.add(q * 64 + 32).cast())));
+                if q + 1 < pairs {
+                    let x = _mm512_shuffle_epi8(v, sh1);
+                    ah = _mm512_add_epi32(ah, _mm512_madd_epi16(x, _mm512_loadu_si512(wp.add(q * 64 + 64).cast())));
+                    al = _mm512_add_epi32(al, _mm512_madd_epi16(x, _mm512_loadu_si512(wp.add(q * 64 + 96).cast())));
+                }
+            }
+        }
+        let acc = _mm512_add_epi32(_mm512_add_epi32(_mm512_slli_epi32::<11>(ah), al), half);
+        let shifted = _mm512_srai_epi32::<{ PRECISION_BITS }>(acc);
+        // Lane l is [r g b 0] of row l: clamp as clip8, then one byte per sum.
+        let bytes = _mm512_cvtepi32_epi8(_mm512_min_epi32(_mm512_max_epi32(shifted, zero), max));
+        let mut v = [0u32; 4];
+        // SAFETY: 16 bytes into a 16-byte array.
+        unsafe { _mm_storeu_si128(v.as_mut_ptr().cast(), bytes) };
+        for (out, px) in [&mut *o0, &mut *o1, &mut *o2, &mut *o3].into_iter().zip(v) {
+            if xx + 1 < dw {
+                // SAFETY: 4 bytes at xx * 3 end by (xx + 1) * 3 + 1 <= dw * 3 <= the output's
+                // length (asserted); the 4th byte is pixel xx + 1's, written next.
+                unsafe { std::ptr::write_unaligned(out.as_mut_ptr().add(xx * 3).cast::<u32>(), px) };
+            } else {
+                out[xx * 3..xx * 3 + 3].copy_from_slice(&px.to_le_bytes()[..3]);
+            }
+        }
+    }
+}
+
+/// [`horizontal_rows4_madd`] specialised for the common pair counts.
+///
+/// # Safety
+/// As [`horizontal_rows4_madd`].
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw")]
+unsafe fn horizontal_rows4_avx512(rows: [&[u8]; 4], c: &Coeffs, mw: &MaddWeights, outs: [&mut [u8]; 4]) {
+    // SAFETY: forwarded from the caller.
+    unsafe {
+        match mw.pairs {
+            1 => horizontal_rows4_madd::<1>(rows, c, mw, outs),
+            2 => horizontal_rows4_madd::<2>(rows, c, mw, outs),
+            3 => horizontal_rows4_madd::<3>(rows, c, mw, outs),
+            4 => horizontal_rows4_madd::<4>(rows, c, mw, outs),
+            _ => horizontal_rows4_madd::<0>(rows, c, mw, outs),
+        }
+    }
+}
+
 /// [`horizontal_rows2_madd`] specialised for the common pair counts.
 ///
 /// # Safety
@@ -452,6 +553,9 @@ unsafe fn vertical_row_avx2(tmp: &[u8], row_len: usize, start: usize, k: &[i32],
 /// fastest this CPU has, [`BoxResampler::with_kernel`] forces one (for tests and benchmarks).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Kernel {
+    /// AVX-512BW: horizontal pass four rows at a time (a row per 128-bit lane); the AVX2
+    /// vertical pass.
+    Avx512,
     /// AVX2: horizontal pass two rows at a time with `vpmaddwd`, vertical pass in 8 lanes.
     Avx2,
     /// SSE4.1: horizontal pass one pixel per vector; portable vertical pass.
@@ -463,12 +567,18 @@ pub enum Kernel {
 
 impl Kernel {
     /// Every kernel, fastest first.
-    pub const ALL: [Kernel; 3] = [Kernel::Avx2, Kernel::Sse41, Kernel::Portable];
+    pub const ALL: [Kernel; 4] = [Kernel::Avx512, Kernel::Avx2, Kernel::Sse41, Kernel::Portable];
 
     /// Whether this CPU can run the kernel.
     pub fn available(self) -> bool {
         match self {
             Kernel::Portable => true,
+            #[cfg(target_arch = "x86_64")]
+            Kernel::Avx512 => {
+                is_x86_feature_detected!("avx512f")
+                    && is_x86_feature_detected!("avx512bw")
+                    && is_x86_feature_detected!("avx2")
+            }
             #[cfg(target_arch = "x86_64")]
             Kernel::Avx2 => is_x86_feature_detected!("avx2"),
             #[cfg(target_arch = "x86_64")]
@@ -554,6 +664,24 @@ impl BoxResampler {
         // Horizontal pass over only the rows the vertical pass reads.
         let mut r0 = 0;
         #[cfg(target_arch = "x86_64")]
+        if self.kernel == Kernel::Avx512 {
+            self.hw.build(&self.h, 4);
+            while r0 + 4 <= rows {
+                let at = |r: usize| {
+                    let y = y0 + first + r;
+                    &src[(y * sw + x0) * 3..(y * sw + x1) * 3]
+                };
+                let [r_a, r_b, r_c, r_d] = [at(r0), at(r0 + 1), at(r0 + 2), at(r0 + 3)];
+                let (a, rest) = self.tmp[r0 * row_len..(r0 + 4) * row_len].split_at_mut(row_len);
+                let (b, rest) = rest.split_at_mut(row_len);
+                let (c, d) = rest.split_at_mut(row_len);
+                // SAFETY: the kernel is only chosen when AVX-512F/BW are available; `hw` was
+                // just built from `h` with 4 lanes.
+                unsafe { horizontal_rows4_avx512([r_a, r_b, r_c, r_d], &self.h, &self.hw, [a, b, c, d]) };
+                r0 += 4;
+            }
+        }
+        #[cfg(target_arch = "x86_64")]
         if self.kernel == Kernel::Avx2 {
             self.hw.build(&self.h, 2);
             while r0 + 2 <= rows {
@@ -572,8 +700,8 @@ impl BoxResampler {
             let row = &src[(y * sw + x0) * 3..(y * sw + x1) * 3];
             let dst = &mut self.tmp[r * row_len..(r + 1) * row_len];
             #[cfg(target_arch = "x86_64")]
-            if matches!(self.kernel, Kernel::Avx2 | Kernel::Sse41) {
-                // SAFETY: both kernels are only chosen when SSE4.1 is available (AVX2 implies it).
+            if matches!(self.kernel, Kernel::Avx512 | Kernel::Avx2 | Kernel::Sse41) {
+                // SAFETY: these kernels are only chosen when SSE4.1 is available (AVX2 implies it).
                 unsafe { horizontal_row_sse41(row, &self.h, dst) };
                 continue;
             }
@@ -586,8 +714,8 @@ impl BoxResampler {
             let k = &self.v.k[yy * self.v.ksize..yy * self.v.ksize + n];
             let o = &mut out[(dy + yy) * out_stride + dx * 3..(dy + yy) * out_stride + dx * 3 + row_len];
             #[cfg(target_arch = "x86_64")]
-            if self.kernel == Kernel::Avx2 {
-                // SAFETY: the kernel is only chosen when AVX2 is available.
+            if matches!(self.kernel, Kernel::Avx512 | Kernel::Avx2) {
+                // SAFETY: both kernels are only chosen when AVX2 is available.
                 unsafe { vertical_row_avx2(&self.tmp, row_len, start - first, k, &mut self.acc, o) };
                 continue;
             }
