@@ -10,9 +10,9 @@
 //! and restart markers after 1 MCU, 3 MCUs and each MCU row (the fast decoder reads into a
 //! marker and must keep or redo the MCU exactly as upstream's slow decoder would decode it).
 
+use super::intervals::tests::with_restarts;
 use super::restart::tests::picture;
 use turbojpeg::{Compressor, Image, PixelFormat, Subsamp, Transform};
-use turbojpeg_sys as tj;
 
 /// `w x h` RGB pixels: `kind` 0 is uniform noise (the largest coefficients), 1 the smooth test
 /// picture, 2 bands of flat colour alternating with noise (long runs of zeros, then large values).
@@ -59,32 +59,6 @@ fn progressive(data: &[u8]) -> Vec<u8> {
     let mut t = Transform::default();
     t.progressive = true;
     turbojpeg::transform(&t, data).unwrap().to_vec()
-}
-
-/// `data` losslessly re-coded with a restart marker every `blocks` MCUs (`rows` = 0) or every
-/// `rows` MCU rows.
-fn with_restarts(data: &[u8], blocks: i32, rows: i32) -> Vec<u8> {
-    // SAFETY: a fresh transform handle, destroyed before returning; `data` is live for the
-    // calls; the output buffer is allocated by TurboJPEG, copied, then freed with tj3Free.
-    unsafe {
-        let t = tj::tj3Init(tj::TJINIT_TJINIT_TRANSFORM as i32);
-        assert!(!t.is_null());
-        assert_eq!(tj::tj3DecompressHeader(t, data.as_ptr(), data.len() as tj::size_t), 0);
-        let (param, value) = if rows > 0 {
-            (tj::TJPARAM_TJPARAM_RESTARTROWS, rows)
-        } else {
-            (tj::TJPARAM_TJPARAM_RESTARTBLOCKS, blocks)
-        };
-        assert_eq!(tj::tj3Set(t, param as i32, value), 0);
-        let mut xf: tj::tjtransform = std::mem::zeroed();
-        xf.op = tj::TJXOP_TJXOP_NONE as i32;
-        let (mut buf, mut size): (*mut u8, tj::size_t) = (std::ptr::null_mut(), 0);
-        assert_eq!(tj::tj3Transform(t, data.as_ptr(), data.len() as tj::size_t, 1, &mut buf, &mut size, &xf), 0);
-        let out = std::slice::from_raw_parts(buf, size as usize).to_vec();
-        tj::tj3Free(buf.cast());
-        tj::tj3Destroy(t);
-        out
-    }
 }
 
 fn decode(data: &[u8]) -> Vec<u8> {

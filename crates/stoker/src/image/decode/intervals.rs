@@ -364,7 +364,7 @@ pub fn sub_image(
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::super::jpeg::{JpegDecoder, Rect};
     use super::super::restart::add_restart_markers;
     use super::super::restart::tests::picture;
@@ -397,7 +397,7 @@ mod tests {
 
     /// `data` losslessly transformed with a restart marker every `blocks` MCUs, or every
     /// `rows` MCU rows when `rows > 0`.
-    fn with_restarts(data: &[u8], blocks: i32, rows: i32) -> Vec<u8> {
+    pub(in crate::image::decode) fn with_restarts(data: &[u8], blocks: i32, rows: i32) -> Vec<u8> {
         // SAFETY: a fresh transform handle; `data` is live; the output is copied, then freed.
         unsafe {
             let t = tj::tj3Init(tj::TJINIT_TJINIT_TRANSFORM as i32);

@@ -209,6 +209,14 @@ impl MaddWeights {
     }
 }
 
+/// The byte shuffles of the `vpmaddwd` horizontal kernels, per 128-bit lane (one row): from 16
+/// bytes loaded at a window's pixel, taps 0-1 (`PAIR0`) or 2-3 (`PAIR1`) as the words
+/// `[r0 r1 g0 g1 b0 b1 0 0]`; -128 gives a zero byte.
+#[cfg(target_arch = "x86_64")]
+const PAIR0: [i8; 16] = [0, -128, 3, -128, 1, -128, 4, -128, 2, -128, 5, -128, -128, -128, -128, -128];
+#[cfg(target_arch = "x86_64")]
+const PAIR1: [i8; 16] = [6, -128, 9, -128, 7, -128, 10, -128, 8, -128, 11, -128, -128, -128, -128, -128];
+
 /// Two rows of the horizontal pass at once with AVX2 and `vpmaddwd` (see [`MaddWeights`]):
 /// row A in the low 128-bit lane, row B in the high one; one 16-byte load per row covers four
 /// taps, a byte shuffle puts a pair of taps as words `[r0 r1 g0 g1 b0 b1 0 0]`, and two
@@ -234,13 +242,9 @@ unsafe fn horizontal_rows2_madd<const P: usize>(
     let loads = pairs.div_ceil(2);
     // Bytes read from a window's first pixel: loads at pixels 0, 4, 8, ..., 16 bytes each.
     let reach = 12 * (loads - 1) + 16;
-    const Z: i8 = -128;
-    let sh0 = _mm256_setr_epi8(
-        0, Z, 3, Z, 1, Z, 4, Z, 2, Z, 5, Z, Z, Z, Z, Z, 0, Z, 3, Z, 1, Z, 4, Z, 2, Z, 5, Z, Z, Z, Z, Z,
-    );
-    let sh1 = _mm256_setr_epi8(
-        6, Z, 9, Z, 7, Z, 10, Z, 8, Z, 11, Z, Z, Z, Z, Z, 6, Z, 9, Z, 7, Z, 10, Z, 8, Z, 11, Z, Z, Z, Z, Z,
-    );
+    // SAFETY: two 16-byte arrays.
+    let (p0, p1) = unsafe { (_mm_loadu_si128(PAIR0.as_ptr().cast()), _mm_loadu_si128(PAIR1.as_ptr().cast())) };
+    let (sh0, sh1) = (_mm256_broadcastsi128_si256(p0), _mm256_broadcastsi128_si256(p1));
     let half = _mm256_set1_epi32(1 << (PRECISION_BITS - 1));
     let (pa, pb) = (row_a.as_ptr(), row_b.as_ptr());
     let (oa, ob) = (out_a.as_mut_ptr(), out_b.as_mut_ptr());
@@ -312,7 +316,12 @@ unsafe fn horizontal_rows2_madd<const P: usize>(
 /// The CPU must support AVX-512F and AVX-512BW; `mw` must be built from `c` with 4 lanes.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bw")]
-unsafe fn horizontal_rows4_madd<const P: usize>(rows: [&[u8]; 4], c: &Coeffs, mw: &MaddWeights, outs: [&mut [u8]; 4]) {
+unsafe fn horizontal_rows4_madd<const P: usize>(
+    rows: [&[u8]; 4],
+    c: &Coeffs,
+    mw: &MaddWeights,
+    mut outs: [&mut [u8]; 4],
+) {
     use std::arch::x86_64::*;
     let pairs = if P == 0 { mw.pairs } else { P };
     let len = rows[0].len();
@@ -321,21 +330,18 @@ unsafe fn horizontal_rows4_madd<const P: usize>(rows: [&[u8]; 4], c: &Coeffs, mw
     assert!(rows.iter().all(|r| r.len() == len) && outs.iter().all(|o| o.len() >= dw * 3));
     let loads = pairs.div_ceil(2);
     let reach = 12 * (loads - 1) + 16;
-    const Z: i8 = -128;
-    #[rustfmt::skip]
-    let sh0 = _mm512_broadcast_i32x4(_mm_setr_epi8(0, Z, 3, Z, 1, Z, 4, Z, 2, Z, 5, Z, Z, Z, Z, Z));
-    #[rustfmt::skip]
-    let sh1 = _mm512_broadcast_i32x4(_mm_setr_epi8(6, Z, 9, Z, 7, Z, 10, Z, 8, Z, 11, Z, Z, Z, Z, Z));
+    // SAFETY: two 16-byte arrays.
+    let (p0, p1) = unsafe { (_mm_loadu_si128(PAIR0.as_ptr().cast()), _mm_loadu_si128(PAIR1.as_ptr().cast())) };
+    let (sh0, sh1) = (_mm512_broadcast_i32x4(p0), _mm512_broadcast_i32x4(p1));
     let half = _mm512_set1_epi32(1 << (PRECISION_BITS - 1));
     let (zero, max) = (_mm512_setzero_si512(), _mm512_set1_epi32(255));
     let p = rows.map(|r| r.as_ptr());
-    let [o0, o1, o2, o3] = outs;
     let wbase = mw.w.as_ptr();
     for (xx, &(start, n)) in c.bounds.iter().enumerate() {
         let off = start * 3;
         if off + reach > len {
             let k = &c.k[xx * c.ksize..xx * c.ksize + n];
-            for (row, out) in rows.iter().zip([&mut *o0, &mut *o1, &mut *o2, &mut *o3]) {
+            for (row, out) in rows.iter().zip(outs.iter_mut()) {
                 out[xx * 3..xx * 3 + 3].copy_from_slice(&pixel_scalar(&row[off..(start + n) * 3], k));
             }
             continue;
@@ -372,7 +378,7 @@ unsafe fn horizontal_rows4_madd<const P: usize>(rows: [&[u8]; 4], c: &Coeffs, mw
         let mut v = [0u32; 4];
         // SAFETY: 16 bytes into a 16-byte array.
         unsafe { _mm_storeu_si128(v.as_mut_ptr().cast(), bytes) };
-        for (out, px) in [&mut *o0, &mut *o1, &mut *o2, &mut *o3].into_iter().zip(v) {
+        for (out, px) in outs.iter_mut().zip(v) {
             if xx + 1 < dw {
                 // SAFETY: 4 bytes at xx * 3 end by (xx + 1) * 3 + 1 <= dw * 3 <= the output's
                 // length (asserted); the 4th byte is pixel xx + 1's, written next.
