@@ -119,12 +119,13 @@ pub fn bench(root: &str, o: &BenchOpts) -> Result<()> {
         }
         return decode_only(root, o);
     }
-    let config = o.loader_config()?;
+    let mut config = o.loader_config()?;
     let epochs = o.epochs()?;
     let step = o.consumer_step()?;
     // `cuda` means this rank's GPU under torchrun, as in the Python package. Resolved before
     // the dataset is opened, so a bad device fails first.
     let target = stoker_cuda::Target::resolve(&o.device, stoker::args::local_rank()?)?;
+    config.decode = stoker::args::decode_where(config.decode, target.on_gpu(), &config)?;
     let dataset = stoker::source::open(&[root.to_string()])?;
     let (samples, classes) = (dataset.source.len(), dataset.classes.len());
     let batch_size = config.sampler.batch_size;
@@ -251,6 +252,10 @@ pub fn bench(root: &str, o: &BenchOpts) -> Result<()> {
             "bottleneck": report.bottleneck,
             "device": report.device,
             "transfer": report.transfer,
+            "gpu_decode": stage.as_ref().and_then(|s| s.gpu_decode()).map(|g| {
+                let (backend, images, permille) = g.stats();
+                serde_json::json!({"backend": backend, "images": images, "share": f64::from(permille) / 1000.0})
+            }),
             "cache": report.kind.cache,
             "consumer_ms": step.as_secs_f64() * 1e3,
             "threads_active": report.tuning.as_ref().map(|t| t.threads_active),

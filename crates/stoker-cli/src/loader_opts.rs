@@ -50,6 +50,13 @@ pub struct BenchOpts {
     /// stoker's copy stream; the digest then reads them back from the GPU).
     #[arg(long, default_value = "cpu")]
     pub device: String,
+    /// Where JPEGs are decoded: cpu (libjpeg-turbo, exact), gpu (a share of each batch with
+    /// nvJPEG, --device cuda) or auto (the share tuned so CPU and GPU finish together).
+    #[arg(long, default_value = "cpu")]
+    pub decode: String,
+    /// The share of each batch decoded on the GPU with --decode gpu (0 < share <= 1; default 0.5).
+    #[arg(long)]
+    pub gpu_share: Option<String>,
     /// Output dtype: float32, float16 or uint8 (uint8 drops Normalize).
     #[arg(long, default_value = "float32")]
     pub dtype: String,
@@ -161,6 +168,8 @@ impl BenchOpts {
             ("cache_max_side", self.cache_max_side.clone()),
             ("trace", self.trace.clone()),
             ("trace_events", self.trace_events.clone()),
+            ("decode", Some(self.decode.clone())),
+            ("gpu_share", self.gpu_share.clone()),
         ]))?)
     }
 

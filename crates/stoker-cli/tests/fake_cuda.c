@@ -16,9 +16,14 @@
  * - every stream asynchronous, the legacy default stream (handles 0/1, and 2 for per-thread) of
  *   each context included: its work runs later on a worker thread, like any other stream;
  * - cuCtxSynchronize waits for every stream of the current context;
- * - out of memory on request, and a sticky error (every later call fails, as after a fault).
+ * - out of memory on request, and a sticky error (every later call fails, as after a fault);
+ * - stoker's one kernel, `stoker_resize` (GPU decode's resampler): cuModuleLoadData accepts
+ *   only PTX text that defines it, and a launch runs `stoker_resize_pixel` from the kernel's own
+ *   source (crates/stoker-cuda/kernels/resize.cu, compiled here as C) for every thread of the
+ *   grid, later, on the stream's thread; so CI checks the kernel's arithmetic, never the PTX;
+ * - host work on a stream for the stand-in nvJPEG (fake_nvjpeg.c): fake_cuda_enqueue_host.
  *
- * Build: gcc -shared -fPIC -O1 -pthread -o libcuda.so fake_cuda.c
+ * Build: gcc -shared -fPIC -O1 -ffp-contract=off -pthread -o libcuda.so fake_cuda.c
  * Environment:
  *   FAKE_CUDA_DEVICES (default 1)          physical devices
  *   FAKE_CUDA_COPY_DELAY_US (default 20000) delay before each host-to-device copy runs
@@ -78,9 +83,11 @@ typedef struct {
     double done_at;
 } Event;
 
-enum { OP_COPY, OP_DTOH, OP_RECORD, OP_WAIT };
+enum { OP_COPY, OP_DTOH, OP_RECORD, OP_WAIT, OP_HOST };
 typedef struct Op {
     int kind;
+    void (*fn)(void *); /* OP_HOST: runs fn(arg) on the stream's thread, then frees arg */
+    void *arg;
     void *dst;
     const void *src;
     size_t len;
@@ -148,6 +155,11 @@ static void *worker(void *arg) {
         s->busy = 1;
         if (op->kind == OP_WAIT) {
             while (op->ev->completed < op->gen) pthread_cond_wait(&changed, &lock);
+        } else if (op->kind == OP_HOST) {
+            pthread_mutex_unlock(&lock);
+            op->fn(op->arg);
+            free(op->arg);
+            pthread_mutex_lock(&lock);
         } else if (op->kind == OP_COPY || op->kind == OP_DTOH) {
             pthread_mutex_unlock(&lock);
             usleep(op->kind == OP_COPY ? delay : dtoh_delay);
@@ -496,3 +508,73 @@ CUresult cuMemcpyDtoH_v2(void *dst, uint64_t src, size_t len) {
     memcpy(dst, (const void *)(uintptr_t)src, len);
     return OK;
 }
+
+/* Host work `fn(arg)` on `stream`'s thread after the work queued before it; `arg` (malloc'd) is
+ * freed afterwards. For the stand-in nvJPEG, which writes its output in stream order. */
+CUresult fake_cuda_enqueue_host(void *stream, void (*fn)(void *), void *arg) {
+    STICKY();
+    pthread_mutex_lock(&lock);
+    Stream *s = resolve(stream);
+    if (!s) {
+        pthread_mutex_unlock(&lock);
+        return ERR_INVALID_CONTEXT;
+    }
+    Op *op = calloc(1, sizeof *op);
+    op->kind = OP_HOST;
+    op->fn = fn;
+    op->arg = arg;
+    enqueue(s, op);
+    pthread_mutex_unlock(&lock);
+    return OK;
+}
+
+/* ---- stoker's kernel -------------------------------------------------------------------- */
+#include "../../stoker-cuda/kernels/resize.cu"
+
+enum { ERR_INVALID_PTX = 218, ERR_NOT_FOUND = 500 };
+static int resize_function; /* the one CUfunction: its address */
+static long launches;
+
+CUresult cuModuleLoadData(void **module, const void *image) {
+    STICKY();
+    if (!current()) return ERR_INVALID_CONTEXT;
+    const char *ptx = image;
+    if (strncmp(ptx, "//", 2) != 0 || !strstr(ptx, ".entry stoker_resize(")) return ERR_INVALID_PTX;
+    *module = &resize_function;
+    return OK;
+}
+CUresult cuModuleGetFunction(void **f, void *module, const char *name) {
+    STICKY();
+    if (module != &resize_function || strcmp(name, "stoker_resize") != 0) return ERR_NOT_FOUND;
+    *f = &resize_function;
+    return OK;
+}
+CUresult cuModuleUnload(void *module) { (void)module; return OK; }
+
+typedef struct {
+    StokerResize p;
+    unsigned gx, gy, bx, by;
+} Launch;
+
+static void run_launch(void *arg) {
+    Launch *l = arg;
+    for (unsigned y = 0; y < l->gy * l->by; y++)
+        for (unsigned x = 0; x < l->gx * l->bx; x++)
+            if (x < l->p.out_w && y < l->p.out_h) stoker_resize_pixel(&l->p, x, y);
+}
+
+CUresult cuLaunchKernel(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
+                        unsigned shared, void *stream, void **params, void **extra) {
+    (void)shared;
+    (void)extra;
+    STICKY();
+    if (f != &resize_function || gz != 1 || bz != 1 || !params) return ERR_INVALID_VALUE;
+    Launch *l = malloc(sizeof *l);
+    memcpy(&l->p, params[0], sizeof l->p); /* the driver copies parameters at launch */
+    l->gx = gx, l->gy = gy, l->bx = bx, l->by = by;
+    __atomic_add_fetch(&launches, 1, __ATOMIC_RELAXED);
+    return fake_cuda_enqueue_host(stream, run_launch, l);
+}
+
+/* Kernel launches so far (for tests, through ctypes). */
+long fake_cuda_launches(void) { return __atomic_load_n(&launches, __ATOMIC_RELAXED); }

@@ -6,6 +6,7 @@
 
 use crate::{place, DeviceStage, Placement};
 use stoker::arrays::{ArrayConfig, ArrayLoader, Column};
+use stoker::image::gpu_job::DecodeOn;
 use stoker::report::DeviceReport;
 use stoker::source::Dataset;
 use stoker::tokens::{TextTokenizer, TokenConfig, TokenLoader};
@@ -45,15 +46,35 @@ impl Target {
     /// the labels of a GPU batch get device buffers of their own (so keeping them never keeps
     /// the images' buffer), the stage records into the loader's trace, and the report says
     /// which device is used.
-    pub fn image_loader(self, dataset: &Dataset, config: LoaderConfig) -> Result<OnDevice<Loader>> {
-        let (prefetch, limit) = (config.prefetch, config.memory_limit);
+    ///
+    /// With `decode="gpu"` or `"auto"` on a GPU, the stage decodes the share of each batch the
+    /// loader leaves to it (nvJPEG and stoker's resampler); where GPU decode cannot start, `gpu`
+    /// is an error saying why and `auto` decodes on the CPU, the report's device note saying why.
+    pub fn image_loader(mut self, dataset: &Dataset, config: LoaderConfig) -> Result<OnDevice<Loader>> {
+        let (prefetch, limit, decode) = (config.prefetch, config.memory_limit, config.decode);
+        let decoder = match (&self.placement, decode) {
+            (Placement::Cuda(gpu), d) if d.uses_gpu() => match crate::gpu_decode::GpuDecoder::new(gpu) {
+                Ok(dec) => Some(dec),
+                Err(e) if d == DecodeOn::Auto => {
+                    self.report.note = Some(format!("decode='auto' decodes on the CPU: {e}"));
+                    None
+                }
+                Err(e) => return Err(e),
+            },
+            _ => None,
+        };
         let loader = Loader::new_in(dataset.source.clone(), config, self.placement.allocator())?;
         loader.report_not_samples(&dataset.not_samples);
         let tracer = loader.tracer().cloned();
-        let stage = self
+        let mut stage = self
             .placement
             .stage(crate::image_regions(&loader), prefetch, limit)?
             .map(|s| s.with_detached(&[1]).with_tracer(tracer));
+        if let (Some(dec), Some(s)) = (decoder, stage.take()) {
+            let share = loader.leave_to_gpu(decode).ok_or_else(|| stoker::Error::Internal("no GPU share".into()))?;
+            let split = crate::gpu_decode::Split::new(share, decode == DecodeOn::Auto);
+            stage = Some(s.with_gpu_decode(crate::GpuDecode::new(dec, split)));
+        }
         loader.telemetry().set_device(self.report.clone());
         Ok(OnDevice { loader, stage, device: self.report })
     }

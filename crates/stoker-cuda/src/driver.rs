@@ -453,3 +453,80 @@ impl Drop for PinnedMem {
         PINNED_BYTES.fetch_sub(self.len.max(1) as u64, Ordering::AcqRel);
     }
 }
+
+/// A module of device code loaded from PTX (`cuModuleLoadData`: the driver compiles it for
+/// this GPU), and one kernel of it. Unloaded on drop.
+pub(crate) struct Kernel {
+    module: sys::CUmodule,
+    function: sys::CUfunction,
+    gpu: Arc<Gpu>,
+}
+
+// SAFETY: module and function handles may be used from any thread of the context's process;
+// they are never mutated after `load`.
+unsafe impl Send for Kernel {}
+// SAFETY: as above.
+unsafe impl Sync for Kernel {}
+
+impl Kernel {
+    /// Loads `ptx` (NUL-terminated text) on `gpu` and finds the kernel `name`.
+    pub(crate) fn load(gpu: &Arc<Gpu>, ptx: &std::ffi::CStr, name: &std::ffi::CStr) -> Result<Self, stoker::Error> {
+        let _g = gpu.bind()?;
+        let mut module: sys::CUmodule = std::ptr::null_mut();
+        // SAFETY: a context is current; `ptx` is a NUL-terminated PTX text that outlives the
+        // call (the driver copies what it needs); writes one handle.
+        check(unsafe { sys::cuModuleLoadData(&mut module, ptx.as_ptr().cast()) }, "cuModuleLoadData")?;
+        let mut function: sys::CUfunction = std::ptr::null_mut();
+        // SAFETY: `module` was just loaded; `name` is NUL-terminated; writes one handle.
+        let found =
+            check(unsafe { sys::cuModuleGetFunction(&mut function, module, name.as_ptr()) }, "cuModuleGetFunction");
+        let kernel = Kernel { module, function, gpu: gpu.clone() };
+        found.map(|()| kernel)
+    }
+
+    /// Enqueues the kernel on `stream` over `grid` blocks of `block` threads, with one
+    /// by-value parameter `param`.
+    ///
+    /// # Safety
+    /// `P` must be the kernel's one parameter type, laid out as the device code declares it,
+    /// and every device address in it must stay valid until the launch completes.
+    pub(crate) unsafe fn launch<P>(
+        &self,
+        grid: [u32; 2],
+        block: [u32; 2],
+        param: &P,
+        stream: &Stream,
+    ) -> Result<(), stoker::Error> {
+        let mut args = [(param as *const P).cast_mut().cast::<std::ffi::c_void>()];
+        // SAFETY: the function is alive; the argument array holds one pointer to a value of
+        // the kernel's parameter type (the caller's contract), which the driver copies before
+        // returning; the stream is alive.
+        check(
+            unsafe {
+                sys::cuLaunchKernel(
+                    self.function,
+                    grid[0],
+                    grid[1],
+                    1,
+                    block[0],
+                    block[1],
+                    1,
+                    0,
+                    stream.raw(),
+                    args.as_mut_ptr(),
+                    std::ptr::null_mut(),
+                )
+            },
+            "cuLaunchKernel",
+        )
+    }
+}
+
+impl Drop for Kernel {
+    fn drop(&mut self) {
+        if let Ok(_g) = self.gpu.bind() {
+            // SAFETY: loaded in `load`, unloaded once; the owner synchronised its stream.
+            let _ = unsafe { sys::cuModuleUnload(self.module) };
+        }
+    }
+}

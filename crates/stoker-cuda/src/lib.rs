@@ -14,6 +14,8 @@
 //!   stage; the CLI and the Python classes build loaders only here.
 //! - [`PinnedAllocator`]: page-locked batch buffers for the engine's pool.
 //! - [`DeviceStage`]: the transfer stage (own stream, events, device pool with release events).
+//! - [`gpu_decode`]: nvJPEG (loaded at run time) and stoker's resampler decode the share of each
+//!   batch the host leaves to the GPU, tuned for `decode="auto"`.
 //! - [`measure_h2d`]: host-to-device bandwidth, pinned and pageable.
 //! - [`GpuSampler`]: utilisation, memory, PCIe traffic and processes of every GPU, per tick
 //!   (`stoker monitor`).
@@ -25,6 +27,7 @@
 mod bandwidth;
 mod compose;
 mod driver;
+pub mod gpu_decode;
 mod gpu_monitor;
 mod pinned;
 mod transfer;
@@ -34,7 +37,7 @@ pub use compose::{OnDevice, Target};
 pub use driver::{memory_in_use, Gpu, STREAM_LEGACY, STREAM_PER_THREAD};
 pub use gpu_monitor::{pcie_lane_bytes_per_s, GpuSample, GpuSampler, GpuStatic};
 pub use pinned::PinnedAllocator;
-pub use transfer::{image_regions, DeviceBatch, DeviceIter, DeviceRegion, DeviceStage};
+pub use transfer::{image_regions, DeviceBatch, DeviceIter, DeviceRegion, DeviceStage, GpuDecode};
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;

@@ -401,6 +401,31 @@ pub struct DeviceStage {
     detached: Vec<usize>,
     /// The loader's trace recorder, if tracing is on.
     tracer: Option<Arc<Tracer>>,
+    /// GPU decode of the samples the host left to it, and the tuner of its share.
+    gpu_decode: Option<Arc<GpuDecode>>,
+}
+
+/// A stage's GPU decode: the decoder (used by one transfer thread at a time), the share's
+/// tuner and what it has done.
+pub struct GpuDecode {
+    decoder: Mutex<crate::gpu_decode::GpuDecoder>,
+    split: crate::gpu_decode::Split,
+    backend: &'static str,
+    images: std::sync::atomic::AtomicU64,
+}
+
+impl GpuDecode {
+    /// `decoder` decoding the share `split` tunes.
+    pub fn new(decoder: crate::gpu_decode::GpuDecoder, split: crate::gpu_decode::Split) -> Self {
+        let backend = decoder.backend();
+        GpuDecode { decoder: Mutex::new(decoder), split, backend, images: Default::default() }
+    }
+
+    /// nvJPEG's backend for batches (`hardware` or `default`), the images decoded on the GPU so
+    /// far, and the share of each batch now (thousandths).
+    pub fn stats(&self) -> (&'static str, u64, u32) {
+        (self.backend, self.images.load(Ordering::Relaxed), self.split.permille())
+    }
 }
 
 impl std::fmt::Debug for DeviceStage {
@@ -440,7 +465,26 @@ impl DeviceStage {
         };
         let slots = SlotPool::new(slots, capacities.iter().sum(), memory_limit, "device batch", make)?;
         let pool = Arc::new(Pool { slots, capacities, side: Arc::default() });
-        Ok(DeviceStage { gpu, stream, pool, active: Active::default(), detached: vec![], tracer: None })
+        Ok(DeviceStage {
+            gpu,
+            stream,
+            pool,
+            active: Active::default(),
+            detached: vec![],
+            tracer: None,
+            gpu_decode: None,
+        })
+    }
+
+    /// Decodes the samples the host leaves to the GPU (region 0's records) with `decode`.
+    pub fn with_gpu_decode(mut self, decode: GpuDecode) -> Self {
+        self.gpu_decode = Some(Arc::new(decode));
+        self
+    }
+
+    /// The stage's GPU decode, when the host leaves samples to it.
+    pub fn gpu_decode(&self) -> Option<&Arc<GpuDecode>> {
+        self.gpu_decode.as_ref()
     }
 
     /// Copies regions `regions` (indexes into the capacities) into small buffers of their own
@@ -500,6 +544,7 @@ impl DeviceStage {
             telemetry: telemetry.clone(),
             detached: self.detached.clone(),
             tracer: self.tracer.clone(),
+            gpu_decode: self.gpu_decode.clone(),
         };
         let (me, out) = (Arc::downgrade(&run), outcome.clone());
         run.spawn("stoker-transfer".into(), move || {
@@ -540,6 +585,7 @@ struct Transfer {
     telemetry: Option<Arc<Telemetry>>,
     detached: Vec<usize>,
     tracer: Option<Arc<Tracer>>,
+    gpu_decode: Option<Arc<GpuDecode>>,
 }
 
 /// A host batch whose copy may still be reading it: dropping it (on an error or an unwinding
@@ -611,7 +657,14 @@ impl Transfer {
         self.gpu.bind_forever()?;
         let tel = self.telemetry.as_deref();
         let mut regions = Vec::new();
+        let mut deferred = Vec::new();
+        let decode_start = match &self.gpu_decode {
+            Some(_) => Some(Event::new(&self.gpu, true)?),
+            None => None,
+        };
+        let mut last_arrival: Option<Instant> = None;
         for seq in 0.. {
+            let t_poll = Instant::now();
             let host = loop {
                 if self.cancelled() {
                     return Ok(());
@@ -624,6 +677,8 @@ impl Transfer {
             };
             let host = InFlight { host: Some(host), stream: &self.stream };
             let t0 = Instant::now();
+            let (host_wait, interval) = (t0 - t_poll, last_arrival.map_or(Duration::ZERO, |l| t0 - l));
+            last_arrival = Some(t0);
             let Some(mut slot) = self.take_slot()? else { return Ok(()) };
             let t1 = Instant::now();
             if let Some(t) = tel {
@@ -656,6 +711,24 @@ impl Transfer {
                     // allocator) is kept alive below until the `ready` event has completed,
                     // and `InFlight` waits for the stream if this thread leaves early.
                     unsafe { dst.copy_from_host(src, len, &self.stream)? };
+                }
+                deferred.clear();
+                b.deferred(&mut deferred);
+                if !deferred.is_empty() {
+                    let (Some(gd), Some(ev)) = (&self.gpu_decode, &decode_start) else {
+                        return Err(Error::Internal("a batch left samples to a GPU decode this stage lacks".into()));
+                    };
+                    ev.record(self.stream.raw())?;
+                    let (src, len) = regions[0];
+                    // SAFETY: region 0 of the host batch, alive (and unmodified) until its
+                    // `ready` event has completed (as for the copy above).
+                    let host_images = unsafe { std::slice::from_raw_parts(src, len) };
+                    let mut dec = gd.decoder.lock().unwrap_or_else(|p| p.into_inner());
+                    // SAFETY: as above for `host_images`; the destination is this slot's region
+                    // 0 (at least `len` bytes, the copy's length); the previous batch's `ready`
+                    // was waited for below, so no earlier work reads the scratch memory.
+                    let n = unsafe { dec.run(host_images, &deferred, slot.regions[0].ptr(), &self.stream)? };
+                    gd.images.fetch_add(n as u64, Ordering::Relaxed);
                 }
                 slot.ready.record(self.stream.raw())?;
                 Ok(true)
@@ -691,6 +764,12 @@ impl Transfer {
             let copied = ready.synchronize();
             let ms = copied.as_ref().ok().and_then(|_| ready.elapsed_since(&start).ok());
             copied?;
+            if let (Some(gd), Some(ev), false) = (&self.gpu_decode, &decode_start, deferred.is_empty()) {
+                // The GPU's decode of this batch: from its start event to `ready` (the host time
+                // of a hybrid decode is inside that span too, as the event was recorded first).
+                let gpu_ms = ready.elapsed_since(ev).unwrap_or(0.0);
+                gd.split.batch(interval, host_wait, Duration::from_secs_f64(f64::from(gpu_ms.max(0.0)) * 1e-3));
+            }
             let mut host = host;
             drop(host.host.take());
             if let (Some(t), Some(ms)) = (tel, ms) {

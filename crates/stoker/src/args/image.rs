@@ -7,6 +7,7 @@ use super::shared::{cache, common, sampler, trace};
 use super::values::{batch_bytes, boolean, bytes, cpu_budget, positive, shown, text, thread_count};
 use super::{Args, Taker};
 use crate::error::{Error, Result};
+use crate::image::gpu_job::DecodeOn;
 use crate::image::ops::{DType, Layout, OpSpec, TransformSpec};
 use crate::image::pipeline::{ErrorPolicy, LoaderConfig, MaxFailures};
 use serde_json::Value;
@@ -65,6 +66,7 @@ pub fn image_config(
         args.insert("dtype".into(), Value::String("float32".into()));
     }
     let mut config = loader_config(args)?;
+    config.decode = decode_where(config.decode, on_gpu, &config)?;
     if !on_gpu || config.transform.dtype == DType::Uint8 {
         return Ok((config, None));
     }
@@ -78,7 +80,8 @@ pub fn image_config(
 /// `seed`, `drop_last`, `rank`, `world_size` (torchrun's environment by default), `threads`,
 /// `io_threads`, `prefetch` (a number or `auto`), `cpu_budget`, `memory_limit`, `on_error`
 /// (`skip`, `raise`), `dct_scaling`, `roi`, `max_pixels`, `max_file_bytes`, `max_failures`,
-/// `cache`, `cache_bytes`, `cache_max_side`, `trace`, `trace_events`, and for image-text pairs
+/// `cache`, `cache_bytes`, `cache_max_side`, `trace`, `trace_events`, `decode` and `gpu_share`
+/// (where JPEGs are decoded, checked against the device by [`image_config`]), and for image-text pairs
 /// `captions` ([`super::captions()`]). An unknown name is an
 /// error. The environment ([`super::Env`]) is read, checked and applied first.
 pub fn loader_config(args: Args) -> Result<LoaderConfig> {
@@ -121,6 +124,7 @@ pub(super) fn loader_config_in(args: Args, env: &Env) -> Result<LoaderConfig> {
     }
     c.cache = cache(&mut a, env)?;
     c.trace = trace(&mut a)?;
+    c.decode = decode(&mut a)?;
     if let Some(v) = a.take("mixture") {
         let (spec, sources) = super::mixture::mixture(&v)?;
         c.parts = sources.into_iter().map(image_part).collect::<Result<_>>()?;
@@ -135,6 +139,43 @@ pub(super) fn loader_config_in(args: Args, env: &Env) -> Result<LoaderConfig> {
     a.finish()?;
     batch_bytes(c.sampler.batch_size, sample_bytes(&c.transform)?)?;
     Ok(c)
+}
+
+/// `decode` (`cpu`, `gpu`, `auto`) and `gpu_share` (the fixed share of each batch for `gpu`,
+/// 0 < share <= 1, default 0.5).
+fn decode(a: &mut Taker) -> Result<DecodeOn> {
+    let share = a.typed("gpu_share").map(|v| match v.as_f64() {
+        Some(f) if f > 0.0 && f <= 1.0 => Ok(f),
+        _ => Err(Error::config("gpu_share", format!("expected a fraction in (0, 1], got {}", shown(&v)))),
+    });
+    let on = match a.take("decode") {
+        None => "cpu".to_string(),
+        Some(v) => text("decode", &v, "cpu, gpu or auto")?.to_ascii_lowercase(),
+    };
+    match (on.as_str(), share) {
+        ("cpu", None) => Ok(DecodeOn::Cpu),
+        ("gpu", s) => Ok(DecodeOn::Gpu(s.transpose()?.unwrap_or(0.5))),
+        ("auto", None) => Ok(DecodeOn::Auto),
+        ("cpu" | "auto", Some(_)) => Err(Error::config("gpu_share", "a fixed share is for decode='gpu' only")),
+        (other, _) => Err(Error::config("decode", format!("unknown value {other:?}; allowed: cpu, gpu, auto"))),
+    }
+}
+
+/// GPU decode where batches go: `gpu` needs a GPU device and no cache (cached pixels are the
+/// CPU's); `auto` falls back to the CPU without a GPU or with a cache.
+pub fn decode_where(d: DecodeOn, on_gpu: bool, c: &LoaderConfig) -> Result<DecodeOn> {
+    let why = if !on_gpu {
+        Some("device='cuda' (the batches are decoded where they go)")
+    } else if c.cache.is_some() {
+        Some("no cache (a cache holds pixels the CPU decoded)")
+    } else {
+        None
+    };
+    match (d, why) {
+        (DecodeOn::Gpu(_), Some(why)) => Err(Error::config("decode", format!("decode='gpu' needs {why}"))),
+        (DecodeOn::Auto, Some(_)) => Ok(DecodeOn::Cpu),
+        (d, _) => Ok(d),
+    }
 }
 
 /// One image source of a mixture: `root` (what [`crate::source::detect`] opens: a path, a

@@ -57,7 +57,7 @@ pub use env::{
     apply_env, budget_registry_path, env_cache_ttl, env_threads, index_dir, local_rank, object_timeout, BudgetEnv, Env,
     CACHE_TTL_VAR, INDEX_DIR_VAR, OBJECT_TIMEOUT_VAR, THREADS_VAR,
 };
-pub use image::{image_config, loader_config, max_failures};
+pub use image::{decode_where, image_config, loader_config, max_failures};
 pub use shared::DEFAULT_SHARD_WINDOW;
 pub use state::{saved_state, saved_states, SavedState};
 pub use tokens::{token_config, token_mix_state, token_state, MAX_PACK_WINDOW};

@@ -4,6 +4,7 @@
 //!   checked before any pixel buffer is sized.
 //! - [`ops`]: torchvision's transforms (RandomResizedCrop, Resize, CenterCrop, flip, normalise,
 //!   dtype, layout), planned once and fused into one resample and one write per sample.
+//! - [`gpu_job`]: which samples of a batch are left to GPU decode, and their record in the slot.
 //! - [`cache`]: the decoded-pixel cache (groups per dataset, shared budget, checksums).
 //! - [`pipeline`]: the image loader: configuration, the loader, the threads of a pass
 //!   (dispatch, I/O, decode), the per-sample work, ordered delivery and the batch.
@@ -13,5 +14,6 @@
 
 pub mod cache;
 pub mod decode;
+pub mod gpu_job;
 pub mod ops;
 pub mod pipeline;

@@ -196,6 +196,8 @@ pub struct Slot {
     pub(crate) sample_bytes: usize,
     indices: Box<[AtomicU32]>,
     status: Box<[AtomicU8]>,
+    /// Positions whose bytes are a GPU decode record ([`crate::image::gpu_job`]), not pixels.
+    deferred: Box<[std::sync::atomic::AtomicBool]>,
     /// Samples scheduled in the current batch.
     pub(crate) count: AtomicUsize,
     /// Samples not yet finished.
@@ -225,6 +227,9 @@ impl Slot {
         let mut status = Vec::new();
         indices.try_reserve_exact(capacity).map_err(|_| too_large())?;
         status.try_reserve_exact(capacity).map_err(|_| too_large())?;
+        let mut deferred = Vec::new();
+        deferred.try_reserve_exact(capacity).map_err(|_| too_large())?;
+        deferred.extend((0..capacity).map(|_| std::sync::atomic::AtomicBool::new(false)));
         indices.extend((0..capacity).map(|_| AtomicU32::new(0)));
         status.extend((0..capacity).map(|_| AtomicU8::new(PENDING)));
         let extras = extras
@@ -239,6 +244,7 @@ impl Slot {
             sample_bytes,
             indices: indices.into_boxed_slice(),
             status: status.into_boxed_slice(),
+            deferred: deferred.into_boxed_slice(),
             count: AtomicUsize::new(0),
             remaining: AtomicUsize::new(0),
             batch: AtomicUsize::new(0),
@@ -252,6 +258,7 @@ impl Slot {
         for (k, &i) in indices.iter().enumerate() {
             self.indices[k].store(i, Ordering::Relaxed);
             self.status[k].store(PENDING, Ordering::Relaxed);
+            self.deferred[k].store(false, Ordering::Relaxed);
         }
         self.errors.lock().expect("slot errors lock").clear();
         self.batch.store(batch, Ordering::Relaxed);
@@ -291,6 +298,18 @@ impl Slot {
         unsafe { buf.slice(self.len.load(Ordering::Acquire) * b) }
     }
 
+    /// Marks position `pos` as holding a GPU decode record (before [`Slot::finish`]).
+    pub(crate) fn defer(&self, pos: usize) {
+        self.deferred[pos].store(true, Ordering::Relaxed);
+    }
+
+    /// The delivered positions that hold GPU decode records (valid once the batch is
+    /// complete).
+    pub(crate) fn deferred(&self) -> impl Iterator<Item = usize> + '_ {
+        let n = self.len.load(Ordering::Acquire);
+        (0..n).filter(|&p| self.deferred[p].load(Ordering::Relaxed))
+    }
+
     /// Records the outcome of position `pos`; returns `true` if this finished the batch.
     pub(crate) fn finish(&self, pos: usize, label: Option<i64>) -> bool {
         match label {
@@ -325,6 +344,7 @@ impl Slot {
                         }
                     }
                     self.indices[out].store(self.indices[pos].load(Ordering::Relaxed), Ordering::Relaxed);
+                    self.deferred[out].store(self.deferred[pos].load(Ordering::Relaxed), Ordering::Relaxed);
                 }
                 out += 1;
             }

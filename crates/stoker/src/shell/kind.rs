@@ -277,4 +277,10 @@ pub trait HostBatch: Send + 'static {
     fn regions(&self, out: &mut Vec<(*const u8, usize)>);
     /// The batch's description.
     fn meta(&self) -> Self::Meta;
+    /// The byte ranges of region 0 that hold GPU decode records instead of their samples'
+    /// bytes ([`crate::image::gpu_job`]): the transfer stage decodes them on the device after
+    /// the copy. None by default.
+    fn deferred(&self, out: &mut Vec<std::ops::Range<usize>>) {
+        let _ = out;
+    }
 }

@@ -18,6 +18,13 @@ pub struct JpegLayout<'a> {
     /// Offset of the first scan's entropy-coded data (the byte after its SOS segment); `None`
     /// when the walk found no SOS.
     pub scan_data: Option<usize>,
+    /// The frame header: its marker (`0xC0` baseline, `0xC2` progressive, ...), sample
+    /// precision and component count.
+    pub frame: Option<(u8, u8, u8)>,
+    /// Whether an Adobe `APP14` segment is present (its transform decides RGB/YCbCr/CMYK).
+    pub adobe: bool,
+    /// Whether the three components are named `R`, `G`, `B` (an RGB JPEG).
+    pub rgb_ids: bool,
 }
 
 /// Walks the marker segments of `data` (a JPEG: `FF D8` first) up to the first SOS.
@@ -63,6 +70,16 @@ pub fn jpeg_layout(data: &[u8]) -> JpegLayout<'_> {
         if marker == 0xDA {
             out.scan_data = Some(end.min(n));
             return out;
+        }
+        let seg = &data[(pos + 2).min(n)..end.min(n)];
+        if matches!(marker, 0xC0..=0xCF) && !matches!(marker, 0xC4 | 0xC8 | 0xCC) && out.frame.is_none() {
+            if let [p, _, _, _, _, nc, rest @ ..] = seg {
+                out.frame = Some((marker, *p, *nc));
+                out.rgb_ids = *nc == 3 && rest.len() >= 9 && [rest[0], rest[3], rest[6]] == *b"RGB";
+            }
+        }
+        if marker == 0xEE && seg.starts_with(b"Adobe") {
+            out.adobe = true;
         }
         if marker == 0xE1 && out.exif.is_none() {
             let seg = &data[pos + 2..end.min(n)];

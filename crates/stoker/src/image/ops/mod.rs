@@ -625,19 +625,25 @@ impl Resampler {
         if !(dx == 0 && dy == 0 && dw == ow && dh == oh) {
             self.hwc.fill(0);
         }
-        let [bx, by, bw, bh] = bbox;
-        let clip = if hard {
-            // The integer hull of the box: crop first, so the filter cannot read outside it.
-            let l = ((bx + 1e-6).floor().max(0.0) as usize).min(sw - 1);
-            let t = ((by + 1e-6).floor().max(0.0) as usize).min(sh - 1);
-            let r = ((bx + bw - 1e-6).ceil() as usize).clamp(l + 1, sw);
-            let b = ((by + bh - 1e-6).ceil() as usize).clamp(t + 1, sh);
-            [l, t, r, b]
-        } else {
-            [0, 0, sw, sh]
-        };
+        let clip = clip_window(bbox, hard, sw, sh);
         self.inner.resample_into(src, sw, bbox, clip, dw, dh, &mut self.hwc, dx, dy, ow * 3);
         Ok(&self.hwc)
+    }
+}
+
+/// The pixels of a `sw` x `sh` image the filter may read for source box `bbox`, `[x0, y0, x1,
+/// y1)`: a hard box's integer hull (crop first, so the filter cannot read outside it), else the
+/// whole image. The GPU resampler is given the same window.
+pub fn clip_window(bbox: [f64; 4], hard: bool, sw: usize, sh: usize) -> [usize; 4] {
+    let [bx, by, bw, bh] = bbox;
+    if hard {
+        let l = ((bx + 1e-6).floor().max(0.0) as usize).min(sw - 1);
+        let t = ((by + 1e-6).floor().max(0.0) as usize).min(sh - 1);
+        let r = ((bx + bw - 1e-6).ceil() as usize).clamp(l + 1, sw);
+        let b = ((by + bh - 1e-6).ceil() as usize).clamp(t + 1, sh);
+        [l, t, r, b]
+    } else {
+        [0, 0, sw, sh]
     }
 }
 

@@ -162,6 +162,11 @@ impl crate::shell::kind::HostBatch for Batch {
         }
     }
 
+    fn deferred(&self, out: &mut Vec<std::ops::Range<usize>>) {
+        let sb = self.slot().sample_bytes;
+        out.extend(self.slot().deferred().map(|p| p * sb..(p + 1) * sb));
+    }
+
     fn meta(&self) -> ImageMeta {
         ImageMeta {
             index: self.index(),

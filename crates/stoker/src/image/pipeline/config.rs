@@ -84,6 +84,10 @@ pub struct LoaderConfig {
     /// Image-text pairs: each sample's caption, encoded beside its image (`None`: images alone).
     #[serde(default)]
     pub captions: Option<crate::tokens::CaptionSpec>,
+    /// Where JPEGs are decoded: the CPU (exact, the default), or a share of each batch on the
+    /// GPU ([`crate::image::gpu_job`]; needs a GPU device, uint8 batches and no cache).
+    #[serde(default)]
+    pub decode: crate::image::gpu_job::DecodeOn,
 }
 
 /// How many samples of one pass over an epoch may fail (be skipped) before the iteration
@@ -148,6 +152,7 @@ impl LoaderConfig {
             trace: None,
             parts: vec![],
             captions: None,
+            decode: crate::image::gpu_job::DecodeOn::Cpu,
         }
     }
 }

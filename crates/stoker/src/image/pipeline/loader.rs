@@ -132,7 +132,19 @@ impl Loader {
             read_high_water: std::sync::atomic::AtomicUsize::new(0),
             tally: config.sampler.mixture.as_ref().map(|m| crate::shell::mix::Tally::new(m.parts.len())),
             captions,
+            gpu: std::sync::OnceLock::new(),
         }))
+    }
+
+    /// Leaves the share `on` says of each batch to GPU decode, from the next pass on, and
+    /// returns that share (which the caller, the transfer stage that decodes the records, tunes
+    /// for `auto`); `None` for `cpu`. Only that stage calls this: a loader never writes records
+    /// nothing would decode. Set once; a second call returns the first share.
+    pub fn leave_to_gpu(&self, on: crate::image::gpu_job::DecodeOn) -> Option<crate::image::gpu_job::GpuShare> {
+        if !on.uses_gpu() {
+            return None;
+        }
+        Some(self.kind().gpu.get_or_init(|| crate::image::gpu_job::GpuShare::new(on.start_permille())).clone())
     }
 
     /// Decode threads started (autotuned: the most that may take work; see

@@ -41,6 +41,9 @@ pub struct Images {
     pub(super) tally: Option<crate::shell::mix::Tally>,
     /// Image-text pairs: how each sample's caption is read and encoded.
     pub(super) captions: Option<Captions>,
+    /// GPU decode: the share of each batch the decode threads leave to the transfer stage (set
+    /// only by the stage that decodes them, [`super::Loader::leave_to_gpu`]).
+    pub(super) gpu: std::sync::OnceLock<crate::image::gpu_job::GpuShare>,
 }
 
 /// An image-text pair loader's captions: where each is read from and its encoder (rows of ids

@@ -19,8 +19,52 @@ pub(super) fn process(
     let nopath = Path::new("");
     let info = dec.info(data, nopath)?;
     let g = sh.plan.geometry(info.width, info.height, &mut augment_rng(sh, epoch, task));
+    if let Some(share) = sh.gpu.get() {
+        if share.takes(task.pos) && defer(sh, task, data, &info, &g) {
+            sh.counters.decode.record(t0.elapsed());
+            return Ok(sh.source.label(task.slot.index(task.pos) as usize));
+        }
+    }
     let region = dec.decode(data, nopath, &info, g.bbox, (g.dst[2], g.dst[3]))?;
     finish(sh, rs, task, t0, "decode", region.pixels, (region.width, region.height), region.bbox, &g)
+}
+
+/// Leaves a sample to GPU decode: writes its record and JPEG into its slot and marks the
+/// position. `false` (nothing written) when the image is not one nvJPEG decodes as the CPU
+/// would, or its bytes do not fit in the slot: the sample is then decoded here.
+fn defer(
+    sh: &Images,
+    task: &Task,
+    data: &[u8],
+    info: &crate::image::decode::ImageInfo,
+    g: &crate::image::ops::Geometry,
+) -> bool {
+    use crate::image::gpu_job::{gpu_decodable, GpuJob};
+    // The GPU resampler's taps per axis end at a downscale of 32x (as do few real crops).
+    let reach = |len: f64, out: usize| out > 0 && len / out as f64 <= 32.0;
+    if !gpu_decodable(data, info.orientation) || !reach(g.bbox[2], g.dst[2]) || !reach(g.bbox[3], g.dst[3]) {
+        return false;
+    }
+    let (oh, ow) = sh.plan.output_size();
+    let clip = crate::image::ops::clip_window(g.bbox, g.hard, info.width, info.height);
+    let u = |v: usize| v as u32;
+    let job = GpuJob {
+        jpeg_len: 0,
+        size: [u(info.width), u(info.height)],
+        bbox: g.bbox,
+        clip: clip.map(u),
+        dst: g.dst.map(u),
+        out: [u(ow), u(oh)],
+        flip: g.flip,
+        nhwc: sh.plan.spec().layout == Layout::NHWC,
+    };
+    // SAFETY: this worker owns position `task.pos` of the slot until `complete` is called.
+    let out = unsafe { task.slot.sample_mut(task.pos) };
+    if !job.write(data, out) {
+        return false;
+    }
+    task.slot.defer(task.pos);
+    true
 }
 
 /// An image-text pair's caption: taken from its member `text` and encoded into the sample's

@@ -1,0 +1,158 @@
+//! GPU decode, the device's half (`decode="gpu"` or `"auto"`): the samples a batch's decode
+//! threads left to the GPU ([`stoker::image::gpu_job`]) crossed the bus as records holding
+//! their JPEGs; after the batch's copy, on stoker's stream, nvJPEG decodes them into scratch
+//! memory and stoker's resampler (`kernels/resize.cu`, the CPU path's arithmetic) writes each
+//! crop into its place in the device batch, before the batch's `ready` event.
+//!
+//! With `auto`, [`Split`] moves the share of each batch between the CPU threads and the GPU so
+//! that both finish a batch in the same time.
+//!
+//! Pixels: nvJPEG's IDCT and upsampling round differently from libjpeg-turbo's, so GPU-decoded
+//! samples differ from the CPU's by a few levels (`benches/gpu_decode_diff.py` measures it on
+//! real photos); the resampling, crop, flip and layout are the CPU's exactly. The CPU path stays
+//! the exact default.
+
+mod nvjpeg;
+mod split;
+
+pub use nvjpeg::{add_candidates, describe};
+pub use split::Split;
+
+use crate::driver::{DeviceMem, Gpu, Kernel, Stream};
+use std::ffi::CStr;
+use std::ops::Range;
+use std::sync::Arc;
+use stoker::image::gpu_job::GpuJob;
+use stoker::{Error, Result};
+
+/// The resampler's PTX (made by `scripts/gen-ptx` from `kernels/resize.cu`).
+const RESIZE_PTX: &str = concat!(include_str!("../../kernels/resize.ptx"), "\0");
+
+/// `StokerResize` of `kernels/resize.cu`, field for field (doubles first: no padding).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+struct ResizeParams {
+    bbox: [f64; 4],
+    src: u64,
+    dst: u64,
+    pitch: u32,
+    clip: [u32; 4],
+    rect: [u32; 4],
+    out_w: u32,
+    out_h: u32,
+    flip: u32,
+    nhwc: u32,
+    pad: u32,
+}
+
+const BLOCK: [u32; 2] = [16, 16];
+/// Alignment of each decoded image in the scratch memory.
+const ALIGN: usize = 256;
+
+/// nvJPEG and the resampler on one GPU, with scratch memory for one batch's decoded images.
+pub struct GpuDecoder {
+    gpu: Arc<Gpu>,
+    nv: nvjpeg::NvJpeg,
+    kernel: Kernel,
+    scratch: Option<DeviceMem>,
+    scratch_len: usize,
+}
+
+impl std::fmt::Debug for GpuDecoder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GpuDecoder").field("backend", &self.nv.backend()).finish()
+    }
+}
+
+impl GpuDecoder {
+    /// Loads nvJPEG and the resampler on `gpu`; the error says why GPU decode is not possible
+    /// here (no libnvjpeg, or a driver that cannot compile the kernel).
+    pub fn new(gpu: &Arc<Gpu>) -> Result<Self> {
+        let _g = gpu.bind()?;
+        let nv = nvjpeg::NvJpeg::new().map_err(|e| Error::Device(format!("GPU decode is not available: {e}")))?;
+        let ptx = CStr::from_bytes_with_nul(RESIZE_PTX.as_bytes()).map_err(|e| Error::Internal(e.to_string()))?;
+        let kernel = Kernel::load(gpu, ptx, c"stoker_resize")
+            .map_err(|e| Error::Device(format!("GPU decode is not available: its resampler did not load: {e}")))?;
+        Ok(GpuDecoder { gpu: gpu.clone(), nv, kernel, scratch: None, scratch_len: 0 })
+    }
+
+    /// nvJPEG's backend for batches: `hardware` (JPEG engines) or `default`.
+    pub fn backend(&self) -> &'static str {
+        self.nv.backend()
+    }
+
+    /// Decodes the records in `ranges` of the images region `host` into the same ranges of
+    /// the device region at `dst`, on `stream`, after the work already queued there (the
+    /// region's copy). Returns the images decoded.
+    ///
+    /// # Safety
+    /// `host` must stay valid and unmodified until the stream has passed this work (the caller
+    /// waits on an event recorded after it); `dst` must address at least `host.len()` bytes of
+    /// device memory, valid as long; no earlier work on `stream` may still read the scratch
+    /// memory (the caller waited for the previous batch's event).
+    pub(crate) unsafe fn run(
+        &mut self,
+        host: &[u8],
+        ranges: &[Range<usize>],
+        dst: u64,
+        stream: &Stream,
+    ) -> Result<usize> {
+        let mut jobs = Vec::with_capacity(ranges.len());
+        for r in ranges {
+            let slot = host.get(r.clone()).ok_or_else(|| Error::Internal("a GPU record outside the batch".into()))?;
+            jobs.push((r.start, GpuJob::read(slot)?));
+        }
+        // Each decoded image at an aligned offset of the scratch memory.
+        let mut offsets = Vec::with_capacity(jobs.len());
+        let mut total = 0usize;
+        for (_, (job, _)) in &jobs {
+            offsets.push(total);
+            let bytes = job.size[0] as usize * 3 * job.size[1] as usize;
+            total = (total + bytes).div_ceil(ALIGN) * ALIGN;
+        }
+        if total > self.scratch_len {
+            // Grown to the next power of two: a few reallocations over a run, never per batch.
+            let len = total.next_power_of_two();
+            self.scratch = None;
+            self.scratch = Some(DeviceMem::new(&self.gpu, len)?);
+            self.scratch_len = len;
+        }
+        let Some(scratch) = &self.scratch else { return Ok(0) };
+        let base = scratch.ptr();
+        let _g = self.gpu.bind()?;
+        let jpegs: Vec<&[u8]> = jobs.iter().map(|(_, (_, j))| *j).collect();
+        let mut images: Vec<nvjpeg::Image> = jobs
+            .iter()
+            .zip(&offsets)
+            .map(|((_, (job, _)), &off)| nvjpeg::Image::rgbi(base + off as u64, job.size[0] as usize * 3))
+            .collect();
+        // SAFETY: each image addresses `3 * width * height` bytes of the scratch memory, which
+        // no earlier work still reads (the caller's contract) and which lives in `self`; the
+        // stream is stoker's; the JPEGs live in `host` for the call.
+        unsafe { self.nv.decode(&jpegs, &mut images, stream.raw().cast()) }.map_err(|(i, why)| {
+            Error::Device(format!("nvJPEG could not decode sample {} of the batch: {why}", jobs[i].0 / ranges[0].len()))
+        })?;
+        for ((start, (job, _)), off) in jobs.iter().zip(&offsets) {
+            let p = ResizeParams {
+                bbox: job.bbox,
+                src: base + *off as u64,
+                dst: dst + *start as u64,
+                pitch: job.size[0] * 3,
+                clip: job.clip,
+                rect: job.dst,
+                out_w: job.out[0],
+                out_h: job.out[1],
+                flip: u32::from(job.flip),
+                nhwc: u32::from(job.nhwc),
+                pad: 0,
+            };
+            let grid = [job.out[0].div_ceil(BLOCK[0]), job.out[1].div_ceil(BLOCK[1])];
+            // SAFETY: `ResizeParams` mirrors `StokerResize`; `src` addresses the decoded image
+            // (in the scratch memory, alive in `self`), `dst` the sample's bytes within the
+            // region (the caller's contract; `GpuJob::read` checked that the output fits in
+            // the sample's range).
+            unsafe { self.kernel.launch(grid, BLOCK, &p, stream)? };
+        }
+        Ok(jobs.len())
+    }
+}
