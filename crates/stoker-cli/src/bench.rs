@@ -252,10 +252,7 @@ pub fn bench(root: &str, o: &BenchOpts) -> Result<()> {
             "bottleneck": report.bottleneck,
             "device": report.device,
             "transfer": report.transfer,
-            "gpu_decode": stage.as_ref().and_then(|s| s.gpu_decode()).map(|g| {
-                let (backend, images, permille) = g.stats();
-                serde_json::json!({"backend": backend, "images": images, "share": f64::from(permille) / 1000.0})
-            }),
+            "gpu_decode": stage.as_ref().and_then(|s| s.gpu_decode()).map(|g| g.stats()),
             "cache": report.kind.cache,
             "consumer_ms": step.as_secs_f64() * 1e3,
             "threads_active": report.tuning.as_ref().map(|t| t.threads_active),

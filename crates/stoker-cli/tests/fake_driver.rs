@@ -7,6 +7,11 @@
 //! `CUDA_VISIBLE_DEVICES`, running out of device memory and a sticky driver error; the Python
 //! side of those (context restoration, device choice, default-stream ordering) is in
 //! `tests/python/test_fake_driver.py`.
+//!
+//! GPU decode runs against the stand-in driver and a stand-in libnvjpeg (`fake_nvjpeg.c`),
+//! which serves the pixels libjpeg-turbo gives for each JPEG (decoded here beforehand) and runs
+//! stoker's resampler kernel from its own source: the GPU-decoded batches must then be the CPU
+//! path's, byte for byte.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -20,7 +25,11 @@ fn build_fake_driver(dir: &Path) -> Option<PathBuf> {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fake_cuda.c");
     let lib = dir.join("libcuda.so");
     for cc in ["cc", "gcc"] {
-        let out = Command::new(cc).args(["-shared", "-fPIC", "-O1", "-pthread", "-o"]).arg(&lib).arg(&src).output();
+        let out = Command::new(cc)
+            .args(["-shared", "-fPIC", "-O1", "-ffp-contract=off", "-pthread", "-o"])
+            .arg(&lib)
+            .arg(&src)
+            .output();
         match out {
             Ok(o) if o.status.success() => return Some(lib),
             Ok(o) => panic!("{cc} failed to build the fake driver: {}", String::from_utf8_lossy(&o.stderr)),
@@ -182,4 +191,152 @@ fn bench_device_cuda_is_this_ranks_gpu_under_torchrun() {
     // Two GPUs are visible: rank 2 on this node has none, and says so.
     let err = used("2").unwrap_err();
     assert!(err.contains("cuda:2") && !err.contains("panicked"), "{err}");
+}
+
+/// The stand-in libnvjpeg next to the stand-in driver `lib` (linked against it, for its host
+/// work on streams).
+fn build_fake_nvjpeg(lib: &Path) -> PathBuf {
+    let dir = lib.parent().unwrap();
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fake_nvjpeg.c");
+    let out = dir.join("libnvjpeg.so");
+    let st = Command::new("cc")
+        .args(["-shared", "-fPIC", "-O1", "-pthread", "-o"])
+        .arg(&out)
+        .arg(&src)
+        .arg(format!("-L{}", dir.display()))
+        .arg("-lcuda")
+        .arg(format!("-Wl,-rpath,{}", dir.display()))
+        .output()
+        .expect("run cc");
+    assert!(st.status.success(), "{}", String::from_utf8_lossy(&st.stderr));
+    out
+}
+
+/// The pixels the stand-in nvJPEG serves: every JPEG under `root` decoded whole by
+/// libjpeg-turbo (stoker's fallback decoder: full resolution, no EXIF rotation, as nvJPEG),
+/// named by the FNV-1a hash of its bytes. Returns how many.
+fn serve_pixels(root: &Path, out: &Path) -> usize {
+    std::fs::create_dir_all(out).unwrap();
+    let mut dec = stoker::image::gpu_job::fallback_decoder().unwrap();
+    let mut n = 0;
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                stack.push(p);
+                continue;
+            }
+            let data = std::fs::read(&p).unwrap();
+            let Ok(info) = dec.info(&data, &p) else { continue };
+            if !data.starts_with(&[0xFF, 0xD8]) {
+                continue;
+            }
+            let whole = [0.0, 0.0, info.width as f64, info.height as f64];
+            let r = dec.decode(&data, &p, &info, whole, (info.width, info.height)).unwrap();
+            let hash = data.iter().fold(0xcbf29ce484222325u64, |h, &b| (h ^ u64::from(b)).wrapping_mul(0x100000001b3));
+            let mut f = (r.width as u32).to_le_bytes().to_vec();
+            f.extend((r.height as u32).to_le_bytes());
+            f.extend_from_slice(r.pixels);
+            std::fs::write(out.join(format!("{hash:016x}.rgb")), f).unwrap();
+            n += 1;
+        }
+    }
+    n
+}
+
+#[test]
+fn gpu_decoded_batches_are_the_cpu_paths_through_stand_in_nvjpeg_and_kernel() {
+    let tmp = tempfile::tempdir().unwrap();
+    let Some((lib, root)) = driver_and_demo(tmp.path(), 64) else { return };
+    let lib_dir = lib.parent().unwrap().to_path_buf();
+    build_fake_nvjpeg(&lib);
+    let pixels = tmp.path().join("pixels");
+    assert!(serve_pixels(&root, &pixels) > 32);
+    let run = |args: &[&str], env: &[(&str, &str)]| -> Result<serde_json::Value, String> {
+        let mut cmd = stoker();
+        cmd.arg("bench").arg(&root).args(["--json", "--epochs", "2", "--batch-size", "16", "--threads", "2"]);
+        // Full-resolution decodes on the CPU, as nvJPEG's: the pixels are then the same.
+        cmd.args(["--dtype", "uint8", "--device", "cuda", "--no-dct-scaling", "--no-roi", "--seed", "7"]).args(args);
+        cmd.env("LD_LIBRARY_PATH", &lib_dir).env("FAKE_CUDA_COPY_DELAY_US", "500").env("FAKE_NVJPEG_DIR", &pixels);
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let out = output_within(cmd, 180);
+        if !out.status.success() {
+            return Err(String::from_utf8_lossy(&out.stderr).into_owned());
+        }
+        Ok(serde_json::from_slice(&out.stdout).unwrap())
+    };
+    for (preset, layout) in [("imagenet-train", "nchw"), ("imagenet-val", "nhwc")] {
+        let base = ["--preset", preset, "--layout", layout];
+        let cpu = run(&[&base[..], &["--decode", "cpu"]].concat(), &[]).unwrap();
+        assert!(cpu["gpu_decode"].is_null());
+        for (decode, env) in [
+            (&["--decode", "gpu"][..], &[][..]),
+            (&["--decode", "gpu", "--gpu-share", "1"], &[]),
+            (&["--decode", "auto"], &[]),
+            // No JPEG engines: the default backend, image by image.
+            (&["--decode", "gpu", "--gpu-share", "0.3"], &[("FAKE_NVJPEG_HARDWARE", "0")]),
+            // The engine refuses the batch: the default backend takes it.
+            (&["--decode", "gpu"], &[("FAKE_NVJPEG_BATCH_FAILS", "1")]),
+        ] {
+            let gpu = run(&[&base[..], decode].concat(), env).unwrap();
+            let what = format!("{preset} {layout} {decode:?} {env:?}");
+            assert_eq!(gpu["digest"], cpu["digest"], "{what}: GPU-decoded batches differ from the CPU's");
+            assert_eq!(gpu["images"], cpu["images"], "{what}");
+            let g = &gpu["gpu_decode"];
+            let share = g["share"].as_f64().unwrap();
+            assert!(g["images"].as_u64().unwrap() > 0 && share > 0.0 && share <= 1.0, "{what}: {g}");
+            assert_eq!(g["cpu_fallback"], 0, "{what}: {g}");
+            let backend = if env.iter().any(|e| e.0 == "FAKE_NVJPEG_HARDWARE") { "default" } else { "hardware" };
+            assert_eq!(g["backend"], backend, "{what}: {g}");
+        }
+        // A fixed share takes floor(16 * share) positions of each full batch.
+        let fixed =
+            run(&[&base[..], &["--decode", "gpu", "--gpu-share", "0.25", "--no-digest"]].concat(), &[]).unwrap();
+        let g = &fixed["gpu_decode"];
+        let per_batch = g["images"].as_u64().unwrap() as f64 / fixed["batches"].as_f64().unwrap();
+        assert!(per_batch > 2.0 && per_batch <= 4.0, "{g}");
+    }
+
+    // JPEGs the stand-in cannot decode (its pixels are missing) are made on the CPU by the
+    // transfer thread: nothing is lost, and the batches are the same.
+    let mut removed = 0;
+    for e in std::fs::read_dir(&pixels).unwrap().take(5) {
+        std::fs::remove_file(e.unwrap().path()).unwrap();
+        removed += 1;
+    }
+    assert_eq!(removed, 5);
+    let base = ["--preset", "imagenet-train", "--layout", "nchw"];
+    let cpu = run(&[&base[..], &["--decode", "cpu"]].concat(), &[]).unwrap();
+    let gpu = run(&[&base[..], &["--decode", "gpu", "--gpu-share", "1"]].concat(), &[]).unwrap();
+    assert_eq!(gpu["digest"], cpu["digest"]);
+    let fallback = gpu["gpu_decode"]["cpu_fallback"].as_u64().unwrap();
+    assert!(fallback > 0, "{}", gpu["gpu_decode"]);
+
+    // Where GPU decode cannot work: `gpu` is an error saying why, `auto` decodes on the CPU.
+    let mut cmd = stoker();
+    cmd.arg("bench").arg(&root).args(["--preset", "imagenet-val", "--decode", "gpu", "--device", "cpu"]);
+    let e = String::from_utf8_lossy(&output_within(cmd, 60).stderr).into_owned();
+    assert!(e.contains("decode='gpu' needs device='cuda'"), "{e}");
+    let e = run(&["--preset", "imagenet-val", "--decode", "gpu", "--gpu-share", "1.5"], &[]).unwrap_err();
+    assert!(e.contains("--gpu-share") && e.contains("(0, 1]") && e.contains("1.5"), "{e}");
+    let no_nvjpeg = tmp.path().join("driver-only");
+    std::fs::create_dir_all(&no_nvjpeg).unwrap();
+    std::fs::copy(&lib, no_nvjpeg.join("libcuda.so")).unwrap();
+    let only = |decode: &str| {
+        let mut cmd = stoker();
+        cmd.arg("bench").arg(&root).args(["--json", "--batch-size", "16", "--preset", "imagenet-val", "--no-digest"]);
+        cmd.args(["--dtype", "uint8", "--device", "cuda", "--decode", decode]).env("LD_LIBRARY_PATH", &no_nvjpeg);
+        output_within(cmd, 120)
+    };
+    let out = only("gpu");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("GPU decode is not available") && err.contains("libnvjpeg"), "{err}");
+    let out = only("auto");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(v["gpu_decode"].is_null(), "{v}");
+    assert!(v["device"]["note"].as_str().unwrap().contains("decode='auto' decodes on the CPU"), "{v}");
 }

@@ -394,6 +394,21 @@ impl Drop for DeviceMem {
     }
 }
 
+/// Enqueues a copy of `len` bytes from host `src` to device address `dst` on `stream`.
+///
+/// # Safety
+/// `dst..dst + len` must be device memory of the stream's context that stays allocated until
+/// the copy completes; `src..src + len` must stay valid and unmodified until then.
+pub(crate) unsafe fn copy_to_device(
+    dst: u64,
+    src: *const u8,
+    len: usize,
+    stream: &Stream,
+) -> Result<(), stoker::Error> {
+    // SAFETY: per the caller's contract; the stream is alive.
+    check(unsafe { sys::cuMemcpyHtoDAsync_v2(dst, src.cast(), len, stream.raw()) }, "cuMemcpyHtoDAsync")
+}
+
 /// Page-locked host memory from `cuMemHostAlloc` (portable, not write-combined: the CPU reads
 /// it at normal speed), zeroed, freed on drop.
 pub(crate) struct PinnedMem {

@@ -412,20 +412,44 @@ pub struct GpuDecode {
     split: crate::gpu_decode::Split,
     backend: &'static str,
     images: std::sync::atomic::AtomicU64,
+    fallback: std::sync::atomic::AtomicU64,
 }
 
 impl GpuDecode {
     /// `decoder` decoding the share `split` tunes.
     pub fn new(decoder: crate::gpu_decode::GpuDecoder, split: crate::gpu_decode::Split) -> Self {
         let backend = decoder.backend();
-        GpuDecode { decoder: Mutex::new(decoder), split, backend, images: Default::default() }
+        GpuDecode {
+            decoder: Mutex::new(decoder),
+            split,
+            backend,
+            images: Default::default(),
+            fallback: Default::default(),
+        }
     }
 
-    /// nvJPEG's backend for batches (`hardware` or `default`), the images decoded on the GPU so
-    /// far, and the share of each batch now (thousandths).
-    pub fn stats(&self) -> (&'static str, u64, u32) {
-        (self.backend, self.images.load(Ordering::Relaxed), self.split.permille())
+    /// What GPU decode has done so far.
+    pub fn stats(&self) -> GpuDecodeStats {
+        GpuDecodeStats {
+            backend: self.backend,
+            images: self.images.load(Ordering::Relaxed),
+            cpu_fallback: self.fallback.load(Ordering::Relaxed),
+            share: f64::from(self.split.permille()) / 1000.0,
+        }
     }
+}
+
+/// What a stage's GPU decode has done, for reports.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct GpuDecodeStats {
+    /// nvJPEG's backend for batches: `hardware` (JPEG engines) or `default`.
+    pub backend: &'static str,
+    /// Samples decoded by nvJPEG.
+    pub images: u64,
+    /// Samples nvJPEG refused, decoded on the CPU by the transfer thread instead.
+    pub cpu_fallback: u64,
+    /// The share of each batch left to the GPU now.
+    pub share: f64,
 }
 
 impl std::fmt::Debug for DeviceStage {
@@ -727,8 +751,9 @@ impl Transfer {
                     // SAFETY: as above for `host_images`; the destination is this slot's region
                     // 0 (at least `len` bytes, the copy's length); the previous batch's `ready`
                     // was waited for below, so no earlier work reads the scratch memory.
-                    let n = unsafe { dec.run(host_images, &deferred, slot.regions[0].ptr(), &self.stream)? };
-                    gd.images.fetch_add(n as u64, Ordering::Relaxed);
+                    let done = unsafe { dec.run(host_images, &deferred, slot.regions[0].ptr(), &self.stream)? };
+                    gd.images.fetch_add(done.gpu as u64, Ordering::Relaxed);
+                    gd.fallback.fetch_add(done.fallback as u64, Ordering::Relaxed);
                 }
                 slot.ready.record(self.stream.raw())?;
                 Ok(true)

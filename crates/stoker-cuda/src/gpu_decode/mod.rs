@@ -18,7 +18,7 @@ mod split;
 pub use nvjpeg::{add_candidates, describe};
 pub use split::Split;
 
-use crate::driver::{DeviceMem, Gpu, Kernel, Stream};
+use crate::driver::{copy_to_device, DeviceMem, Gpu, Kernel, PinnedMem, Stream};
 use std::ffi::CStr;
 use std::ops::Range;
 use std::sync::Arc;
@@ -49,19 +49,36 @@ const BLOCK: [u32; 2] = [16, 16];
 /// Alignment of each decoded image in the scratch memory.
 const ALIGN: usize = 256;
 
-/// nvJPEG and the resampler on one GPU, with scratch memory for one batch's decoded images.
+/// nvJPEG and the resampler on one GPU, with scratch memory for one batch's decoded images,
+/// and the CPU fallback for JPEGs nvJPEG refuses.
 pub struct GpuDecoder {
     gpu: Arc<Gpu>,
     nv: nvjpeg::NvJpeg,
     kernel: Kernel,
     scratch: Option<DeviceMem>,
     scratch_len: usize,
+    /// The fallback: a decoder, a resampler and page-locked staging for its samples.
+    cpu: Option<(stoker::image::decode::Decoder, stoker::image::ops::Resampler)>,
+    staging: Option<PinnedMem>,
+    staging_len: usize,
 }
 
 impl std::fmt::Debug for GpuDecoder {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("GpuDecoder").field("backend", &self.nv.backend()).finish()
     }
+}
+
+/// One record of a batch: its bytes in the region, and what it says.
+type Job<'a> = (Range<usize>, (GpuJob, &'a [u8]));
+
+/// What a batch's GPU decode did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Decoded {
+    /// Samples decoded by nvJPEG.
+    pub gpu: usize,
+    /// Samples nvJPEG refused, made on the CPU instead.
+    pub fallback: usize,
 }
 
 impl GpuDecoder {
@@ -73,7 +90,16 @@ impl GpuDecoder {
         let ptx = CStr::from_bytes_with_nul(RESIZE_PTX.as_bytes()).map_err(|e| Error::Internal(e.to_string()))?;
         let kernel = Kernel::load(gpu, ptx, c"stoker_resize")
             .map_err(|e| Error::Device(format!("GPU decode is not available: its resampler did not load: {e}")))?;
-        Ok(GpuDecoder { gpu: gpu.clone(), nv, kernel, scratch: None, scratch_len: 0 })
+        Ok(GpuDecoder {
+            gpu: gpu.clone(),
+            nv,
+            kernel,
+            scratch: None,
+            scratch_len: 0,
+            cpu: None,
+            staging: None,
+            staging_len: 0,
+        })
     }
 
     /// nvJPEG's backend for batches: `hardware` (JPEG engines) or `default`.
@@ -83,24 +109,25 @@ impl GpuDecoder {
 
     /// Decodes the records in `ranges` of the images region `host` into the same ranges of
     /// the device region at `dst`, on `stream`, after the work already queued there (the
-    /// region's copy). Returns the images decoded.
+    /// region's copy). A JPEG nvJPEG refuses is decoded on the CPU here and copied into place,
+    /// so no sample is lost; one the CPU cannot decode either is the batch's error.
     ///
     /// # Safety
     /// `host` must stay valid and unmodified until the stream has passed this work (the caller
     /// waits on an event recorded after it); `dst` must address at least `host.len()` bytes of
-    /// device memory, valid as long; no earlier work on `stream` may still read the scratch
-    /// memory (the caller waited for the previous batch's event).
+    /// device memory, valid as long; no earlier work on `stream` may still use the scratch or
+    /// staging memory (the caller waited for the previous batch's event).
     pub(crate) unsafe fn run(
         &mut self,
         host: &[u8],
         ranges: &[Range<usize>],
         dst: u64,
         stream: &Stream,
-    ) -> Result<usize> {
+    ) -> Result<Decoded> {
         let mut jobs = Vec::with_capacity(ranges.len());
         for r in ranges {
             let slot = host.get(r.clone()).ok_or_else(|| Error::Internal("a GPU record outside the batch".into()))?;
-            jobs.push((r.start, GpuJob::read(slot)?));
+            jobs.push((r.clone(), GpuJob::read(slot)?));
         }
         // Each decoded image at an aligned offset of the scratch memory.
         let mut offsets = Vec::with_capacity(jobs.len());
@@ -117,7 +144,7 @@ impl GpuDecoder {
             self.scratch = Some(DeviceMem::new(&self.gpu, len)?);
             self.scratch_len = len;
         }
-        let Some(scratch) = &self.scratch else { return Ok(0) };
+        let Some(scratch) = &self.scratch else { return Ok(Decoded::default()) };
         let base = scratch.ptr();
         let _g = self.gpu.bind()?;
         let jpegs: Vec<&[u8]> = jobs.iter().map(|(_, (_, j))| *j).collect();
@@ -129,14 +156,20 @@ impl GpuDecoder {
         // SAFETY: each image addresses `3 * width * height` bytes of the scratch memory, which
         // no earlier work still reads (the caller's contract) and which lives in `self`; the
         // stream is stoker's; the JPEGs live in `host` for the call.
-        unsafe { self.nv.decode(&jpegs, &mut images, stream.raw().cast()) }.map_err(|(i, why)| {
-            Error::Device(format!("nvJPEG could not decode sample {} of the batch: {why}", jobs[i].0 / ranges[0].len()))
-        })?;
-        for ((start, (job, _)), off) in jobs.iter().zip(&offsets) {
+        let refused = unsafe { self.nv.decode(&jpegs, &mut images, stream.raw().cast()) };
+        let refused: Vec<usize> = refused.into_iter().map(|(i, _)| i).collect();
+        if !refused.is_empty() {
+            // SAFETY: `dst` as the caller's contract says; the staging memory is not in use.
+            unsafe { self.fallback(&jobs, &refused, dst, stream)? };
+        }
+        for (k, ((range, (job, _)), off)) in jobs.iter().zip(&offsets).enumerate() {
+            if refused.contains(&k) {
+                continue;
+            }
             let p = ResizeParams {
                 bbox: job.bbox,
                 src: base + *off as u64,
-                dst: dst + *start as u64,
+                dst: dst + range.start as u64,
                 pitch: job.size[0] * 3,
                 clip: job.clip,
                 rect: job.dst,
@@ -153,6 +186,45 @@ impl GpuDecoder {
             // the sample's range).
             unsafe { self.kernel.launch(grid, BLOCK, &p, stream)? };
         }
-        Ok(jobs.len())
+        Ok(Decoded { gpu: jobs.len() - refused.len(), fallback: refused.len() })
+    }
+
+    /// Makes the samples `refused` of `jobs` on the CPU into page-locked staging memory and
+    /// queues their copies into place.
+    ///
+    /// # Safety
+    /// As [`GpuDecoder::run`].
+    unsafe fn fallback(&mut self, jobs: &[Job<'_>], refused: &[usize], dst: u64, stream: &Stream) -> Result<()> {
+        let need: usize = refused.iter().map(|&k| jobs[k].0.len()).sum();
+        if need > self.staging_len {
+            let len = need.next_power_of_two();
+            self.staging = None;
+            self.staging = Some(PinnedMem::new(&self.gpu, len)?);
+            self.staging_len = len;
+        }
+        let Some(staging) = &self.staging else { return Ok(()) };
+        if self.cpu.is_none() {
+            self.cpu = Some((stoker::image::gpu_job::fallback_decoder()?, stoker::image::ops::Resampler::new()));
+        }
+        let Some((dec, rs)) = &mut self.cpu else { return Ok(()) };
+        let mut at = 0;
+        for &k in refused {
+            let (range, (job, jpeg)) = &jobs[k];
+            // SAFETY: `at..at + range.len()` lies in the staging memory (sized above), which no
+            // queued work uses (the caller's contract) and nothing else refers to.
+            let out = unsafe { std::slice::from_raw_parts_mut(staging.as_ptr().add(at), range.len()) };
+            job.decode_here(jpeg, dec, rs, out).map_err(|e| {
+                Error::Device(format!(
+                    "sample {} of the batch: nvJPEG refused its JPEG and the CPU could not decode it: {e}",
+                    range.start / range.len()
+                ))
+            })?;
+            // SAFETY: the staging bytes stay untouched until the stream has passed the copy
+            // (the caller waits for the batch's event before the next batch); `dst + start`
+            // addresses the sample's bytes in the device region (the caller's contract).
+            unsafe { copy_to_device(dst + range.start as u64, out.as_ptr(), range.len(), stream)? };
+            at += range.len();
+        }
+        Ok(())
     }
 }

@@ -201,7 +201,7 @@ impl NvJpeg {
 
     /// Decodes `jpegs` into `out` (RGBI device images sized for each) on `stream`: one
     /// batched call on the hardware backend when there is one and it takes the batch, else one
-    /// call per image on the default backend. `Err((i, why))`: image `i` could not be decoded.
+    /// call per image on the default backend. Returns the images nvJPEG refused, with why.
     ///
     /// # Safety
     /// Every `out` image must address device memory of at least `pitch * height` bytes for its
@@ -212,10 +212,10 @@ impl NvJpeg {
         jpegs: &[&[u8]],
         out: &mut [Image],
         stream: *mut c_void,
-    ) -> Result<(), (usize, String)> {
+    ) -> Vec<(usize, String)> {
         let n = jpegs.len();
         if n == 0 {
-            return Ok(());
+            return vec![];
         }
         if let Some(hw) = &mut self.hardware {
             let ptrs: Vec<*const u8> = jpegs.iter().map(|j| j.as_ptr()).collect();
@@ -233,18 +233,21 @@ impl NvJpeg {
                 // contract.
                 let r = unsafe { (self.api.batched)(hw.handle, hw.state, p, l, o, stream) };
                 if check(r, "nvjpegDecodeBatched").is_ok() {
-                    return Ok(());
+                    return vec![];
                 }
             }
         }
+        let mut refused = vec![];
         for (i, (jpeg, img)) in jpegs.iter().zip(out.iter_mut()).enumerate() {
             let d = &self.default;
             let (p, len) = (jpeg.as_ptr(), jpeg.len());
             // SAFETY: one JPEG and one output image, valid per the caller's contract.
             let r = unsafe { (self.api.decode)(d.handle, d.state, p, len, OUTPUT_RGBI, img, stream) };
-            check(r, "nvjpegDecode").map_err(|e| (i, e))?;
+            if let Err(e) = check(r, "nvjpegDecode") {
+                refused.push((i, e));
+            }
         }
-        Ok(())
+        refused
     }
 }
 

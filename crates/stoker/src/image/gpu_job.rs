@@ -16,6 +16,8 @@
 //! May not touch: CUDA.
 
 use crate::error::{Error, Result};
+use crate::image::decode::{DecodeOptions, Decoder};
+use crate::image::ops::{DType, Layout, OpSpec, Resampler, ResizeSize, TransformPlan, TransformSpec};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 
@@ -182,6 +184,59 @@ impl GpuJob {
         }
         Ok((job, &slot[HEADER_BYTES..end]))
     }
+}
+
+impl GpuJob {
+    /// This sample's pixels made on the CPU (libjpeg-turbo at full resolution, the same
+    /// resampling and write as the GPU's), into `out` (the sample's bytes): for a JPEG nvJPEG
+    /// refused, so the sample is not lost.
+    pub fn decode_here(&self, jpeg: &[u8], dec: &mut Decoder, rs: &mut Resampler, out: &mut [u8]) -> Result<()> {
+        let path = std::path::Path::new("");
+        let info = dec.info(jpeg, path)?;
+        let (sw, sh) = (self.size[0] as usize, self.size[1] as usize);
+        if (info.width, info.height) != (sw, sh) {
+            return Err(Error::Internal("a GPU decode record does not match its JPEG".into()));
+        }
+        let whole = [0.0, 0.0, sw as f64, sh as f64];
+        let region = dec.decode(jpeg, path, &info, whole, (sw, sh))?;
+        if (region.width, region.height) != (sw, sh) {
+            return Err(Error::Internal("a full decode returned a part of the image".into()));
+        }
+        let [ow, oh] = self.out.map(|v| v as usize);
+        let hwc = rs.resample_clipped(
+            region.pixels,
+            sw,
+            sh,
+            self.bbox,
+            self.clip.map(|v| v as usize),
+            self.dst.map(|v| v as usize),
+            ow,
+            oh,
+        )?;
+        let layout = if self.nhwc { Layout::NHWC } else { Layout::NCHW };
+        let spec = TransformSpec {
+            ops: vec![OpSpec::Resize { size: ResizeSize::Exact([oh, ow]) }],
+            dtype: DType::Uint8,
+            layout,
+            apply_exif: false,
+        };
+        let plan = TransformPlan::compile(&spec)?;
+        let bytes = plan.sample_bytes();
+        let out = out.get_mut(..bytes).ok_or_else(|| Error::Internal("a sample larger than its slot".into()))?;
+        plan.write(hwc, self.flip, out);
+        Ok(())
+    }
+}
+
+/// The decoder a GPU record's CPU fallback uses: full resolution, whole images, as nvJPEG.
+pub fn fallback_decoder() -> Result<Decoder> {
+    Decoder::new(DecodeOptions {
+        apply_exif: false,
+        dct_scaling: false,
+        roi: false,
+        restart: true,
+        max_pixels: crate::image::decode::DEFAULT_MAX_PIXELS,
+    })
 }
 
 /// Whether nvJPEG decodes this JPEG as libjpeg-turbo would, so it may be left to the GPU:

@@ -611,6 +611,23 @@ impl Resampler {
         ow: usize,
         oh: usize,
     ) -> Result<&[u8]> {
+        self.resample_clipped(src, sw, sh, bbox, clip_window(bbox, hard, sw, sh), dst, ow, oh)
+    }
+
+    /// [`Resampler::resample`] with the filter's window `clip` (`[x0, y0, x1, y1)`, what
+    /// [`clip_window`] gives) instead of `hard`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn resample_clipped(
+        &mut self,
+        src: &[u8],
+        sw: usize,
+        sh: usize,
+        bbox: [f64; 4],
+        clip: [usize; 4],
+        dst: [usize; 4],
+        ow: usize,
+        oh: usize,
+    ) -> Result<&[u8]> {
         let n = ow * oh * 3;
         if src.len() < sw * sh * 3 {
             return Err(Error::Internal(format!("resample: {} bytes for a {sw}x{sh} image", src.len())));
@@ -625,7 +642,10 @@ impl Resampler {
         if !(dx == 0 && dy == 0 && dw == ow && dh == oh) {
             self.hwc.fill(0);
         }
-        let clip = clip_window(bbox, hard, sw, sh);
+        let [x0, y0, x1, y1] = clip;
+        if !(x0 < x1 && x1 <= sw && y0 < y1 && y1 <= sh) {
+            return Err(Error::Internal(format!("resample: window {clip:?} outside {sw}x{sh}")));
+        }
         self.inner.resample_into(src, sw, bbox, clip, dw, dh, &mut self.hwc, dx, dy, ow * 3);
         Ok(&self.hwc)
     }
