@@ -3,9 +3,12 @@
 import sys
 
 from . import _stoker
+from .loader import find_nvjpeg
 
 
 def main() -> None:
+    # `stoker doctor` and `stoker bench --decode gpu` find nvJPEG where the package would.
+    find_nvjpeg()
     sys.exit(_stoker.cli_main(["stoker", *sys.argv[1:]]))
 
 

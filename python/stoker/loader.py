@@ -52,6 +52,24 @@ def roots(root: Any) -> list[str]:
     raise ConfigError(f"invalid argument `root`: expected a path, a URL or a list of shards, got {root!r}")
 
 
+NVJPEG_PATTERNS = ("nvidia/*/lib/libnvjpeg.so*", "nvidia/*/*/lib/libnvjpeg.so*", "torchvision.libs/libnvjpeg*.so*")
+
+
+def find_nvjpeg() -> None:
+    """Tells the engine where the installed wheels keep libnvjpeg (PyTorch's ``nvidia``
+    packages, torchvision's bundled copy), to try before the system's library path."""
+    import glob
+    import sys
+
+    found: list[str] = []
+    for base in sys.path:
+        if not base or not os.path.isdir(base):
+            continue
+        for pattern in NVJPEG_PATTERNS:
+            found.extend(sorted(glob.glob(os.path.join(base, pattern))))
+    _stoker.nvjpeg_candidates(found)
+
+
 def want_torch(output: Any) -> bool:
     """Whether batches become torch tensors: ``output='torch'``, or ``'auto'`` with PyTorch
     installed. Torch itself is imported only when the first batch is converted."""
@@ -129,6 +147,19 @@ class ImageLoader(LoaderBase):
     that point. ``device='auto'`` uses a GPU when there is one and otherwise delivers host
     batches (``report()['device']`` says which and why).
 
+    ``decode='gpu'`` (with ``device='cuda'``) decodes a share of each batch (``gpu_share``,
+    default 0.5) on the GPU: the decode threads read those JPEGs and draw their crops and flips
+    as usual, the JPEGs cross the bus in the batch's own pinned buffer, and nvJPEG (its hardware
+    JPEG engines where the GPU has them: A100, H100, H200) decodes them on stoker's stream, where
+    stoker's resampler writes each crop into the batch. ``decode='auto'`` tunes the share so that
+    the CPU threads and the GPU finish each batch together, and decodes on the CPU where GPU
+    decode cannot run (the device note says why). nvJPEG is loaded at run time (from PyTorch's or
+    torchvision's wheels, or the system). Only baseline JPEGs without EXIF rotation go to the GPU;
+    a JPEG nvJPEG refuses is decoded on the CPU, so none is lost. GPU-decoded pixels differ from
+    libjpeg-turbo's by nvJPEG's IDCT rounding (a few levels; the crop, resampling, flip and
+    layout are the CPU's exactly), so the CPU stays the exact default. ``report()['gpu_decode']``
+    gives the backend, the images decoded, the CPU fallbacks and the share.
+
     A weighted mixture of datasets: ``root={"imagenet": ("train/", 0.8), "extra": {"root":
     "extra/*.tar", "weight": 0.2, "label_offset": 1000, "exhausted": "stop"}}``. Every rank's
     positions follow one schedule in which each source's share is exact within one sample at
@@ -156,7 +187,7 @@ class ImageLoader(LoaderBase):
                  cache: str | os.PathLike[str] | None = None, cache_bytes: int | str | None = None,
                  cache_max_side: int | None = None, dct_scaling: bool = True, roi: bool = True,
                  trace: str | os.PathLike[str] | None = None, trace_events: int | None = None,
-                 epoch_items: int | None = None) -> None:
+                 epoch_items: int | None = None, decode: str = "cpu", gpu_share: float | None = None) -> None:
         ops: list[dict[str, Any]] | None = None
         out_dtype: str | None = None
         if transforms is not None:
@@ -189,7 +220,9 @@ class ImageLoader(LoaderBase):
             max_failures=max_failures, cache=os.fspath(cache) if isinstance(cache, os.PathLike) else cache,
             cache_bytes=cache_bytes, cache_max_side=cache_max_side, dct_scaling=dct_scaling, roi=roi,
             trace=os.fspath(trace) if isinstance(trace, os.PathLike) else trace, trace_events=trace_events,
-            captions=getattr(self, "_captions", None))
+            captions=getattr(self, "_captions", None), decode=decode, gpu_share=gpu_share)
+        if decode != "cpu":
+            find_nvjpeg()
         self._start()
         native = self._loader()
         mix = native.mixture_json()
@@ -205,6 +238,11 @@ class ImageLoader(LoaderBase):
         """``{requested, used, note}`` for the ``device=`` argument (as in :meth:`report`)."""
         device: dict[str, Any] = self.report()["device"]
         return device
+
+    def report(self) -> dict[str, Any]:
+        report = super().report()
+        report["gpu_decode"] = json.loads(self._loader().gpu_decode_json())
+        return report
 
     def _loader(self) -> _stoker.Loader:
         native: _stoker.Loader = self._base()  # type: ignore[assignment]

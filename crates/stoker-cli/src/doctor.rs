@@ -74,6 +74,8 @@ pub struct Facts {
     gpu: CudaProbe,
     /// Why a GPU's bandwidth could not be measured.
     bandwidth_errors: Vec<String>,
+    /// nvJPEG for `decode="gpu"`: `{path, version}` or `{error}`.
+    nvjpeg: serde_json::Value,
     /// The tokenizers given with `--tokenizer`.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     tokenizers: Vec<TokenizerFact>,
@@ -167,6 +169,10 @@ pub fn collect(bandwidth: bool) -> Facts {
         dev_shm: fs_space("/dev/shm"),
         gpu,
         bandwidth_errors,
+        nvjpeg: match stoker_cuda::gpu_decode::describe() {
+            Ok((path, version)) => serde_json::json!({"path": path, "version": version}),
+            Err(e) => serde_json::json!({"error": e}),
+        },
         tokenizers: vec![],
     }
 }
@@ -313,6 +319,13 @@ pub fn print(f: &Facts, advice: &[String], json: bool) -> Result<()> {
                     _ => String::new(),
                 }
             );
+        }
+        match (f.nvjpeg["path"].as_str(), f.nvjpeg["version"].as_str()) {
+            (Some(path), Some(v)) => println!("nvJPEG {v} ({path}): decode='gpu' and 'auto' can decode on the GPU"),
+            _ => println!(
+                "nvJPEG: not usable ({}): decode='gpu' is not available (install torchvision or nvidia-nvjpeg)",
+                f.nvjpeg["error"].as_str().unwrap_or_default()
+            ),
         }
     } else {
         println!("GPU: none ({})", f.gpu.unavailable_reason.clone().unwrap_or_default());

@@ -315,6 +315,18 @@ fn gpu_decoded_batches_are_the_cpu_paths_through_stand_in_nvjpeg_and_kernel() {
     let fallback = gpu["gpu_decode"]["cpu_fallback"].as_u64().unwrap();
     assert!(fallback > 0, "{}", gpu["gpu_decode"]);
 
+    // `stoker doctor` names the library GPU decode uses.
+    let doctor = |dir: &Path| {
+        let mut cmd = stoker();
+        cmd.args(["doctor", "--json", "--no-bandwidth"]).env("LD_LIBRARY_PATH", dir);
+        let out = output_within(cmd, 60);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap()["nvjpeg"].clone()
+    };
+    let found = doctor(&lib_dir);
+    assert_eq!(found["version"], "12.3.0", "{found}");
+    assert!(found["path"].as_str().unwrap().contains("libnvjpeg"), "{found}");
+
     // Where GPU decode cannot work: `gpu` is an error saying why, `auto` decodes on the CPU.
     let mut cmd = stoker();
     cmd.arg("bench").arg(&root).args(["--preset", "imagenet-val", "--decode", "gpu", "--device", "cpu"]);
@@ -331,6 +343,8 @@ fn gpu_decoded_batches_are_the_cpu_paths_through_stand_in_nvjpeg_and_kernel() {
         cmd.args(["--dtype", "uint8", "--device", "cuda", "--decode", decode]).env("LD_LIBRARY_PATH", &no_nvjpeg);
         output_within(cmd, 120)
     };
+    let missing = doctor(&no_nvjpeg);
+    assert!(missing["error"].as_str().unwrap().contains("libnvjpeg was not found"), "{missing}");
     let out = only("gpu");
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success() && err.contains("GPU decode is not available") && err.contains("libnvjpeg"), "{err}");

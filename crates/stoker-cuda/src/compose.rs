@@ -70,10 +70,10 @@ impl Target {
             .placement
             .stage(crate::image_regions(&loader), prefetch, limit)?
             .map(|s| s.with_detached(&[1]).with_tracer(tracer));
-        if let (Some(dec), Some(s)) = (decoder, stage.take()) {
+        if let Some(dec) = decoder {
             let share = loader.leave_to_gpu(decode).ok_or_else(|| stoker::Error::Internal("no GPU share".into()))?;
             let split = crate::gpu_decode::Split::new(share, decode == DecodeOn::Auto);
-            stage = Some(s.with_gpu_decode(crate::GpuDecode::new(dec, split)));
+            stage = stage.map(|s| s.with_gpu_decode(crate::GpuDecode::new(dec, split)));
         }
         loader.telemetry().set_device(self.report.clone());
         Ok(OnDevice { loader, stage, device: self.report })

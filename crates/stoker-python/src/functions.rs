@@ -21,6 +21,8 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(cuda_memory_in_use, m)?)?;
     m.add_function(wrap_pyfunction!(cuda_bandwidth_json, m)?)?;
     m.add_function(wrap_pyfunction!(encode_captions, m)?)?;
+    m.add_function(wrap_pyfunction!(nvjpeg_candidates, m)?)?;
+    m.add_function(wrap_pyfunction!(nvjpeg_json, m)?)?;
     Ok(())
 }
 /// Builds the demo ImageFolder (embedded public-domain photos) under `root`; returns the number
@@ -165,4 +167,22 @@ pub fn encode_captions<'py>(
         })
         .py_err()?;
     Ok((PyBytes::new(py, &ids), PyBytes::new(py, &mask)))
+}
+
+/// Further places to look for libnvjpeg (the copies PyTorch's and torchvision's wheels
+/// install), before the system's library path; only calls before GPU decode first loads the
+/// library count.
+#[pyfunction]
+pub fn nvjpeg_candidates(paths: Vec<PathBuf>) {
+    stoker_cuda::gpu_decode::add_candidates(paths);
+}
+
+/// nvJPEG as `stoker doctor` sees it, as JSON: `{path, version}` or `{error}`.
+#[pyfunction]
+pub fn nvjpeg_json(py: Python<'_>) -> String {
+    let v = match py.detach(stoker_cuda::gpu_decode::describe) {
+        Ok((path, version)) => serde_json::json!({"path": path, "version": version}),
+        Err(e) => serde_json::json!({"error": e}),
+    };
+    v.to_string()
 }

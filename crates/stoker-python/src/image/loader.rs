@@ -77,6 +77,13 @@ loader_class! { PyLoader => PyIter, shares [positioned traced], {
         serde_json::to_string(&self.normalize).unwrap_or_else(|_| "null".into())
     }
 
+    /// What GPU decode has done (`{backend, images, cpu_fallback, share}`) as JSON, or `null`
+    /// when every sample is decoded on the CPU.
+    fn gpu_decode_json(&self) -> String {
+        let stats = self.on.stage.as_ref().and_then(|s| s.gpu_decode()).map(|g| g.stats());
+        serde_json::to_string(&stats).unwrap_or_else(|_| "null".into())
+    }
+
     /// `"pageable"` or `"pinned"`: the host memory of the batch buffers.
     #[getter]
     fn host_memory(&self) -> &'static str {

@@ -236,6 +236,39 @@ mod tests {
     use serde_json::json;
 
     #[test]
+    fn decode_is_checked_once_against_the_device_and_the_cache() {
+        let cfg = |v: Value, on_gpu: bool| {
+            let mut m = args(v);
+            m.insert("batch_size".into(), json!(8));
+            m.insert("preset".into(), json!("imagenet-val"));
+            image_config(m, on_gpu).map(|c| c.0.decode)
+        };
+        assert_eq!(cfg(json!({}), true).unwrap(), DecodeOn::Cpu);
+        assert_eq!(cfg(json!({"decode": "gpu"}), true).unwrap(), DecodeOn::Gpu(0.5));
+        assert_eq!(cfg(json!({"decode": "GPU", "gpu_share": 0.25}), true).unwrap(), DecodeOn::Gpu(0.25));
+        assert_eq!(cfg(json!({"decode": "gpu", "gpu_share": 1}), true).unwrap(), DecodeOn::Gpu(1.0));
+        assert_eq!(cfg(json!({"decode": "auto"}), true).unwrap(), DecodeOn::Auto);
+        // `auto` without a GPU, or with a cache, decodes on the CPU; `gpu` says what it needs.
+        assert_eq!(cfg(json!({"decode": "auto"}), false).unwrap(), DecodeOn::Cpu);
+        let e = cfg(json!({"decode": "gpu"}), false).unwrap_err().to_string();
+        assert!(e.contains("`decode`") && e.contains("device='cuda'"), "{e}");
+        let cached = json!({"decode": "gpu", "cache": "ram", "cache_bytes": "1MiB"});
+        let e = cfg(cached, true).unwrap_err().to_string();
+        assert!(e.contains("no cache"), "{e}");
+        for (bad, name) in [
+            (json!({"decode": "gpu", "gpu_share": 0}), "gpu_share"),
+            (json!({"decode": "gpu", "gpu_share": 1.5}), "gpu_share"),
+            (json!({"decode": "gpu", "gpu_share": "half"}), "gpu_share"),
+            (json!({"decode": "auto", "gpu_share": 0.5}), "gpu_share"),
+            (json!({"decode": "nvjpeg"}), "decode"),
+            (json!({"decode": 1}), "decode"),
+        ] {
+            let e = cfg(bad.clone(), true).unwrap_err();
+            assert!(matches!(&e, Error::Config { .. }) && e.to_string().contains(&format!("`{name}`")), "{bad}: {e}");
+        }
+    }
+
+    #[test]
     fn the_gpu_normalises_what_the_host_would() {
         use crate::image::ops::{OpSpec, IMAGENET_MEAN, IMAGENET_STD};
         let a = |v: Value| {

@@ -299,6 +299,47 @@ mod tests {
     }
 
     #[test]
+    fn only_jpegs_nvjpeg_decodes_like_libjpeg_turbo_are_left_to_it() {
+        use turbojpeg::{Compressor, Image, PixelFormat, Subsamp, Transform};
+        let (w, h) = (40, 24);
+        let rgb: Vec<u8> = (0..w * h * 3).map(|i| (i * 7 % 251) as u8).collect();
+        let jpeg = |format: PixelFormat, sub: Subsamp| {
+            let mut c = Compressor::new().unwrap();
+            c.set_subsamp(sub).unwrap();
+            let px: Vec<u8> = match format {
+                PixelFormat::GRAY => rgb.iter().step_by(3).copied().collect(),
+                PixelFormat::CMYK => rgb.chunks(3).flat_map(|p| [p[0], p[1], p[2], 9]).collect(),
+                _ => rgb.clone(),
+            };
+            let pitch = w * format.size();
+            c.compress_to_vec(Image { pixels: &px[..], width: w, pitch, height: h, format }).unwrap()
+        };
+        let baseline = jpeg(PixelFormat::RGB, Subsamp::Sub2x2);
+        assert!(gpu_decodable(&baseline, 1));
+        assert!(gpu_decodable(&jpeg(PixelFormat::GRAY, Subsamp::Gray), 1));
+        assert!(gpu_decodable(&jpeg(PixelFormat::RGB, Subsamp::None), 1));
+        // An EXIF rotation is the CPU's to apply.
+        assert!(!gpu_decodable(&baseline, 6));
+        // CMYK (an Adobe marker, four components) and progressive files stay on the CPU.
+        assert!(!gpu_decodable(&jpeg(PixelFormat::CMYK, Subsamp::None), 1));
+        let mut t = Transform::default();
+        t.progressive = true;
+        let progressive = turbojpeg::transform(&t, &baseline).unwrap();
+        assert!(!gpu_decodable(&progressive, 1));
+        // Component ids R, G, B: an RGB JPEG, which libjpeg-turbo does not convert from YCbCr.
+        let layout = crate::image::decode::markers::jpeg_layout(&baseline);
+        assert_eq!(layout.frame, Some((0xC0, 8, 3)));
+        let mut rgb_ids = baseline.to_vec();
+        let sof = rgb_ids.windows(2).position(|m| m == [0xFF, 0xC0]).unwrap();
+        for (k, id) in b"RGB".iter().enumerate() {
+            rgb_ids[sof + 10 + 3 * k] = *id;
+        }
+        assert!(!gpu_decodable(&rgb_ids, 1));
+        // Not a JPEG at all.
+        assert!(!gpu_decodable(b"\x89PNG\r\n", 1));
+    }
+
+    #[test]
     fn a_share_takes_its_part_of_every_prefix() {
         for permille in [0, 1, 250, 333, 500, 999, 1000] {
             let s = GpuShare::new(permille);
