@@ -9,6 +9,8 @@ separate process, and the same count is given to every run. Contenders:
 
 - stoker: `stoker.ImageLoader(root, batch_size, preset=..., shuffle=True, drop_last=True,
   device="cuda")`: uint8 crosses the bus, float32 is made on the GPU;
+- stoker-gpu: the same with `decode="auto"`: nvJPEG decodes a share of each batch on the GPU,
+  tuned so that the CPU threads and the GPU finish together;
 - dataloader (the plain recipe): `ImageFolder` with the torchvision transforms of the same preset
   (imagenet-train: RandomResizedCrop(224), RandomHorizontalFlip, ToTensor, Normalize),
   `DataLoader(num_workers=--workers, pin_memory=True, persistent_workers=True, shuffle=True,
@@ -31,6 +33,12 @@ measured. A run whose measured batches are not more than that capacity is refuse
 would count work done before the clock started, and CPU-seconds over its wall time could add up
 to more cores than the machine has); one under 4x it runs with a warning. `--epochs N` measures
 whole epochs instead (N epochs less the warm-up batches), under the same check.
+
+`--model resnet18` (or resnet50) makes the step a real one instead: torchvision's model in bf16
+autocast, channels-last, forward, cross-entropy, backward and an SGD step on each batch. The
+calibration child then measures the model's own ceiling (one batch, already on the GPU, reused
+for every step) and every run is also given as a share of that ceiling (`of_ceiling`).
+`--root` may be random-access shards (`stoker pack --random-access`) for the stoker contenders.
 
 Every run is a fresh subprocess (this script re-invoked with `--run NAME`, printing one JSON
 line); contenders alternate for `--repeats` rounds so machine noise hits all alike, and medians
@@ -132,10 +140,61 @@ class Step:
         self.acc += self.out[0, 0].float()
 
 
+class ModelStep:
+    """A real training step: torchvision's `name` in bf16 autocast, channels-last, forward,
+    cross-entropy, backward and SGD with momentum."""
+
+    def __init__(self, name):
+        import torch
+        import torchvision
+
+        self.torch = torch
+        torch.manual_seed(0)
+        self.model = getattr(torchvision.models, name)(num_classes=1000).cuda().to(memory_format=torch.channels_last)
+        self.opt = torch.optim.SGD(self.model.parameters(), lr=0.01, momentum=0.9)
+
+    def __call__(self, images, labels):
+        torch = self.torch
+        x = images.contiguous(memory_format=torch.channels_last)
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = torch.nn.functional.cross_entropy(self.model(x), labels)
+        self.opt.zero_grad(set_to_none=True)
+        loss.backward()
+        self.opt.step()
+
+
+def make_step(args):
+    return Step(args.step_iters) if args.model == "matmul" else ModelStep(args.model)
+
+
+def calibrate_model(args):
+    """Child mode with --model: the model's ceiling, one batch on the GPU reused for every step."""
+    import torch
+
+    step = ModelStep(args.model)
+    images = torch.randn(args.batch_size, 3, 224, 224, device="cuda")
+    labels = torch.randint(0, 1000, (args.batch_size,), device="cuda")
+    for _ in range(15):
+        step(images, labels)
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    steps = 50
+    start.record()
+    for _ in range(steps):
+        step(images, labels)
+    end.record()
+    end.synchronize()
+    ms = start.elapsed_time(end) / steps
+    print(json.dumps({"iters": 0, "ms_per_matmul": 0.0, "step_ms": ms, "model": args.model,
+                      "ceiling_images_per_sec": args.batch_size / ms * 1e3, "gpu": torch.cuda.get_device_name(0)}))
+
+
 def calibrate(args):
     """Child mode: how many matmuls make --step-ms of GPU time; prints a JSON line."""
     import torch
 
+    if args.model != "matmul":
+        return calibrate_model(args)
     step = Step(0)
     step.matmuls(200)  # cuBLAS handle and workspace, clocks up
     torch.cuda.synchronize()
@@ -162,7 +221,8 @@ def calibrate(args):
                       "gpu": torch.cuda.get_device_name(0)}))
 
 
-CONTENDERS = ("stoker", "dataloader", "dataloader-uint8")
+CONTENDERS = ("stoker", "stoker-gpu", "dataloader", "dataloader-uint8")
+STOKER = ("stoker", "stoker-gpu")
 MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
 
 
@@ -172,7 +232,7 @@ def made_ahead(name, workers):
     stoker: its pinned host pool and its device pool have `prefetch + 2` slots each. DataLoader:
     `num_workers x prefetch_factor` outstanding batches; dataloader-uint8 uploads one more on its
     side stream."""
-    if name == "stoker":
+    if name in STOKER:
         return 2 * (STOKER_PREFETCH + 2)
     return workers * DATALOADER_PREFETCH_FACTOR + (1 if name == "dataloader-uint8" else 0)
 
@@ -280,10 +340,11 @@ def train(args):
     import torch
 
     torch.cuda.set_device(0)
-    step = Step(args.step_iters)
+    step = make_step(args)
     # One step on dummy data loads every kernel the loop uses, for both contenders alike.
-    step(torch.zeros(args.batch_size, 3, 224, 224, device="cuda"),
-         torch.zeros(args.batch_size, dtype=torch.int64, device="cuda"))
+    for _ in range(1 if args.model == "matmul" else 3):
+        step(torch.zeros(args.batch_size, 3, 224, 224, device="cuda"),
+             torch.zeros(args.batch_size, dtype=torch.int64, device="cuda"))
     torch.cuda.synchronize()
     torch.cuda.empty_cache()  # the dummy batch's cached blocks would otherwise hide a real batch's memory
     torch.cuda.reset_peak_memory_stats()
@@ -294,11 +355,12 @@ def train(args):
 
     stoker = None
     cpu0 = cpu_seconds()
-    if args.run == "stoker":
+    if args.run in STOKER:
         import stoker
 
+        decode = "auto" if args.run == "stoker-gpu" else "cpu"
         loader = stoker.ImageLoader(str(args.root), args.batch_size, preset=args.preset, shuffle=True,
-                                    drop_last=True, device="cuda", prefetch=STOKER_PREFETCH)
+                                    drop_last=True, device="cuda", prefetch=STOKER_PREFETCH, decode=decode)
         batches = stoker_batches(loader, epochs)
     elif args.run == "dataloader":
         loader = make_dataloader(args, uint8=False)
@@ -358,7 +420,7 @@ def train(args):
         t_end = time.perf_counter() if not per_step else t_end
     images = labels = None
     batches.close()  # closes the epoch's iterator: stoker's threads are joined
-    if args.run != "stoker":
+    if args.run not in STOKER:
         shut_down_workers(loader)  # persistent workers: joined now, so their CPU time is counted
     gc.collect()
     cpu = cpu_seconds() - cpu0
@@ -404,6 +466,7 @@ def train(args):
             "transfer_gbps": report["transfer"]["gbps"],
             "starvation": report["starvation"],
             "bottleneck": report["bottleneck"]["stage"],
+            "gpu_decode": report["gpu_decode"],
         })
     else:
         result["workers"] = args.workers
@@ -418,7 +481,17 @@ def demo_root(args):
 
 
 def count_images(root):
-    return sum(1 for p in root.rglob("*") if p.suffix in IMAGE_SUFFIXES)
+    """Image files under an ImageFolder; for shards, the samples stoker finds in them."""
+    n = sum(1 for p in root.rglob("*") if p.suffix in IMAGE_SUFFIXES)
+    if n == 0:
+        import stoker
+
+        n = stoker.ImageLoader(str(root), 1, preset="imagenet-val").num_samples
+    return n
+
+
+def is_image_folder(root):
+    return any(p.suffix in IMAGE_SUFFIXES for p in root.rglob("*"))
 
 
 def warm_page_cache(root):
@@ -492,7 +565,7 @@ def doctor_bandwidth():
 def child_cmd(args, run, step_iters=None):
     cmd = [sys.executable, os.path.abspath(__file__), "--run", run, "--root", str(args.root), "--preset", args.preset,
            "--batch-size", str(args.batch_size), "--workers", str(args.workers), "--warmup", str(args.warmup),
-           "--step-ms", str(args.step_ms), "--timing", args.timing]
+           "--step-ms", str(args.step_ms), "--timing", args.timing, "--model", args.model]
     cmd += ["--epochs", str(args.epochs)] if args.batches is None else ["--batches", str(args.batches)]
     if step_iters is not None:
         cmd += ["--step-iters", str(step_iters)]
@@ -536,6 +609,9 @@ def main():
                          "per-step: synchronise after every step (the older, stricter measure)")
     ap.add_argument("--contenders", default=",".join(CONTENDERS),
                     help=f"comma-separated subset of {', '.join(CONTENDERS)} (default: all)")
+    ap.add_argument("--model", choices=["matmul", "resnet18", "resnet50"], default="matmul",
+                    help="the training step: --step-ms of bf16 matmuls (default), or a real torchvision model "
+                         "(bf16 autocast, channels-last, SGD) measured against its own one-batch ceiling")
     ap.add_argument("--run", choices=[*CONTENDERS, "calibrate"], help=argparse.SUPPRESS)
     ap.add_argument("--step-iters", type=int, help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -548,13 +624,17 @@ def main():
     unknown = sorted(set(names) - set(CONTENDERS))
     if unknown or "stoker" not in names or len(names) < 2:
         ap.error(f"--contenders: stoker and at least one of {', '.join(CONTENDERS[1:])}; unknown: {unknown}")
+    if args.root is not None and args.root.is_dir() and not is_image_folder(args.root) \
+            and any(n not in STOKER for n in names):
+        ap.error(f"--root {args.root} holds no image files (shards?): only {', '.join(STOKER)} read it; "
+                 "give --contenders stoker,stoker-gpu")
     if args.run is None and not args.dry_run:
         require_gpu()
 
     if args.run == "calibrate":
         return calibrate(args)
     if args.run is not None:
-        if args.step_iters is None:
+        if args.step_iters is None and args.model == "matmul":
             ap.error("--run needs --step-iters")
         return train(args)
 
@@ -603,8 +683,12 @@ def main():
     pinned_gbps, pageable_gbps = doctor_bandwidth()
     cal_out, _, _, _ = run_measured(child_cmd(args, "calibrate"))
     cal = json.loads(cal_out.strip().splitlines()[-1])
-    print(f"{cal['gpu']}: {cal['iters']} bf16 matmuls of {MATMUL_SIZE} ({cal['ms_per_matmul']:.3f} ms each) make a "
-          f"{cal['step_ms']:.1f} ms step", file=sys.stderr)
+    if args.model == "matmul":
+        print(f"{cal['gpu']}: {cal['iters']} bf16 matmuls of {MATMUL_SIZE} ({cal['ms_per_matmul']:.3f} ms each) "
+              f"make a {cal['step_ms']:.1f} ms step", file=sys.stderr)
+    else:
+        print(f"{cal['gpu']}: {args.model} step {cal['step_ms']:.1f} ms on a reused batch: ceiling "
+              f"{cal['ceiling_images_per_sec']:.0f} img/s", file=sys.stderr)
 
     runs = {name: [] for name in names}
     for r in range(args.repeats):
@@ -612,6 +696,8 @@ def main():
             out, rss, pss, wall = run_measured(child_cmd(args, name, cal["iters"]))
             rec = json.loads(out.strip().splitlines()[-1])
             rec.update({"peak_rss_tree": rss, "peak_pss_tree": pss, "process_wall": wall})
+            if "ceiling_images_per_sec" in cal:
+                rec["of_ceiling"] = rec["images_per_sec"] / cal["ceiling_images_per_sec"]
             runs[name].append(rec)
             print(f"run {r + 1} {name:16s} {rec['images_per_sec']:8.1f} img/s  GPU idle {rec['gpu_wait_fraction']:6.1%}"
                   f"  {rec['cpu_s_per_1000']:6.2f} CPU-s/1000  RSS {rss / MiB:7.0f} MiB"
@@ -620,7 +706,8 @@ def main():
     def med(name, key):
         return statistics.median(x[key] for x in runs[name])
 
-    metrics = ["images_per_sec", "gpu_wait_fraction", "next_seconds", "cpu_s_per_1000", "peak_rss_tree",
+    ceiling = ["of_ceiling"] if "ceiling_images_per_sec" in cal else []
+    metrics = ["images_per_sec", *ceiling, "gpu_wait_fraction", "next_seconds", "cpu_s_per_1000", "peak_rss_tree",
                "peak_pss_tree", "gpu_data_peak_bytes", "gpu_torch_peak_bytes", "gpu_stoker_peak_bytes",
                "gpu_used_delta_peak_bytes"]
     summary = {
@@ -664,6 +751,9 @@ def main():
         print(f"| {label} | " + " | ".join(cells) + " |")
 
     row("images/s", "images_per_sec")
+    if "of_ceiling" in s:
+        row(f"share of the {args.model} ceiling ({cal['ceiling_images_per_sec']:.0f} img/s)", "of_ceiling",
+            scale=0.01, unit=" %")
     row(idle, "gpu_wait_fraction", scale=0.01, unit=" %")
     row("host time in next(), s", "next_seconds", digits=2)
     row("CPU-s per 1000 images", "cpu_s_per_1000", digits=2)

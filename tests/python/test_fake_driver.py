@@ -507,3 +507,64 @@ def test_pair_batches_on_the_gpu_equal_the_host_batches(fake_driver, demo_root, 
         print("ok", n)
     """)
     assert out.strip().startswith("ok "), out
+
+
+@pytest.fixture(scope="module")
+def fake_nvjpeg(fake_driver, demo_root, tmp_path_factory):
+    """The stand-in libnvjpeg beside the stand-in driver, and the pixels it serves: each demo
+    JPEG decoded whole by Pillow (libjpeg-turbo, as stoker's CPU path), named by the FNV-1a hash
+    of its bytes (see fake_nvjpeg.c)."""
+    from PIL import Image
+
+    cc = shutil.which("cc") or shutil.which("gcc")
+    subprocess.run([cc, "-shared", "-fPIC", "-O1", "-pthread", "-o", str(fake_driver / "libnvjpeg.so"),
+                    str(ROOT / "crates/stoker-cli/tests/fake_nvjpeg.c"), f"-L{fake_driver}", "-lcuda",
+                    f"-Wl,-rpath,{fake_driver}"], check=True)
+    pixels = tmp_path_factory.mktemp("nvjpeg-pixels")
+    for path in sorted(Path(demo_root).rglob("*.jpg")):
+        data = path.read_bytes()
+        h = 0xCBF29CE484222325
+        for b in data:
+            h = ((h ^ b) * 0x100000001B3) & 0xFFFFFFFFFFFFFFFF
+        with Image.open(path) as im:
+            rgb = im.convert("RGB")
+            header = rgb.width.to_bytes(4, "little") + rgb.height.to_bytes(4, "little")
+            (pixels / f"{h:016x}.rgb").write_bytes(header + rgb.tobytes())
+    return pixels
+
+
+@pytest.mark.wheel
+def test_gpu_decode_through_the_python_classes(fake_driver, fake_nvjpeg, demo_root):
+    """`decode=`/`gpu_share=` reach the engine; the batches equal the CPU path's (the stand-in
+    serves the reference decoder's pixels, and its driver runs stoker's resampler kernel from its
+    source); the report says what GPU decode did; a GPU decode without a GPU is refused."""
+    out = run_scenario(fake_driver, demo_root, """
+        args = {"batch_size": 16, "preset": "imagenet-train", "dtype": "uint8", "seed": 3, "shuffle": True,
+                "dct_scaling": False, "roi": False}
+        def epoch(loader):
+            out = []
+            for b in loader.iter():
+                b.images.__dlpack__(stream=None)  # the legacy stream (the read's) waits for the batch
+                out.append((read(b.images.data_ptr, len(b.indices) * 3 * 224 * 224), b.indices))
+            return out
+
+        check(cuda.cuCtxPushCurrent_v2(ctypes.c_void_p(primary(0))), "push")
+        cpu_loader = _stoker.Loader([root], json.dumps(args), "cuda", 0)
+        cpu = epoch(cpu_loader)
+        gpu_loader = _stoker.Loader([root], json.dumps({**args, "decode": "gpu", "gpu_share": 0.75}), "cuda", 0)
+        gpu = epoch(gpu_loader)
+        assert gpu == cpu, "GPU-decoded batches differ from the CPU path's"
+        stats = json.loads(gpu_loader.gpu_decode_json())
+        assert stats["backend"] == "hardware" and stats["share"] == 0.75 and stats["images"] > 0, stats
+        # The Python class: the same arguments, and the report's section.
+        loader = stoker.ImageLoader(root, 16, preset="imagenet-val", dtype="uint8", device="cuda", decode="auto")
+        assert loader.report()["gpu_decode"]["backend"] == "hardware"
+        try:
+            stoker.ImageLoader(root, 16, preset="imagenet-val", decode="gpu")
+        except stoker.ConfigError as e:
+            assert "decode='gpu' needs device='cuda'" in str(e), e
+        else:
+            raise AssertionError("decode='gpu' accepted on the host")
+        print("ok", len(gpu), stats["images"])
+    """, FAKE_NVJPEG_DIR=str(fake_nvjpeg))
+    assert out.strip().startswith("ok"), out
