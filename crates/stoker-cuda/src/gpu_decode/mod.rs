@@ -48,6 +48,14 @@ struct ResizeParams {
 const BLOCK: [u32; 2] = [16, 16];
 /// Alignment of each decoded image in the scratch memory.
 const ALIGN: usize = 256;
+/// The scratch memory for decoded images is at most this (or one image, when larger): a batch
+/// whose images need more is decoded in parts.
+const SCRATCH_BYTES: usize = 256 << 20;
+
+/// Bytes of a record's decoded image (RGB8).
+fn decoded_bytes(job: &GpuJob) -> usize {
+    job.size[0] as usize * 3 * job.size[1] as usize
+}
 
 /// nvJPEG and the resampler on one GPU, with scratch memory for one batch's decoded images,
 /// and the CPU fallback for JPEGs nvJPEG refuses.
@@ -129,17 +137,41 @@ impl GpuDecoder {
             let slot = host.get(r.clone()).ok_or_else(|| Error::Internal("a GPU record outside the batch".into()))?;
             jobs.push((r.clone(), GpuJob::read(slot)?));
         }
-        // Each decoded image at an aligned offset of the scratch memory.
-        let mut offsets = Vec::with_capacity(jobs.len());
-        let mut total = 0usize;
-        for (_, (job, _)) in &jobs {
-            offsets.push(total);
-            let bytes = job.size[0] as usize * 3 * job.size[1] as usize;
-            total = (total + bytes).div_ceil(ALIGN) * ALIGN;
+        // Chunks of images whose decoded pixels fit the scratch memory together (at most
+        // SCRATCH_BYTES, or one image): the chunks run one after another on the stream, so a
+        // chunk's decode writes the scratch only after the previous chunk's kernels read it.
+        let mut done = Decoded::default();
+        let mut first = 0;
+        while first < jobs.len() {
+            let mut end = first;
+            let mut total = 0usize;
+            while end < jobs.len() {
+                let bytes = decoded_bytes(&jobs[end].1 .0).div_ceil(ALIGN) * ALIGN;
+                if end > first && total + bytes > SCRATCH_BYTES {
+                    break;
+                }
+                total += bytes;
+                end += 1;
+            }
+            // SAFETY: as the caller's contract says, for a part of the batch's records.
+            let d = unsafe { self.run_chunk(&jobs[first..end], total, dst, stream)? };
+            done.gpu += d.gpu;
+            done.fallback += d.fallback;
+            first = end;
         }
+        Ok(done)
+    }
+
+    /// [`GpuDecoder::run`] for `jobs` whose decoded images take `total` bytes of scratch.
+    ///
+    /// # Safety
+    /// As [`GpuDecoder::run`].
+    unsafe fn run_chunk(&mut self, jobs: &[Job<'_>], total: usize, dst: u64, stream: &Stream) -> Result<Decoded> {
         if total > self.scratch_len {
-            // Grown to the next power of two: a few reallocations over a run, never per batch.
-            let len = total.next_power_of_two();
+            // Grown to the next power of two (within the cap): a few reallocations over a run,
+            // never per batch. Work queued before may still read the old memory: wait for it.
+            stream.synchronize()?;
+            let len = total.next_power_of_two().min(SCRATCH_BYTES).max(total);
             self.scratch = None;
             self.scratch = Some(DeviceMem::new(&self.gpu, len)?);
             self.scratch_len = len;
@@ -147,20 +179,27 @@ impl GpuDecoder {
         let Some(scratch) = &self.scratch else { return Ok(Decoded::default()) };
         let base = scratch.ptr();
         let _g = self.gpu.bind()?;
+        let mut offsets = Vec::with_capacity(jobs.len());
+        let mut at = 0usize;
+        for (_, (job, _)) in jobs {
+            offsets.push(at);
+            at += decoded_bytes(job).div_ceil(ALIGN) * ALIGN;
+        }
         let jpegs: Vec<&[u8]> = jobs.iter().map(|(_, (_, j))| *j).collect();
         let mut images: Vec<nvjpeg::Image> = jobs
             .iter()
             .zip(&offsets)
             .map(|((_, (job, _)), &off)| nvjpeg::Image::rgbi(base + off as u64, job.size[0] as usize * 3))
             .collect();
-        // SAFETY: each image addresses `3 * width * height` bytes of the scratch memory, which
-        // no earlier work still reads (the caller's contract) and which lives in `self`; the
-        // stream is stoker's; the JPEGs live in `host` for the call.
+        // SAFETY: each image addresses `3 * width * height` bytes of the scratch memory (the
+        // offsets add up to at most its length), which no earlier work still uses: earlier
+        // kernels on this stream run before this decode writes it, and a new allocation waited
+        // for them; the stream is stoker's; the JPEGs live in `host` for the call.
         let refused = unsafe { self.nv.decode(&jpegs, &mut images, stream.raw().cast()) };
         let refused: Vec<usize> = refused.into_iter().map(|(i, _)| i).collect();
         if !refused.is_empty() {
             // SAFETY: `dst` as the caller's contract says; the staging memory is not in use.
-            unsafe { self.fallback(&jobs, &refused, dst, stream)? };
+            unsafe { self.fallback(jobs, &refused, dst, stream)? };
         }
         for (k, ((range, (job, _)), off)) in jobs.iter().zip(&offsets).enumerate() {
             if refused.contains(&k) {

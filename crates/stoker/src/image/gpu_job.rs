@@ -21,6 +21,10 @@ use crate::image::ops::{DType, Layout, OpSpec, Resampler, ResizeSize, TransformP
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 
+/// Images of more pixels than this are decoded on the CPU: the GPU's scratch memory for one
+/// decoded image stays under 100 MiB (a small JPEG can still claim a huge image).
+pub const GPU_MAX_PIXELS: u64 = 32 << 20;
+
 /// Bytes of the record before the JPEG's bytes.
 pub const HEADER_BYTES: usize = 128;
 const MAGIC: u32 = u32::from_le_bytes(*b"STKJ");

@@ -21,7 +21,14 @@ pub(super) fn process(
     let g = sh.plan.geometry(info.width, info.height, &mut augment_rng(sh, epoch, task));
     if let Some(share) = sh.gpu.get() {
         if share.takes(task.pos) && defer(sh, task, data, &info, &g) {
-            sh.counters.decode.record(t0.elapsed());
+            let t1 = Instant::now();
+            sh.counters.decode.record(t1 - t0);
+            if let Some((d, tally)) = sh.mixed(task.slot.index(task.pos)) {
+                tally.worked(d, (t1 - t0).as_nanos() as u64);
+            }
+            if let Some(t) = &sh.tracer {
+                t.span("gpu", "sample", t0, t1, sample_args(task));
+            }
             return Ok(sh.source.label(task.slot.index(task.pos) as usize));
         }
     }
@@ -40,9 +47,14 @@ fn defer(
     g: &crate::image::ops::Geometry,
 ) -> bool {
     use crate::image::gpu_job::{gpu_decodable, GpuJob};
-    // The GPU resampler's taps per axis end at a downscale of 32x (as do few real crops).
+    // The GPU resampler's taps per axis end at a downscale of 32x (as do few real crops), and
+    // images past GPU_MAX_PIXELS (a small JPEG can still claim a huge image) stay here.
     let reach = |len: f64, out: usize| out > 0 && len / out as f64 <= 32.0;
-    if !gpu_decodable(data, info.orientation) || !reach(g.bbox[2], g.dst[2]) || !reach(g.bbox[3], g.dst[3]) {
+    if !gpu_decodable(data, info.orientation)
+        || !reach(g.bbox[2], g.dst[2])
+        || !reach(g.bbox[3], g.dst[3])
+        || (info.width as u64) * (info.height as u64) > crate::image::gpu_job::GPU_MAX_PIXELS
+    {
         return false;
     }
     let (oh, ow) = sh.plan.output_size();
