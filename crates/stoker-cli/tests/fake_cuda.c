@@ -465,31 +465,39 @@ CUresult cuMemHostAlloc(void **p, size_t len, unsigned flags) {
 }
 CUresult cuMemFreeHost(void *p) { free(p); return OK; }
 
-static CUresult copy_async(int kind, void *dst, const void *src, size_t len, void *stream) {
-    STICKY();
+/* Queues `op` on `stream` (or frees it and fails); a host-to-device copy counts towards
+ * FAKE_CUDA_STICKY_AFTER. */
+static CUresult submit(void *stream, Op *op) {
+    if (sticky) {
+        free(op);
+        return ERR_ILLEGAL_ADDRESS;
+    }
     pthread_mutex_lock(&lock);
     Stream *s = resolve(stream);
+    CUresult r = OK;
     if (!s) {
-        pthread_mutex_unlock(&lock);
-        return ERR_INVALID_CONTEXT;
-    }
-    if (kind == OP_COPY) {
+        r = ERR_INVALID_CONTEXT;
+    } else if (op->kind == OP_COPY) {
         long after = env_long("FAKE_CUDA_STICKY_AFTER", -1);
         if (after >= 0 && ++copies > after) {
             sticky = 1;
             pthread_cond_broadcast(&changed);
-            pthread_mutex_unlock(&lock);
-            return ERR_ILLEGAL_ADDRESS;
+            r = ERR_ILLEGAL_ADDRESS;
         }
     }
+    if (r == OK) enqueue(s, op);
+    pthread_mutex_unlock(&lock);
+    if (r != OK) free(op);
+    return r;
+}
+
+static CUresult copy_async(int kind, void *dst, const void *src, size_t len, void *stream) {
     Op *op = calloc(1, sizeof *op);
     op->kind = kind;
     op->dst = dst;
     op->src = src;
     op->len = len;
-    enqueue(s, op);
-    pthread_mutex_unlock(&lock);
-    return OK;
+    return submit(stream, op);
 }
 CUresult cuMemcpyHtoDAsync_v2(uint64_t dst, const void *src, size_t len, void *stream) {
     return copy_async(OP_COPY, (void *)(uintptr_t)dst, src, len, stream);
@@ -512,20 +520,13 @@ CUresult cuMemcpyDtoH_v2(void *dst, uint64_t src, size_t len) {
 /* Host work `fn(arg)` on `stream`'s thread after the work queued before it; `arg` (malloc'd) is
  * freed afterwards. For the stand-in nvJPEG, which writes its output in stream order. */
 CUresult fake_cuda_enqueue_host(void *stream, void (*fn)(void *), void *arg) {
-    STICKY();
-    pthread_mutex_lock(&lock);
-    Stream *s = resolve(stream);
-    if (!s) {
-        pthread_mutex_unlock(&lock);
-        return ERR_INVALID_CONTEXT;
-    }
     Op *op = calloc(1, sizeof *op);
     op->kind = OP_HOST;
     op->fn = fn;
     op->arg = arg;
-    enqueue(s, op);
-    pthread_mutex_unlock(&lock);
-    return OK;
+    CUresult r = submit(stream, op);
+    if (r != OK) free(arg);
+    return r;
 }
 
 /* ---- stoker's kernel -------------------------------------------------------------------- */
