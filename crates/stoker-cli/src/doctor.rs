@@ -247,6 +247,13 @@ pub fn advise(f: &Facts) -> Vec<String> {
             ));
         }
     }
+    if f.nvjpeg.get("version").is_some() {
+        advice.push(
+            "nvJPEG is usable: when the CPU cannot keep a light model (ResNet-18, ViT-S) fed, \
+             decode='auto' lets the GPU (its JPEG engines where it has them) decode a share of each batch"
+                .into(),
+        );
+    }
     advice.extend(f.bandwidth_errors.iter().cloned());
     advice
 }

@@ -321,11 +321,14 @@ fn gpu_decoded_batches_are_the_cpu_paths_through_stand_in_nvjpeg_and_kernel() {
         cmd.args(["doctor", "--json", "--no-bandwidth"]).env("LD_LIBRARY_PATH", dir);
         let out = output_within(cmd, 60);
         assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-        serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap()["nvjpeg"].clone()
+        serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap()
     };
-    let found = doctor(&lib_dir);
+    let v = doctor(&lib_dir);
+    let found = &v["nvjpeg"];
     assert_eq!(found["version"], "12.3.0", "{found}");
     assert!(found["path"].as_str().unwrap().contains("libnvjpeg"), "{found}");
+    let advice = v["recommendations"].as_array().unwrap();
+    assert!(advice.iter().any(|a| a.as_str().unwrap().contains("decode='auto'")), "{advice:?}");
 
     // Where GPU decode cannot work: `gpu` is an error saying why, `auto` decodes on the CPU.
     let mut cmd = stoker();
@@ -343,7 +346,9 @@ fn gpu_decoded_batches_are_the_cpu_paths_through_stand_in_nvjpeg_and_kernel() {
         cmd.args(["--dtype", "uint8", "--device", "cuda", "--decode", decode]).env("LD_LIBRARY_PATH", &no_nvjpeg);
         output_within(cmd, 120)
     };
-    let missing = doctor(&no_nvjpeg);
+    let v = doctor(&no_nvjpeg);
+    let missing = &v["nvjpeg"];
+    assert!(!v["recommendations"].as_array().unwrap().iter().any(|a| a.as_str().unwrap().contains("decode='auto'")));
     assert!(missing["error"].as_str().unwrap().contains("libnvjpeg was not found"), "{missing}");
     let out = only("gpu");
     let err = String::from_utf8_lossy(&out.stderr);
