@@ -352,6 +352,11 @@ impl DeviceMem {
         self.ptr
     }
 
+    /// Bytes allocated.
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
     /// Copies the first `dst.len()` bytes of this buffer to the host (synchronous; the caller
     /// has waited for the copy that filled it).
     pub(crate) fn read_into(&self, dst: &mut [u8]) -> Result<(), stoker::Error> {

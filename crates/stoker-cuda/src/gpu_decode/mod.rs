@@ -64,11 +64,9 @@ pub struct GpuDecoder {
     nv: nvjpeg::NvJpeg,
     kernel: Kernel,
     scratch: Option<DeviceMem>,
-    scratch_len: usize,
     /// The fallback: a decoder, a resampler and page-locked staging for its samples.
     cpu: Option<(stoker::image::decode::Decoder, stoker::image::ops::Resampler)>,
     staging: Option<PinnedMem>,
-    staging_len: usize,
 }
 
 impl std::fmt::Debug for GpuDecoder {
@@ -98,16 +96,7 @@ impl GpuDecoder {
         let ptx = CStr::from_bytes_with_nul(RESIZE_PTX.as_bytes()).map_err(|e| Error::Internal(e.to_string()))?;
         let kernel = Kernel::load(gpu, ptx, c"stoker_resize")
             .map_err(|e| Error::Device(format!("GPU decode is not available: its resampler did not load: {e}")))?;
-        Ok(GpuDecoder {
-            gpu: gpu.clone(),
-            nv,
-            kernel,
-            scratch: None,
-            scratch_len: 0,
-            cpu: None,
-            staging: None,
-            staging_len: 0,
-        })
+        Ok(GpuDecoder { gpu: gpu.clone(), nv, kernel, scratch: None, cpu: None, staging: None })
     }
 
     /// nvJPEG's backend for batches: `hardware` (JPEG engines) or `default`.
@@ -167,14 +156,13 @@ impl GpuDecoder {
     /// # Safety
     /// As [`GpuDecoder::run`].
     unsafe fn run_chunk(&mut self, jobs: &[Job<'_>], total: usize, dst: u64, stream: &Stream) -> Result<Decoded> {
-        if total > self.scratch_len {
+        if total > self.scratch.as_ref().map_or(0, DeviceMem::len) {
             // Grown to the next power of two (within the cap): a few reallocations over a run,
             // never per batch. Work queued before may still read the old memory: wait for it.
             stream.synchronize()?;
             let len = total.next_power_of_two().min(SCRATCH_BYTES).max(total);
             self.scratch = None;
             self.scratch = Some(DeviceMem::new(&self.gpu, len)?);
-            self.scratch_len = len;
         }
         let Some(scratch) = &self.scratch else { return Ok(Decoded::default()) };
         let base = scratch.ptr();
@@ -235,11 +223,10 @@ impl GpuDecoder {
     /// As [`GpuDecoder::run`].
     unsafe fn fallback(&mut self, jobs: &[Job<'_>], refused: &[usize], dst: u64, stream: &Stream) -> Result<()> {
         let need: usize = refused.iter().map(|&k| jobs[k].0.len()).sum();
-        if need > self.staging_len {
+        if need > self.staging.as_ref().map_or(0, stoker::buffer::HostMemory::len) {
             let len = need.next_power_of_two();
             self.staging = None;
             self.staging = Some(PinnedMem::new(&self.gpu, len)?);
-            self.staging_len = len;
         }
         let Some(staging) = &self.staging else { return Ok(()) };
         if self.cpu.is_none() {
