@@ -62,17 +62,21 @@ def s3(demo, tmp_path_factory):
 
 
 def batches(root, **kw):
-    loader = stoker.ImageLoader(root, 16, preset="imagenet-train", shuffle=True, seed=5, output="numpy",
-                                io_threads=4, **kw)
+    kw = {"shuffle": True, **kw}
+    loader = stoker.ImageLoader(root, 16, preset="imagenet-train", seed=5, output="numpy", io_threads=4, **kw)
     return loader, [(x.copy(), y.copy()) for x, y in loader]
 
 
 @pytest.mark.wheel
 def test_s3_shards_give_the_same_batches_as_local_shards(s3):
-    _, local = batches(str(s3["shards"] / "shard-*.tar"))
+    # Over object storage shuffle=True is a shard-window order (8 parts a window): the same
+    # batches as that order of the local copy; shuffle="global" is the local shuffle=True.
+    _, local = batches(str(s3["shards"] / "shard-*.tar"), shuffle="shards", shard_window=8)
     loader, remote = batches("s3://data/train/shard-*.tar")
-    assert loader.classes and len(remote) == len(local) == 6
-    for (a, la), (b, lb) in zip(local, remote, strict=True):
+    _, local_global = batches(str(s3["shards"] / "shard-*.tar"))
+    _, remote_global = batches("s3://data/train/shard-*.tar", shuffle="global")
+    assert loader.classes and len(remote) == len(local) == len(local_global) == len(remote_global) == 6
+    for (a, la), (b, lb) in [*zip(local, remote, strict=True), *zip(local_global, remote_global, strict=True)]:
         np.testing.assert_array_equal(a, b)
         np.testing.assert_array_equal(la, lb)
     report = loader.report()
@@ -84,7 +88,7 @@ def test_s3_shards_give_the_same_batches_as_local_shards(s3):
 
 
 def test_a_bucket_prefix_is_a_pack_folder(s3):
-    _, local = batches(str(s3["shards"]))
+    _, local = batches(str(s3["shards"]), shuffle="shards", shard_window=8)
     for prefix in ("s3://data/train", "s3://data/train/"):
         loader, remote = batches(prefix)
         assert loader.classes and len(remote) == len(local)
@@ -170,14 +174,15 @@ def test_image_text_pairs_in_object_storage_equal_the_local_pairs(s3, tmp_path):
     for p in sorted(pairs.glob("*.tar*")):
         s3["client"].upload_file(str(p), "data", f"pairs/{p.name}")
     kw = dict(tokenizer=root / "tests" / "data" / "text" / "tokenizer-clip.json", preset="imagenet-val",
-              dtype="uint8", output="numpy", shuffle=True, seed=1)
+              dtype="uint8", output="numpy", seed=1)
 
-    def run(glob):
-        loader = stoker.PairLoader(glob, 4, **kw)
+    def run(glob, **more):
+        loader = stoker.PairLoader(glob, 4, **kw, **more)
         return loader, [(b["keys"], b["images"].copy(), b["input_ids"].copy()) for b in loader]
 
-    _, local = run(str(pairs / "*.tar"))
-    loader, remote = run("s3://data/pairs/*.tar")
+    # shuffle=True over object storage: a shard-window order (8 parts a window).
+    _, local = run(str(pairs / "*.tar"), shuffle="shards", shard_window=8)
+    loader, remote = run("s3://data/pairs/*.tar", shuffle=True)
     assert len(remote) == len(local) >= 3
     for (ka, a, ia), (kb, b, ib) in zip(local, remote, strict=True):
         assert ka == kb

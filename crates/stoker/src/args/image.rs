@@ -92,9 +92,11 @@ pub fn loader_config(args: Args) -> Result<LoaderConfig> {
 pub(super) fn loader_config_in(args: Args, env: &Env) -> Result<LoaderConfig> {
     let mut a = Taker::new(args);
     let transform = transform(&mut a)?;
+    let global = matches!(a.args.get("shuffle"), Some(Value::String(s)) if s == "global");
     let sampler = sampler(&mut a, true, env)?;
     let mut c = LoaderConfig::new(sampler.batch_size, transform);
     c.sampler = sampler;
+    c.shuffle_global = global;
     c.cpu_registry = budget_registry_path(&env.budget);
     let prefetch;
     (c.threads, prefetch, c.memory_limit) = common(&mut a, env)?;

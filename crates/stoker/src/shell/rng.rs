@@ -77,6 +77,8 @@ pub mod stream {
     pub const AUGMENT: u64 = 2;
     /// The permutations of a mixture's sources, one per source and pass.
     pub const MIXTURE: u64 = 3;
+    /// A rank's shuffle within windows of shards ([`crate::shell::sampler`]).
+    pub const WINDOWS: u64 = 4;
 }
 
 /// Fisher-Yates shuffle of `items` driven by `rng`.

@@ -245,6 +245,8 @@ pub struct Sampler {
     per_rank: usize,
     /// Samples per shard, in dataset order (for shard-aware shuffling).
     groups: Option<Vec<usize>>,
+    /// Per sample, its group (with `groups`).
+    group_of: Option<Vec<u32>>,
     /// The mixture's order, when the samples are a mixture's sources.
     mix: Option<std::sync::Arc<Mixture>>,
 }
@@ -267,7 +269,7 @@ impl Sampler {
             return Err(Error::Dataset(format!("{len} samples: at most {} are supported", u32::MAX)));
         }
         let per_rank = if spec.drop_last { len / spec.world_size } else { len.div_ceil(spec.world_size) };
-        Ok(Sampler { len, spec, per_rank, groups: None, mix: None })
+        Ok(Sampler { len, spec, per_rank, groups: None, group_of: None, mix: None })
     }
 
     /// Declares the samples as the consecutive sources of sizes `parts` (a mixture's, see
@@ -322,7 +324,12 @@ impl Sampler {
         if groups.iter().sum::<usize>() != self.len {
             return Err(Error::Internal("shard sizes do not add up to the dataset length".into()));
         }
+        let mut group_of = Vec::with_capacity(self.len);
+        for (g, &n) in groups.iter().enumerate() {
+            group_of.extend(std::iter::repeat_n(g as u32, n));
+        }
         self.groups = Some(groups);
+        self.group_of = Some(group_of);
         Ok(self)
     }
 
@@ -356,7 +363,7 @@ impl Sampler {
         if let Some(m) = &self.mix {
             return m.epoch_order(epoch);
         }
-        self.deal(&self.permutation(epoch), self.spec.rank, self.spec.world_size)
+        self.deal(&self.permutation(epoch), self.spec.rank, self.spec.world_size, epoch)
     }
 
     /// Every sample of `epoch` in the order ranks take them (before sharding): the seeded
@@ -365,9 +372,10 @@ impl Sampler {
         let mut perm: Vec<u32> = (0..self.len as u32).collect();
         let mut r = Rng::new(self.spec.seed, rng::stream::PERMUTATION, epoch);
         match (&self.groups, self.spec.shard_window) {
-            (Some(groups), Some(window)) if self.spec.shuffle => {
-                // Permute the shards, then shuffle the samples of each window of `window`
-                // consecutive shards together: a reader only ever touches `window` shards.
+            (Some(groups), Some(_)) if self.spec.shuffle => {
+                // Permute the groups (shards, or parts of large shards), each keeping its
+                // samples in order: ranks take runs of this sequence and shuffle their own run
+                // within windows of groups ([`Sampler::deal`]).
                 let mut starts = Vec::with_capacity(groups.len());
                 let mut acc = 0u32;
                 for &g in groups {
@@ -376,12 +384,8 @@ impl Sampler {
                 }
                 rng::shuffle(&mut starts, &mut r);
                 perm.clear();
-                for win in starts.chunks(window) {
-                    let from = perm.len();
-                    for &(s, n) in win {
-                        perm.extend(s..s + n);
-                    }
-                    rng::shuffle(&mut perm[from..], &mut r);
+                for (s, n) in starts {
+                    perm.extend(s..s + n);
                 }
             }
             _ if self.spec.shuffle => rng::shuffle(&mut perm, &mut r),
@@ -390,22 +394,28 @@ impl Sampler {
         perm
     }
 
-    /// Rank `rank` of `world`'s share of `seq`, as a normal epoch deals a permutation: positions
-    /// `rank, rank + world, ...` of `seq` made a multiple of `world` long (cut with `drop_last`,
-    /// otherwise padded by wrapping around to its start), then cut to whole batches with
-    /// `drop_last`. Every rank gets the same number of batches.
-    fn deal(&self, seq: &[u32], rank: usize, world: usize) -> Vec<u32> {
+    /// Rank `rank` of `world`'s share of `seq`, as a normal epoch deals a permutation: `seq`
+    /// made a multiple of `world` long (cut with `drop_last`, otherwise padded by wrapping
+    /// around to its start), then cut to whole batches with `drop_last`. Every rank gets the
+    /// same number of batches. A rank takes positions `rank, rank + world, ...`; in a
+    /// shard-window order it takes the `rank`th run of consecutive positions instead (so that it
+    /// reads its own groups' bytes, not a slice of every group) and shuffles it within windows
+    /// of `shard_window` groups.
+    fn deal(&self, seq: &[u32], rank: usize, world: usize, epoch: u64) -> Vec<u32> {
         let (bs, len) = (self.spec.batch_size, seq.len());
         let per_rank = if self.spec.drop_last { len / world } else { len.div_ceil(world) };
         let batches = if self.spec.drop_last { per_rank / bs } else { per_rank.div_ceil(bs) };
-        let total = per_rank * world;
-        let mut mine = Vec::with_capacity(per_rank);
-        let mut k = rank;
-        while k < total {
-            // Padding wraps around (only when !drop_last and len % world != 0).
-            mine.push(seq[k % len.max(1)]);
-            k += world;
-        }
+        // Padding wraps around (only when !drop_last and len % world != 0).
+        let at = |k: usize| seq[k % len.max(1)];
+        let mut mine: Vec<u32> = match (&self.group_of, self.spec.shard_window) {
+            (Some(group_of), Some(window)) if self.spec.shuffle => {
+                let mut run: Vec<u32> = (rank * per_rank..(rank + 1) * per_rank).map(at).collect();
+                let stream = rng::stream::WINDOWS ^ ((((world as u64) << 32) | rank as u64) << 4);
+                shuffle_windows(&mut run, group_of, window, &mut Rng::new(self.spec.seed, stream, epoch));
+                run
+            }
+            _ => (rank..per_rank * world).step_by(world).map(at).collect(),
+        };
         mine.truncate((batches * bs).min(mine.len()));
         mine
     }
@@ -430,7 +440,7 @@ impl Sampler {
                 ));
             }
             for (r, &done) in step.next_batch.iter().enumerate() {
-                let order = self.deal(&seq, r, w);
+                let order = self.deal(&seq, r, w, epoch);
                 let batches = self.batches_in(&order);
                 if done > batches {
                     return Err(Error::config(
@@ -462,7 +472,7 @@ impl Sampler {
                 base.0.iter().map(|s| (s.world_size, s.next_batch.as_slice())).collect();
             return m.elastic_order(epoch, &steps);
         }
-        Ok(self.deal(&self.remaining(epoch, base)?, self.spec.rank, self.spec.world_size))
+        Ok(self.deal(&self.remaining(epoch, base)?, self.spec.rank, self.spec.world_size, epoch))
     }
 
     /// Batches in an order from [`Sampler::epoch_order`] or [`Sampler::elastic_order`].
@@ -476,6 +486,25 @@ impl Sampler {
         let end = (start + self.spec.batch_size).min(order.len());
         &order[start.min(end)..end]
     }
+}
+
+/// Shuffles `run` within windows of `window` groups: a window ends where the `window + 1`th
+/// group (by `group_of`) since its start begins, so a reader of the run only ever holds about
+/// `window` groups.
+fn shuffle_windows(run: &mut [u32], group_of: &[u32], window: usize, r: &mut Rng) {
+    let (mut from, mut seen, mut last) = (0, 0, None);
+    for pos in 0..run.len() {
+        let g = group_of[run[pos] as usize];
+        if Some(g) != last {
+            if seen == window {
+                rng::shuffle(&mut run[from..pos], r);
+                (from, seen) = (pos, 0);
+            }
+            seen += 1;
+            last = Some(g);
+        }
+    }
+    rng::shuffle(&mut run[from..], r);
 }
 
 #[cfg(test)]

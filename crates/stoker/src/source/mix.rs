@@ -1,7 +1,7 @@
 //! [`MixSource`]: the sources of a mixture as one source, numbered one after another, each
 //! with its labels moved by its own offset (datasets with different class lists).
 
-use super::{open, Dataset, Source};
+use super::{open, Dataset, Source, StorageReport};
 use crate::error::{Error, Result};
 use std::ffi::OsString;
 use std::path::PathBuf;
@@ -73,6 +73,26 @@ impl Source for MixSource {
         for (s, _) in &self.parts {
             s.abandon_reads();
         }
+    }
+
+    /// Each source is told its own samples' order (its share of the budget: by its share of
+    /// the reads).
+    fn plan_reads(&self, order: &[u32], budget: u64, lag: usize) {
+        let mut mine: Vec<Vec<u32>> = vec![vec![]; self.parts.len()];
+        for &i in order {
+            let d = self.starts.partition_point(|&s| s <= i as usize) - 1;
+            mine[d].push(i - self.starts[d] as u32);
+        }
+        for ((s, _), o) in self.parts.iter().zip(&mine) {
+            if s.is_remote() && !o.is_empty() {
+                let share = (budget as f64 * o.len() as f64 / order.len().max(1) as f64) as u64;
+                s.plan_reads(o, share.max(super::readahead::PART_BYTES.min(budget)), lag);
+            }
+        }
+    }
+
+    fn storage_report(&self) -> Option<StorageReport> {
+        StorageReport::merge(self.parts.iter().filter_map(|(s, _)| s.storage_report()))
     }
 }
 

@@ -7,13 +7,16 @@
 
 mod image_folder;
 pub mod mix;
+pub mod readahead;
 #[cfg(feature = "remote")]
 mod remote;
 pub mod shards;
+pub mod storage_stats;
 pub mod tar;
 
 pub use image_folder::{ImageFolder, IMG_EXTENSIONS};
 pub use shards::ShardSource;
+pub use storage_stats::StorageReport;
 
 use crate::error::{Error, Result};
 use std::ffi::OsString;
@@ -70,6 +73,24 @@ pub trait Source: Send + Sync + 'static {
     /// are joined): a read from a store that does not answer returns an error at once instead
     /// of waiting for its time-out, so Ctrl-C and drop stay prompt. Local files need nothing.
     fn abandon_reads(&self) {}
+    /// Tells the source the order a pass will read samples in (this rank's, from the pass's
+    /// first sample): shards in object storage then fetch the parts those samples lie in ahead
+    /// of the reads, in that order, holding at most `budget` bytes of them
+    /// ([`readahead`]); `lag` is how far reads may run out of order. Until the next call or
+    /// [`Source::abandon_reads`]. Local data needs nothing.
+    fn plan_reads(&self, order: &[u32], budget: u64, lag: usize) {
+        let _ = (order, budget, lag);
+    }
+    /// What reading from object storage cost so far (requests, bytes, latency, throttling),
+    /// when the samples are there.
+    fn storage_report(&self) -> Option<StorageReport> {
+        None
+    }
+    /// Whether reading a sample costs a request to a remote store (object storage): such a
+    /// source is read best in a shard-window order.
+    fn is_remote(&self) -> bool {
+        self.storage_report().is_some()
+    }
 }
 
 /// A text member beside a sample's image in a shard: what an image-text pair's caption is

@@ -36,12 +36,15 @@
 //! and counted, or raised, by the policy. Requests in flight are abandoned at once when their
 //! reader stops (a dropped loader waits for none).
 
+use super::readahead::{Done, Fetched, PartFetch};
 use super::shards::{glob_match, ReadFailure, ShardMeta, ShardSource, Storage};
+use super::storage_stats::StorageStats;
 use crate::error::{Error, Result};
 use futures::StreamExt;
 use object_store::path::Path as ObjPath;
 use object_store::{BackoffConfig, ClientConfigKey, ObjectStore, ObjectStoreExt, RetryConfig};
 use std::future::Future;
+use std::ops::Range;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -252,12 +255,21 @@ impl Breaker {
         }
     }
 
-    /// Runs one request on `rt` under the breaker: refused at once while the circuit is open,
-    /// abandoned as soon as it opens, or as soon as `stop` completes (the caller's loader is
-    /// stopping: [`RequestFailure::Stopped`]). The error is the request's, with its causes.
+    /// Runs one request on `rt` under the breaker ([`Breaker::run`], waited for on this thread).
     fn call<T>(
         &self,
         rt: &tokio::runtime::Runtime,
+        request: impl Future<Output = object_store::Result<T>>,
+        stop: impl Future<Output = ()>,
+    ) -> std::result::Result<T, RequestFailure> {
+        rt.block_on(self.run(request, stop))
+    }
+
+    /// Runs one request under the breaker: refused at once while the circuit is open,
+    /// abandoned as soon as it opens, or as soon as `stop` completes (the caller's loader is
+    /// stopping: [`RequestFailure::Stopped`]). The error is the request's, with its causes.
+    async fn run<T>(
+        &self,
         request: impl Future<Output = object_store::Result<T>>,
         stop: impl Future<Output = ()>,
     ) -> std::result::Result<T, RequestFailure> {
@@ -265,7 +277,7 @@ impl Breaker {
         // Registered before the circuit is checked, so that an opening in between is seen.
         let opened = self.opened.notified();
         let admit = self.admit(Instant::now()).map_err(RequestFailure::Refused)?;
-        let out = rt.block_on(async {
+        let out = {
             let request = std::pin::pin!(request);
             let opened = std::pin::pin!(opened);
             let stop = std::pin::pin!(stop);
@@ -274,7 +286,7 @@ impl Breaker {
                 Either::Right((Either::Left(_), _)) => Err(false),
                 Either::Right((Either::Right(_), _)) => Err(true),
             }
-        });
+        };
         match out {
             Ok(Ok(v)) => {
                 self.record(&admit, None, Instant::now());
@@ -399,15 +411,116 @@ async fn stopped(flag: Option<Arc<AtomicBool>>) {
     }
 }
 
-/// A store and the object keys of the shards in it.
+/// Shards in a store: reads of samples ([`Storage::read_at`]) and of parts
+/// ([`PartFetch`]), both through [`Fetcher`].
 struct Remote {
     rt: tokio::runtime::Runtime,
+    fetch: Arc<Fetcher>,
+    /// Wakes this loader's sample reads in flight when its iteration stops.
+    abandon: tokio::sync::Notify,
+    names: Vec<String>,
+}
+
+/// Ranged requests of shards, with their retries (see [`Fetcher::fetch`]) and counters.
+struct Fetcher {
+    rt: tokio::runtime::Handle,
+    /// The store without the client's own retries: [`Fetcher::fetch`] sees every answer.
     store: Arc<dyn ObjectStore>,
     breaker: Arc<Breaker>,
-    /// Wakes this loader's requests in flight when its iteration stops.
-    abandon: tokio::sync::Notify,
     keys: Vec<ObjPath>,
-    names: Vec<String>,
+    stats: Arc<StorageStats>,
+    /// How long retries of a throttled request may go on.
+    retry_for: Duration,
+}
+
+/// Attempts of a request answered with a retryable status (`503 SlowDown`, `429`, 5xx).
+const THROTTLE_ATTEMPTS: u32 = 10;
+
+/// The HTTP status of an answer that asks to be retried later (`503 SlowDown`, `429 Too Many
+/// Requests`, `500`, `502`, `504`, `408`), read from the error's text: `object_store` keeps the
+/// status in a private type and says it as `... status code: 503 ...`.
+fn retryable_status(text: &str) -> Option<u16> {
+    let at = text.find("status code: ")? + "status code: ".len();
+    let code: u16 = text.get(at..at + 3)?.parse().ok()?;
+    matches!(code, 408 | 429 | 500 | 502 | 503 | 504).then_some(code)
+}
+
+/// A random wait before attempt `k + 1` (full jitter over an exponential backoff from 100 ms
+/// up to 5 s): many readers throttled together do not come back together.
+fn backoff(k: u32) -> Duration {
+    static SEQ: AtomicU64 = AtomicU64::new(0);
+    let cap = (100u64 << k.min(6)).min(5_000);
+    let nanos = Instant::now().elapsed().as_nanos() as u64;
+    let r = crate::shell::rng::mix64(SEQ.fetch_add(1, Ordering::Relaxed) ^ nanos ^ (std::process::id() as u64) << 32);
+    Duration::from_millis(cap / 2 + r % (cap / 2 + 1))
+}
+
+impl Fetcher {
+    /// Bytes `range` of shard `shard` in one ranged request (a `GET` with `Range`), under the
+    /// store's breaker: an answer asking to retry later (throttling, a server error) is retried
+    /// after a random backoff up to [`THROTTLE_ATTEMPTS`] times within `retry_for`; a request
+    /// without an answer (time-out, connection) up to [`MAX_RETRIES`] times; `stop` (made
+    /// anew for each wait) abandons it.
+    async fn fetch<F: Future<Output = ()>>(&self, shard: usize, range: Range<u64>, stop: impl Fn() -> F) -> Fetched {
+        use futures::future::{select, Either};
+        let key = &self.keys[shard];
+        let (mut throttled, mut unanswered) = (0u32, 0usize);
+        let first = Instant::now();
+        loop {
+            let t0 = Instant::now();
+            let request = async {
+                let opts = object_store::GetOptions { range: Some(range.clone().into()), ..Default::default() };
+                let answer = self.store.get_opts(key, opts).await?;
+                let latency = t0.elapsed();
+                Ok((answer.bytes().await?, latency))
+            };
+            let failure = match self.breaker.run(request, stop()).await {
+                Ok((bytes, latency)) => {
+                    return Fetched { bytes: Ok(bytes.to_vec()), latency, total: t0.elapsed(), throttled };
+                }
+                Err(e) => e,
+            };
+            let again = match &failure {
+                RequestFailure::Failed(e, text) => {
+                    if retryable_status(text).is_some() {
+                        throttled += 1;
+                        throttled < THROTTLE_ATTEMPTS && first.elapsed() < self.retry_for
+                    } else if unreachable(e) {
+                        unanswered += 1;
+                        unanswered <= MAX_RETRIES && first.elapsed() < self.retry_for
+                    } else {
+                        false
+                    }
+                }
+                RequestFailure::Refused(_) | RequestFailure::Stopped(_) => false,
+            };
+            if again {
+                let wait = std::pin::pin!(tokio::time::sleep(backoff(throttled + unanswered as u32)));
+                let stop = std::pin::pin!(stop());
+                if let Either::Left(_) = select(wait, stop).await {
+                    continue;
+                }
+            }
+            let bytes = Err(match failure {
+                RequestFailure::Refused(why) => ReadFailure::Unavailable(why),
+                other => ReadFailure::Failed(other.text()),
+            });
+            return Fetched { bytes, latency: t0.elapsed(), total: t0.elapsed(), throttled };
+        }
+    }
+}
+
+/// The [`PartFetch`] of a store's shards: each fetch a task on the store's runtime.
+struct Parts(Arc<Fetcher>);
+
+impl PartFetch for Parts {
+    fn start(&self, shard: usize, range: Range<u64>, stop: Arc<AtomicBool>, done: Done) {
+        let f = self.0.clone();
+        self.0.rt.spawn(async move {
+            let got = f.fetch(shard, range, || stopped(Some(stop.clone()))).await;
+            done(got);
+        });
+    }
 }
 
 impl Storage for Remote {
@@ -417,15 +530,19 @@ impl Storage for Remote {
         self.abandon.notify_waiters();
     }
 
+    /// One request of its own (a sample whose part is not streamed).
     fn read_at(&self, shard: usize, offset: u64, buf: &mut [u8]) -> std::result::Result<(), ReadFailure> {
         let range = offset..offset + buf.len() as u64;
-        let bytes = self
-            .breaker
-            .call(&self.rt, self.store.get_range(&self.keys[shard], range), self.abandon.notified())
-            .map_err(|e| match e {
-                RequestFailure::Refused(why) => ReadFailure::Unavailable(why),
-                other => ReadFailure::Failed(other.text()),
-            })?;
+        let f = self.rt.block_on(self.fetch.fetch(shard, range, || self.abandon.notified()));
+        let stats = &self.fetch.stats;
+        let bytes = match f.bytes {
+            Ok(b) => b,
+            Err(e) => {
+                stats.direct(None, f.latency, f.throttled);
+                return Err(e);
+            }
+        };
+        stats.direct(Some(bytes.len() as u64), f.latency, f.throttled);
         if bytes.len() != buf.len() {
             return Err(format!("short read: {} of {} bytes", bytes.len(), buf.len()).into());
         }
@@ -440,6 +557,10 @@ impl Storage for Remote {
 
     fn name(&self, shard: usize) -> &str {
         &self.names[shard]
+    }
+
+    fn parts(&self) -> Option<(Arc<dyn PartFetch>, Arc<StorageStats>)> {
+        Some((Arc::new(Parts(self.fetch.clone())), self.fetch.stats.clone()))
     }
 }
 
@@ -518,6 +639,7 @@ pub(crate) fn open(urls: &[String], text: Option<super::TextKind>) -> Result<Sha
     let limits = Limits::current();
     let store = store_for(&base, &limits)?;
     let breaker = breaker_for(&base, limits.request);
+    let stats = Arc::new(StorageStats::default());
     let never = futures::future::pending::<()>;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -533,6 +655,7 @@ pub(crate) fn open(urls: &[String], text: Option<super::TextKind>) -> Result<Sha
         }
         let (dir, name) = key.rsplit_once('/').unwrap_or(("", key.as_str()));
         if name.contains(['*', '?']) {
+            stats.meta_request();
             keys.extend(list_matching(&*store, &breaker, &rt, (&base, dir, name), url)?);
         } else {
             keys.push(key);
@@ -542,6 +665,8 @@ pub(crate) fn open(urls: &[String], text: Option<super::TextKind>) -> Result<Sha
     for key in &keys {
         let path = ObjPath::from(key.as_str());
         let name = format!("{base}/{key}");
+        stats.meta_request();
+        stats.meta_request();
         let size = breaker
             .call(&rt, store.head(&path), never())
             .map_err(|e| Error::Dataset(format!("{name}: cannot open shard: {}", e.text())))?
@@ -560,6 +685,7 @@ pub(crate) fn open(urls: &[String], text: Option<super::TextKind>) -> Result<Sha
     }
     let dir = keys[0].rsplit_once('/').map(|(d, _)| format!("{d}/")).unwrap_or_default();
     let classes_path = ObjPath::from(format!("{dir}classes.json"));
+    stats.meta_request();
     // classes.json is optional; any error other than its absence (a timeout, a server error) is
     // reported rather than silently giving a dataset without class names. S3 answers 403, not
     // 404, for a missing object when the caller may not list the bucket: absent too.
@@ -575,8 +701,20 @@ pub(crate) fn open(urls: &[String], text: Option<super::TextKind>) -> Result<Sha
     };
     let names = metas.iter().map(|m| m.name.clone()).collect();
     let keys = keys.into_iter().map(|k| ObjPath::from(k.as_str())).collect();
+    // Parts and samples are fetched by a store without the client's retries: `Fetcher::fetch`
+    // retries itself, and so sees (and counts) the throttling answers.
+    let mut once = Limits::current();
+    once.retry.max_retries = 0;
+    let fetch = Arc::new(Fetcher {
+        rt: rt.handle().clone(),
+        store: store_for(&base, &once)?,
+        breaker,
+        keys,
+        stats,
+        retry_for: limits.retry.retry_timeout * 2,
+    });
     let abandon = tokio::sync::Notify::new();
-    ShardSource::assemble(metas, classes, Box::new(Remote { rt, store, breaker, abandon, keys, names }), text)
+    ShardSource::assemble(metas, classes, Box::new(Remote { rt, fetch, abandon, names }), text)
 }
 
 /// Bytes of one ranged request of an [`ObjectReader`]: each request is bounded in time, so a

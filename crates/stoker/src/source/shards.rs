@@ -38,12 +38,15 @@
 //! - a hard-linked member reads the data of the earlier member it links to; a link that cannot
 //!   be resolved, a symbolic link, a device or a FIFO named like an image is not a sample.
 
+use super::readahead::{Got, Need, PartFetch, Readahead, PART_BYTES};
+use super::storage_stats::{StorageReport, StorageStats};
 use super::tar;
 use super::{Source, TextKind, IMG_EXTENSIONS};
 use crate::error::{Error, Result};
 use std::io::{Read, Seek, Write};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, RwLock};
 
 /// The first index format (no header fingerprints).
 const MAGIC_V1: &[u8; 8] = b"STKIDX1\0";
@@ -468,6 +471,11 @@ pub(crate) trait Storage: Send + Sync {
     }
     /// Gives up the reads in flight (see [`Source::abandon_reads`]).
     fn abandon_reads(&self) {}
+    /// Where parts of shards are fetched from, and the counters of the requests, when reads
+    /// are worth planning (an object store: [`super::readahead`]); local files need none.
+    fn parts(&self) -> Option<(Arc<dyn PartFetch>, Arc<StorageStats>)> {
+        None
+    }
 }
 
 /// The message for a read that ended before the bytes the index promised.
@@ -568,6 +576,13 @@ pub struct ShardSource {
     texts: Vec<Option<TextRef>>,
     /// Indexes made before text members were indexed (`STKIDX4`), by name.
     old_indexes: Vec<String>,
+    /// Per sample, its part: runs of consecutive samples of a shard of at most
+    /// [`PART_BYTES`] (the groups of a shard-window order, and what object storage fetches).
+    part_of: Vec<u32>,
+    /// Samples per part.
+    part_sizes: Vec<usize>,
+    /// The running pass's plan of parts (object storage only).
+    readahead: RwLock<Option<Arc<Readahead>>>,
 }
 
 /// Where a sample's text member is (see [`TextMember`]).
@@ -633,6 +648,9 @@ impl ShardSource {
             text_kind: text,
             texts: vec![],
             old_indexes: vec![],
+            part_of: vec![],
+            part_sizes: vec![],
+            readahead: RwLock::new(None),
         };
         if let Some(text) = classes {
             // Names exactly as `stoker pack` wrote them: a folder name that is not UTF-8 is kept
@@ -689,6 +707,7 @@ impl ShardSource {
                 out.member_ends.push(out.members.len() as u64);
             }
         }
+        out.cut_parts();
         if out.samples.is_empty() {
             return Err(Error::Dataset(match out.not_samples.first() {
                 None => "the shards hold no image samples".into(),
@@ -767,6 +786,7 @@ impl ShardSource {
                 }
             }
         }
+        self.cut_parts();
         if self.samples.is_empty() {
             return Err(Error::Dataset(format!(
                 "none of the image members of the shards has a {} ({}.{}); {} are not samples",
@@ -828,6 +848,55 @@ impl<'a> Labels<'a> {
 }
 
 impl ShardSource {
+    /// Cuts each shard's samples into parts: runs of consecutive samples whose bytes (from the
+    /// first one's tar header to the last one's end) span at most [`PART_BYTES`]; a larger
+    /// sample is a part of its own. A function of the indexes alone, so local and remote
+    /// copies of the same shards have the same parts (and the same shard-window order).
+    fn cut_parts(&mut self) {
+        self.part_of.clear();
+        self.part_sizes.clear();
+        let mut current: Option<(u32, u64)> = None;
+        for &(k, offset, len, _) in &self.samples {
+            let (start, end) = (offset - tar::BLOCK as u64, offset + u64::from(len));
+            let fits = matches!(current, Some((shard, from)) if shard == k && end.saturating_sub(from) <= PART_BYTES);
+            if !fits {
+                self.part_sizes.push(0);
+                current = Some((k, start));
+            }
+            *self.part_sizes.last_mut().expect("a part") += 1;
+            self.part_of.push(self.part_sizes.len() as u32 - 1);
+        }
+    }
+
+    /// The bytes of its shard that reading sample `i` takes: its tar header and data, and its
+    /// text member's when one is kept.
+    fn span(&self, i: usize) -> std::ops::Range<u64> {
+        let (_, offset, len, _) = self.samples[i];
+        let mut r = offset - tar::BLOCK as u64..offset + u64::from(len);
+        if let Some(Some(t)) = self.texts.get(i) {
+            r.start = r.start.min(t.offset - tar::BLOCK as u64);
+            r.end = r.end.max(t.offset + u64::from(t.length));
+        }
+        r
+    }
+
+    /// The running pass's plan, if there is one.
+    fn current_plan(&self) -> Option<Arc<Readahead>> {
+        self.readahead.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Reads `buf.len()` bytes at `at` of sample `i`'s shard: from its part when the running
+    /// pass streams it, else with a read of its own.
+    fn read_span(&self, i: usize, at: u64, buf: &mut [u8]) -> std::result::Result<(), ReadFailure> {
+        let k = self.samples[i].0 as usize;
+        if let Some(plan) = self.current_plan() {
+            if let Got::Hit = plan.read(self.part_of[i], at, buf)? {
+                return Ok(());
+            }
+        }
+        self.storage.read_at(k, at, buf)
+    }
+
     /// Checks that `block`, read in front of sample `i`'s data, is the tar header that was
     /// indexed for it: a regular file with the indexed fingerprint (for a first-format index:
     /// the indexed name and size).
@@ -911,7 +980,7 @@ impl Source for ShardSource {
             return self.check_header(i, &head);
         }
         buf.resize(total, 0);
-        self.storage.read_at(k as usize, offset - tar::BLOCK as u64, buf).map_err(failed)?;
+        self.read_span(i, offset - tar::BLOCK as u64, buf).map_err(failed)?;
         self.check_header(i, &buf[..tar::BLOCK])?;
         buf.copy_within(tar::BLOCK.., 0);
         buf.truncate(len as usize);
@@ -934,7 +1003,7 @@ impl Source for ShardSource {
         buf.clear();
         buf.resize(total, 0);
         let at = t.offset - tar::BLOCK as u64;
-        self.storage.read_at(k as usize, at, buf).map_err(|e| self.read_failed(what.clone(), total, at, e))?;
+        self.read_span(i, at, buf).map_err(|e| self.read_failed(what.clone(), total, at, e))?;
         let m = Member { name: &t.member, offset: t.offset, length: t.length, fingerprint: t.fingerprint };
         self.check_member(k, &m, &buf[..tar::BLOCK]).map_err(|why| Error::decode(what, why))?;
         buf.drain(..tar::BLOCK);
@@ -961,9 +1030,7 @@ impl Source for ShardSource {
         let lo = (offset - tar::BLOCK as u64).min(t.offset - tar::BLOCK as u64);
         let hi = (offset + u64::from(len)).max(t.offset + u64::from(t.length));
         let mut span = vec![0u8; (hi - lo) as usize];
-        self.storage
-            .read_at(k as usize, lo, &mut span)
-            .map_err(|e| self.read_failed(self.describe(i), span.len(), lo, e))?;
+        self.read_span(i, lo, &mut span).map_err(|e| self.read_failed(self.describe(i), span.len(), lo, e))?;
         let at = |o: u64| (o - lo) as usize;
         self.check_header(i, &span[at(offset - tar::BLOCK as u64)..at(offset)])?;
         let m = Member { name: &t.member, offset: t.offset, length: t.length, fingerprint: t.fingerprint };
@@ -982,15 +1049,36 @@ impl Source for ShardSource {
     }
 
     fn abandon_reads(&self) {
+        if let Some(plan) = self.readahead.write().unwrap_or_else(|p| p.into_inner()).take() {
+            plan.stop();
+        }
         self.storage.abandon_reads();
     }
 
+    /// The parts (see [`ShardSource::cut_parts`]): a shard, or a run of at most
+    /// [`PART_BYTES`] of one.
     fn groups(&self) -> Option<Vec<usize>> {
-        let mut g = vec![0usize; self.shard_count];
-        for s in &self.samples {
-            g[s.0 as usize] += 1;
+        Some(self.part_sizes.clone())
+    }
+
+    fn plan_reads(&self, order: &[u32], budget: u64, lag: usize) {
+        let Some((fetch, stats)) = self.storage.parts() else { return };
+        let needs: Vec<Need> = order
+            .iter()
+            .map(|&i| {
+                let i = i as usize;
+                Need { part: self.part_of[i], shard: self.samples[i].0, bytes: self.span(i) }
+            })
+            .collect();
+        let plan = Readahead::new(&needs, budget, lag, fetch, stats).map(Arc::new);
+        let old = std::mem::replace(&mut *self.readahead.write().unwrap_or_else(|p| p.into_inner()), plan);
+        if let Some(old) = old {
+            old.stop();
         }
-        Some(g)
+    }
+
+    fn storage_report(&self) -> Option<StorageReport> {
+        self.storage.parts().map(|(_, stats)| stats.report())
     }
 
     fn describe(&self, i: usize) -> PathBuf {

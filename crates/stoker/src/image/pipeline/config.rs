@@ -46,6 +46,10 @@ pub struct LoaderConfig {
     pub cpu_budget: Option<f64>,
     /// Cap on the bytes of all batch buffers together.
     pub memory_limit: Option<u64>,
+    /// `shuffle="global"` was asked for: one global permutation even over object storage
+    /// (where `shuffle=True` means a shard-window order, see [`remote_window`]).
+    #[serde(default)]
+    pub shuffle_global: bool,
     /// Bad-sample policy.
     pub on_error: ErrorPolicy,
     /// Allow DCT-scaled JPEG decoding (on by default; off only to measure it).
@@ -129,6 +133,26 @@ pub(super) fn default_max_file_bytes() -> u64 {
 /// JPEG is ~15 MiB) and small enough that every I/O thread may hold one in memory.
 pub const DEFAULT_MAX_FILE_BYTES: u64 = 256 << 20;
 
+/// Parts in a shard-window of data in object storage when `shuffle=True` (and `shard_window`
+/// is not given): 8 parts of at most [`crate::source::readahead::PART_BYTES`] (128 MiB).
+pub const REMOTE_WINDOW: usize = 8;
+
+/// The shard window of a shuffled pass over object storage: [`REMOTE_WINDOW`] parts, fewer when
+/// a quarter of a `memory_limit` given holds fewer. A function of the arguments alone (never
+/// of the machine), so that a state saved on one machine resumes on another.
+pub fn remote_window(memory_limit: Option<u64>) -> usize {
+    let part = crate::source::readahead::PART_BYTES;
+    memory_limit.map_or(REMOTE_WINDOW, |m| ((m / 4 / part) as usize).clamp(1, REMOTE_WINDOW))
+}
+
+/// The bytes of parts a pass over object storage holds (fetched and in flight): the window
+/// being read, the next one and room for reads out of order; at least 4 parts.
+pub fn readahead_bytes(window: Option<usize>, memory_limit: Option<u64>) -> u64 {
+    let part = crate::source::readahead::PART_BYTES;
+    let w = window.unwrap_or_else(|| remote_window(memory_limit)) as u64;
+    (2 * w + 2).max(4) * part
+}
+
 impl LoaderConfig {
     /// A configuration with defaults for everything but the batch size and transform.
     pub fn new(batch_size: usize, transform: TransformSpec) -> Self {
@@ -142,6 +166,7 @@ impl LoaderConfig {
             prefetch_auto: false,
             cpu_budget: None,
             memory_limit: None,
+            shuffle_global: false,
             on_error: ErrorPolicy::Skip,
             dct_scaling: true,
             roi: true,

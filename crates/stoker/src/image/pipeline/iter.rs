@@ -150,7 +150,7 @@ impl Kind for Images {
         let counters = &self.counters;
         let stages = |wall| counters.stages(wall, threads, self.io_threads, self.captions.is_some());
         let mixture = self.tally.as_ref().and_then(|t| self.sampler.mixture_report(t));
-        let section = counters.section(self.cache.as_ref().map(|c| c.report()), mixture);
+        let section = counters.section(self.cache.as_ref().map(|c| c.report()), mixture, self.source.storage_report());
         let mut r = self.telemetry.report(stages, section);
         let v = verdict(&r, threads, self.allowance, tuning.prefetch_active);
         r.bottleneck = Some(match &r.kind.mixture {
@@ -184,6 +184,9 @@ impl SamplerKind for Images {
 fn start(shared: Arc<Images>, state: Arc<Position>, from: Start) -> Result<Started<Images>> {
     let Start { epoch, first: start, order, batches: end, samples } = from;
     let bs = shared.sampler.spec().batch_size;
+    // Object storage fetches the parts this pass reads ahead, in its order.
+    let from = (start * bs).min(order.len());
+    shared.source.plan_reads(&order[from..], shared.readahead, bs + 16 * shared.io_threads);
     let (task_tx, task_rx) = bounded::<Task>(bs.max(64));
     let work_cap = shared.threads * 2;
     let (work_tx, work_rx) = bounded::<Work>(work_cap);

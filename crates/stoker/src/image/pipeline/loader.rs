@@ -17,10 +17,18 @@ impl Loader {
 
     /// Like [`Loader::new`], with the batch buffers taken from `alloc` (e.g. page-locked memory
     /// from `stoker-cuda`, so the GPU copies them asynchronously).
-    pub fn new_in(source: Arc<dyn Source>, config: LoaderConfig, alloc: Arc<dyn HostAllocator>) -> Result<Self> {
+    pub fn new_in(source: Arc<dyn Source>, mut config: LoaderConfig, alloc: Arc<dyn HostAllocator>) -> Result<Self> {
         if source.is_empty() {
             return Err(Error::Dataset("the dataset has no samples".into()));
         }
+        let remote = source.is_remote();
+        // Over object storage, `shuffle=True` is a shard-window order: each rank reads its own
+        // parts, each part once, in a few large requests.
+        let s = &mut config.sampler;
+        if remote && s.shuffle && s.shard_window.is_none() && s.mixture.is_none() && !config.shuffle_global {
+            s.shard_window = Some(super::config::remote_window(config.memory_limit));
+        }
+        let readahead = super::config::readahead_bytes(config.sampler.shard_window, config.memory_limit);
         let mut sampler = Sampler::new(source.len(), config.sampler.clone())?;
         if config.sampler.shard_window.is_some() {
             let groups = source.groups().ok_or_else(|| {
@@ -120,6 +128,7 @@ impl Loader {
             tracer,
             threads,
             io_threads,
+            readahead,
             allowance,
             on_error: config.on_error,
             decode_opts,

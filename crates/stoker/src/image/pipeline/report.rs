@@ -8,6 +8,7 @@ use crate::observe::report::{keeps_up, percent, Bottleneck, Report, Section, Sta
 use crate::observe::telemetry::{StageCounters, Telemetry};
 use crate::observe::tune::Load;
 use crate::shell::mix::MixReport;
+use crate::source::StorageReport;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 /// The report of an image loader.
@@ -70,12 +71,18 @@ impl ImageCounters {
 
     /// The section, with the pixel cache's report when the loader has a cache, and the
     /// mixture's when the samples are a mixture's.
-    pub fn section(&self, cache: Option<CacheReport>, mixture: Option<MixReport>) -> ImageSection {
+    pub fn section(
+        &self,
+        cache: Option<CacheReport>,
+        mixture: Option<MixReport>,
+        storage: Option<StorageReport>,
+    ) -> ImageSection {
         ImageSection {
             decode_warnings: self.decode_warnings.load(Ordering::Relaxed),
             restart_decodes: self.restart_decodes.load(Ordering::Relaxed),
             cache,
             mixture,
+            storage,
         }
     }
 
@@ -104,12 +111,17 @@ pub struct ImageSection {
     /// Each source's samples against its share, and its read, decode and ops time per sample,
     /// when the samples are a mixture's.
     pub mixture: Option<MixReport>,
+    /// Requests, bytes, latency and throttling of object storage, when the samples are there.
+    pub storage: Option<StorageReport>,
 }
 
 impl Section for ImageSection {
     /// The cache's lines, and the images decoded despite warnings.
     fn text(&self) -> String {
         let mut s = String::new();
+        if let Some(st) = &self.storage {
+            s.push_str(&st.text());
+        }
         if let Some(c) = &self.cache {
             let g = &c.group;
             let mib = |b: u64| b as f64 / (1 << 20) as f64;
@@ -195,6 +207,9 @@ pub(super) fn verdict(r: &ImageReport, threads: usize, allowance: usize, prefetc
         };
     }
     if read.utilization > 0.7 && worker_util < 0.7 {
+        if let Some(st) = &r.kind.storage {
+            return storage(st, &read, worker_util);
+        }
         return Bottleneck {
             stage: "storage".into(),
             reason: format!(
@@ -247,6 +262,51 @@ pub(super) fn verdict(r: &ImageReport, threads: usize, allowance: usize, prefetc
             ),
             suggestion: format!("{more}, output uint8 and normalise on the GPU, or pre-resize images"),
         }
+    }
+}
+
+/// The verdict when reads from object storage hold the decode threads back: samples read one
+/// request each (a global permutation whose parts do not fit the readahead), or parts that
+/// arrive slower than they are used.
+fn storage(st: &StorageReport, read: &StageReport, worker_util: f64) -> Bottleneck {
+    let pct = percent;
+    if st.direct_reads > st.part_reads {
+        return Bottleneck {
+            stage: "storage".into(),
+            reason: format!(
+                "{} of {} reads from object storage were a request each ({:.2} requests per sample, first byte p50                  {:.0} ms): the order reads samples from all over the shards, so their parts do not fit the readahead",
+                st.direct_reads,
+                st.direct_reads + st.part_reads,
+                st.requests_per_sample,
+                st.latency_p50_ms
+            ),
+            suggestion: "shuffle=True or 'shards' (a shard-window order: each part fetched once, in a few large                          requests) instead of shuffle='global', or copy the shards to a local disk"
+                .into(),
+        };
+    }
+    let mib_s = if st.wait_seconds > 0.0 { st.part_bytes as f64 / (1 << 20) as f64 } else { 0.0 };
+    Bottleneck {
+        stage: "storage".into(),
+        reason: format!(
+            "reads waited {:.1} s for parts from object storage ({} I/O threads {} busy, decode threads {} busy):              {} parts, {:.1} MiB, first byte p50 {:.0} ms / p99 {:.0} ms, up to {} requests in flight, {} throttled",
+            st.wait_seconds,
+            read.threads,
+            pct(read.utilization),
+            pct(worker_util),
+            st.part_requests,
+            mib_s,
+            st.latency_p50_ms,
+            st.latency_p99_ms,
+            st.max_in_flight,
+            st.throttled
+        ),
+        suggestion: if st.throttled > 0 {
+            "the store throttles (503 SlowDown / 429): spread the shards over more prefixes, or read from fewer              nodes at once"
+                .into()
+        } else {
+            "the store's bandwidth is the limit: read from the same region (or a closer cache), or copy the              shards to a local disk"
+                .into()
+        },
     }
 }
 
@@ -319,7 +379,7 @@ mod tests {
         tel.start();
         tel.stop();
         let captions = c.caption.busy_ns() > 0;
-        let mut r = tel.report(|_| c.stages(10.0, 2, 1, captions), c.section(None, None));
+        let mut r = tel.report(|_| c.stages(10.0, 2, 1, captions), c.section(None, None, None));
         // The counters' stages over 10 s, whatever the real clock said.
         for s in &mut r.stages {
             s.utilization = s.busy_seconds / (10.0 * s.threads as f64);

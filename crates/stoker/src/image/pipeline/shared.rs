@@ -20,6 +20,8 @@ pub struct Images {
     pub(super) tracer: Option<Arc<Tracer>>,
     pub(super) threads: usize,
     pub(super) io_threads: usize,
+    /// Bytes of parts a pass over object storage may hold ([`super::config::readahead_bytes`]).
+    pub(super) readahead: u64,
     pub(super) allowance: usize,
     pub(super) on_error: ErrorPolicy,
     pub(super) decode_opts: DecodeOptions,
