@@ -44,9 +44,13 @@ fn a_stalled_object_store_ends_the_pass_within_a_few_timeouts() {
     config.threads = Some(1);
     config.io_threads = Some(2);
     let loader = Loader::new(source, config).unwrap();
-    // A healthy store: a whole pass, every sample read.
+    // A healthy store: a whole pass, every sample read, from a few large ranged requests (the
+    // shard's parts), not one per sample.
     assert_eq!(loader.iter().unwrap().map(|b| b.unwrap().len()).sum::<usize>(), SAMPLES);
-    assert!(server.ranged.load(Ordering::Relaxed) >= SAMPLES);
+    let ranged = server.ranged.load(Ordering::Relaxed);
+    let storage = loader.report().kind.storage.expect("a storage report");
+    assert!(ranged >= 1 && ranged as u64 == storage.part_requests + storage.direct_reads, "{ranged} {storage:?}");
+    assert_eq!((storage.direct_reads, storage.part_reads), (0, SAMPLES as u64), "{storage:?}");
 
     server.stall.store(true, Ordering::Release);
     let t0 = Instant::now();

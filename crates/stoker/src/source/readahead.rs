@@ -79,6 +79,8 @@ pub(crate) enum Got {
     Hit,
     /// Not from a part: read the sample with a request of its own.
     Miss,
+    /// The pass is stopping: read nothing more.
+    Stopped,
 }
 
 /// One sample's place for a plan: its part, its shard and the bytes a read of it needs.
@@ -330,7 +332,7 @@ impl Readahead {
         let waited = Instant::now();
         loop {
             if plan.stopped {
-                return Ok(Got::Miss);
+                return Ok(Got::Stopped);
             }
             let coming = plan.coming(k);
             let p = &mut plan.parts[k];
@@ -368,7 +370,7 @@ impl Readahead {
     }
 
     /// Stops the driver and gives up the fetches in flight; reads waiting on a part return
-    /// [`Got::Miss`] (the pass is stopping).
+    /// [`Got::Stopped`].
     pub(crate) fn stop(&self) {
         self.shared.stop.store(true, Ordering::Release);
         lock(&self.shared.plan).stopped = true;
@@ -506,6 +508,7 @@ mod tests {
                     assert_eq!(buf, mem.shards[0][s..s + 100]);
                 }
                 Got::Miss => misses += 1,
+                Got::Stopped => panic!("stopped"),
             }
         }
         (hits, misses)
@@ -569,7 +572,7 @@ mod tests {
         let slow = Arc::new(Mem { delay: Duration::from_secs(30), ..Arc::try_unwrap(mem).ok().unwrap() });
         let ra = Arc::new(Readahead::new(&needs, 1 << 20, 8, slow, Arc::new(StorageStats::default())).unwrap());
         let r = ra.clone();
-        let waiter = std::thread::spawn(move || r.read(0, 0, &mut [0u8; 100]).map(|g| matches!(g, Got::Miss)));
+        let waiter = std::thread::spawn(move || r.read(0, 0, &mut [0u8; 100]).map(|g| matches!(g, Got::Stopped)));
         std::thread::sleep(Duration::from_millis(100));
         ra.stop();
         assert!(waiter.join().unwrap().unwrap());

@@ -890,8 +890,10 @@ impl ShardSource {
     fn read_span(&self, i: usize, at: u64, buf: &mut [u8]) -> std::result::Result<(), ReadFailure> {
         let k = self.samples[i].0 as usize;
         if let Some(plan) = self.current_plan() {
-            if let Got::Hit = plan.read(self.part_of[i], at, buf)? {
-                return Ok(());
+            match plan.read(self.part_of[i], at, buf)? {
+                Got::Hit => return Ok(()),
+                Got::Stopped => return Err(ReadFailure::Failed("the pass stopped before its part arrived".into())),
+                Got::Miss => {}
             }
         }
         self.storage.read_at(k, at, buf)
