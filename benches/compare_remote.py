@@ -256,7 +256,9 @@ def litdata_item(item: tuple[str, int]) -> dict:
 
 
 def run(cmd: list[str], **kw: Any) -> subprocess.CompletedProcess:
+    """Runs a preparation step; its output goes to stderr (stdout is for the table)."""
     print("+", " ".join(cmd), file=sys.stderr, flush=True)
+    kw.setdefault("stdout", sys.stderr)
     return subprocess.run(cmd, check=True, **kw)
 
 
@@ -291,7 +293,7 @@ def prepare(args: argparse.Namespace, loaders: list[str]) -> dict[str, Path]:
         shutil.rmtree(dst, ignore_errors=True)
         if name.startswith("stoker"):
             run([args.stoker_python, "-m", "stoker.cli", "pack", str(images), str(dst), "--shard-size", shard,
-                 *(["--random-access"] if name == "stoker-ra" else [])], stdout=subprocess.DEVNULL)
+                 *(["--random-access"] if name == "stoker-ra" else [])])
         else:
             run([args.ref_python, __file__, "--_make", name, "--_images-dir", str(images), "--_out-dir", str(dst),
                  "--_shard-bytes", str(shard_bytes)])
