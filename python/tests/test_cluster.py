@@ -173,7 +173,7 @@ def _check(ranks, codes, logs, corpus, stores):
     # The phases every rank completed are checked first, so a failure later still shows these.
     done = set.intersection(*(set(o) for o in ranks.values()))
     if "images_resumed" in done:
-        _check_images(ranks)
+        _check_images(ranks, corpus)
     if "text_resumed" in done:
         _check_text(ranks, corpus)
     fatal = {r: o["fatal"] for r, o in ranks.items() if "fatal" in o}
@@ -187,7 +187,7 @@ def _check(ranks, codes, logs, corpus, stores):
     assert codes == [0] * len(codes), f"the launch did not exit cleanly: {codes}\n{logs}"
 
 
-def _check_images(ranks):
+def _check_images(ranks, corpus):
     main = [ranks[r]["images"] for r in range(WORLD)]
     # Every rank the same number of batches (a collective every step, none uneven).
     assert [m["steps"] for m in main] == [m["len"] for m in main] == [IMAGES // WORLD // 4] * WORLD
@@ -195,6 +195,12 @@ def _check_images(ranks):
     # Disjoint samples whose union is the epoch.
     seen = [i for m in main for b in m["indices"] for i in b]
     assert sorted(seen) == list(range(IMAGES))
+    # Each rank downloads its own samples' bytes (shuffle=True over S3: runs of shards), in a few
+    # requests: together no more than the shards hold, no sample read alone.
+    total = sum(p.stat().st_size for p in corpus["shards"].glob("*.tar"))
+    storage = [m["storage"] for m in main]
+    assert sum(s["part_bytes"] for s in storage) <= total, (total, storage)
+    assert all(s["direct_reads"] == 0 and s["part_requests"] <= 6 for s in storage), storage
     # Exact resume of every rank: the same samples and pixels as the rest of its epoch.
     for r in range(WORLD):
         resumed = ranks[r]["images_resumed"]

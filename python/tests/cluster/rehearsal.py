@@ -112,6 +112,7 @@ class Rank:
             states["mine"] = json.loads(json.dumps(loader.state_dict()))
 
         main["steps"] = self.loop(loader.batches(), record(main), IMAGE_STEPS_SAVED, save)
+        main["storage"] = loader.report().get("storage")
         self.out["images"] = main
         self.save()
 
@@ -264,10 +265,11 @@ class Rank:
 
     def kill_images(self):
         os.environ["STOKER_OBJECT_TIMEOUT"] = "2"
-        # Two images a batch, one batch prefetched: most of this rank's 24 samples are still to
-        # be read when the store dies. The default failure policy: a store that stops answering
-        # ends the pass with its error (samples are not skipped one by one).
-        loader = self.image_loader(batch_size=2, prefetch=1, threads=1)
+        # Two images a batch, one batch prefetched, parts of at most 1 MiB fetched ahead (half of
+        # memory_limit): most of this rank's 24 samples are still to be read when the store dies.
+        # The default failure policy: a store that stops answering ends the pass with its error
+        # (samples are not skipped one by one).
+        loader = self.image_loader(batch_size=2, prefetch=1, threads=1, memory_limit="2MiB")
         self.killed("images_killed", loader, loader.batches(), self.cfg["main"])
 
     def kill_text(self):

@@ -409,7 +409,10 @@ impl Sampler {
         let at = |k: usize| seq[k % len.max(1)];
         let mut mine: Vec<u32> = match (&self.group_of, self.spec.shard_window) {
             (Some(group_of), Some(window)) if self.spec.shuffle => {
-                let mut run: Vec<u32> = (rank * per_rank..(rank + 1) * per_rank).map(at).collect();
+                // Cut to whole batches before the shuffle: the samples dropped are the run's
+                // last ones, so that the parts read hold no sample that is not delivered.
+                let end = rank * per_rank + per_rank.min(batches * bs);
+                let mut run: Vec<u32> = (rank * per_rank..end).map(at).collect();
                 let stream = rng::stream::WINDOWS ^ ((((world as u64) << 32) | rank as u64) << 4);
                 shuffle_windows(&mut run, group_of, window, &mut Rng::new(self.spec.seed, stream, epoch));
                 run
@@ -490,15 +493,16 @@ impl Sampler {
 
 /// Shuffles `run` within windows of `window` groups: a window ends where the `window + 1`th
 /// group (by `group_of`) since its start begins, so a reader of the run only ever holds about
-/// `window` groups.
+/// `window` groups. The first windows ramp up (1, 2, 4, ... groups): a pass's first batch
+/// needs one group, not a whole window (over object storage: one part's request, not eight).
 fn shuffle_windows(run: &mut [u32], group_of: &[u32], window: usize, r: &mut Rng) {
-    let (mut from, mut seen, mut last) = (0, 0, None);
+    let (mut from, mut seen, mut last, mut size) = (0, 0, None, 1usize.min(window));
     for pos in 0..run.len() {
         let g = group_of[run[pos] as usize];
         if Some(g) != last {
-            if seen == window {
+            if seen == size {
                 rng::shuffle(&mut run[from..pos], r);
-                (from, seen) = (pos, 0);
+                (from, seen, size) = (pos, 0, (size * 2).min(window));
             }
             seen += 1;
             last = Some(g);

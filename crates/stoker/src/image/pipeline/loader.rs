@@ -28,7 +28,9 @@ impl Loader {
         if remote && s.shuffle && s.shard_window.is_none() && s.mixture.is_none() && !config.shuffle_global {
             s.shard_window = Some(super::config::remote_window(config.memory_limit));
         }
-        let readahead = super::config::readahead_bytes(config.sampler.shard_window, config.memory_limit);
+        // The parts a pass over object storage holds come out of `memory_limit` too.
+        let readahead = if remote { super::config::readahead_bytes(config.sampler.shard_window, config.memory_limit) } else { 0 };
+        let memory_limit = config.memory_limit.map(|m| m - readahead);
         let mut sampler = Sampler::new(source.len(), config.sampler.clone())?;
         if config.sampler.shard_window.is_some() {
             let groups = source.groups().ok_or_else(|| {
@@ -80,13 +82,13 @@ impl Loader {
         // One batch being filled, `prefetch` ready, one held by the consumer.
         let slots = if config.prefetch_auto {
             let limit =
-                config.memory_limit.unwrap_or(crate::observe::tune::AUTO_PREFETCH_BYTES.max(4 * batch_bytes as u64));
+                memory_limit.unwrap_or(crate::observe::tune::AUTO_PREFETCH_BYTES.max(4 * batch_bytes as u64));
             BufferPool::plan(crate::observe::tune::AUTO_PREFETCH_MAX + 2, batch_bytes, Some(limit))?
         } else {
-            BufferPool::plan(config.prefetch + 2, batch_bytes, config.memory_limit)?
+            BufferPool::plan(config.prefetch + 2, batch_bytes, memory_limit)?
         };
         let pool =
-            BufferPool::with_extras(slots, batch_size, plan.sample_bytes(), &extras, alloc, config.memory_limit)?;
+            BufferPool::with_extras(slots, batch_size, plan.sample_bytes(), &extras, alloc, memory_limit)?;
         let cache = match &config.cache {
             Some(c) => {
                 Some(crate::image::cache::Cache::open(c, config.transform.apply_exif, &dataset_key(source.as_ref()))?)
