@@ -55,7 +55,7 @@ def corpus(demo, tmp_path_factory):
     tokenizer's count of every token."""
     root = tmp_path_factory.mktemp("cluster")
     shards = root / "shards"
-    subprocess.run([sys.executable, "-m", "stoker.cli", "pack", str(demo), str(shards), "--shard-size", "1MiB"],
+    subprocess.run([sys.executable, "-m", "stoker.cli", "pack", str(demo), str(shards), "--shard-size", "256KiB"],
                    check=True, capture_output=True, timeout=120)
     raw = zstandard.ZstdDecompressor().stream_reader((DATA / "wiki-sample.jsonl.zst").open("rb")).read()
     texts = [json.loads(line)["text"] for line in raw.decode().splitlines() if line]
@@ -200,7 +200,7 @@ def _check_images(ranks, corpus):
     total = sum(p.stat().st_size for p in corpus["shards"].glob("*.tar"))
     storage = [m["storage"] for m in main]
     assert sum(s["part_bytes"] for s in storage) <= total, (total, storage)
-    assert all(s["direct_reads"] == 0 and s["part_requests"] <= 6 for s in storage), storage
+    assert all(s["direct_reads"] == 0 and s["part_requests"] <= 8 for s in storage), storage
     # Exact resume of every rank: the same samples and pixels as the rest of its epoch.
     for r in range(WORLD):
         resumed = ranks[r]["images_resumed"]

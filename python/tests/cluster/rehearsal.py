@@ -265,11 +265,12 @@ class Rank:
 
     def kill_images(self):
         os.environ["STOKER_OBJECT_TIMEOUT"] = "2"
-        # Two images a batch, one batch prefetched, parts of at most 1 MiB fetched ahead (half of
-        # memory_limit): most of this rank's 24 samples are still to be read when the store dies.
-        # The default failure policy: a store that stops answering ends the pass with its error
-        # (samples are not skipped one by one).
-        loader = self.image_loader(batch_size=2, prefetch=1, threads=1, memory_limit="2MiB")
+        # Two images a batch, one batch prefetched, at most 512 KiB of parts (about two of this
+        # rank's 4-5 parts of 256 KiB shards) fetched ahead (a quarter of memory_limit): most of
+        # this rank's 24 samples are still to be read when the store dies. The default failure
+        # policy: a store that stops answering ends the pass with its error (samples are not
+        # skipped one by one).
+        loader = self.image_loader(batch_size=2, prefetch=1, threads=1, dtype="uint8", memory_limit="2MiB")
         self.killed("images_killed", loader, loader.batches(), self.cfg["main"])
 
     def kill_text(self):

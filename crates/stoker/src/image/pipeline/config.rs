@@ -146,13 +146,13 @@ pub fn remote_window(memory_limit: Option<u64>) -> usize {
 }
 
 /// The bytes of parts a pass over object storage holds (fetched and in flight): the window
-/// being read, the next one and room for reads out of order (at least 4 parts); at most half
-/// of a `memory_limit` given (whose other half is the batch buffers').
+/// being read, the next one and room for reads out of order (at least 4 parts); at most a
+/// quarter of a `memory_limit` given (the rest is the batch buffers').
 pub fn readahead_bytes(window: Option<usize>, memory_limit: Option<u64>) -> u64 {
     let part = crate::source::readahead::PART_BYTES;
     let w = window.unwrap_or_else(|| remote_window(memory_limit)) as u64;
     let full = (2 * w + 2).max(4) * part;
-    memory_limit.map_or(full, |m| full.min(m / 2))
+    memory_limit.map_or(full, |m| full.min(m / 4))
 }
 
 impl LoaderConfig {
