@@ -227,3 +227,113 @@ fn tar_text_from_a_killed_store() {
 fn tar_text_from_a_stalled_store() {
     dies_mid_epoch(Format::TarTxt, Fault::Stalled);
 }
+
+/// Bytes of one block of a token file in object storage: one ranged request each.
+const BLOCK: usize = 8 << 20;
+
+/// Documents of 20 to 2000 uint16 ids in 1..=50000 (a fixed generator), about `bytes` bytes.
+fn token_docs(bytes: usize) -> Vec<Vec<u16>> {
+    let mut x = 0x2545_f491_4f6c_dd1du64;
+    let mut next = move || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    };
+    let (mut docs, mut total) = (vec![], 0);
+    while total < bytes {
+        let n = 20 + (next() % 1981) as usize;
+        docs.push((0..n).map(|_| (next() % 50_000) as u16 + 1).collect::<Vec<u16>>());
+        total += 2 * n;
+    }
+    docs
+}
+
+/// A token loader of 16 rows of 512 tokens over `paths` (`eos`: nanoGPT's end of document).
+fn token_loader(paths: &[PathBuf], eos: Option<u32>, shuffle: bool, (rank, world): (usize, usize)) -> TokenLoader {
+    let mut c = TokenConfig::new(16, 512);
+    c.threads = Some(1);
+    c.prefetch = 1;
+    c.index_dir = None;
+    c.eos_id = eos;
+    c.shuffle = shuffle;
+    c.seed = 7;
+    (c.rank, c.world_size) = (rank, world);
+    TokenLoader::new(paths, None, c).unwrap()
+}
+
+/// A token file of several blocks read from the store (Megatron's `.bin`/`.idx`, and a
+/// nanoGPT `.bin` whose documents end at an EOS id) gives the rows it gives from a local disk,
+/// and a pass costs one ranged request per block of the file, not one per document: in file
+/// order, shuffled (windows of a file, each read in file order) on one rank of two, and
+/// resumed near the end of a pass (the blocks from the resume point on, not the file again).
+#[test]
+fn token_files_from_a_store_cost_a_request_per_block() {
+    let docs = token_docs(7 * BLOCK / 2);
+    let bin: Vec<u8> = docs.iter().flatten().flat_map(|t| t.to_le_bytes()).collect();
+    let nano: Vec<u8> = docs.iter().flat_map(|d| d.iter().chain([&0u16])).flat_map(|t| t.to_le_bytes()).collect();
+    let lens: Vec<usize> = docs.iter().map(Vec::len).collect();
+    let sizes = [("mega.bin", bin.len()), ("nano.bin", nano.len())];
+    let files = HashMap::from([
+        ("mega.bin".to_string(), bin),
+        ("mega.idx".to_string(), megatron_idx(&lens)),
+        ("nano.bin".to_string(), nano),
+    ]);
+    let dir = tempfile::tempdir().unwrap();
+    for (name, body) in &files {
+        std::fs::write(dir.path().join(name), body).unwrap();
+    }
+    let server = Server::start(files);
+    let count = || server.ranged.load(Ordering::SeqCst);
+    let rows =
+        |l: &TokenLoader| -> Vec<Vec<i32>> { l.iter().unwrap().map(|b| b.unwrap().input_ids().to_vec()).collect() };
+    for (name, size) in sizes {
+        let blocks = size.div_ceil(BLOCK);
+        let eos = (name == "nano.bin").then_some(0);
+        let url = [PathBuf::from(server.url(name))];
+        // Opening: the `.idx` (one block), or a scan of the `.bin` for EOS ids (every block).
+        let at = count();
+        let l = token_loader(&url, eos, false, (0, 1));
+        let opened = count() - at;
+        let at = count();
+        let remote = rows(&l);
+        let pass = count() - at;
+        let local = rows(&token_loader(&[dir.path().join(name)], eos, false, (0, 1)));
+        assert!(local.len() > 1000, "{name}: {} batches", local.len());
+        assert!(remote == local, "{name}: the store's rows differ from the local file's");
+        // Shuffled (a window order), rank 1 of 2.
+        let s = token_loader(&url, eos, true, (1, 2));
+        let at = count();
+        let shuffled = rows(&s);
+        let shuffled_pass = count() - at;
+        assert_eq!(Some(shuffled.len()), s.batches_per_epoch(), "{name}");
+        // Resumed after 90% of the pass in file order.
+        let k = remote.len() * 9 / 10;
+        let mut states = vec![];
+        let mut it = l.iter().unwrap();
+        for _ in 0..=k {
+            it.next().unwrap().unwrap();
+        }
+        states.push(l.state());
+        drop(it);
+        let r = token_loader(&url, eos, false, (0, 1));
+        r.load_state(states.pop().unwrap()).unwrap();
+        let at = count();
+        let rest = rows(&r);
+        let resumed = count() - at;
+        assert!(rest[..] == remote[k + 1..], "{name}: a resumed pass differs");
+        assert_eq!(opened, if eos.is_some() { blocks } else { 1 }, "{name}: requests to open it");
+        assert_eq!(pass, blocks, "{name}: requests of a pass in file order");
+        assert_eq!(shuffled_pass, blocks, "{name}: requests of a shuffled pass of rank 1 of 2");
+        // From the resume point's block on (the last, or the one before where its document
+        // starts), not the file again.
+        assert!(resumed <= 2, "{name}: {resumed} requests of a resumed pass");
+        eprintln!(
+            "{name}: {size} bytes, {blocks} blocks of {BLOCK}, {} documents; ranged requests: open {opened}, \
+             pass {pass}, shuffled rank 1 of 2 {shuffled_pass}, resumed at batch {} of {} {resumed}",
+            docs.len(),
+            k + 1,
+            remote.len()
+        );
+    }
+}

@@ -5,6 +5,7 @@
 //! folders, `classes.json`), names as bytes, reads with their limits. May not touch: pixels,
 //! order or batches (a source answers "how many", "which label", "these bytes").
 
+mod blocks;
 mod image_folder;
 pub mod mix;
 pub mod readahead;
@@ -375,21 +376,22 @@ impl PositionedRead for LocalPositioned {
     }
 }
 
-#[cfg(feature = "remote")]
-impl PositionedRead for remote::ObjectReader {
+impl<R: blocks::Ranged> PositionedRead for blocks::BlockReader<R> {
     fn size(&self) -> u64 {
-        remote::ObjectReader::size(self)
+        blocks::BlockReader::size(self)
     }
     fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
-        remote::ObjectReader::read_exact_at(self, buf, offset)
+        blocks::BlockReader::read_exact_at(self, buf, offset)
     }
 }
 
 /// Opens `path` (a local file, or an object-store URL: see [`is_url`]) for reads at positions.
+/// An object is read in cached blocks of 8 MiB with a read-ahead (`blocks::BlockReader`): about
+/// one ranged request per block a pass goes through, not one per read.
 pub fn open_positioned(path: &Path) -> Result<Box<dyn PositionedRead>> {
     if is_url(path) {
         #[cfg(feature = "remote")]
-        return Ok(Box::new(remote::ObjectReader::open(&path.to_string_lossy())?));
+        return Ok(Box::new(blocks::BlockReader::new(remote::ObjectReader::open(&path.to_string_lossy())?)));
         #[cfg(not(feature = "remote"))]
         return Err(Error::config(
             "data",

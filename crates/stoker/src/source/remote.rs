@@ -741,6 +741,8 @@ struct Object {
     store: Arc<dyn ObjectStore>,
     breaker: Arc<Breaker>,
     stop: Option<Arc<AtomicBool>>,
+    /// A second flag that abandons its requests (a reader's read-ahead: see [`ObjectReader::fork`]).
+    halt: Option<Arc<AtomicBool>>,
     key: ObjPath,
 }
 
@@ -753,16 +755,22 @@ impl Object {
             store: store_for(&base, &limits)?,
             breaker: breaker_for(&base, limits.request),
             stop: STOP.with(|s| s.borrow().clone()),
+            halt: None,
             key: ObjPath::from(key.as_str()),
         })
     }
 
-    /// Runs one request on it (bounded, under the breaker, abandoned when the thread stops).
+    /// Runs one request on it (bounded, under the breaker, abandoned when the thread stops or
+    /// its `halt` flag is set).
     fn call<T>(
         &self,
         request: impl Future<Output = object_store::Result<T>>,
     ) -> std::result::Result<T, RequestFailure> {
-        self.breaker.call(&self.rt, request, stopped(self.stop.clone()))
+        let (stop, halt) = (stopped(self.stop.clone()), stopped(self.halt.clone()));
+        let either = async move {
+            futures::future::select(std::pin::pin!(stop), std::pin::pin!(halt)).await;
+        };
+        self.breaker.call(&self.rt, request, either)
     }
 
     /// The object's size.
@@ -796,6 +804,27 @@ impl ObjectReader {
     /// The object's size in bytes.
     pub fn size(&self) -> u64 {
         self.size
+    }
+
+    /// The same object for requests on another thread (a read-ahead, `super::blocks`), with
+    /// its own runtime and HTTP client (a pooled connection is driven by the runtime that made
+    /// it) and no request for its size: under the same breaker and stop flag, and abandoned
+    /// too once `halt` is set.
+    pub(crate) fn fork(&self, halt: Arc<AtomicBool>) -> Result<Self> {
+        let mut at = Object::new(&self.url)?;
+        at.stop = self.at.stop.clone();
+        at.halt = Some(halt);
+        Ok(ObjectReader { at, url: self.url.clone(), size: self.size, pos: 0, chunk: vec![], used: 0 })
+    }
+
+    /// Whether the loader that opened it is stopping (its [`with_stop`] flag is set).
+    pub(crate) fn stopping(&self) -> bool {
+        self.at.stop.as_ref().is_some_and(|s| s.load(Ordering::Acquire))
+    }
+
+    /// The object's URL.
+    pub(crate) fn url(&self) -> &str {
+        &self.url
     }
 
     /// Reads exactly `buf.len()` bytes at `offset` (one ranged request per [`READ_CHUNK`]),

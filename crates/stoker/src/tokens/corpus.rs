@@ -63,7 +63,10 @@ impl DocSource {
         self.len() == 0
     }
 
-    /// Whether every file can be read at any position (none is compressed).
+    /// Whether every file is read at any position in a global order: none is compressed, and
+    /// none is in object storage. An object is read at positions too (cached 8 MiB blocks, see
+    /// `source::open_positioned`), but in the windowed order of compressed files, so that a
+    /// pass reads each block once instead of a request per document.
     pub fn random_access(&self) -> bool {
         self.files.iter().all(|f| f.compression == Compression::None && !crate::source::is_url(&f.path))
     }

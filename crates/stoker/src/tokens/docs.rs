@@ -516,7 +516,8 @@ impl DocFile {
         })
     }
 
-    /// Reads document `d` (token files and uncompressed local text) into `buf`.
+    /// Reads document `d` (token files, uncompressed local text, and uncompressed objects in a
+    /// store through `source::open_positioned`'s blocks) into `buf`.
     pub fn read_at(&self, file: &dyn crate::source::PositionedRead, d: &DocEntry, buf: &mut Vec<u8>) -> Result<()> {
         buf.clear();
         buf.resize(d.len as usize, 0);

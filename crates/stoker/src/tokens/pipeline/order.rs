@@ -81,7 +81,11 @@ pub(super) fn elastic_order(all: &[u64], bounds: &[usize], e: &Elastic, k: usize
     EpochOrder { docs, groups, skips }
 }
 
-/// Every document of `epoch` in order, and where each read group starts.
+/// Every document of `epoch` in order, and where each read group starts. A global
+/// permutation for local uncompressed files; windows of a file otherwise (compressed files,
+/// and objects in a store, read at positions in cached blocks: a window's documents are read
+/// in file order, so a pass fetches each block of an object once instead of one request per
+/// document).
 pub(super) fn global_order(src: &DocSource, cfg: &TokenConfig, epoch: u64) -> (Vec<u64>, Vec<usize>) {
     let mut r = Rng::new(cfg.seed, rng::stream::PERMUTATION, epoch);
     let (mut all, mut bounds) = (Vec::with_capacity(src.len() as usize), vec![0usize]);

@@ -204,13 +204,22 @@ pub(super) fn store_down(bytes: &Result<Vec<u8>>) -> bool {
 }
 
 /// The open readers of a source's files, kept between documents: a positional handle (random
-/// access), a decompressing stream or a Parquet cursor per file, as its format needs. The one
-/// way a document's bytes are read: by the reader thread, and by an elastic resume that
-/// tokenizes a saved rank's block again.
+/// access, and uncompressed objects in a store), a decompressing stream or a Parquet cursor per
+/// file, as its format needs. The one way a document's bytes are read: by the reader thread,
+/// and by an elastic resume that tokenizes a saved rank's block again.
+///
+/// An uncompressed object (token files, JSON Lines, text, tar) is read at positions through
+/// cached 8 MiB blocks with a read-ahead (`source::open_positioned`), in the window order of
+/// [`epoch_order`] (its files, then windows of a file, each read in file order): about one
+/// ranged request per block a pass goes through, and a resumed pass starts at its block
+/// instead of reading the file from its start. One such object is open at a time (each holds
+/// its cache of blocks); the order is done with a file before it reads the next.
 pub(super) struct Readers {
     /// Every file can be read at any position ([`DocSource::random_access`], asked once).
     random_access: bool,
     positioned: Vec<Option<Box<dyn PositionedRead>>>,
+    /// The object read at positions in a source that is not random access, if one is open.
+    object: Option<usize>,
     streams: Vec<Option<StreamCursor>>,
     tables: Vec<Option<ParquetCursor>>,
 }
@@ -222,6 +231,7 @@ impl Readers {
         Readers {
             random_access: src.random_access(),
             positioned: (0..files).map(|_| None).collect(),
+            object: None,
             streams: (0..files).map(|_| None).collect(),
             tables: (0..files).map(|_| None).collect(),
         }
@@ -247,12 +257,21 @@ impl Readers {
         let file = &src.files[f];
         let entry = &file.docs[k];
         let mut buf = Vec::new();
-        if self.random_access {
+        let object = !self.random_access && file.compression == Compression::None && crate::source::is_url(&file.path);
+        if self.random_access || object {
             if entry.len > max {
                 return Err(too_long(file, entry, max));
             }
             if self.positioned[f].is_none() {
+                if object {
+                    if let Some(g) = self.object.take() {
+                        self.positioned[g] = None;
+                    }
+                }
                 self.positioned[f] = Some(crate::source::open_positioned(&file.path)?);
+                if object {
+                    self.object = Some(f);
+                }
             }
             let h = self.positioned[f].as_ref().expect("opened above");
             file.read_at(h.as_ref(), entry, &mut buf)?;
