@@ -111,10 +111,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "python" / "tests"))
 from s3proxy import Proxy, start_moto  # noqa: E402
 
-LOADERS = ("stoker", "stoker-ra", "litdata", "streaming")
+LOADERS = ("stoker", "stoker-ra", "litdata", "streaming", "stoker-local")
 #: The object prefix of each format in the bucket, and the module each loader's Python needs.
-PREFIX = {"stoker": "stoker", "stoker-ra": "stoker-ra", "litdata": "litdata", "streaming": "mds"}
-NEEDS = {"stoker": "stoker", "stoker-ra": "stoker", "litdata": "litdata, torchvision, PIL",
+PREFIX = {"stoker": "stoker", "stoker-ra": "stoker-ra", "litdata": "litdata", "streaming": "mds",
+          "stoker-local": "stoker"}
+NEEDS = {"stoker": "stoker", "stoker-ra": "stoker", "stoker-local": "stoker", "litdata": "litdata, torchvision, PIL",
          "streaming": "streaming, torchvision, PIL"}
 BUCKET = "bench"
 CREDS = {"AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test", "AWS_REGION": "us-east-1",
@@ -148,8 +149,11 @@ def decode(jpeg: bytes) -> Any:
 def make_stoker_loader(a: argparse.Namespace) -> Any:
     import stoker
 
-    return stoker.ImageLoader(f"s3://{a.bucket}/{a.prefix}/", batch_size=a.batch_size, preset="imagenet-train",
-                              shuffle=True, seed=0, output="numpy")
+    # stoker-local: the same pack folder on the local disk (no store, no proxy): the baseline of
+    # the remote runs.
+    root = a.local if a.child == "stoker-local" else f"s3://{a.bucket}/{a.prefix}/"
+    return stoker.ImageLoader(root, batch_size=a.batch_size, preset="imagenet-train", shuffle=True, seed=0,
+                              output="numpy")
 
 
 def make_litdata_loader(a: argparse.Namespace) -> Any:
@@ -198,7 +202,8 @@ def child_epoch(a: argparse.Namespace) -> dict:
         from streaming.base.util import clean_stale_shared_memory
 
         clean_stale_shared_memory()
-    make = {"stoker": make_stoker_loader, "stoker-ra": make_stoker_loader, "litdata": make_litdata_loader,
+    make = {"stoker": make_stoker_loader, "stoker-ra": make_stoker_loader, "stoker-local": make_stoker_loader,
+            "litdata": make_litdata_loader,
             "streaming": make_streaming_loader}[a.child]
     if a.child.startswith("stoker"):
         import stoker  # noqa: F401
@@ -286,7 +291,7 @@ def prepare(args: argparse.Namespace, loaders: list[str]) -> dict[str, Path]:
     shard_bytes = args.shard_mib << 20
     out: dict[str, Path] = {}
     for name in loaders:
-        dst = work / f"{name}-{args.images}-{shard}"
+        dst = work / f"{PREFIX[name]}-{args.images}-{shard}"
         out[name] = dst
         if (dst / ".complete").exists():
             continue
@@ -310,6 +315,8 @@ def upload(endpoint: str, formats: dict[str, Path]) -> dict[str, dict]:
     s3.create_bucket(Bucket=BUCKET)
     sizes = {}
     for name, root in formats.items():
+        if name == "stoker-local":
+            continue
         files = [p for p in sorted(root.rglob("*")) if p.is_file() and p.name != ".complete"]
         for p in files:
             s3.upload_file(str(p), BUCKET, f"{PREFIX[name]}/{p.relative_to(root).as_posix()}")
@@ -332,7 +339,7 @@ def one_run(args: argparse.Namespace, proxy: Proxy, name: str, delay: float) -> 
     cache = Path(tempfile.mkdtemp(prefix=f"cache-{name}-", dir=args.workdir))
     cmd = [python, __file__, "--_child", name, "--_endpoint", proxy.endpoint, "--_bucket", BUCKET, "--_prefix",
            PREFIX[name], "--_cache", str(cache), "--_batch-size", str(args.batch_size), "--_workers",
-           str(args.workers)]
+           str(args.workers), "--_local", str(args.formats.get(name, ""))]
     proxy.set(delay_ms=delay)
     proxy.reset_counts()
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -419,7 +426,7 @@ def main() -> int:
     # Child modes (this file runs itself).
     ap.add_argument("--_child", choices=LOADERS, help=argparse.SUPPRESS)
     ap.add_argument("--_make", choices=("litdata", "streaming"), help=argparse.SUPPRESS)
-    for k in ("endpoint", "bucket", "prefix", "cache", "images-dir", "out-dir"):
+    for k in ("endpoint", "bucket", "prefix", "cache", "images-dir", "out-dir", "local"):
         ap.add_argument(f"--_{k}", help=argparse.SUPPRESS)
     for k in ("batch-size", "workers", "shard-bytes"):
         ap.add_argument(f"--_{k}", type=int, help=argparse.SUPPRESS)
@@ -427,7 +434,8 @@ def main() -> int:
 
     if args._child:
         a = argparse.Namespace(child=args._child, endpoint=args._endpoint, bucket=args._bucket, prefix=args._prefix,
-                               cache=args._cache, batch_size=args._batch_size, workers=args._workers)
+                               cache=args._cache, batch_size=args._batch_size, workers=args._workers,
+                               local=args._local)
         print("RESULT " + json.dumps(child_epoch(a)), flush=True)
         return 0
     if args._make:
@@ -451,7 +459,7 @@ def main() -> int:
             print(f"skipping {name}: {skipped[name]}", file=sys.stderr)
     if not loaders:
         sys.exit("no loader can run")
-    formats = prepare(args, loaders)
+    formats = args.formats = prepare(args, loaders)
     moto, moto_port = start_moto(sys.executable)
     runs: dict[str, dict[str, list]] = {n: {str(d): [] for d in delays} for n in loaders}
     try:

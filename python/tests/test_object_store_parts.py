@@ -83,6 +83,8 @@ def test_an_epoch_is_one_ranged_get_per_part_and_equals_the_local_order(store):
     assert (s["part_requests"], s["direct_reads"], s["part_reads"]) == (shards, 0, 320), s
     assert s["part_bytes"] <= sum(p.stat().st_size for p in store["tars"])
     assert s["streamed_share"] == 1.0 and s["requests_per_sample"] == pytest.approx(shards / 320)
+    # The demo packed in its folder's order is sorted by class: the report says what that does.
+    assert "share a class" in s["note"] and "stoker pack --shuffle" in s["note"]
     assert "storage:" in remote.report_text()
     # The next epoch reads every part once more, no more.
     proxy.reset_counts()
@@ -160,3 +162,20 @@ def test_resume_is_exact_over_object_storage(store):
     again = loader("s3://parts/train/", seed=8)
     again.load_state_dict(state)
     assert epoch(again) == ref[3:]
+
+
+def test_a_shuffled_pack_mixes_classes_within_a_window(store, big_demo, tmp_path):
+    import subprocess
+
+    out = tmp_path / "shuffled"
+    subprocess.run([sys.executable, "-m", "stoker.cli", "pack", str(big_demo), str(out), "--shard-size", "1MiB",
+                    "--shuffle", "--seed", "1"], check=True, capture_output=True, timeout=300)
+    client = boto3.client("s3", endpoint_url=store["proxy"].endpoint, aws_access_key_id="test",
+                          aws_secret_access_key="test", region_name="us-east-1")
+    for p in sorted(out.iterdir()):
+        client.upload_file(str(p), "parts", f"shuffled/{p.name}")
+    ld = loader("s3://parts/shuffled/", preset="imagenet-val")
+    labels = [np.from_dlpack(b.labels).tolist() for b in ld.batches()]
+    assert ld.report()["storage"]["note"] is None
+    # Every batch of the first epoch holds several classes (the demo has 7).
+    assert all(len(set(b)) >= 4 for b in labels), labels

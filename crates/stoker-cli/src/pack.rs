@@ -43,6 +43,14 @@ pub struct PackArgs {
     /// decoded alone; progressive and other JPEGs are stored as they are.
     #[arg(long)]
     pub random_access: bool,
+    /// Write the samples in a random order (seeded by --seed) instead of the dataset's (an
+    /// ImageFolder is sorted by class): each shard then holds a random sample of the dataset,
+    /// as a shard-window shuffle (the default order over object storage) needs.
+    #[arg(long)]
+    pub shuffle: bool,
+    /// The seed of --shuffle.
+    #[arg(long, default_value = "0")]
+    pub seed: String,
     /// Print one JSON object instead of the summary.
     #[arg(long)]
     pub json: bool,
@@ -65,6 +73,7 @@ pub fn run(a: &PackArgs) -> Result<()> {
         prefix: a.prefix.clone(),
         overwrite: a.overwrite,
         random_access: a.random_access,
+        shuffle: if a.shuffle { Some(non_negative("seed", &text(&a.seed))?) } else { None },
     };
     let roots = [a.src.to_string_lossy().into_owned()];
     let input: Box<dyn stoker::pack::PackInput> = match stoker::source::detect(&roots)? {

@@ -128,6 +128,34 @@ fn pack_then_load_gives_the_same_pixels_and_is_deterministic() {
 }
 
 #[test]
+fn a_shuffled_pack_holds_every_sample_once_in_a_seeded_order_that_mixes_classes() {
+    let d = tempfile::tempdir().unwrap();
+    let root = demo_folder(d.path(), 40);
+    let folder = ImageFolder::new(&root).unwrap();
+    let opts = PackOptions { shard_size: 300_000, threads: 2, shuffle: Some(7), ..PackOptions::default() };
+    pack(&folder, &d.path().join("a"), &opts, &|_| {}).unwrap();
+    pack(&folder, &d.path().join("b"), &PackOptions { threads: 1, ..opts.clone() }, &|_| {}).unwrap();
+    for (a, b) in shards_in(&d.path().join("a")).iter().zip(shards_in(&d.path().join("b"))) {
+        assert_eq!(std::fs::read(a).unwrap(), std::fs::read(&b).unwrap(), "the same seed, the same bytes");
+    }
+    let shards = ShardSource::open(&shards_in(&d.path().join("a"))).unwrap();
+    let keys: Vec<String> = (0..shards.len()).map(|i| shards.member(i).to_string()).collect();
+    let mut sorted = keys.clone();
+    sorted.sort();
+    let mut expect: Vec<String> = (0..40).map(|i| folder.relative_path(i).to_string()).collect();
+    assert_ne!(keys, expect, "not the dataset's order");
+    expect.sort();
+    assert_eq!(sorted, expect, "every sample once");
+    // The labels follow their images, and the order is no longer sorted by class.
+    let labels: Vec<i64> = (0..shards.len()).map(|i| shards.label(i)).collect();
+    for (i, k) in keys.iter().enumerate() {
+        let j = (0..40).find(|&j| folder.relative_path(j) == k.as_str()).unwrap();
+        assert_eq!(labels[i], folder.label(j));
+    }
+    assert!(labels.windows(2).any(|w| w[0] > w[1]));
+}
+
+#[test]
 fn random_access_packing_keeps_every_pixel_and_adds_restart_markers() {
     let d = tempfile::tempdir().unwrap();
     let root = demo_folder(d.path(), 24);

@@ -312,10 +312,8 @@ impl Readahead {
             stop: Arc::new(std::sync::atomic::AtomicBool::new(false)),
         });
         let s = shared.clone();
-        let driver = std::thread::Builder::new()
-            .name("stoker-readahead".into())
-            .spawn(move || drive(&s, &*fetch))
-            .ok()?;
+        let driver =
+            std::thread::Builder::new().name("stoker-readahead".into()).spawn(move || drive(&s, &*fetch)).ok()?;
         Some(Readahead { shared, driver: Some(driver) })
     }
 

@@ -72,10 +72,14 @@ pub struct StorageReport {
     pub requests_per_sample: f64,
     /// Of the reads the passes planned, the share their readahead streams from parts.
     pub streamed_share: f64,
+    /// What the loader noticed about the order (shards sorted by class under a shard-window
+    /// order), if anything.
+    pub note: Option<String>,
 }
 
 impl StorageStats {
     /// A request for the shards' metadata.
+    #[cfg_attr(not(feature = "remote"), allow(dead_code))]
     pub(crate) fn meta_request(&self) {
         self.meta_requests.fetch_add(1, Ordering::Relaxed);
     }
@@ -113,7 +117,8 @@ impl StorageStats {
         self.part_wait_ns.fetch_add(waited.as_nanos() as u64, Ordering::Relaxed);
     }
 
-    /// A sample read with a request of its own: `Ok(bytes)` or failed.
+    /// A sample read with a request of its own: `Some(bytes)`, or `None` when it failed.
+    #[cfg_attr(not(feature = "remote"), allow(dead_code))]
     pub(crate) fn direct(&self, got: Option<u64>, latency: Duration, throttled: u32) {
         self.direct_requests.fetch_add(1, Ordering::Relaxed);
         self.throttled.fetch_add(u64::from(throttled), Ordering::Relaxed);
@@ -170,6 +175,7 @@ impl StorageStats {
             wait_seconds: get(&self.part_wait_ns) as f64 * 1e-9,
             requests_per_sample: if reads > 0 { (parts + direct) as f64 / reads as f64 } else { 0.0 },
             streamed_share: if planned > 0 { get(&self.reads_streamed) as f64 / planned as f64 } else { 0.0 },
+            note: None,
         }
     }
 }
@@ -182,6 +188,7 @@ impl StorageReport {
             let o = out.get_or_insert_with(StorageReport::default);
             let reads = |x: &StorageReport| x.part_reads + x.direct_reads;
             let (ra, rb) = (reads(o), reads(&r));
+            o.note = o.note.take().or(r.note);
             o.requests += r.requests;
             o.bytes += r.bytes;
             o.meta_requests += r.meta_requests;
@@ -208,9 +215,10 @@ impl StorageReport {
         out
     }
 
-    /// The report's line of the human summary.
+    /// The report's lines of the human summary.
     pub fn text(&self) -> String {
-        format!(
+        let note = self.note.as_ref().map(|n| format!("  note: {n}\n")).unwrap_or_default();
+        note + &format!(
             "storage: {} requests ({} parts, {} samples alone, {} metadata), {:.1} MiB, {:.2} MiB per request, \
              first byte p50 {:.0} ms / p99 {:.0} ms, up to {} in flight, {} throttled and retried, \
              reads waited {:.2} s for their part\n",

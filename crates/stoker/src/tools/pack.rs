@@ -1,8 +1,8 @@
 //! `stoker pack`: an ImageFolder to WebDataset tar shards with sidecar indexes, or shards to
 //! new shards (re-packing, e.g. with [`PackOptions::random_access`]; see [`PackInput`]).
 //!
-//! Deterministic: the same input gives the same bytes (dataset order, fixed tar metadata,
-//! re-encoding at a fixed quality). `max_side` re-encodes images whose longer side exceeds it
+//! Deterministic: the same input gives the same bytes (dataset order, or a seeded random order
+//! with [`PackOptions::shuffle`]; fixed tar metadata, re-encoding at a fixed quality). `max_side` re-encodes images whose longer side exceeds it
 //! (after EXIF orientation) as JPEG, the trick that cuts decode cost for every later epoch.
 //!
 //! Safe to interrupt: a shard is streamed to a temporary file (`.NAME.stoker-partial`), synced,
@@ -40,6 +40,11 @@ pub struct PackOptions {
     /// Re-code baseline JPEGs losslessly with optimised Huffman tables and restart markers
     /// ([`crate::image::decode::restart`]): the same pixels, intervals a decoder can decode alone.
     pub random_access: bool,
+    /// Write the samples in a random order drawn from this seed instead of the dataset's (an
+    /// ImageFolder's order is sorted by class): every shard, and every part of one, is then a
+    /// random sample of the dataset, which a shard-window shuffle (the default order over
+    /// object storage) needs to mix classes in a batch.
+    pub shuffle: Option<u64>,
 }
 
 impl Default for PackOptions {
@@ -52,6 +57,7 @@ impl Default for PackOptions {
             prefix: "shard".into(),
             overwrite: false,
             random_access: false,
+            shuffle: None,
         }
     }
 }
@@ -365,6 +371,11 @@ pub fn pack(
     };
     let mut used_keys = std::collections::HashSet::new();
     let n = src.len();
+    let mut order: Vec<usize> = (0..n).collect();
+    if let Some(seed) = opts.shuffle {
+        crate::shell::rng::shuffle(&mut order, &mut crate::shell::rng::Rng::new(seed, 0, 0));
+    }
+    let order = &order;
     let threads = opts.threads.max(1);
     let chunk = threads * 8;
     for start in (0..n).step_by(chunk) {
@@ -387,7 +398,7 @@ pub fn pack(
                     };
                     let mut rs = Resampler::new();
                     for (k, r) in part.iter_mut().enumerate() {
-                        let i = start + t * per + k;
+                        let i = order[start + t * per + k];
                         let path = src.describe(i);
                         let mut data = vec![];
                         *r = Some(
@@ -399,7 +410,7 @@ pub fn pack(
             }
         });
         for (k, r) in results.into_iter().enumerate() {
-            let i = start + k;
+            let i = order[start + k];
             match r.expect("every sample was prepared") {
                 Err(e) => w.summary.skipped.push(Skipped {
                     index: i as u32,

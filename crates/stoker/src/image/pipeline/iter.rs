@@ -10,6 +10,7 @@ use super::*;
 use crate::shell::kind::{Delivery, Iter, Kind, SamplerKind, Started};
 use crate::shell::ordered::Run;
 use crate::shell::pass::{FailureBudget, Observe, Pass, PassHooks, PassSlot};
+use crate::source::StorageReport;
 
 /// One pass over (the rest of) an epoch; yields batches in order. Dropping it stops and joins
 /// every thread.
@@ -150,7 +151,8 @@ impl Kind for Images {
         let counters = &self.counters;
         let stages = |wall| counters.stages(wall, threads, self.io_threads, self.captions.is_some());
         let mixture = self.tally.as_ref().and_then(|t| self.sampler.mixture_report(t));
-        let section = counters.section(self.cache.as_ref().map(|c| c.report()), mixture, self.source.storage_report());
+        let storage = self.source.storage_report().map(|s| StorageReport { note: self.order_note.clone(), ..s });
+        let section = counters.section(self.cache.as_ref().map(|c| c.report()), mixture, storage);
         let mut r = self.telemetry.report(stages, section);
         let v = verdict(&r, threads, self.allowance, tuning.prefetch_active);
         r.bottleneck = Some(match &r.kind.mixture {

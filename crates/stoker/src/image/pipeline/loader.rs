@@ -29,7 +29,9 @@ impl Loader {
             s.shard_window = Some(super::config::remote_window(config.memory_limit));
         }
         // The parts a pass over object storage holds come out of `memory_limit` too.
-        let readahead = if remote { super::config::readahead_bytes(config.sampler.shard_window, config.memory_limit) } else { 0 };
+        let order_note = (remote && config.sampler.shard_window.is_some()).then(|| sorted_by_class(&*source)).flatten();
+        let readahead =
+            if remote { super::config::readahead_bytes(config.sampler.shard_window, config.memory_limit) } else { 0 };
         let memory_limit = config.memory_limit.map(|m| m - readahead);
         let mut sampler = Sampler::new(source.len(), config.sampler.clone())?;
         if config.sampler.shard_window.is_some() {
@@ -81,14 +83,12 @@ impl Loader {
         let batch_bytes = batch_size * sample_bytes;
         // One batch being filled, `prefetch` ready, one held by the consumer.
         let slots = if config.prefetch_auto {
-            let limit =
-                memory_limit.unwrap_or(crate::observe::tune::AUTO_PREFETCH_BYTES.max(4 * batch_bytes as u64));
+            let limit = memory_limit.unwrap_or(crate::observe::tune::AUTO_PREFETCH_BYTES.max(4 * batch_bytes as u64));
             BufferPool::plan(crate::observe::tune::AUTO_PREFETCH_MAX + 2, batch_bytes, Some(limit))?
         } else {
             BufferPool::plan(config.prefetch + 2, batch_bytes, memory_limit)?
         };
-        let pool =
-            BufferPool::with_extras(slots, batch_size, plan.sample_bytes(), &extras, alloc, memory_limit)?;
+        let pool = BufferPool::with_extras(slots, batch_size, plan.sample_bytes(), &extras, alloc, memory_limit)?;
         let cache = match &config.cache {
             Some(c) => {
                 Some(crate::image::cache::Cache::open(c, config.transform.apply_exif, &dataset_key(source.as_ref()))?)
@@ -131,6 +131,7 @@ impl Loader {
             threads,
             io_threads,
             readahead,
+            order_note,
             allowance,
             on_error: config.on_error,
             decode_opts,
@@ -255,4 +256,20 @@ impl Loader {
             c.reset();
         }
     }
+}
+
+/// A note when the samples of a dataset are grouped by class (more than 90% of neighbours share
+/// a label, as an ImageFolder packed in its own order): a shard-window order then fills a batch
+/// from the few classes of a window's parts.
+fn sorted_by_class(source: &dyn Source) -> Option<String> {
+    let n = source.len();
+    let same = (1..n).filter(|&i| source.label(i) == source.label(i - 1) && source.label(i) >= 0).count();
+    (n > 1 && same * 10 > (n - 1) * 9).then(|| {
+        format!(
+            "{:.0}% of neighbouring samples in the shards share a class: a shard-window order (shuffle=True over \
+             object storage) draws each batch from the few classes of a window; re-pack with `stoker pack --shuffle` \
+             (each shard a random sample of the dataset), or use shuffle='global' (a request per sample)",
+            100.0 * same as f64 / (n - 1) as f64
+        )
+    })
 }

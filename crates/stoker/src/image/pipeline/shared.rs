@@ -22,6 +22,8 @@ pub struct Images {
     pub(super) io_threads: usize,
     /// Bytes of parts a pass over object storage may hold ([`super::config::readahead_bytes`]).
     pub(super) readahead: u64,
+    /// What the report's storage section notes about the order (shards sorted by class).
+    pub(super) order_note: Option<String>,
     pub(super) allowance: usize,
     pub(super) on_error: ErrorPolicy,
     pub(super) decode_opts: DecodeOptions,
