@@ -291,14 +291,17 @@ def prepare(args: argparse.Namespace, loaders: list[str]) -> dict[str, Path]:
     shard_bytes = args.shard_mib << 20
     out: dict[str, Path] = {}
     for name in loaders:
-        dst = work / f"{PREFIX[name]}-{args.images}-{shard}"
+        dst = work / f"{PREFIX[name]}-{args.images}-{shard}{'-shuffled' if name.startswith('stoker') else ''}"
         out[name] = dst
         if (dst / ".complete").exists():
             continue
         shutil.rmtree(dst, ignore_errors=True)
         if name.startswith("stoker"):
+            # --shuffle: each shard a random sample of the dataset (make_imagenet_like writes
+            # class folders), as a shard-window order needs (litdata and Streaming shuffle
+            # chunks and shards the same way, within a window).
             run([args.stoker_python, "-m", "stoker.cli", "pack", str(images), str(dst), "--shard-size", shard,
-                 *(["--random-access"] if name == "stoker-ra" else [])])
+                 "--shuffle", *(["--random-access"] if name == "stoker-ra" else [])])
         else:
             run([args.ref_python, __file__, "--_make", name, "--_images-dir", str(images), "--_out-dir", str(dst),
                  "--_shard-bytes", str(shard_bytes)])

@@ -69,9 +69,9 @@ def batches(root, **kw):
 
 @pytest.mark.wheel
 def test_s3_shards_give_the_same_batches_as_local_shards(s3):
-    # Over object storage shuffle=True is a shard-window order (8 parts a window): the same
+    # Over object storage shuffle=True is a shard-window order (4 parts a window): the same
     # batches as that order of the local copy; shuffle="global" is the local shuffle=True.
-    _, local = batches(str(s3["shards"] / "shard-*.tar"), shuffle="shards", shard_window=8)
+    _, local = batches(str(s3["shards"] / "shard-*.tar"), shuffle="shards", shard_window=4)
     loader, remote = batches("s3://data/train/shard-*.tar")
     _, local_global = batches(str(s3["shards"] / "shard-*.tar"))
     _, remote_global = batches("s3://data/train/shard-*.tar", shuffle="global")
@@ -88,7 +88,7 @@ def test_s3_shards_give_the_same_batches_as_local_shards(s3):
 
 
 def test_a_bucket_prefix_is_a_pack_folder(s3):
-    _, local = batches(str(s3["shards"]), shuffle="shards", shard_window=8)
+    _, local = batches(str(s3["shards"]), shuffle="shards", shard_window=4)
     for prefix in ("s3://data/train", "s3://data/train/"):
         loader, remote = batches(prefix)
         assert loader.classes and len(remote) == len(local)
@@ -180,8 +180,8 @@ def test_image_text_pairs_in_object_storage_equal_the_local_pairs(s3, tmp_path):
         loader = stoker.PairLoader(glob, 4, **kw, **more)
         return loader, [(b["keys"], b["images"].copy(), b["input_ids"].copy()) for b in loader]
 
-    # shuffle=True over object storage: a shard-window order (8 parts a window).
-    _, local = run(str(pairs / "*.tar"), shuffle="shards", shard_window=8)
+    # shuffle=True over object storage: a shard-window order (4 parts a window).
+    _, local = run(str(pairs / "*.tar"), shuffle="shards", shard_window=4)
     loader, remote = run("s3://data/pairs/*.tar", shuffle=True)
     assert len(remote) == len(local) >= 3
     for (ka, a, ia), (kb, b, ib) in zip(local, remote, strict=True):

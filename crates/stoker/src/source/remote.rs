@@ -433,6 +433,9 @@ struct Fetcher {
     retry_for: Duration,
 }
 
+/// Metadata requests in flight when shards are opened (sizes, indexes).
+const META_IN_FLIGHT: usize = 16;
+
 /// Attempts of a request answered with a retryable status (`503 SlowDown`, `429`, 5xx).
 const THROTTLE_ATTEMPTS: u32 = 10;
 
@@ -647,7 +650,8 @@ pub(crate) fn open(urls: &[String], text: Option<super::TextKind>) -> Result<Sha
         .enable_all()
         .build()
         .map_err(|e| Error::Internal(format!("cannot start the I/O runtime: {e}")))?;
-    let mut keys = vec![];
+    // Shards with their sizes when a listing gave them (else a HEAD request tells).
+    let mut keys: Vec<(String, Option<u64>)> = vec![];
     for url in urls {
         let (b, key) = split_url(url)?;
         if b != base {
@@ -656,40 +660,59 @@ pub(crate) fn open(urls: &[String], text: Option<super::TextKind>) -> Result<Sha
         let (dir, name) = key.rsplit_once('/').unwrap_or(("", key.as_str()));
         if name.contains(['*', '?']) {
             stats.meta_request();
-            keys.extend(list_matching(&*store, &breaker, &rt, (&base, dir, name), url)?);
+            let found = list_matching(&*store, &breaker, &rt, (&base, dir, name), url)?;
+            keys.extend(found.into_iter().map(|(k, size)| (k, Some(size))));
         } else {
-            keys.push(key);
+            keys.push((key, None));
         }
     }
-    let mut metas = vec![];
-    for key in &keys {
-        let path = ObjPath::from(key.as_str());
-        let name = format!("{base}/{key}");
-        stats.meta_request();
-        stats.meta_request();
-        let size = breaker
-            .call(&rt, store.head(&path), never())
-            .map_err(|e| Error::Dataset(format!("{name}: cannot open shard: {}", e.text())))?
-            .size;
-        let idx_name = format!("{name}.idx");
-        let idx_path = ObjPath::from(format!("{key}.idx"));
-        let idx = match breaker.call(&rt, async { store.get(&idx_path).await?.bytes().await }, never()) {
-            Ok(b) => Ok(b.to_vec()),
-            // The store stopped answering: say so now rather than after trying every shard.
-            Err(RequestFailure::Refused(why)) => {
-                return Err(Error::Dataset(format!("{idx_name}: cannot read the shard index: {why}")));
-            }
-            Err(e) => Err(e.text()),
-        };
-        metas.push(ShardMeta { name, size, index: (idx_name, idx) });
-    }
-    let dir = keys[0].rsplit_once('/').map(|(d, _)| format!("{d}/")).unwrap_or_default();
+    // Each shard's size and index, and classes.json, [`META_IN_FLIGHT`] requests at a time: a
+    // store far away is paid about once, not once per shard.
+    let dir = keys[0].0.rsplit_once('/').map(|(d, _)| format!("{d}/")).unwrap_or_default();
     let classes_path = ObjPath::from(format!("{dir}classes.json"));
-    stats.meta_request();
+    let (metas, classes) = rt.block_on(async {
+        let one = |(key, size): (String, Option<u64>)| {
+            let (store, breaker, stats, base) = (&store, &breaker, &stats, &base);
+            async move {
+                let path = ObjPath::from(key.as_str());
+                let name = format!("{base}/{key}");
+                let size = match size {
+                    Some(s) => s,
+                    None => {
+                        stats.meta_request();
+                        breaker
+                            .run(store.head(&path), never())
+                            .await
+                            .map_err(|e| Error::Dataset(format!("{name}: cannot open shard: {}", e.text())))?
+                            .size
+                    }
+                };
+                let idx_name = format!("{name}.idx");
+                let idx_path = ObjPath::from(format!("{key}.idx"));
+                stats.meta_request();
+                let idx = match breaker.run(async { store.get(&idx_path).await?.bytes().await }, never()).await {
+                    Ok(b) => Ok(b.to_vec()),
+                    // The store stopped answering: say so now rather than after trying every shard.
+                    Err(RequestFailure::Refused(why)) => {
+                        return Err(Error::Dataset(format!("{idx_name}: cannot read the shard index: {why}")));
+                    }
+                    Err(e) => Err(e.text()),
+                };
+                Ok(ShardMeta { name, size, index: (idx_name, idx) })
+            }
+        };
+        stats.meta_request();
+        let classes = breaker.run(async { store.get(&classes_path).await?.bytes().await }, never());
+        let metas = futures::stream::iter(keys.clone().into_iter().map(one))
+            .buffered(META_IN_FLIGHT)
+            .collect::<Vec<Result<ShardMeta>>>();
+        futures::join!(metas, classes)
+    });
+    let metas = metas.into_iter().collect::<Result<Vec<ShardMeta>>>()?;
     // classes.json is optional; any error other than its absence (a timeout, a server error) is
     // reported rather than silently giving a dataset without class names. S3 answers 403, not
     // 404, for a missing object when the caller may not list the bucket: absent too.
-    let classes = match breaker.call(&rt, async { store.get(&classes_path).await?.bytes().await }, never()) {
+    let classes = match classes {
         Ok(b) => Some(String::from_utf8_lossy(&b).into_owned()),
         Err(RequestFailure::Failed(
             object_store::Error::NotFound { .. } | object_store::Error::PermissionDenied { .. },
@@ -700,7 +723,7 @@ pub(crate) fn open(urls: &[String], text: Option<super::TextKind>) -> Result<Sha
         }
     };
     let names = metas.iter().map(|m| m.name.clone()).collect();
-    let keys = keys.into_iter().map(|k| ObjPath::from(k.as_str())).collect();
+    let keys = keys.into_iter().map(|(k, _)| ObjPath::from(k.as_str())).collect();
     // Parts and samples are fetched by a store without the client's retries: `Fetcher::fetch`
     // retries itself, and so sees (and counts) the throttling answers.
     let mut once = Limits::current();
@@ -907,7 +930,7 @@ pub fn expand_url(spec: &str) -> Result<Vec<String>> {
     let store = store_for(&base, &limits)?;
     let breaker = breaker_for(&base, limits.request);
     let keys = list_matching(&*store, &breaker, &calling_thread_runtime()?, (&base, dir, name), spec)?;
-    Ok(keys.into_iter().map(|k| format!("{base}/{k}")).collect())
+    Ok(keys.into_iter().map(|(k, _)| format!("{base}/{k}")).collect())
 }
 
 /// A runtime that runs requests on the thread that waits for them (no thread of its own).
@@ -918,7 +941,8 @@ fn calling_thread_runtime() -> Result<tokio::runtime::Runtime> {
         .map_err(|e| Error::Internal(format!("cannot start the I/O runtime: {e}")))
 }
 
-/// The keys under `dir` whose last component matches the glob `name`, sorted; none is an error
+/// The keys under `dir` whose last component matches the glob `name`, with their sizes, sorted;
+/// none is an error
 /// naming `spec`.
 fn list_matching(
     store: &dyn ObjectStore,
@@ -926,7 +950,7 @@ fn list_matching(
     rt: &tokio::runtime::Runtime,
     (base, dir, name): (&str, &str, &str),
     spec: &str,
-) -> Result<Vec<String>> {
+) -> Result<Vec<(String, u64)>> {
     let prefix = ObjPath::from(dir);
     let listing = breaker.call(
         rt,
@@ -934,10 +958,11 @@ fn list_matching(
             let mut out = vec![];
             let mut list = store.list(Some(&prefix));
             while let Some(meta) = list.next().await {
-                let loc = meta?.location.to_string();
+                let meta = meta?;
+                let loc = meta.location.to_string();
                 let file = loc.rsplit('/').next().unwrap_or(&loc);
                 if glob_match(name, file) {
-                    out.push(loc);
+                    out.push((loc, meta.size));
                 }
             }
             Ok::<_, object_store::Error>(out)

@@ -134,8 +134,8 @@ pub(super) fn default_max_file_bytes() -> u64 {
 pub const DEFAULT_MAX_FILE_BYTES: u64 = 256 << 20;
 
 /// Parts in a shard-window of data in object storage when `shuffle=True` (and `shard_window`
-/// is not given): 8 parts of at most [`crate::source::readahead::PART_BYTES`] (128 MiB).
-pub const REMOTE_WINDOW: usize = 8;
+/// is not given): 4 parts of at most [`crate::source::readahead::PART_BYTES`] (256 MiB).
+pub const REMOTE_WINDOW: usize = 4;
 
 /// The shard window of a shuffled pass over object storage: [`REMOTE_WINDOW`] parts, fewer when
 /// a quarter of a `memory_limit` given holds fewer. A function of the arguments alone (never
