@@ -414,7 +414,7 @@ impl Sampler {
                 let end = rank * per_rank + per_rank.min(batches * bs);
                 let mut run: Vec<u32> = (rank * per_rank..end).map(at).collect();
                 let stream = rng::stream::WINDOWS ^ ((((world as u64) << 32) | rank as u64) << 4);
-                shuffle_windows(&mut run, group_of, window, &mut Rng::new(self.spec.seed, stream, epoch));
+                shuffle_windows(&mut run, group_of, window, bs, &mut Rng::new(self.spec.seed, stream, epoch));
                 run
             }
             _ => (rank..per_rank * world).step_by(world).map(at).collect(),
@@ -493,17 +493,20 @@ impl Sampler {
 
 /// Shuffles `run` within windows of `window` groups: a window ends where the `window + 1`th
 /// group (by `group_of`) since its start begins, so a reader of the run only ever holds about
-/// `window` groups. The first windows ramp up (1, 2, 4, ... groups): a pass's first batch
-/// needs one group, not a whole window (over object storage: one part's request, not eight).
-fn shuffle_windows(run: &mut [u32], group_of: &[u32], window: usize, r: &mut Rng) {
-    let (mut from, mut seen, mut last, mut size) = (0, 0, None, 1usize.min(window));
+/// `window` groups. The first windows ramp up: the first holds `first` samples (a batch), each
+/// next one twice as many, until windows of `window` groups are the smaller. A pass's first
+/// batch then needs the first samples of one group (over object storage, the start of one
+/// part's answer), not a whole window; a shuffled pack makes those a random sample.
+fn shuffle_windows(run: &mut [u32], group_of: &[u32], window: usize, first: usize, r: &mut Rng) {
+    let (mut from, mut seen, mut last, mut cap) = (0, 0, None, first.max(1));
     for pos in 0..run.len() {
         let g = group_of[run[pos] as usize];
+        let new_group = Some(g) != last;
+        if pos > from && ((new_group && seen == window) || pos - from == cap) {
+            rng::shuffle(&mut run[from..pos], r);
+            (from, seen, last, cap) = (pos, 0, None, cap.saturating_mul(2));
+        }
         if Some(g) != last {
-            if seen == size {
-                rng::shuffle(&mut run[from..pos], r);
-                (from, seen, size) = (pos, 0, (size * 2).min(window));
-            }
             seen += 1;
             last = Some(g);
         }

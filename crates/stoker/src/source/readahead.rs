@@ -54,7 +54,8 @@ const WAIT_POLL: Duration = Duration::from_millis(50);
 
 /// The result of a fetch, given to [`PartFetch::start`]'s callback.
 pub(crate) struct Fetched {
-    /// The bytes, or why there are none.
+    /// The bytes, or why there are none (on success, empty when they went to the fetch's
+    /// [`Sink`] as they came).
     pub bytes: std::result::Result<Vec<u8>, ReadFailure>,
     /// From sending the request (its last attempt) to the first byte of the answer.
     pub latency: Duration,
@@ -69,11 +70,23 @@ pub(crate) trait PartFetch: Send + Sync {
     /// Starts fetching bytes `range` of shard `shard`; `done` is called exactly once, on any
     /// thread, with the result (also when the fetch is abandoned: with a failure). A fetch
     /// retries what is worth retrying (throttling, server errors) itself.
-    fn start(&self, shard: usize, range: Range<u64>, stop: Arc<std::sync::atomic::AtomicBool>, done: Done);
+    /// The body is given to `sink` as it arrives (a part is read from while it fills).
+    fn start(&self, shard: usize, range: Range<u64>, stop: Arc<std::sync::atomic::AtomicBool>, sink: Sink, done: Done);
 }
 
 /// A fetch's callback.
 pub(crate) type Done = Box<dyn FnOnce(Fetched) + Send>;
+
+/// What a fetch hands over as its answer arrives.
+pub(crate) enum Chunk<'a> {
+    /// An attempt starts (again): what came before is void.
+    Restart,
+    /// The next bytes of the body.
+    Bytes(&'a [u8]),
+}
+
+/// Where a fetch puts its body as it arrives.
+pub(crate) type Sink = Arc<dyn Fn(Chunk<'_>) + Send + Sync>;
 
 /// What a read of a planned sample gave.
 #[derive(Debug)]
@@ -101,8 +114,8 @@ pub(crate) struct Need {
 enum State {
     /// Not asked for yet.
     Pending,
-    /// A request is on its way.
-    Fetching,
+    /// A request is on its way; its body so far (reads of the bytes there need not wait).
+    Filling(Vec<u8>),
     /// Arrived.
     Ready(Arc<Vec<u8>>),
     /// The fetch failed.
@@ -118,6 +131,8 @@ struct Part {
     /// Reads still to come.
     uses: u32,
     state: State,
+    /// Its bytes count in [`Plan::held`] (from its request to its last use or failure).
+    held: bool,
 }
 
 impl Part {
@@ -128,7 +143,9 @@ impl Part {
 
 /// How many requests to keep in flight: enough for the bandwidth x latency measured so far
 /// (each request carries about one part), halved when the store throttles and grown back by
-/// one per answered request (additive increase, multiplicative decrease).
+/// one per answered request (additive increase, multiplicative decrease). Before a request has
+/// completed, one more for each answer that has begun (a slow start): the part a pass needs
+/// first gets the link (and the server) to itself, so its first bytes come soonest.
 #[derive(Debug)]
 struct Concurrency {
     /// Moving averages: seconds to the first byte, bytes per second of a body, part bytes.
@@ -137,11 +154,13 @@ struct Concurrency {
     part: f64,
     /// The throttling cap.
     cap: usize,
+    /// Answers that have begun (their first byte came).
+    begun: usize,
 }
 
 impl Concurrency {
     fn new(part: f64) -> Self {
-        Concurrency { latency: None, rate: None, part: part.max(1.0), cap: MAX_IN_FLIGHT }
+        Concurrency { latency: None, rate: None, part: part.max(1.0), cap: MAX_IN_FLIGHT, begun: 0 }
     }
 
     /// The requests to keep in flight now.
@@ -150,9 +169,9 @@ impl Concurrency {
             // A request costs `latency + part / rate`; to keep the link busy while one waits
             // for its first byte, `latency * rate / part` more are needed, plus slack.
             (Some(l), Some(r)) => ((l * r / self.part).ceil() as usize).saturating_add(2),
-            _ => START_IN_FLIGHT,
+            _ => (1 + self.begun).min(START_IN_FLIGHT),
         };
-        need.clamp(2, MAX_IN_FLIGHT).min(self.cap).max(1)
+        need.clamp(1, MAX_IN_FLIGHT).max(2.min(self.begun + 1)).min(self.cap).max(1)
     }
 
     fn record(&mut self, f: &Fetched, bytes: u64, in_flight: usize) {
@@ -182,11 +201,21 @@ struct Plan {
     held: u64,
     budget: u64,
     in_flight: usize,
+    /// Reads waiting for a part (a body's bytes wake them only when there are some).
+    waiting: usize,
     stopped: bool,
     concurrency: Concurrency,
 }
 
 impl Plan {
+    /// Gives part `k`'s bytes back to the budget (once).
+    fn release(&mut self, k: usize) {
+        let p = &mut self.parts[k];
+        if std::mem::take(&mut p.held) {
+            self.held -= p.len();
+        }
+    }
+
     /// Whether the driver may ask for a part of `bytes` while `held` bytes are held: within
     /// the budget, or the only part held (a part larger than the budget still comes).
     fn room(&self, held: u64, bytes: u64) -> bool {
@@ -273,7 +302,7 @@ fn choose(needs: &[Need], budget: u64, lag: usize) -> Vec<(u32, Part)> {
         if held + bytes <= budget {
             held += bytes;
             alive.push(std::cmp::Reverse((s.last.saturating_add(lag), bytes)));
-            kept.push((id, Part { shard: s.shard, range: s.range, uses: s.uses, state: State::Pending }));
+            kept.push((id, Part { shard: s.shard, range: s.range, uses: s.uses, state: State::Pending, held: false }));
         }
     }
     kept
@@ -305,6 +334,7 @@ impl Readahead {
             held: 0,
             budget,
             in_flight: 0,
+            waiting: 0,
             stopped: false,
             concurrency: Concurrency::new(mean),
         };
@@ -337,8 +367,13 @@ impl Readahead {
             }
             let coming = plan.coming(k);
             let p = &mut plan.parts[k];
+            let from = (at - p.range.start) as usize;
             let bytes = match &p.state {
-                State::Ready(bytes) => bytes.clone(),
+                State::Ready(bytes) => Some(bytes.clone()),
+                State::Filling(body) if body.len() >= from + buf.len() => {
+                    buf.copy_from_slice(&body[from..from + buf.len()]);
+                    None
+                }
                 State::Failed(ReadFailure::Unavailable(why)) => return Err(ReadFailure::Unavailable(why.clone())),
                 State::Failed(_) | State::Done => return Ok(Got::Miss),
                 State::Pending if !coming => {
@@ -350,21 +385,24 @@ impl Readahead {
                     }
                     return Ok(Got::Miss);
                 }
-                State::Pending | State::Fetching => {
+                State::Pending | State::Filling(_) => {
+                    plan.waiting += 1;
                     plan = sh.changed.wait_timeout(plan, WAIT_POLL).unwrap_or_else(|p| p.into_inner()).0;
+                    plan.waiting -= 1;
                     continue;
                 }
             };
-            let from = (at - p.range.start) as usize;
             p.uses = p.uses.saturating_sub(1);
             if p.uses == 0 {
+                // Its last use: its bytes go (a fill still under way ends in `arrived`).
                 p.state = State::Done;
-                let n = p.len();
-                plan.held -= n;
+                plan.release(k);
                 sh.changed.notify_all();
             }
             drop(plan);
-            buf.copy_from_slice(&bytes[from..from + buf.len()]);
+            if let Some(bytes) = bytes {
+                buf.copy_from_slice(&bytes[from..from + buf.len()]);
+            }
             sh.stats.part_read(buf.len() as u64, waited.elapsed());
             return Ok(Got::Hit);
         }
@@ -415,15 +453,43 @@ fn drive(sh: &Arc<Shared>, fetch: &dyn PartFetch) {
         plan.in_flight += 1;
         sh.stats.in_flight(plan.in_flight);
         let p = &mut plan.parts[next];
-        p.state = State::Fetching;
+        p.state = State::Filling(Vec::new());
+        p.held = true;
         let (shard, range) = (p.shard as usize, p.range.clone());
         drop(plan);
-        let s = sh.clone();
-        fetch.start(shard, range, sh.stop.clone(), Box::new(move |f| arrived(&s, next, bytes, f)));
+        let (s, f) = (sh.clone(), sh.clone());
+        let sink: Sink = Arc::new(move |c| filled(&f, next, bytes, c));
+        fetch.start(shard, range, sh.stop.clone(), sink, Box::new(move |f| arrived(&s, next, bytes, f)));
         plan = lock(&sh.plan);
     }
     drop(plan);
     sh.changed.notify_all();
+}
+
+/// More of plan part `k`'s body (`bytes` long) arrived: reads waiting for those bytes go on.
+fn filled(sh: &Shared, k: usize, bytes: u64, c: Chunk<'_>) {
+    let mut plan = lock(&sh.plan);
+    let waiting = plan.waiting > 0;
+    if let Chunk::Restart = c {
+        plan.concurrency.begun += 1;
+        sh.changed.notify_all();
+    }
+    if let State::Filling(body) = &mut plan.parts[k].state {
+        match c {
+            Chunk::Restart => body.clear(),
+            Chunk::Bytes(b) => {
+                if body.capacity() == 0 {
+                    body.reserve_exact(bytes as usize);
+                }
+                // More than asked for is the fetch's error, found when it ends.
+                let room = (bytes as usize).saturating_sub(body.len());
+                body.extend_from_slice(&b[..b.len().min(room)]);
+            }
+        }
+        if waiting {
+            sh.changed.notify_all();
+        }
+    }
 }
 
 /// A fetch of plan part `k` (`bytes` long) ended.
@@ -434,26 +500,19 @@ fn arrived(sh: &Shared, k: usize, bytes: u64, f: Fetched) {
     plan.concurrency.record(&f, bytes, in_flight);
     plan.in_flight -= 1;
     let p = &mut plan.parts[k];
-    let free = match f.bytes {
-        Ok(b) if b.len() as u64 == bytes && p.uses > 0 => {
-            p.state = State::Ready(Arc::new(b));
-            false
-        }
-        Ok(b) if b.len() as u64 != bytes => {
-            p.state = State::Failed(ReadFailure::Failed(format!("short read: {} of {bytes} bytes", b.len())));
-            true
-        }
-        Ok(_) => {
-            p.state = State::Done;
-            true
-        }
-        Err(e) => {
-            p.state = State::Failed(e);
-            true
-        }
+    let body = match std::mem::replace(&mut p.state, State::Done) {
+        State::Filling(streamed) if matches!(f.bytes, Ok(ref b) if b.is_empty()) => Ok(streamed),
+        _ => f.bytes,
     };
-    if free {
-        plan.held -= bytes;
+    match body {
+        // Every use was read while it filled: nothing to keep.
+        Ok(_) if p.uses == 0 => {}
+        Ok(b) if b.len() as u64 == bytes => p.state = State::Ready(Arc::new(b)),
+        Ok(b) => p.state = State::Failed(ReadFailure::Failed(format!("short read: {} of {bytes} bytes", b.len()))),
+        Err(e) => p.state = State::Failed(e),
+    }
+    if !matches!(plan.parts[k].state, State::Ready(_)) {
+        plan.release(k);
     }
     drop(plan);
     sh.changed.notify_all();
@@ -470,19 +529,32 @@ mod tests {
         delay: Duration,
         requests: AtomicUsize,
         fail: Option<ReadFailure>,
+        /// Hand the body over in halves (to the sink) instead of at the end.
+        stream: bool,
     }
 
     impl PartFetch for Mem {
-        fn start(&self, shard: usize, range: Range<u64>, _stop: Arc<AtomicBool>, done: Done) {
+        fn start(&self, shard: usize, range: Range<u64>, _stop: Arc<AtomicBool>, sink: Sink, done: Done) {
             self.requests.fetch_add(1, Ordering::Relaxed);
             let bytes = match &self.fail {
                 Some(ReadFailure::Unavailable(w)) => Err(ReadFailure::Unavailable(w.clone())),
                 Some(ReadFailure::Failed(w)) => Err(ReadFailure::Failed(w.clone())),
                 None => Ok(self.shards[shard][range.start as usize..range.end as usize].to_vec()),
             };
-            let delay = self.delay;
+            let (delay, stream) = (self.delay, self.stream);
             std::thread::spawn(move || {
                 std::thread::sleep(delay);
+                let bytes = match bytes {
+                    // A body in two halves, the second after another delay.
+                    Ok(b) if stream => {
+                        sink(Chunk::Restart);
+                        sink(Chunk::Bytes(&b[..b.len() / 2]));
+                        std::thread::sleep(delay);
+                        sink(Chunk::Bytes(&b[b.len() / 2..]));
+                        Ok(vec![])
+                    }
+                    other => other,
+                };
                 done(Fetched { bytes, latency: delay, total: delay, throttled: 0 });
             });
         }
@@ -491,7 +563,8 @@ mod tests {
     /// One shard of `n` samples of 100 bytes, `per` samples a part.
     fn setup(n: usize, per: usize, fail: Option<ReadFailure>) -> (Arc<Mem>, Vec<Need>) {
         let data: Vec<u8> = (0..n * 100).map(|i| (i % 251) as u8).collect();
-        let mem = Arc::new(Mem { shards: vec![data], delay: Duration::from_millis(5), requests: 0.into(), fail });
+        let mem =
+            Arc::new(Mem { shards: vec![data], delay: Duration::from_millis(5), requests: 0.into(), fail, stream: false });
         let needs = (0..n)
             .map(|i| Need { part: (i / per) as u32, shard: 0, bytes: (i as u64 * 100)..(i as u64 * 100 + 100) })
             .collect();
@@ -579,9 +652,61 @@ mod tests {
         assert!(waiter.join().unwrap().unwrap());
     }
 
+    /// Hands its one part over in two halves, the second only once `gate` lets it.
+    struct Halves {
+        data: Vec<u8>,
+        gate: Mutex<Option<std::sync::mpsc::Receiver<()>>>,
+    }
+
+    impl PartFetch for Halves {
+        fn start(&self, _: usize, range: Range<u64>, _stop: Arc<AtomicBool>, sink: Sink, done: Done) {
+            let body = self.data[range.start as usize..range.end as usize].to_vec();
+            let gate = self.gate.lock().unwrap().take().unwrap();
+            std::thread::spawn(move || {
+                sink(Chunk::Restart);
+                sink(Chunk::Bytes(&body[..body.len() / 2]));
+                let _ = gate.recv();
+                sink(Chunk::Bytes(&body[body.len() / 2..]));
+                done(Fetched { bytes: Ok(vec![]), latency: Duration::ZERO, total: Duration::ZERO, throttled: 0 });
+            });
+        }
+    }
+
+    #[test]
+    fn a_part_is_read_while_it_fills() {
+        let (mem, needs) = setup(100, 100, None);
+        let (open, gate) = std::sync::mpsc::channel();
+        let halves = Arc::new(Halves { data: mem.shards[0].clone(), gate: Mutex::new(Some(gate)) });
+        let ra = Arc::new(Readahead::new(&needs, 1 << 20, 8, halves, Arc::new(StorageStats::default())).unwrap());
+        // The first half has come: its samples are read although the part is not complete.
+        let mut buf = vec![0u8; 100];
+        assert!(matches!(ra.read(0, 0, &mut buf).unwrap(), Got::Hit));
+        assert_eq!(buf, mem.shards[0][..100]);
+        // A sample of the second half waits for it.
+        let r = ra.clone();
+        let late = std::thread::spawn(move || {
+            let mut buf = vec![0u8; 100];
+            (matches!(r.read(0, 9_900, &mut buf).unwrap(), Got::Hit), buf)
+        });
+        open.send(()).unwrap();
+        let (hit, got) = late.join().unwrap();
+        assert!(hit);
+        assert_eq!(got, mem.shards[0][9_900..10_000]);
+        // The rest, from the complete part.
+        for n in &needs[1..99] {
+            let mut buf = vec![0u8; 100];
+            assert!(matches!(ra.read(n.part, n.bytes.start, &mut buf).unwrap(), Got::Hit));
+        }
+    }
+
     #[test]
     fn concurrency_follows_bandwidth_times_latency_and_halves_when_throttled() {
         let mut c = Concurrency::new(16e6);
+        // A slow start: one request, then one more for each answer begun.
+        assert_eq!(c.target(), 1);
+        c.begun = 3;
+        assert_eq!(c.target(), 4);
+        c.begun = 100;
         assert_eq!(c.target(), START_IN_FLIGHT);
         // 100 ms to the first byte, 16 MB in 0.1 s after it: 160 MB/s x 0.1 s = one part.
         let f = |throttled| Fetched {

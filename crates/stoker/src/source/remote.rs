@@ -36,7 +36,7 @@
 //! and counted, or raised, by the policy. Requests in flight are abandoned at once when their
 //! reader stops (a dropped loader waits for none).
 
-use super::readahead::{Done, Fetched, PartFetch};
+use super::readahead::{Chunk, Done, Fetched, PartFetch, Sink};
 use super::shards::{glob_match, ReadFailure, ShardMeta, ShardSource, Storage};
 use super::storage_stats::StorageStats;
 use crate::error::{Error, Result};
@@ -463,8 +463,15 @@ impl Fetcher {
     /// store's breaker: an answer asking to retry later (throttling, a server error) is retried
     /// after a random backoff up to [`THROTTLE_ATTEMPTS`] times within `retry_for`; a request
     /// without an answer (time-out, connection) up to [`MAX_RETRIES`] times; `stop` (made
-    /// anew for each wait) abandons it.
-    async fn fetch<F: Future<Output = ()>>(&self, shard: usize, range: Range<u64>, stop: impl Fn() -> F) -> Fetched {
+    /// anew for each wait) abandons it. With a `sink`, the body goes there as it arrives (and
+    /// the result's bytes are empty).
+    async fn fetch<F: Future<Output = ()>>(
+        &self,
+        shard: usize,
+        range: Range<u64>,
+        stop: impl Fn() -> F,
+        sink: Option<&Sink>,
+    ) -> Fetched {
         use futures::future::{select, Either};
         let key = &self.keys[shard];
         let (mut throttled, mut unanswered) = (0u32, 0usize);
@@ -475,11 +482,17 @@ impl Fetcher {
                 let opts = object_store::GetOptions { range: Some(range.clone().into()), ..Default::default() };
                 let answer = self.store.get_opts(key, opts).await?;
                 let latency = t0.elapsed();
-                Ok((answer.bytes().await?, latency))
+                let Some(sink) = sink else { return Ok((answer.bytes().await?.to_vec(), latency)) };
+                sink(Chunk::Restart);
+                let mut body = answer.into_stream();
+                while let Some(bytes) = body.next().await {
+                    sink(Chunk::Bytes(&bytes?));
+                }
+                Ok((vec![], latency))
             };
             let failure = match self.breaker.run(request, stop()).await {
                 Ok((bytes, latency)) => {
-                    return Fetched { bytes: Ok(bytes.to_vec()), latency, total: t0.elapsed(), throttled };
+                    return Fetched { bytes: Ok(bytes), latency, total: t0.elapsed(), throttled };
                 }
                 Err(e) => e,
             };
@@ -517,10 +530,10 @@ impl Fetcher {
 struct Parts(Arc<Fetcher>);
 
 impl PartFetch for Parts {
-    fn start(&self, shard: usize, range: Range<u64>, stop: Arc<AtomicBool>, done: Done) {
+    fn start(&self, shard: usize, range: Range<u64>, stop: Arc<AtomicBool>, sink: Sink, done: Done) {
         let f = self.0.clone();
         self.0.rt.spawn(async move {
-            let got = f.fetch(shard, range, || stopped(Some(stop.clone()))).await;
+            let got = f.fetch(shard, range, || stopped(Some(stop.clone())), Some(&sink)).await;
             done(got);
         });
     }
@@ -536,7 +549,7 @@ impl Storage for Remote {
     /// One request of its own (a sample whose part is not streamed).
     fn read_at(&self, shard: usize, offset: u64, buf: &mut [u8]) -> std::result::Result<(), ReadFailure> {
         let range = offset..offset + buf.len() as u64;
-        let f = self.rt.block_on(self.fetch.fetch(shard, range, || self.abandon.notified()));
+        let f = self.rt.block_on(self.fetch.fetch(shard, range, || self.abandon.notified(), None));
         let stats = &self.fetch.stats;
         let bytes = match f.bytes {
             Ok(b) => b,

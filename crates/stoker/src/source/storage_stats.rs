@@ -100,12 +100,13 @@ impl StorageStats {
         self.part_requests.fetch_add(1, Ordering::Relaxed);
         self.throttled.fetch_add(u64::from(f.throttled), Ordering::Relaxed);
         match &f.bytes {
+            // Empty: the body went to the part as it came (its length is the part's).
             Ok(b) => {
-                self.part_bytes.fetch_add(b.len() as u64, Ordering::Relaxed);
+                let n = if b.is_empty() { bytes } else { b.len() as u64 };
+                self.part_bytes.fetch_add(n, Ordering::Relaxed);
                 self.latency(f.latency);
             }
             Err(_) => {
-                let _ = bytes;
                 self.failed.fetch_add(1, Ordering::Relaxed);
             }
         }
