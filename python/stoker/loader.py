@@ -102,9 +102,16 @@ class ImageLoader(LoaderBase):
     keeps batches is served while they fit in ``memory_limit`` (the pool grows; default limit a
     quarter of the available memory), then :class:`MemoryLimitError` says how much it holds.
 
-    ``shuffle`` is ``False``, ``True`` (one global permutation per epoch) or ``"shards"`` for shard
-    sources on slow storage: the shards are permuted and samples are shuffled within windows of
-    ``shard_window`` shards, so a reader only ever touches that many shards at a time.
+    ``shuffle`` is ``False``, ``True`` (one global permutation per epoch; over object storage a
+    shard-window order), ``"global"`` (always one global permutation) or ``"shards"`` for shard
+    sources on slow storage: the shards' parts (a shard, or 64 MiB of a larger one) are permuted,
+    each rank takes a run of them and shuffles it within windows of ``shard_window`` parts, so a
+    reader only ever touches that many parts at a time. Shards in object storage are read in
+    parts (one ranged request per part, fetched ahead in the pass's order; ``report()['storage']``
+    counts requests, bytes, latency and throttling); ``shard_cache='ram'`` or
+    ``shard_cache=DIRECTORY`` keeps those parts on the host (until ``shard_cache_bytes``; its
+    groups are listed and cleared by ``stoker cache``), so later epochs of data that fits read no
+    byte from the store.
     ``max_pixels`` (default 178956970, Pillow's decompression-bomb limit) and ``max_file_bytes``
     (default 256 MiB) are checked from headers and metadata before anything is allocated; a
     sample over them follows ``on_error`` like any bad sample. ``max_failures`` is the failure
@@ -186,6 +193,7 @@ class ImageLoader(LoaderBase):
                  max_file_bytes: int | str | None = None, max_failures: int | float | str | None = None,
                  cache: str | os.PathLike[str] | None = None, cache_bytes: int | str | None = None,
                  cache_max_side: int | None = None, dct_scaling: bool = True, roi: bool = True,
+                 shard_cache: str | os.PathLike[str] | None = None, shard_cache_bytes: int | str | None = None,
                  trace: str | os.PathLike[str] | None = None, trace_events: int | None = None,
                  epoch_items: int | None = None, decode: str = "cpu", gpu_share: float | None = None) -> None:
         ops: list[dict[str, Any]] | None = None
@@ -219,6 +227,8 @@ class ImageLoader(LoaderBase):
             memory_limit=memory_limit, on_error=on_error, max_pixels=max_pixels, max_file_bytes=max_file_bytes,
             max_failures=max_failures, cache=os.fspath(cache) if isinstance(cache, os.PathLike) else cache,
             cache_bytes=cache_bytes, cache_max_side=cache_max_side, dct_scaling=dct_scaling, roi=roi,
+            shard_cache=os.fspath(shard_cache) if isinstance(shard_cache, os.PathLike) else shard_cache,
+            shard_cache_bytes=shard_cache_bytes,
             trace=os.fspath(trace) if isinstance(trace, os.PathLike) else trace, trace_events=trace_events,
             captions=getattr(self, "_captions", None), decode=decode, gpu_share=gpu_share)
         if decode != "cpu":

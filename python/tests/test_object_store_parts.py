@@ -179,3 +179,41 @@ def test_a_shuffled_pack_mixes_classes_within_a_window(store, big_demo, tmp_path
     assert ld.report()["storage"]["note"] is None
     # Every batch of the first epoch holds several classes (the demo has 7).
     assert all(len(set(b)) >= 4 for b in labels), labels
+
+
+def test_a_shard_cache_serves_later_epochs_and_stoker_cache_lists_and_clears_it(store, tmp_path):
+    import subprocess
+    import time
+
+    proxy = store["proxy"]
+    shards = len(store["tars"])
+    cache = tmp_path / "shard-cache"
+    ref = loader("s3://parts/train/", seed=9)
+    ref_batches = [epoch(ref)]
+    ref.set_epoch(1)
+    ref_batches.append(epoch(ref))
+    ld = loader("s3://parts/train/", seed=9, shard_cache=cache, shard_cache_bytes="1GiB")
+    proxy.reset_counts()
+    assert epoch(ld) == ref_batches[0]
+    assert proxy.counts()["gets"] == shards
+    # The parts are stored by threads of their own: wait (bounded) until every one is.
+    deadline = time.monotonic() + 60
+    while ld.report()["storage"]["cache"]["stored"] < shards:
+        assert time.monotonic() < deadline, ld.report()["storage"]
+        time.sleep(0.05)
+    proxy.reset_counts()
+    ld.set_epoch(1)
+    assert epoch(ld) == ref_batches[1]
+    assert proxy.counts()["gets"] == 0, "a later epoch reads no byte from the store"
+    s = ld.report()["storage"]
+    assert s["cache_parts"] == shards and s["cache"]["hits"] == shards, s
+    assert "shard cache" in ld.report_text()
+    listed = subprocess.run([sys.executable, "-m", "stoker.cli", "cache", "list", "--dir", str(cache), "--json"],
+                            check=True, capture_output=True, text=True, timeout=60).stdout
+    assert "shard parts" in listed
+    del ld
+    subprocess.run([sys.executable, "-m", "stoker.cli", "cache", "clear", "--all", "--dir", str(cache)], check=True,
+                   capture_output=True, timeout=60)
+    assert not [p for p in cache.iterdir() if not p.name.startswith(".")]
+    with pytest.raises(stoker.ConfigError, match="shard_cache"):
+        loader(str(store["shards"]), shard_cache=cache)

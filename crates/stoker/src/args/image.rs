@@ -3,7 +3,7 @@
 //! ([`image_config`]).
 
 use super::env::{apply_env, budget_registry_path, Env};
-use super::shared::{cache, common, sampler, trace};
+use super::shared::{cache, common, sampler, shard_cache, trace};
 use super::values::{batch_bytes, boolean, bytes, cpu_budget, positive, shown, text, thread_count};
 use super::{Args, Taker};
 use crate::error::{Error, Result};
@@ -80,7 +80,7 @@ pub fn image_config(
 /// `seed`, `drop_last`, `rank`, `world_size` (torchrun's environment by default), `threads`,
 /// `io_threads`, `prefetch` (a number or `auto`), `cpu_budget`, `memory_limit`, `on_error`
 /// (`skip`, `raise`), `dct_scaling`, `roi`, `max_pixels`, `max_file_bytes`, `max_failures`,
-/// `cache`, `cache_bytes`, `cache_max_side`, `trace`, `trace_events`, `decode` and `gpu_share`
+/// `cache`, `cache_bytes`, `cache_max_side`, `shard_cache`, `shard_cache_bytes`, `trace`, `trace_events`, `decode` and `gpu_share`
 /// (where JPEGs are decoded, checked against the device by [`image_config`]), and for image-text pairs
 /// `captions` ([`super::captions()`]). An unknown name is an
 /// error. The environment ([`super::Env`]) is read, checked and applied first.
@@ -125,6 +125,7 @@ pub(super) fn loader_config_in(args: Args, env: &Env) -> Result<LoaderConfig> {
         c.max_failures = max_failures(&v)?;
     }
     c.cache = cache(&mut a, env)?;
+    c.shard_cache = shard_cache(&mut a, env)?;
     c.trace = trace(&mut a)?;
     c.decode = decode(&mut a)?;
     if let Some(v) = a.take("mixture") {

@@ -7,7 +7,7 @@ use super::Taker;
 use crate::error::{Error, Result};
 use crate::image::cache::CacheSpec;
 use crate::shell::sampler::SamplerSpec;
-use crate::shell::store::CacheLocation;
+use crate::shell::store::{CacheLocation, StoreSpec};
 use serde_json::Value;
 
 /// The shard window `shuffle="shards"` uses when none is given.
@@ -121,6 +121,25 @@ pub(super) fn cache(a: &mut Taker, env: &Env) -> Result<Option<CacheSpec>> {
         Some(location) => Ok(Some(CacheSpec { location, bytes, max_side, ttl: env.cache_ttl })),
         None if bytes.is_some() => Err(Error::config("cache_bytes", "needs cache='ram' or a cache directory")),
         None if max_side.is_some() => Err(Error::config("cache_max_side", "needs cache='ram' or a cache directory")),
+        None => Ok(None),
+    }
+}
+
+/// The local shard cache of shards in object storage: `shard_cache` (`"ram"` or a directory)
+/// and `shard_cache_bytes` (a byte size); its time to live is `STOKER_CACHE_TTL` (from `env`).
+pub(super) fn shard_cache(a: &mut Taker, env: &Env) -> Result<Option<StoreSpec>> {
+    let bytes = a.typed("shard_cache_bytes").map(|v| bytes("shard_cache_bytes", &v)).transpose()?;
+    let location = match a.take("shard_cache") {
+        None => None,
+        Some(Value::String(s)) if s == "ram" => Some(CacheLocation::Ram),
+        Some(Value::String(s)) if !s.trim().is_empty() => Some(CacheLocation::Dir(s.into())),
+        Some(v) => {
+            return Err(Error::config("shard_cache", format!("expected None, 'ram' or a directory, got {}", shown(&v))))
+        }
+    };
+    match location {
+        Some(location) => Ok(Some(StoreSpec { location, bytes, ttl: env.cache_ttl })),
+        None if bytes.is_some() => Err(Error::config("shard_cache_bytes", "needs shard_cache='ram' or a directory")),
         None => Ok(None),
     }
 }

@@ -225,7 +225,8 @@ fn read_u64(f: &File) -> u64 {
 pub struct GroupInfo {
     /// The group's directory.
     pub dir: PathBuf,
-    /// What its entries are: `pixels` (decoded images) or `tokens` (tokenized documents).
+    /// What its entries are: `pixels` (decoded images), `tokens` (tokenized documents) or
+    /// `shard parts` (parts of shards in object storage).
     pub kind: &'static str,
     /// The dataset it caches (from `group.json`; `?` for a group of an older stoker).
     pub dataset: String,
@@ -241,7 +242,8 @@ pub struct GroupInfo {
     pub in_use: bool,
 }
 
-/// Whether `name` is a group's directory name: a kind's letter (`v` pixels, `t` tokens), its
+/// Whether `name` is a group's directory name: a kind's letter (`v` pixels, `t` tokens, `s`
+/// parts of shards in object storage), its
 /// format version, `-`, the rest.
 fn is_group_name(name: &str) -> bool {
     group_kind(name).is_some()
@@ -250,7 +252,7 @@ fn is_group_name(name: &str) -> bool {
 /// The kind letter and format version of a group's directory name.
 fn group_kind(name: &str) -> Option<(char, u32)> {
     let mut chars = name.chars();
-    let letter = chars.next().filter(|c| matches!(c, 'v' | 't'))?;
+    let letter = chars.next().filter(|c| matches!(c, 'v' | 't' | 's'))?;
     let (version, rest) = chars.as_str().split_once('-')?;
     (!rest.is_empty()).then_some(())?;
     Some((letter, version.parse().ok()?))
@@ -300,6 +302,7 @@ fn group_info(dir: &Path) -> GroupInfo {
     };
     let kind = match dir.file_name().and_then(|n| group_kind(&n.to_string_lossy())) {
         Some(('t', _)) => "tokens",
+        Some(('s', _)) => "shard parts",
         _ => "pixels",
     };
     GroupInfo {
@@ -425,7 +428,7 @@ fn write_group_json(dir: &Path, dataset: &DatasetKey, settings: &str, version: u
 /// A kind of group: its directory-name letter and entry format version.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct GroupKind {
-    /// `v` for pixels, `t` for tokens.
+    /// `v` for pixels, `t` for tokens, `s` for parts of shards.
     pub letter: char,
     /// The kind's entry format version (groups of another version are removed when idle).
     pub version: u32,

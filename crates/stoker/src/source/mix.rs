@@ -91,6 +91,23 @@ impl Source for MixSource {
         }
     }
 
+    /// Every source in object storage keeps its parts in the cache (a group of its own); an
+    /// error when none is.
+    fn use_shard_cache(&self, spec: &crate::shell::store::StoreSpec) -> Result<()> {
+        let mut any = false;
+        for (s, _) in self.parts.iter().filter(|(s, _)| s.is_remote()) {
+            s.use_shard_cache(spec)?;
+            any = true;
+        }
+        if !any {
+            return Err(Error::config(
+                "shard_cache",
+                "keeps parts of tar shards in object storage; no source of this mixture is",
+            ));
+        }
+        Ok(())
+    }
+
     fn storage_report(&self) -> Option<StorageReport> {
         StorageReport::merge(self.parts.iter().filter_map(|(s, _)| s.storage_report()))
     }

@@ -6,11 +6,15 @@
 //! order or batches (a source answers "how many", "which label", "these bytes").
 
 mod blocks;
+mod glob;
 mod image_folder;
 pub mod mix;
 pub mod readahead;
 #[cfg(feature = "remote")]
 mod remote;
+pub mod shard_cache;
+mod shard_index;
+mod shard_storage;
 pub mod shards;
 pub mod storage_stats;
 pub mod tar;
@@ -86,6 +90,13 @@ pub trait Source: Send + Sync + 'static {
     /// when the samples are there.
     fn storage_report(&self) -> Option<StorageReport> {
         None
+    }
+    /// Keeps the parts of shards fetched from object storage in the local shard cache `spec`
+    /// (a group of its own: [`shard_cache`]), from the next pass on. A [`Error::Config`]
+    /// naming `shard_cache` for data that is not in object storage.
+    fn use_shard_cache(&self, spec: &crate::shell::store::StoreSpec) -> Result<()> {
+        let _ = spec;
+        Err(Error::config("shard_cache", "keeps parts of tar shards in object storage; this dataset is not one"))
     }
     /// Whether reading a sample costs a request to a remote store (object storage): such a
     /// source is read best in a shard-window order.

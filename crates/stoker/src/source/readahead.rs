@@ -88,6 +88,14 @@ pub(crate) enum Chunk<'a> {
 /// Where a fetch puts its body as it arrives.
 pub(crate) type Sink = Arc<dyn Fn(Chunk<'_>) + Send + Sync>;
 
+/// Parts kept on local storage between passes (the shard cache: [`super::shard_cache`]).
+pub(crate) trait PartStore: Send + Sync {
+    /// The bytes of part `range` of shard `shard`, when stored and intact.
+    fn get(&self, shard: usize, range: &Range<u64>) -> Option<Vec<u8>>;
+    /// Stores them (on a thread of its own; nothing when the budget is spent).
+    fn put(self: Arc<Self>, shard: usize, range: Range<u64>, bytes: Arc<Vec<u8>>);
+}
+
 /// What a read of a planned sample gave.
 #[derive(Debug)]
 pub(crate) enum Got {
@@ -247,6 +255,8 @@ struct Shared {
     plan: Mutex<Plan>,
     changed: Condvar,
     stats: Arc<StorageStats>,
+    /// Parts kept between passes: looked up before a part is asked for, stored once it came.
+    cache: Option<Arc<dyn PartStore>>,
     stop: Arc<std::sync::atomic::AtomicBool>,
 }
 
@@ -318,6 +328,7 @@ impl Readahead {
         lag: usize,
         fetch: Arc<dyn PartFetch>,
         stats: Arc<StorageStats>,
+        cache: Option<Arc<dyn PartStore>>,
     ) -> Option<Readahead> {
         let kept = choose(needs, budget, lag);
         let planned_reads: u64 = kept.iter().map(|(_, p)| u64::from(p.uses)).sum();
@@ -342,6 +353,7 @@ impl Readahead {
             plan: Mutex::new(plan),
             changed: Condvar::new(),
             stats,
+            cache,
             stop: Arc::new(std::sync::atomic::AtomicBool::new(false)),
         });
         let s = shared.clone();
@@ -457,6 +469,19 @@ fn drive(sh: &Arc<Shared>, fetch: &dyn PartFetch) {
         p.held = true;
         let (shard, range) = (p.shard as usize, p.range.clone());
         drop(plan);
+        if let Some(bytes) = sh.cache.as_ref().and_then(|c| c.get(shard, &range)) {
+            sh.stats.cache_hit(bytes.len() as u64);
+            plan = lock(&sh.plan);
+            plan.in_flight -= 1;
+            if plan.parts[next].uses > 0 {
+                plan.parts[next].state = State::Ready(Arc::new(bytes));
+            } else {
+                plan.parts[next].state = State::Done;
+                plan.release(next);
+            }
+            sh.changed.notify_all();
+            continue;
+        }
         let (s, f) = (sh.clone(), sh.clone());
         let sink: Sink = Arc::new(move |c| filled(&f, next, bytes, c));
         fetch.start(shard, range, sh.stop.clone(), sink, Box::new(move |f| arrived(&s, next, bytes, f)));
@@ -504,10 +529,19 @@ fn arrived(sh: &Shared, k: usize, bytes: u64, f: Fetched) {
         State::Filling(streamed) if matches!(f.bytes, Ok(ref b) if b.is_empty()) => Ok(streamed),
         _ => f.bytes,
     };
+    let (shard, range) = (p.shard as usize, p.range.clone());
+    let keep = |b: Vec<u8>| {
+        let b = Arc::new(b);
+        if let Some(c) = &sh.cache {
+            c.clone().put(shard, range, b.clone());
+        }
+        b
+    };
     match body {
-        // Every use was read while it filled: nothing to keep.
+        // Every use was read while it filled: nothing to keep here.
+        Ok(b) if p.uses == 0 && b.len() as u64 == bytes => drop(keep(b)),
         Ok(_) if p.uses == 0 => {}
-        Ok(b) if b.len() as u64 == bytes => p.state = State::Ready(Arc::new(b)),
+        Ok(b) if b.len() as u64 == bytes => p.state = State::Ready(keep(b)),
         Ok(b) => p.state = State::Failed(ReadFailure::Failed(format!("short read: {} of {bytes} bytes", b.len()))),
         Err(e) => p.state = State::Failed(e),
     }
@@ -563,8 +597,13 @@ mod tests {
     /// One shard of `n` samples of 100 bytes, `per` samples a part.
     fn setup(n: usize, per: usize, fail: Option<ReadFailure>) -> (Arc<Mem>, Vec<Need>) {
         let data: Vec<u8> = (0..n * 100).map(|i| (i % 251) as u8).collect();
-        let mem =
-            Arc::new(Mem { shards: vec![data], delay: Duration::from_millis(5), requests: 0.into(), fail, stream: false });
+        let mem = Arc::new(Mem {
+            shards: vec![data],
+            delay: Duration::from_millis(5),
+            requests: 0.into(),
+            fail,
+            stream: false,
+        });
         let needs = (0..n)
             .map(|i| Need { part: (i / per) as u32, shard: 0, bytes: (i as u64 * 100)..(i as u64 * 100 + 100) })
             .collect();
@@ -592,7 +631,7 @@ mod tests {
     fn in_order_reads_come_from_one_request_per_part() {
         let (mem, needs) = setup(1000, 100, None);
         let stats = Arc::new(StorageStats::default());
-        let ra = Readahead::new(&needs, 4 * 10_000, 8, mem.clone(), stats.clone()).unwrap();
+        let ra = Readahead::new(&needs, 4 * 10_000, 8, mem.clone(), stats.clone(), None).unwrap();
         assert_eq!(read_all(&ra, &needs, &mem), (1000, 0));
         assert_eq!(mem.requests.load(Ordering::Relaxed), 10);
         drop(ra);
@@ -608,7 +647,7 @@ mod tests {
         crate::shell::rng::shuffle(&mut needs, &mut r);
         let kept = choose(&needs, 3 * 10_000, 8);
         assert_eq!(kept.len(), 3);
-        let ra = Readahead::new(&needs, 3 * 10_000, 8, mem.clone(), Arc::new(StorageStats::default())).unwrap();
+        let ra = Readahead::new(&needs, 3 * 10_000, 8, mem.clone(), Arc::new(StorageStats::default()), None).unwrap();
         let (hits, misses) = read_all(&ra, &needs, &mem);
         assert_eq!(hits + misses, 1000);
         assert!(hits <= 300 && misses >= 700, "{hits} {misses}");
@@ -623,7 +662,7 @@ mod tests {
         let kept = choose(mine, 1 << 20, 8);
         let ranges: Vec<_> = kept.iter().map(|(_, p)| p.range.clone()).collect();
         assert_eq!(ranges, vec![15_000..20_000, 20_000..25_000]);
-        let ra = Readahead::new(mine, 1 << 20, 8, mem.clone(), Arc::new(StorageStats::default())).unwrap();
+        let ra = Readahead::new(mine, 1 << 20, 8, mem.clone(), Arc::new(StorageStats::default()), None).unwrap();
         assert_eq!(read_all(&ra, mine, &mem), (100, 0));
         // A sample outside the plan is a miss, never a wait.
         assert!(matches!(ra.read(0, 0, &mut [0u8; 100]).unwrap(), Got::Miss));
@@ -632,11 +671,11 @@ mod tests {
     #[test]
     fn a_store_that_does_not_answer_fails_reads_and_an_answered_failure_is_a_miss() {
         let (mem, needs) = setup(200, 100, Some(ReadFailure::Unavailable("down".into())));
-        let ra = Readahead::new(&needs, 1 << 20, 8, mem, Arc::new(StorageStats::default())).unwrap();
+        let ra = Readahead::new(&needs, 1 << 20, 8, mem, Arc::new(StorageStats::default()), None).unwrap();
         let e = ra.read(0, 0, &mut [0u8; 100]).unwrap_err();
         assert!(matches!(e, ReadFailure::Unavailable(ref w) if w == "down"));
         let (mem, needs) = setup(200, 100, Some(ReadFailure::Failed("404".into())));
-        let ra = Readahead::new(&needs, 1 << 20, 8, mem, Arc::new(StorageStats::default())).unwrap();
+        let ra = Readahead::new(&needs, 1 << 20, 8, mem, Arc::new(StorageStats::default()), None).unwrap();
         assert!(matches!(ra.read(0, 0, &mut [0u8; 100]).unwrap(), Got::Miss));
     }
 
@@ -644,7 +683,7 @@ mod tests {
     fn a_stopped_plan_ends_waiting_reads() {
         let (mem, needs) = setup(200, 100, None);
         let slow = Arc::new(Mem { delay: Duration::from_secs(30), ..Arc::try_unwrap(mem).ok().unwrap() });
-        let ra = Arc::new(Readahead::new(&needs, 1 << 20, 8, slow, Arc::new(StorageStats::default())).unwrap());
+        let ra = Arc::new(Readahead::new(&needs, 1 << 20, 8, slow, Arc::new(StorageStats::default()), None).unwrap());
         let r = ra.clone();
         let waiter = std::thread::spawn(move || r.read(0, 0, &mut [0u8; 100]).map(|g| matches!(g, Got::Stopped)));
         std::thread::sleep(Duration::from_millis(100));
@@ -677,7 +716,7 @@ mod tests {
         let (mem, needs) = setup(100, 100, None);
         let (open, gate) = std::sync::mpsc::channel();
         let halves = Arc::new(Halves { data: mem.shards[0].clone(), gate: Mutex::new(Some(gate)) });
-        let ra = Arc::new(Readahead::new(&needs, 1 << 20, 8, halves, Arc::new(StorageStats::default())).unwrap());
+        let ra = Arc::new(Readahead::new(&needs, 1 << 20, 8, halves, Arc::new(StorageStats::default()), None).unwrap());
         // The first half has come: its samples are read although the part is not complete.
         let mut buf = vec![0u8; 100];
         assert!(matches!(ra.read(0, 0, &mut buf).unwrap(), Got::Hit));

@@ -29,6 +29,9 @@ pub struct StorageStats {
     /// Reads of the passes planned so far, and how many of them their plan streams.
     reads_planned: AtomicU64,
     reads_streamed: AtomicU64,
+    /// Parts read from the shard cache instead of the store, and their bytes.
+    cache_hits: AtomicU64,
+    cache_bytes: AtomicU64,
     /// Seconds to the first byte of each request (the latest [`MAX_LATENCIES`]).
     latencies: Mutex<(Vec<f32>, usize)>,
 }
@@ -72,6 +75,13 @@ pub struct StorageReport {
     pub requests_per_sample: f64,
     /// Of the reads the passes planned, the share their readahead streams from parts.
     pub streamed_share: f64,
+    /// Parts read from the local shard cache instead of the store (`shard_cache`), and their
+    /// bytes (not in `requests` nor `bytes`).
+    pub cache_parts: u64,
+    /// See `cache_parts`.
+    pub cache_bytes: u64,
+    /// The shard cache's group (its directory, budget, use, entries stored), when there is one.
+    pub cache: Option<crate::shell::store::GroupReport>,
     /// What the loader noticed about the order (shards sorted by class under a shard-window
     /// order), if anything.
     pub note: Option<String>,
@@ -110,6 +120,12 @@ impl StorageStats {
                 self.failed.fetch_add(1, Ordering::Relaxed);
             }
         }
+    }
+
+    /// A part read from the shard cache.
+    pub(crate) fn cache_hit(&self, bytes: u64) {
+        self.cache_hits.fetch_add(1, Ordering::Relaxed);
+        self.cache_bytes.fetch_add(bytes, Ordering::Relaxed);
     }
 
     /// A sample read from its part after waiting `waited` for it.
@@ -176,6 +192,9 @@ impl StorageStats {
             wait_seconds: get(&self.part_wait_ns) as f64 * 1e-9,
             requests_per_sample: if reads > 0 { (parts + direct) as f64 / reads as f64 } else { 0.0 },
             streamed_share: if planned > 0 { get(&self.reads_streamed) as f64 / planned as f64 } else { 0.0 },
+            cache_parts: get(&self.cache_hits),
+            cache_bytes: get(&self.cache_bytes),
+            cache: None,
             note: None,
         }
     }
@@ -190,6 +209,9 @@ impl StorageReport {
             let reads = |x: &StorageReport| x.part_reads + x.direct_reads;
             let (ra, rb) = (reads(o), reads(&r));
             o.note = o.note.take().or(r.note);
+            o.cache = o.cache.take().or(r.cache);
+            o.cache_parts += r.cache_parts;
+            o.cache_bytes += r.cache_bytes;
             o.requests += r.requests;
             o.bytes += r.bytes;
             o.meta_requests += r.meta_requests;
@@ -219,21 +241,39 @@ impl StorageReport {
     /// The report's lines of the human summary.
     pub fn text(&self) -> String {
         let note = self.note.as_ref().map(|n| format!("  note: {n}\n")).unwrap_or_default();
-        note + &format!(
-            "storage: {} requests ({} parts, {} samples alone, {} metadata), {:.1} MiB, {:.2} MiB per request, \
+        let cache = self
+            .cache
+            .as_ref()
+            .map(|c| {
+                format!(
+                    "  shard cache {}: {} parts read from it ({:.1} MiB), {} stored, {} not stored (budget); uses \
+                     {:.1} of {:.1} MiB\n",
+                    c.dir,
+                    self.cache_parts,
+                    self.cache_bytes as f64 / (1 << 20) as f64,
+                    c.stored,
+                    c.not_stored_budget,
+                    c.used_bytes as f64 / (1 << 20) as f64,
+                    c.budget_bytes as f64 / (1 << 20) as f64
+                )
+            })
+            .unwrap_or_default();
+        note + &cache
+            + &format!(
+                "storage: {} requests ({} parts, {} samples alone, {} metadata), {:.1} MiB, {:.2} MiB per request, \
              first byte p50 {:.0} ms / p99 {:.0} ms, up to {} in flight, {} throttled and retried, \
              reads waited {:.2} s for their part\n",
-            self.requests,
-            self.part_requests,
-            self.direct_reads,
-            self.meta_requests,
-            self.bytes as f64 / (1 << 20) as f64,
-            self.bytes_per_request / (1 << 20) as f64,
-            self.latency_p50_ms,
-            self.latency_p99_ms,
-            self.max_in_flight,
-            self.throttled,
-            self.wait_seconds,
-        )
+                self.requests,
+                self.part_requests,
+                self.direct_reads,
+                self.meta_requests,
+                self.bytes as f64 / (1 << 20) as f64,
+                self.bytes_per_request / (1 << 20) as f64,
+                self.latency_p50_ms,
+                self.latency_p99_ms,
+                self.max_in_flight,
+                self.throttled,
+                self.wait_seconds,
+            )
     }
 }

@@ -46,6 +46,10 @@ pub struct LoaderConfig {
     pub cpu_budget: Option<f64>,
     /// Cap on the bytes of all batch buffers together.
     pub memory_limit: Option<u64>,
+    /// The local shard cache of shards in object storage (`shard_cache`, `shard_cache_bytes`):
+    /// see [`crate::source::shard_cache`].
+    #[serde(default)]
+    pub shard_cache: Option<crate::shell::store::StoreSpec>,
     /// `shuffle="global"` was asked for: one global permutation even over object storage
     /// (where `shuffle=True` means a shard-window order, see [`remote_window`]).
     #[serde(default)]
@@ -169,6 +173,7 @@ impl LoaderConfig {
             cpu_budget: None,
             memory_limit: None,
             shuffle_global: false,
+            shard_cache: None,
             on_error: ErrorPolicy::Skip,
             dct_scaling: true,
             roi: true,

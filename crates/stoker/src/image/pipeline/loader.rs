@@ -29,6 +29,9 @@ impl Loader {
             s.shard_window = Some(super::config::remote_window(config.memory_limit));
         }
         // The parts a pass over object storage holds come out of `memory_limit` too.
+        if let Some(spec) = &config.shard_cache {
+            source.use_shard_cache(spec)?;
+        }
         let order_note = (remote && config.sampler.shard_window.is_some()).then(|| sorted_by_class(&*source)).flatten();
         let readahead =
             if remote { super::config::readahead_bytes(config.sampler.shard_window, config.memory_limit) } else { 0 };
