@@ -6,6 +6,7 @@
 //! order or batches (a source answers "how many", "which label", "these bytes").
 
 mod blocks;
+pub(crate) mod fetch;
 mod glob;
 mod image_folder;
 pub mod mix;

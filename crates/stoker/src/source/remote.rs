@@ -36,8 +36,10 @@
 //! and counted, or raised, by the policy. Requests in flight are abandoned at once when their
 //! reader stops (a dropped loader waits for none).
 
-use super::readahead::{Chunk, Done, Fetched, PartFetch, Sink};
-use super::shards::{glob_match, ReadFailure, ShardMeta, ShardSource, Storage};
+use super::fetch::{Chunk, Done, Fetched, PartFetch, ReadFailure, Sink};
+use super::glob::glob_match;
+use super::shard_storage::{ShardMeta, Storage};
+use super::shards::ShardSource;
 use super::storage_stats::StorageStats;
 use crate::error::{Error, Result};
 use futures::StreamExt;

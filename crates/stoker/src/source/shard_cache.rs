@@ -17,7 +17,7 @@
 //! Owns: the entries' files and their checks. May not touch: which parts are read when (the
 //! readahead), requests.
 
-use super::readahead::PartStore;
+use super::fetch::PartStore;
 use crate::error::Result;
 use crate::shell::store::{DatasetKey, Group, GroupKind, GroupReport, StoreSpec};
 use std::ops::Range;

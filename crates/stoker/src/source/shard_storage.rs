@@ -5,27 +5,10 @@
 //! Owns: reads of byte ranges of shards. May not touch: what the bytes mean (see
 //! [`super::shards`]).
 
-use super::readahead::PartFetch;
+use super::fetch::{PartFetch, ReadFailure};
 use super::storage_stats::StorageStats;
 use std::os::unix::fs::FileExt;
 use std::sync::Arc;
-
-/// Why a read of shard bytes failed.
-#[derive(Debug)]
-pub(crate) enum ReadFailure {
-    /// This read failed (the text says why).
-    Failed(String),
-    /// The storage is not answering (an object store whose circuit is open): every read
-    /// would fail the same way, so the pass ends ([`Error::Unavailable`]).
-    #[cfg_attr(not(feature = "remote"), allow(dead_code))]
-    Unavailable(String),
-}
-
-impl From<String> for ReadFailure {
-    fn from(why: String) -> Self {
-        ReadFailure::Failed(why)
-    }
-}
 
 /// Where shard bytes come from: local files, or objects in a store.
 pub(crate) trait Storage: Send + Sync {

@@ -49,12 +49,13 @@ use crate::shell::store::{DatasetKey, StoreSpec};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
 
+pub(crate) use super::fetch::ReadFailure;
 pub use super::glob::{expand_glob, glob_match};
 pub use super::shard_index::{
     decode_index, encode_index, index_members, index_path, index_reader, write_index, IndexEntry, Label, TextMember,
 };
 pub(crate) use super::shard_index::{partial_path, split_key, write_atomic, MAGIC};
-pub(crate) use super::shard_storage::{LocalFiles, ReadFailure, ShardMeta, Storage};
+pub(crate) use super::shard_storage::{LocalFiles, ShardMeta, Storage};
 
 /// The most bytes between a sample's image and its caption that one request reads through
 /// rather than making two (see `Storage::coalesce`).
@@ -596,7 +597,7 @@ impl Source for ShardSource {
                 Need { part, shard: self.samples[i].0, bytes }
             })
             .collect();
-        let cache = cache.map(|c| c as Arc<dyn super::readahead::PartStore>);
+        let cache = cache.map(|c| c as Arc<dyn super::fetch::PartStore>);
         let plan = Readahead::new(&needs, budget, lag, fetch, stats, cache).map(Arc::new);
         let old = std::mem::replace(&mut *self.readahead.write().unwrap_or_else(|p| p.into_inner()), plan);
         if let Some(old) = old {

@@ -3,7 +3,7 @@
 //! section of a loader's report). Counted by the remote storage ([`super::remote`]) and its
 //! readahead ([`super::readahead`]), kept for the life of the source (every pass of a loader).
 
-use super::readahead::Fetched;
+use super::fetch::Fetched;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
