@@ -366,6 +366,26 @@ mod tests {
         assert!(err(json!({"preset": "imagenet-val", "cache_max_side": 320})).contains("`cache_max_side`: needs cache"));
         assert!(err(json!({"preset": "imagenet-val", "cache": "ram", "cache_max_side": 0})).contains("at least 1"));
         assert!(array_config(args(json!({"shuffle": "shards"}))).unwrap_err().to_string().contains("False or True"));
+        // The shard cache, by the same rules; `shuffle="global"` is remembered apart from True.
+        let c = loader_config(args(
+            json!({"preset": "imagenet-val", "shard_cache": "/nvme/s", "shard_cache_bytes": "2GiB"}),
+        ))
+        .unwrap();
+        let want = crate::shell::store::StoreSpec {
+            location: CacheLocation::Dir("/nvme/s".into()),
+            bytes: Some(2 << 30),
+            ttl: None,
+        };
+        assert_eq!(c.shard_cache, Some(want));
+        assert!(
+            err(json!({"preset": "imagenet-val", "shard_cache_bytes": "1GiB"})).contains("`shard_cache_bytes`: needs")
+        );
+        assert!(
+            err(json!({"preset": "imagenet-val", "shard_cache": 1})).contains("`shard_cache`: expected None, 'ram'")
+        );
+        let global = loader_config(args(json!({"preset": "imagenet-val", "shuffle": "global"}))).unwrap();
+        let plain = loader_config(args(json!({"preset": "imagenet-val", "shuffle": true}))).unwrap();
+        assert!(global.shuffle_global && !plain.shuffle_global && global.sampler == plain.sampler);
     }
 
     #[test]

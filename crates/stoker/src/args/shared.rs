@@ -103,21 +103,23 @@ pub(super) fn common(a: &mut Taker, env: &Env) -> Result<(Option<usize>, Option<
     Ok((threads, prefetch, memory_limit))
 }
 
+/// Where a cache lives, from argument `name`: `"ram"`, a directory, or none.
+fn location(a: &mut Taker, name: &str) -> Result<Option<CacheLocation>> {
+    match a.take(name) {
+        None => Ok(None),
+        Some(Value::String(s)) if s == "ram" => Ok(Some(CacheLocation::Ram)),
+        Some(Value::String(s)) if !s.trim().is_empty() => Ok(Some(CacheLocation::Dir(s.into()))),
+        Some(v) => Err(Error::config(name, format!("expected None, 'ram' or a directory, got {}", shown(&v)))),
+    }
+}
+
 /// The decoded-pixel cache: `cache` (`"ram"` or a directory), `cache_bytes` (a byte size) and
 /// `cache_max_side` (pixels); its time to live is `STOKER_CACHE_TTL` (from `env`). Whether the
 /// directory can be written is checked when the loader opens it.
 pub(super) fn cache(a: &mut Taker, env: &Env) -> Result<Option<CacheSpec>> {
     let bytes = a.typed("cache_bytes").map(|v| bytes("cache_bytes", &v)).transpose()?;
     let max_side = a.typed("cache_max_side").map(|v| positive("cache_max_side", &v)).transpose()?;
-    let location = match a.take("cache") {
-        None => None,
-        Some(Value::String(s)) if s == "ram" => Some(CacheLocation::Ram),
-        Some(Value::String(s)) if !s.trim().is_empty() => Some(CacheLocation::Dir(s.into())),
-        Some(v) => {
-            return Err(Error::config("cache", format!("expected None, 'ram' or a directory, got {}", shown(&v))))
-        }
-    };
-    match location {
+    match location(a, "cache")? {
         Some(location) => Ok(Some(CacheSpec { location, bytes, max_side, ttl: env.cache_ttl })),
         None if bytes.is_some() => Err(Error::config("cache_bytes", "needs cache='ram' or a cache directory")),
         None if max_side.is_some() => Err(Error::config("cache_max_side", "needs cache='ram' or a cache directory")),
@@ -129,15 +131,7 @@ pub(super) fn cache(a: &mut Taker, env: &Env) -> Result<Option<CacheSpec>> {
 /// and `shard_cache_bytes` (a byte size); its time to live is `STOKER_CACHE_TTL` (from `env`).
 pub(super) fn shard_cache(a: &mut Taker, env: &Env) -> Result<Option<StoreSpec>> {
     let bytes = a.typed("shard_cache_bytes").map(|v| bytes("shard_cache_bytes", &v)).transpose()?;
-    let location = match a.take("shard_cache") {
-        None => None,
-        Some(Value::String(s)) if s == "ram" => Some(CacheLocation::Ram),
-        Some(Value::String(s)) if !s.trim().is_empty() => Some(CacheLocation::Dir(s.into())),
-        Some(v) => {
-            return Err(Error::config("shard_cache", format!("expected None, 'ram' or a directory, got {}", shown(&v))))
-        }
-    };
-    match location {
+    match location(a, "shard_cache")? {
         Some(location) => Ok(Some(StoreSpec { location, bytes, ttl: env.cache_ttl })),
         None if bytes.is_some() => Err(Error::config("shard_cache_bytes", "needs shard_cache='ram' or a directory")),
         None => Ok(None),
