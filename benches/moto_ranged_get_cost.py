@@ -13,9 +13,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python" / "tests"))
-from s3proxy import start_moto  # noqa: E402
-
 import boto3  # noqa: E402
+from s3proxy import start_moto  # noqa: E402
 
 
 def main() -> None:
