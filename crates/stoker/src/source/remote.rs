@@ -716,12 +716,16 @@ pub(crate) fn open(urls: &[String], text: Option<super::TextKind>) -> Result<Sha
                 Ok(ShardMeta { name, size, index: (idx_name, idx) })
             }
         };
+        // The first shard's requests go alone: when the store's circuit is open past its
+        // cool-down they are its one probe, which the others would be refused beside.
+        let first = one(keys[0].clone()).await;
         stats.meta_request();
         let classes = breaker.run(async { store.get(&classes_path).await?.bytes().await }, never());
-        let metas = futures::stream::iter(keys.clone().into_iter().map(one))
+        let rest = futures::stream::iter(keys[1..].iter().cloned().map(one))
             .buffered(META_IN_FLIGHT)
             .collect::<Vec<Result<ShardMeta>>>();
-        futures::join!(metas, classes)
+        let (rest, classes) = futures::join!(rest, classes);
+        (std::iter::once(first).chain(rest).collect::<Vec<_>>(), classes)
     });
     let metas = metas.into_iter().collect::<Result<Vec<ShardMeta>>>()?;
     // classes.json is optional; any error other than its absence (a timeout, a server error) is
