@@ -199,6 +199,11 @@ impl Breaker {
         }
     }
 
+    /// Whether the circuit is closed now (the store answers).
+    fn closed(&self) -> bool {
+        lock(&self.state).open.is_none()
+    }
+
     /// The error of a request refused or abandoned because the circuit is open.
     fn refusal(&self, since: Instant, why: &str, now: Instant) -> String {
         let wait = self.cooldown.saturating_sub(now.saturating_duration_since(since));
@@ -716,16 +721,16 @@ pub(crate) fn open(urls: &[String], text: Option<super::TextKind>) -> Result<Sha
                 Ok(ShardMeta { name, size, index: (idx_name, idx) })
             }
         };
-        // The first shard's requests go alone: when the store's circuit is open past its
-        // cool-down they are its one probe, which the others would be refused beside.
-        let first = one(keys[0].clone()).await;
+        // When the store's circuit is open (past its cool-down), the first shard's requests go
+        // alone: they are its one probe, which the others would be refused beside.
+        let (first, skip) = if breaker.closed() { (None, 0) } else { (Some(one(keys[0].clone()).await), 1) };
         stats.meta_request();
         let classes = breaker.run(async { store.get(&classes_path).await?.bytes().await }, never());
-        let rest = futures::stream::iter(keys[1..].iter().cloned().map(one))
+        let rest = futures::stream::iter(keys[skip..].iter().cloned().map(one))
             .buffered(META_IN_FLIGHT)
             .collect::<Vec<Result<ShardMeta>>>();
         let (rest, classes) = futures::join!(rest, classes);
-        (std::iter::once(first).chain(rest).collect::<Vec<_>>(), classes)
+        (first.into_iter().chain(rest).collect::<Vec<_>>(), classes)
     });
     let metas = metas.into_iter().collect::<Result<Vec<ShardMeta>>>()?;
     // classes.json is optional; any error other than its absence (a timeout, a server error) is
