@@ -108,6 +108,10 @@ impl Source for MixSource {
         Ok(())
     }
 
+    fn is_remote(&self) -> bool {
+        self.parts.iter().any(|(s, _)| s.is_remote())
+    }
+
     fn storage_report(&self) -> Option<StorageReport> {
         StorageReport::merge(self.parts.iter().filter_map(|(s, _)| s.storage_report()))
     }

@@ -102,7 +102,7 @@ pub trait Source: Send + Sync + 'static {
     /// Whether reading a sample costs a request to a remote store (object storage): such a
     /// source is read best in a shard-window order.
     fn is_remote(&self) -> bool {
-        self.storage_report().is_some()
+        false
     }
 }
 

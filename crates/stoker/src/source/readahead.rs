@@ -19,9 +19,10 @@
 //! store: [`super::remote`]) with as many requests in flight as the measured bandwidth x
 //! latency needs ([`Concurrency`]), while the parts fetched and in flight fit the budget. A
 //! read of a sample copies its bytes out of its part once the part has arrived (waiting for it
-//! if it is on its way) and releases the part after its last use. A read never waits for a part
-//! that cannot be fetched: when the driver waits for room (or has stopped) a read whose part is
-//! not yet asked for is a [`Got::Miss`], which the caller reads with its own request; so is a
+//! if it is on its way, and reading the bytes that have come while it fills) and releases the
+//! part after its last use. A read never waits for a part that cannot be fetched: a read whose
+//! part is not yet asked for and would not be before a later read released room is a
+//! [`Got::Miss`], which the caller reads with its own request; so is a
 //! part whose fetch failed with an answer from the store (the sample then fails or succeeds on
 //! its own), while a store that does not answer fails the read as [`ReadFailure::Unavailable`].
 //!
@@ -48,8 +49,8 @@ pub const PART_BYTES: u64 = 64 << 20;
 const MAX_IN_FLIGHT: usize = 64;
 /// Requests in flight before anything is measured.
 const START_IN_FLIGHT: usize = 8;
-/// How long a waiting read sleeps before it looks at the plan again (a stop, a driver that
-/// began to wait for room).
+/// How long a waiting read (or the driver) sleeps before it looks at the plan again without
+/// being woken.
 const WAIT_POLL: Duration = Duration::from_millis(50);
 
 /// What a read of a planned sample gave.
@@ -135,7 +136,7 @@ impl Concurrency {
             (Some(l), Some(r)) => ((l * r / self.part).ceil() as usize).saturating_add(2),
             _ => (1 + self.begun).min(START_IN_FLIGHT),
         };
-        need.clamp(1, MAX_IN_FLIGHT).max(2.min(self.begun + 1)).min(self.cap).max(1)
+        need.min(MAX_IN_FLIGHT).min(self.cap).max(1)
     }
 
     fn record(&mut self, f: &Fetched, bytes: u64, in_flight: usize) {
@@ -371,7 +372,7 @@ impl Readahead {
             if let Some(bytes) = bytes {
                 buf.copy_from_slice(&bytes[from..from + buf.len()]);
             }
-            sh.stats.part_read(buf.len() as u64, waited.elapsed());
+            sh.stats.part_read(waited.elapsed());
             return Ok(Got::Hit);
         }
     }

@@ -605,6 +605,10 @@ impl Source for ShardSource {
         }
     }
 
+    fn is_remote(&self) -> bool {
+        self.storage.parts().is_some()
+    }
+
     fn storage_report(&self) -> Option<StorageReport> {
         let cache = self.shard_cache.get().map(|c| c.report());
         self.storage.parts().map(|(_, stats)| StorageReport { cache, ..stats.report() })
@@ -612,7 +616,7 @@ impl Source for ShardSource {
 
     /// The cache group's key: the shards' names and every sample's place and tar header.
     fn use_shard_cache(&self, spec: &StoreSpec) -> Result<()> {
-        if self.storage.parts().is_none() {
+        if !self.is_remote() {
             return Err(Error::config(
                 "shard_cache",
                 "keeps parts of shards in object storage; these shards are on a local file system already",

@@ -129,7 +129,7 @@ impl StorageStats {
     }
 
     /// A sample read from its part after waiting `waited` for it.
-    pub(crate) fn part_read(&self, _bytes: u64, waited: Duration) {
+    pub(crate) fn part_read(&self, waited: Duration) {
         self.part_reads.fetch_add(1, Ordering::Relaxed);
         self.part_wait_ns.fetch_add(waited.as_nanos() as u64, Ordering::Relaxed);
     }
