@@ -401,6 +401,8 @@ def train(args):
         all_images += n
         if k == args.warmup:
             t_start = t0
+            if args.run in STOKER:
+                loader.reset_report()  # the report (verdict, CPU clocks) covers the measured steps alone
         if k >= args.warmup:
             wait += t1 - t0
             next_seconds += t1 - t0
@@ -466,6 +468,8 @@ def train(args):
             "transfer_gbps": report["transfer"]["gbps"],
             "starvation": report["starvation"],
             "bottleneck": report["bottleneck"]["stage"],
+            "verdict": report["bottleneck"],
+            "cpu": report["cpu"],
             "gpu_decode": report["gpu_decode"],
         })
     else:

@@ -254,6 +254,11 @@ class ImageLoader(LoaderBase):
         report["gpu_decode"] = json.loads(self._loader().gpu_decode_json())
         return report
 
+    def reset_report(self) -> None:
+        """Zeroes the counters of :meth:`report`; a pass still running is measured from now on
+        (call it after a warm-up to report the steady state alone)."""
+        self._loader().reset_report()
+
     def _loader(self) -> _stoker.Loader:
         native: _stoker.Loader = self._base()  # type: ignore[assignment]
         return native

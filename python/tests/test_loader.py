@@ -289,7 +289,10 @@ def test_bad_samples_skip_by_default_and_raise_on_request(bad_demo):
     assert "truncated" in reasons["zz_truncated.jpg"]
     assert "No such file" in reasons["zz_missing.jpg"]
     assert "skipped 5 bad sample(s)" in loader.report_text()
-    assert report["bottleneck"]["stage"] in {"consumer", "decode", "ops", "storage", "buffers", "delivery"}
+    assert report["bottleneck"]["stage"] in {"consumer", "decode", "ops", "storage", "buffers", "delivery", "cpu"}
+    # The CPU clocks beside the stages' wall times: the decode threads' CPU is the process's.
+    cpu = report["cpu"]
+    assert 0 < cpu["workers_seconds"] <= cpu["process_seconds"] and cpu["allowance"] >= 1, cpu
 
     # Regression: with one decoder fed by two I/O threads, a TurboJPEG handle reused after a
     # failed decode reported stale dimensions, so good files were skipped (about 1 run in 2).

@@ -368,7 +368,7 @@ impl Kind for Arrays {
         let counters = &self.counters;
         let mixture = self.tally.as_ref().and_then(|t| self.sampler.mixture_report(t));
         let section = counters.section(self.columns.len(), mixture);
-        let mut r = self.telemetry.report(|wall| counters.stages(wall, self.threads), section);
+        let mut r = self.telemetry.report(|wall| counters.stages(wall, self.threads), self.threads, section);
         r.bottleneck = Some(verdict(&r));
         r
     }

@@ -128,7 +128,7 @@ mod tests {
         c.copied(1024, Duration::from_millis(10));
         c.delivered();
         let tel = Telemetry::default();
-        let r = tel.report(|wall| c.stages(wall, 2), c.section(3, None));
+        let r = tel.report(|wall| c.stages(wall, 2), 2, c.section(3, None));
         assert_eq!(r.kind, ArraySection { batches: 1, columns: 3, bytes_copied: 5120, mixture: None });
         assert_eq!(r.stages[0].items, 2);
         // Nothing consumed: the consumer did not wait, the loader keeps up.

@@ -1,5 +1,7 @@
-//! The process's real CPU allowance: its affinity mask and its cgroup CPU quota, not the machine's
-//! core count. Two trainers on one host that each get four cores should each run four threads.
+//! The process's CPU: its real allowance (its affinity mask and its cgroup CPU quota, not the
+//! machine's core count: two trainers on one host that each get four cores should each run four
+//! threads), and the CPU clocks of the process and of a thread, by which reports say how busy the
+//! threads were ([`process_cpu`], [`ThreadCpu`]).
 
 use std::path::Path;
 
@@ -97,6 +99,65 @@ pub fn default_budget() -> f64 {
     }
 }
 
+/// CPU time of the process so far (all its threads, user and system), from the kernel's clock.
+pub fn process_cpu() -> std::time::Duration {
+    clock(libc::CLOCK_PROCESS_CPUTIME_ID)
+}
+
+/// CPU time of the calling thread so far.
+pub fn thread_cpu() -> std::time::Duration {
+    clock(libc::CLOCK_THREAD_CPUTIME_ID)
+}
+
+fn clock(id: libc::clockid_t) -> std::time::Duration {
+    let mut t = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: `clock_gettime` writes one `timespec` into `t`, which lives for the call.
+    if unsafe { libc::clock_gettime(id, &mut t) } != 0 {
+        return std::time::Duration::ZERO;
+    }
+    std::time::Duration::new(t.tv_sec.max(0) as u64, t.tv_nsec.clamp(0, 999_999_999) as u32)
+}
+
+/// The host's CPU time so far, all CPUs together, from `/proc/stat`'s first line, in clock
+/// ticks: `(busy, total)` (busy: user, nice, system, irq, softirq, steal; total adds idle and
+/// iowait). `None` where it cannot be read. The share of the host busy between two readings
+/// tells a process that gets fewer cores than it may use whether other processes hold them.
+pub fn host_cpu() -> Option<(u64, u64)> {
+    parse_proc_stat(&std::fs::read_to_string("/proc/stat").ok()?)
+}
+
+/// [`host_cpu`] of the text of `/proc/stat`.
+pub fn parse_proc_stat(s: &str) -> Option<(u64, u64)> {
+    let line = s.lines().next()?.strip_prefix("cpu ")?;
+    let v: Vec<u64> = line.split_whitespace().take(8).map(|x| x.parse().ok()).collect::<Option<_>>()?;
+    let [user, nice, system, idle, iowait, irq, softirq, steal] = v[..] else { return None };
+    let busy = user + nice + system + irq + softirq + steal;
+    Some((busy, busy + idle + iowait))
+}
+
+/// A worker thread's CPU clock, read in laps: each [`ThreadCpu::lap`] gives the CPU time the
+/// thread used since the previous one (one `clock_gettime` call, about a quarter of a
+/// microsecond: once per sample is free beside a decode).
+#[derive(Debug)]
+pub struct ThreadCpu {
+    last: std::time::Duration,
+}
+
+impl ThreadCpu {
+    /// Starts the clock of the calling thread (laps must be read on the same thread).
+    pub fn start() -> Self {
+        ThreadCpu { last: thread_cpu() }
+    }
+
+    /// CPU time used by this thread since the previous lap (or the start).
+    pub fn lap(&mut self) -> std::time::Duration {
+        let now = thread_cpu();
+        let d = now.saturating_sub(self.last);
+        self.last = now;
+        d
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -106,6 +167,34 @@ mod tests {
         assert_eq!(parse_cpu_max("max 100000\n"), None);
         assert_eq!(parse_cpu_max("150000 100000\n"), Some(1.5));
         assert_eq!(parse_cpu_max("garbage"), None);
+    }
+
+    #[test]
+    fn proc_stat_parsing() {
+        let s = "cpu  100 5 50 1000 20 3 2 10 0 0\ncpu0 50 2 25 500 10 1 1 5 0 0\n";
+        assert_eq!(parse_proc_stat(s), Some((170, 1190)));
+        assert_eq!(parse_proc_stat("cpu0 1 2 3\n"), None);
+        assert_eq!(parse_proc_stat("cpu  1 2 x 4 5 6 7 8\n"), None);
+        let (busy, total) = host_cpu().expect("/proc/stat on Linux");
+        assert!(busy <= total && total > 0);
+    }
+
+    #[test]
+    fn the_clocks_count_cpu_not_sleep() {
+        let (p0, mut t) = (process_cpu(), ThreadCpu::start());
+        std::thread::sleep(std::time::Duration::from_millis(30));
+        let slept = t.lap();
+        let spin = std::time::Instant::now();
+        let mut x = 0u64;
+        while spin.elapsed() < std::time::Duration::from_millis(30) {
+            x = std::hint::black_box(x.wrapping_add(1));
+        }
+        let spun = t.lap();
+        // A sleep costs next to no CPU; a spin of 30 ms of wall time costs CPU (at most its wall
+        // time: less only when the machine is busy elsewhere).
+        assert!(slept < std::time::Duration::from_millis(5), "{slept:?}");
+        assert!(spun > slept && spun <= std::time::Duration::from_millis(31), "{spun:?}");
+        assert!(process_cpu() - p0 >= spun, "the process clock holds the thread's");
     }
 
     #[test]

@@ -34,6 +34,8 @@ pub struct Report<S> {
     pub stages: Vec<StageReport>,
     /// Fraction of the consumer's time spent waiting for data.
     pub starvation: f64,
+    /// The CPU clocks over the passes: the process's and its workers'.
+    pub cpu: CpuReport,
     /// Which stage limits throughput, and what to do (`None`: the kind has no verdict yet,
     /// such as a token loader before its first iteration).
     pub bottleneck: Option<Bottleneck>,
@@ -67,6 +69,31 @@ pub struct StageReport {
     pub wait_seconds: f64,
     /// busy / (wall * threads).
     pub utilization: f64,
+}
+
+/// What the CPU clocks say over a loader's passes: the process's CPU time (all its threads,
+/// the trainer's included) and the CPU time of the threads doing the kind's per-sample work
+/// (decode threads, tokenizer threads). A stage's `utilization` is wall time inside its work,
+/// which counts a thread that waits for a core as busy; these count what ran.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct CpuReport {
+    /// CPU seconds of the whole process while the passes ran.
+    pub process_seconds: f64,
+    /// `process_seconds / wall_seconds`: cores the process kept busy on average.
+    pub process_cores: f64,
+    /// CPU seconds of the worker threads.
+    pub workers_seconds: f64,
+    /// The workers' CPU seconds over what they could have used: `wall_seconds` times
+    /// `min(threads, allowance)` (16 threads on 2 cores can use 2 cores, not 16).
+    pub workers_busy: f64,
+    /// Worker threads at work now.
+    pub threads: usize,
+    /// CPUs this process may use (affinity mask and cgroup quota).
+    pub allowance: usize,
+    /// The share of the host's CPU time (all its CPUs, every process) that was busy while the
+    /// passes ran, from `/proc/stat` (`None` where it cannot be read): near 1 while this process
+    /// uses fewer cores than it may, other processes hold them.
+    pub host_busy: Option<f64>,
 }
 
 /// The bottleneck verdict.
@@ -155,6 +182,20 @@ impl<S: Section> Report<S> {
                 st.wait_seconds,
                 st.utilization * 100.0
             ));
+        }
+        let c = &self.cpu;
+        s.push_str(&format!(
+            "cpu: process {:.1} of {} cores; workers {:.1} cores ({} busy of min({} threads, {} cores))\n",
+            c.process_cores,
+            c.allowance,
+            c.workers_busy * c.threads.min(c.allowance).max(1) as f64,
+            percent(c.workers_busy),
+            c.threads,
+            c.allowance
+        ));
+        if let Some(h) = c.host_busy {
+            s.truncate(s.len() - 1);
+            s.push_str(&format!("; host {} busy\n", percent(h)));
         }
         if let Some(t) = &self.transfer {
             s.push_str(&format!(
@@ -327,7 +368,7 @@ mod tests {
         let tel = Telemetry::default();
         tel.add_samples(7);
         let stage = |_| vec![StageReport { name: "make".into(), threads: 2, items: 3, ..StageReport::default() }];
-        let mut r = tel.report(stage, Mine { widgets: 3 });
+        let mut r = tel.report(stage, 2, Mine { widgets: 3 });
         r.bottleneck = keeps_up(r.starvation);
         let v = serde_json::to_value(&r).unwrap();
         let mut keys: Vec<&str> = v.as_object().unwrap().keys().map(String::as_str).collect();
@@ -336,6 +377,7 @@ mod tests {
             keys,
             [
                 "bottleneck",
+                "cpu",
                 "device",
                 "samples",
                 "skipped",
@@ -364,7 +406,7 @@ mod tests {
         let tel = Telemetry::default();
         tel.set_device(DeviceReport { requested: "cuda".into(), used: "cuda:0".into(), note: None });
         tel.add_transfer(2_000_000_000, std::time::Duration::from_secs(1));
-        let r = tel.report(|_| vec![], Mine { widgets: 0 });
+        let r = tel.report(|_| vec![], 1, Mine { widgets: 0 });
         assert_eq!(r.stages.last().map(|s| s.name.as_str()), Some("transfer"));
         let t = r.transfer.expect("a transfer report on a GPU");
         assert_eq!((t.batches, t.bytes, t.gbps), (1, 2_000_000_000, 2.0));

@@ -1,13 +1,13 @@
 //! Cheap always-on counters: [`StageCounters`] for any stage (a kind keeps its own stages'
 //! counters beside its work), and [`Telemetry`], the shell's counters every loader has (buffer
-//! wait, consumer, transfer, samples, skipped samples, device, the wall clock of its passes),
-//! from which a [`Report`] is made.
+//! wait, consumer, transfer, samples, skipped samples, device, the wall clock and the process's
+//! CPU clock over its passes, its workers' CPU time), from which a [`Report`] is made.
 //!
 //! Each stage counts items, busy time (doing its work) and wait time (blocked on its input or
 //! output). The consumer counts the time it waited inside `next()`: the *starvation* fraction,
 //! the single most important number for a training job.
 
-use super::report::{DeviceReport, Report, Skipped, StageReport, TransferReport};
+use super::report::{CpuReport, DeviceReport, Report, Skipped, StageReport, TransferReport};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -123,8 +123,38 @@ pub struct Telemetry {
     samples: AtomicU64,
     skipped: Mutex<Vec<Skipped>>,
     skipped_total: AtomicU64,
-    started: Mutex<Option<Instant>>,
+    /// The running pass's start: wall clock, the process's CPU clock and the host's.
+    started: Mutex<Option<Start>>,
     wall_ns: AtomicU64,
+    /// The host's busy and total CPU ticks over the passes.
+    host: Mutex<(u64, u64)>,
+    cpu_ns: AtomicU64,
+    workers_cpu_ns: AtomicU64,
+    allowance: std::sync::OnceLock<usize>,
+}
+
+/// The clocks at the start of a pass.
+#[derive(Debug, Clone, Copy)]
+struct Start {
+    wall: Instant,
+    cpu: Duration,
+    host: Option<(u64, u64)>,
+}
+
+impl Start {
+    fn now() -> Self {
+        Start { wall: Instant::now(), cpu: super::cpu::process_cpu(), host: super::cpu::host_cpu() }
+    }
+
+    /// Wall seconds, process CPU seconds and the host's (busy, total) ticks since the start.
+    fn since(&self) -> (f64, f64, (u64, u64)) {
+        let host = match (self.host, super::cpu::host_cpu()) {
+            (Some((b0, t0)), Some((b1, t1))) => (b1.saturating_sub(b0), t1.saturating_sub(t0)),
+            _ => (0, 0),
+        };
+        let cpu = super::cpu::process_cpu().saturating_sub(self.cpu);
+        (self.wall.elapsed().as_secs_f64(), cpu.as_secs_f64(), host)
+    }
 }
 
 /// Cap on the skip list kept in memory (the count is always exact).
@@ -143,6 +173,10 @@ impl Default for Telemetry {
             skipped_total: AtomicU64::new(0),
             started: Mutex::new(None),
             wall_ns: AtomicU64::new(0),
+            host: Mutex::new((0, 0)),
+            cpu_ns: AtomicU64::new(0),
+            workers_cpu_ns: AtomicU64::new(0),
+            allowance: std::sync::OnceLock::new(),
         }
     }
 }
@@ -152,24 +186,44 @@ impl Telemetry {
     pub fn start(&self) {
         let mut s = self.started.lock().expect("telemetry lock");
         if s.is_none() {
-            *s = Some(Instant::now());
+            *s = Some(Start::now());
         }
     }
 
-    /// Marks the end of a pass (accumulates wall time).
+    /// Marks the end of a pass (accumulates wall time, the process's CPU time and the host's).
     pub fn stop(&self) {
-        if let Some(t) = self.started.lock().expect("telemetry lock").take() {
-            self.wall_ns.fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        if let Some(start) = self.started.lock().expect("telemetry lock").take() {
+            let (wall, cpu, (busy, total)) = start.since();
+            self.wall_ns.fetch_add((wall * 1e9) as u64, Ordering::Relaxed);
+            self.cpu_ns.fetch_add((cpu * 1e9) as u64, Ordering::Relaxed);
+            let mut h = self.host.lock().expect("telemetry lock");
+            *h = (h.0 + busy, h.1 + total);
         }
     }
 
     /// Seconds the passes ran so far (the one running included).
     pub fn wall_seconds(&self) -> f64 {
+        self.clocks().0
+    }
+
+    /// Wall seconds, the process's CPU seconds and the host's (busy, total) CPU ticks over the
+    /// passes so far (the one running included).
+    fn clocks(&self) -> (f64, f64, (u64, u64)) {
         let mut wall = self.wall_ns.load(Ordering::Relaxed) as f64 * 1e-9;
-        if let Some(t) = *self.started.lock().expect("telemetry lock") {
-            wall += t.elapsed().as_secs_f64();
+        let mut cpu = self.cpu_ns.load(Ordering::Relaxed) as f64 * 1e-9;
+        let mut host = *self.host.lock().expect("telemetry lock");
+        if let Some(start) = *self.started.lock().expect("telemetry lock") {
+            let (w, c, (b, t)) = start.since();
+            (wall, cpu, host) = (wall + w, cpu + c, (host.0 + b, host.1 + t));
         }
-        wall
+        (wall, cpu, host)
+    }
+
+    /// Adds CPU time a worker thread used (its [`super::cpu::ThreadCpu`] laps): the threads
+    /// that do the kind's per-sample work, whose busy share the verdict weighs.
+    #[inline]
+    pub fn add_workers_cpu(&self, cpu: Duration) {
+        self.workers_cpu_ns.fetch_add(cpu.as_nanos() as u64, Ordering::Relaxed);
     }
 
     /// Records where batches are delivered (shown in every report).
@@ -197,7 +251,7 @@ impl Telemetry {
         }
     }
 
-    /// Zeroes every counter.
+    /// Zeroes every counter; a pass still running is measured from now on.
     pub fn reset(&self) {
         for s in [&self.buffers, &self.consumer, &self.transfer] {
             s.reset();
@@ -206,16 +260,42 @@ impl Telemetry {
         self.samples.store(0, Ordering::Relaxed);
         self.skipped.lock().expect("telemetry lock").clear();
         self.skipped_total.store(0, Ordering::Relaxed);
-        *self.started.lock().expect("telemetry lock") = None;
+        // A pass still running is measured from now on (a report reset after a warm-up
+        // measures the steady state that follows it).
+        let mut started = self.started.lock().expect("telemetry lock");
+        if started.is_some() {
+            *started = Some(Start::now());
+        }
         self.wall_ns.store(0, Ordering::Relaxed);
+        *self.host.lock().expect("telemetry lock") = (0, 0);
+        self.cpu_ns.store(0, Ordering::Relaxed);
+        self.workers_cpu_ns.store(0, Ordering::Relaxed);
+    }
+
+    /// The CPU clocks over the passes' `wall` seconds, with `threads` workers at work now.
+    fn cpu(&self, wall: f64, process: f64, (busy, total): (u64, u64), threads: usize) -> CpuReport {
+        let allowance = *self.allowance.get_or_init(|| super::cpu::allowance().effective);
+        let workers = self.workers_cpu_ns.load(Ordering::Relaxed) as f64 * 1e-9;
+        let usable = threads.min(allowance).max(1) as f64;
+        let per = |x: f64| if wall > 0.0 { x / wall } else { 0.0 };
+        CpuReport {
+            process_seconds: process,
+            process_cores: per(process),
+            workers_seconds: workers,
+            workers_busy: per(workers) / usable,
+            threads,
+            allowance,
+            host_busy: (total > 0).then(|| busy as f64 / total as f64),
+        }
     }
 
     /// A report: the kind's stages (`stages` makes them over the wall seconds it is given),
     /// then the shell's (`buffer wait`, `consumer`, and `transfer` when batches go to a GPU),
-    /// the consumer's starvation, skipped samples, device and transfer, and the kind's
-    /// `section`. The kind adds its verdict and its tuning.
-    pub fn report<S>(&self, stages: impl FnOnce(f64) -> Vec<StageReport>, section: S) -> Report<S> {
-        let wall = self.wall_seconds();
+    /// the consumer's starvation, the CPU clocks (with `threads` workers at work now), skipped
+    /// samples, device and transfer, and the kind's `section`. The kind adds its verdict and
+    /// its tuning.
+    pub fn report<S>(&self, stages: impl FnOnce(f64) -> Vec<StageReport>, threads: usize, section: S) -> Report<S> {
+        let (wall, process, host) = self.clocks();
         let mut stages = stages(wall);
         let consumer = self.consumer.snapshot("consumer", 1, wall);
         let spent = consumer.busy_seconds + consumer.wait_seconds;
@@ -236,6 +316,7 @@ impl Telemetry {
             samples: self.samples.load(Ordering::Relaxed),
             stages,
             starvation,
+            cpu: self.cpu(wall, process, host, threads),
             bottleneck: None,
             skipped_count: self.skipped_total.load(Ordering::Relaxed),
             skipped: self.skipped.lock().expect("telemetry lock").clone(),

@@ -153,7 +153,7 @@ impl Kind for Images {
         let mixture = self.tally.as_ref().and_then(|t| self.sampler.mixture_report(t));
         let storage = self.source.storage_report().map(|s| StorageReport { note: self.order_note.clone(), ..s });
         let section = counters.section(self.cache.as_ref().map(|c| c.report()), mixture, storage);
-        let mut r = self.telemetry.report(stages, section);
+        let mut r = self.telemetry.report(stages, threads, section);
         let v = verdict(&r, threads, self.allowance, tuning.prefetch_active);
         r.bottleneck = Some(match &r.kind.mixture {
             Some(m) if v.stage != "consumer" => crate::shell::mix::with_slowest(v, m),

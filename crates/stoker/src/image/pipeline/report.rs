@@ -180,9 +180,18 @@ impl Section for ImageSection {
     }
 }
 
-/// The image verdict over a report: the consumer (the loader keeps up), the bus, storage, what
-/// holds the work of idle threads ([`idle`]), or the busy threads' stage (decode, ops, caption);
-/// `threads` work now of the `allowance`, `prefetch` batches may be ahead of the consumer.
+/// How busy the decode threads are, two ways: wall time inside their work over their threads
+/// (`running`: a thread that has work but waits for a core counts as busy), and their CPU time
+/// over the cores they can use (`cpu`, the CPU clock). The threads are the limit when either is
+/// at least [`BUSY`]: `running` alone high means they have work and the cores are taken
+/// (oversubscribed, or other processes), `cpu` high that they use every core they may.
+const BUSY: f64 = 0.7;
+
+/// The image verdict over a report: the consumer (the loader keeps up), the bus, storage, the
+/// busy threads' stage (decode, ops, caption: busy by their wall time or by the CPU clock), the
+/// process's other threads when they take the cores ([`crowded`]), or what holds the work of
+/// idle threads ([`idle`]); `threads` work now of the `allowance`, `prefetch` batches may be
+/// ahead of the consumer.
 pub(super) fn verdict(r: &ImageReport, threads: usize, allowance: usize, prefetch: usize) -> Bottleneck {
     if let Some(b) = keeps_up(r.starvation) {
         return b;
@@ -193,6 +202,7 @@ pub(super) fn verdict(r: &ImageReport, threads: usize, allowance: usize, prefetc
     let caption = stage("caption");
     let pct = percent;
     let worker_util = decode.utilization + ops.utilization + caption.utilization;
+    let cpu_busy = r.cpu.workers_busy;
     if let Some(t) = r.stage("transfer").filter(|t| t.utilization > 0.7) {
         return Bottleneck {
             stage: "transfer".into(),
@@ -206,7 +216,7 @@ pub(super) fn verdict(r: &ImageReport, threads: usize, allowance: usize, prefetc
                 .into(),
         };
     }
-    if read.utilization > 0.7 && worker_util < 0.7 {
+    if read.utilization > 0.7 && worker_util < BUSY && cpu_busy < BUSY {
         if let Some(st) = &r.kind.storage {
             return storage(st, &read, worker_util);
         }
@@ -221,22 +231,33 @@ pub(super) fn verdict(r: &ImageReport, threads: usize, allowance: usize, prefetc
             suggestion: "raise io_threads, use faster storage, or pack small files into shards".into(),
         };
     }
-    if worker_util < 0.7 {
+    if worker_util < BUSY && cpu_busy < BUSY {
+        if let Some(b) = crowded(r) {
+            return b;
+        }
         return idle(r, worker_util, prefetch);
     }
-    let more = if threads < allowance {
+    let more = if cpu_busy < 0.5 && worker_util >= BUSY {
+        // The threads have work but run half the time or less: the cores are taken.
+        format!(
+            "the threads have work but ran only {} of the time they could: the cores are taken by other \
+             processes or by more threads than cores (threads {threads}, allowance {allowance}); give the job \
+             cores of its own",
+            pct(cpu_busy)
+        )
+    } else if threads < allowance {
         format!("raise threads (now {threads}, allowance {allowance})")
     } else {
-        format!("all {threads} allowed CPUs are used: give the job more CPUs")
+        format!("all {allowance} allowed CPUs are used (threads {threads}): give the job more CPUs")
     };
+    let busy = busy_text(r);
     let worker_busy = (decode.busy_seconds + ops.busy_seconds + caption.busy_seconds).max(1e-9);
     if caption.busy_seconds > decode.busy_seconds.max(ops.busy_seconds) {
         Bottleneck {
             stage: "caption".into(),
             reason: format!(
-                "caption-bound: tokenizing captions takes {} of worker time, threads are {} busy",
+                "caption-bound: tokenizing captions takes {} of worker time; {busy}",
                 pct(caption.busy_seconds / worker_busy),
-                pct(worker_util)
             ),
             suggestion: format!("{more}, or a shorter context_length (long captions are cut there anyway)"),
         }
@@ -244,9 +265,8 @@ pub(super) fn verdict(r: &ImageReport, threads: usize, allowance: usize, prefetc
         Bottleneck {
             stage: "decode".into(),
             reason: format!(
-                "decode-bound: decode takes {} of worker time, threads are {} busy",
+                "decode-bound: decode takes {} of worker time; {busy}",
                 pct(decode.busy_seconds / worker_busy),
-                pct(worker_util)
             ),
             suggestion: format!(
                 "{more}, or pre-resized shards (`stoker pack --max-side 512`: smaller JPEGs decode faster)"
@@ -256,13 +276,74 @@ pub(super) fn verdict(r: &ImageReport, threads: usize, allowance: usize, prefetc
         Bottleneck {
             stage: "ops".into(),
             reason: format!(
-                "ops-bound: resize/normalise take {} of worker time, threads are {} busy",
+                "ops-bound: resize/normalise take {} of worker time; {busy}",
                 pct(ops.busy_seconds / worker_busy),
-                pct(worker_util)
             ),
             suggestion: format!("{more}, output uint8 and normalise on the GPU, or pre-resize images"),
         }
     }
+}
+
+/// How busy the decode threads were, in a verdict's words: by the CPU clock (the cores they
+/// used of those they could) and by their wall time, with the process's cores.
+fn busy_text(r: &ImageReport) -> String {
+    let c = &r.cpu;
+    let usable = c.threads.min(c.allowance).max(1);
+    let running: f64 = ["decode", "ops", "caption"].iter().filter_map(|n| r.stage(n)).map(|s| s.utilization).sum();
+    format!(
+        "threads {} busy by the CPU clock ({:.1} of {usable} usable cores) and {} of their wall time; the \
+         process used {:.1} of {} cores",
+        percent(c.workers_busy),
+        c.workers_busy * usable as f64,
+        percent(running),
+        c.process_cores,
+        c.allowance
+    )
+}
+
+/// The verdict when the decode threads are not busy but the cores are: the process keeps nearly
+/// all of its allowance busy with other threads (the training loop, PyTorch's CPU thread pool
+/// spinning between ops, a tokenizer), or the host's CPUs are nearly all busy while this process
+/// uses fewer than it may (other processes hold them; the pipeline's threads then wait for a
+/// core and for each other). The cores are the limit: neither more prefetch nor more threads
+/// would help. `None` when cores are free.
+fn crowded(r: &ImageReport) -> Option<Bottleneck> {
+    let c = &r.cpu;
+    let workers = c.workers_busy * c.threads.min(c.allowance).max(1) as f64;
+    let allowance = c.allowance as f64;
+    if c.process_cores < 0.85 * allowance {
+        let host = c.host_busy.filter(|&h| h >= 0.9)?;
+        return Some(Bottleneck {
+            stage: "cpu".into(),
+            reason: format!(
+                "the host's CPUs are {} busy but this process uses only {:.1} of the {} cores it may (its decode \
+                 threads {workers:.1}): other processes hold the cores, and the loader's threads wait for a core and \
+                 for each other",
+                percent(host),
+                c.process_cores,
+                c.allowance
+            ),
+            suggestion: "give the job cores of its own (fewer processes on the host, or a CPU set per job), or \
+                         share the host's cores among stoker processes (STOKER_SHARED_BUDGET, on by default)"
+                .into(),
+        });
+    }
+    if c.process_cores - workers < 0.25 * allowance {
+        return None;
+    }
+    Some(Bottleneck {
+        stage: "cpu".into(),
+        reason: format!(
+            "the process keeps {:.1} of its {} cores busy but its decode threads use only {workers:.1} of them: the \
+             other {:.1} go to other threads of the process (the training loop, PyTorch's CPU threads)",
+            c.process_cores,
+            c.allowance,
+            c.process_cores - workers
+        ),
+        suggestion: "leave the cores to the decode threads: torch.set_num_threads(1) in a GPU trainer (PyTorch's \
+                     CPU pool spins between ops), move CPU work out of the step, or give the job more CPUs"
+            .into(),
+    })
 }
 
 /// The verdict when reads from object storage hold the decode threads back: samples read one
@@ -363,6 +444,7 @@ fn idle(r: &ImageReport, worker_util: f64, prefetch: usize) -> Bottleneck {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::observe::report::CpuReport;
     use std::time::Duration;
 
     /// An image report over `wall`-second counters with the consumer waiting `waited` of 10 s.
@@ -379,12 +461,24 @@ mod tests {
         tel.start();
         tel.stop();
         let captions = c.caption.busy_ns() > 0;
-        let mut r = tel.report(|_| c.stages(10.0, 2, 1, captions), c.section(None, None, None));
+        let mut r = tel.report(|_| c.stages(10.0, 2, 1, captions), 2, c.section(None, None, None));
         // The counters' stages over 10 s, whatever the real clock said.
         for s in &mut r.stages {
             s.utilization = s.busy_seconds / (10.0 * s.threads as f64);
         }
         r.wall_seconds = 10.0;
+        // The CPU clock agreeing with the wall times: the workers ran whenever they had work,
+        // on 2 threads of 4 cores, and the process's other threads hardly used any CPU.
+        let workers: f64 = r.stages.iter().filter(|s| s.threads == 2).map(|s| s.busy_seconds).sum::<f64>() / 10.0;
+        r.cpu = CpuReport {
+            process_seconds: 10.0 * workers + 1.0,
+            process_cores: workers + 0.1,
+            workers_seconds: 10.0 * workers,
+            workers_busy: workers / 2.0,
+            threads: 2,
+            allowance: 4,
+            host_busy: None,
+        };
         r
     }
 
@@ -408,6 +502,98 @@ mod tests {
         // Busy threads are the limit as before.
         c.decode.record(Duration::from_secs(8));
         assert_eq!(verdict(&report_with(&c, 6, 4), 2, 4, 2).stage, "decode");
+    }
+
+    /// [`report_with`] with the CPU clocks: the process used `process` cores and the `threads`
+    /// workers `workers` cores of an `allowance`, over the 10 s.
+    fn clocked(
+        c: &ImageCounters,
+        waited: u64,
+        dispatcher: u64,
+        threads: usize,
+        allowance: usize,
+        clocks: (f64, f64),
+    ) -> ImageReport {
+        let mut r = report_with(c, waited, dispatcher);
+        let (process, workers) = clocks;
+        let usable = threads.min(allowance) as f64;
+        r.cpu = CpuReport {
+            process_seconds: process * 10.0,
+            process_cores: process,
+            workers_seconds: workers * 10.0,
+            workers_busy: workers / usable,
+            threads,
+            allowance,
+            host_busy: None,
+        };
+        for s in r.stages.iter_mut().filter(|s| ["decode", "ops"].contains(&s.name.as_str())) {
+            s.threads = threads;
+            s.utilization = s.busy_seconds / (10.0 * threads as f64);
+        }
+        r
+    }
+
+    #[test]
+    fn a_verdict_follows_the_cpu_clock_not_the_dispatcher_s_wait() {
+        // 16 threads whose wall time says half busy while the dispatcher waits 55% of the time
+        // at the prefetch gate (as a decode-bound run of a 16-core host reported), but whose CPU
+        // clock says 14.4 of 16 cores: decode-bound, and no advice to raise prefetch.
+        let c = ImageCounters::default();
+        c.decode.record(Duration::from_secs(64));
+        c.ops.record(Duration::from_secs(16));
+        let b = verdict(&clocked(&c, 2, 5, 16, 16, (15.0, 14.4)), 16, 16, 2);
+        assert_eq!(b.stage, "decode", "{b:?}");
+        assert!(b.reason.contains("threads 90% busy by the CPU clock (14.4 of 16 usable cores)"), "{}", b.reason);
+        assert!(!b.suggestion.contains("prefetch"), "{}", b.suggestion);
+        // The same wall times with the CPU clock agreeing (8 of 16 cores) and the process's
+        // other cores free: the threads run out of work at the gate, and prefetch is the fix.
+        let b = verdict(&clocked(&c, 2, 5, 16, 16, (8.5, 8.0)), 16, 16, 2);
+        assert_eq!(b.stage, "buffers", "{b:?}");
+        assert!(b.suggestion.starts_with("raise prefetch"), "{}", b.suggestion);
+        // Half busy decode threads in a process that keeps 15 of its 16 cores busy: other
+        // threads take the cores; neither prefetch nor threads would help.
+        let b = verdict(&clocked(&c, 2, 5, 16, 16, (15.0, 8.0)), 16, 16, 2);
+        assert_eq!(b.stage, "cpu", "{b:?}");
+        assert!(b.reason.contains("other 7.0 go to other threads"), "{}", b.reason);
+        assert!(!b.suggestion.contains("prefetch"), "{}", b.suggestion);
+    }
+
+    #[test]
+    fn a_host_whose_cores_other_processes_hold_is_named_not_prefetch() {
+        // Two threads idle half the time, the process on 1 of its 2 cores, the host 97% busy.
+        let c = ImageCounters::default();
+        c.decode.record(Duration::from_secs(8));
+        c.ops.record(Duration::from_secs(2));
+        let mut r = clocked(&c, 6, 0, 2, 2, (1.0, 0.95));
+        r.cpu.host_busy = Some(0.97);
+        let b = verdict(&r, 2, 2, 2);
+        assert_eq!(b.stage, "cpu", "{b:?}");
+        assert!(b.reason.contains("host's CPUs are 97% busy") && b.reason.contains("only 1.0 of the 2"), "{b:?}");
+        assert!(!b.suggestion.contains("prefetch"), "{b:?}");
+        // The same with the host's other CPUs idle: what holds the work is named as before.
+        r.cpu.host_busy = Some(0.55);
+        assert_eq!(verdict(&r, 2, 2, 2).stage, "delivery");
+    }
+
+    #[test]
+    fn oversubscribed_or_crowded_threads_are_still_the_limit() {
+        // 16 threads on 2 cores: each inside its work all the time (wall), 1.9 of the 2 cores
+        // by the CPU clock: decode-bound, busy as a share of the 2 usable cores.
+        let c = ImageCounters::default();
+        c.decode.record(Duration::from_secs(150));
+        c.ops.record(Duration::from_secs(10));
+        let b = verdict(&clocked(&c, 6, 8, 16, 2, (2.0, 1.9)), 16, 2, 2);
+        assert_eq!(b.stage, "decode", "{b:?}");
+        assert!(b.reason.contains("95% busy by the CPU clock (1.9 of 2 usable cores)"), "{}", b.reason);
+        assert!(b.suggestion.starts_with("all 2 allowed CPUs are used (threads 16)"), "{}", b.suggestion);
+        // Two threads with work all the time that ran 40% of it (other processes hold the
+        // cores): still the threads' stage, and the advice names the taken cores.
+        let c = ImageCounters::default();
+        c.decode.record(Duration::from_secs(18));
+        c.ops.record(Duration::from_secs(2));
+        let b = verdict(&clocked(&c, 6, 8, 2, 2, (0.9, 0.8)), 2, 2, 2);
+        assert_eq!(b.stage, "decode", "{b:?}");
+        assert!(b.suggestion.contains("the cores are taken"), "{}", b.suggestion);
     }
 
     #[test]

@@ -142,7 +142,10 @@ pub(super) fn decode_loop(
             return;
         }
     };
+    // The thread's CPU time, lapped after each sample: the verdict weighs it against the cores.
+    let mut cpu = crate::observe::cpu::ThreadCpu::start();
     loop {
+        sh.telemetry.add_workers_cpu(cpu.lap());
         let t_wait = Instant::now();
         // Autotuned: only the first `threads_active` workers take work. A cancelled pass ends
         // the wait but not the loop: every queued task must still complete (below), or its

@@ -128,7 +128,7 @@ impl Kind for Tokens {
             tokenizer,
             cache: self.autocache.as_ref().map(|c| c.report()),
         };
-        let mut r = self.telemetry.report(|wall| self.stats.stages(wall, threads), section);
+        let mut r = self.telemetry.report(|wall| self.stats.stages(wall, threads), threads, section);
         if self.stats.started.get().is_some() {
             let tokenizes = self.tokenizer.is_some();
             r.bottleneck = Some(self.stats.bottleneck(r.wall_seconds, threads, tokenizes, consumer_wait));

@@ -382,7 +382,11 @@ impl Kind for TokenMix {
                 .collect()
         };
         let verdict = mixture.starved_by();
-        let mut r = self.telemetry().report(stages, MixSection { mixture: mixture.clone(), counts });
+        let mut r = self.telemetry().report(
+            stages,
+            self.subs.iter().map(|s| s.threads()).sum(),
+            MixSection { mixture: mixture.clone(), counts },
+        );
         if r.samples > 0 {
             r.bottleneck = keeps_up(r.starvation).or(verdict);
         }

@@ -47,7 +47,10 @@ pub(super) fn spawn_tokenizing<S: Send + 'static>(
         let read_all = read_all.clone();
         run.spawn(format!("stoker-tokenize-{k}"), move || {
             let tok = sh.tokenizer.clone();
+            // The thread's CPU time, lapped after each chunk (the report's `cpu.workers_*`).
+            let mut cpu = crate::observe::cpu::ThreadCpu::start();
             loop {
+                sh.telemetry.add_workers_cpu(cpu.lap());
                 // Autotuned out: parked until the tuner wants this thread again or the work ends.
                 while k >= sh.tuner.threads_active() {
                     if cancel.load(Ordering::Acquire) || (read_all.load(Ordering::Acquire) && rx.is_empty()) {
