@@ -158,9 +158,10 @@ class ImageLoader(LoaderBase):
     default 0.5) on the GPU: the decode threads read those JPEGs and draw their crops and flips
     as usual, the JPEGs cross the bus in the batch's own pinned buffer, and nvJPEG (its hardware
     JPEG engines where the GPU has them: A100, H100, H200) decodes them on stoker's stream, where
-    stoker's resampler writes each crop into the batch. ``decode='auto'`` tunes the share so that
-    the CPU threads and the GPU finish each batch together, and decodes on the CPU where GPU
-    decode cannot run (the device note says why). nvJPEG is loaded at run time (from PyTorch's or
+    stoker's resampler writes each crop into the batch. ``decode='auto'`` starts on the CPU and moves a
+    share to the GPU only while that gives the training loop its batches sooner (the GPU's decode
+    runs beside the training step), back to none when the loop is fed, and decodes on the CPU
+    where GPU decode cannot run (the device note says why). nvJPEG is loaded at run time (from PyTorch's or
     torchvision's wheels, or the system). Only baseline JPEGs without EXIF rotation go to the GPU;
     a JPEG nvJPEG refuses is decoded on the CPU, so none is lost. GPU-decoded pixels differ from
     libjpeg-turbo's by nvJPEG's IDCT rounding (a few levels; the crop, resampling, flip and

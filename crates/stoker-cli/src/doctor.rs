@@ -250,7 +250,8 @@ pub fn advise(f: &Facts) -> Vec<String> {
     if f.nvjpeg.get("version").is_some() {
         advice.push(
             "nvJPEG is usable: when the CPU cannot keep a light model (ResNet-18, ViT-S) fed, \
-             decode='auto' lets the GPU (its JPEG engines where it has them) decode a share of each batch"
+             decode='auto' tries a share of each batch on the GPU (its JPEG engines where it has them) and \
+             keeps it only while the training loop gets its batches sooner"
                 .into(),
         );
     }

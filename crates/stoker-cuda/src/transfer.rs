@@ -30,6 +30,7 @@
 //! release point) and are allocated on demand, so keeping them costs only their few bytes.
 
 use crate::driver::{DeviceMem, Event, Gpu, Stream};
+use crate::gpu_decode::Consumer;
 use crossbeam_channel::Sender;
 use std::any::Any;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -680,15 +681,12 @@ impl Transfer {
     {
         self.gpu.bind_forever()?;
         let tel = self.telemetry.as_deref();
+        if let Some(gd) = &self.gpu_decode {
+            gd.split.restart();
+        }
         let mut regions = Vec::new();
         let mut deferred = Vec::new();
-        let decode_start = match &self.gpu_decode {
-            Some(_) => Some(Event::new(&self.gpu, true)?),
-            None => None,
-        };
-        let mut last_arrival: Option<Instant> = None;
         for seq in 0.. {
-            let t_poll = Instant::now();
             let host = loop {
                 if self.cancelled() {
                     return Ok(());
@@ -701,8 +699,6 @@ impl Transfer {
             };
             let host = InFlight { host: Some(host), stream: &self.stream };
             let t0 = Instant::now();
-            let (host_wait, interval) = (t0 - t_poll, last_arrival.map_or(Duration::ZERO, |l| t0 - l));
-            last_arrival = Some(t0);
             let Some(mut slot) = self.take_slot()? else { return Ok(()) };
             let t1 = Instant::now();
             if let Some(t) = tel {
@@ -739,10 +735,9 @@ impl Transfer {
                 deferred.clear();
                 b.deferred(&mut deferred);
                 if !deferred.is_empty() {
-                    let (Some(gd), Some(ev)) = (&self.gpu_decode, &decode_start) else {
+                    let Some(gd) = &self.gpu_decode else {
                         return Err(Error::Internal("a batch left samples to a GPU decode this stage lacks".into()));
                     };
-                    ev.record(self.stream.raw())?;
                     let (src, len) = regions[0];
                     // SAFETY: region 0 of the host batch, alive (and unmodified) until its
                     // `ready` event has completed (as for the copy above).
@@ -789,11 +784,11 @@ impl Transfer {
             let copied = ready.synchronize();
             let ms = copied.as_ref().ok().and_then(|_| ready.elapsed_since(&start).ok());
             copied?;
-            if let (Some(gd), Some(ev), false) = (&self.gpu_decode, &decode_start, deferred.is_empty()) {
-                // The GPU's decode of this batch: from its start event to `ready` (the host time
-                // of a hybrid decode is inside that span too, as the event was recorded first).
-                let gpu_ms = ready.elapsed_since(ev).unwrap_or(0.0);
-                gd.split.batch(interval, host_wait, Duration::from_secs_f64(f64::from(gpu_ms.max(0.0)) * 1e-3));
+            if let (Some(gd), Some(t)) = (&self.gpu_decode, tel) {
+                // `auto` weighs the consumer's interval between batches (its counters are fed
+                // by the device iterator's pass).
+                let c = &t.consumer;
+                gd.split.batch(Consumer { batches: c.items(), busy_ns: c.busy_ns(), wait_ns: c.wait_ns() });
             }
             let mut host = host;
             drop(host.host.take());

@@ -4,8 +4,8 @@
 //! memory and stoker's resampler (`kernels/resize.cu`, the CPU path's arithmetic) writes each
 //! crop into its place in the device batch, before the batch's `ready` event.
 //!
-//! With `auto`, [`Split`] moves the share of each batch between the CPU threads and the GPU so
-//! that both finish a batch in the same time.
+//! With `auto`, [`Split`] moves the share of each batch left to the GPU by what the consumer
+//! gets: none while the CPU keeps up, more only while more gives it batches sooner.
 //!
 //! Pixels: nvJPEG's IDCT and upsampling round differently from libjpeg-turbo's, so GPU-decoded
 //! samples differ from the CPU's by a few levels (`benches/gpu_decode_diff.py` measures it on
@@ -16,7 +16,7 @@ mod nvjpeg;
 mod split;
 
 pub use nvjpeg::{add_candidates, describe};
-pub use split::Split;
+pub use split::{Consumer, Split};
 
 use crate::driver::{copy_to_device, DeviceMem, Gpu, Kernel, PinnedMem, Stream};
 use std::ffi::CStr;

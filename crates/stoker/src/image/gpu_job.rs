@@ -39,8 +39,8 @@ pub enum DecodeOn {
     Cpu,
     /// This share of each batch (0 < share <= 1) on the GPU, the rest on the CPU.
     Gpu(f64),
-    /// A share the transfer stage tunes so that the CPU threads and the GPU finish a batch
-    /// together.
+    /// A share the transfer stage tunes for the consumer's batches per second: none while the
+    /// CPU keeps up, more only while more shortens the consumer's interval.
     Auto,
 }
 
@@ -50,12 +50,13 @@ impl DecodeOn {
         !matches!(self, DecodeOn::Cpu)
     }
 
-    /// The share to start with, in thousandths: the fixed share, or one half for `auto`.
+    /// The share to start with, in thousandths: the fixed share, or none for `auto` (which
+    /// raises it only while that gives the consumer more batches per second).
     pub fn start_permille(self) -> u32 {
         match self {
             DecodeOn::Cpu => 0,
             DecodeOn::Gpu(s) => (s * 1000.0).round().clamp(1.0, 1000.0) as u32,
-            DecodeOn::Auto => 500,
+            DecodeOn::Auto => 0,
         }
     }
 }

@@ -47,6 +47,11 @@ impl StageCounters {
         self.wait_ns.fetch_add(wait.as_nanos() as u64, Ordering::Relaxed);
     }
 
+    /// Items so far.
+    pub fn items(&self) -> u64 {
+        self.items.load(Ordering::Relaxed)
+    }
+
     /// Total busy nanoseconds so far.
     pub fn busy_ns(&self) -> u64 {
         self.busy_ns.load(Ordering::Relaxed)
