@@ -706,6 +706,12 @@ def main():
             print(f"run {r + 1} {name:16s} {rec['images_per_sec']:8.1f} img/s  GPU idle {rec['gpu_wait_fraction']:6.1%}"
                   f"  {rec['cpu_s_per_1000']:6.2f} CPU-s/1000  RSS {rss / MiB:7.0f} MiB"
                   f"  GPU data {rec['gpu_data_peak_bytes'] / MiB:6.0f} MiB", file=sys.stderr)
+            if "cpu" in rec:  # stoker's own account of the measured steps (its report, reset after warm-up)
+                c, share = rec["cpu"], (rec.get("gpu_decode") or {}).get("share")
+                print(f"      verdict {rec['bottleneck']}: decode threads {c['workers_busy']:.0%} busy by the CPU "
+                      f"clock, process {c['process_cores']:.1f} of {c['allowance']} cores, host "
+                      f"{c['host_busy'] if c['host_busy'] is None else format(c['host_busy'], '.0%')} busy; "
+                      f"GPU share {share}", file=sys.stderr)
 
     def med(name, key):
         return statistics.median(x[key] for x in runs[name])

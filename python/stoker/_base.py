@@ -335,7 +335,8 @@ class LoaderBase:
         ``samples`` (rows for arrays and tokens) delivered, ``stages`` (each with ``name``,
         ``threads``, ``items``, ``busy_seconds``, ``wait_seconds``, ``utilization``: the kind's
         stages, then ``buffer wait``, ``consumer`` and, on a GPU, ``transfer``), ``starvation``
-        (the consumer's share of time waiting for data), ``cpu`` (the CPU clocks over the passes:
+        (the consumer's share of time waiting for data) and ``starvation_steady`` (the same
+        without each pass's first batch, the pipeline's fill: what the verdict weighs), ``cpu`` (the CPU clocks over the passes:
         ``process_seconds`` and ``process_cores`` of the whole process, ``workers_seconds`` and
         ``workers_busy`` of the threads doing the per-sample work, their ``threads``, the
         ``allowance`` of cores, ``host_busy``: the host's busy share), ``bottleneck`` (``{stage, reason,

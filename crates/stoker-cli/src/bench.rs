@@ -249,6 +249,7 @@ pub fn bench(root: &str, o: &BenchOpts) -> Result<()> {
             "skipped_count": report.skipped_count,
             "stages": report.stages,
             "starvation": report.starvation,
+            "report_cpu": report.cpu,
             "bottleneck": report.bottleneck,
             "device": report.device,
             "transfer": report.transfer,

@@ -82,7 +82,7 @@ impl Section for ArraySection {
 /// The array verdict over a report: the consumer (the loader keeps up), the bus, the buffers
 /// or the row copies.
 pub fn verdict(r: &ArrayReport) -> Bottleneck {
-    if let Some(b) = keeps_up(r.starvation) {
+    if let Some(b) = keeps_up(r.starvation_steady) {
         return b;
     }
     let copy = r.stage("copy").cloned().unwrap_or_default();
@@ -134,7 +134,7 @@ mod tests {
         // Nothing consumed: the consumer did not wait, the loader keeps up.
         assert_eq!(verdict(&r).stage, "consumer");
         let mut slow = r.clone();
-        slow.starvation = 0.9;
+        (slow.starvation, slow.starvation_steady) = (0.9, 0.9);
         slow.stages[0].utilization = 0.95;
         assert_eq!(verdict(&slow).stage, "copy");
         let v = serde_json::to_value(&r).unwrap();

@@ -34,6 +34,9 @@ pub struct Report<S> {
     pub stages: Vec<StageReport>,
     /// Fraction of the consumer's time spent waiting for data.
     pub starvation: f64,
+    /// The same, leaving out each pass's first batch (the pipeline's fill): what the verdict
+    /// weighs.
+    pub starvation_steady: f64,
     /// The CPU clocks over the passes: the process's and its workers'.
     pub cpu: CpuReport,
     /// Which stage limits throughput, and what to do (`None`: the kind has no verdict yet,
@@ -162,11 +165,13 @@ impl<S: Section> Report<S> {
         let mut s = String::new();
         let items = self.kind.items();
         s.push_str(&format!(
-            "{} {items} in {:.2} s ({:.1} {items}/s); consumer starvation {:.1}%\n",
+            "{} {items} in {:.2} s ({:.1} {items}/s); consumer starvation {:.1}% ({:.1}% after each pass's first \
+             batch)\n",
             self.samples,
             self.wall_seconds,
             if self.wall_seconds > 0.0 { self.samples as f64 / self.wall_seconds } else { 0.0 },
-            self.starvation * 100.0
+            self.starvation * 100.0,
+            self.starvation_steady * 100.0
         ));
         s.push_str(&format!(
             "{:<12} {:>7} {:>10} {:>10} {:>10} {:>6}\n",
@@ -369,7 +374,7 @@ mod tests {
         tel.add_samples(7);
         let stage = |_| vec![StageReport { name: "make".into(), threads: 2, items: 3, ..StageReport::default() }];
         let mut r = tel.report(stage, 2, Mine { widgets: 3 });
-        r.bottleneck = keeps_up(r.starvation);
+        r.bottleneck = keeps_up(r.starvation_steady);
         let v = serde_json::to_value(&r).unwrap();
         let mut keys: Vec<&str> = v.as_object().unwrap().keys().map(String::as_str).collect();
         keys.sort_unstable();
@@ -384,6 +389,7 @@ mod tests {
                 "skipped_count",
                 "stages",
                 "starvation",
+                "starvation_steady",
                 "transfer",
                 "tuning",
                 "wall_seconds",

@@ -102,14 +102,18 @@ impl ConsumerClock {
         }
     }
 
-    /// When a batch is handed over: counts the wait since the first `waiting` call.
-    pub fn delivered(&mut self, counters: Option<&StageCounters>) {
+    /// When a batch is handed over: counts the wait since the first `waiting` call, and
+    /// returns it.
+    pub fn delivered(&mut self, counters: Option<&StageCounters>) -> Duration {
         let now = Instant::now();
+        let mut waited = Duration::ZERO;
         if let (Some(t0), Some(c)) = (self.wait_started.take(), counters) {
-            c.add_wait(now - t0);
+            waited = now - t0;
+            c.add_wait(waited);
             c.record(Duration::ZERO);
         }
         self.last_return = Some(now);
+        waited
     }
 }
 
@@ -123,6 +127,9 @@ pub struct Telemetry {
     /// Host-to-device copies (GPU batches only): items = batches, busy = GPU time of the
     /// copies (measured with CUDA events), wait = time waiting for a free device buffer.
     pub transfer: StageCounters,
+    /// The consumer's waits for each pass's first batch (the pipeline's fill), nanoseconds:
+    /// part of its wait, left out of the steady-state starvation.
+    fill_ns: AtomicU64,
     transfer_bytes: AtomicU64,
     device: Mutex<DeviceReport>,
     samples: AtomicU64,
@@ -171,6 +178,7 @@ impl Default for Telemetry {
             buffers: StageCounters::default(),
             consumer: StageCounters::default(),
             transfer: StageCounters::default(),
+            fill_ns: AtomicU64::new(0),
             transfer_bytes: AtomicU64::new(0),
             device: Mutex::new(DeviceReport::default()),
             samples: AtomicU64::new(0),
@@ -236,6 +244,11 @@ impl Telemetry {
         *self.device.lock().expect("telemetry lock") = device;
     }
 
+    /// Counts the consumer's wait for a pass's first batch (also counted as its wait).
+    pub fn add_fill(&self, wait: Duration) {
+        self.fill_ns.fetch_add(wait.as_nanos() as u64, Ordering::Relaxed);
+    }
+
     /// Counts one host-to-device copy of `bytes` that took `gpu_time` on the copy engine.
     pub fn add_transfer(&self, bytes: usize, gpu_time: Duration) {
         self.transfer.record(gpu_time);
@@ -262,6 +275,7 @@ impl Telemetry {
             s.reset();
         }
         self.transfer_bytes.store(0, Ordering::Relaxed);
+        self.fill_ns.store(0, Ordering::Relaxed);
         self.samples.store(0, Ordering::Relaxed);
         self.skipped.lock().expect("telemetry lock").clear();
         self.skipped_total.store(0, Ordering::Relaxed);
@@ -305,6 +319,8 @@ impl Telemetry {
         let consumer = self.consumer.snapshot("consumer", 1, wall);
         let spent = consumer.busy_seconds + consumer.wait_seconds;
         let starvation = if spent > 0.0 { consumer.wait_seconds / spent } else { 0.0 };
+        let fill = (self.fill_ns.load(Ordering::Relaxed) as f64 * 1e-9).min(consumer.wait_seconds);
+        let steady = if spent - fill > 0.0 { (consumer.wait_seconds - fill) / (spent - fill) } else { 0.0 };
         stages.push(self.buffers.snapshot("buffer wait", 1, wall));
         stages.push(consumer);
         let device = self.device.lock().expect("telemetry lock").clone();
@@ -321,6 +337,7 @@ impl Telemetry {
             samples: self.samples.load(Ordering::Relaxed),
             stages,
             starvation,
+            starvation_steady: steady,
             cpu: self.cpu(wall, process, host, threads),
             bottleneck: None,
             skipped_count: self.skipped_total.load(Ordering::Relaxed),

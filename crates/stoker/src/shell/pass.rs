@@ -168,6 +168,8 @@ pub struct Observe {
     /// The epoch, for the trace's delivery events.
     pub epoch: Option<u64>,
     clock: ConsumerClock,
+    /// Batches handed over in this pass.
+    handed: u64,
     trace_wait: Option<Instant>,
     trace_last: Option<(Instant, usize)>,
 }
@@ -189,7 +191,11 @@ impl Observe {
     /// Counts the consumer's wait for a batch being handed over (before the kind's hooks see
     /// the batch: the tuner reads this wait), and the batch's samples.
     fn handing_over(&mut self, samples: Option<usize>) {
-        self.clock.delivered(consumer_counters(&self.telemetry, self.consumer));
+        let waited = self.clock.delivered(consumer_counters(&self.telemetry, self.consumer));
+        if let (Some(t), true) = (&self.telemetry, self.handed == 0 && self.consumer) {
+            t.add_fill(waited);
+        }
+        self.handed += 1;
         if let (Some(t), Some(n)) = (&self.telemetry, samples) {
             t.add_samples(n);
         }

@@ -193,7 +193,7 @@ const BUSY: f64 = 0.7;
 /// idle threads ([`idle`]); `threads` work now of the `allowance`, `prefetch` batches may be
 /// ahead of the consumer.
 pub(super) fn verdict(r: &ImageReport, threads: usize, allowance: usize, prefetch: usize) -> Bottleneck {
-    if let Some(b) = keeps_up(r.starvation) {
+    if let Some(b) = keeps_up(r.starvation_steady) {
         return b;
     }
     let stage = |name: &str| r.stage(name).cloned().unwrap_or_default();

@@ -388,7 +388,7 @@ impl Kind for TokenMix {
             MixSection { mixture: mixture.clone(), counts },
         );
         if r.samples > 0 {
-            r.bottleneck = keeps_up(r.starvation).or(verdict);
+            r.bottleneck = keeps_up(r.starvation_steady).or(verdict);
         }
         r
     }
