@@ -404,6 +404,23 @@ fn idle(r: &ImageReport, worker_util: f64, prefetch: usize) -> Bottleneck {
     let stage = |name: &str| r.stage(name).cloned().unwrap_or_default();
     let dispatcher = stage("buffer wait").wait_seconds / wall;
     let consumer = stage("consumer");
+    let read = stage("read");
+    if read.utilization >= 0.5 && read.utilization > worker_util {
+        // Every stage partly busy, the reads the most: they feed the decode threads too slowly.
+        if let Some(st) = &r.kind.storage {
+            return storage(st, &read, worker_util);
+        }
+        return Bottleneck {
+            stage: "storage".into(),
+            reason: format!(
+                "no stage is fully busy, the reads the most: {} I/O threads {} busy, decode threads {} busy",
+                read.threads,
+                pct(read.utilization),
+                pct(worker_util)
+            ),
+            suggestion: format!("raise io_threads (now {}), or use faster storage", read.threads),
+        };
+    }
     if dispatcher >= 0.25 {
         return Bottleneck {
             stage: "buffers".into(),
@@ -499,6 +516,14 @@ mod tests {
         assert_eq!(b.stage, "delivery", "{b:?}");
         assert!(b.reason.contains("only 40% busy") && b.reason.contains("consumer waits 60%"), "{}", b.reason);
         assert!(b.suggestion.contains("prefetch (now 3)") && b.suggestion.contains("trace"), "{}", b.suggestion);
+        // Every stage partly busy, the reads (60% of their one thread) the most: the reads.
+        let io = ImageCounters::default();
+        io.read.record(Duration::from_secs(6));
+        io.decode.record(Duration::from_secs(6));
+        io.ops.record(Duration::from_secs(2));
+        let b = verdict(&report_with(&io, 6, 4), 2, 4, 2);
+        assert_eq!(b.stage, "storage", "{b:?}");
+        assert!(b.suggestion.starts_with("raise io_threads (now 1)"), "{}", b.suggestion);
         // Busy threads are the limit as before.
         c.decode.record(Duration::from_secs(8));
         assert_eq!(verdict(&report_with(&c, 6, 4), 2, 4, 2).stage, "decode");
