@@ -352,8 +352,8 @@ unsafe fn horizontal_rows2_madd<const P: usize>(
 
 /// Four rows of the horizontal pass at once with AVX-512BW: [`horizontal_rows2_madd`] with a
 /// row in each 128-bit lane of a 512-bit vector (`mw` built with 4 lanes), the same shuffles and
-/// `vpmaddwd` pairs, so the same integers; the sums are clamped to `0..=255` (as `clip8`) and
-/// narrowed with `vpmovdb`. `P` as there.
+/// `vpmaddwd` pairs, so the same integers, and the same narrowing of four output pixels at a
+/// time (saturating packs, as `clip8`). `P` as there.
 ///
 /// # Safety
 /// The CPU must support AVX-512F and AVX-512BW; `mw` must be built from `c` with 4 lanes.
@@ -370,39 +370,39 @@ unsafe fn horizontal_rows4_madd<const P: usize>(
     let len = rows[0].len();
     let dw = c.bounds.len();
     assert!(pairs == mw.pairs && mw.lanes == 4 && mw.w.len() >= dw * pairs * 64);
+    assert!(mw.len == len && mw.offs.len() == dw && mw.fast <= dw);
     assert!(rows.iter().all(|r| r.len() == len) && outs.iter().all(|o| o.len() >= dw * 3));
     let loads = pairs.div_ceil(2);
-    let reach = 12 * (loads - 1) + 16;
-    // SAFETY: two 16-byte arrays.
-    let (p0, p1) = unsafe { (_mm_loadu_si128(PAIR0.as_ptr().cast()), _mm_loadu_si128(PAIR1.as_ptr().cast())) };
-    let (sh0, sh1) = (_mm512_broadcast_i32x4(p0), _mm512_broadcast_i32x4(p1));
+    // SAFETY: three 16-byte arrays.
+    let (p0, p1, p12) = unsafe {
+        (
+            _mm_loadu_si128(PAIR0.as_ptr().cast()),
+            _mm_loadu_si128(PAIR1.as_ptr().cast()),
+            _mm_loadu_si128(RGB12.as_ptr().cast()),
+        )
+    };
+    let (sh0, sh1, rgb12) = (_mm512_broadcast_i32x4(p0), _mm512_broadcast_i32x4(p1), _mm512_broadcast_i32x4(p12));
     let half = _mm512_set1_epi32(1 << (PRECISION_BITS - 1));
-    let (zero, max) = (_mm512_setzero_si512(), _mm512_set1_epi32(255));
     let p = rows.map(|r| r.as_ptr());
+    let o = outs.each_mut().map(|o| o.as_mut_ptr());
     let wbase = mw.w.as_ptr();
-    for (xx, &(start, n)) in c.bounds.iter().enumerate() {
-        let off = start * 3;
-        if off + reach > len {
-            let k = &c.k[xx * c.ksize..xx * c.ksize + n];
-            for (row, out) in rows.iter().zip(outs.iter_mut()) {
-                out[xx * 3..xx * 3 + 3].copy_from_slice(&pixel_scalar(&row[off..(start + n) * 3], k));
-            }
-            continue;
-        }
-        // SAFETY: pixel xx's weights are the 64 * pairs words at xx * pairs * 64 (length
-        // asserted above).
-        let wp = unsafe { wbase.add(xx * pairs * 64) };
-        let mut ah = _mm512_setzero_si512();
-        let mut al = _mm512_setzero_si512();
-        for g in 0..loads {
-            let o = off + 12 * g;
-            // SAFETY: o + 16 <= off + reach <= len (checked above) for all four rows; the
-            // weight reads stay within pixel xx's 64 * pairs words (q < pairs).
-            unsafe {
-                let v = _mm512_castsi128_si512(_mm_loadu_si128(p[0].add(o).cast()));
-                let v = _mm512_inserti32x4::<1>(v, _mm_loadu_si128(p[1].add(o).cast()));
-                let v = _mm512_inserti32x4::<2>(v, _mm_loadu_si128(p[2].add(o).cast()));
-                let v = _mm512_inserti32x4::<3>(v, _mm_loadu_si128(p[3].add(o).cast()));
+    let offs = mw.offs.as_ptr();
+    // Output pixel xx's sums shifted down: lane l is [r g b 0] of row l.
+    let pixel = |xx: usize| -> __m512i {
+        // SAFETY: xx < mw.fast, so its window's loads, at offs[xx] + 12 g + 16 <= offs[xx] +
+        // reach <= len for g < loads, are inside all four rows (`MaddWeights::build`); its
+        // weights are the 64 * pairs words at xx * pairs * 64 (length asserted above).
+        unsafe {
+            let off = *offs.add(xx);
+            let wp = wbase.add(xx * pairs * 64);
+            let mut ah = _mm512_setzero_si512();
+            let mut al = half;
+            for g in 0..loads {
+                let at = off + 12 * g;
+                let v = _mm512_castsi128_si512(_mm_loadu_si128(p[0].add(at).cast()));
+                let v = _mm512_inserti32x4::<1>(v, _mm_loadu_si128(p[1].add(at).cast()));
+                let v = _mm512_inserti32x4::<2>(v, _mm_loadu_si128(p[2].add(at).cast()));
+                let v = _mm512_inserti32x4::<3>(v, _mm_loadu_si128(p[3].add(at).cast()));
                 let q = 2 * g;
                 let x = _mm512_shuffle_epi8(v, sh0);
                 ah = _mm512_add_epi32(ah, _mm512_madd_epi16(x, _mm512_loadu_si512(wp.add(q * 64).cast())));
@@ -413,21 +413,53 @@ unsafe fn horizontal_rows4_madd<const P: usize>(
                     al = _mm512_add_epi32(al, _mm512_madd_epi16(x, _mm512_loadu_si512(wp.add(q * 64 + 96).cast())));
                 }
             }
+            _mm512_srai_epi32::<{ PRECISION_BITS }>(_mm512_add_epi32(_mm512_slli_epi32::<11>(ah), al))
         }
-        let acc = _mm512_add_epi32(_mm512_add_epi32(_mm512_slli_epi32::<11>(ah), al), half);
-        let shifted = _mm512_srai_epi32::<{ PRECISION_BITS }>(acc);
-        // Lane l is [r g b 0] of row l: clamp as clip8, then one byte per sum.
-        let bytes = _mm512_cvtepi32_epi8(_mm512_min_epi32(_mm512_max_epi32(shifted, zero), max));
-        let mut v = [0u32; 4];
-        // SAFETY: 16 bytes into a 16-byte array.
-        unsafe { _mm_storeu_si128(v.as_mut_ptr().cast(), bytes) };
-        for (out, px) in outs.iter_mut().zip(v) {
-            if xx + 1 < dw {
-                // SAFETY: 4 bytes at xx * 3 end by (xx + 1) * 3 + 1 <= dw * 3 <= the output's
-                // length (asserted); the 4th byte is pixel xx + 1's, written next.
-                unsafe { std::ptr::write_unaligned(out.as_mut_ptr().add(xx * 3).cast::<u32>(), px) };
-            } else {
-                out[xx * 3..xx * 3 + 3].copy_from_slice(&px.to_le_bytes()[..3]);
+    };
+    let fast = mw.fast;
+    let mut xx = 0;
+    while xx + 4 <= fast {
+        let (s0, s1, s2, s3) = (pixel(xx), pixel(xx + 1), pixel(xx + 2), pixel(xx + 3));
+        // Per lane (row): the twelve bytes of the four pixels, saturated as clip8.
+        let bytes = _mm512_packus_epi16(_mm512_packs_epi32(s0, s1), _mm512_packs_epi32(s2, s3));
+        let rgb = _mm512_shuffle_epi8(bytes, rgb12);
+        let lanes = [
+            _mm512_castsi512_si128(rgb),
+            _mm512_extracti32x4_epi32::<1>(rgb),
+            _mm512_extracti32x4_epi32::<2>(rgb),
+            _mm512_extracti32x4_epi32::<3>(rgb),
+        ];
+        let at = xx * 3;
+        for (&out, lane) in o.iter().zip(lanes) {
+            // SAFETY: xx + 4 <= dw, so bytes at..at + 12 are inside every output (asserted); a
+            // 16-byte store is used only when its last 4 (zero) bytes are too, and they belong
+            // to pixels written later.
+            unsafe {
+                if at + 16 <= dw * 3 {
+                    _mm_storeu_si128(out.add(at).cast(), lane);
+                } else {
+                    _mm_storel_epi64(out.add(at).cast(), lane);
+                    std::ptr::write_unaligned(out.add(at + 8).cast::<i32>(), _mm_extract_epi32::<2>(lane));
+                }
+            }
+        }
+        xx += 4;
+    }
+    for xx in xx..dw {
+        if xx < fast {
+            let bytes = _mm512_packus_epi16(_mm512_packs_epi32(pixel(xx), half), half);
+            // Lane l's first four bytes: row l's [r g b 0].
+            let mut v = [0u32; 16];
+            // SAFETY: 64 bytes into a 64-byte array.
+            unsafe { _mm512_storeu_si512(v.as_mut_ptr().cast(), bytes) };
+            for (l, out) in outs.iter_mut().enumerate() {
+                out[xx * 3..xx * 3 + 3].copy_from_slice(&v[4 * l].to_le_bytes()[..3]);
+            }
+        } else {
+            let (start, n) = c.bounds[xx];
+            let k = &c.k[xx * c.ksize..xx * c.ksize + n];
+            for (row, out) in rows.iter().zip(outs.iter_mut()) {
+                out[xx * 3..xx * 3 + 3].copy_from_slice(&pixel_scalar(&row[start * 3..(start + n) * 3], k));
             }
         }
     }
