@@ -265,7 +265,7 @@ jpeg_make_d_derived_tbl(j_decompress_ptr cinfo, boolean isDC, int tblno,
           if (v < (1 << (size - 1)))
             v += 1 - (1 << size);
           dtbl->fast_ac[lookbits + extra] =
-            (int)((unsigned int)v << 16) | (run << 8) | (l + size);
+            (int)((unsigned int)v << 16) | ((run + 1) << 8) | (l + size);
         }
       }
     }
@@ -821,14 +821,21 @@ decode_mcu_fast(j_decompress_ptr cinfo, JBLOCKROW *MCU_data)
     }
 
     if (entropy->ac_needed[blkn] && block) {
+      /* stoker: the index of the next coefficient is a pointer zz into
+       * jpeg_natural_order (whose 16 extra entries catch a run past the end,
+       * as upstream's index does), so that storing a coefficient is one load
+       * and one store; a fast_ac entry moves it past the run and the
+       * coefficient at once (run + 1). */
+      const int *zz = jpeg_natural_order + 1;
+      const int *zz_end = jpeg_natural_order + DCTSIZE2;
 
-      for (k = 1; k < DCTSIZE2; k++) {
+      while (zz < zz_end) {
         LFILL32
         e = actbl->fast_ac[LPEEK(FAST_AC_BITS)];
         if (e) {
-          k += (e >> 8) & 15;
-          LDROP(e & 31);
-          (*block)[jpeg_natural_order[k]] = (JCOEF)(e >> 16);
+          zz += (unsigned int)(e >> 8) & 0xFF;
+          LDROP(e & 0xFF);
+          (*block)[zz[-1]] = (JCOEF)(e >> 16);
           continue;
         }
         LHUFF_DECODE(s, l, actbl);
@@ -836,13 +843,13 @@ decode_mcu_fast(j_decompress_ptr cinfo, JBLOCKROW *MCU_data)
         s &= 15;
 
         if (s) {
-          k += r;
+          zz += r;
           LGET_BITS(r, s);
           s = HUFF_EXTEND(r, s);
-          (*block)[jpeg_natural_order[k]] = (JCOEF)s;
+          (*block)[*zz++] = (JCOEF)s;
         } else {
           if (r != 15) break;
-          k += 15;
+          zz += 16;
         }
       }
 
@@ -852,8 +859,8 @@ decode_mcu_fast(j_decompress_ptr cinfo, JBLOCKROW *MCU_data)
         LFILL32
         e = actbl->fast_ac[LPEEK(FAST_AC_BITS)];
         if (e) {
-          k += (e >> 8) & 15;
-          LDROP(e & 31);
+          k += ((e >> 8) & 0xFF) - 1;
+          LDROP(e & 0xFF);
           continue;
         }
         LHUFF_DECODE(s, l, actbl);

@@ -54,8 +54,10 @@ typedef struct {
    * isDC is FALSE), a second lookahead table that resolves a whole
    * coefficient: indexed by the next FAST_AC_BITS bits, an entry is nonzero
    * when they hold a complete code with a nonzero size s AND its s value
-   * bits.  Bits 0-4: code length + s (the bits to drop); bits 8-11: the run
-   * of zeros r; bits 16-31: the coefficient, sign-extended (HUFF_EXTEND).
+   * bits.  Bits 0-7: code length + s (the bits to drop); bits 8-15: the run
+   * of zeros r plus one (how far the coefficient index moves); bits 16-31:
+   * the coefficient, sign-extended (HUFF_EXTEND).  Byte fields, so that each
+   * is taken with one zero-extending move.
    * End-of-block, ZRL and longer codes are left to `lookup` (entry 0). */
   int fast_ac[1 << FAST_AC_BITS];
 } d_derived_tbl;

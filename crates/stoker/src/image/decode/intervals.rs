@@ -577,6 +577,62 @@ pub(super) mod tests {
         assert_eq!(k, 24);
     }
 
+    /// A hard box (crop, then resize) is decoded with no margin for the filter's reach
+    /// ([`Decoder::decode_box`](super::super::Decoder::decode_box)): resampled, its region gives
+    /// the pixels the whole image gives, at every DCT scale, for every subsampling, with and
+    /// without restart markers, for boxes at the image's edges and off the MCU grid.
+    #[test]
+    fn hard_boxes_resample_as_the_whole_image() {
+        use super::super::{DecodeOptions, Decoder};
+        use crate::image::ops::Resampler;
+        let path = std::path::Path::new("x.jpg");
+        let whole_opts = DecodeOptions { roi: false, restart: false, ..DecodeOptions::default() };
+        let (mut whole, mut cropped) =
+            (Decoder::new(whole_opts).unwrap(), Decoder::new(DecodeOptions::default()).unwrap());
+        let (mut ra, mut rb) = (Resampler::new(), Resampler::new());
+        let mut rng = 0x9E37_79B9_7F4A_7C15u64;
+        let mut next = |n: usize| {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            (rng % n as u64) as usize
+        };
+        let mut k = 0;
+        for (w, h, sub, format) in [
+            (333, 250, tj::TJSAMP_TJSAMP_420, tj::TJPF_TJPF_RGB),
+            (250, 333, tj::TJSAMP_TJSAMP_422, tj::TJPF_TJPF_RGB),
+            (301, 203, tj::TJSAMP_TJSAMP_444, tj::TJPF_TJPF_RGB),
+            (203, 301, tj::TJSAMP_TJSAMP_440, tj::TJPF_TJPF_RGB),
+            (299, 211, tj::TJSAMP_TJSAMP_411, tj::TJPF_TJPF_RGB),
+            (211, 299, tj::TJSAMP_TJSAMP_GRAY, tj::TJPF_TJPF_GRAY),
+        ] {
+            let src = compress(w, h, sub, format, (w * h) as u32);
+            let packed = add_restart_markers(&src, 1 << 28).unwrap().data;
+            for _ in 0..24 {
+                // Integer boxes, as RandomResizedCrop draws them; some touch the edges.
+                let (bw, bh) = (1 + next(w), 1 + next(h));
+                let (l, t) = match next(4) {
+                    0 => (0, 0),
+                    1 => (w - bw, h - bh),
+                    _ => (next(w - bw + 1), next(h - bh + 1)),
+                };
+                let bbox = [l as f64, t as f64, bw as f64, bh as f64];
+                // Outputs from 1/10 of the box (DCT-scaled) to larger than it.
+                let out = ((bw * (1 + next(20)) / 10).max(1), (bh * (1 + next(20)) / 10).max(1));
+                for data in [&src, &packed] {
+                    let info = whole.info(data, path).unwrap();
+                    let a = whole.decode(data, path, &info, bbox, out).unwrap();
+                    let a = ra.resample(a.pixels, a.width, a.height, a.bbox, true, [0, 0, out.0, out.1], out.0, out.1);
+                    let b = cropped.decode_box(data, path, &info, bbox, out, true).unwrap();
+                    let b = rb.resample(b.pixels, b.width, b.height, b.bbox, true, [0, 0, out.0, out.1], out.0, out.1);
+                    assert!(a.unwrap() == b.unwrap(), "{w}x{h} subsampling {sub}: {bbox:?} -> {out:?}");
+                    k += 1;
+                }
+            }
+        }
+        assert_eq!(k, 6 * 24 * 2);
+    }
+
     #[test]
     fn tiny_images_and_whole_image_regions() {
         for (w, h) in [(1, 1), (8, 8), (17, 9), (16, 300), (300, 16)] {

@@ -269,7 +269,8 @@ impl Decoder {
     }
 
     /// Decodes what is needed to resample the source box `bbox = (left, top, width, height)`
-    /// (in oriented image coordinates) to an output of `out = (width, height)` pixels.
+    /// (in oriented image coordinates) to an output of `out = (width, height)` pixels, the
+    /// filter free to read around the box (a window into a resize of the whole image).
     pub fn decode<'a>(
         &'a mut self,
         data: &[u8],
@@ -278,12 +279,28 @@ impl Decoder {
         bbox: [f64; 4],
         out: (usize, usize),
     ) -> Result<Region<'a>> {
+        self.decode_box(data, path, info, bbox, out, false)
+    }
+
+    /// [`Decoder::decode`] for a box that is `hard` or not (see
+    /// [`Geometry::hard`](crate::image::ops::Geometry::hard)): the resampler reads nothing
+    /// outside a hard box's integer hull ([`clip_window`](crate::image::ops::clip_window)), so
+    /// its region needs no margin for the filter's reach.
+    pub fn decode_box<'a>(
+        &'a mut self,
+        data: &[u8],
+        path: &Path,
+        info: &ImageInfo,
+        bbox: [f64; 4],
+        out: (usize, usize),
+        hard: bool,
+    ) -> Result<Region<'a>> {
         match info.format {
             Format::Png => {
                 let (w, h) = self.png_dims;
                 Ok(Region { pixels: &self.scratch[..w * h * 3], width: w, height: h, bbox, scale_num: 8 })
             }
-            Format::Jpeg => self.decode_jpeg(data, path, info, bbox, out),
+            Format::Jpeg => self.decode_jpeg(data, path, info, bbox, out, hard),
             _ => Err(Error::Internal("decode() called on an unsupported format".into())),
         }
     }
@@ -295,6 +312,7 @@ impl Decoder {
         info: &ImageInfo,
         bbox: [f64; 4],
         out: (usize, usize),
+        hard: bool,
     ) -> Result<Region<'a>> {
         let h = info.header.expect("jpeg info has a header");
         let [bx, by, bw, bh] = bbox;
@@ -328,9 +346,16 @@ impl Decoder {
         let (mut x0, mut y0, mut x1, mut y1) = (0usize, 0usize, sw, sh);
         if self.opts.roi {
             // Margin: the resampling filter's reach, so pixels near the box edge see the same
-            // neighbours as in a full decode.
-            let mx = crate::image::ops::resample::filter_margin(sbox[2], out.0);
-            let my = crate::image::ops::resample::filter_margin(sbox[3], out.1);
+            // neighbours as in a full decode. A hard box's filter reads only the box's integer
+            // hull: two pixels on the left and right, where libjpeg-turbo upsamples chroma at
+            // a cropping region's edges as at an image's (replicating the edge sample), and
+            // none above and below, where it upsamples from the rows of the whole image.
+            let (mx, my) = if hard {
+                (2.0, 0.0)
+            } else {
+                let m = crate::image::ops::resample::filter_margin;
+                (m(sbox[2], out.0), m(sbox[3], out.1))
+            };
             y0 = (sbox[1] - my).floor().max(0.0) as usize;
             y1 = ((sbox[1] + sbox[3] + my).ceil() as usize).min(sh);
             if let Some(align) = h.scaled_mcu_width(num) {

@@ -173,6 +173,13 @@ struct MaddWeights {
     /// 128-bit lanes each vector is repeated in.
     lanes: usize,
     w: Vec<i16>,
+    /// Per output pixel, the byte offset of its window's first pixel in a row (`start * 3`).
+    offs: Vec<usize>,
+    /// The row length in bytes the kernels read (`len`), and how many leading output pixels
+    /// (`fast`) have every 16-byte load of their window inside such a row: the kernels take
+    /// those without a check, the others the portable way.
+    len: usize,
+    fast: usize,
 }
 
 /// A 22-bit weight as `(hi, lo)` with `w = hi * 2^11 + lo` and `0 <= lo < 2^11` (see
@@ -184,11 +191,18 @@ fn weight_halves(w: i32) -> (i16, i16) {
 
 #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 impl MaddWeights {
-    fn build(&mut self, c: &Coeffs, lanes: usize) {
+    /// Builds the weights of `c` for `lanes` rows per vector and rows of `len` bytes.
+    fn build(&mut self, c: &Coeffs, lanes: usize, len: usize) {
         let maxn = c.bounds.iter().map(|b| b.1).max().unwrap_or(0);
         let pairs = maxn.div_ceil(2).max(1);
         self.pairs = pairs;
         self.lanes = lanes;
+        self.len = len;
+        // Bytes read from a window's first pixel: 16-byte loads at pixels 0, 4, 8, ...
+        let reach = 12 * (pairs.div_ceil(2) - 1) + 16;
+        self.offs.clear();
+        self.offs.extend(c.bounds.iter().map(|&(start, _)| start * 3));
+        self.fast = self.offs.iter().position(|&o| o + reach > len).unwrap_or(self.offs.len());
         let per = 16 * lanes;
         grow(&mut self.w, c.bounds.len() * pairs * per, 0);
         for (xx, &(_, n)) in c.bounds.iter().enumerate() {
@@ -217,11 +231,18 @@ const PAIR0: [i8; 16] = [0, -128, 3, -128, 1, -128, 4, -128, 2, -128, 5, -128, -
 #[cfg(target_arch = "x86_64")]
 const PAIR1: [i8; 16] = [6, -128, 9, -128, 7, -128, 10, -128, 8, -128, 11, -128, -128, -128, -128, -128];
 
+/// Per 128-bit lane, the twelve bytes `[r g b]` of four pixels out of the sixteen `[r g b 0]`
+/// the packs give; -128 gives a zero byte.
+#[cfg(target_arch = "x86_64")]
+const RGB12: [i8; 16] = [0, 1, 2, 4, 5, 6, 8, 9, 10, 12, 13, 14, -128, -128, -128, -128];
+
 /// Two rows of the horizontal pass at once with AVX2 and `vpmaddwd` (see [`MaddWeights`]):
 /// row A in the low 128-bit lane, row B in the high one; one 16-byte load per row covers four
 /// taps, a byte shuffle puts a pair of taps as words `[r0 r1 g0 g1 b0 b1 0 0]`, and two
-/// `vpmaddwd` (high and low weight halves) accumulate them. Exactly the portable path's
-/// integer result. `P` is the number of pairs (`mw.pairs`), or 0 for "read it at run time".
+/// `vpmaddwd` (high and low weight halves) accumulate them. Output pixels go four at a time:
+/// their sums are narrowed together (saturating packs, as `clip8`) and stored as 12 bytes per
+/// row. Exactly the portable path's integer result. `P` is the number of pairs (`mw.pairs`),
+/// or 0 for "read it at run time".
 ///
 /// # Safety
 /// The CPU must support AVX2; `mw` must be built from `c` with 2 lanes.
@@ -237,38 +258,39 @@ unsafe fn horizontal_rows2_madd<const P: usize>(
 ) {
     use std::arch::x86_64::*;
     let pairs = if P == 0 { mw.pairs } else { P };
-    assert!(pairs == mw.pairs && mw.lanes == 2 && mw.w.len() >= c.bounds.len() * pairs * 32);
-    assert!(row_a.len() == row_b.len() && out_a.len() >= c.bounds.len() * 3 && out_b.len() >= c.bounds.len() * 3);
+    let len = row_a.len();
+    let dw = c.bounds.len();
+    assert!(pairs == mw.pairs && mw.lanes == 2 && mw.w.len() >= dw * pairs * 32);
+    assert!(row_b.len() == len && mw.len == len && mw.offs.len() == dw && mw.fast <= dw);
+    assert!(out_a.len() >= dw * 3 && out_b.len() >= dw * 3);
     let loads = pairs.div_ceil(2);
-    // Bytes read from a window's first pixel: loads at pixels 0, 4, 8, ..., 16 bytes each.
-    let reach = 12 * (loads - 1) + 16;
-    // SAFETY: two 16-byte arrays.
-    let (p0, p1) = unsafe { (_mm_loadu_si128(PAIR0.as_ptr().cast()), _mm_loadu_si128(PAIR1.as_ptr().cast())) };
-    let (sh0, sh1) = (_mm256_broadcastsi128_si256(p0), _mm256_broadcastsi128_si256(p1));
+    // SAFETY: three 16-byte arrays.
+    let (p0, p1, p12) = unsafe {
+        (
+            _mm_loadu_si128(PAIR0.as_ptr().cast()),
+            _mm_loadu_si128(PAIR1.as_ptr().cast()),
+            _mm_loadu_si128(RGB12.as_ptr().cast()),
+        )
+    };
+    let (sh0, sh1, rgb12) =
+        (_mm256_broadcastsi128_si256(p0), _mm256_broadcastsi128_si256(p1), _mm256_broadcastsi128_si256(p12));
     let half = _mm256_set1_epi32(1 << (PRECISION_BITS - 1));
     let (pa, pb) = (row_a.as_ptr(), row_b.as_ptr());
     let (oa, ob) = (out_a.as_mut_ptr(), out_b.as_mut_ptr());
-    let len = row_a.len();
-    let dw = c.bounds.len();
     let wbase = mw.w.as_ptr();
-    for (xx, &(start, n)) in c.bounds.iter().enumerate() {
-        let off = start * 3;
-        if off + reach > len {
-            let k = &c.k[xx * c.ksize..xx * c.ksize + n];
-            out_a[xx * 3..xx * 3 + 3].copy_from_slice(&pixel_scalar(&row_a[off..(start + n) * 3], k));
-            out_b[xx * 3..xx * 3 + 3].copy_from_slice(&pixel_scalar(&row_b[off..(start + n) * 3], k));
-            continue;
-        }
-        // SAFETY: pixel xx's weights are the 32 * pairs words at xx * pairs * 32 (length
-        // asserted above).
-        let wp = unsafe { wbase.add(xx * pairs * 32) };
-        let mut ah = _mm256_setzero_si256();
-        let mut al = _mm256_setzero_si256();
-        for g in 0..loads {
-            let o = off + 12 * g;
-            // SAFETY: o + 16 <= off + reach <= len (checked above) for both rows; the weight
-            // reads stay within pixel xx's 32 * pairs words (q < pairs).
-            unsafe {
+    let offs = mw.offs.as_ptr();
+    // Output pixel xx's sums shifted down: [a_r a_g a_b 0 | b_r b_g b_b 0].
+    let pixel = |xx: usize| -> __m256i {
+        // SAFETY: xx < mw.fast, so its window's loads, at offs[xx] + 12 g + 16 <= offs[xx] +
+        // reach <= len for g < loads, are inside both rows (`MaddWeights::build`); its weights
+        // are the 32 * pairs words at xx * pairs * 32 (length asserted above).
+        unsafe {
+            let off = *offs.add(xx);
+            let wp = wbase.add(xx * pairs * 32);
+            let mut ah = _mm256_setzero_si256();
+            let mut al = half;
+            for g in 0..loads {
+                let o = off + 12 * g;
                 let v = _mm256_inserti128_si256::<1>(
                     _mm256_castsi128_si256(_mm_loadu_si128(pa.add(o).cast())),
                     _mm_loadu_si128(pb.add(o).cast()),
@@ -283,34 +305,55 @@ unsafe fn horizontal_rows2_madd<const P: usize>(
                     al = _mm256_add_epi32(al, _mm256_madd_epi16(x, _mm256_loadu_si256(wp.add(q * 32 + 48).cast())));
                 }
             }
+            _mm256_srai_epi32::<{ PRECISION_BITS as i32 }>(_mm256_add_epi32(_mm256_slli_epi32::<11>(ah), al))
         }
-        let acc = _mm256_add_epi32(_mm256_add_epi32(_mm256_slli_epi32::<11>(ah), al), half);
-        let shifted = _mm256_srai_epi32::<{ PRECISION_BITS as i32 }>(acc);
-        // [a_r a_g a_b 0 | b_r b_g b_b 0] -> saturating packs, as clip8 does.
-        let packed = _mm_packus_epi16(
-            _mm_packs_epi32(_mm256_castsi256_si128(shifted), _mm256_extracti128_si256::<1>(shifted)),
-            _mm_setzero_si128(),
-        );
-        let v = _mm_cvtsi128_si64(packed) as u64;
-        if xx + 1 < dw {
-            // SAFETY: 4 bytes at xx * 3 end by (xx + 1) * 3 + 1 <= dw * 3 <= both outputs'
-            // lengths (asserted); the 4th byte is pixel xx + 1's, written next.
-            unsafe {
-                std::ptr::write_unaligned(oa.add(xx * 3).cast::<u32>(), v as u32);
-                std::ptr::write_unaligned(ob.add(xx * 3).cast::<u32>(), (v >> 32) as u32);
+    };
+    let fast = mw.fast;
+    let mut xx = 0;
+    while xx + 4 <= fast {
+        let (s0, s1, s2, s3) = (pixel(xx), pixel(xx + 1), pixel(xx + 2), pixel(xx + 3));
+        // Per lane: bytes [p0 r g b 0, p1, p2, p3] with the saturation of clip8, then the
+        // twelve bytes of the four pixels.
+        let bytes = _mm256_packus_epi16(_mm256_packs_epi32(s0, s1), _mm256_packs_epi32(s2, s3));
+        let rgb = _mm256_shuffle_epi8(bytes, rgb12);
+        let (lo, hi) = (_mm256_castsi256_si128(rgb), _mm256_extracti128_si256::<1>(rgb));
+        let at = xx * 3;
+        // SAFETY: xx + 4 <= dw, so bytes at..at + 12 are inside both outputs (asserted); a
+        // 16-byte store is used only when its last 4 (zero) bytes are too, and they belong to
+        // pixels written later.
+        unsafe {
+            if at + 16 <= dw * 3 {
+                _mm_storeu_si128(oa.add(at).cast(), lo);
+                _mm_storeu_si128(ob.add(at).cast(), hi);
+            } else {
+                _mm_storel_epi64(oa.add(at).cast(), lo);
+                _mm_storel_epi64(ob.add(at).cast(), hi);
+                std::ptr::write_unaligned(oa.add(at + 8).cast::<i32>(), _mm_extract_epi32::<2>(lo));
+                std::ptr::write_unaligned(ob.add(at + 8).cast::<i32>(), _mm_extract_epi32::<2>(hi));
             }
+        }
+        xx += 4;
+    }
+    for xx in xx..dw {
+        if xx < fast {
+            let s = _mm256_packus_epi16(_mm256_packs_epi32(pixel(xx), half), half);
+            let v = _mm256_extract_epi32::<0>(s).to_le_bytes();
+            let w = _mm256_extract_epi32::<4>(s).to_le_bytes();
+            out_a[xx * 3..xx * 3 + 3].copy_from_slice(&v[..3]);
+            out_b[xx * 3..xx * 3 + 3].copy_from_slice(&w[..3]);
         } else {
-            let bytes = v.to_le_bytes();
-            out_a[xx * 3..xx * 3 + 3].copy_from_slice(&bytes[..3]);
-            out_b[xx * 3..xx * 3 + 3].copy_from_slice(&bytes[4..7]);
+            let (start, n) = c.bounds[xx];
+            let k = &c.k[xx * c.ksize..xx * c.ksize + n];
+            out_a[xx * 3..xx * 3 + 3].copy_from_slice(&pixel_scalar(&row_a[start * 3..(start + n) * 3], k));
+            out_b[xx * 3..xx * 3 + 3].copy_from_slice(&pixel_scalar(&row_b[start * 3..(start + n) * 3], k));
         }
     }
 }
 
 /// Four rows of the horizontal pass at once with AVX-512BW: [`horizontal_rows2_madd`] with a
 /// row in each 128-bit lane of a 512-bit vector (`mw` built with 4 lanes), the same shuffles and
-/// `vpmaddwd` pairs, so the same integers; the sums are clamped to `0..=255` (as `clip8`) and
-/// narrowed with `vpmovdb`. `P` as there.
+/// `vpmaddwd` pairs, so the same integers, and the same narrowing of four output pixels at a
+/// time (saturating packs, as `clip8`). `P` as there.
 ///
 /// # Safety
 /// The CPU must support AVX-512F and AVX-512BW; `mw` must be built from `c` with 4 lanes.
@@ -327,39 +370,39 @@ unsafe fn horizontal_rows4_madd<const P: usize>(
     let len = rows[0].len();
     let dw = c.bounds.len();
     assert!(pairs == mw.pairs && mw.lanes == 4 && mw.w.len() >= dw * pairs * 64);
+    assert!(mw.len == len && mw.offs.len() == dw && mw.fast <= dw);
     assert!(rows.iter().all(|r| r.len() == len) && outs.iter().all(|o| o.len() >= dw * 3));
     let loads = pairs.div_ceil(2);
-    let reach = 12 * (loads - 1) + 16;
-    // SAFETY: two 16-byte arrays.
-    let (p0, p1) = unsafe { (_mm_loadu_si128(PAIR0.as_ptr().cast()), _mm_loadu_si128(PAIR1.as_ptr().cast())) };
-    let (sh0, sh1) = (_mm512_broadcast_i32x4(p0), _mm512_broadcast_i32x4(p1));
+    // SAFETY: three 16-byte arrays.
+    let (p0, p1, p12) = unsafe {
+        (
+            _mm_loadu_si128(PAIR0.as_ptr().cast()),
+            _mm_loadu_si128(PAIR1.as_ptr().cast()),
+            _mm_loadu_si128(RGB12.as_ptr().cast()),
+        )
+    };
+    let (sh0, sh1, rgb12) = (_mm512_broadcast_i32x4(p0), _mm512_broadcast_i32x4(p1), _mm512_broadcast_i32x4(p12));
     let half = _mm512_set1_epi32(1 << (PRECISION_BITS - 1));
-    let (zero, max) = (_mm512_setzero_si512(), _mm512_set1_epi32(255));
     let p = rows.map(|r| r.as_ptr());
+    let o = outs.each_mut().map(|o| o.as_mut_ptr());
     let wbase = mw.w.as_ptr();
-    for (xx, &(start, n)) in c.bounds.iter().enumerate() {
-        let off = start * 3;
-        if off + reach > len {
-            let k = &c.k[xx * c.ksize..xx * c.ksize + n];
-            for (row, out) in rows.iter().zip(outs.iter_mut()) {
-                out[xx * 3..xx * 3 + 3].copy_from_slice(&pixel_scalar(&row[off..(start + n) * 3], k));
-            }
-            continue;
-        }
-        // SAFETY: pixel xx's weights are the 64 * pairs words at xx * pairs * 64 (length
-        // asserted above).
-        let wp = unsafe { wbase.add(xx * pairs * 64) };
-        let mut ah = _mm512_setzero_si512();
-        let mut al = _mm512_setzero_si512();
-        for g in 0..loads {
-            let o = off + 12 * g;
-            // SAFETY: o + 16 <= off + reach <= len (checked above) for all four rows; the
-            // weight reads stay within pixel xx's 64 * pairs words (q < pairs).
-            unsafe {
-                let v = _mm512_castsi128_si512(_mm_loadu_si128(p[0].add(o).cast()));
-                let v = _mm512_inserti32x4::<1>(v, _mm_loadu_si128(p[1].add(o).cast()));
-                let v = _mm512_inserti32x4::<2>(v, _mm_loadu_si128(p[2].add(o).cast()));
-                let v = _mm512_inserti32x4::<3>(v, _mm_loadu_si128(p[3].add(o).cast()));
+    let offs = mw.offs.as_ptr();
+    // Output pixel xx's sums shifted down: lane l is [r g b 0] of row l.
+    let pixel = |xx: usize| -> __m512i {
+        // SAFETY: xx < mw.fast, so its window's loads, at offs[xx] + 12 g + 16 <= offs[xx] +
+        // reach <= len for g < loads, are inside all four rows (`MaddWeights::build`); its
+        // weights are the 64 * pairs words at xx * pairs * 64 (length asserted above).
+        unsafe {
+            let off = *offs.add(xx);
+            let wp = wbase.add(xx * pairs * 64);
+            let mut ah = _mm512_setzero_si512();
+            let mut al = half;
+            for g in 0..loads {
+                let at = off + 12 * g;
+                let v = _mm512_castsi128_si512(_mm_loadu_si128(p[0].add(at).cast()));
+                let v = _mm512_inserti32x4::<1>(v, _mm_loadu_si128(p[1].add(at).cast()));
+                let v = _mm512_inserti32x4::<2>(v, _mm_loadu_si128(p[2].add(at).cast()));
+                let v = _mm512_inserti32x4::<3>(v, _mm_loadu_si128(p[3].add(at).cast()));
                 let q = 2 * g;
                 let x = _mm512_shuffle_epi8(v, sh0);
                 ah = _mm512_add_epi32(ah, _mm512_madd_epi16(x, _mm512_loadu_si512(wp.add(q * 64).cast())));
@@ -370,21 +413,53 @@ unsafe fn horizontal_rows4_madd<const P: usize>(
                     al = _mm512_add_epi32(al, _mm512_madd_epi16(x, _mm512_loadu_si512(wp.add(q * 64 + 96).cast())));
                 }
             }
+            _mm512_srai_epi32::<{ PRECISION_BITS }>(_mm512_add_epi32(_mm512_slli_epi32::<11>(ah), al))
         }
-        let acc = _mm512_add_epi32(_mm512_add_epi32(_mm512_slli_epi32::<11>(ah), al), half);
-        let shifted = _mm512_srai_epi32::<{ PRECISION_BITS }>(acc);
-        // Lane l is [r g b 0] of row l: clamp as clip8, then one byte per sum.
-        let bytes = _mm512_cvtepi32_epi8(_mm512_min_epi32(_mm512_max_epi32(shifted, zero), max));
-        let mut v = [0u32; 4];
-        // SAFETY: 16 bytes into a 16-byte array.
-        unsafe { _mm_storeu_si128(v.as_mut_ptr().cast(), bytes) };
-        for (out, px) in outs.iter_mut().zip(v) {
-            if xx + 1 < dw {
-                // SAFETY: 4 bytes at xx * 3 end by (xx + 1) * 3 + 1 <= dw * 3 <= the output's
-                // length (asserted); the 4th byte is pixel xx + 1's, written next.
-                unsafe { std::ptr::write_unaligned(out.as_mut_ptr().add(xx * 3).cast::<u32>(), px) };
-            } else {
-                out[xx * 3..xx * 3 + 3].copy_from_slice(&px.to_le_bytes()[..3]);
+    };
+    let fast = mw.fast;
+    let mut xx = 0;
+    while xx + 4 <= fast {
+        let (s0, s1, s2, s3) = (pixel(xx), pixel(xx + 1), pixel(xx + 2), pixel(xx + 3));
+        // Per lane (row): the twelve bytes of the four pixels, saturated as clip8.
+        let bytes = _mm512_packus_epi16(_mm512_packs_epi32(s0, s1), _mm512_packs_epi32(s2, s3));
+        let rgb = _mm512_shuffle_epi8(bytes, rgb12);
+        let lanes = [
+            _mm512_castsi512_si128(rgb),
+            _mm512_extracti32x4_epi32::<1>(rgb),
+            _mm512_extracti32x4_epi32::<2>(rgb),
+            _mm512_extracti32x4_epi32::<3>(rgb),
+        ];
+        let at = xx * 3;
+        for (&out, lane) in o.iter().zip(lanes) {
+            // SAFETY: xx + 4 <= dw, so bytes at..at + 12 are inside every output (asserted); a
+            // 16-byte store is used only when its last 4 (zero) bytes are too, and they belong
+            // to pixels written later.
+            unsafe {
+                if at + 16 <= dw * 3 {
+                    _mm_storeu_si128(out.add(at).cast(), lane);
+                } else {
+                    _mm_storel_epi64(out.add(at).cast(), lane);
+                    std::ptr::write_unaligned(out.add(at + 8).cast::<i32>(), _mm_extract_epi32::<2>(lane));
+                }
+            }
+        }
+        xx += 4;
+    }
+    for xx in xx..dw {
+        if xx < fast {
+            let bytes = _mm512_packus_epi16(_mm512_packs_epi32(pixel(xx), half), half);
+            // Lane l's first four bytes: row l's [r g b 0].
+            let mut v = [0u32; 16];
+            // SAFETY: 64 bytes into a 64-byte array.
+            unsafe { _mm512_storeu_si512(v.as_mut_ptr().cast(), bytes) };
+            for (l, out) in outs.iter_mut().enumerate() {
+                out[xx * 3..xx * 3 + 3].copy_from_slice(&v[4 * l].to_le_bytes()[..3]);
+            }
+        } else {
+            let (start, n) = c.bounds[xx];
+            let k = &c.k[xx * c.ksize..xx * c.ksize + n];
+            for (row, out) in rows.iter().zip(outs.iter_mut()) {
+                out[xx * 3..xx * 3 + 3].copy_from_slice(&pixel_scalar(&row[start * 3..(start + n) * 3], k));
             }
         }
     }
@@ -671,7 +746,7 @@ impl BoxResampler {
         let mut r0 = 0;
         #[cfg(target_arch = "x86_64")]
         if self.kernel == Kernel::Avx512 {
-            self.hw.build(&self.h, 4);
+            self.hw.build(&self.h, 4, vw * 3);
             while r0 + 4 <= rows {
                 let at = |r: usize| {
                     let y = y0 + first + r;
@@ -689,7 +764,7 @@ impl BoxResampler {
         }
         #[cfg(target_arch = "x86_64")]
         if self.kernel == Kernel::Avx2 {
-            self.hw.build(&self.h, 2);
+            self.hw.build(&self.h, 2, vw * 3);
             while r0 + 2 <= rows {
                 let (ya, yb) = (y0 + first + r0, y0 + first + r0 + 1);
                 let row_a = &src[(ya * sw + x0) * 3..(ya * sw + x1) * 3];

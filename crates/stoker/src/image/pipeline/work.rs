@@ -32,7 +32,7 @@ pub(super) fn process(
             return Ok(sh.source.label(task.slot.index(task.pos) as usize));
         }
     }
-    let region = dec.decode(data, nopath, &info, g.bbox, (g.dst[2], g.dst[3]))?;
+    let region = dec.decode_box(data, nopath, &info, g.bbox, (g.dst[2], g.dst[3]), g.hard)?;
     finish(sh, rs, task, t0, "decode", region.pixels, (region.width, region.height), region.bbox, &g)
 }
 
