@@ -336,10 +336,11 @@ class LoaderBase:
         ``threads``, ``items``, ``busy_seconds``, ``wait_seconds``, ``utilization``: the kind's
         stages, then ``buffer wait``, ``consumer`` and, on a GPU, ``transfer``), ``starvation``
         (the consumer's share of time waiting for data) and ``starvation_steady`` (the same
-        without each pass's first batch, the pipeline's fill: what the verdict weighs), ``cpu`` (the CPU clocks over the passes:
-        ``process_seconds`` and ``process_cores`` of the whole process, ``workers_seconds`` and
-        ``workers_busy`` of the threads doing the per-sample work, their ``threads``, the
-        ``allowance`` of cores, ``host_busy``: the host's busy share), ``bottleneck`` (``{stage, reason,
+        without each pass's first batch, the pipeline's fill: what the verdict weighs), ``cpu``
+        (the CPU clocks over the passes: ``process_seconds`` and ``process_cores`` of the whole
+        process, ``workers_seconds`` and ``workers_busy`` of the threads doing the per-sample
+        work, their ``threads``, the ``allowance`` of cores, ``host_busy``: the host's busy
+        share), ``bottleneck`` (``{stage, reason,
         suggestion}``: the stage that limits the rate, ``consumer`` when the training step does,
         and what to change; ``None`` before a token loader's first iteration), ``skipped_count``
         and ``skipped``, ``device``, ``transfer`` and ``tuning``; beside them the kind's own keys
