@@ -211,15 +211,12 @@ mod tests {
         let split = Split::new(GpuShare::new(DecodeStart::AUTO), true);
         let mut c = Consumer::default();
         let mut total = 0.0;
-        let mut x = 0x9e37_79b9_7f4a_7c15_u64;
+        let mut rng = Jitter::new(noise);
         let mut in_flight = std::collections::VecDeque::from([0u32; IN_FLIGHT]);
         for _ in 0..batches {
             in_flight.push_back(split.permille());
             let s = f64::from(in_flight.pop_front().unwrap_or(0)) / 1000.0;
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            let jitter = 1.0 + noise * ((x % 2001) as f64 / 1000.0 - 1.0);
+            let jitter = rng.next();
             let (host, device) = ((1.0 - s) * cpu * jitter, (step + s * gpu) * jitter);
             let interval = host.max(device);
             total += interval;
@@ -231,6 +228,25 @@ mod tests {
         let out = (total / batches as f64, f64::from(split.permille()) / 1000.0);
         eprintln!("model cpu {cpu} step {step} gpu {gpu} noise {noise}: mean interval {:.5} s, share {}", out.0, out.1);
         out
+    }
+
+    /// Factors within `noise` of 1, the same sequence for every run (xorshift).
+    struct Jitter {
+        x: u64,
+        noise: f64,
+    }
+
+    impl Jitter {
+        fn new(noise: f64) -> Self {
+            Jitter { x: 0x9e37_79b9_7f4a_7c15, noise }
+        }
+
+        fn next(&mut self) -> f64 {
+            self.x ^= self.x << 13;
+            self.x ^= self.x >> 7;
+            self.x ^= self.x << 17;
+            1.0 + self.noise * ((self.x % 2001) as f64 / 1000.0 - 1.0)
+        }
     }
 
     /// Batches split before the consumer takes the one in hand (prefetch 2, one in the copy).
@@ -254,13 +270,10 @@ mod tests {
 
     /// The mean interval of a fixed share.
     fn run_fixed(cpu: f64, step: f64, gpu: f64, noise: f64, batches: usize, share: f64) -> f64 {
-        let mut x = 0x9e37_79b9_7f4a_7c15_u64;
+        let mut rng = Jitter::new(noise);
         let mut total = 0.0;
         for _ in 0..batches {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            let jitter = 1.0 + noise * ((x % 2001) as f64 / 1000.0 - 1.0);
+            let jitter = rng.next();
             total += ((1.0 - share) * cpu * jitter).max((step + share * gpu) * jitter);
         }
         total / batches as f64
