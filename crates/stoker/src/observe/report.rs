@@ -99,6 +99,18 @@ pub struct CpuReport {
     pub host_busy: Option<f64>,
 }
 
+impl CpuReport {
+    /// Cores the workers could use: `min(threads, allowance)`, at least 1.
+    pub fn usable_cores(&self) -> usize {
+        self.threads.min(self.allowance).max(1)
+    }
+
+    /// Cores the workers kept busy on average: `workers_busy` of the usable cores.
+    pub fn workers_cores(&self) -> f64 {
+        self.workers_busy * self.usable_cores() as f64
+    }
+}
+
 /// The bottleneck verdict.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct Bottleneck {
@@ -193,7 +205,7 @@ impl<S: Section> Report<S> {
             "cpu: process {:.1} of {} cores; workers {:.1} cores ({} busy of min({} threads, {} cores))\n",
             c.process_cores,
             c.allowance,
-            c.workers_busy * c.threads.min(c.allowance).max(1) as f64,
+            c.workers_cores(),
             percent(c.workers_busy),
             c.threads,
             c.allowance

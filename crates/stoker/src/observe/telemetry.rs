@@ -216,7 +216,8 @@ impl Telemetry {
 
     /// Seconds the passes ran so far (the one running included).
     pub fn wall_seconds(&self) -> f64 {
-        self.clocks().0
+        let wall = self.wall_ns.load(Ordering::Relaxed) as f64 * 1e-9;
+        wall + self.started.lock().expect("telemetry lock").map_or(0.0, |s| s.wall.elapsed().as_secs_f64())
     }
 
     /// Wall seconds, the process's CPU seconds and the host's (busy, total) CPU ticks over the
@@ -295,17 +296,18 @@ impl Telemetry {
     fn cpu(&self, wall: f64, process: f64, (busy, total): (u64, u64), threads: usize) -> CpuReport {
         let allowance = *self.allowance.get_or_init(|| super::cpu::allowance().effective);
         let workers = self.workers_cpu_ns.load(Ordering::Relaxed) as f64 * 1e-9;
-        let usable = threads.min(allowance).max(1) as f64;
         let per = |x: f64| if wall > 0.0 { x / wall } else { 0.0 };
-        CpuReport {
+        let mut c = CpuReport {
             process_seconds: process,
             process_cores: per(process),
             workers_seconds: workers,
-            workers_busy: per(workers) / usable,
+            workers_busy: 0.0,
             threads,
             allowance,
             host_busy: (total > 0).then(|| busy as f64 / total as f64),
-        }
+        };
+        c.workers_busy = per(workers) / c.usable_cores() as f64;
+        c
     }
 
     /// A report: the kind's stages (`stages` makes them over the wall seconds it is given),

@@ -250,7 +250,7 @@ pub(super) fn verdict(r: &ImageReport, threads: usize, allowance: usize, prefetc
     } else {
         format!("all {allowance} allowed CPUs are used (threads {threads}): give the job more CPUs")
     };
-    let busy = busy_text(r);
+    let busy = busy_text(r, worker_util);
     let worker_busy = (decode.busy_seconds + ops.busy_seconds + caption.busy_seconds).max(1e-9);
     if caption.busy_seconds > decode.busy_seconds.max(ops.busy_seconds) {
         Bottleneck {
@@ -285,16 +285,16 @@ pub(super) fn verdict(r: &ImageReport, threads: usize, allowance: usize, prefetc
 }
 
 /// How busy the decode threads were, in a verdict's words: by the CPU clock (the cores they
-/// used of those they could) and by their wall time, with the process's cores.
-fn busy_text(r: &ImageReport) -> String {
+/// used of those they could) and by their wall time (`running`, their stages' utilization),
+/// with the process's cores.
+fn busy_text(r: &ImageReport, running: f64) -> String {
     let c = &r.cpu;
-    let usable = c.threads.min(c.allowance).max(1);
-    let running: f64 = ["decode", "ops", "caption"].iter().filter_map(|n| r.stage(n)).map(|s| s.utilization).sum();
     format!(
-        "threads {} busy by the CPU clock ({:.1} of {usable} usable cores) and {} of their wall time; the \
+        "threads {} busy by the CPU clock ({:.1} of {} usable cores) and {} of their wall time; the \
          process used {:.1} of {} cores",
         percent(c.workers_busy),
-        c.workers_busy * usable as f64,
+        c.workers_cores(),
+        c.usable_cores(),
         percent(running),
         c.process_cores,
         c.allowance
@@ -309,7 +309,7 @@ fn busy_text(r: &ImageReport) -> String {
 /// would help. `None` when cores are free.
 fn crowded(r: &ImageReport) -> Option<Bottleneck> {
     let c = &r.cpu;
-    let workers = c.workers_busy * c.threads.min(c.allowance).max(1) as f64;
+    let workers = c.workers_cores();
     let allowance = c.allowance as f64;
     if c.process_cores < 0.85 * allowance {
         let host = c.host_busy.filter(|&h| h >= 0.9)?;
