@@ -254,6 +254,29 @@ fn contenders(vocab: &str, dir: &Path) -> (tokenizers::Tokenizer, Vec<Contender>
         encode: Box::new(move |t, ids| ids.extend_from_slice(floor.encode_fast(t, true).unwrap().get_ids())),
     });
 
+    // `tokenizers` 1.0: the file upgraded to its format, then `encode_into` (ids only).
+    let one = serde_json::from_slice::<Value>(&bytes)
+        .map_err(|e| e.to_string())
+        .and_then(|mut v| tokenizers1::canonicalize_value(&mut v).map(|_| v).map_err(|e| e.to_string()))
+        .and_then(|v| tokenizers1::from_json(&v.to_string()).map_err(|e| e.to_string()));
+    match one {
+        Ok(one) => {
+            let opts = tokenizers1::pipeline::EncodeOptions::default();
+            // One buffer reused across documents, as stoker's caller reuses its own.
+            let buf = std::cell::RefCell::new(Vec::<tokenizers1::pipeline::PipelineToken>::new());
+            out.push(Contender {
+                name: "tokenizers 1.0.0-rc.3 (encode_into)".into(),
+                encode: Box::new(move |t, ids| {
+                    let mut v = buf.borrow_mut();
+                    v.clear();
+                    one.encode_into(t, &opts, &mut v).unwrap();
+                    ids.extend_from_slice(tokenizers1::pipeline::PipelineToken::cast_slice(&v));
+                }),
+            });
+        }
+        Err(e) => notes.push(format!("tokenizers 1.0.0-rc.3: {e}")),
+    }
+
     let ours = stoker::tokens::TextTokenizer::from_json(&bytes, Path::new("<bench>")).expect("stoker loads the file");
     assert_eq!(ours.engine().0, "stoker byte-level BPE", "{:?}", ours.engine());
     notes.push(format!("stoker: {:?}", ours.engine()));

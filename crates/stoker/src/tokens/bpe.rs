@@ -16,16 +16,27 @@
 //! like `tokenizers`' `Word::merge_all`. The post-processor's special tokens (a template's
 //! `<|begin_of_text|>`, say) go around the result.
 //!
-//! Memory: pieces are found one at a time (no list of a document's pieces is ever built), so a
+//! Speed: pieces are found 32 at a time and each short one's place in the per-thread cache
+//! ([`super::piece_cache`]: pieces of up to 24 bytes with their ids inline, a small table in
+//! front that stays in the processor's cache) is prefetched before the 32 are looked up, so a
+//! lookup rarely waits on memory. A piece the cache lacks is looked up among the vocabulary's
+//! own tokens that merge into themselves (found once at load: [`BpeModel::fold`]), and only then
+//! merged, through the merges as a flat table ([`super::pair_table`]). Runs of ASCII letters are
+//! scanned eight bytes at a time.
+//!
+//! Memory: pieces are found 32 at a time (no list of a document's pieces is ever built), so a
 //! long document costs its ids plus the merge state of its longest piece, about 20 bytes per
 //! byte of that piece (`u32` links and heap entries); a gap that NFC changes is copied once,
 //! normalized. A long piece is cut only between two bytes that no merge joins (a symbol ending
 //! in the first byte never meets one starting with the second in any merge, so no token can
 //! span the cut and each side merges alone, exactly); a piece with no such place (one letter
-//! repeated, say) is merged whole. Frequent pieces are cached per thread (no shared mutable
-//! state; the cache is bounded); long pieces merge with a heap over a linked list, so time
-//! grows as `n log n` with a piece's length.
+//! repeated, say) is merged whole. Each thread's cache is about 4.3 MiB per model (its pages
+//! taken as they are first written; at most four models per thread), pieces of 25 to 64 bytes
+//! in a bounded map beside it; long pieces merge with a heap over a linked list, so time grows
+//! as `n log n` with a piece's length.
 
+use super::pair_table::{PairTable, NONE};
+use super::piece_cache::{Key, PieceCache};
 use super::pretok::{Cl100k, Gpt2, O200k, Pattern, Pieces, Scanner};
 use aho_corasick::{AhoCorasick, MatchKind};
 use regex::Regex;
@@ -40,9 +51,11 @@ use tokenizers::utils::SysRegex;
 use tokenizers::{Encoding, NormalizedString, Normalizer, PostProcessor, Token};
 use unicode_normalization_alignments::{is_nfc_quick, IsNormalized, UnicodeNormalization};
 
-/// Pieces up to this many bytes are cached.
+/// Pieces up to this many bytes are cached (those up to 24 bytes in the table, longer ones in
+/// a map).
 const CACHE_MAX_PIECE: usize = 64;
-/// Entries a thread's cache holds before it is emptied (bounds its memory at a few MiB).
+/// Entries a thread's map of longer pieces holds before it is emptied (bounds its memory at a
+/// few MiB).
 const CACHE_MAX_ENTRIES: usize = 1 << 15;
 /// Pieces longer than this many bytes merge with the heap; shorter ones by scanning.
 const HEAP_FROM: usize = 96;
@@ -96,9 +109,13 @@ pub struct BpeModel {
     key: u64,
     /// The id of each byte's byte-level character.
     byte_ids: [u32; 256],
-    /// `(left << 32 | right)` -> `(rank, merged id)`; a pair listed twice keeps its last rank,
-    /// as in `tokenizers`.
-    merges: FxMap<u64, (u32, u32)>,
+    /// `(left, right)` -> `rank << 32 | merged id`; a pair listed twice keeps its last rank, as
+    /// in `tokenizers`.
+    merges: PairTable,
+    /// Pieces of up to 24 bytes whose ids are known without merging, shared by every thread:
+    /// the vocabulary's own tokens that merge into themselves (a merge run once per token at
+    /// load), or with `ignore_merges` every token of the vocabulary.
+    fold: FxMap<(u64, u64, u64, u64), u32>,
     /// With `ignore_merges`: the vocabulary by raw bytes (a piece found here is one token).
     whole: Option<FxMap<Box<[u8]>, u32>>,
     /// Added tokens with `normalized: false`, then those with `normalized: true`.
@@ -223,21 +240,26 @@ impl Added {
     }
 }
 
-/// The per-thread cache and scratch space.
+/// Models whose caches a thread keeps at once (a mixture of tokenizers alternates between them);
+/// the one used longest ago gives way.
+const MODELS_PER_THREAD: usize = 4;
+
+/// A thread's cache and scratch space for one model.
 struct Cache {
     model: u64,
+    table: PieceCache,
     map: FxMap<Box<[u8]>, Box<[u32]>>,
-    syms: Vec<u32>,
-    ranks: Vec<(u32, u32)>,
+}
+
+impl Cache {
+    fn new(model: u64) -> Cache {
+        Cache { model, table: PieceCache::new(), map: FxMap::default() }
+    }
 }
 
 thread_local! {
-    static CACHE: RefCell<Cache> = RefCell::new(Cache {
-        model: 0,
-        map: FxMap::default(),
-        syms: Vec::new(),
-        ranks: Vec::new(),
-    });
+    /// This thread's caches, the one used last first.
+    static CACHES: RefCell<Vec<Cache>> = const { RefCell::new(Vec::new()) };
 }
 
 /// GPT-2's `bytes_to_unicode`: the printable character standing for each byte.
@@ -420,8 +442,7 @@ impl BpeModel {
         }
 
         let merges_v = m.get("merges").and_then(Value::as_array).ok_or("BPE merges are not a list")?;
-        let mut merges = FxMap::<u64, (u32, u32)>::default();
-        merges.reserve(merges_v.len());
+        let mut merges = Vec::with_capacity(merges_v.len());
         let mut joins = Box::new([0u64; 1024]);
         let mut rank = 0u32;
         for mv in merges_v {
@@ -439,7 +460,7 @@ impl BpeModel {
             };
             let missing = || format!("merge {a:?} {b:?} is not in the vocabulary");
             let (ia, ib, inew) = (id(&a).ok_or_else(missing)?, id(&b).ok_or_else(missing)?, id(&(a.clone() + &b)));
-            merges.insert((ia as u64) << 32 | ib as u64, (rank, inew.ok_or_else(missing)?));
+            merges.push(((ia, ib), (rank, inew.ok_or_else(missing)?)));
             // A merge whose sides are not byte-level text never fires (every symbol is).
             if let (Some(x), Some(y)) =
                 (a.chars().next_back().and_then(|c| back.get(&c)), b.chars().next().and_then(|c| back.get(&c)))
@@ -507,7 +528,39 @@ impl BpeModel {
         let added = [build(&sets[0])?, build(&sets[1])?];
         let around = around(tok)?;
         let key = NEXT_MODEL.fetch_add(1, Ordering::Relaxed);
-        Ok(BpeModel { key, byte_ids, merges, whole, added, pre, nfc, around, joins })
+        let merges = PairTable::new(&merges, &byte_ids);
+        let mut model =
+            BpeModel { key, byte_ids, merges, fold: FxMap::default(), whole, added, pre, nfc, around, joins };
+        model.fold = model.fold_vocabulary(vocab, &back);
+        Ok(model)
+    }
+
+    /// The table of [`BpeModel::fold`]: each vocabulary token of 2 to 24 bytes (byte-level text)
+    /// whose bytes merge into that token alone, or with `ignore_merges` each one.
+    fn fold_vocabulary(
+        &self,
+        vocab: &serde_json::Map<String, Value>,
+        back: &FxMap<char, u8>,
+    ) -> FxMap<(u64, u64, u64, u64), u32> {
+        let mut fold = FxMap::default();
+        let mut ids = Vec::new();
+        for (s, v) in vocab {
+            let (Some(bytes), Some(id)) =
+                (s.chars().map(|c| back.get(&c).copied()).collect::<Option<Vec<u8>>>(), v.as_u64())
+            else {
+                continue;
+            };
+            let Some(key) = Key::of(&bytes, 0, bytes.len()).filter(|_| bytes.len() > 1) else { continue };
+            if self.whole.is_none() {
+                ids.clear();
+                self.merge_scan(&bytes, &mut ids);
+                if ids[..] != [id as u32] {
+                    continue;
+                }
+            }
+            fold.insert(key.exact(), id as u32);
+        }
+        fold
     }
 
     /// What the fast path reproduces for this file, for [`super::TextTokenizer::engine`]: e.g.
@@ -526,19 +579,19 @@ impl BpeModel {
     /// Appends the ids of `text` to `out`, the post-processor's special tokens included.
     pub fn encode_into(&self, text: &str, out: &mut Vec<u32>) {
         out.extend_from_slice(&self.around.0);
-        CACHE.with(|c| match c.try_borrow_mut() {
-            Ok(mut c) => {
-                if c.model != self.key {
-                    c.map.clear();
-                    c.model = self.key;
+        CACHES.with(|caches| match caches.try_borrow_mut() {
+            Ok(mut caches) => {
+                match caches.iter().position(|c| c.model == self.key) {
+                    Some(i) => caches[..=i].rotate_right(1),
+                    None => {
+                        caches.truncate(MODELS_PER_THREAD - 1);
+                        caches.insert(0, Cache::new(self.key));
+                    }
                 }
-                self.split_raw(text, &mut c, out)
+                self.split_raw(text, &mut caches[0], out)
             }
-            // Only reachable by re-entry, which nothing here does: work without the cache.
-            Err(_) => {
-                let mut c = Cache { model: 0, map: FxMap::default(), syms: vec![], ranks: vec![] };
-                self.split_raw(text, &mut c, out)
-            }
+            // Only reachable by re-entry, which nothing here does: work with a fresh cache.
+            Err(_) => self.split_raw(text, &mut Cache::new(self.key), out),
         });
         out.extend_from_slice(&self.around.1);
     }
@@ -591,7 +644,7 @@ impl BpeModel {
     /// on; BPE on what the last one leaves. Pieces are found one at a time, as with a scanner.
     fn encode_splits(&self, regexes: &[SysRegex], text: &str, c: &mut Cache, out: &mut Vec<u32>) {
         let Some((re, rest)) = regexes.split_first() else {
-            return self.encode_piece(text.as_bytes(), c, out);
+            return self.encode_piece(text.as_bytes(), 0, text.len(), c, out);
         };
         let mut prev = 0;
         for (start, end) in re.find_iter(text) {
@@ -608,99 +661,169 @@ impl BpeModel {
         }
     }
 
+    /// The pieces of `text` in batches: a batch's pieces are found and their table sets
+    /// prefetched first, then encoded, so that each lookup finds its line already in the
+    /// processor's cache instead of waiting on memory for it.
     fn encode_pieces<S: Scanner>(&self, text: &str, c: &mut Cache, out: &mut Vec<u32>) {
+        const BATCH: usize = 32;
         let bytes = text.as_bytes();
-        for (a, b) in Pieces::<S>::new(text) {
-            self.encode_piece(&bytes[a..b], c, out);
-        }
-    }
-
-    #[inline]
-    fn encode_piece(&self, piece: &[u8], c: &mut Cache, out: &mut Vec<u32>) {
-        if let Some(w) = &self.whole {
-            if let Some(&id) = w.get(piece) {
-                out.push(id);
+        let mut pieces = Pieces::<S>::new(text);
+        let mut batch: [(usize, usize, Option<Key>); BATCH] = [(0, 0, None); BATCH];
+        loop {
+            let mut n = 0;
+            for (a, b) in pieces.by_ref() {
+                let key = if b - a > 1 { Key::of(bytes, a, b) } else { None };
+                if let Some(k) = &key {
+                    c.table.prefetch(k);
+                }
+                batch[n] = (a, b, key);
+                n += 1;
+                if n == BATCH {
+                    break;
+                }
+            }
+            for &(a, b, key) in &batch[..n] {
+                self.encode_keyed(bytes, a, b, key, c, out);
+            }
+            if n < BATCH {
                 return;
             }
         }
-        if piece.len() == 1 {
-            out.push(self.byte_ids[piece[0] as usize]);
+    }
+
+    /// The ids of the piece `text[a..b]`.
+    #[inline]
+    fn encode_piece(&self, text: &[u8], a: usize, b: usize, c: &mut Cache, out: &mut Vec<u32>) {
+        let key = if b - a > 1 { Key::of(text, a, b) } else { None };
+        self.encode_keyed(text, a, b, key, c, out)
+    }
+
+    /// The ids of the piece `text[a..b]`, whose table key is `key` when it has one: a single
+    /// byte directly, a short piece from the table (or merged and stored there), a longer one
+    /// from the map of long pieces, the longest merged each time.
+    #[inline]
+    fn encode_keyed(&self, text: &[u8], a: usize, b: usize, key: Option<Key>, c: &mut Cache, out: &mut Vec<u32>) {
+        if b - a == 1 {
+            out.push(self.byte_ids[text[a] as usize]);
             return;
         }
-        if piece.len() > CACHE_MAX_PIECE {
-            if piece.len() >= HEAP_FROM {
-                self.merge_long(piece, c, out);
-            } else {
-                self.merge_scan(piece, c, out);
+        if let Some(key) = key {
+            if c.table.get(&key, out) {
+                return;
             }
+            if let Some(&id) = self.fold.get(&key.exact()) {
+                out.push(id);
+                c.table.put(&key, &[id]);
+                return;
+            }
+            let from = out.len();
+            self.encode_uncached(&text[a..b], out);
+            c.table.put(&key, &out[from..]);
             return;
+        }
+        let piece = &text[a..b];
+        if piece.len() > CACHE_MAX_PIECE {
+            return self.encode_uncached(piece, out);
         }
         if let Some(ids) = c.map.get(piece) {
             out.extend_from_slice(ids);
             return;
         }
         let from = out.len();
-        self.merge_scan(piece, c, out);
+        self.encode_uncached(piece, out);
         if c.map.len() >= CACHE_MAX_ENTRIES {
             c.map.clear();
         }
         c.map.insert(piece.into(), out[from..].into());
     }
 
-    #[inline]
-    fn pair(&self, a: u32, b: u32) -> Option<(u32, u32)> {
-        self.merges.get(&((a as u64) << 32 | b as u64)).copied()
-    }
-
-    /// Short pieces: repeatedly merge the leftmost pair of lowest rank, by scanning.
-    fn merge_scan(&self, piece: &[u8], c: &mut Cache, out: &mut Vec<u32>) {
-        let Cache { syms, ranks, .. } = c;
-        syms.clear();
-        syms.extend(piece.iter().map(|&b| self.byte_ids[b as usize]));
-        ranks.clear();
-        ranks.extend(syms.windows(2).map(|w| self.pair(w[0], w[1]).unwrap_or((u32::MAX, 0))));
-        loop {
-            let mut best = (u32::MAX, 0usize);
-            for (k, &(r, _)) in ranks.iter().enumerate() {
-                if r < best.0 {
-                    best = (r, k);
-                }
-            }
-            if best.0 == u32::MAX {
-                break;
-            }
-            let k = best.1;
-            syms[k] = ranks[k].1;
-            syms.remove(k + 1);
-            ranks.remove(k);
-            if k < ranks.len() {
-                ranks[k] = self.pair(syms[k], syms[k + 1]).unwrap_or((u32::MAX, 0));
-            }
-            if k > 0 {
-                ranks[k - 1] = self.pair(syms[k - 1], syms[k]).unwrap_or((u32::MAX, 0));
+    /// A piece's ids without the caches: one token when `ignore_merges` finds it whole, else
+    /// merged.
+    fn encode_uncached(&self, piece: &[u8], out: &mut Vec<u32>) {
+        if let Some(w) = &self.whole {
+            if let Some(&id) = w.get(piece) {
+                out.push(id);
+                return;
             }
         }
-        out.extend_from_slice(syms);
+        if piece.len() >= HEAP_FROM {
+            self.merge_long(piece, out);
+        } else {
+            self.merge_scan(piece, out);
+        }
+    }
+
+    #[inline]
+    fn pair(&self, a: u32, b: u32) -> Option<(u32, u32)> {
+        match self.merges.get(a, b) {
+            NONE => None,
+            v => Some(((v >> 32) as u32, v as u32)),
+        }
+    }
+
+    /// Pieces shorter than [`HEAP_FROM`] bytes: repeatedly merge the leftmost pair of lowest
+    /// rank, found by scanning the packed merges of adjacent symbols (rank high, id low, so the
+    /// smallest word is the merge to apply; the first of equal ones the leftmost).
+    fn merge_scan(&self, piece: &[u8], out: &mut Vec<u32>) {
+        let n = piece.len();
+        if n >= HEAP_FROM {
+            return self.merge_heap(piece, out);
+        }
+        let mut syms = [0u32; HEAP_FROM];
+        let mut vals = [NONE; HEAP_FROM];
+        for (s, &b) in syms.iter_mut().zip(piece) {
+            *s = self.byte_ids[b as usize];
+        }
+        for (v, w) in vals.iter_mut().zip(piece.windows(2)) {
+            *v = self.merges.of_bytes(w[0], w[1]);
+        }
+        let mut len = n;
+        while len > 1 {
+            let (mut best, mut k) = (NONE, 0);
+            for (i, &v) in vals[..len - 1].iter().enumerate() {
+                if v < best {
+                    best = v;
+                    k = i;
+                }
+            }
+            if best == NONE {
+                break;
+            }
+            // Symbols k and k + 1 become one; the pairs after them move down by one.
+            syms[k] = best as u32;
+            syms.copy_within(k + 2..len, k + 1);
+            if k + 2 < len {
+                vals.copy_within(k + 2..len - 1, k + 1);
+            }
+            len -= 1;
+            if k + 1 < len {
+                vals[k] = self.merges.get(syms[k], syms[k + 1]);
+            }
+            if k > 0 {
+                vals[k - 1] = self.merges.get(syms[k - 1], syms[k]);
+            }
+        }
+        out.extend_from_slice(&syms[..len]);
     }
 
     /// Long pieces: cut where no merge can cross (see `joins`), each part merged alone.
-    fn merge_long(&self, piece: &[u8], c: &mut Cache, out: &mut Vec<u32>) {
+    fn merge_long(&self, piece: &[u8], out: &mut Vec<u32>) {
         let mut start = 0;
         for p in 1..piece.len() {
             let k = usize::from(piece[p - 1]) << 8 | usize::from(piece[p]);
             if self.joins[k >> 6] >> (k & 63) & 1 == 0 {
-                self.merge_part(&piece[start..p], c, out);
+                self.merge_part(&piece[start..p], out);
                 start = p;
             }
         }
-        self.merge_part(&piece[start..], c, out);
+        self.merge_part(&piece[start..], out);
     }
 
-    fn merge_part(&self, part: &[u8], c: &mut Cache, out: &mut Vec<u32>) {
+    fn merge_part(&self, part: &[u8], out: &mut Vec<u32>) {
         match part.len() {
             1 => out.push(self.byte_ids[part[0] as usize]),
             n if n >= HEAP_FROM => self.merge_heap(part, out),
-            _ => self.merge_scan(part, c, out),
+            _ => self.merge_scan(part, out),
         }
     }
 

@@ -33,6 +33,8 @@ pub mod html;
 mod html_tables;
 pub mod index;
 pub mod pack;
+mod pair_table;
+mod piece_cache;
 pub mod pipeline;
 mod pretok;
 mod pretok_class;
