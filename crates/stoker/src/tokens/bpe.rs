@@ -36,7 +36,7 @@
 //! as `n log n` with a piece's length.
 
 use super::pair_table::{PairTable, NONE};
-use super::piece_cache::{Key, PieceCache};
+use super::piece_cache::{FoldTable, Key, PieceCache};
 use super::pretok::{Cl100k, Gpt2, O200k, Pattern, Pieces, Scanner};
 use aho_corasick::{AhoCorasick, MatchKind};
 use regex::Regex;
@@ -115,7 +115,7 @@ pub struct BpeModel {
     /// Pieces of up to 24 bytes whose ids are known without merging, shared by every thread:
     /// the vocabulary's own tokens that merge into themselves (a merge run once per token at
     /// load), or with `ignore_merges` every token of the vocabulary.
-    fold: FxMap<(u64, u64, u64, u64), u32>,
+    fold: FoldTable,
     /// With `ignore_merges`: the vocabulary by raw bytes (a piece found here is one token).
     whole: Option<FxMap<Box<[u8]>, u32>>,
     /// Added tokens with `normalized: false`, then those with `normalized: true`.
@@ -530,37 +530,34 @@ impl BpeModel {
         let key = NEXT_MODEL.fetch_add(1, Ordering::Relaxed);
         let merges = PairTable::new(&merges, &byte_ids);
         let mut model =
-            BpeModel { key, byte_ids, merges, fold: FxMap::default(), whole, added, pre, nfc, around, joins };
+            BpeModel { key, byte_ids, merges, fold: FoldTable::new(&[]), whole, added, pre, nfc, around, joins };
         model.fold = model.fold_vocabulary(vocab, &back);
         Ok(model)
     }
 
     /// The table of [`BpeModel::fold`]: each vocabulary token of 2 to 24 bytes (byte-level text)
     /// whose bytes merge into that token alone, or with `ignore_merges` each one.
-    fn fold_vocabulary(
-        &self,
-        vocab: &serde_json::Map<String, Value>,
-        back: &FxMap<char, u8>,
-    ) -> FxMap<(u64, u64, u64, u64), u32> {
-        let mut fold = FxMap::default();
+    fn fold_vocabulary(&self, vocab: &serde_json::Map<String, Value>, back: &FxMap<char, u8>) -> FoldTable {
+        let mut fold = Vec::new();
         let mut ids = Vec::new();
         for (s, v) in vocab {
-            let (Some(bytes), Some(id)) =
-                (s.chars().map(|c| back.get(&c).copied()).collect::<Option<Vec<u8>>>(), v.as_u64())
-            else {
+            let (Some(bytes), Some(id)) = (
+                s.chars().map(|c| back.get(&c).copied()).collect::<Option<Vec<u8>>>(),
+                v.as_u64().and_then(|v| u32::try_from(v).ok()),
+            ) else {
                 continue;
             };
             let Some(key) = Key::of(&bytes, 0, bytes.len()).filter(|_| bytes.len() > 1) else { continue };
             if self.whole.is_none() {
                 ids.clear();
                 self.merge_scan(&bytes, &mut ids);
-                if ids[..] != [id as u32] {
+                if ids[..] != [id] {
                     continue;
                 }
             }
-            fold.insert(key.exact(), id as u32);
+            fold.push((key, id));
         }
-        fold
+        FoldTable::new(&fold)
     }
 
     /// What the fast path reproduces for this file, for [`super::TextTokenizer::engine`]: e.g.
@@ -711,7 +708,7 @@ impl BpeModel {
             if c.table.get(&key, out) {
                 return;
             }
-            if let Some(&id) = self.fold.get(&key.exact()) {
+            if let Some(id) = self.fold.get(&key) {
                 out.push(id);
                 c.table.put(&key, &[id]);
                 return;

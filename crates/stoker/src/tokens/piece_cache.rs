@@ -21,7 +21,8 @@ const FRONT_LOG2: u32 = 12;
 pub(crate) struct Key {
     words: [u64; 3],
     len: u64,
-    set: usize,
+    /// A hash of the words and length; its top bits pick a set (or a slot of a [`FoldTable`]).
+    hash: u64,
 }
 
 impl Key {
@@ -55,20 +56,13 @@ impl Key {
             ^ words[1].wrapping_mul(0xC2B2_AE3D_27D4_EB4F).rotate_left(23)
             ^ words[2].wrapping_mul(0x1656_67B1_9E37_79F9).rotate_left(41)
             ^ len as u64;
-        let set = (h.wrapping_mul(0x2545_F491_4F6C_DD1D) >> (64 - SETS_LOG2)) as usize;
-        Some(Key { words, len: len as u64, set })
-    }
-
-    /// The piece exactly, as one value (for maps keyed by short pieces).
-    #[inline]
-    pub(crate) fn exact(&self) -> (u64, u64, u64, u64) {
-        (self.words[0], self.words[1], self.words[2], self.len)
+        Some(Key { words, len: len as u64, hash: h.wrapping_mul(0x2545_F491_4F6C_DD1D) })
     }
 
     /// The set this key belongs to.
     #[inline]
     fn set(&self) -> usize {
-        self.set
+        (self.hash >> (64 - SETS_LOG2)) as usize
     }
 }
 
@@ -161,6 +155,50 @@ impl PieceCache {
     }
 }
 
+/// Short pieces that are one token each, read-only and shared by threads (see
+/// [`super::bpe::BpeModel`]'s `fold`): open addressing with linear probing, at most half full,
+/// 32 bytes a slot (the key's words, then its length and the id), an all-zero slot empty.
+#[derive(Debug)]
+pub(crate) struct FoldTable {
+    slots: Box<[[u64; 4]]>,
+    /// `64 - log2(slots.len())`.
+    shift: u32,
+}
+
+impl FoldTable {
+    /// The table of `entries` (distinct keys).
+    pub(crate) fn new(entries: &[(Key, u32)]) -> FoldTable {
+        let size = (entries.len() * 2).max(16).next_power_of_two();
+        let mut slots = vec![[0u64; 4]; size].into_boxed_slice();
+        let shift = 64 - size.trailing_zeros();
+        for (k, id) in entries {
+            let mut h = (k.hash >> shift) as usize;
+            while slots[h][3] != 0 {
+                h = (h + 1) & (size - 1);
+            }
+            slots[h] = [k.words[0], k.words[1], k.words[2], k.len | u64::from(*id) << 32];
+        }
+        FoldTable { slots, shift }
+    }
+
+    /// The id of the piece `k`, if it is in the table.
+    #[inline]
+    pub(crate) fn get(&self, k: &Key) -> Option<u32> {
+        let mask = self.slots.len() - 1;
+        let mut h = (k.hash >> self.shift) as usize;
+        loop {
+            let s = &self.slots[h];
+            if s[3] == 0 {
+                return None;
+            }
+            if s[0] == k.words[0] && s[1] == k.words[1] && s[2] == k.words[2] && s[3] & 0xFF == k.len {
+                return Some((s[3] >> 32) as u32);
+            }
+            h = (h + 1) & mask;
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -178,6 +216,23 @@ mod tests {
         assert_ne!(with_nul, without);
         assert!(Key::of(text, 0, MAX_KEY + 1).is_none());
         assert!(Key::of(text, 0, MAX_KEY).is_some());
+    }
+
+    #[test]
+    fn the_fold_table_finds_each_piece_and_nothing_else() {
+        let words: Vec<String> = (0..3000).map(|i| format!(" w{i}")).collect();
+        let entries: Vec<(Key, u32)> = words
+            .iter()
+            .enumerate()
+            .map(|(i, w)| (Key::of(w.as_bytes(), 0, w.len()).expect("short"), i as u32 * 7))
+            .collect();
+        let t = FoldTable::new(&entries);
+        for (k, id) in &entries {
+            assert_eq!(t.get(k), Some(*id));
+        }
+        for miss in [" w3000", " w", "w1", " w1 ", " W1"] {
+            assert_eq!(t.get(&Key::of(miss.as_bytes(), 0, miss.len()).expect("short")), None, "{miss:?}");
+        }
     }
 
     #[test]
