@@ -78,6 +78,7 @@ pub fn bench(root: &str, o: &BenchOpts, t: &TextOpts) -> Result<()> {
     let bar = progress(0, o.json, "{spinner} {pos} batches {per_sec}");
     let (cpu0, t0) = (cpu_seconds(), Instant::now());
     let mut first = None;
+    let mut digest = stoker::Digest::new();
     let (mut batches, mut rows) = (0u64, 0u64);
     for epoch in 0..epochs {
         loader.set_epoch(epoch);
@@ -86,6 +87,9 @@ pub fn bench(root: &str, o: &BenchOpts, t: &TextOpts) -> Result<()> {
             first.get_or_insert_with(|| t0.elapsed().as_secs_f64());
             rows += b.rows() as u64;
             batches += 1;
+            if !o.no_digest {
+                digest.update_tokens(&b);
+            }
             if !step.is_zero() {
                 std::thread::sleep(step); // a simulated training step
             }
@@ -105,6 +109,7 @@ pub fn bench(root: &str, o: &BenchOpts, t: &TextOpts) -> Result<()> {
         "documents": loader.documents(), "stats": stats,
         "tokenizer": loader.tokenizer().map(|t| serde_json::json!({"engine": t.engine().0, "why": t.engine().1})),
         "bottleneck": neck,
+        "digest": if o.no_digest { serde_json::Value::Null } else { digest.hex().into() },
     });
     if o.json {
         println!("{}", serde_json::to_string_pretty(&summary)?);
@@ -139,5 +144,8 @@ pub fn bench(root: &str, o: &BenchOpts, t: &TextOpts) -> Result<()> {
         println!("tokenizer: {engine} ({why})");
     }
     println!("verdict: {} ({})\n  -> {}", neck.stage, neck.reason, neck.suggestion);
+    if !o.no_digest {
+        println!("digest {}", digest.hex());
+    }
     Ok(())
 }

@@ -144,6 +144,10 @@ fn tokenize_then_bench_the_cache() {
     assert!(text["bottleneck"]["reason"].as_str().unwrap().contains("the consumer waited"));
     assert_eq!(text["tokenizer"]["engine"], "stoker byte-level BPE", "{}", text["tokenizer"]);
     assert!(cached["tokenizer"].is_null(), "a token cache is read without a tokenizer");
+    // The digest of the text's batches: 32 hex digits, the same on a second run.
+    let digest = text["digest"].as_str().unwrap();
+    assert!(digest.len() == 32 && digest.bytes().all(|b| b.is_ascii_hexdigit()), "{digest}");
+    assert_eq!(bench(&[sample.as_os_str(), "--tokenizer".as_ref(), gpt2.as_os_str()])["digest"], digest);
     // A folder that is not empty is refused, and the message says so.
     let out = stoker().arg("tokenize").arg(&sample).arg("--tokenizer").arg(&gpt2).arg(&cache).output().unwrap();
     let err = String::from_utf8_lossy(&out.stderr);

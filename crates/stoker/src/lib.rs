@@ -126,6 +126,20 @@ impl Digest {
         }
     }
 
+    /// Adds one token batch: `input_ids`, `labels`, `position_ids`, `cu_seqlens` and `sources`,
+    /// each as little-endian `i32`s.
+    pub fn update_tokens(&mut self, batch: &tokens::TokenBatch) {
+        for a in [batch.input_ids(), batch.labels(), batch.position_ids(), batch.cu_seqlens(), batch.sources()] {
+            let mut buf = [0u8; 4096];
+            for c in a.chunks(1024) {
+                for (b, v) in buf.chunks_exact_mut(4).zip(c) {
+                    b.copy_from_slice(&v.to_le_bytes());
+                }
+                self.0.update(&buf[..c.len() * 4]);
+            }
+        }
+    }
+
     /// The digest as 32 hex digits.
     pub fn hex(&self) -> String {
         format!("{:032x}", self.0.digest128())

@@ -5,6 +5,8 @@
 //! - [`docs`]: the formats on disk and the document index (offsets, lengths, lines).
 //! - [`corpus`]: the documents of a loader's files, numbered in file order.
 //! - [`index`]: document indexes stored between runs, checked against their files.
+//! - [`jsonl`]: a JSON Lines record's text in one pass into a reused buffer (serde_json for
+//!   what it does not take).
 //! - [`tokenizer`]: a `tokenizer.json`, one instance per thread, no offsets.
 //! - [`bpe`]: stoker's exact fast path for byte-level BPE files (GPT-2, GPT-NeoX, Llama 3, Qwen2,
 //!   GPT-4o kinds), chosen by [`tokenizer`] when a file is one it reproduces; `pretok` holds its
@@ -32,6 +34,7 @@ pub mod docs;
 pub mod html;
 mod html_tables;
 pub mod index;
+pub mod jsonl;
 pub mod pack;
 mod pair_table;
 mod piece_cache;

@@ -72,10 +72,19 @@ pub struct RowInfo {
 /// Writes `tokens[from..from + n]` at `at`: ids, next-token labels within the document, and
 /// positions from 0.
 fn write_piece(out: &mut RowOut<'_>, at: usize, tokens: &[u32], from: usize, n: usize) {
-    for k in 0..n {
-        out.input[at + k] = tokens[from + k] as i32;
-        out.labels[at + k] = tokens.get(from + k + 1).map_or(IGNORE, |&t| t as i32);
-        out.positions[at + k] = k as i32;
+    let input = &mut out.input[at..at + n];
+    for (o, &t) in input.iter_mut().zip(&tokens[from..from + n]) {
+        *o = t as i32;
+    }
+    // Each label is the next token; only the document's last token has none.
+    let next = &tokens[(from + 1).min(tokens.len())..(from + n + 1).min(tokens.len())];
+    let labels = &mut out.labels[at..at + n];
+    for (o, &t) in labels.iter_mut().zip(next) {
+        *o = t as i32;
+    }
+    labels[next.len()..].fill(IGNORE);
+    for (k, p) in out.positions[at..at + n].iter_mut().enumerate() {
+        *p = k as i32;
     }
     out.segments.push(n as u32);
 }

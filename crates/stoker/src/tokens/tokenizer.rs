@@ -66,6 +66,14 @@ impl TextTokenizer {
         (name, &self.why)
     }
 
+    /// Whether worker threads may share this one instance: stoker's own encoder takes `&self`
+    /// and keeps its caches per thread, so it scales on one instance; the `tokenizers` crate
+    /// does not (see the module's note), and each thread then takes its own clone (a clone
+    /// copies the whole vocabulary and merges: tens of milliseconds for GPT-2's).
+    pub fn shares_across_threads(&self) -> bool {
+        self.fast.is_some()
+    }
+
     /// The same tokenizer on the `tokenizers` crate alone (for comparisons and benchmarks).
     pub fn without_fast_path(&self) -> Self {
         TextTokenizer { fast: None, why: "fast path turned off by the caller".into(), ..self.clone() }

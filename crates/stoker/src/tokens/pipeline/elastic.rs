@@ -7,7 +7,7 @@ use super::iter::TokenLoader;
 use super::order::{elastic_positions, global_order};
 use super::read::{RawDoc, Readers};
 use super::state::{Elastic, TokenState};
-use super::tokenize::tokenize;
+use super::tokenize::{tokenize, Scratch};
 use crate::error::{Error, Result};
 use crate::tokens::pack::Resume;
 
@@ -134,10 +134,11 @@ impl TokenLoader {
         order.sort_unstable();
         let mut lens = vec![0usize; docs.len()];
         let mut readers = Readers::new(src);
+        let mut scratch = Scratch::default();
         for (f, k, i) in order {
             let bytes = readers.read(src, (f, k), sh.config.max_document_bytes, &sh.config.text_key);
             let raw = RawDoc { epoch: 0, cursor: 0, at: (f, k), bytes, skip: docs[i].1, doc: docs[i].0, cached: false };
-            let (d, _) = tokenize(sh, sh.tokenizer.as_ref(), raw);
+            let (d, _) = tokenize(sh, sh.tokenizer.as_ref(), raw, &mut scratch);
             lens[i] = d.tokens.len();
         }
         Ok(lens)

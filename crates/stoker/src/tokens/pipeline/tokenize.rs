@@ -1,12 +1,14 @@
 //! The tokenizer threads: each parses a chunk of documents (JSON, UTF-8, stored ids) and
-//! tokenizes it with its own clone of the tokenizer, without offsets.
+//! tokenizes it without offsets, on the shared tokenizer or, for the `tokenizers` crate's
+//! engine, a clone of its own.
 
 use super::read::{read_docs, RawDoc};
 use super::shared::Tokens;
 use super::state::Elastic;
 use crate::error::{Error, Result};
 use crate::shell::ordered::{send_or_cancel, take_free, Run};
-use crate::tokens::docs::{json_text, Format};
+use crate::tokens::docs::Format;
+use crate::tokens::jsonl::json_text_into;
 use crate::tokens::pack::{Doc, Resume};
 use crate::tokens::tokenizer::TextTokenizer;
 use crossbeam_channel::{bounded, Receiver};
@@ -16,6 +18,30 @@ use std::time::{Duration, Instant};
 
 /// A chunk's documents, tokenized; failed ones are empty with their error.
 pub(super) type Tokenized = Vec<(Doc, Option<Error>)>;
+
+/// Bytes of text, and ids, a [`Scratch`] keeps between documents; a longer document's are
+/// given back after it.
+const SCRATCH_KEEP: usize = 4 << 20;
+
+/// A thread's buffers, reused from document to document: the text of a JSON record and the
+/// ids of the encoder (a document's tokens are then allocated once, at their length).
+#[derive(Default)]
+pub(super) struct Scratch {
+    text: String,
+    ids: Vec<u32>,
+}
+
+impl Scratch {
+    /// Gives back the memory of an unusually long document.
+    fn trim(&mut self) {
+        if self.text.capacity() > SCRATCH_KEEP {
+            self.text = String::new();
+        }
+        if self.ids.capacity() > SCRATCH_KEEP / 4 {
+            self.ids = Vec::new();
+        }
+    }
+}
 
 /// Starts the reader and the tokenizer threads of `run` over this rank's documents from
 /// `from`: tokenized chunks arrive numbered in order on the returned receiver, and each chunk
@@ -46,9 +72,11 @@ pub(super) fn spawn_tokenizing<S: Send + 'static>(
         let (sh, rx, tx, cancel) = (sh.clone(), job_rx.clone(), res_tx.clone(), cancel.clone());
         let read_all = read_all.clone();
         run.spawn(format!("stoker-tokenize-{k}"), move || {
-            let tok = sh.tokenizer.clone();
+            // A clone of its own only where sharing one instance does not scale.
+            let own = sh.tokenizer.as_ref().filter(|t| !t.shares_across_threads()).cloned();
             // The thread's CPU time, lapped after each chunk (the report's `cpu.workers_*`).
             let mut cpu = crate::observe::cpu::ThreadCpu::start();
+            let mut scratch = Scratch::default();
             loop {
                 sh.telemetry.add_workers_cpu(cpu.lap());
                 // Autotuned out: parked until the tuner wants this thread again or the work ends.
@@ -61,7 +89,8 @@ pub(super) fn spawn_tokenizing<S: Send + 'static>(
                 let Some((seq, chunk)) = take_free(&rx, &cancel) else { return };
                 let t0 = Instant::now();
                 let docs = chunk.len();
-                let out: Tokenized = chunk.into_iter().map(|d| tokenize(&sh, tok.as_ref(), d)).collect();
+                let tok = own.as_ref().or(sh.tokenizer.as_ref());
+                let out: Tokenized = chunk.into_iter().map(|d| tokenize(&sh, tok, d, &mut scratch)).collect();
                 sh.stats.tokenize_ns.fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
                 if sh.tracer.is_some() {
                     let tokens: usize = out.iter().map(|(d, _)| d.tokens.len()).sum();
@@ -90,14 +119,26 @@ pub(super) fn extend_ids(out: &mut Vec<u32>, bytes: &[u8], width: usize) {
 }
 
 /// Parses and tokenizes one document; a failure is an empty document with its error.
-pub(super) fn tokenize(sh: &Tokens, tok: Option<&TextTokenizer>, d: RawDoc) -> (Doc, Option<Error>) {
+pub(super) fn tokenize(
+    sh: &Tokens,
+    tok: Option<&TextTokenizer>,
+    d: RawDoc,
+    scratch: &mut Scratch,
+) -> (Doc, Option<Error>) {
     let skip = d.skip.min(usize::MAX as u64) as usize;
-    let (mut doc, err) = tokenize_whole(sh, tok, d);
+    let (mut doc, err) = tokenize_whole(sh, tok, d, scratch);
+    scratch.trim();
     doc.tokens.drain(..skip.min(doc.tokens.len()));
     (doc, err)
 }
 
-pub(super) fn tokenize_whole(sh: &Tokens, tok: Option<&TextTokenizer>, d: RawDoc) -> (Doc, Option<Error>) {
+/// [`tokenize`] without the resume's skip.
+pub(super) fn tokenize_whole(
+    sh: &Tokens,
+    tok: Option<&TextTokenizer>,
+    d: RawDoc,
+    scratch: &mut Scratch,
+) -> (Doc, Option<Error>) {
     let mut doc = Doc { epoch: d.epoch, cursor: d.cursor, tokens: Vec::new() };
     let file = &sh.source.files[d.at.0];
     let entry = &file.docs[d.at.1];
@@ -136,30 +177,29 @@ pub(super) fn tokenize_whole(sh: &Tokens, tok: Option<&TextTokenizer>, d: RawDoc
         (_, Some(tok)) => {
             let format = sh.source.formats[d.at.0];
             let json = format == Format::Jsonl || file.tar == Some(crate::tokens::docs::TarText::Json);
-            let text = match json {
-                true => match json_text(&bytes, &sh.config.text_key) {
-                    Ok(t) => t,
+            let text: &str = match json {
+                true => match json_text_into(&bytes, &sh.config.text_key, &mut scratch.text) {
+                    Ok(()) => &scratch.text,
                     Err(why) => return (doc, fail(why)),
                 },
                 false => match std::str::from_utf8(&bytes) {
-                    Ok(t) => std::borrow::Cow::Borrowed(t),
+                    Ok(t) => t,
                     Err(e) => return (doc, fail(format!("not UTF-8 text: {e}"))),
                 },
             };
-            if sh.config.add_bos {
-                doc.tokens.extend(sh.bos);
-            }
-            let first = doc.tokens.len();
-            if let Err(e) = tok.encode_into(&text, &mut doc.tokens) {
-                doc.tokens.clear();
+            let ids = &mut scratch.ids;
+            ids.clear();
+            if let Err(e) = tok.encode_into(text, ids) {
                 return (doc, fail(e.to_string()));
             }
             if let Some(c) = &sh.autocache {
-                c.put(d.doc, &doc.tokens[first..]);
+                c.put(d.doc, ids);
             }
-            if sh.config.add_eos {
-                doc.tokens.extend(sh.eos);
-            }
+            let (bos, eos) = (sh.bos.filter(|_| sh.config.add_bos), sh.eos.filter(|_| sh.config.add_eos));
+            doc.tokens.reserve_exact(bos.iter().len() + ids.len() + eos.iter().len());
+            doc.tokens.extend(bos);
+            doc.tokens.extend_from_slice(ids);
+            doc.tokens.extend(eos);
             (doc, None)
         }
         (_, None) => (doc, fail("no tokenizer".into())),
