@@ -208,31 +208,53 @@ impl<S: Scanner> Iterator for Pieces<'_, S> {
     }
 }
 
-/// How many of the eight bytes of `w` (little-endian: the first byte lowest), from the first on,
-/// are ASCII letters (`A-Z`, `a-z`: exactly the ASCII characters in `\p{L}`): a few word
-/// operations for eight bytes instead of a class lookup per byte.
+const HIGH: u64 = 0x8080_8080_8080_8080;
+
+/// The high bit of each byte of `w` that is in `a..=z` (each byte is taken as is).
 #[inline]
-fn ascii_letters(w: u64) -> usize {
-    const HIGH: u64 = 0x8080_8080_8080_8080;
-    // Upper case to lower case; no other ASCII byte lands among the lower-case letters.
-    let y = (w | 0x2020_2020_2020_2020) & !HIGH;
+fn lower_bits(w: u64) -> u64 {
+    let y = w & !HIGH;
     // Per byte (each below 0x80, so no carry crosses into the next): its high bit set when the
-    // byte is at least 'a', and when it is at least '{' (one past 'z').
+    // byte is at least 'a', and when it is at least '{' (one past 'z'); bytes of 0x80 and over
+    // are no letters.
     let from_a = (y + 0x1F1F_1F1F_1F1F_1F1F) & HIGH;
     let past_z = (y + 0x0505_0505_0505_0505) & HIGH;
-    let letter = from_a & !past_z & !(w & HIGH);
-    ((!letter & HIGH).trailing_zeros() / 8) as usize
+    from_a & !past_z & !(w & HIGH)
 }
 
-/// The end of the run of letters that starts at `i`: eight ASCII bytes at a time, one character
-/// at a time where the text is not ASCII or near its end.
+/// How many of the eight bytes of `w` (little-endian: the first byte lowest), from the first on,
+/// are ASCII letters (`A-Z`, `a-z`: exactly the ASCII characters in `\p{L}`).
 #[inline]
-fn letters(s: &[u8], mut i: usize) -> usize {
+fn ascii_letters(w: u64) -> usize {
+    // Upper case to lower case; no other ASCII byte lands among the lower-case letters, and
+    // bytes of 0x80 and over keep their high bit.
+    leading(lower_bits(w | 0x2020_2020_2020_2020))
+}
+
+/// How many of the eight bytes of `w`, from the first on, are ASCII lower-case letters (`a-z`:
+/// exactly the ASCII characters in `\p{Ll}`, and no ASCII character is in `\p{Lm}`, `\p{Lo}`
+/// or `\p{M}`).
+#[inline]
+fn ascii_lower(w: u64) -> usize {
+    leading(lower_bits(w))
+}
+
+/// The number of leading bytes whose high bit is set in `bits`.
+#[inline]
+fn leading(bits: u64) -> usize {
+    ((!bits & HIGH).trailing_zeros() / 8) as usize
+}
+
+/// The end of a run that starts at `i`: eight ASCII bytes at a time while `count` says all eight
+/// belong, else one character at a time by `belongs` (the character's length when it is in the
+/// run), where the text is not ASCII or near its end.
+#[inline]
+fn fast_run(s: &[u8], mut i: usize, count: fn(u64) -> usize, belongs: impl Fn(&[u8], usize) -> Option<usize>) -> usize {
     loop {
         while let Some(w) = s.get(i..i + 8) {
             let mut b = [0u8; 8];
             b.copy_from_slice(w);
-            let n = ascii_letters(u64::from_le_bytes(b));
+            let n = count(u64::from_le_bytes(b));
             i += n;
             if n < 8 {
                 break;
@@ -241,12 +263,30 @@ fn letters(s: &[u8], mut i: usize) -> usize {
         if i >= s.len() {
             return i;
         }
-        let (c, l) = class_at(s, i);
-        if c != Class::Letter {
-            return i;
+        match belongs(s, i) {
+            Some(l) => i += l,
+            None => return i,
         }
-        i += l;
     }
+}
+
+/// The end of the run of letters (`\p{L}`) that starts at `i`.
+#[inline]
+fn letters(s: &[u8], i: usize) -> usize {
+    fast_run(s, i, ascii_letters, |s, i| {
+        let (c, l) = class_at(s, i);
+        (c == Class::Letter).then_some(l)
+    })
+}
+
+/// The end of the run of o200k's lower-case letters (`[\p{Ll}\p{Lm}\p{Lo}\p{M}]`) that
+/// starts at `i`.
+#[inline]
+fn lowers(s: &[u8], i: usize) -> usize {
+    fast_run(s, i, ascii_lower, |s, i| {
+        let (k, l) = fine_at(s, i);
+        is_lowerish(k).then_some(l)
+    })
 }
 
 /// The end of the run of characters of class `k` that starts at `i`.
@@ -466,7 +506,7 @@ fn lower_word(s: &[u8], i: usize) -> Option<usize> {
     if j < n {
         let (k, l) = fine_at(s, j);
         if is_lowerish(k) {
-            return Some(run_fine(s, j + l, is_lowerish));
+            return Some(lowers(s, j + l));
         }
     }
     after_both
@@ -494,12 +534,12 @@ impl Scanner for O200k {
             let (k2, l2) = fine_at(s, i + l);
             if is_upperish(k2) {
                 let e = run_fine(s, i + l + l2, is_upperish);
-                return opt_contraction(s, run_fine(s, e, is_lowerish));
+                return opt_contraction(s, lowers(s, e));
             }
         }
         if is_upperish(k) {
             let e = run_fine(s, i + l, is_upperish);
-            return opt_contraction(s, run_fine(s, e, is_lowerish));
+            return opt_contraction(s, lowers(s, e));
         }
         // `\p{N}{1,3}`.
         if k == Fine::Number {
@@ -581,6 +621,16 @@ mod tests {
             }
         }
         assert_eq!(ascii_letters(u64::from_le_bytes(*b"AZaz@[`{")), 4);
+        for b in 0..=255u8 {
+            for at in 0..8 {
+                let mut w = *b"abcdefgh";
+                w[at] = b;
+                let want = if b.is_ascii_lowercase() { 8 } else { at };
+                assert_eq!(ascii_lower(u64::from_le_bytes(w)), want, "byte {b:#04x} at {at}");
+            }
+        }
+        assert_eq!(lowers("ab\u{e9}\u{301}cD".as_bytes(), 0), 7);
+        assert_eq!(lowers(b"abcdefghijklmnopqrstuvwxyzA", 2), 26);
         assert_eq!(letters("Wort\u{e9}e1".as_bytes(), 0), 7);
         assert_eq!(letters(b"abcdefghijklmnopqrstuvwxyz, and", 3), 26);
     }
