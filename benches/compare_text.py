@@ -18,6 +18,10 @@ tokenizes it with the same ``tokenizer.json`` (``--tokenizer``, default GPT-2), 
 - ``floor``: the tokenizer alone, one core (``RAYON_NUM_THREADS=1``, ``TOKENIZERS_PARALLELISM=false``):
   all documents decoded into memory first (not timed), then ``encode_batch_fast`` on batches of
   ``--tok-batch`` documents. Its tokens per CPU-second is what a loader can at best reach per core.
+- ``floor-alt``: the floor again, in the interpreter ``--python floor-alt=PYTHON`` names (another
+  environment, so another version of ``tokenizers`` beside the first: 1.0 beside 0.23, say). Its
+  report carries the version. ``--python`` runs any contender with another interpreter
+  (``tiktoken=PYTHON`` where ``tiktoken`` lives elsewhere).
 - ``stoker-cache``: an epoch of ``stoker.TokenLoader(cache)`` from the token cache that ``stoker tokenize``
   wrote from the same files before the rounds (not timed): what every epoch after the first costs.
 - ``stoker-autocache``: two epochs of one ``stoker.TokenLoader(files, tokenizer=..., cache=DIR)`` with an
@@ -220,8 +224,15 @@ def iter_texts(path, key="text"):
                 yield json.loads(line)[key]
 
 
-def eos_of(tok, name):
-    eos = tok.token_to_id(name)
+def eos_of(tok, name, path=None):
+    """The id of token ``name``; from the file at ``path`` where the tokenizer has no ``token_to_id``
+    (``tokenizers`` 1.0)."""
+    if not hasattr(tok, "token_to_id"):
+        j = json.loads(Path(path).read_text())
+        found = [a["id"] for a in j.get("added_tokens", []) if a["content"] == name]
+        eos = found[0] if found else j["model"]["vocab"].get(name)
+    else:
+        eos = tok.token_to_id(name)
     if eos is None:
         raise SystemExit(f"EOS token {name!r} is not in the tokenizer (pass --eos)")
     return eos
@@ -366,7 +377,7 @@ def run_floor(args):
 
     texts = [t for f in args.data for t in iter_texts(f)]
     tok = Tokenizer.from_file(str(args.tokenizer))
-    eos_of(tok, args.eos)
+    eos_of(tok, args.eos, args.tokenizer)
     encode = encoder(tok)
     c0, t0 = cpu(), time.perf_counter()
     first = None
@@ -377,8 +388,10 @@ def run_floor(args):
         if first is None:
             first = time.perf_counter() - t0
     clocks = stop(t0, c0)
+    import tokenizers
+
     report(clocks, c0, tokens=tokens, documents=len(texts), first_batch_s=first,
-           text_bytes=sum(len(t.encode()) for t in texts), call=encode.__name__)
+           text_bytes=sum(len(t.encode()) for t in texts), call=encode.__name__, version=tokenizers.__version__)
 
 
 def tiktoken_encoding(path, eos):
@@ -456,7 +469,8 @@ def run_stoker(args, cache=None, autocache=None):
            threads=loader.threads, stats=stats)
 
 
-RUNNERS = {"datasets": run_datasets, "iterable": run_iterable, "floor": run_floor, "stoker": run_stoker,
+RUNNERS = {"datasets": run_datasets, "iterable": run_iterable, "floor": run_floor, "floor-alt": run_floor,
+           "stoker": run_stoker,
            "stoker-cache": lambda args: run_stoker(args, cache=args.token_cache),
            "stoker-autocache": lambda args: run_stoker(args, autocache=args.auto_cache), "tiktoken": run_tiktoken}
 
@@ -530,6 +544,9 @@ def main():
                          "from the automatic token cache an untimed epoch filled first), g=tiktoken; letters "
                          "or names")
     ap.add_argument("--out", type=Path, default=ROOT / "benches" / "results-text.json")
+    ap.add_argument("--python", action="append", default=[], metavar="CONTENDER=PYTHON",
+                    help="run that contender with another interpreter (its own packages), e.g. "
+                         "floor-alt=/venv-tokenizers-1.0/bin/python to put two versions of tokenizers side by side")
     ap.add_argument("--runner", choices=sorted(RUNNERS), help=argparse.SUPPRESS)
     ap.add_argument("--cache-dir", type=Path, help=argparse.SUPPRESS)
     ap.add_argument("--token-cache", type=Path, help=argparse.SUPPRESS)
@@ -538,6 +555,7 @@ def main():
     if args.runner:
         return RUNNERS[args.runner](args)
 
+    pythons = dict(p.split("=", 1) for p in args.python)
     names = []
     for c in args.contenders.split(","):
         c = c.strip()
@@ -606,7 +624,7 @@ def main():
                 env = dict(os.environ)
                 if not name.startswith("stoker"):
                     env.update(SINGLE_CORE_ENV)
-                cmd = [*base, *base_cache, "--runner", name]
+                cmd = [pythons.get(name, sys.executable), *base[1:], *base_cache, "--runner", name]
                 cache = None
                 if name == "stoker-autocache":
                     cache = Path(tempfile.mkdtemp(prefix="auto-cache-", dir=tmp))
@@ -660,6 +678,7 @@ def main():
 
     ratios = {
         "stoker_vs_floor_tokens_per_cpu_s": paired("stoker", "floor", "tokens_per_cpu_s"),
+        "stoker_vs_floor-alt_tokens_per_cpu_s": paired("stoker", "floor-alt", "tokens_per_cpu_s"),
         "stoker_vs_iterable_tokens_per_cpu_s": paired("stoker", "iterable", "tokens_per_cpu_s"),
         "stoker_vs_iterable_tokens_per_s": paired("stoker", "iterable", "tokens_per_s"),
         "stoker_vs_datasets_tokens_per_cpu_s": paired("stoker", "datasets", "tokens_per_cpu_s"),

@@ -37,7 +37,7 @@
 
 use super::pair_table::{PairTable, NONE};
 use super::piece_cache::{FoldTable, Key, PieceCache};
-use super::pretok::{Cl100k, Gpt2, O200k, Pattern, Pieces, Scanner};
+use super::pretok::{Cl100k, Gpt2, O200k, Pattern, Scanner};
 use aho_corasick::{AhoCorasick, MatchKind};
 use regex::Regex;
 use serde_json::Value;
@@ -664,26 +664,26 @@ impl BpeModel {
     fn encode_pieces<S: Scanner>(&self, text: &str, c: &mut Cache, out: &mut Vec<u32>) {
         const BATCH: usize = 32;
         let bytes = text.as_bytes();
-        let mut pieces = Pieces::<S>::new(text);
-        let mut batch: [(usize, usize, Option<Key>); BATCH] = [(0, 0, None); BATCH];
-        loop {
+        // Piece `i` of a batch is `bytes[ends[i]..ends[i + 1]]`, its key `keys[i]`.
+        let mut ends = [0usize; BATCH + 1];
+        let mut keys: [Option<Key>; BATCH] = [None; BATCH];
+        let mut pos = 0;
+        while pos < bytes.len() {
+            ends[0] = pos;
             let mut n = 0;
-            for (a, b) in pieces.by_ref() {
-                let key = if b - a > 1 { Key::of(bytes, a, b) } else { None };
+            while n < BATCH && pos < bytes.len() {
+                let end = S::end(bytes, pos);
+                let key = if end - pos > 1 { Key::of(bytes, pos, end) } else { None };
                 if let Some(k) = &key {
                     c.table.prefetch(k);
                 }
-                batch[n] = (a, b, key);
+                keys[n] = key;
                 n += 1;
-                if n == BATCH {
-                    break;
-                }
+                ends[n] = end;
+                pos = end;
             }
-            for &(a, b, key) in &batch[..n] {
-                self.encode_keyed(bytes, a, b, key, c, out);
-            }
-            if n < BATCH {
-                return;
+            for i in 0..n {
+                self.encode_keyed(bytes, ends[i], ends[i + 1], keys[i], c, out);
             }
         }
     }

@@ -25,6 +25,17 @@ pub(crate) struct Key {
     hash: u64,
 }
 
+/// The mask that keeps the first `n` bytes of a little-endian word, for `n` in `0..=8`.
+const KEEP: [u64; 9] = {
+    let mut t = [0u64; 9];
+    let mut n = 1;
+    while n <= 8 {
+        t[n] = u64::MAX >> (64 - 8 * n);
+        n += 1;
+    }
+    t
+};
+
 impl Key {
     /// The key of `text[a..b]`, if the piece is short enough (`1 <= b - a`).
     #[inline]
@@ -39,9 +50,7 @@ impl Key {
             for (k, w) in words.iter_mut().enumerate() {
                 let mut b8 = [0u8; 8];
                 b8.copy_from_slice(&window[8 * k..8 * k + 8]);
-                let keep = len.saturating_sub(8 * k).min(8);
-                let mask = if keep == 0 { 0 } else { u64::MAX >> (64 - 8 * keep) };
-                *w = u64::from_le_bytes(b8) & mask;
+                *w = u64::from_le_bytes(b8) & KEEP[len.saturating_sub(8 * k).min(8)];
             }
         } else {
             let mut buf = [0u8; MAX_KEY];
@@ -90,20 +99,22 @@ impl PieceCache {
     }
 
     /// Asks the processor to bring `k`'s set into its cache, so that a lookup a little later
-    /// does not wait on memory (the caller finds a batch of pieces first, then looks them up);
-    /// nothing when the small table in front holds the piece.
+    /// does not wait on memory (the caller finds a batch of pieces first, then looks them up):
+    /// the piece's line of the table in front and its set, without reading either (a read here
+    /// would wait).
     #[inline]
     pub(crate) fn prefetch(&self, k: &Key) {
-        if Self::matches(&self.front[k.set() >> (SETS_LOG2 - FRONT_LOG2)], k) {
-            return;
-        }
         #[cfg(target_arch = "x86_64")]
         {
             use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+            let front: *const Line = &self.front[k.set() >> (SETS_LOG2 - FRONT_LOG2)];
             let line: *const Line = &self.lines[2 * k.set()];
             // SAFETY: a prefetch is a hint that never faults and reads nothing into the
-            // program; the pointer is to a live element of `lines` anyway.
-            unsafe { _mm_prefetch::<_MM_HINT_T0>(line.cast()) };
+            // program; the pointers are to live elements of `front` and `lines` anyway.
+            unsafe {
+                _mm_prefetch::<_MM_HINT_T0>(front.cast());
+                _mm_prefetch::<_MM_HINT_T0>(line.cast());
+            }
         }
         #[cfg(not(target_arch = "x86_64"))]
         let _ = k;

@@ -179,13 +179,16 @@ pub(crate) trait Scanner {
 }
 
 /// The pieces of a text, as byte ranges, in order and covering it: the matches of the pattern
-/// of `S`.
+/// of `S` (for the tests; the encoder calls [`Scanner::end`] itself, a batch of pieces at a
+/// time).
+#[cfg(test)]
 pub(crate) struct Pieces<'a, S> {
     s: &'a [u8],
     pos: usize,
     scanner: std::marker::PhantomData<S>,
 }
 
+#[cfg(test)]
 impl<'a, S: Scanner> Pieces<'a, S> {
     /// Pieces of `text`.
     pub(crate) fn new(text: &'a str) -> Self {
@@ -193,6 +196,7 @@ impl<'a, S: Scanner> Pieces<'a, S> {
     }
 }
 
+#[cfg(test)]
 impl<S: Scanner> Iterator for Pieces<'_, S> {
     type Item = (usize, usize);
 
