@@ -547,7 +547,7 @@ impl BpeModel {
             ) else {
                 continue;
             };
-            let Some(key) = Key::of(&bytes, 0, bytes.len()).filter(|_| bytes.len() > 1) else { continue };
+            let Some(key) = Key::of(&bytes, 0, bytes.len()) else { continue };
             if self.whole.is_none() {
                 ids.clear();
                 self.merge_scan(&bytes, &mut ids);
@@ -673,7 +673,7 @@ impl BpeModel {
             let mut n = 0;
             while n < BATCH && pos < bytes.len() {
                 let end = S::end(bytes, pos);
-                let key = if end - pos > 1 { Key::of(bytes, pos, end) } else { None };
+                let key = Key::of(bytes, pos, end);
                 if let Some(k) = &key {
                     c.table.prefetch(k);
                 }
@@ -691,8 +691,7 @@ impl BpeModel {
     /// The ids of the piece `text[a..b]`.
     #[inline]
     fn encode_piece(&self, text: &[u8], a: usize, b: usize, c: &mut Cache, out: &mut Vec<u32>) {
-        let key = if b - a > 1 { Key::of(text, a, b) } else { None };
-        self.encode_keyed(text, a, b, key, c, out)
+        self.encode_keyed(text, a, b, Key::of(text, a, b), c, out)
     }
 
     /// The ids of the piece `text[a..b]`, whose table key is `key` when it has one: a single

@@ -1,9 +1,10 @@
 //! The byte-level BPE fast path's per-thread cache of short pieces: a fixed table of 64-byte
 //! lines, each holding one piece of up to [`MAX_KEY`] bytes inline (zero-padded words and the
-//! length) and up to [`MAX_IDS`] of its ids, two lines to a set (the one used last first). A
-//! lookup reads one or two adjacent cache lines and compares three words: no pointer to follow,
-//! no allocation, no `memcmp` call. A miss costs a merge; an insert replaces the set's older
-//! line, so the table never grows and never needs emptying. The table is allocated zeroed
+//! length) and up to [`MAX_IDS`] of its ids, two lines to a set (the newer first), and a small
+//! table in front of it (one line per slot) holding the lines used last. A lookup reads a line
+//! of each at most and compares three words: no pointer to follow, no allocation, no `memcmp`
+//! call. A miss costs a merge; an insert replaces the set's older line, so the table never
+//! grows and never needs emptying. The table is allocated zeroed
 //! (pages the kernel hands out on first touch), so a thread that encodes little costs little.
 
 /// The longest piece, in bytes, the table holds.
@@ -16,7 +17,7 @@ const SETS_LOG2: u32 = 15;
 const FRONT_LOG2: u32 = 12;
 
 /// A piece's key: its bytes as three little-endian words, zero beyond its length, and the
-/// length itself (in 1..=[`MAX_KEY`]; zero marks an empty line).
+/// length itself (in 2..=[`MAX_KEY`]; zero marks an empty line).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Key {
     words: [u64; 3],
@@ -37,11 +38,12 @@ const KEEP: [u64; 9] = {
 };
 
 impl Key {
-    /// The key of `text[a..b]`, if the piece is short enough (`1 <= b - a`).
+    /// The key of `text[a..b]`, if the piece has one: from 2 to [`MAX_KEY`] bytes (a single
+    /// byte's id is looked up directly).
     #[inline]
     pub(crate) fn of(text: &[u8], a: usize, b: usize) -> Option<Key> {
         let len = b - a;
-        if len > MAX_KEY {
+        if !(2..=MAX_KEY).contains(&len) {
             return None;
         }
         let mut words = [0u64; 3];
@@ -72,6 +74,12 @@ impl Key {
     #[inline]
     fn set(&self) -> usize {
         (self.hash >> (64 - SETS_LOG2)) as usize
+    }
+
+    /// Its slot in the table in front.
+    #[inline]
+    fn front(&self) -> usize {
+        (self.hash >> (64 - FRONT_LOG2)) as usize
     }
 }
 
@@ -107,7 +115,7 @@ impl PieceCache {
         #[cfg(target_arch = "x86_64")]
         {
             use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
-            let front: *const Line = &self.front[k.set() >> (SETS_LOG2 - FRONT_LOG2)];
+            let front: *const Line = &self.front[k.front()];
             let line: *const Line = &self.lines[2 * k.set()];
             // SAFETY: a prefetch is a hint that never faults and reads nothing into the
             // program; the pointers are to live elements of `front` and `lines` anyway.
@@ -123,7 +131,7 @@ impl PieceCache {
     /// Appends the cached ids of `k` to `out`; false when the piece is not in the table.
     #[inline]
     pub(crate) fn get(&mut self, k: &Key, out: &mut Vec<u32>) -> bool {
-        let f = k.set() >> (SETS_LOG2 - FRONT_LOG2);
+        let f = k.front();
         let line = if Self::matches(&self.front[f], k) {
             &self.front[f]
         } else {
@@ -162,7 +170,7 @@ impl PieceCache {
             line[4 + (i - 1) / 2] |= u64::from(id) << (32 * ((i - 1) % 2));
         }
         self.lines[s] = line;
-        self.front[k.set() >> (SETS_LOG2 - FRONT_LOG2)] = line;
+        self.front[k.front()] = line;
     }
 }
 
@@ -226,6 +234,7 @@ mod tests {
         let without = Key::of(text, 3, 8).expect("short");
         assert_ne!(with_nul, without);
         assert!(Key::of(text, 0, MAX_KEY + 1).is_none());
+        assert!(Key::of(text, 3, 4).is_none(), "a single byte has no key");
         assert!(Key::of(text, 0, MAX_KEY).is_some());
     }
 
