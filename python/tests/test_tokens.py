@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import stoker
 import zstandard
-from helpers import in_fork_child
+from helpers import in_fork_child, new_stoker_threads, stoker_threads
 from tokenizers import Tokenizer
 
 DATA = pathlib.Path(__file__).resolve().parents[2] / "tests" / "data" / "text"
@@ -455,26 +455,22 @@ def test_megatron_indexed_dataset(tmp_path, reference):
         stoker.TokenLoader(tmp_path / "u16_text_document.bin", seq_len=64)
 
 
-def _stoker_threads():
-    names = []
-    for t in os.listdir("/proc/self/task"):
-        try:
-            names.append(pathlib.Path(f"/proc/self/task/{t}/comm").read_text().strip())
-        except OSError:
-            pass
-    return [n for n in names if n.startswith("stoker-")]
-
-
 def test_closing_an_iteration_stops_every_thread_promptly():
     loader = stoker.TokenLoader(SAMPLE, tokenizer=GPT2, seq_len=128, batch_size=1, threads=3, prefetch=1,
                                 infinite=True, output="numpy")
+    before = stoker_threads()
     it = iter(loader)
     next(it)
-    assert len(_stoker_threads()) >= 5  # reader, 3 tokenizers, packer
+    # Reader, 3 tokenizers, packer. A thread names itself once it first runs (a loaded machine
+    # may hand over the first batch before the last tokenizer has), so its name is waited for.
+    deadline = time.monotonic() + 30
+    while len(stoker_threads() - before) < 5 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert len(stoker_threads() - before) >= 5
     t0 = time.monotonic()
     it.close()
     assert time.monotonic() - t0 < 5
-    assert _stoker_threads() == []
+    assert new_stoker_threads(before) == set()
     # Infinite: goes past the end of the first epoch's documents.
     it = iter(loader)
     n = sum(1 for _, _ in zip(range(3000), it))
