@@ -71,6 +71,60 @@ def test_ids_labels_and_positions_match_the_reference(reference):
     assert stats["dropped_tokens"] == len(stream) - len(got)
 
 
+@pytest.fixture(scope="module")
+def trained(texts, tmp_path_factory):
+    """Tokenizers of the kinds stoker's own BPE does not take, trained on the sample: Llama 2's
+    shape (BPE with byte fallback, a ``Prepend``/``Replace`` normalizer, ``<s>`` before each
+    text), BERT's WordPiece (``[CLS]``/``[SEP]`` around it) and a SentencePiece Unigram."""
+    from tokenizers import (
+        BertWordPieceTokenizer,
+        SentencePieceUnigramTokenizer,
+        decoders,
+        models,
+        normalizers,
+        pre_tokenizers,
+        processors,
+        trainers,
+    )
+
+    root = tmp_path_factory.mktemp("trained")
+    llama = Tokenizer(models.BPE(unk_token="<unk>", byte_fallback=True, fuse_unk=True))
+    llama.normalizer = normalizers.Sequence([normalizers.Prepend("\u2581"), normalizers.Replace(" ", "\u2581")])
+    llama.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse()])
+    # Trained on words (a whole document as one word takes ~10x longer); Llama 2's file has no
+    # pre-tokenizer, so the saved one has none either.
+    llama.pre_tokenizer = pre_tokenizers.Split("\u2581", "merged_with_next")
+    specials = ["<unk>", "<s>", "</s>"] + [f"<0x{i:02X}>" for i in range(256)]
+    llama.train_from_iterator(texts, trainers.BpeTrainer(vocab_size=3000, special_tokens=specials))
+    llama.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
+    spec = json.loads(llama.to_str())
+    spec["pre_tokenizer"] = None
+    (root / "llama.json").write_text(json.dumps(spec))
+    wordpiece = BertWordPieceTokenizer(lowercase=True)
+    wordpiece.train_from_iterator(texts, vocab_size=3000)
+    wordpiece.save(str(root / "wordpiece.json"))
+    unigram = SentencePieceUnigramTokenizer()
+    unigram.train_from_iterator(texts, vocab_size=3000, special_tokens=["<unk>", "</s>"], unk_token="<unk>")
+    unigram.save(str(root / "unigram.json"))
+    return {"llama": (root / "llama.json", "</s>"), "wordpiece": (root / "wordpiece.json", "[SEP]"),
+            "unigram": (root / "unigram.json", "</s>")}
+
+
+@pytest.mark.parametrize("kind", ["llama", "wordpiece", "unigram"])
+def test_tokenizers_1_0_files_give_the_reference_ids(texts, trained, kind):
+    """The kinds stoker's own BPE does not take run on `tokenizers` 1.0, admitted per file
+    (tokens::tokenizer_v1), with the ids of the Python package (0.23) on every document."""
+    path, eos_name = trained[kind]
+    tok = Tokenizer.from_file(str(path))
+    eos = tok.token_to_id(eos_name)
+    stream = np.concatenate([np.array(e.ids + [eos], dtype=np.int64) for e in tok.encode_batch(texts)])
+    loader = stoker.TokenLoader(SAMPLE, tokenizer=path, seq_len=256, batch_size=4, threads=2, output="numpy")
+    got = np.concatenate([b["input_ids"].reshape(-1).copy() for b in loader])
+    assert len(stream) - len(got) < 4 * 256
+    np.testing.assert_array_equal(got, stream[: len(got)])
+    assert loader.report()["tokenizer"]["engine"] == "tokenizers 1.0", loader.report()["tokenizer"]
+
+
 def test_a_tokenizer_object_and_bos(reference):
     tok = Tokenizer.from_file(str(GPT2))
     loader = stoker.TokenLoader(SAMPLE, tokenizer=tok, seq_len=4096, batch_size=2, pack="best_fit", add_bos=True,

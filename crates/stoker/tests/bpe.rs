@@ -572,15 +572,16 @@ fn ineligible_files_fall_back() {
         edit(&mut j);
         let t = load(&j);
         let (name, why) = t.engine();
+        // Byte-level files stay on 0.22 (tokens::tokenizer_v1: 1.0 gave other ids on some).
         assert_eq!(name, "tokenizers", "{word}");
-        assert!(why.contains(word), "{word}: {why}");
+        assert!(why.contains(word) && why.contains("byte-level"), "{word}: {why}");
         let _ = ids(&t, "Hello world, it's <|endoftext|> here.");
     }
     // Llama 2 (SentencePiece BPE with byte fallback) where the development machine has it.
     let llama = Path::new("/work/shared/text/tokenizer-llama2.json");
     if llama.exists() {
         let t = TextTokenizer::from_file(llama).unwrap();
-        assert_eq!(t.engine().0, "tokenizers", "{:?}", t.engine());
+        assert_eq!(t.engine().0, "tokenizers 1.0", "{:?}", t.engine());
         assert_eq!(ids(&t, "Hello world, this is a test."), [15043, 3186, 29892, 445, 338, 263, 1243, 29889]);
     } else {
         eprintln!("skipped the Llama 2 check: {} is absent", llama.display());

@@ -11,6 +11,8 @@
 //! - [`bpe`]: stoker's exact fast path for byte-level BPE files (GPT-2, GPT-NeoX, Llama 3, Qwen2,
 //!   GPT-4o kinds), chosen by [`tokenizer`] when a file is one it reproduces; `pretok` holds its
 //!   hand-written pre-tokenizer patterns (GPT-2, cl100k, Qwen2, o200k).
+//! - [`tokenizer_v1`]: `tokenizers` 1.0 for the files the fast path does not take, admitted per
+//!   file by a probe against 0.22's ids (Llama 2's SentencePiece BPE, WordPiece, Unigram).
 //! - [`caption`]: captions of image-text pairs as fixed rows of ids and a mask (CLIP's start and
 //!   end of text, truncation, padding), with open_clip's cleaning or HuggingFace's; [`html`] is
 //!   Python's `html.unescape` for it (`html_tables` holds its generated tables).
@@ -43,6 +45,7 @@ mod pretok;
 mod pretok_class;
 mod pretok_tables;
 pub mod tokenizer;
+pub mod tokenizer_v1;
 
 pub use caption::{CaptionEncoder, CaptionField, CaptionOptions, CaptionSpec, Clean};
 pub use pipeline::{

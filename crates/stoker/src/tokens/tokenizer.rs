@@ -2,9 +2,12 @@
 //! cloned for each worker thread (one instance per thread: a shared instance's
 //! `encode_batch` scales badly past a few cores), encoding without character offsets.
 //! A byte-level BPE file that [`super::bpe`] reproduces exactly (GPT-2's, GPT-NeoX's, Llama 3's
-//! or Qwen2's kind) is encoded by that fast path instead; [`TextTokenizer::engine`] says which path a file got and why.
+//! or Qwen2's kind) is encoded by that fast path instead, and a file that `tokenizers` 1.0
+//! encodes with 0.22's ids ([`super::tokenizer_v1`]: Llama 2's, WordPiece, Unigram) by 1.0;
+//! [`TextTokenizer::engine`] says which path a file got and why.
 
 use super::bpe::BpeModel;
+use super::tokenizer_v1::V1;
 use crate::error::{Error, Result};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -20,6 +23,8 @@ pub struct TextTokenizer {
     inner: tokenizers::Tokenizer,
     /// stoker's own encoder, when the file is one it reproduces exactly.
     fast: Option<Arc<BpeModel>>,
+    /// `tokenizers` 1.0, when the fast path does not take the file and 1.0 gives 0.22's ids.
+    v1: Option<V1>,
     /// Why the file got its engine.
     why: Arc<str>,
     /// The file it came from (or `<json>`).
@@ -47,36 +52,48 @@ impl TextTokenizer {
             Error::config("tokenizer", format!("{}: not a valid tokenizer.json: {e}", origin.display()))
         })?;
         let hash = xxhash_rust::xxh3::xxh3_64(json);
-        let picked = serde_json::from_slice::<serde_json::Value>(json)
-            .map_err(|e| e.to_string())
-            .and_then(|j| BpeModel::from_json(&j, &inner));
-        let (fast, why) = match picked {
+        let json = serde_json::from_slice::<serde_json::Value>(json).map_err(|e| e.to_string());
+        let (mut fast, mut v1) = (None, None);
+        let why = match json.as_ref().map_err(Clone::clone).and_then(|j| BpeModel::from_json(j, &inner)) {
             Ok(m) => {
                 let why = m.describe();
-                (Some(Arc::new(m)), why.into())
+                fast = Some(Arc::new(m));
+                why
             }
-            Err(why) => (None, why.into()),
+            Err(why) => match json.as_ref().map_err(Clone::clone).and_then(|j| V1::admit(j, &inner)) {
+                Ok(one) => {
+                    v1 = Some(one);
+                    format!("{why}; tokenizers 1.0 gives 0.22's ids on the probe")
+                }
+                Err(not) => format!("{why}; {not}"),
+            },
         };
-        Ok(TextTokenizer { inner, fast, why, origin: origin.to_path_buf(), hash })
+        Ok(TextTokenizer { inner, fast, v1, why: why.into(), origin: origin.to_path_buf(), hash })
     }
 
-    /// Which encoder this file got, `"stoker byte-level BPE"` or `"tokenizers"`, and why.
+    /// Which encoder this file got, `"stoker byte-level BPE"`, `"tokenizers 1.0"` or
+    /// `"tokenizers"` (0.22), and why.
     pub fn engine(&self) -> (&'static str, &str) {
-        let name = if self.fast.is_some() { "stoker byte-level BPE" } else { "tokenizers" };
+        let name = match (&self.fast, &self.v1) {
+            (Some(_), _) => "stoker byte-level BPE",
+            (None, Some(_)) => "tokenizers 1.0",
+            (None, None) => "tokenizers",
+        };
         (name, &self.why)
     }
 
     /// Whether worker threads may share this one instance: stoker's own encoder takes `&self`
-    /// and keeps its caches per thread, so it scales on one instance; the `tokenizers` crate
-    /// does not (see the module's note), and each thread then takes its own clone (a clone
-    /// copies the whole vocabulary and merges: tens of milliseconds for GPT-2's).
+    /// and keeps its caches per thread, and 1.0 keeps its scratch in a pool of shards, so both
+    /// scale on one instance; the 0.22 crate does not (see the module's note), and each thread
+    /// then takes its own clone (a clone copies the whole vocabulary and merges: tens of
+    /// milliseconds for GPT-2's).
     pub fn shares_across_threads(&self) -> bool {
-        self.fast.is_some()
+        self.fast.is_some() || self.v1.is_some()
     }
 
-    /// The same tokenizer on the `tokenizers` crate alone (for comparisons and benchmarks).
+    /// The same tokenizer on the `tokenizers` crate 0.22 alone (for comparisons and benchmarks).
     pub fn without_fast_path(&self) -> Self {
-        TextTokenizer { fast: None, why: "fast path turned off by the caller".into(), ..self.clone() }
+        TextTokenizer { fast: None, v1: None, why: "fast paths turned off by the caller".into(), ..self.clone() }
     }
 
     /// The same tokenizer with its special added tokens (`<|endoftext|>`, say) encoded as the
@@ -86,7 +103,7 @@ impl TextTokenizer {
     pub fn with_special_tokens_as_text(&self) -> Self {
         let mut inner = self.inner.clone();
         inner.set_encode_special_tokens(true);
-        TextTokenizer { inner, fast: None, why: "special tokens are encoded as text".into(), ..self.clone() }
+        TextTokenizer { inner, fast: None, v1: None, why: "special tokens are encoded as text".into(), ..self.clone() }
     }
 
     /// The id of `token`, if the vocabulary has it.
@@ -135,6 +152,11 @@ impl TextTokenizer {
             fast.encode_into(text, out);
             return Ok(());
         }
+        if let Some(v1) = &self.v1 {
+            return v1
+                .encode_into(text, out)
+                .map_err(|e| Error::Internal(format!("{}: cannot encode: {e}", self.origin.display())));
+        }
         let enc = self
             .inner
             .encode_fast(text, true)
@@ -145,7 +167,7 @@ impl TextTokenizer {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     /// The real GPT-2 tokenizer, kept in the repository (`tests/data/text/README.md`).
