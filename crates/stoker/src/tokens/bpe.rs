@@ -663,27 +663,46 @@ impl BpeModel {
     /// processor's cache instead of waiting on memory for it.
     fn encode_pieces<S: Scanner>(&self, text: &str, c: &mut Cache, out: &mut Vec<u32>) {
         const BATCH: usize = 32;
+        // A block gives at most 63 pieces, and is never cut short by the batch.
+        const ROOM: usize = BATCH + 64;
         let bytes = text.as_bytes();
         // Piece `i` of a batch is `bytes[ends[i]..ends[i + 1]]`, its key `keys[i]`.
-        let mut ends = [0usize; BATCH + 1];
-        let mut keys: [Option<Key>; BATCH] = [None; BATCH];
+        let mut ends = [0usize; ROOM + 1];
+        let mut keys: [Option<Key>; ROOM] = [None; ROOM];
         let mut pos = 0;
         while pos < bytes.len() {
             ends[0] = pos;
             let mut n = 0;
             while n < BATCH && pos < bytes.len() {
-                let end = S::end(bytes, pos);
-                let key = Key::of(bytes, pos, end);
-                if let Some(k) = &key {
-                    c.table.prefetch(k);
+                // A block of pieces where the scanner's bit masks decide them, else one piece.
+                let mut got = S::block_ends(bytes, pos, &mut ends[n + 1..]);
+                if got == 0 {
+                    ends[n + 1] = S::end(bytes, pos);
+                    got = 1;
                 }
-                keys[n] = key;
-                n += 1;
-                ends[n] = end;
-                pos = end;
+                for j in n..n + got {
+                    let key = Key::of(bytes, ends[j], ends[j + 1]);
+                    if let Some(k) = &key {
+                        c.table.prefetch(k);
+                    }
+                    keys[j] = key;
+                }
+                n += got;
+                pos = ends[n];
             }
             for i in 0..n {
-                self.encode_keyed(bytes, ends[i], ends[i + 1], keys[i], c, out);
+                let (a, b) = (ends[i], ends[i + 1]);
+                // The usual cases here, inline: one byte, a piece in the table.
+                if b - a == 1 {
+                    out.push(self.byte_ids[bytes[a] as usize]);
+                    continue;
+                }
+                if let Some(k) = &keys[i] {
+                    if c.table.get(k, out) {
+                        continue;
+                    }
+                }
+                self.encode_keyed(bytes, a, b, keys[i], c, out);
             }
         }
     }
@@ -696,8 +715,9 @@ impl BpeModel {
 
     /// The ids of the piece `text[a..b]`, whose table key is `key` when it has one: a single
     /// byte directly, a short piece from the table (or merged and stored there), a longer one
-    /// from the map of long pieces, the longest merged each time.
-    #[inline]
+    /// from the map of long pieces, the longest merged each time. Out of line: the batch loop
+    /// of [`BpeModel::encode_pieces`] takes the usual cases itself.
+    #[inline(never)]
     fn encode_keyed(&self, text: &[u8], a: usize, b: usize, key: Option<Key>, c: &mut Cache, out: &mut Vec<u32>) {
         if b - a == 1 {
             out.push(self.byte_ids[text[a] as usize]);

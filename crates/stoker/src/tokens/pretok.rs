@@ -91,6 +91,13 @@ const fn ascii_table() -> [Class; 128] {
     t
 }
 
+/// The class of an ASCII byte.
+#[cfg(any(test, not(target_arch = "x86_64")))]
+#[inline]
+pub(crate) fn ascii_class(b: u8) -> Class {
+    ASCII[b as usize & 0x7F]
+}
+
 /// The class of a non-ASCII scalar value.
 fn class_of(c: u32) -> Class {
     match RANGES.binary_search_by(|&(a, b, _)| {
@@ -176,6 +183,13 @@ pub(crate) trait Scanner {
     /// The end of the match at `i` (`i < s.len()`, on a char boundary of valid UTF-8 `s`); it
     /// is always past `i`.
     fn end(s: &[u8], i: usize) -> usize;
+
+    /// The ends of as many pieces after the piece start `i` as a block decides at once, into
+    /// `ends` (at most its length); how many, 0 where [`Scanner::end`] must take the next one.
+    #[inline]
+    fn block_ends(_s: &[u8], _i: usize, _ends: &mut [usize]) -> usize {
+        0
+    }
 }
 
 /// The pieces of a text, as byte ranges, in order and covering it: the matches of the pattern
@@ -335,6 +349,11 @@ fn spaces(s: &[u8], i: usize, l: usize) -> usize {
 pub(crate) struct Gpt2;
 
 impl Scanner for Gpt2 {
+    #[inline]
+    fn block_ends(s: &[u8], i: usize, ends: &mut [usize]) -> usize {
+        super::pretok_block::gpt2_ends(s, i, ends)
+    }
+
     #[inline]
     fn end(s: &[u8], i: usize) -> usize {
         let n = s.len();
