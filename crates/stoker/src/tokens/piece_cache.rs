@@ -146,7 +146,7 @@ impl PieceCache {
     }
 
     /// Appends the cached ids of `k` to `out`; false when the piece is not in the table.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn get(&mut self, k: &Key, out: &mut Vec<u32>) -> bool {
         let f = k.front();
         let line = if Self::matches(&self.front[f], k) {
@@ -165,10 +165,18 @@ impl PieceCache {
         };
         let n = (line[3] >> 8 & 0xFF) as usize;
         out.push((line[3] >> 32) as u32);
+        if n > 1 {
+            Self::more_ids(line, n, out);
+        }
+        true
+    }
+
+    /// The ids of a line after its first (`n` in all).
+    #[inline(never)]
+    fn more_ids(line: &Line, n: usize, out: &mut Vec<u32>) {
         for i in 1..n {
             out.push((line[4 + (i - 1) / 2] >> (32 * ((i - 1) % 2))) as u32);
         }
-        true
     }
 
     /// Stores the ids of `k` (ignored when there are more than [`MAX_IDS`] or none), in place of
