@@ -36,7 +36,7 @@
 //! as `n log n` with a piece's length.
 
 use super::pair_table::{PairTable, NONE};
-use super::piece_cache::{FoldTable, Key, PieceCache};
+use super::piece_cache::{FoldTable, Key, PieceCache, MAX_KEY};
 use super::pretok::{Cl100k, Gpt2, O200k, Pattern, Scanner};
 use aho_corasick::{AhoCorasick, MatchKind};
 use regex::Regex;
@@ -785,8 +785,19 @@ impl BpeModel {
         if n >= HEAP_FROM {
             return self.merge_heap(piece, out);
         }
-        let mut syms = [0u32; HEAP_FROM];
-        let mut vals = [NONE; HEAP_FROM];
+        // The table's pieces (the usual misses) on smaller arrays: less to clear each time.
+        if n <= MAX_KEY {
+            return self.merge_scan_in::<MAX_KEY>(piece, out);
+        }
+        self.merge_scan_in::<HEAP_FROM>(piece, out)
+    }
+
+    /// [`BpeModel::merge_scan`] on arrays of `N` (more than the piece's length).
+    #[inline]
+    fn merge_scan_in<const N: usize>(&self, piece: &[u8], out: &mut Vec<u32>) {
+        let n = piece.len();
+        let mut syms = [0u32; N];
+        let mut vals = [NONE; N];
         for (s, &b) in syms.iter_mut().zip(piece) {
             *s = self.byte_ids[b as usize];
         }
@@ -805,11 +816,14 @@ impl BpeModel {
             if best == NONE {
                 break;
             }
-            // Symbols k and k + 1 become one; the pairs after them move down by one.
+            // Symbols k and k + 1 become one; the pairs after them move down by one (a few
+            // each: plain loops, no call to memmove).
             syms[k] = best as u32;
-            syms.copy_within(k + 2..len, k + 1);
-            if k + 2 < len {
-                vals.copy_within(k + 2..len - 1, k + 1);
+            for j in k + 1..len - 1 {
+                syms[j] = syms[j + 1];
+            }
+            for j in k + 1..len.saturating_sub(2) {
+                vals[j] = vals[j + 1];
             }
             len -= 1;
             if k + 1 < len {
