@@ -6,6 +6,15 @@ it fixes the output size), then optionally ``RandomHorizontalFlip``, then option
 / ``ToDtype`` and ``Normalize``. Without ``Normalize``/``ToTensor``/``ToDtype`` batches are uint8
 (0..255); ``ToTensor()`` or ``ToDtype(float32, scale=True)`` gives floats in [0, 1];
 ``Normalize`` implies float32 unless ``ToDtype`` says float16.
+
+``Resize`` and ``RandomResizedCrop`` take torchvision's ``interpolation``: ``"bilinear"`` (the
+default), ``"bicubic"`` or ``"nearest"`` (a string, ``torchvision.transforms.InterpolationMode``
+or ``PIL.Image.Resampling``), applied as torchvision's PIL path does with ``antialias=True``:
+Pillow's antialiased convolutions (bicubic with ``a = -0.5``) and Pillow's nearest grid, the same
+bytes as Pillow on the same pixels. torchvision's tensor path differs: on uint8 tensors its
+bilinear/bicubic are within 1 level of Pillow's (2 when upscaling with bicubic); its ``NEAREST``
+samples ``floor(x * in / out)`` (another grid) and ``NEAREST_EXACT`` Pillow's grid up to ties, so
+both map to Pillow's ``NEAREST`` here, as torchvision's PIL path maps them.
 """
 
 from __future__ import annotations
@@ -38,32 +47,53 @@ class Transform:
         return f"{type(self).__name__}({args})"
 
 
+def _interpolation(value: Any) -> Any:
+    """The name of an interpolation: a string as given (lowercased), torchvision's
+    ``InterpolationMode`` by its value, Pillow's ``Resampling`` by its name; anything else as
+    it is. The engine checks it (``bilinear``, ``bicubic``, ``nearest``)."""
+    if isinstance(value, str):
+        return value.lower()
+    mode = getattr(value, "value", None)
+    if isinstance(mode, str):  # torchvision.transforms.InterpolationMode
+        return mode
+    name = getattr(value, "name", None)
+    if isinstance(name, str) and type(value).__name__ == "Resampling":  # PIL.Image.Resampling
+        return name.lower()
+    return value
+
+
 class RandomResizedCrop(Transform):
-    """torchvision's ``RandomResizedCrop(size, scale, ratio)`` (bilinear, antialiased)."""
+    """torchvision's ``RandomResizedCrop(size, scale, ratio, interpolation)`` (antialiased;
+    bilinear by default, ``"bicubic"`` or ``"nearest"``)."""
 
     def __init__(self, size: Size, scale: Sequence[float] = (0.08, 1.0),
-                 ratio: Sequence[float] = (3.0 / 4.0, 4.0 / 3.0), antialias: bool = True) -> None:
+                 ratio: Sequence[float] = (3.0 / 4.0, 4.0 / 3.0), interpolation: Any = "bilinear",
+                 antialias: bool = True) -> None:
         if not antialias:
             raise ConfigError("invalid argument `RandomResizedCrop.antialias`: only True is supported")
         self.size = _pair("RandomResizedCrop", size)
         self.scale = (float(scale[0]), float(scale[1]))
         self.ratio = (float(ratio[0]), float(ratio[1]))
+        self.interpolation = _interpolation(interpolation)
 
     def spec(self) -> dict[str, Any]:
         return {"op": "RandomResizedCrop", "size": list(self.size), "scale": list(self.scale),
-                "ratio": list(self.ratio)}
+                "ratio": list(self.ratio), "interpolation": self.interpolation}
 
 
 class Resize(Transform):
-    """torchvision's ``Resize(size)``: an int resizes the shorter side; (h, w) is exact."""
+    """torchvision's ``Resize(size, interpolation)``: an int resizes the shorter side; (h, w) is
+    exact (antialiased; bilinear by default, ``"bicubic"`` or ``"nearest"``)."""
 
-    def __init__(self, size: Size, antialias: bool = True) -> None:
+    def __init__(self, size: Size, interpolation: Any = "bilinear", antialias: bool = True) -> None:
         if not antialias:
             raise ConfigError("invalid argument `Resize.antialias`: only True is supported")
         self.size = size if isinstance(size, int) else _pair("Resize", size)
+        self.interpolation = _interpolation(interpolation)
 
     def spec(self) -> dict[str, Any]:
-        return {"op": "Resize", "size": self.size if isinstance(self.size, int) else list(self.size)}
+        return {"op": "Resize", "size": self.size if isinstance(self.size, int) else list(self.size),
+                "interpolation": self.interpolation}
 
 
 class CenterCrop(Transform):

@@ -164,13 +164,19 @@ fn decode(a: &mut Taker) -> Result<DecodeOn> {
     }
 }
 
-/// GPU decode where batches go: `gpu` needs a GPU device and no cache (cached pixels are the
-/// CPU's); `auto` falls back to the CPU without a GPU or with a cache.
+/// GPU decode where batches go: `gpu` needs a GPU device, no cache (cached pixels are the
+/// CPU's) and a bilinear transform (the GPU resampler, `kernels/resize.cu`, is bilinear only);
+/// `auto` falls back to the CPU without a GPU, with a cache or with another filter.
 pub fn decode_where(d: DecodeOn, on_gpu: bool, c: &LoaderConfig) -> Result<DecodeOn> {
     let why = if !on_gpu {
-        Some("device='cuda' (the batches are decoded where they go)")
+        Some("device='cuda' (the batches are decoded where they go)".to_string())
     } else if c.cache.is_some() {
-        Some("no cache (a cache holds pixels the CPU decoded)")
+        Some("no cache (a cache holds pixels the CPU decoded)".to_string())
+    } else if !c.transform.interpolation().is_bilinear() {
+        Some(format!(
+            "bilinear resampling (the GPU resampler has no {} filter; decode='cpu' or 'auto' resamples on the CPU)",
+            c.transform.interpolation().name()
+        ))
     } else {
         None
     };
@@ -258,6 +264,17 @@ mod tests {
         let cached = json!({"decode": "gpu", "cache": "ram", "cache_bytes": "1MiB"});
         let e = cfg(cached, true).unwrap_err().to_string();
         assert!(e.contains("no cache"), "{e}");
+        // The GPU resampler is bilinear: another filter is refused for `gpu`, on the CPU for `auto`.
+        let bicubic = |decode: &str| {
+            let mut m = args(json!({"batch_size": 8, "decode": decode, "ops": [
+                {"op": "RandomResizedCrop", "size": [8, 8], "scale": [0.5, 1.0], "ratio": [1.0, 1.0],
+                 "interpolation": "bicubic"}]}));
+            m.remove("preset");
+            image_config(m, true).map(|c| c.0.decode)
+        };
+        let e = bicubic("gpu").unwrap_err().to_string();
+        assert!(e.contains("`decode`") && e.contains("no bicubic filter"), "{e}");
+        assert_eq!(bicubic("auto").unwrap(), DecodeOn::Cpu);
         for (bad, name) in [
             (json!({"decode": "gpu", "gpu_share": 0}), "gpu_share"),
             (json!({"decode": "gpu", "gpu_share": 1.5}), "gpu_share"),
