@@ -157,6 +157,76 @@ class ToTensor(ToDtype):
         super().__init__("float32")
 
 
+class BatchTransform:
+    """Base class of the batch mixings given to ``ImageLoader(batch_transform=...)``: they run
+    in stoker on each finished host batch (on its threads, one draw per batch from the batch's
+    own random stream), and the loader then yields ``(images, targets)``, ``targets`` the soft
+    labels (float32 ``[N, num_classes]``)."""
+
+    def spec(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        args = ", ".join(f"{k}={v!r}" for k, v in vars(self).items())
+        return f"{type(self).__name__}({args})"
+
+
+def _classes(name: str, num_classes: Any) -> int:
+    if num_classes is None:
+        raise ConfigError(f"invalid argument `{name}.num_classes`: give the number of classes (the soft labels' width)")
+    return int(num_classes)
+
+
+class MixUp(BatchTransform):
+    """torchvision v2's ``MixUp(alpha, num_classes)``: lambda from Beta(alpha, alpha), each sample
+    mixed with the previous one (the batch rolled by one), one-hot labels mixed alike."""
+
+    def __init__(self, *, alpha: float = 1.0, num_classes: int | None = None) -> None:
+        self.alpha = float(alpha)
+        self.num_classes = _classes("MixUp", num_classes)
+
+    def spec(self) -> dict[str, Any]:
+        return {"mixup_alpha": self.alpha, "cutmix_alpha": 0.0, "prob": 1.0, "switch_prob": 0.0,
+                "label_smoothing": 0.0, "num_classes": self.num_classes, "style": "torchvision"}
+
+
+class CutMix(BatchTransform):
+    """torchvision v2's ``CutMix(alpha, num_classes)``: a box of the previous sample pasted in,
+    lambda recomputed from the box's area after clipping."""
+
+    def __init__(self, *, alpha: float = 1.0, num_classes: int | None = None) -> None:
+        self.alpha = float(alpha)
+        self.num_classes = _classes("CutMix", num_classes)
+
+    def spec(self) -> dict[str, Any]:
+        return {"mixup_alpha": 0.0, "cutmix_alpha": self.alpha, "prob": 1.0, "switch_prob": 0.0,
+                "label_smoothing": 0.0, "num_classes": self.num_classes, "style": "torchvision"}
+
+
+class Mixup(BatchTransform):
+    """timm's ``Mixup`` (``mode='batch'``): mixed with probability ``prob``, CutMix instead of MixUp
+    with ``switch_prob`` when both alphas are positive, the batch paired with its reverse (sample
+    ``i`` with ``N - 1 - i``), lambda corrected to the clipped box's area, smoothed soft labels."""
+
+    def __init__(self, mixup_alpha: float = 1.0, cutmix_alpha: float = 0.0, cutmix_minmax: Any = None,
+                 prob: float = 1.0, switch_prob: float = 0.5, mode: str = "batch", correct_lam: bool = True,
+                 label_smoothing: float = 0.1, num_classes: int = 1000) -> None:
+        if cutmix_minmax is not None or mode != "batch" or not correct_lam:
+            raise ConfigError("invalid argument `Mixup`: only cutmix_minmax=None, mode='batch' and correct_lam=True "
+                              "are supported")
+        self.mixup_alpha = float(mixup_alpha)
+        self.cutmix_alpha = float(cutmix_alpha)
+        self.prob = float(prob)
+        self.switch_prob = float(switch_prob)
+        self.label_smoothing = float(label_smoothing)
+        self.num_classes = _classes("Mixup", num_classes)
+
+    def spec(self) -> dict[str, Any]:
+        return {"mixup_alpha": self.mixup_alpha, "cutmix_alpha": self.cutmix_alpha, "prob": self.prob,
+                "switch_prob": self.switch_prob, "label_smoothing": self.label_smoothing,
+                "num_classes": self.num_classes, "style": "timm"}
+
+
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 
@@ -183,4 +253,4 @@ def compile_transforms(transforms: Sequence[Transform]) -> tuple[list[dict[str, 
 
 
 __all__ = ["Transform", "RandomResizedCrop", "Resize", "CenterCrop", "RandomHorizontalFlip", "Normalize",
-           "ToDtype", "ToTensor", "IMAGENET_MEAN", "IMAGENET_STD"]
+           "ToDtype", "ToTensor", "BatchTransform", "MixUp", "CutMix", "Mixup", "IMAGENET_MEAN", "IMAGENET_STD"]

@@ -13,12 +13,14 @@
 //! | `geometry.rs` | torchvision's crop sampling, resize sizes, center-crop rounding |
 //! | `resample.rs` | Pillow-compatible box resampling (bilinear, bicubic, nearest), SIMD, allocation-free |
 //! | `write.rs` | vector kernels of the final write (flip, deinterleave, normalise, dtype) |
+//! | `mix.rs` | batch mixing (MixUp, CutMix) and soft labels on a finished host batch |
 //!
 //! Owns: one decoded image to one sample in its slot (geometry, resampling, the fused write),
 //! and the transform's description (`TransformSpec`, what the GPU side normalises). May not
 //! touch: decoding, batches, threads, where the sample goes next.
 
 pub mod geometry;
+pub mod mix;
 pub mod resample;
 mod write;
 
