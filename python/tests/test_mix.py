@@ -26,7 +26,7 @@ def run(root, ts, mix=None, **kw):
     return loader, [(x.clone(), y.clone()) for x, y in loader]
 
 
-def torchvision_reference(cls, params):
+def torchvision_reference(cls, params, num_classes=C):
     """torchvision's own MixUp/CutMix, its draw replaced by stoker's."""
     from torchvision.transforms import v2
 
@@ -39,7 +39,7 @@ def torchvision_reference(cls, params):
                 return {"box": (x0, y0, x1, y1), "lam_adjusted": params["lam"]}
             return {"lam": params["lam"]}
 
-    return Fixed(num_classes=C)
+    return Fixed(num_classes=num_classes)
 
 
 @pytest.mark.parametrize("cls", ["MixUp", "CutMix"])
@@ -136,3 +136,20 @@ def test_what_mixing_refuses(demo):
     assert loader.mix_params(0, 0) is None
     _, labels = next(iter(loader))
     assert labels.dtype == np.int64
+
+
+def test_a_mixture_is_mixed_too(demo):
+    """A mixture's batches are mixed like one dataset's: (images, targets, sources)."""
+    mix = T.CutMix(alpha=1.0, num_classes=2 * C)
+    root = {"a": (str(demo), 1), "b": {"root": str(demo), "weight": 1, "label_offset": C}}
+    loader = stoker.ImageLoader(root, 8, transforms=NORM, batch_transform=mix, shuffle=True, seed=4, output="torch")
+    plain = stoker.ImageLoader(root, 8, transforms=NORM, shuffle=True, seed=4, output="torch")
+    for k, ((mx, my, ms), (x, y, s)) in enumerate(zip(loader, plain)):
+        assert torch.equal(ms, s) and my.shape == (len(y), 2 * C)
+        rx, ry = torchvision_reference("CutMix", loader.mix_params(0, k), 2 * C)(x.clone(), y)
+        assert torch.equal(mx, rx) and torch.equal(my, ry), k
+        if k == 3:
+            break
+    # num_classes must cover the offset labels.
+    with pytest.raises(stoker.ConfigError, match="num_classes"):
+        stoker.ImageLoader(root, 8, transforms=NORM, batch_transform=T.CutMix(num_classes=C))

@@ -188,36 +188,24 @@ impl MixSpec {
             return;
         }
         let data = &mut data[..n * sb];
-        // The byte ranges of one sample that CutMix takes from its partner, or the whole sample.
-        let mut ranges: Vec<std::ops::Range<usize>> = vec![];
-        match p.area.filter(|_| p.cutmix) {
+        let (l0, l1) = (p.lam as f32, (1.0 - p.lam) as f32);
+        let e = dtype.size();
+        // own = mix(own, partner) over the bytes of one sample that change: CutMix's box (a
+        // run of bytes per row, per plane for NCHW) or the whole sample.
+        let apply = |own: &mut [u8], partner: &[u8]| match p.area.filter(|_| p.cutmix) {
             Some([y0, y1, x0, x1]) => {
-                let e = dtype.size();
-                match layout {
-                    Layout::NCHW => {
-                        for c in 0..3 {
-                            for y in y0..y1 {
-                                let at = (c * h * w + y * w) * e;
-                                ranges.push(at + x0 * e..at + x1 * e);
-                            }
-                        }
-                    }
-                    Layout::NHWC => {
-                        for y in y0..y1 {
-                            ranges.push((y * w + x0) * 3 * e..(y * w + x1) * 3 * e);
-                        }
+                let planes = if layout == Layout::NCHW { 3 } else { 1 };
+                for c in 0..planes {
+                    for y in y0..y1 {
+                        let r = match layout {
+                            Layout::NCHW => (c * h * w + y * w + x0) * e..(c * h * w + y * w + x1) * e,
+                            Layout::NHWC => (y * w + x0) * 3 * e..(y * w + x1) * 3 * e,
+                        };
+                        own[r.clone()].copy_from_slice(&partner[r]);
                     }
                 }
             }
-            None => ranges.push(0..sb),
-        }
-        let (l0, l1) = (p.lam as f32, (1.0 - p.lam) as f32);
-        let cut = p.cutmix;
-        // out = mix(own, partner) over `ranges` of sample bytes `own` and `partner`.
-        let apply = |own: &mut [u8], partner: &[u8]| {
-            for r in &ranges {
-                mix_bytes(&mut own[r.clone()], &partner[r.clone()], dtype, cut, l0, l1);
-            }
+            None => mix_bytes(own, partner, dtype, l0, l1),
         };
         match self.style {
             MixStyle::Torchvision => {
@@ -253,13 +241,9 @@ impl MixSpec {
     }
 }
 
-/// `own = own * l0 + partner * l1` elementwise (or `own = partner` for CutMix), in `dtype`'s
-/// arithmetic (see the module's notes).
-fn mix_bytes(own: &mut [u8], partner: &[u8], dtype: DType, cut: bool, l0: f32, l1: f32) {
-    if cut {
-        own.copy_from_slice(partner);
-        return;
-    }
+/// `own = own * l0 + partner * l1` elementwise, in `dtype`'s arithmetic (see the module's
+/// notes).
+fn mix_bytes(own: &mut [u8], partner: &[u8], dtype: DType, l0: f32, l1: f32) {
     match dtype {
         DType::Uint8 => {
             for (o, &q) in own.iter_mut().zip(partner) {
