@@ -22,6 +22,7 @@ import pathlib
 import numpy as np
 import pytest
 import stoker
+from helpers import in_python_child
 from PIL import Image
 from stoker import transforms as T
 
@@ -115,10 +116,19 @@ def test_random_resized_crop_is_crop_then_pillows_resize(png_root, mode):
 
 def test_torchvision_modes_and_paths(png_root):
     """torchvision's InterpolationMode is accepted; its PIL path is stoker's bytes, its uint8
-    tensor path within the stated bound."""
-    torch = pytest.importorskip("torch")
-    tv = pytest.importorskip("torchvision.transforms.v2.functional")
+    tensor path within the stated bound (in a child process: helpers.in_python_child)."""
+    pytest.importorskip("torch")
+    print(in_python_child("test_interpolation", "check_torchvision", str(png_root)))
+
+
+def check_torchvision(png_root):
+    import pathlib
+
+    import torch
+    import torchvision.transforms.v2.functional as tv
     from torchvision.transforms import InterpolationMode as IM
+
+    png_root = pathlib.Path(png_root)
 
     paths = files(png_root)
     for mode, tol in [(IM.BILINEAR, 1), (IM.BICUBIC, 2)]:

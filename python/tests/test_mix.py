@@ -11,6 +11,7 @@ import json
 import numpy as np
 import pytest
 import stoker
+from helpers import in_python_child
 from stoker import transforms as T
 
 torch = pytest.importorskip("torch")
@@ -44,7 +45,12 @@ def torchvision_reference(cls, params, num_classes=C):
 
 @pytest.mark.parametrize("cls", ["MixUp", "CutMix"])
 def test_torchvision_mixup_and_cutmix(demo, cls):
-    plain_loader, plain = run(demo, NORM)
+    # torchvision and timm are imported in a child process (helpers.in_python_child).
+    in_python_child("test_mix", "check_torchvision", str(demo), cls)
+
+
+def check_torchvision(demo, cls):
+    _, plain = run(demo, NORM)
     mix = getattr(T, cls)(alpha=1.0, num_classes=C)
     loader, mixed = run(demo, NORM, mix)
     assert len(mixed) == len(plain) >= 5
@@ -63,14 +69,18 @@ def test_torchvision_mixup_and_cutmix(demo, cls):
 
 def timm_reference(kind, params, **kw):
     """timm's own Mixup (or FastCollateMixup), its draws replaced by stoker's."""
-    mixup = pytest.importorskip("timm.data.mixup")
+    import timm.data.mixup as mixup
     ref = getattr(mixup, kind)(num_classes=C, **kw)
     ref._params_per_batch = lambda: (params["lam"], params["cutmix"])
     return ref, mixup
 
 
 @pytest.mark.parametrize("dtype", ["float32", "uint8"])
-def test_timm_mixup_with_switch_and_smoothing(demo, monkeypatch, dtype):
+def test_timm_mixup_with_switch_and_smoothing(demo, dtype):
+    in_python_child("test_mix", "check_timm", str(demo), dtype)
+
+
+def check_timm(demo, dtype):
     ts = NORM if dtype == "float32" else [*TRAIN, T.ToDtype("uint8")]
     kw = {"mixup_alpha": 0.8, "cutmix_alpha": 1.0, "switch_prob": 0.5, "label_smoothing": 0.1}
     mix = T.Mixup(**kw, prob=0.9, num_classes=C)
@@ -83,7 +93,7 @@ def test_timm_mixup_with_switch_and_smoothing(demo, monkeypatch, dtype):
         ref, mixup = timm_reference("Mixup" if dtype == "float32" else "FastCollateMixup", p, **kw)
         if p["cutmix"]:
             # timm's box from stoker's: its lambda correction then recomputes stoker's lambda.
-            monkeypatch.setattr(mixup, "rand_bbox", lambda *a, _b=p["area"], **k: tuple(_b))
+            mixup.rand_bbox = lambda *a, _b=p["area"], **k: tuple(_b)
         if dtype == "float32":
             rx, ry = ref(x.clone(), y)
         else:
@@ -140,6 +150,14 @@ def test_what_mixing_refuses(demo):
 
 def test_a_mixture_is_mixed_too(demo):
     """A mixture's batches are mixed like one dataset's: (images, targets, sources)."""
+    in_python_child("test_mix", "check_mixture", str(demo))
+    # num_classes must cover the offset labels.
+    root = {"a": (str(demo), 1), "b": {"root": str(demo), "weight": 1, "label_offset": C}}
+    with pytest.raises(stoker.ConfigError, match="num_classes"):
+        stoker.ImageLoader(root, 8, transforms=NORM, batch_transform=T.CutMix(num_classes=C))
+
+
+def check_mixture(demo):
     mix = T.CutMix(alpha=1.0, num_classes=2 * C)
     root = {"a": (str(demo), 1), "b": {"root": str(demo), "weight": 1, "label_offset": C}}
     loader = stoker.ImageLoader(root, 8, transforms=NORM, batch_transform=mix, shuffle=True, seed=4, output="torch")
@@ -150,6 +168,3 @@ def test_a_mixture_is_mixed_too(demo):
         assert torch.equal(mx, rx) and torch.equal(my, ry), k
         if k == 3:
             break
-    # num_classes must cover the offset labels.
-    with pytest.raises(stoker.ConfigError, match="num_classes"):
-        stoker.ImageLoader(root, 8, transforms=NORM, batch_transform=T.CutMix(num_classes=C))
