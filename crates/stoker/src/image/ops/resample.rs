@@ -16,7 +16,7 @@
 //! horizontal pass four rows at a time), AVX2 (horizontal pass two rows at a time with
 //! `vpmaddwd` on the weights split into two 11-bit halves, vertical pass in 8 lanes), SSE4.1,
 //! or portable Rust; all give the same bytes, and the tests force each one the CPU has. The
-//! kernels only see windows of taps and their fixed-point weights ([`Coeffs`]), so every
+//! kernels only see windows of taps and their fixed-point weights (`Coeffs`), so every
 //! [`Interpolation`] runs through the same code.
 
 /// The resampling filter of `Resize` and `RandomResizedCrop`: torchvision's
