@@ -12,7 +12,7 @@ from . import _stoker
 from ._base import BatchIterator, LoaderBase, Normalizer, converter, native_device, process_group, track
 from .errors import ConfigError
 from .mixture import SourceIds, mixture_argument
-from .transforms import Transform, compile_transforms, dtype_name
+from .transforms import BatchTransform, Transform, compile_transforms, dtype_name
 
 _OUTPUTS = ("auto", "torch", "numpy")
 
@@ -168,6 +168,16 @@ class ImageLoader(LoaderBase):
     layout are the CPU's exactly), so the CPU stays the exact default. ``report()['gpu_decode']``
     gives the backend, the images decoded, the CPU fallbacks and the share.
 
+    ``batch_transform=stoker.transforms.MixUp(alpha=..., num_classes=...)`` (torchvision v2),
+    ``CutMix(...)`` or timm's ``Mixup(mixup_alpha, cutmix_alpha, prob, switch_prob,
+    label_smoothing, num_classes)`` mixes each finished batch on stoker's threads and the loader
+    yields ``(images, targets)``, ``targets`` the soft labels (float32 ``[N, num_classes]``).
+    One draw per batch from the batch's own random stream (seed, epoch, rank, batch number):
+    the same batches at any thread count, and after a resume; :meth:`mix_params` gives a
+    batch's draw. The arithmetic is the references' (float32/float16 as torch computes it,
+    uint8 as timm's fast collate: rounded half to even); host batches only for now
+    (``device='cuda'`` is a :class:`ConfigError`), and not for :class:`PairLoader`.
+
     A weighted mixture of datasets: ``root={"imagenet": ("train/", 0.8), "extra": {"root":
     "extra/*.tar", "weight": 0.2, "label_offset": 1000, "exhausted": "stop"}}``. Every rank's
     positions follow one schedule in which each source's share is exact within one sample at
@@ -196,7 +206,8 @@ class ImageLoader(LoaderBase):
                  cache_max_side: int | None = None, dct_scaling: bool = True, roi: bool = True,
                  shard_cache: str | os.PathLike[str] | None = None, shard_cache_bytes: int | str | None = None,
                  trace: str | os.PathLike[str] | None = None, trace_events: int | None = None,
-                 epoch_items: int | None = None, decode: str = "cpu", gpu_share: float | None = None) -> None:
+                 epoch_items: int | None = None, decode: str = "cpu", gpu_share: float | None = None,
+                 batch_transform: BatchTransform | None = None) -> None:
         ops: list[dict[str, Any]] | None = None
         out_dtype: str | None = None
         if transforms is not None:
@@ -206,6 +217,13 @@ class ImageLoader(LoaderBase):
         # Whether batches go to a GPU, and how they are normalised there (they cross the bus as
         # uint8), is decided by the engine (stoker::args::image_config) once the device is
         # resolved; bfloat16 is passed on by name, as only the GPU side makes it.
+        mix_spec = None
+        if batch_transform is not None:
+            if not isinstance(batch_transform, BatchTransform):
+                raise ConfigError("invalid argument `batch_transform`: expected stoker.transforms.MixUp, CutMix or "
+                                  f"Mixup, got {batch_transform!r}")
+            mix_spec = batch_transform.spec()
+        self._mixed = mix_spec is not None
         if dtype is not None:
             bf16 = str(dtype).replace("torch.", "").lower() == "bfloat16"
             out_dtype = "bfloat16" if bf16 else dtype_name(dtype)
@@ -231,7 +249,7 @@ class ImageLoader(LoaderBase):
             shard_cache=os.fspath(shard_cache) if isinstance(shard_cache, os.PathLike) else shard_cache,
             shard_cache_bytes=shard_cache_bytes,
             trace=os.fspath(trace) if isinstance(trace, os.PathLike) else trace, trace_events=trace_events,
-            captions=getattr(self, "_captions", None), decode=decode, gpu_share=gpu_share)
+            captions=getattr(self, "_captions", None), decode=decode, gpu_share=gpu_share, batch_transform=mix_spec)
         if decode != "cpu":
             find_nvjpeg()
         self._start()
@@ -281,11 +299,19 @@ class ImageLoader(LoaderBase):
 
     def __iter__(self) -> Iterator[tuple[Any, ...]]:
         ids = self._source_ids
+        mixed = self._mixed
         if ids is None:
-            return BatchIterator(self._loader().iter(), converter(self._torch), lambda b: (b.images, b.labels),
-                                 self._normalizer)
+            return BatchIterator(self._loader().iter(), converter(self._torch),
+                                 lambda b: (b.images, b.targets if mixed else b.labels), self._normalizer)
         return BatchIterator(self._loader().iter(), converter(self._torch),
-                             lambda b: (b.images, b.labels, ids(b.indices)), self._normalizer)
+                             lambda b: (b.images, b.targets if mixed else b.labels, ids(b.indices)), self._normalizer)
+
+    def mix_params(self, epoch: int, batch: int) -> dict[str, Any] | None:
+        """The MixUp/CutMix draw of batch ``batch`` of ``epoch`` (``{"cutmix", "lam", "area"}``,
+        ``area`` the CutMix box ``[y0, y1, x0, x1]``, ``lam`` already corrected to its area), or
+        ``None`` without ``batch_transform``: what that batch's images and targets were mixed with."""
+        params: dict[str, Any] | None = json.loads(self._loader().mix_params_json(epoch, batch))
+        return params
 
     def keys(self, indices: Sequence[int]) -> list[str]:
         """The keys of the dataset's samples ``indices`` (a batch's ``indices``): WebDataset's

@@ -6,6 +6,15 @@ it fixes the output size), then optionally ``RandomHorizontalFlip``, then option
 / ``ToDtype`` and ``Normalize``. Without ``Normalize``/``ToTensor``/``ToDtype`` batches are uint8
 (0..255); ``ToTensor()`` or ``ToDtype(float32, scale=True)`` gives floats in [0, 1];
 ``Normalize`` implies float32 unless ``ToDtype`` says float16.
+
+``Resize`` and ``RandomResizedCrop`` take torchvision's ``interpolation``: ``"bilinear"`` (the
+default), ``"bicubic"`` or ``"nearest"`` (a string, ``torchvision.transforms.InterpolationMode``
+or ``PIL.Image.Resampling``), applied as torchvision's PIL path does with ``antialias=True``:
+Pillow's antialiased convolutions (bicubic with ``a = -0.5``) and Pillow's nearest grid, the same
+bytes as Pillow on the same pixels. torchvision's tensor path differs: on uint8 tensors its
+bilinear/bicubic are within 1 level of Pillow's (2 when upscaling with bicubic); its ``NEAREST``
+samples ``floor(x * in / out)`` (another grid) and ``NEAREST_EXACT`` Pillow's grid up to ties, so
+both map to Pillow's ``NEAREST`` here, as torchvision's PIL path maps them.
 """
 
 from __future__ import annotations
@@ -38,32 +47,53 @@ class Transform:
         return f"{type(self).__name__}({args})"
 
 
+def _interpolation(value: Any) -> Any:
+    """The name of an interpolation: a string as given (lowercased), torchvision's
+    ``InterpolationMode`` by its value, Pillow's ``Resampling`` by its name; anything else as
+    it is. The engine checks it (``bilinear``, ``bicubic``, ``nearest``)."""
+    if isinstance(value, str):
+        return value.lower()
+    mode = getattr(value, "value", None)
+    if isinstance(mode, str):  # torchvision.transforms.InterpolationMode
+        return mode
+    name = getattr(value, "name", None)
+    if isinstance(name, str) and type(value).__name__ == "Resampling":  # PIL.Image.Resampling
+        return name.lower()
+    return value
+
+
 class RandomResizedCrop(Transform):
-    """torchvision's ``RandomResizedCrop(size, scale, ratio)`` (bilinear, antialiased)."""
+    """torchvision's ``RandomResizedCrop(size, scale, ratio, interpolation)`` (antialiased;
+    bilinear by default, ``"bicubic"`` or ``"nearest"``)."""
 
     def __init__(self, size: Size, scale: Sequence[float] = (0.08, 1.0),
-                 ratio: Sequence[float] = (3.0 / 4.0, 4.0 / 3.0), antialias: bool = True) -> None:
+                 ratio: Sequence[float] = (3.0 / 4.0, 4.0 / 3.0), interpolation: Any = "bilinear",
+                 antialias: bool = True) -> None:
         if not antialias:
             raise ConfigError("invalid argument `RandomResizedCrop.antialias`: only True is supported")
         self.size = _pair("RandomResizedCrop", size)
         self.scale = (float(scale[0]), float(scale[1]))
         self.ratio = (float(ratio[0]), float(ratio[1]))
+        self.interpolation = _interpolation(interpolation)
 
     def spec(self) -> dict[str, Any]:
         return {"op": "RandomResizedCrop", "size": list(self.size), "scale": list(self.scale),
-                "ratio": list(self.ratio)}
+                "ratio": list(self.ratio), "interpolation": self.interpolation}
 
 
 class Resize(Transform):
-    """torchvision's ``Resize(size)``: an int resizes the shorter side; (h, w) is exact."""
+    """torchvision's ``Resize(size, interpolation)``: an int resizes the shorter side; (h, w) is
+    exact (antialiased; bilinear by default, ``"bicubic"`` or ``"nearest"``)."""
 
-    def __init__(self, size: Size, antialias: bool = True) -> None:
+    def __init__(self, size: Size, interpolation: Any = "bilinear", antialias: bool = True) -> None:
         if not antialias:
             raise ConfigError("invalid argument `Resize.antialias`: only True is supported")
         self.size = size if isinstance(size, int) else _pair("Resize", size)
+        self.interpolation = _interpolation(interpolation)
 
     def spec(self) -> dict[str, Any]:
-        return {"op": "Resize", "size": self.size if isinstance(self.size, int) else list(self.size)}
+        return {"op": "Resize", "size": self.size if isinstance(self.size, int) else list(self.size),
+                "interpolation": self.interpolation}
 
 
 class CenterCrop(Transform):
@@ -127,6 +157,76 @@ class ToTensor(ToDtype):
         super().__init__("float32")
 
 
+class BatchTransform:
+    """Base class of the batch mixings given to ``ImageLoader(batch_transform=...)``: they run
+    in stoker on each finished host batch (on its threads, one draw per batch from the batch's
+    own random stream), and the loader then yields ``(images, targets)``, ``targets`` the soft
+    labels (float32 ``[N, num_classes]``)."""
+
+    def spec(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        args = ", ".join(f"{k}={v!r}" for k, v in vars(self).items())
+        return f"{type(self).__name__}({args})"
+
+
+def _classes(name: str, num_classes: Any) -> int:
+    if num_classes is None:
+        raise ConfigError(f"invalid argument `{name}.num_classes`: give the number of classes (the soft labels' width)")
+    return int(num_classes)
+
+
+class MixUp(BatchTransform):
+    """torchvision v2's ``MixUp(alpha, num_classes)``: lambda from Beta(alpha, alpha), each sample
+    mixed with the previous one (the batch rolled by one), one-hot labels mixed alike."""
+
+    def __init__(self, *, alpha: float = 1.0, num_classes: int | None = None) -> None:
+        self.alpha = float(alpha)
+        self.num_classes = _classes("MixUp", num_classes)
+
+    def spec(self) -> dict[str, Any]:
+        return {"mixup_alpha": self.alpha, "cutmix_alpha": 0.0, "prob": 1.0, "switch_prob": 0.0,
+                "label_smoothing": 0.0, "num_classes": self.num_classes, "style": "torchvision"}
+
+
+class CutMix(BatchTransform):
+    """torchvision v2's ``CutMix(alpha, num_classes)``: a box of the previous sample pasted in,
+    lambda recomputed from the box's area after clipping."""
+
+    def __init__(self, *, alpha: float = 1.0, num_classes: int | None = None) -> None:
+        self.alpha = float(alpha)
+        self.num_classes = _classes("CutMix", num_classes)
+
+    def spec(self) -> dict[str, Any]:
+        return {"mixup_alpha": 0.0, "cutmix_alpha": self.alpha, "prob": 1.0, "switch_prob": 0.0,
+                "label_smoothing": 0.0, "num_classes": self.num_classes, "style": "torchvision"}
+
+
+class Mixup(BatchTransform):
+    """timm's ``Mixup`` (``mode='batch'``): mixed with probability ``prob``, CutMix instead of MixUp
+    with ``switch_prob`` when both alphas are positive, the batch paired with its reverse (sample
+    ``i`` with ``N - 1 - i``), lambda corrected to the clipped box's area, smoothed soft labels."""
+
+    def __init__(self, mixup_alpha: float = 1.0, cutmix_alpha: float = 0.0, cutmix_minmax: Any = None,
+                 prob: float = 1.0, switch_prob: float = 0.5, mode: str = "batch", correct_lam: bool = True,
+                 label_smoothing: float = 0.1, num_classes: int = 1000) -> None:
+        if cutmix_minmax is not None or mode != "batch" or not correct_lam:
+            raise ConfigError("invalid argument `Mixup`: only cutmix_minmax=None, mode='batch' and correct_lam=True "
+                              "are supported")
+        self.mixup_alpha = float(mixup_alpha)
+        self.cutmix_alpha = float(cutmix_alpha)
+        self.prob = float(prob)
+        self.switch_prob = float(switch_prob)
+        self.label_smoothing = float(label_smoothing)
+        self.num_classes = _classes("Mixup", num_classes)
+
+    def spec(self) -> dict[str, Any]:
+        return {"mixup_alpha": self.mixup_alpha, "cutmix_alpha": self.cutmix_alpha, "prob": self.prob,
+                "switch_prob": self.switch_prob, "label_smoothing": self.label_smoothing,
+                "num_classes": self.num_classes, "style": "timm"}
+
+
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 
@@ -153,4 +253,4 @@ def compile_transforms(transforms: Sequence[Transform]) -> tuple[list[dict[str, 
 
 
 __all__ = ["Transform", "RandomResizedCrop", "Resize", "CenterCrop", "RandomHorizontalFlip", "Normalize",
-           "ToDtype", "ToTensor", "IMAGENET_MEAN", "IMAGENET_STD"]
+           "ToDtype", "ToTensor", "BatchTransform", "MixUp", "CutMix", "Mixup", "IMAGENET_MEAN", "IMAGENET_STD"]

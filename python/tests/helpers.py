@@ -115,3 +115,17 @@ def in_fork_child(work):
         data = f.read()
     os.waitpid(pid, 0)
     return json.loads(data)
+
+
+def in_python_child(module: str, check: str, *args: str, timeout: float = 600) -> str:
+    """Runs ``module.check(*args)`` (a test module of this folder) in a fresh Python process and
+    fails the test with its output if it raises. For checks against torchvision or timm: their
+    imports (~200 MiB beside torch) stay out of the pytest process, whose size every later
+    ``fork()``ed child starts with (``run_bounded`` bounds those children's peak RSS)."""
+    import sys
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    code = f"import sys; sys.path.insert(0, {here!r}); import {module}; {module}.{check}(*sys.argv[1:])"
+    r = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=timeout)
+    assert r.returncode == 0, f"{module}.{check}{args} failed:\n{r.stdout[-3000:]}\n{r.stderr[-6000:]}"
+    return r.stdout

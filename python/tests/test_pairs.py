@@ -168,3 +168,40 @@ def test_what_a_pair_loader_refuses(pairs, demo):
         stoker.PairLoader({"a": (glob, 1)}, tokenizer=CLIP)
     with pytest.raises(stoker.ConfigError, match="indices.*past the dataset"):
         pair_loader(glob).keys([0, 10**6])
+
+
+def test_open_clip_bicubic_transforms(pairs):
+    """open_clip's own image transforms: bicubic ``Resize(224)`` + ``CenterCrop(224)`` (val), the
+    same pixels as ImageLoader's for each key; bicubic ``RandomResizedCrop(224, scale=(0.9, 1.0))``
+    (train), the same at 1 and 3 threads, and in the fingerprint: a bilinear state is refused."""
+    from stoker import transforms as T
+
+    glob, _ = pairs
+    val = [T.Resize(224, interpolation="bicubic"), T.CenterCrop(224)]
+    images = stoker.ImageLoader(glob, 5, transforms=val, output="numpy", threads=2)
+    pixels = {}
+    for b in images.batches():
+        for key, img in zip(images.keys(b.indices), np.from_dlpack(b.images)):
+            pixels[key] = img.copy()
+    bilinear = {}
+    for keys, imgs, *_ in rows_of(pair_loader(glob, preset=None, transforms=[T.Resize(224), T.CenterCrop(224)])):
+        bilinear.update(zip(keys, imgs))
+    seen = 0
+    for keys, imgs, *_ in rows_of(pair_loader(glob, preset=None, transforms=val)):
+        for key, img in zip(keys, imgs):
+            assert np.array_equal(img, pixels[key]), key
+            assert not np.array_equal(img, bilinear[key]), key
+            seen += 1
+    assert seen >= 18
+    train = [T.RandomResizedCrop(224, scale=(0.9, 1.0), interpolation="bicubic")]
+    kw = {"preset": None, "transforms": train, "shuffle": True, "seed": 2}
+    whole = [imgs.tobytes() for _, imgs, *_ in rows_of(pair_loader(glob, threads=1, **kw))]
+    assert [imgs.tobytes() for _, imgs, *_ in rows_of(pair_loader(glob, threads=3, **kw))] == whole
+    loader = pair_loader(glob, **kw)
+    it = iter(loader)
+    next(it)
+    state = json.loads(json.dumps(loader.state_dict()))
+    it.close()
+    with pytest.raises(stoker.ConfigError):
+        pair_loader(glob, preset=None, transforms=[T.RandomResizedCrop(224, scale=(0.9, 1.0))],
+                    shuffle=True, seed=2).load_state_dict(state)

@@ -70,10 +70,10 @@ fn scaled_and_cropped_decode_stays_close_to_full_decode() {
             scaled += 1;
         }
         let (aw, ah, abox) = (a.width, a.height, a.bbox);
-        let out_a = rs1.resample(a.pixels, aw, ah, abox, g.hard, g.dst, 224, 224).unwrap().to_vec();
+        let out_a = rs1.resample(g.filter, a.pixels, aw, ah, abox, g.hard, g.dst, 224, 224).unwrap().to_vec();
         let b = full.decode(&data, Path::new("x"), &info, g.bbox, (224, 224)).unwrap();
         assert_eq!((b.width, b.height, b.scale_num), (w, h, 8));
-        let out_b = rs2.resample(b.pixels, b.width, b.height, b.bbox, g.hard, g.dst, 224, 224).unwrap();
+        let out_b = rs2.resample(g.filter, b.pixels, b.width, b.height, b.bbox, g.hard, g.dst, 224, 224).unwrap();
         let err = mean_abs(&out_a, out_b);
         worst = worst.max(err);
         assert!(err <= 2.0, "sample {i}: mean abs error {err:.3} > 2 (scale {}/8, box {:?})", 8, g.bbox);
@@ -101,9 +101,10 @@ fn region_decode_without_scaling_is_exact_within_the_box() {
         let info = roi.info(&data, Path::new("x")).unwrap();
         let g = plan.geometry(info.width, info.height, &mut Rng::new(5, 2, i));
         let a = roi.decode(&data, Path::new("x"), &info, g.bbox, (224, 224)).unwrap();
-        let out_a = rs1.resample(a.pixels, a.width, a.height, a.bbox, g.hard, g.dst, 224, 224).unwrap().to_vec();
+        let out_a =
+            rs1.resample(g.filter, a.pixels, a.width, a.height, a.bbox, g.hard, g.dst, 224, 224).unwrap().to_vec();
         let b = full.decode(&data, Path::new("x"), &info, g.bbox, (224, 224)).unwrap();
-        let out_b = rs2.resample(b.pixels, b.width, b.height, b.bbox, g.hard, g.dst, 224, 224).unwrap();
+        let out_b = rs2.resample(g.filter, b.pixels, b.width, b.height, b.bbox, g.hard, g.dst, 224, 224).unwrap();
         assert!(
             out_a == out_b,
             "sample {i}: ROI changed pixels (mean difference {}), box {:?}",

@@ -26,11 +26,12 @@ impl Rows for stoker::Batch {
         self.indices()
     }
     /// Region 0 is the images, region 1 the labels; an image-text pair batch's caption ids
-    /// and attention mask are regions 2 and 3.
+    /// and attention mask are regions 2 and 3, a mixed batch's soft labels region 2.
     fn region_ptr(&self, k: usize) -> *const u8 {
         match k {
             0 => self.data_ptr(),
             1 => self.labels_ptr().cast::<u8>(),
+            2 if self.num_classes() > 0 => self.targets().as_ptr().cast::<u8>(),
             2 => self.input_ids().as_ptr().cast::<u8>(),
             _ => self.attention_mask().as_ptr().cast::<u8>(),
         }
@@ -103,6 +104,18 @@ batch_class! { PyBatch, shares [indices device], {
         self.caption_rows(3)
     }
 
+    /// A mixed batch's soft labels (float32, `[N, num_classes]`: MixUp/CutMix with
+    /// `batch_transform`), as a DLPack-exporting view; `None` without batch mixing.
+    #[getter]
+    fn targets(&self) -> Option<PyTensor> {
+        match &self.inner {
+            Held::Host(b) if b.num_classes() > 0 => {
+                Some(PyTensor { src: Source::Targets(self.inner.clone(), b.num_classes()) })
+            }
+            _ => None,
+        }
+    }
+
     /// The epoch.
     #[getter]
     fn epoch(&self) -> u64 {
@@ -130,6 +143,8 @@ enum Source {
     DeviceLabels(Arc<DeviceRegion>, usize),
     /// A pair batch's int32 rows of region `k`, `n` values each (caption ids or mask).
     Rows(Held, usize, usize),
+    /// A mixed batch's float32 soft labels (region 2), `n` classes per row.
+    Targets(Held, usize),
 }
 
 fn dl_dtype(d: DType) -> DLDataType {
@@ -146,6 +161,7 @@ impl TensorClass for PyTensor {
             Source::Images(b) => b.region(0),
             Source::Labels(b) => b.region(1),
             Source::Rows(b, k, _) => b.region(*k),
+            Source::Targets(b, _) => b.region(2),
             Source::DeviceLabels(r, _) => {
                 (r.ptr() as *const u8, Location::Cuda { batch: r.clone(), ordinal: r.ordinal() }, r.clone())
             }
@@ -164,6 +180,7 @@ impl TensorClass for PyTensor {
             Source::Labels(b) => (vec![b.len() as i64], DLDataType::I64),
             Source::DeviceLabels(_, n) => (vec![*n as i64], DLDataType::I64),
             Source::Rows(b, _, n) => (vec![b.len() as i64, *n as i64], DLDataType::I32),
+            Source::Targets(b, n) => (vec![b.len() as i64, *n as i64], DLDataType::F32),
         })
     }
 }

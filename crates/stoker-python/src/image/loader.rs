@@ -84,6 +84,12 @@ loader_class! { PyLoader => PyIter, shares [positioned traced], {
         serde_json::to_string(&stats).unwrap_or_else(|_| "null".into())
     }
 
+    /// The MixUp/CutMix draw of batch `batch` of `epoch` as JSON (`{cutmix, lam, area}`;
+    /// `area` is `[y0, y1, x0, x1]` for CutMix), or `null` when batches are not mixed.
+    fn mix_params_json(&self, epoch: u64, batch: usize) -> String {
+        serde_json::to_string(&self.on.loader.mix_params(epoch, batch)).unwrap_or_else(|_| "null".into())
+    }
+
     /// `"pageable"` or `"pinned"`: the host memory of the batch buffers.
     #[getter]
     fn host_memory(&self) -> &'static str {

@@ -67,6 +67,12 @@ pub fn image_config(
     }
     let mut config = loader_config(args)?;
     config.decode = decode_where(config.decode, on_gpu, &config)?;
+    if on_gpu && config.mix.is_some() {
+        return Err(Error::config(
+            "batch_transform",
+            "MixUp/CutMix run on host batches for now: use device='cpu' and move the batch to the GPU",
+        ));
+    }
     if !on_gpu || config.transform.dtype == DType::Uint8 {
         return Ok((config, None));
     }
@@ -139,6 +145,16 @@ pub(super) fn loader_config_in(args: Args, env: &Env) -> Result<LoaderConfig> {
         }
         c.captions = Some(super::captions::captions(&v)?);
     }
+    if let Some(v) = a.take("batch_transform") {
+        let mix: crate::image::ops::mix::MixSpec = serde_json::from_value(v).map_err(|e| {
+            Error::config("batch_transform", format!("expected stoker.transforms.MixUp, CutMix or Mixup: {e}"))
+        })?;
+        mix.check()?;
+        if c.captions.is_some() {
+            return Err(Error::config("batch_transform", "a pair loader's batches are not mixed (no labels)"));
+        }
+        c.mix = Some(mix);
+    }
     a.finish()?;
     batch_bytes(c.sampler.batch_size, sample_bytes(&c.transform)?)?;
     Ok(c)
@@ -164,13 +180,19 @@ fn decode(a: &mut Taker) -> Result<DecodeOn> {
     }
 }
 
-/// GPU decode where batches go: `gpu` needs a GPU device and no cache (cached pixels are the
-/// CPU's); `auto` falls back to the CPU without a GPU or with a cache.
+/// GPU decode where batches go: `gpu` needs a GPU device, no cache (cached pixels are the
+/// CPU's) and a bilinear transform (the GPU resampler, `kernels/resize.cu`, is bilinear only);
+/// `auto` falls back to the CPU without a GPU, with a cache or with another filter.
 pub fn decode_where(d: DecodeOn, on_gpu: bool, c: &LoaderConfig) -> Result<DecodeOn> {
     let why = if !on_gpu {
-        Some("device='cuda' (the batches are decoded where they go)")
+        Some("device='cuda' (the batches are decoded where they go)".to_string())
     } else if c.cache.is_some() {
-        Some("no cache (a cache holds pixels the CPU decoded)")
+        Some("no cache (a cache holds pixels the CPU decoded)".to_string())
+    } else if !c.transform.interpolation().is_bilinear() {
+        Some(format!(
+            "bilinear resampling (the GPU resampler has no {} filter; decode='cpu' or 'auto' resamples on the CPU)",
+            c.transform.interpolation().name()
+        ))
     } else {
         None
     };
@@ -258,6 +280,33 @@ mod tests {
         let cached = json!({"decode": "gpu", "cache": "ram", "cache_bytes": "1MiB"});
         let e = cfg(cached, true).unwrap_err().to_string();
         assert!(e.contains("no cache"), "{e}");
+        // The GPU resampler is bilinear: another filter is refused for `gpu`, on the CPU for `auto`.
+        let bicubic = |decode: &str| {
+            let mut m = args(json!({"batch_size": 8, "decode": decode, "ops": [
+                {"op": "RandomResizedCrop", "size": [8, 8], "scale": [0.5, 1.0], "ratio": [1.0, 1.0],
+                 "interpolation": "bicubic"}]}));
+            m.remove("preset");
+            image_config(m, true).map(|c| c.0.decode)
+        };
+        let e = bicubic("gpu").unwrap_err().to_string();
+        assert!(e.contains("`decode`") && e.contains("no bicubic filter"), "{e}");
+        assert_eq!(bicubic("auto").unwrap(), DecodeOn::Cpu);
+        // Batch mixing is checked once, runs on host batches only.
+        let mix = |spec: Value, on_gpu: bool| {
+            let mut m = args(json!({"batch_size": 8, "preset": "imagenet-train"}));
+            m.insert("batch_transform".into(), spec);
+            image_config(m, on_gpu).map(|c| c.0.mix)
+        };
+        let good = json!({"mixup_alpha": 0.8, "cutmix_alpha": 1.0, "prob": 1.0, "switch_prob": 0.5,
+                          "label_smoothing": 0.1, "num_classes": 1000, "style": "timm"});
+        assert_eq!(mix(good.clone(), false).unwrap().unwrap().num_classes, 1000);
+        let e = mix(good.clone(), true).unwrap_err().to_string();
+        assert!(e.contains("`batch_transform`") && e.contains("device='cpu'"), "{e}");
+        let mut both = good.clone();
+        both["style"] = json!("torchvision");
+        assert!(mix(both, false).unwrap_err().to_string().contains("one alpha"));
+        let e = mix(json!({"mixup_alpha": 1.0}), false).unwrap_err().to_string();
+        assert!(e.contains("`batch_transform`") && e.contains("MixUp"), "{e}");
         for (bad, name) in [
             (json!({"decode": "gpu", "gpu_share": 0}), "gpu_share"),
             (json!({"decode": "gpu", "gpu_share": 1.5}), "gpu_share"),

@@ -17,7 +17,7 @@
 
 use crate::error::{Error, Result};
 use crate::image::decode::{DecodeOptions, Decoder};
-use crate::image::ops::{DType, Layout, OpSpec, Resampler, ResizeSize, TransformPlan, TransformSpec};
+use crate::image::ops::{DType, Interpolation, Layout, OpSpec, Resampler, ResizeSize, TransformPlan, TransformSpec};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 
@@ -209,6 +209,7 @@ impl GpuJob {
         }
         let [ow, oh] = self.out.map(|v| v as usize);
         let hwc = rs.resample_clipped(
+            crate::image::ops::Filter::BILINEAR,
             region.pixels,
             sw,
             sh,
@@ -220,7 +221,7 @@ impl GpuJob {
         )?;
         let layout = if self.nhwc { Layout::NHWC } else { Layout::NCHW };
         let spec = TransformSpec {
-            ops: vec![OpSpec::Resize { size: ResizeSize::Exact([oh, ow]) }],
+            ops: vec![OpSpec::Resize { size: ResizeSize::Exact([oh, ow]), interpolation: Interpolation::Bilinear }],
             dtype: DType::Uint8,
             layout,
             apply_exif: false,

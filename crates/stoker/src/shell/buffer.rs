@@ -352,6 +352,21 @@ impl Slot {
         self.len.store(out, Ordering::Release);
     }
 
+    /// The delivered bytes and the delivered rows of extra region `k`, writable: for an op on
+    /// the whole batch, run by the thread that completed it.
+    ///
+    /// # Safety
+    /// Only the thread whose [`Slot::finish`] returned `true` may call this, after
+    /// [`Slot::compact`] and before it hands the slot on; the two slices must not outlive that.
+    #[allow(clippy::mut_from_ref)]
+    pub(crate) unsafe fn completed_mut(&self, k: usize) -> (&mut [u8], &mut [u8]) {
+        let n = self.len.load(Ordering::Acquire);
+        let (buf, b) = &self.extras[k];
+        // SAFETY: no other thread touches a completed slot before it is handed on (caller's
+        // contract); the data and extra buffers are distinct allocations.
+        unsafe { (self.data.slice_mut(0, n * self.sample_bytes), buf.slice_mut(0, n * b)) }
+    }
+
     /// The delivered bytes (valid once the batch is complete).
     pub(crate) fn data(&self) -> &[u8] {
         let n = self.len.load(Ordering::Acquire) * self.sample_bytes;

@@ -79,6 +79,8 @@ pub mod stream {
     pub const MIXTURE: u64 = 3;
     /// A rank's shuffle within windows of shards ([`crate::shell::sampler`]).
     pub const WINDOWS: u64 = 4;
+    /// A batch's mixing draw (MixUp/CutMix, [`crate::image::ops::mix`]), per rank and batch.
+    pub const BATCH_MIX: u64 = 16;
 }
 
 /// Fisher-Yates shuffle of `items` driven by `rng`.

@@ -110,7 +110,8 @@ fn make_one(
     }
     let x = rng.uniform(0.0, *w as f64 - cw);
     let y = rng.uniform(0.0, *h as f64 - ch);
-    let img = rs.resample(px, *w, *h, [x, y, cw, ch], true, [0, 0, ow, oh], ow, oh)?;
+    let img =
+        rs.resample(crate::image::ops::Filter::BILINEAR, px, *w, *h, [x, y, cw, ch], true, [0, 0, ow, oh], ow, oh)?;
     let mut out = img.to_vec();
     let flip = rng.next_f64() < 0.5;
     let gain = rng.uniform(0.8, 1.2);

@@ -147,7 +147,7 @@ fn shrink(data: Vec<u8>, path: &Path, opts: &PackOptions, dec: &mut Decoder, rs:
     let region = dec.decode(&data, path, &info, full, (ow, oh))?;
     let (rw, rh, rbox) = (region.width, region.height, region.bbox);
     let px = region.pixels.to_vec();
-    let out = rs.resample(&px, rw, rh, rbox, true, [0, 0, ow, oh], ow, oh)?;
+    let out = rs.resample(crate::image::ops::Filter::BILINEAR, &px, rw, rh, rbox, true, [0, 0, ow, oh], ow, oh)?;
     let jerr = |e: turbojpeg::Error| Error::Internal(format!("JPEG encode: {e}"));
     let mut c = turbojpeg::Compressor::new().map_err(jerr)?;
     c.set_quality(opts.quality).map_err(jerr)?;

@@ -16,7 +16,9 @@ pub fn photo(name: &str) -> (Vec<u8>, usize, usize) {
 pub fn photo_sized(name: &str, w: usize, h: usize) -> Vec<u8> {
     let (px, pw, ph) = photo(name);
     let mut rs = stoker::ops::Resampler::new();
-    rs.resample(&px, pw, ph, [0.0, 0.0, pw as f64, ph as f64], true, [0, 0, w, h], w, h).unwrap().to_vec()
+    rs.resample(stoker::ops::Filter::BILINEAR, &px, pw, ph, [0.0, 0.0, pw as f64, ph as f64], true, [0, 0, w, h], w, h)
+        .unwrap()
+        .to_vec()
 }
 
 /// Encodes RGB8 as a baseline 4:2:0 JPEG.

@@ -622,9 +622,10 @@ pub(super) mod tests {
                 for data in [&src, &packed] {
                     let info = whole.info(data, path).unwrap();
                     let a = whole.decode(data, path, &info, bbox, out).unwrap();
-                    let a = ra.resample(a.pixels, a.width, a.height, a.bbox, true, [0, 0, out.0, out.1], out.0, out.1);
+                    let (f, dst) = (crate::image::ops::Filter::BILINEAR, [0, 0, out.0, out.1]);
+                    let a = ra.resample(f, a.pixels, a.width, a.height, a.bbox, true, dst, out.0, out.1);
                     let b = cropped.decode_box(data, path, &info, bbox, out, true).unwrap();
-                    let b = rb.resample(b.pixels, b.width, b.height, b.bbox, true, [0, 0, out.0, out.1], out.0, out.1);
+                    let b = rb.resample(f, b.pixels, b.width, b.height, b.bbox, true, dst, out.0, out.1);
                     assert!(a.unwrap() == b.unwrap(), "{w}x{h} subsampling {sub}: {bbox:?} -> {out:?}");
                     k += 1;
                 }

@@ -4,21 +4,23 @@
 //! Two-phase contract: the plan states the output shape and dtype first (so batch buffers are
 //! sized once), then fills one sample's slot in place. The geometric ops are fused: whatever the
 //! op list (`RandomResizedCrop`, or `Resize` + `CenterCrop`), they reduce to one source box that
-//! is resampled once with an antialiased bilinear filter (PIL's / torchvision's `antialias=True`
-//! convolution), and a final pass applies flip, normalisation, dtype and layout while writing
+//! is resampled once with the op's filter (antialiased bilinear or bicubic, or nearest: PIL's /
+//! torchvision's `antialias=True` PIL path, [`Interpolation`]), and a final pass applies flip, normalisation, dtype and layout while writing
 //! the slot.
 //!
 //! | file | role |
 //! |---|---|
 //! | `geometry.rs` | torchvision's crop sampling, resize sizes, center-crop rounding |
-//! | `resample.rs` | Pillow-compatible antialiased bilinear box resampling, SIMD, allocation-free |
+//! | `resample.rs` | Pillow-compatible box resampling (bilinear, bicubic, nearest), SIMD, allocation-free |
 //! | `write.rs` | vector kernels of the final write (flip, deinterleave, normalise, dtype) |
+//! | `mix.rs` | batch mixing (MixUp, CutMix) and soft labels on a finished host batch |
 //!
 //! Owns: one decoded image to one sample in its slot (geometry, resampling, the fused write),
 //! and the transform's description (`TransformSpec`, what the GPU side normalises). May not
 //! touch: decoding, batches, threads, where the sample goes next.
 
 pub mod geometry;
+pub mod mix;
 pub mod resample;
 mod write;
 
@@ -26,6 +28,7 @@ use crate::error::{Error, Result};
 use crate::shell::rng::Rng;
 use geometry::{center_crop_axis, resize_shorter, rrc_params};
 use resample::BoxResampler;
+pub use resample::{Filter, Interpolation};
 
 /// `Resize`'s size argument, as in torchvision.
 #[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -41,7 +44,7 @@ pub enum ResizeSize {
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 #[serde(tag = "op")]
 pub enum OpSpec {
-    /// `RandomResizedCrop(size, scale, ratio)` with bilinear antialiased resampling.
+    /// `RandomResizedCrop(size, scale, ratio, interpolation)`, antialiased.
     RandomResizedCrop {
         /// Output `(height, width)`.
         size: [usize; 2],
@@ -49,11 +52,18 @@ pub enum OpSpec {
         scale: [f64; 2],
         /// Range of the crop's aspect ratio (width / height).
         ratio: [f64; 2],
+        /// The filter; bilinear (the default) is left out of the serialised spec, so that a
+        /// bilinear transform's fingerprint is unchanged.
+        #[serde(default, skip_serializing_if = "Interpolation::is_bilinear")]
+        interpolation: Interpolation,
     },
-    /// `Resize(size)`, bilinear, antialiased.
+    /// `Resize(size, interpolation)`, antialiased.
     Resize {
         /// Shorter side, or exact `(height, width)`.
         size: ResizeSize,
+        /// The filter (bilinear by default, left out of the serialised spec when bilinear).
+        #[serde(default, skip_serializing_if = "Interpolation::is_bilinear")]
+        interpolation: Interpolation,
     },
     /// `CenterCrop(size)`; pads with zeros when the image is smaller, like torchvision.
     CenterCrop {
@@ -175,11 +185,17 @@ impl TransformSpec {
     pub fn preset(name: &str) -> Result<Self> {
         let geo = match name {
             "imagenet-train" => vec![
-                OpSpec::RandomResizedCrop { size: [224, 224], scale: [0.08, 1.0], ratio: [3.0 / 4.0, 4.0 / 3.0] },
+                OpSpec::RandomResizedCrop {
+                    size: [224, 224],
+                    scale: [0.08, 1.0],
+                    ratio: [3.0 / 4.0, 4.0 / 3.0],
+                    interpolation: Interpolation::Bilinear,
+                },
                 OpSpec::RandomHorizontalFlip { p: 0.5 },
             ],
             "imagenet-val" => {
-                vec![OpSpec::Resize { size: ResizeSize::Shorter(256) }, OpSpec::CenterCrop { size: [224, 224] }]
+                let resize = OpSpec::Resize { size: ResizeSize::Shorter(256), interpolation: Interpolation::Bilinear };
+                vec![resize, OpSpec::CenterCrop { size: [224, 224] }]
             }
             _ => {
                 return Err(Error::config(
@@ -212,6 +228,19 @@ impl TransformSpec {
         DeviceNormalize { mean, std, dtype: dtype.to_string(), channels_last: self.layout == Layout::NHWC }
     }
 
+    /// The filter of the geometric op (`Resize` or `RandomResizedCrop`; bilinear without one).
+    pub fn interpolation(&self) -> Interpolation {
+        self.ops
+            .iter()
+            .find_map(|o| match o {
+                OpSpec::RandomResizedCrop { interpolation, .. } | OpSpec::Resize { interpolation, .. } => {
+                    Some(*interpolation)
+                }
+                _ => None,
+            })
+            .unwrap_or_default()
+    }
+
     /// The same transform with another dtype; `uint8` drops `Normalize` (raw pixels).
     pub fn with_dtype(mut self, dtype: DType) -> Self {
         if dtype == DType::Uint8 {
@@ -240,6 +269,8 @@ pub struct Geometry {
     pub dst: [usize; 4],
     /// Mirror horizontally.
     pub flip: bool,
+    /// The resampling filter and its pass order.
+    pub filter: Filter,
 }
 
 /// The normalisation of every byte value, per channel: `(v / 255 - mean) / std` in float32
@@ -264,6 +295,7 @@ pub struct TransformPlan {
     out_h: usize,
     out_w: usize,
     flip_p: f64,
+    filter: Interpolation,
     /// Per channel, value (0..=255) → output element bits (f32 or f16 bits in the low half).
     lut: Option<Box<[[f32; 256]; 3]>>,
     /// The normalisation `lut` tabulates, for the vector kernel.
@@ -285,7 +317,7 @@ impl TransformPlan {
         let bad = |msg: String| Error::config("transforms", msg);
         for op in &spec.ops {
             match op {
-                OpSpec::RandomResizedCrop { size, scale, ratio } => {
+                OpSpec::RandomResizedCrop { size, scale, ratio, .. } => {
                     if geo.is_some() || stage > 0 {
                         return Err(bad("RandomResizedCrop must be the first and only geometric op".into()));
                     }
@@ -300,7 +332,7 @@ impl TransformPlan {
                     geo = Some(Geo::Rrc { scale: *scale, ratio: *ratio });
                     out = Some(*size);
                 }
-                OpSpec::Resize { size } => {
+                OpSpec::Resize { size, .. } => {
                     if stage > 0
                         || matches!(
                             geo,
@@ -378,7 +410,8 @@ impl TransformPlan {
         // (for uint8 the check just says whether the CPU has the instructions).
         let simd = write::simd_arith(&table, &norm);
         let lut = if spec.dtype == DType::Uint8 { None } else { Some(table) };
-        Ok(TransformPlan { spec: spec.clone(), geo, out_h, out_w, flip_p, lut, norm, simd })
+        let filter = spec.interpolation();
+        Ok(TransformPlan { spec: spec.clone(), geo, out_h, out_w, flip_p, filter, lut, norm, simd })
     }
 
     /// The spec this plan was compiled from.
@@ -416,6 +449,7 @@ impl TransformPlan {
                     hard: true,
                     dst: [0, 0, ow, oh],
                     flip: false,
+                    filter: Filter::pillow(self.filter, (b.w, b.h), (ow, oh)),
                 }
             }
             Geo::ResizeCrop { resize, crop } => {
@@ -425,12 +459,17 @@ impl TransformPlan {
                     Some(ResizeSize::Exact([h, w])) => (*w, *h),
                 };
                 let (sx, sy) = (width as f64 / rw as f64, height as f64 / rh as f64);
+                let filter = match resize {
+                    Some(_) => Filter::pillow(self.filter, (width, height), (rw, rh)),
+                    None => Filter { interpolation: self.filter, vertical_first: false },
+                };
                 match crop {
                     None => Geometry {
                         bbox: [0.0, 0.0, width as f64, height as f64],
                         hard: false,
                         dst: [0, 0, ow, oh],
                         flip: false,
+                        filter,
                     },
                     Some([ch, cw]) => {
                         let (left, dx, dw) = center_crop_axis(rw, *cw);
@@ -440,6 +479,7 @@ impl TransformPlan {
                             hard: false,
                             dst: [dx, dy, dw, dh],
                             flip: false,
+                            filter,
                         }
                     }
                 }
@@ -596,12 +636,14 @@ impl Resampler {
         Resampler { inner: BoxResampler::new(), hwc: vec![] }
     }
 
-    /// Resamples `bbox` of `src` (`sw` x `sh` RGB8) into the `dst` rectangle of an `ow` x `oh`
-    /// RGB8 image (zero outside it) and returns that image. `hard` keeps the filter inside the
-    /// box (crop, then resize); otherwise it may read the whole image (resize, then crop).
+    /// Resamples with `filter` `bbox` of `src` (`sw` x `sh` RGB8) into the `dst` rectangle of
+    /// an `ow` x `oh` RGB8 image (zero outside it) and returns that image. `hard` keeps the
+    /// filter inside the box (crop, then resize); otherwise it may read the whole image
+    /// (resize, then crop).
     #[allow(clippy::too_many_arguments)]
     pub fn resample(
         &mut self,
+        filter: Filter,
         src: &[u8],
         sw: usize,
         sh: usize,
@@ -611,7 +653,7 @@ impl Resampler {
         ow: usize,
         oh: usize,
     ) -> Result<&[u8]> {
-        self.resample_clipped(src, sw, sh, bbox, clip_window(bbox, hard, sw, sh), dst, ow, oh)
+        self.resample_clipped(filter, src, sw, sh, bbox, clip_window(bbox, hard, sw, sh), dst, ow, oh)
     }
 
     /// [`Resampler::resample`] with the filter's window `clip` (`[x0, y0, x1, y1)`, what
@@ -619,6 +661,7 @@ impl Resampler {
     #[allow(clippy::too_many_arguments)]
     pub fn resample_clipped(
         &mut self,
+        filter: Filter,
         src: &[u8],
         sw: usize,
         sh: usize,
@@ -646,7 +689,7 @@ impl Resampler {
         if !(x0 < x1 && x1 <= sw && y0 < y1 && y1 <= sh) {
             return Err(Error::Internal(format!("resample: window {clip:?} outside {sw}x{sh}")));
         }
-        self.inner.resample_into(src, sw, bbox, clip, dw, dh, &mut self.hwc, dx, dy, ow * 3);
+        self.inner.resample_into(filter, src, sw, bbox, clip, dw, dh, &mut self.hwc, dx, dy, ow * 3);
         Ok(&self.hwc)
     }
 }
@@ -685,8 +728,8 @@ mod tests {
     #[test]
     fn invalid_specs_say_why() {
         let mk = |ops: Vec<OpSpec>, dtype| TransformSpec { ops, dtype, layout: Layout::NCHW, apply_exif: true };
-        let e = TransformPlan::compile(&mk(vec![OpSpec::Resize { size: ResizeSize::Shorter(256) }], DType::Uint8))
-            .unwrap_err();
+        let resize = OpSpec::Resize { size: ResizeSize::Shorter(256), interpolation: Interpolation::Bilinear };
+        let e = TransformPlan::compile(&mk(vec![resize], DType::Uint8)).unwrap_err();
         assert!(e.to_string().contains("add CenterCrop"), "{e}");
         let e = TransformPlan::compile(&mk(
             vec![OpSpec::CenterCrop { size: [4, 4] }, OpSpec::Normalize { mean: [0.0; 3], std: [1.0; 3] }],
@@ -798,6 +841,49 @@ mod tests {
     }
 
     #[test]
+    fn interpolation_is_optional_and_bilinear_serialises_as_before() {
+        // Specs (and so fingerprints) written before the filter was a choice read as bilinear,
+        // and a bilinear spec serialises exactly as they did.
+        for old in [
+            r#"{"op":"Resize","size":256}"#,
+            r#"{"op":"RandomResizedCrop","size":[224,224],"scale":[0.08,1.0],"ratio":[0.75,1.3333333333333333]}"#,
+        ] {
+            let op: OpSpec = serde_json::from_str(old).unwrap();
+            assert_eq!(
+                TransformSpec { ops: vec![op.clone()], ..TransformSpec::preset("imagenet-val").unwrap() }
+                    .interpolation(),
+                Interpolation::Bilinear
+            );
+            assert_eq!(serde_json::to_string(&op).unwrap(), old);
+        }
+        for (name, want) in [
+            ("bilinear", Interpolation::Bilinear),
+            ("bicubic", Interpolation::Bicubic),
+            ("nearest", Interpolation::Nearest),
+            ("nearest-exact", Interpolation::Nearest),
+        ] {
+            let op: OpSpec =
+                serde_json::from_str(&format!(r#"{{"op":"Resize","size":[8,8],"interpolation":"{name}"}}"#)).unwrap();
+            assert_eq!(op, OpSpec::Resize { size: ResizeSize::Exact([8, 8]), interpolation: want });
+            let json = serde_json::to_string(&op).unwrap();
+            assert_eq!(json.contains("interpolation"), want != Interpolation::Bilinear, "{json}");
+            let p = TransformPlan::compile(&TransformSpec {
+                ops: vec![op],
+                dtype: DType::Uint8,
+                layout: Layout::NHWC,
+                apply_exif: true,
+            })
+            .unwrap();
+            assert_eq!(p.geometry(20, 10, &mut Rng::new(0, 0, 0)).filter.interpolation, want);
+        }
+        for bad in [r#""lanczos""#, "7", "null"] {
+            let json = format!(r#"{{"op":"Resize","size":8,"interpolation":{bad}}}"#);
+            let e = serde_json::from_str::<OpSpec>(&json).unwrap_err().to_string();
+            assert!(e.contains("interpolation") && e.contains("bilinear, bicubic"), "{e}");
+        }
+    }
+
+    #[test]
     fn center_crop_pads_small_images() {
         let spec = TransformSpec {
             ops: vec![OpSpec::CenterCrop { size: [4, 4] }],
@@ -810,7 +896,7 @@ mod tests {
         assert_eq!(g.dst, [1, 1, 2, 2]);
         let src = [10u8; 12];
         let mut r = Resampler::new();
-        let out = r.resample(&src, 2, 2, g.bbox, g.hard, g.dst, 4, 4).unwrap();
+        let out = r.resample(g.filter, &src, 2, 2, g.bbox, g.hard, g.dst, 4, 4).unwrap();
         assert_eq!(&out[..3], &[0, 0, 0]);
         assert_eq!(&out[(4 + 1) * 3..(4 + 1) * 3 + 3], &[10, 10, 10]);
     }

@@ -14,6 +14,8 @@ pub struct Batch {
     pub(super) epoch: u64,
     /// Ids per caption of an image-text pair batch (0: images alone).
     pub(super) context_length: usize,
+    /// Classes per soft-label row of a mixed batch (0: hard labels only).
+    pub(super) num_classes: usize,
 }
 
 impl std::fmt::Debug for Batch {
@@ -110,6 +112,23 @@ impl Batch {
         self.caption_rows(1)
     }
 
+    /// Classes per row of [`Batch::targets`]; 0 without batch mixing.
+    pub fn num_classes(&self) -> usize {
+        self.num_classes
+    }
+
+    /// A mixed batch's soft labels (MixUp/CutMix, `batch_transform`): float32 `[len,
+    /// num_classes]` row by row; empty without batch mixing.
+    pub fn targets(&self) -> &[f32] {
+        if self.num_classes == 0 {
+            return &[];
+        }
+        let b = self.slot().extra(0);
+        // SAFETY: the region holds `len * num_classes` float32 values written by the thread
+        // that completed the batch (no writer now), at the start of a 64-aligned buffer.
+        unsafe { std::slice::from_raw_parts(b.as_ptr().cast::<f32>(), b.len() / 4) }
+    }
+
     fn caption_rows(&self, k: usize) -> &[i32] {
         if self.context_length == 0 {
             return &[];
@@ -159,6 +178,10 @@ impl crate::shell::kind::HostBatch for Batch {
             for rows in [self.input_ids(), self.attention_mask()] {
                 out.push((rows.as_ptr().cast::<u8>(), rows.len() * 4));
             }
+        }
+        if self.num_classes > 0 {
+            let t = self.targets();
+            out.push((t.as_ptr().cast::<u8>(), t.len() * 4));
         }
     }
 

@@ -96,6 +96,9 @@ pub struct LoaderConfig {
     /// GPU ([`crate::image::gpu_job`]; needs a GPU device, uint8 batches and no cache).
     #[serde(default)]
     pub decode: crate::image::gpu_job::DecodeOn,
+    /// MixUp/CutMix on each finished host batch, with soft labels (`None`: hard labels).
+    #[serde(default)]
+    pub mix: Option<crate::image::ops::mix::MixSpec>,
 }
 
 /// How many samples of one pass over an epoch may fail (be skipped) before the iteration
@@ -185,6 +188,7 @@ impl LoaderConfig {
             parts: vec![],
             captions: None,
             decode: crate::image::gpu_job::DecodeOn::Cpu,
+            mix: None,
         }
     }
 }

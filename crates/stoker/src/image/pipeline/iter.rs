@@ -131,6 +131,7 @@ impl Kind for Images {
             layout: plan.spec().layout,
             epoch: at.epoch,
             context_length: self.captions.as_ref().map_or(0, |c| c.encoder.options().context_length),
+            num_classes: self.mix.as_ref().map_or(0, |m| m.num_classes),
         }
     }
 
@@ -211,7 +212,7 @@ fn start(shared: Arc<Images>, state: Arc<Position>, from: Start) -> Result<Start
     let pass = Pass::new(run.clone(), pool, hooks, (start, Some(end)), budget, observe);
     {
         let (sh, cancel, order) = (shared.clone(), cancel.clone(), order.clone());
-        run.spawn("stoker-dispatch".into(), move || dispatch(&sh, &cancel, &order, start, end, task_tx))?;
+        run.spawn("stoker-dispatch".into(), move || dispatch(&sh, &cancel, &order, (start, end), epoch, task_tx))?;
     }
     for k in 0..shared.io_threads {
         let (sh, cancel, rx, tx, brx) =

@@ -76,11 +76,27 @@ impl Loader {
             Some(spec) => Some(Captions { encoder: spec.encoder()?, field: spec.field.clone() }),
             None => None,
         };
-        // A pair's caption: a row of ids and a row of mask values (int32) beside its image.
-        let extras = match &captions {
-            Some(c) => vec![c.encoder.options().context_length * 4; 2],
-            None => vec![],
+        // A pair's caption: a row of ids and a row of mask values (int32) beside its image; a
+        // mixed batch's soft labels: a row of num_classes float32 values.
+        let extras = match (&captions, &config.mix) {
+            (Some(c), _) => vec![c.encoder.options().context_length * 4; 2],
+            (None, Some(m)) => vec![m.num_classes * 4],
+            (None, None) => vec![],
         };
+        if let Some(m) = &config.mix {
+            // Soft labels need a class per sample, inside num_classes: checked once, here.
+            let c = m.num_classes as i64;
+            if let Some(i) = (0..source.len()).find(|&i| !(0..c).contains(&source.label(i))) {
+                return Err(Error::config(
+                    "batch_transform",
+                    format!(
+                        "sample {} has label {}, outside 0..{c} (num_classes): MixUp/CutMix need a class per sample",
+                        source.describe(i).display(),
+                        source.label(i)
+                    ),
+                ));
+            }
+        }
         let sample_bytes = plan.sample_bytes() + extras.iter().sum::<usize>();
         checked_batch_bytes(batch_size, sample_bytes as u64)?;
         let batch_bytes = batch_size * sample_bytes;
@@ -148,6 +164,7 @@ impl Loader {
             tally: config.sampler.mixture.as_ref().map(|m| crate::shell::mix::Tally::new(m.parts.len())),
             captions,
             gpu: std::sync::OnceLock::new(),
+            mix: config.mix.clone(),
         }))
     }
 
@@ -197,14 +214,24 @@ impl Loader {
         self.kind().fingerprint.get_or_init(|| {
             let sh = &self.kind();
             // A pair loader's captions too (images alone hash as they always have).
-            let transform = match sh.captions.as_ref().map(|c| (c.encoder.options(), &c.field)) {
-                None => serde_json::to_vec(&(sh.plan.spec(), sh.decode_opts.dct_scaling, sh.decode_opts.roi)),
-                Some(c) => serde_json::to_vec(&(sh.plan.spec(), sh.decode_opts.dct_scaling, sh.decode_opts.roi, c)),
+            // A batch mixing too (loaders without one hash as they always have).
+            let (spec, dct, roi) = (sh.plan.spec(), sh.decode_opts.dct_scaling, sh.decode_opts.roi);
+            let transform = match (sh.captions.as_ref().map(|c| (c.encoder.options(), &c.field)), &sh.mix) {
+                (None, None) => serde_json::to_vec(&(spec, dct, roi)),
+                (Some(c), _) => serde_json::to_vec(&(spec, dct, roi, c)),
+                (None, Some(m)) => serde_json::to_vec(&(spec, dct, roi, "mix", m)),
             }
             .map(|b| format!("{:016x}", xxhash_rust::xxh3::xxh3_64(&b)))
             .unwrap_or_default();
             Fingerprint::new(sh.sampler.spec(), sh.source.len(), samples_hash(sh.source.as_ref()), transform)
         })
+    }
+
+    /// The MixUp/CutMix draw of batch `batch` of `epoch` (what its images and soft labels were
+    /// mixed with), when the loader mixes batches.
+    pub fn mix_params(&self, epoch: u64, batch: usize) -> Option<crate::image::ops::mix::MixParams> {
+        let sh = self.kind();
+        sh.mix.as_ref().map(|m| sh.mix_params(m, epoch, batch))
     }
 
     /// The decoded-pixel cache, if the loader has one.

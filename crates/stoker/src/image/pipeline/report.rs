@@ -25,6 +25,9 @@ pub struct ImageCounters {
     pub ops: StageCounters,
     /// Tokenizing image-text pairs' captions into their rows (pair loaders only).
     pub caption: StageCounters,
+    /// MixUp/CutMix of finished batches and their soft labels (`batch_transform` only), one
+    /// item per batch, on the thread that finished it.
+    pub mix: StageCounters,
     decode_warnings: AtomicU64,
     restart_decodes: AtomicU64,
 }
@@ -48,7 +51,7 @@ impl ImageCounters {
 
     /// Zeroes every counter.
     pub fn reset(&self) {
-        for s in [&self.read, &self.decode, &self.ops, &self.caption] {
+        for s in [&self.read, &self.decode, &self.ops, &self.caption, &self.mix] {
             s.reset();
         }
         self.decode_warnings.store(0, Ordering::Relaxed);
@@ -56,7 +59,8 @@ impl ImageCounters {
     }
 
     /// The image stages over `wall` seconds: `read` on `io_threads`, `decode` and `ops` on
-    /// `threads`, and `caption` on `threads` when the samples are image-text pairs.
+    /// `threads`, `caption` on `threads` when the samples are image-text pairs, and `mix` on
+    /// `threads` once a batch has been mixed.
     pub fn stages(&self, wall: f64, threads: usize, io_threads: usize, captions: bool) -> Vec<StageReport> {
         let mut stages = vec![
             self.read.snapshot("read", io_threads, wall),
@@ -65,6 +69,9 @@ impl ImageCounters {
         ];
         if captions {
             stages.push(self.caption.snapshot("caption", threads, wall));
+        }
+        if self.mix.busy_ns() > 0 {
+            stages.push(self.mix.snapshot("mix", threads, wall));
         }
         stages
     }
@@ -92,7 +99,7 @@ impl ImageCounters {
         Load {
             consumer_wait_ns: tel.consumer.wait_ns(),
             consumer_busy_ns: tel.consumer.busy_ns(),
-            worker_busy_ns: self.decode.busy_ns() + self.ops.busy_ns() + self.caption.busy_ns(),
+            worker_busy_ns: self.decode.busy_ns() + self.ops.busy_ns() + self.caption.busy_ns() + self.mix.busy_ns(),
         }
     }
 }

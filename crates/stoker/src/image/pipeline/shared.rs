@@ -48,6 +48,8 @@ pub struct Images {
     /// GPU decode: the share of each batch the decode threads leave to the transfer stage (set
     /// only by the stage that decodes them, [`super::Loader::leave_to_gpu`]).
     pub(super) gpu: std::sync::OnceLock<crate::image::gpu_job::GpuShare>,
+    /// MixUp/CutMix of each finished batch; its soft labels are the slot's extra region 0.
+    pub(super) mix: Option<crate::image::ops::mix::MixSpec>,
 }
 
 /// An image-text pair loader's captions: where each is read from and its encoder (rows of ids
@@ -58,6 +60,21 @@ pub(super) struct Captions {
 }
 
 impl Images {
+    /// The MixUp/CutMix draw of batch `batch` of `epoch`: a pure function of the seed, the
+    /// epoch, the rank and the batch number (so of no thread count), drawn once per batch.
+    pub(super) fn mix_params(
+        &self,
+        mix: &crate::image::ops::mix::MixSpec,
+        epoch: u64,
+        batch: usize,
+    ) -> crate::image::ops::mix::MixParams {
+        let s = self.sampler.spec();
+        let key = ((s.rank as u64) << 40) | batch as u64;
+        let mut rng = Rng::new(s.seed, rng::stream::BATCH_MIX ^ (epoch << 8), key);
+        let (h, w) = self.plan.output_size();
+        mix.draw(&mut rng, h, w)
+    }
+
     /// The mixture source of sample `index` and the tally, when the samples are a mixture's.
     pub(super) fn mixed(&self, index: u32) -> Option<(usize, &crate::shell::mix::Tally)> {
         Some((self.sampler.mixture()?.source_of(index), self.tally.as_ref()?))
@@ -70,10 +87,11 @@ pub(super) struct Stash {
     pub(super) bytes: Vec<Vec<u8>>,
 }
 
-/// One sample of a batch: its slot and position in it.
+/// One sample of a batch: its slot and position in it, and the pass's epoch.
 pub(super) struct Task {
     pub(super) slot: Arc<Slot>,
     pub(super) pos: usize,
+    pub(super) epoch: u64,
 }
 
 /// Writes `tracer`'s events to `path`, with the samples' paths from the source.

@@ -15,7 +15,14 @@ pub(super) struct Work {
     pub(super) read: Result<()>,
 }
 
-pub(super) fn dispatch(sh: &Images, cancel: &AtomicBool, order: &[u32], start: usize, end: usize, tasks: Sender<Task>) {
+pub(super) fn dispatch(
+    sh: &Images,
+    cancel: &AtomicBool,
+    order: &[u32],
+    (start, end): (usize, usize),
+    epoch: u64,
+    tasks: Sender<Task>,
+) {
     for b in start..end {
         let t0 = Instant::now();
         if sh.tuner.gate(b, cancel).is_none() {
@@ -35,22 +42,59 @@ pub(super) fn dispatch(sh: &Images, cancel: &AtomicBool, order: &[u32], start: u
         slot.reset(b, idx);
         sh.telemetry.buffers.record(Duration::ZERO);
         for pos in 0..idx.len() {
-            if tasks.send(Task { slot: slot.clone(), pos }).is_err() {
+            if tasks.send(Task { slot: slot.clone(), pos, epoch }).is_err() {
                 return;
             }
         }
     }
 }
 
-/// Marks a task finished; the thread finishing the batch compacts it and hands it on.
+/// Marks a task finished; the thread finishing the batch compacts it, mixes it (MixUp/CutMix,
+/// when asked) and hands it on.
 pub(super) fn complete(sh: &Images, task: Task, label: Option<i64>, done: &Sender<Arc<Slot>>) {
-    let Task { slot, pos } = task;
+    let Task { slot, pos, epoch } = task;
     if slot.finish(pos, label) {
         slot.compact();
+        if let Some(mix) = &sh.mix {
+            mix_batch(sh, mix, &slot, epoch);
+        }
         if let Err(e) = done.send(slot) {
             // The consumer is gone: give the buffer straight back to the pool.
             let _ = sh.pool.free_tx.send(e.into_inner());
         }
+    }
+}
+
+thread_local! {
+    /// A sample's bytes, for mixing a rolled batch in place (one per thread, reused).
+    static MIX_SCRATCH: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// MixUp/CutMix of a batch this thread completed, and its soft labels (the slot's extra
+/// region 0), timed as the `mix` stage and traced.
+fn mix_batch(sh: &Images, mix: &crate::image::ops::mix::MixSpec, slot: &Slot, epoch: u64) {
+    let t0 = Instant::now();
+    let batch = slot.batch.load(Ordering::Relaxed);
+    let p = sh.mix_params(mix, epoch, batch);
+    let n = slot.len.load(Ordering::Acquire);
+    let (h, w) = sh.plan.output_size();
+    let spec = sh.plan.spec();
+    // SAFETY: this thread's `finish` completed the slot and it has compacted it; it hands the
+    // slot on only after this function returns.
+    let (data, soft) = unsafe { slot.completed_mut(0) };
+    assert!(soft.len() == n * mix.num_classes * 4 && (soft.as_ptr() as usize).is_multiple_of(4));
+    // SAFETY: `soft` holds n * num_classes float32 values at a 4-aligned address (asserted);
+    // every bit pattern is a valid f32, and the view borrows `soft` for its life.
+    let soft = unsafe { std::slice::from_raw_parts_mut(soft.as_mut_ptr().cast::<f32>(), n * mix.num_classes) };
+    // Every label was checked against num_classes when the loader was made.
+    if mix.soft_labels(&p, slot.labels(), soft).is_err() {
+        soft.fill(0.0);
+    }
+    MIX_SCRATCH.with_borrow_mut(|s| mix.mix_images(&p, data, n, spec.dtype, spec.layout, h, w, s));
+    let t1 = Instant::now();
+    sh.counters.mix.record(t1 - t0);
+    if let Some(t) = &sh.tracer {
+        t.span("mix", "batch", t0, t1, TraceArgs::fields(serde_json::json!({"batch": batch})));
     }
 }
 

@@ -130,7 +130,7 @@ pub(super) fn finish(
     let t1 = Instant::now();
     sh.counters.decode.record(t1 - t0);
     let (oh, ow) = sh.plan.output_size();
-    let hwc = rs.resample(pixels, size.0, size.1, bbox, g.hard, g.dst, ow, oh)?;
+    let hwc = rs.resample(g.filter, pixels, size.0, size.1, bbox, g.hard, g.dst, ow, oh)?;
     // SAFETY: this worker owns position `task.pos` of the slot until `complete` is called.
     let out = unsafe { task.slot.sample_mut(task.pos) };
     sh.plan.write(hwc, g.flip, out);
@@ -237,8 +237,10 @@ pub(super) fn process_cached(
         return Err(Error::Internal("a full decode returned a part of the image".into()));
     } else {
         let whole = [0.0, 0.0, region.width as f64, region.height as f64];
-        reduced =
-            rs.resample(region.pixels, region.width, region.height, whole, false, [0, 0, tw, th], tw, th)?.to_vec();
+        // The stored pixels are a bilinear reduction whatever the transform's filter.
+        let (w, h) = (region.width, region.height);
+        let bilinear = crate::image::ops::Filter::BILINEAR;
+        reduced = rs.resample(bilinear, region.pixels, w, h, whole, false, [0, 0, tw, th], tw, th)?.to_vec();
         &reduced[..]
     };
     cache.put(key, pixels, tw, th, source, td.elapsed());
