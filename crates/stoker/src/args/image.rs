@@ -171,6 +171,8 @@ pub fn decode_where(d: DecodeOn, on_gpu: bool, c: &LoaderConfig) -> Result<Decod
         Some("device='cuda' (the batches are decoded where they go)")
     } else if c.cache.is_some() {
         Some("no cache (a cache holds pixels the CPU decoded)")
+    } else if c.transform.ops.iter().any(|o| o.is_augmentation() || matches!(o, OpSpec::RandomErasing { .. })) {
+        Some("no augmentations (they run on the CPU's crop)")
     } else {
         None
     };
