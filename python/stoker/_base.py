@@ -344,7 +344,8 @@ class LoaderBase:
         suggestion}``: the stage that limits the rate, ``consumer`` when the training step does,
         and what to change; ``None`` before a token loader's first iteration), ``skipped_count``
         and ``skipped``, ``device``, ``transfer`` and ``tuning``; beside them the kind's own keys
-        (images: ``decode_warnings``, ``restart_decodes``, ``cache``, ``gpu_decode``; tokens: the
+        (images: ``decode_warnings``, ``restart_decodes``, ``augment_ops`` (``[{name, count,
+        seconds}]``: the ``augment`` stage op by op), ``cache``, ``gpu_decode``; tokens: the
         :meth:`stats` counters, ``tokenizer``, ``cache``; arrays: ``batches``, ``columns``,
         ``bytes_copied``)."""
         report: dict[str, Any] = json.loads(self._base().report_json())

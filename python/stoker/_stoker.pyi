@@ -40,6 +40,7 @@ __all__ = [
     "cuda_bandwidth_json",
     "nvjpeg_candidates",
     "nvjpeg_json",
+    "augment_op",
     "encode_captions",
 ]
 
@@ -364,3 +365,11 @@ def encode_captions(
 ) -> tuple[bytes, bytes]: ...
 def nvjpeg_candidates(paths: Sequence[str | os.PathLike[str]]) -> None: ...
 def nvjpeg_json() -> str: ...
+def augment_op(
+    op: str,
+    magnitude: float,
+    image: bytes,
+    height: int,
+    width: int,
+    fill: Sequence[float] | None = None,
+) -> bytes: ...

@@ -15,6 +15,14 @@ bytes as Pillow on the same pixels. torchvision's tensor path differs: on uint8 
 bilinear/bicubic are within 1 level of Pillow's (2 when upscaling with bicubic); its ``NEAREST``
 samples ``floor(x * in / out)`` (another grid) and ``NEAREST_EXACT`` Pillow's grid up to ties, so
 both map to Pillow's ``NEAREST`` here, as torchvision's PIL path maps them.
+
+Augmentations run on the uint8 crop after the geometry and the flip, before ``Normalize``, with
+torchvision's tensor arithmetic (``transforms.v2``): ``ColorJitter``, ``RandomGrayscale``,
+``TrivialAugmentWide``, ``RandAugment``, ``AutoAugment`` (ImageNet policy). ``RandomErasing``
+runs on the finished float sample (after ``Normalize``, as in torchvision's and timm's recipes;
+placed before ``Normalize`` its values are normalised too). Random draws come from stoker's
+per-sample streams (seed, epoch, index), not from PyTorch's generator: batches are the same
+whatever the thread count, and resume is exact.
 """
 
 from __future__ import annotations
@@ -129,6 +137,172 @@ class Normalize(Transform):
         return {"op": "Normalize", "mean": self.mean, "std": self.std}
 
 
+def _range(name: str, value: Any, center: float, bound: Tuple[float, float],
+           clip_first_on_zero: bool = True) -> list[float] | None:
+    """torchvision's ``ColorJitter._check_input``: a number ``v`` is ``[center - v, center + v]``
+    (the lower end clipped at 0 for the factors), a pair is taken as is; ``None`` or a range that
+    is only ``center`` turns the adjustment off."""
+    if value is None:
+        return None
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        if value < 0:
+            raise ConfigError(f"invalid argument `ColorJitter.{name}`: a single number must be non-negative, "
+                              f"got {value}")
+        lo, hi = center - float(value), center + float(value)
+        if clip_first_on_zero:
+            lo = max(lo, 0.0)
+    elif isinstance(value, (list, tuple)) and len(value) == 2:
+        lo, hi = float(value[0]), float(value[1])
+    else:
+        raise ConfigError(f"invalid argument `ColorJitter.{name}`: a number or (min, max), got {value!r}")
+    if not bound[0] <= lo <= hi <= bound[1]:
+        raise ConfigError(f"invalid argument `ColorJitter.{name}`: values must lie in {bound} and increase, "
+                          f"got {[lo, hi]}")
+    return None if lo == hi == center else [lo, hi]
+
+
+def _mode(value: Any) -> str:
+    """An interpolation or policy given as a string or an enum (torchvision's
+    ``InterpolationMode`` / ``AutoAugmentPolicy``): its lower-case name."""
+    return str(getattr(value, "value", value)).lower()
+
+
+def _fill(fill: Any) -> list[float] | None:
+    if fill is None:
+        return None
+    if isinstance(fill, dict):
+        raise ConfigError("invalid argument `fill`: a fill per input type (a dict) is not supported; give one value "
+                          "or three (RGB)")
+    if isinstance(fill, (int, float)):
+        return [float(fill)]
+    return [float(v) for v in fill]
+
+
+class ColorJitter(Transform):
+    """torchvision's ``ColorJitter(brightness, contrast, saturation, hue)``: the four adjustments
+    in a random order, each with a factor drawn uniformly from its range."""
+
+    def __init__(self, brightness: Any = None, contrast: Any = None, saturation: Any = None,
+                 hue: Any = None) -> None:
+        inf = float("inf")
+        self.brightness = _range("brightness", brightness, 1.0, (0.0, inf))
+        self.contrast = _range("contrast", contrast, 1.0, (0.0, inf))
+        self.saturation = _range("saturation", saturation, 1.0, (0.0, inf))
+        self.hue = _range("hue", hue, 0.0, (-0.5, 0.5), clip_first_on_zero=False)
+
+    def spec(self) -> dict[str, Any]:
+        return {"op": "ColorJitter", "brightness": self.brightness, "contrast": self.contrast,
+                "saturation": self.saturation, "hue": self.hue}
+
+
+class RandomGrayscale(Transform):
+    """torchvision's ``RandomGrayscale(p)`` (the grayscale in all three channels)."""
+
+    def __init__(self, p: float = 0.1) -> None:
+        self.p = float(p)
+
+    def spec(self) -> dict[str, Any]:
+        return {"op": "RandomGrayscale", "p": self.p}
+
+
+class TrivialAugmentWide(Transform):
+    """torchvision's ``TrivialAugmentWide(num_magnitude_bins, interpolation, fill)``; only
+    NEAREST interpolation (torchvision's default)."""
+
+    def __init__(self, num_magnitude_bins: int = 31, interpolation: Any = "nearest", fill: Any = None) -> None:
+        self.num_magnitude_bins = int(num_magnitude_bins)
+        self.interpolation = _mode(interpolation)
+        self.fill = _fill(fill)
+
+    def spec(self) -> dict[str, Any]:
+        return {"op": "TrivialAugmentWide", "num_magnitude_bins": self.num_magnitude_bins,
+                "interpolation": self.interpolation, "fill": self.fill}
+
+
+class RandAugment(Transform):
+    """torchvision's ``RandAugment(num_ops, magnitude, num_magnitude_bins, interpolation, fill)``;
+    only NEAREST interpolation."""
+
+    def __init__(self, num_ops: int = 2, magnitude: int = 9, num_magnitude_bins: int = 31,
+                 interpolation: Any = "nearest", fill: Any = None) -> None:
+        self.num_ops = int(num_ops)
+        self.magnitude = int(magnitude)
+        self.num_magnitude_bins = int(num_magnitude_bins)
+        self.interpolation = _mode(interpolation)
+        self.fill = _fill(fill)
+        if self.num_ops < 0 or self.magnitude < 0:
+            raise ConfigError("invalid argument `RandAugment`: num_ops and magnitude must be non-negative")
+
+    @staticmethod
+    def from_timm(config: str, fill: Any = None) -> TimmRandAugment:
+        """timm's RandAugment from its config string (``rand-m9-mstd0.5-inc1``): see
+        :class:`TimmRandAugment`."""
+        return TimmRandAugment(config, fill)
+
+    def spec(self) -> dict[str, Any]:
+        return {"op": "RandAugment", "num_ops": self.num_ops, "magnitude": self.magnitude,
+                "num_magnitude_bins": self.num_magnitude_bins, "interpolation": self.interpolation,
+                "fill": self.fill}
+
+
+class AutoAugment(Transform):
+    """torchvision's ``AutoAugment(policy, interpolation, fill)``; only the ImageNet policy and
+    NEAREST interpolation."""
+
+    def __init__(self, policy: Any = "imagenet", interpolation: Any = "nearest", fill: Any = None) -> None:
+        self.policy = _mode(policy)
+        self.interpolation = _mode(interpolation)
+        self.fill = _fill(fill)
+
+    def spec(self) -> dict[str, Any]:
+        return {"op": "AutoAugment", "policy": self.policy, "interpolation": self.interpolation, "fill": self.fill}
+
+
+class TimmRandAugment(Transform):
+    """timm's RandAugment from its config string (``rand-m9-mstd0.5-inc1``: magnitude 9, noise of
+    deviation 0.5 clipped to [0, 10], the increasing-severity op set; ``n``, ``p``, ``mmax``
+    too), with timm's draws and stoker's arithmetic (torchvision's tensor kernels, nearest
+    sampling; timm's Pillow ops differ: see ``python/tests/test_augment.py``). ``fill`` defaults
+    to timm's factory's, the ImageNet mean in bytes ``(124, 116, 104)``."""
+
+    def __init__(self, config: str, fill: Any = None) -> None:
+        if not isinstance(config, str):
+            raise ConfigError(f"invalid argument `TimmRandAugment.config`: a string such as 'rand-m9-mstd0.5-inc1', "
+                              f"got {config!r}")
+        self.config = config
+        self.fill = _fill(fill)
+
+    def spec(self) -> dict[str, Any]:
+        return {"op": "TimmRandAugment", "config": self.config, "fill": self.fill}
+
+
+def rand_augment(config: str, fill: Any = None) -> TimmRandAugment:
+    """timm's ``rand_augment_transform(config)``: see :class:`TimmRandAugment`."""
+    return TimmRandAugment(config, fill)
+
+
+class RandomErasing(Transform):
+    """torchvision's ``RandomErasing(p, scale, ratio, value)``: ``value`` a number, three numbers
+    or ``"random"`` (standard normal values, timm's ``mode='pixel'``)."""
+
+    def __init__(self, p: float = 0.5, scale: Sequence[float] = (0.02, 0.33), ratio: Sequence[float] = (0.3, 3.3),
+                 value: Any = 0.0, inplace: bool = False) -> None:
+        self.p = float(p)
+        self.scale = [float(scale[0]), float(scale[1])]
+        self.ratio = [float(ratio[0]), float(ratio[1])]
+        if isinstance(value, str):
+            if value != "random":
+                raise ConfigError(f"invalid argument `RandomErasing.value`: a string must be 'random', got {value!r}")
+            self.value: list[float] | None = None
+        elif isinstance(value, (int, float)):
+            self.value = [float(value)]
+        else:
+            self.value = [float(v) for v in value]
+
+    def spec(self) -> dict[str, Any]:
+        return {"op": "RandomErasing", "p": self.p, "scale": self.scale, "ratio": self.ratio, "value": self.value}
+
+
 def dtype_name(dtype: Any) -> str:
     """'uint8', 'float16' or 'float32' from a string, a NumPy dtype or a torch dtype (the
     engine checks the name)."""
@@ -240,7 +414,8 @@ def compile_transforms(transforms: Sequence[Transform]) -> tuple[list[dict[str, 
         if not isinstance(t, Transform):
             raise ConfigError(f"invalid argument `transforms`: {t!r} is not a stoker.transforms transform; "
                               "allowed: RandomResizedCrop, Resize, CenterCrop, RandomHorizontalFlip, Normalize, "
-                              "ToTensor, ToDtype")
+                              "ToTensor, ToDtype, ColorJitter, RandomGrayscale, TrivialAugmentWide, RandAugment, "
+                              "AutoAugment, TimmRandAugment, RandomErasing")
         if isinstance(t, ToDtype):
             dtype = t.dtype
             continue
@@ -253,4 +428,6 @@ def compile_transforms(transforms: Sequence[Transform]) -> tuple[list[dict[str, 
 
 
 __all__ = ["Transform", "RandomResizedCrop", "Resize", "CenterCrop", "RandomHorizontalFlip", "Normalize",
-           "ToDtype", "ToTensor", "BatchTransform", "MixUp", "CutMix", "Mixup", "IMAGENET_MEAN", "IMAGENET_STD"]
+           "ToDtype", "ToTensor", "BatchTransform", "MixUp", "CutMix", "Mixup", "ColorJitter", "RandomGrayscale",
+           "TrivialAugmentWide", "RandAugment", "AutoAugment", "TimmRandAugment", "rand_augment", "RandomErasing",
+           "IMAGENET_MEAN", "IMAGENET_STD"]

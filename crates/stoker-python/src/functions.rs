@@ -23,6 +23,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(encode_captions, m)?)?;
     m.add_function(wrap_pyfunction!(nvjpeg_candidates, m)?)?;
     m.add_function(wrap_pyfunction!(nvjpeg_json, m)?)?;
+    m.add_function(wrap_pyfunction!(augment_op, m)?)?;
     Ok(())
 }
 /// Builds the demo ImageFolder (embedded public-domain photos) under `root`; returns the number
@@ -185,4 +186,41 @@ pub fn nvjpeg_json(py: Python<'_>) -> String {
         Err(e) => serde_json::json!({"error": e}),
     };
     v.to_string()
+}
+
+/// Applies one augmentation op with explicit parameters to an RGB8 image (`height` x `width` x
+/// 3 bytes, row-major) and returns the result: the engine's kernels, for the reference tests
+/// against torchvision. `op` is one of torchvision's auto-augment ids with its `magnitude` as
+/// torchvision's `_apply_image_or_video_transform` takes it (`Brightness`, `Color`, `Contrast`,
+/// `Sharpness`: factor `1 + magnitude`; `Posterize`: bits; `Solarize`: threshold `255 *
+/// magnitude`; `Rotate`: degrees; `ShearX`/`ShearY`: `atan` in degrees; `TranslateX`/`Y`:
+/// pixels), or `Hue` (the hue factor) or `Grayscale`. `fill` as torchvision's (none, one value
+/// or three). Unknown ops and sizes that do not match are a `ConfigError`.
+#[pyfunction]
+#[pyo3(signature = (op, magnitude, image, height, width, fill=None))]
+pub fn augment_op<'py>(
+    py: Python<'py>,
+    op: &str,
+    magnitude: f64,
+    image: &[u8],
+    height: usize,
+    width: usize,
+    fill: Option<Vec<f64>>,
+) -> PyResult<Bound<'py, PyBytes>> {
+    use stoker::ops::augment;
+    if height.checked_mul(width).and_then(|n| n.checked_mul(3)) != Some(image.len()) {
+        return Err(errors::config("image", format!("{} bytes for a {height}x{width} RGB image", image.len())));
+    }
+    let fill = stoker::args::fill_bytes("augment_op", fill.as_deref()).py_err()?;
+    let mut img = image.to_vec();
+    let mut scratch = vec![];
+    match op {
+        "Hue" => stoker::ops::color::hue(&mut img, magnitude),
+        "Grayscale" => stoker::ops::color::grayscale(&mut img),
+        _ => {
+            let o = augment::AugOp::parse(op).ok_or_else(|| errors::config("op", format!("unknown op {op:?}")))?;
+            py.detach(|| augment::apply_op(o, magnitude, &mut img, width, height, fill, &mut scratch));
+        }
+    }
+    Ok(PyBytes::new(py, &img))
 }

@@ -31,6 +31,8 @@
 //!   source's own fields handed back to its kind;
 //! - `image.rs`, `arrays.rs`, `tokens.rs`: each kind's config ([`loader_config`] and
 //!   [`image_config`], [`array_config`], [`token_config`] and [`token_state`]);
+//! - `augment.rs`: the augmentation ops' arguments ([`policy`], [`jitter_ranges`],
+//!   [`timm_rand_augment`], [`erasing`], ...), called when a transform is compiled;
 //! - `captions.rs`: the caption encoder's options ([`caption_options`]; their limits are
 //!   [`values::check_caption_values`]) and a pair loader's captions ([`captions`]);
 //! - `state.rs`: the saved states of image and array loaders ([`saved_state`],
@@ -42,6 +44,7 @@
 //! a config carries it, for the CPU registry the environment names ([`budget_registry_path`]).
 
 mod arrays;
+pub mod augment;
 mod captions;
 mod env;
 mod image;
@@ -52,6 +55,10 @@ mod tokens;
 pub mod values;
 
 pub use arrays::array_config;
+pub use augment::{
+    auto_augment_policy, erasing, fill_bytes, jitter_ranges, policy, probability, rand_augment, timm_rand_augment,
+    TimmConfig, MAX_MAGNITUDE_BINS, MAX_RAND_AUGMENT_OPS,
+};
 pub use captions::{caption_options, captions};
 pub use env::{
     apply_env, budget_registry_path, env_cache_ttl, env_threads, index_dir, local_rank, object_timeout, BudgetEnv, Env,

@@ -79,6 +79,9 @@ pub mod stream {
     pub const MIXTURE: u64 = 3;
     /// A rank's shuffle within windows of shards ([`crate::shell::sampler`]).
     pub const WINDOWS: u64 = 4;
+    /// Per-sample photometric and policy augmentations and erasing
+    /// ([`crate::image::ops::augment`]).
+    pub const PHOTOMETRIC: u64 = 5;
     /// A batch's mixing draw (MixUp/CutMix, [`crate::image::ops::mix`]), per rank and batch.
     pub const BATCH_MIX: u64 = 16;
 }

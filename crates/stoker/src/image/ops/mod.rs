@@ -14,18 +14,34 @@
 //! | `resample.rs` | Pillow-compatible box resampling (bilinear, bicubic, nearest), SIMD, allocation-free |
 //! | `write.rs` | vector kernels of the final write (flip, deinterleave, normalise, dtype) |
 //! | `mix.rs` | batch mixing (MixUp, CutMix) and soft labels on a finished host batch |
+//! | `color.rs` | photometric kernels on the uint8 crop, torchvision's tensor arithmetic |
+//! | `affine.rs` | rotate / shear / translate with nearest sampling, torchvision's grid maths |
+//! | `augment.rs` | ColorJitter, RandomGrayscale and the auto-augment policies, and their draws |
+//! | `erase.rs` | RandomErasing on the finished sample in its slot |
+//!
+//! With augmentations (`ColorJitter`, `RandomGrayscale`, `TrivialAugmentWide`, `RandAugment`,
+//! `AutoAugment`) the resampled crop is kept in the worker's uint8 scratch, flipped there when
+//! the flip was drawn, augmented in place, then written; `RandomErasing` runs last, on the slot.
+//! Without them nothing changes: one resample, one write.
 //!
 //! Owns: one decoded image to one sample in its slot (geometry, resampling, the fused write),
 //! and the transform's description (`TransformSpec`, what the GPU side normalises). May not
 //! touch: decoding, batches, threads, where the sample goes next.
 
+pub mod affine;
+pub mod augment;
+pub mod color;
+pub mod erase;
 pub mod geometry;
 pub mod mix;
 pub mod resample;
 mod write;
 
+use crate::args::augment as rules;
 use crate::error::{Error, Result};
 use crate::shell::rng::Rng;
+use augment::{AugmentPlan, Step};
+use erase::{Erase, EraseValue};
 use geometry::{center_crop_axis, resize_shorter, rrc_params};
 use resample::BoxResampler;
 pub use resample::{Filter, Interpolation};
@@ -82,6 +98,124 @@ pub enum OpSpec {
         /// Per-channel standard deviation.
         std: [f32; 3],
     },
+    /// `ColorJitter(brightness, contrast, saturation, hue)` with each argument resolved to its
+    /// factor range as torchvision resolves it (`0.4` -> `[0.6, 1.4]`, hue `0.1` -> `[-0.1,
+    /// 0.1]`); `None` leaves that adjustment out. Applied in a random order.
+    ColorJitter {
+        /// Brightness factor range.
+        #[serde(default)]
+        brightness: Option<[f64; 2]>,
+        /// Contrast factor range.
+        #[serde(default)]
+        contrast: Option<[f64; 2]>,
+        /// Saturation factor range.
+        #[serde(default)]
+        saturation: Option<[f64; 2]>,
+        /// Hue shift range, within `[-0.5, 0.5]`.
+        #[serde(default)]
+        hue: Option<[f64; 2]>,
+    },
+    /// `RandomGrayscale(p)`.
+    RandomGrayscale {
+        /// Probability of converting.
+        p: f64,
+    },
+    /// `TrivialAugmentWide(num_magnitude_bins, interpolation, fill)`.
+    TrivialAugmentWide {
+        /// Magnitude bins (31).
+        #[serde(default = "default_bins")]
+        num_magnitude_bins: usize,
+        /// Only `nearest`.
+        #[serde(default = "default_interpolation")]
+        interpolation: String,
+        /// Fill of the geometric ops: none (zeros), one value or three.
+        #[serde(default)]
+        fill: Option<Vec<f64>>,
+    },
+    /// `RandAugment(num_ops, magnitude, num_magnitude_bins, interpolation, fill)`.
+    RandAugment {
+        /// Ops per image (2).
+        #[serde(default = "default_num_ops")]
+        num_ops: usize,
+        /// The magnitude bin (9).
+        #[serde(default = "default_magnitude")]
+        magnitude: usize,
+        /// Magnitude bins (31).
+        #[serde(default = "default_bins")]
+        num_magnitude_bins: usize,
+        /// Only `nearest`.
+        #[serde(default = "default_interpolation")]
+        interpolation: String,
+        /// Fill of the geometric ops.
+        #[serde(default)]
+        fill: Option<Vec<f64>>,
+    },
+    /// `AutoAugment(policy, interpolation, fill)`.
+    AutoAugment {
+        /// Only `imagenet`.
+        #[serde(default = "default_policy")]
+        policy: String,
+        /// Only `nearest`.
+        #[serde(default = "default_interpolation")]
+        interpolation: String,
+        /// Fill of the geometric ops.
+        #[serde(default)]
+        fill: Option<Vec<f64>>,
+    },
+    /// timm's RandAugment from its config string (`rand-m9-mstd0.5-inc1`), see
+    /// [`augment::TimmRandAugment`]; the string is parsed by `stoker::args`.
+    TimmRandAugment {
+        /// timm's `rand-...` string.
+        config: String,
+        /// Fill of the geometric ops (timm's factory: the ImageNet mean in bytes, `(124, 116,
+        /// 104)`).
+        #[serde(default)]
+        fill: Option<Vec<f64>>,
+    },
+    /// `RandomErasing(p, scale, ratio, value)`; `value` `None` is torchvision's `"random"`
+    /// (standard normal values per element, timm's `mode='pixel'`).
+    RandomErasing {
+        /// Probability of erasing.
+        p: f64,
+        /// Range of the box's area fraction.
+        scale: [f64; 2],
+        /// Range of the box's aspect ratio.
+        ratio: [f64; 2],
+        /// One value or three, or `None` for random values.
+        value: Option<Vec<f64>>,
+    },
+}
+
+fn default_bins() -> usize {
+    31
+}
+fn default_num_ops() -> usize {
+    2
+}
+fn default_magnitude() -> usize {
+    9
+}
+fn default_interpolation() -> String {
+    "nearest".into()
+}
+fn default_policy() -> String {
+    "imagenet".into()
+}
+
+impl OpSpec {
+    /// Whether the op is an augmentation of the uint8 crop (after geometry and flip, before
+    /// the write).
+    pub fn is_augmentation(&self) -> bool {
+        matches!(
+            self,
+            OpSpec::ColorJitter { .. }
+                | OpSpec::RandomGrayscale { .. }
+                | OpSpec::TrivialAugmentWide { .. }
+                | OpSpec::RandAugment { .. }
+                | OpSpec::AutoAugment { .. }
+                | OpSpec::TimmRandAugment { .. }
+        )
+    }
 }
 
 /// How uint8 batches are normalised on the GPU (see [`TransformSpec::split_for_device`]): the
@@ -251,6 +385,24 @@ impl TransformSpec {
     }
 }
 
+/// The op's torchvision name, for errors.
+fn op_name(op: &OpSpec) -> &'static str {
+    match op {
+        OpSpec::RandomResizedCrop { .. } => "RandomResizedCrop",
+        OpSpec::Resize { .. } => "Resize",
+        OpSpec::CenterCrop { .. } => "CenterCrop",
+        OpSpec::RandomHorizontalFlip { .. } => "RandomHorizontalFlip",
+        OpSpec::Normalize { .. } => "Normalize",
+        OpSpec::ColorJitter { .. } => "ColorJitter",
+        OpSpec::RandomGrayscale { .. } => "RandomGrayscale",
+        OpSpec::TrivialAugmentWide { .. } => "TrivialAugmentWide",
+        OpSpec::RandAugment { .. } => "RandAugment",
+        OpSpec::AutoAugment { .. } => "AutoAugment",
+        OpSpec::TimmRandAugment { .. } => "TimmRandAugment",
+        OpSpec::RandomErasing { .. } => "RandomErasing",
+    }
+}
+
 #[derive(Debug, Clone)]
 enum Geo {
     Rrc { scale: [f64; 2], ratio: [f64; 2] },
@@ -304,6 +456,17 @@ pub struct TransformPlan {
     /// The AVX2 kernel's arithmetic, when `write` uses it: the CPU has AVX2, F16C and FMA
     /// and that arithmetic was checked to give exactly `lut`'s values.
     simd: Option<write::Arith>,
+    /// The augmentations of the uint8 crop (`None`: none, the crop goes straight to the write).
+    augment: Option<AugmentPlan>,
+    /// `RandomErasing`, on the written sample.
+    erase: Option<Erase>,
+}
+
+thread_local! {
+    /// A decode thread's scratch for the augmentations: a copy of the crop for the ops that read
+    /// neighbours, and the sample's draws (no allocation per sample once warm).
+    static AUG_SCRATCH: std::cell::RefCell<(Vec<u8>, Vec<augment::Drawn>)> =
+        const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
 }
 
 impl TransformPlan {
@@ -315,7 +478,73 @@ impl TransformPlan {
         let mut normalize = None;
         let mut stage = 0; // 0 geometry, 1 flip seen, 2 normalize seen
         let bad = |msg: String| Error::config("transforms", msg);
-        for op in &spec.ops {
+        let mut steps = vec![];
+        let mut erase_at: Option<(usize, &OpSpec)> = None;
+        for (k, op) in spec.ops.iter().enumerate() {
+            if (op.is_augmentation() || matches!(op, OpSpec::RandomErasing { .. })) && geo.is_none() {
+                return Err(bad(format!(
+                    "{} runs on the crop: put it after RandomResizedCrop, Resize or CenterCrop",
+                    op_name(op)
+                )));
+            }
+            if op.is_augmentation() && stage > 1 {
+                return Err(bad(format!("{} must precede Normalize (it works on uint8 pixels)", op_name(op))));
+            }
+            match op {
+                OpSpec::ColorJitter { brightness, contrast, saturation, hue } => {
+                    let ranges = [*brightness, *contrast, *saturation, *hue];
+                    rules::jitter_ranges(ranges)?;
+                    steps.push(Step::ColorJitter(ranges));
+                    continue;
+                }
+                OpSpec::RandomGrayscale { p } => {
+                    rules::probability("RandomGrayscale.p", *p)?;
+                    steps.push(Step::Grayscale(*p));
+                    continue;
+                }
+                OpSpec::TrivialAugmentWide { num_magnitude_bins, interpolation, fill } => {
+                    let fill =
+                        rules::policy("TrivialAugmentWide", Some(*num_magnitude_bins), interpolation, fill.as_deref())?;
+                    steps.push(Step::TrivialAugmentWide { bins: *num_magnitude_bins, fill });
+                    continue;
+                }
+                OpSpec::RandAugment { num_ops, magnitude, num_magnitude_bins, interpolation, fill } => {
+                    let fill = rules::policy("RandAugment", Some(*num_magnitude_bins), interpolation, fill.as_deref())?;
+                    rules::rand_augment(*num_ops, *magnitude, *num_magnitude_bins)?;
+                    steps.push(Step::RandAugment {
+                        num_ops: *num_ops,
+                        magnitude: *magnitude,
+                        bins: *num_magnitude_bins,
+                        fill,
+                    });
+                    continue;
+                }
+                OpSpec::AutoAugment { policy, interpolation, fill } => {
+                    rules::auto_augment_policy(policy)?;
+                    let fill = rules::policy("AutoAugment", None, interpolation, fill.as_deref())?;
+                    steps.push(Step::AutoAugment { fill });
+                    continue;
+                }
+                OpSpec::TimmRandAugment { config, fill } => {
+                    let c = rules::timm_rand_augment(config)?;
+                    // timm's factory fills with the ImageNet mean in bytes.
+                    let fill = match fill {
+                        None => [124, 116, 104],
+                        Some(f) => rules::fill_bytes("TimmRandAugment", Some(f))?,
+                    };
+                    steps.push(Step::TimmRandAugment(augment::TimmRandAugment::new(c, fill)));
+                    continue;
+                }
+                OpSpec::RandomErasing { p, scale, ratio, value } => {
+                    rules::erasing(*p, *scale, *ratio, value.as_deref())?;
+                    if erase_at.is_some() {
+                        return Err(bad("RandomErasing may appear once".into()));
+                    }
+                    erase_at = Some((k, op));
+                    continue;
+                }
+                _ => {}
+            }
             match op {
                 OpSpec::RandomResizedCrop { size, scale, ratio, .. } => {
                     if geo.is_some() || stage > 0 {
@@ -372,6 +601,11 @@ impl TransformPlan {
                     out = Some(*size);
                 }
                 OpSpec::RandomHorizontalFlip { p } => {
+                    if !steps.is_empty() {
+                        return Err(bad(
+                            "RandomHorizontalFlip must precede the augmentations (as in torchvision's recipes)".into(),
+                        ));
+                    }
                     if stage > 1 {
                         return Err(bad("RandomHorizontalFlip must precede Normalize".into()));
                     }
@@ -391,6 +625,7 @@ impl TransformPlan {
                     normalize = Some((*mean, *std));
                     stage = 2;
                 }
+                _ => unreachable!("augmentations are handled above"),
             }
         }
         let geo = geo.ok_or_else(|| {
@@ -410,13 +645,89 @@ impl TransformPlan {
         // (for uint8 the check just says whether the CPU has the instructions).
         let simd = write::simd_arith(&table, &norm);
         let lut = if spec.dtype == DType::Uint8 { None } else { Some(table) };
+        let erase = match erase_at {
+            None => None,
+            Some((k, OpSpec::RandomErasing { p, scale, ratio, value })) => {
+                if spec.dtype == DType::Uint8 {
+                    return Err(Error::config(
+                        "dtype",
+                        "RandomErasing erases the normalised float sample, as torchvision does: use a float dtype \
+                         (float16/float32; on a GPU, batches normalised on the host)",
+                    ));
+                }
+                // Before Normalize, the erase writes `[0, 1]` values that are then normalised.
+                let normalize_after = spec.ops[k..].iter().find_map(|o| match o {
+                    OpSpec::Normalize { mean, std } => Some((*mean, *std)),
+                    _ => None,
+                });
+                let value = match value.as_deref() {
+                    None => EraseValue::Random,
+                    Some([v]) => EraseValue::Const([*v as f32; 3]),
+                    Some([r, g, b]) => EraseValue::Const([*r as f32, *g as f32, *b as f32]),
+                    Some(_) => unreachable!("checked by args"),
+                };
+                Some(Erase { p: *p, scale: *scale, ratio: *ratio, value, normalize: normalize_after })
+            }
+            Some(_) => unreachable!("only RandomErasing is kept"),
+        };
+        let augment = if steps.is_empty() { None } else { Some(AugmentPlan::new(steps)) };
         let filter = spec.interpolation();
-        Ok(TransformPlan { spec: spec.clone(), geo, out_h, out_w, flip_p, filter, lut, norm, simd })
+        Ok(TransformPlan { spec: spec.clone(), geo, out_h, out_w, flip_p, filter, lut, norm, simd, augment, erase })
     }
 
     /// The spec this plan was compiled from.
     pub fn spec(&self) -> &TransformSpec {
         &self.spec
+    }
+
+    /// Whether the plan augments the crop or erases the sample (a sample then takes the
+    /// augmentation path: scratch crop, ops, write, erase).
+    pub fn augments(&self) -> bool {
+        self.augment.is_some() || self.erase.is_some()
+    }
+
+    /// Runs the augmentations on `hwc` (the resampled crop, `out_h * out_w * 3` RGB8) in place,
+    /// drawing from `rng`; the flip (drawn with the geometry) is applied to the crop first, as
+    /// torchvision flips before it augments; `timed` hears each op's kind
+    /// ([`augment::KINDS`]) and time. Returns the flip the write still has to apply.
+    pub fn augment(
+        &self,
+        hwc: &mut [u8],
+        flip: bool,
+        rng: &mut Rng,
+        timed: &mut dyn FnMut(usize, std::time::Duration),
+    ) -> bool {
+        let Some(a) = &self.augment else { return flip };
+        let (h, w) = (self.out_h, self.out_w);
+        if flip {
+            for row in hwc.chunks_exact_mut(w * 3) {
+                let (mut l, mut r) = (0, w - 1);
+                while l < r {
+                    for c in 0..3 {
+                        row.swap(l * 3 + c, r * 3 + c);
+                    }
+                    l += 1;
+                    r -= 1;
+                }
+            }
+        }
+        AUG_SCRATCH.with_borrow_mut(|(scratch, drawn)| {
+            a.draw(w, h, rng, drawn);
+            a.apply(drawn, hwc, w, h, scratch, timed);
+        });
+        false
+    }
+
+    /// `RandomErasing` on one written sample `out`, drawing from `rng` (after
+    /// [`augment`](Self::augment)'s draws); `timed` hears its time when it erases.
+    pub fn erase(&self, out: &mut [u8], rng: &mut Rng, timed: &mut dyn FnMut(usize, std::time::Duration)) {
+        let Some(e) = &self.erase else { return };
+        let (h, w) = (self.out_h, self.out_w);
+        if let Some(bx) = e.draw(h, w, rng) {
+            let t0 = std::time::Instant::now();
+            e.apply(bx, out, h, w, self.spec.dtype, self.spec.layout, rng);
+            timed(augment::KIND_ERASE, t0.elapsed());
+        }
     }
 
     /// Output `(height, width)`.
@@ -691,6 +1002,11 @@ impl Resampler {
         }
         self.inner.resample_into(filter, src, sw, bbox, clip, dw, dh, &mut self.hwc, dx, dy, ow * 3);
         Ok(&self.hwc)
+    }
+
+    /// The image the last resample produced, to change in place (the augmentations).
+    pub fn output_mut(&mut self) -> &mut [u8] {
+        &mut self.hwc
     }
 }
 

@@ -39,7 +39,7 @@ pub use batch::{Batch, ImageMeta};
 pub use config::*;
 pub use iter::EpochIter;
 pub use loader::Loader;
-pub use report::{ImageCounters, ImageReport, ImageSection};
+pub use report::{AugmentOpReport, ImageCounters, ImageReport, ImageSection};
 pub use shared::dataset_key;
 
 use crate::error::{Error, Result};

@@ -4,12 +4,14 @@
 //! bottleneck verdict. It imports no file of the pipeline; `shared` keeps the counters.
 
 use crate::image::cache::CacheReport;
+use crate::image::ops::augment::KINDS;
 use crate::observe::report::{keeps_up, percent, Bottleneck, Report, Section, StageReport};
 use crate::observe::telemetry::{StageCounters, Telemetry};
 use crate::observe::tune::Load;
 use crate::shell::mix::MixReport;
 use crate::source::StorageReport;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
 
 /// The report of an image loader.
 pub type ImageReport = Report<ImageSection>;
@@ -28,6 +30,11 @@ pub struct ImageCounters {
     /// MixUp/CutMix of finished batches and their soft labels (`batch_transform` only), one
     /// item per batch, on the thread that finished it.
     pub mix: StageCounters,
+    /// The augmentations of the crop and the erase (a part of `ops`; loaders with
+    /// augmentations only).
+    pub augment: StageCounters,
+    /// Each kind of augmentation work (`ops::augment::KINDS`): how often, how long.
+    augment_ops: [StageCounters; KINDS.len()],
     decode_warnings: AtomicU64,
     restart_decodes: AtomicU64,
 }
@@ -49,9 +56,20 @@ impl ImageCounters {
         }
     }
 
+    /// Counts one augmentation op of kind `kind` (an index of `ops::augment::KINDS`) that took
+    /// `busy`.
+    pub fn augment_op(&self, kind: usize, busy: Duration) {
+        if let Some(c) = self.augment_ops.get(kind) {
+            c.record(busy);
+        }
+    }
+
     /// Zeroes every counter.
     pub fn reset(&self) {
-        for s in [&self.read, &self.decode, &self.ops, &self.caption, &self.mix] {
+        for s in [&self.read, &self.decode, &self.ops, &self.caption, &self.mix, &self.augment] {
+            s.reset();
+        }
+        for s in &self.augment_ops {
             s.reset();
         }
         self.decode_warnings.store(0, Ordering::Relaxed);
@@ -59,8 +77,9 @@ impl ImageCounters {
     }
 
     /// The image stages over `wall` seconds: `read` on `io_threads`, `decode` and `ops` on
-    /// `threads`, `caption` on `threads` when the samples are image-text pairs, and `mix` on
-    /// `threads` once a batch has been mixed.
+    /// `threads`, `caption` on `threads` when the samples are image-text pairs, `augment` (the
+    /// part of `ops` spent augmenting) when samples were augmented, and `mix` on `threads` once
+    /// a batch has been mixed.
     pub fn stages(&self, wall: f64, threads: usize, io_threads: usize, captions: bool) -> Vec<StageReport> {
         let mut stages = vec![
             self.read.snapshot("read", io_threads, wall),
@@ -69,6 +88,9 @@ impl ImageCounters {
         ];
         if captions {
             stages.push(self.caption.snapshot("caption", threads, wall));
+        }
+        if self.augment.items() > 0 {
+            stages.push(self.augment.snapshot("augment", threads, wall));
         }
         if self.mix.busy_ns() > 0 {
             stages.push(self.mix.snapshot("mix", threads, wall));
@@ -87,6 +109,16 @@ impl ImageCounters {
         ImageSection {
             decode_warnings: self.decode_warnings.load(Ordering::Relaxed),
             restart_decodes: self.restart_decodes.load(Ordering::Relaxed),
+            augment_ops: KINDS
+                .iter()
+                .zip(&self.augment_ops)
+                .filter(|(_, c)| c.items() > 0)
+                .map(|(name, c)| AugmentOpReport {
+                    name: (*name).into(),
+                    count: c.items(),
+                    seconds: c.busy_ns() as f64 * 1e-9,
+                })
+                .collect(),
             cache,
             mixture,
             storage,
@@ -104,6 +136,17 @@ impl ImageCounters {
     }
 }
 
+/// One kind of augmentation work in the report: how many times it ran and for how long.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct AugmentOpReport {
+    /// The op (torchvision's name; `ColorJitter.hue`, `RandomErasing`, ...).
+    pub name: String,
+    /// Times it ran.
+    pub count: u64,
+    /// Seconds it took, all threads together.
+    pub seconds: f64,
+}
+
 /// The image kind's section of its report.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct ImageSection {
@@ -113,6 +156,9 @@ pub struct ImageSection {
     /// JPEGs whose crop was decoded from the restart intervals it touches alone (files packed
     /// with `stoker pack --random-access`, or with tiling restart markers from their source).
     pub restart_decodes: u64,
+    /// The augmentation ops that ran, each with its count and time (empty without
+    /// augmentations): the `augment` stage, op by op.
+    pub augment_ops: Vec<AugmentOpReport>,
     /// The decoded-pixel cache's counters, when the loader has one.
     pub cache: Option<CacheReport>,
     /// Each source's samples against its share, and its read, decode and ops time per sample,
@@ -173,6 +219,14 @@ impl Section for ImageSection {
                     g.verify_failures, g.lock_timeouts
                 ));
             }
+        }
+        if !self.augment_ops.is_empty() {
+            let ops: Vec<String> = self
+                .augment_ops
+                .iter()
+                .map(|o| format!("{} {} x {:.3} ms", o.name, o.count, 1e3 * o.seconds / o.count.max(1) as f64))
+                .collect();
+            s.push_str(&format!("augment: {}\n", ops.join(", ")));
         }
         if self.decode_warnings > 0 {
             s.push_str(&format!(

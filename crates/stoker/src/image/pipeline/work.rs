@@ -33,7 +33,7 @@ pub(super) fn process(
         }
     }
     let region = dec.decode_box(data, nopath, &info, g.bbox, (g.dst[2], g.dst[3]), g.hard)?;
-    finish(sh, rs, task, t0, "decode", region.pixels, (region.width, region.height), region.bbox, &g)
+    finish(sh, rs, task, epoch, t0, "decode", region.pixels, (region.width, region.height), region.bbox, &g)
 }
 
 /// Leaves a sample to GPU decode: writes its record and JPEG into its slot and marks the
@@ -112,6 +112,14 @@ pub(super) fn augment_rng(sh: &Images, epoch: u64, task: &Task) -> Rng {
     Rng::new(sh.sampler.spec().seed, rng::stream::AUGMENT ^ (epoch << 8), u64::from(index))
 }
 
+/// The random stream of one sample's photometric and policy augmentations and its erase (seed,
+/// epoch, dataset index), apart from the geometry's so that adding an augmentation does not
+/// change the crops.
+pub(super) fn photometric_rng(sh: &Images, epoch: u64, task: &Task) -> Rng {
+    let index = task.slot.index(task.pos);
+    Rng::new(sh.sampler.spec().seed, rng::stream::PHOTOMETRIC ^ (epoch << 8), u64::from(index))
+}
+
 /// The ops of one sample whose pixels (`size` RGB8) are ready: resamples `bbox` of them as `g`
 /// says into the sample's slot, records the decode time (since `t0`; traced as `got`:
 /// `decode`, or `cache` for pixels read from the cache) and the ops time, and returns the label.
@@ -120,6 +128,7 @@ pub(super) fn finish(
     sh: &Images,
     rs: &mut Resampler,
     task: &Task,
+    epoch: u64,
     t0: Instant,
     got: &'static str,
     pixels: &[u8],
@@ -130,11 +139,27 @@ pub(super) fn finish(
     let t1 = Instant::now();
     sh.counters.decode.record(t1 - t0);
     let (oh, ow) = sh.plan.output_size();
-    let hwc = rs.resample(g.filter, pixels, size.0, size.1, bbox, g.hard, g.dst, ow, oh)?;
+    rs.resample(g.filter, pixels, size.0, size.1, bbox, g.hard, g.dst, ow, oh)?;
     // SAFETY: this worker owns position `task.pos` of the slot until `complete` is called.
     let out = unsafe { task.slot.sample_mut(task.pos) };
-    sh.plan.write(hwc, g.flip, out);
-    let t2 = Instant::now();
+    let t2 = if sh.plan.augments() {
+        // The augmentations: the crop in place, the write, then the erase on the slot; their
+        // time (everything but the resample and the write) is the `augment` stage's.
+        let ta = Instant::now();
+        let mut rng = photometric_rng(sh, epoch, task);
+        let mut timed = |kind: usize, d: Duration| sh.counters.augment_op(kind, d);
+        let flip = sh.plan.augment(rs.output_mut(), g.flip, &mut rng, &mut timed);
+        let tw = Instant::now();
+        sh.plan.write(rs.output_mut(), flip, out);
+        let te = Instant::now();
+        sh.plan.erase(out, &mut rng, &mut timed);
+        let t2 = Instant::now();
+        sh.counters.augment.record((tw - ta) + (t2 - te));
+        t2
+    } else {
+        sh.plan.write(rs.output_mut(), g.flip, out);
+        Instant::now()
+    };
     sh.counters.ops.record(t2 - t1);
     if let Some((d, tally)) = sh.mixed(task.slot.index(task.pos)) {
         tally.worked(d, (t2 - t0).as_nanos() as u64);
@@ -203,7 +228,7 @@ pub(super) fn process_cached(
                 Ok(rows) => rows,
                 Err(err) => return Err(Some(err)),
             };
-            finish(sh, rs, task, t0, "cache", rows, (e.width, y1 - y0), [bx, by - y0 as f64, bw, bh], &g)
+            finish(sh, rs, task, epoch, t0, "cache", rows, (e.width, y1 - y0), [bx, by - y0 as f64, bw, bh], &g)
                 .map_err(|_| None)
         });
         match read {
@@ -223,7 +248,18 @@ pub(super) fn process_cached(
         // Full resolution and no room left: decode as the uncached path does with
         // `dct_scaling` off.
         let region = dec.decode(data, nopath, &info, g.bbox, (g.dst[2], g.dst[3]))?;
-        return finish(sh, rs, task, t0, "decode", region.pixels, (region.width, region.height), region.bbox, &g);
+        return finish(
+            sh,
+            rs,
+            task,
+            epoch,
+            t0,
+            "decode",
+            region.pixels,
+            (region.width, region.height),
+            region.bbox,
+            &g,
+        );
     }
     let whole = [0.0, 0.0, info.width as f64, info.height as f64];
     let td = Instant::now();
@@ -247,5 +283,5 @@ pub(super) fn process_cached(
     let [bx, by, bw, bh] = scaled(g.bbox, (tw, th), source);
     let (y0, y1) = window([bx, by, bw, bh], &g, th);
     let rows = &pixels[y0 * tw * 3..y1 * tw * 3];
-    finish(sh, rs, task, t0, "decode", rows, (tw, y1 - y0), [bx, by - y0 as f64, bw, bh], &g)
+    finish(sh, rs, task, epoch, t0, "decode", rows, (tw, y1 - y0), [bx, by - y0 as f64, bw, bh], &g)
 }
