@@ -193,7 +193,7 @@ pub fn decode_where(d: DecodeOn, on_gpu: bool, c: &LoaderConfig) -> Result<Decod
             "bilinear resampling (the GPU resampler has no {} filter; decode='cpu' or 'auto' resamples on the CPU)",
             c.transform.interpolation().name()
         ))
-            } else if c.transform.ops.iter().any(|o| o.is_augmentation() || matches!(o, OpSpec::RandomErasing { .. })) {
+    } else if c.transform.ops.iter().any(|o| o.is_augmentation() || matches!(o, OpSpec::RandomErasing { .. })) {
         Some("no augmentations (they run on the CPU's crop)".to_string())
     } else {
         None
