@@ -377,6 +377,33 @@ class CutMix(BatchTransform):
                 "label_smoothing": 0.0, "num_classes": self.num_classes, "style": "torchvision"}
 
 
+class RandomChoice(BatchTransform):
+    """torchvision v2's ``RandomChoice([MixUp(...), CutMix(...)], p)``, as its reference recipe
+    (``--mixup-alpha 0.2 --cutmix-alpha 1.0``) builds it: each batch either MixUp or CutMix,
+    CutMix with its weight in ``p`` (equal weights by default), each with its own alpha. Only that
+    pair (in either order)."""
+
+    def __init__(self, transforms: Sequence[BatchTransform], p: Sequence[float] | None = None) -> None:
+        ts = list(transforms)
+        kinds = sorted(type(t).__name__ for t in ts)
+        if kinds != ["CutMix", "MixUp"]:
+            raise ConfigError(f"invalid argument `RandomChoice.transforms`: one MixUp and one CutMix, got {kinds}")
+        weights = [1.0, 1.0] if p is None else [float(w) for w in p]
+        if len(weights) != 2 or min(weights) < 0 or sum(weights) <= 0:
+            raise ConfigError(f"invalid argument `RandomChoice.p`: two non-negative weights, got {p!r}")
+        mixup = next(t for t in ts if isinstance(t, MixUp))
+        cutmix = next(t for t in ts if isinstance(t, CutMix))
+        if mixup.num_classes != cutmix.num_classes:
+            raise ConfigError("invalid argument `RandomChoice.transforms`: MixUp and CutMix with other num_classes")
+        self.mixup, self.cutmix = mixup, cutmix
+        self.p_cutmix = weights[ts.index(cutmix)] / sum(weights)
+
+    def spec(self) -> dict[str, Any]:
+        return {"mixup_alpha": self.mixup.alpha, "cutmix_alpha": self.cutmix.alpha, "prob": 1.0,
+                "switch_prob": self.p_cutmix, "label_smoothing": 0.0, "num_classes": self.mixup.num_classes,
+                "style": "torchvision"}
+
+
 class Mixup(BatchTransform):
     """timm's ``Mixup`` (``mode='batch'``): mixed with probability ``prob``, CutMix instead of MixUp
     with ``switch_prob`` when both alphas are positive, the batch paired with its reverse (sample
@@ -427,7 +454,17 @@ def compile_transforms(transforms: Sequence[Transform]) -> tuple[list[dict[str, 
     return ops, dtype
 
 
+def recipe(name: str, *, num_classes: int = 1000) -> Any:
+    """A well-known training recipe's transforms and batch mixing in one call
+    (``"torchvision-resnet50-v2"``, ``"timm-deit"``, ``"open_clip"``): a
+    :class:`stoker.recipes.Recipe`; ``ImageLoader(root, batch_size, **r.loader_kwargs())``.
+    See :mod:`stoker.recipes` for the source of each setting."""
+    from .recipes import recipe as build  # the recipes are built from this module's transforms
+
+    return build(name, num_classes=num_classes)
+
+
 __all__ = ["Transform", "RandomResizedCrop", "Resize", "CenterCrop", "RandomHorizontalFlip", "Normalize",
-           "ToDtype", "ToTensor", "BatchTransform", "MixUp", "CutMix", "Mixup", "ColorJitter", "RandomGrayscale",
-           "TrivialAugmentWide", "RandAugment", "AutoAugment", "TimmRandAugment", "rand_augment", "RandomErasing",
-           "IMAGENET_MEAN", "IMAGENET_STD"]
+           "ToDtype", "ToTensor", "BatchTransform", "MixUp", "CutMix", "RandomChoice", "Mixup", "ColorJitter",
+           "RandomGrayscale", "TrivialAugmentWide", "RandAugment", "AutoAugment", "TimmRandAugment", "rand_augment",
+           "RandomErasing", "IMAGENET_MEAN", "IMAGENET_STD", "recipe"]

@@ -29,7 +29,8 @@ use crate::shell::rng::Rng;
 #[serde(rename_all = "lowercase")]
 pub enum MixStyle {
     /// torchvision v2 `MixUp` / `CutMix`: partner by roll, box of half-side
-    /// `int(0.5 * sqrt(1 - lam) * side)` around a uniform centre, always applied.
+    /// `int(0.5 * sqrt(1 - lam) * side)` around a uniform centre, always applied; with both
+    /// alphas, `RandomChoice([MixUp, CutMix], p)`: CutMix with `switch_prob`.
     Torchvision,
     /// timm `Mixup`: partner by flip, box of side `int(side * sqrt(1 - lam))` (halved with
     /// `//`), applied with probability `prob`, CutMix chosen with `switch_prob`.
@@ -45,7 +46,8 @@ pub struct MixSpec {
     pub cutmix_alpha: f64,
     /// Probability that a batch is mixed at all (timm's `prob`; 1 for torchvision).
     pub prob: f64,
-    /// Probability of CutMix when both are on (timm's `switch_prob`).
+    /// Probability of CutMix when both are on (timm's `switch_prob`; torchvision's
+    /// `RandomChoice` weight of its `CutMix`).
     pub switch_prob: f64,
     /// Label smoothing of the soft labels (timm's `label_smoothing`; 0 for torchvision).
     pub label_smoothing: f64,
@@ -77,9 +79,6 @@ impl MixSpec {
         if self.mixup_alpha == 0.0 && self.cutmix_alpha == 0.0 {
             return Err(bad("mixup_alpha or cutmix_alpha must be positive".into()));
         }
-        if self.style == MixStyle::Torchvision && self.mixup_alpha > 0.0 && self.cutmix_alpha > 0.0 {
-            return Err(bad("torchvision's MixUp and CutMix are one each: give one alpha (or use Mixup)".into()));
-        }
         for (name, p) in
             [("prob", self.prob), ("switch_prob", self.switch_prob), ("label_smoothing", self.label_smoothing)]
         {
@@ -93,22 +92,28 @@ impl MixSpec {
         Ok(())
     }
 
+    /// MixUp or CutMix (true) and its alpha: the one that is on, or CutMix with `switch_prob`
+    /// when both are (one coin from `rng`).
+    fn pick(&self, rng: &mut Rng) -> (bool, f64) {
+        match (self.mixup_alpha > 0.0, self.cutmix_alpha > 0.0) {
+            (true, true) if rng.next_f64() < self.switch_prob => (true, self.cutmix_alpha),
+            (true, _) => (false, self.mixup_alpha),
+            _ => (true, self.cutmix_alpha),
+        }
+    }
+
     /// The draw of one batch of `h` x `w` images from its stream `rng`, in this order:
-    /// torchvision: lambda, then (CutMix) the centre's x and y; timm: the `prob` coin, then
-    /// (both on) the switch coin, lambda, then (CutMix) the centre's y and x.
+    /// torchvision: (both on) the choice, lambda, then (CutMix) the centre's x and y; timm: the
+    /// `prob` coin, then (both on) the switch coin, lambda, then (CutMix) the centre's y and x.
     pub fn draw(&self, rng: &mut Rng, h: usize, w: usize) -> MixParams {
         let none = MixParams { cutmix: false, lam: 1.0, area: None };
         let (cutmix, alpha) = match self.style {
-            MixStyle::Torchvision => (self.cutmix_alpha > 0.0, self.cutmix_alpha.max(self.mixup_alpha)),
+            MixStyle::Torchvision => self.pick(rng),
             MixStyle::Timm => {
                 if rng.next_f64() >= self.prob {
                     return none;
                 }
-                match (self.mixup_alpha > 0.0, self.cutmix_alpha > 0.0) {
-                    (true, true) if rng.next_f64() < self.switch_prob => (true, self.cutmix_alpha),
-                    (true, _) => (false, self.mixup_alpha),
-                    _ => (true, self.cutmix_alpha),
-                }
+                self.pick(rng)
             }
         };
         let lam = beta(rng, alpha);
