@@ -14,6 +14,7 @@
 
 use super::affine::{self, Affine};
 use super::color;
+use crate::args::augment::TimmConfig;
 use crate::shell::rng::Rng;
 
 /// An op of torchvision's auto-augment spaces (`_apply_image_or_video_transform`'s ids).
@@ -291,18 +292,8 @@ pub enum Step {
 /// notes in `python/tests/test_augment.py` for what matches timm bit for bit.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct TimmRandAugment {
-    /// `m`: the magnitude (0..=`magnitude_max`).
-    pub magnitude: f64,
-    /// `n`: ops per image.
-    pub num_ops: usize,
-    /// `p`: probability of applying each op.
-    pub prob: f64,
-    /// `mstd`: deviation of the magnitude noise (infinite: uniform).
-    pub magnitude_std: f64,
-    /// `mmax`: the magnitude's upper clip (10).
-    pub magnitude_max: f64,
-    /// `inc`: the increasing-severity op set.
-    pub increasing: bool,
+    /// The settings of timm's string (`m`, `n`, `p`, `mstd`, `mmax`, `inc`).
+    pub config: TimmConfig,
     /// `translate_pct` (0.45): TranslateXRel/YRel's reach at magnitude 10.
     pub translate_pct: f64,
     /// Fill of the geometric ops (timm's factory: the mean in bytes).
@@ -333,22 +324,22 @@ impl TimmRandAugment {
     /// stoker's op and torchvision-style magnitude; `None` is timm's skipped op.
     fn draw_op(&self, rng: &mut Rng, w: usize) -> Option<Drawn> {
         let name = TIMM_OPS[rng.below(TIMM_OPS.len() as u64) as usize];
-        if self.prob < 1.0 && rng.next_f64() > self.prob {
+        if self.config.prob < 1.0 && rng.next_f64() > self.config.prob {
             return None;
         }
-        let mut level = self.magnitude;
-        if self.magnitude_std > 0.0 {
-            level = if self.magnitude_std.is_infinite() {
-                rng.uniform(0.0, self.magnitude)
+        let mut level = self.config.magnitude;
+        if self.config.magnitude_std > 0.0 {
+            level = if self.config.magnitude_std.is_infinite() {
+                rng.uniform(0.0, self.config.magnitude)
             } else {
-                self.magnitude + self.magnitude_std * gauss(rng)
+                self.config.magnitude + self.config.magnitude_std * gauss(rng)
             };
         }
-        let level = level.min(self.magnitude_max).max(0.0);
+        let level = level.min(self.config.magnitude_max).max(0.0);
         let frac = level / 10.0;
         // `_randomly_negate`: negated when `random() > 0.5`.
         let negate = |rng: &mut Rng, v: f64| if rng.next_f64() > 0.5 { -v } else { v };
-        let inc = self.increasing;
+        let inc = self.config.increasing;
         Some(match name {
             "AutoContrast" => Drawn::Op(AugOp::AutoContrast, 0.0),
             "Equalize" => Drawn::Op(AugOp::Equalize, 0.0),
@@ -516,7 +507,7 @@ impl AugmentPlan {
                     }
                 }
                 Step::TimmRandAugment(t) => {
-                    for _ in 0..t.num_ops {
+                    for _ in 0..t.config.num_ops {
                         if let Some(d) = t.draw_op(rng, w) {
                             out.push(match d {
                                 // TranslateYRel moves by a share of the height.
@@ -590,17 +581,8 @@ fn signed(rng: &mut Rng, space: Space, op: AugOp, bins: usize, bin: usize, w: us
 impl TimmRandAugment {
     /// timm's settings parsed from its string ([`crate::args::augment::timm_rand_augment`]), with
     /// timm's `translate_pct` (0.45) and `fill`.
-    pub fn new(c: crate::args::augment::TimmConfig, fill: [u8; 3]) -> Self {
-        TimmRandAugment {
-            magnitude: c.magnitude,
-            num_ops: c.num_ops,
-            prob: c.prob,
-            magnitude_std: c.magnitude_std,
-            magnitude_max: c.magnitude_max,
-            increasing: c.increasing,
-            translate_pct: 0.45,
-            fill,
-        }
+    pub fn new(c: TimmConfig, fill: [u8; 3]) -> Self {
+        TimmRandAugment { config: c, translate_pct: 0.45, fill }
     }
 }
 
@@ -687,16 +669,15 @@ mod tests {
 
     #[test]
     fn timm_rand_augment_draws_its_set_with_noisy_magnitudes() {
-        let t = TimmRandAugment {
+        let config = TimmConfig {
             magnitude: 9.0,
             num_ops: 2,
             prob: 0.5,
             magnitude_std: 0.5,
             magnitude_max: 10.0,
             increasing: true,
-            translate_pct: 0.45,
-            fill: [124, 116, 104],
         };
+        let t = TimmRandAugment::new(config, [124, 116, 104]);
         let plan = AugmentPlan::new(vec![Step::TimmRandAugment(t)]);
         let (mut n_ops, mut rotations, mut black) = (0, vec![], 0);
         let mut out = vec![];
