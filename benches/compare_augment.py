@@ -13,8 +13,8 @@ hits both alike; medians of ``--repeats`` runs:
   auto_augment='rand-m9-mstd0.5-inc1', re_prob=0.25, re_mode='pixel')`` (timm turns its colour
   jitter off when RandAugment is on) against stoker's RandomResizedCrop + flip +
   ``rand_augment('rand-m9-mstd0.5-inc1')`` + Normalize + ``RandomErasing(0.25, value='random')``.
-  timm resamples bicubic where stoker's RandomResizedCrop is bilinear (stoker's bicubic is
-  another branch's work): a difference in cost that favours stoker slightly, stated here. timm's
+  Both resample the crop bicubic (the first figures in BENCHMARKS.md, made before stoker had
+  bicubic, ran stoker's crop bilinear: slightly in its favour). timm's
   PosterizeIncreasing at magnitude 10 asks Pillow 13 for 0 bits, which raises
   (``ValueError: bits must be between or equal to 1 and 8``); the DataLoader side patches it to a
   black image (torchvision's and stoker's result) so that the epoch completes.
@@ -85,7 +85,9 @@ def run_stoker(args):
     import stoker
     import stoker.transforms as T
 
-    geo = [T.RandomResizedCrop(224), T.RandomHorizontalFlip()]
+    # timm's DeiT crop is bicubic (create_transform's interpolation), torchvision's bilinear.
+    crop = T.RandomResizedCrop(224, interpolation="bicubic" if args.recipe == "deit" else "bilinear")
+    geo = [crop, T.RandomHorizontalFlip()]
     norm = [T.ToTensor(), T.Normalize(MEAN, STD)]
     if args.recipe == "ta":
         tf = geo + [T.TrivialAugmentWide()] + norm + [T.RandomErasing(0.1)]
