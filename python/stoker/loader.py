@@ -164,8 +164,8 @@ class ImageLoader(LoaderBase):
     where GPU decode cannot run (the device note says why). nvJPEG is loaded at run time (from PyTorch's or
     torchvision's wheels, or the system). Only baseline JPEGs without EXIF rotation go to the GPU;
     a JPEG nvJPEG refuses is decoded on the CPU, so none is lost. GPU-decoded pixels differ from
-    libjpeg-turbo's by nvJPEG's IDCT rounding (a few levels; the crop, resampling, flip and
-    layout are the CPU's exactly), so the CPU stays the exact default. ``report()['gpu_decode']``
+    libjpeg-turbo's by nvJPEG's IDCT rounding (a few levels; the crop, resampling with any
+    ``interpolation``, flip and layout are the CPU's exactly), so the CPU stays the exact default. ``report()['gpu_decode']``
     gives the backend, the images decoded, the CPU fallbacks and the share.
 
     ``batch_transform=stoker.transforms.MixUp(alpha=..., num_classes=...)`` (torchvision v2),

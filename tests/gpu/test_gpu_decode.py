@@ -44,18 +44,32 @@ SKIP_REASON = _skip_reason()
 pytestmark = pytest.mark.skipif(SKIP_REASON is not None, reason=SKIP_REASON or "")
 
 
+def transforms(preset, interpolation):
+    """The preset's geometry with another filter (stoker.transforms, uint8 out)."""
+    import stoker.transforms as T
+
+    if preset == "imagenet-train":
+        return [T.RandomResizedCrop(224, interpolation=interpolation), T.RandomHorizontalFlip()]
+    return [T.Resize(256, interpolation=interpolation), T.CenterCrop(224)]
+
+
 def epoch(root, **kw):
     """One epoch as uint8 numpy arrays (images, labels) per batch, and the loader's report."""
-    loader = stoker.ImageLoader(root, 32, preset=kw.pop("preset", "imagenet-train"), dtype="uint8", shuffle=True,
-                                seed=5, dct_scaling=False, roi=False, device="cuda", **kw)
+    preset, filt = kw.pop("preset", "imagenet-train"), kw.pop("interpolation", "bilinear")
+    how = {"preset": preset, "dtype": "uint8"} if filt == "bilinear" else {"transforms": transforms(preset, filt)}
+    loader = stoker.ImageLoader(root, 32, **how, shuffle=True, seed=5, dct_scaling=False, roi=False, device="cuda",
+                                **kw)
     out = [(x.cpu().numpy(), y.cpu().numpy()) for x, y in loader]
     return out, loader.report()
 
 
-@pytest.mark.parametrize("preset,layout", [("imagenet-train", "NCHW"), ("imagenet-val", "NHWC")])
-def test_gpu_decoded_batches_are_the_cpu_paths_within_the_decoders_rounding(gpu_demo, preset, layout):
-    cpu, cpu_report = epoch(gpu_demo, preset=preset, layout=layout)
-    gpu, report = epoch(gpu_demo, preset=preset, layout=layout, decode="gpu", gpu_share=1.0)
+@pytest.mark.parametrize("preset,layout,interpolation", [
+    ("imagenet-train", "NCHW", "bilinear"), ("imagenet-val", "NHWC", "bilinear"),
+    ("imagenet-train", "NHWC", "bicubic"), ("imagenet-val", "NCHW", "bicubic"), ("imagenet-val", "NHWC", "nearest")])
+def test_gpu_decoded_batches_are_the_cpu_paths_within_the_decoders_rounding(gpu_demo, preset, layout, interpolation):
+    cpu, cpu_report = epoch(gpu_demo, preset=preset, layout=layout, interpolation=interpolation)
+    gpu, report = epoch(gpu_demo, preset=preset, layout=layout, interpolation=interpolation, decode="gpu",
+                        gpu_share=1.0)
     assert cpu_report["gpu_decode"] is None
     g = report["gpu_decode"]
     assert g["images"] + g["cpu_fallback"] > 0 and g["share"] == 1.0, g
@@ -71,8 +85,9 @@ def test_gpu_decoded_batches_are_the_cpu_paths_within_the_decoders_rounding(gpu_
     # The same crop, flip and layout: a wrong box or a mirrored sample differs by tens of levels.
     assert per_sample_mean.max() < 3.0, per_sample_mean.max()
     assert d.mean() < 1.5, d.mean()
-    assert (d > 16).mean() < 0.01, (d > 16).mean()
-    print(f"{preset} {layout} {g}: mean |diff| {d.mean():.3f}, max {d.max()}, "
+    # Nearest copies single pixels, so a decoder's rounding there is not averaged away.
+    assert (d > 16).mean() < (0.02 if interpolation == "nearest" else 0.01), (d > 16).mean()
+    print(f"{preset} {layout} {interpolation} {g}: mean |diff| {d.mean():.3f}, max {d.max()}, "
           f"99.9th percentile {np.percentile(d, 99.9):.0f}")
 
 

@@ -51,12 +51,16 @@ pub struct BenchOpts {
     #[arg(long, default_value = "cpu")]
     pub device: String,
     /// Where JPEGs are decoded: cpu (libjpeg-turbo, exact), gpu (a share of each batch with
-    /// nvJPEG, --device cuda) or auto (the share tuned so CPU and GPU finish together).
+    /// nvJPEG, --device cuda) or auto (a share only while it gives the consumer batches sooner).
     #[arg(long, default_value = "cpu")]
     pub decode: String,
     /// The share of each batch decoded on the GPU with --decode gpu (0 < share <= 1; default 0.5).
     #[arg(long)]
     pub gpu_share: Option<String>,
+    /// The preset's resampling filter: bilinear (torchvision's default), bicubic (timm's and
+    /// open_clip's ViT recipes) or nearest, antialiased as torchvision's PIL path.
+    #[arg(long, default_value = "bilinear")]
+    pub interpolation: String,
     /// Output dtype: float32, float16 or uint8 (uint8 drops Normalize).
     #[arg(long, default_value = "float32")]
     pub dtype: String,
@@ -144,6 +148,7 @@ impl BenchOpts {
         };
         Ok(stoker::args::loader_config(stoker::args::from_text([
             ("preset", Some(self.preset.clone())),
+            ("interpolation", Some(self.interpolation.clone())),
             ("dtype", Some(self.dtype.clone())),
             ("layout", Some(self.layout.clone())),
             ("apply_exif", flag(!self.no_exif)),

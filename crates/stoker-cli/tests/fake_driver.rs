@@ -29,6 +29,7 @@ fn build_fake_driver(dir: &Path) -> Option<PathBuf> {
             .args(["-shared", "-fPIC", "-O1", "-ffp-contract=off", "-pthread", "-o"])
             .arg(&lib)
             .arg(&src)
+            .arg("-lm")
             .output();
         match out {
             Ok(o) if o.status.success() => return Some(lib),
@@ -312,6 +313,22 @@ fn gpu_decoded_batches_are_the_cpu_paths_through_stand_in_nvjpeg_and_kernel() {
         let g = &fixed["gpu_decode"];
         let per_batch = g["images"].as_u64().unwrap() as f64 / fixed["batches"].as_f64().unwrap();
         assert!(per_batch > 2.0 && per_batch <= 4.0, "{g}");
+    }
+
+    // Bicubic (both pass orders: RandomResizedCrop's tall crops shrink the height more than
+    // twice as much as the width, which Pillow 13 resamples vertically first) and nearest (a
+    // soft Resize + CenterCrop box, whose scan continues the whole axis'): the kernel's
+    // arithmetic is the CPU's for every filter.
+    for (preset, layout, filter) in [
+        ("imagenet-train", "nhwc", "bicubic"),
+        ("imagenet-val", "nchw", "bicubic"),
+        ("imagenet-val", "nhwc", "nearest"),
+    ] {
+        let base = ["--preset", preset, "--layout", layout, "--interpolation", filter];
+        let cpu = run(&[&base[..], &["--decode", "cpu"]].concat(), &[]).unwrap();
+        let gpu = run(&[&base[..], &["--decode", "gpu", "--gpu-share", "1"]].concat(), &[]).unwrap();
+        assert_eq!(gpu["digest"], cpu["digest"], "{preset} {layout} {filter}: GPU-resampled batches differ");
+        assert!(gpu["gpu_decode"]["images"].as_u64().unwrap() > 0, "{}", gpu["gpu_decode"]);
     }
 
     // JPEGs the stand-in cannot decode (its pixels are missing) are made on the CPU by the

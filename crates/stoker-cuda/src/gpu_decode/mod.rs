@@ -1,8 +1,9 @@
 //! GPU decode, the device's half (`decode="gpu"` or `"auto"`): the samples a batch's decode
 //! threads left to the GPU ([`stoker::image::gpu_job`]) crossed the bus as records holding
 //! their JPEGs; after the batch's copy, on stoker's stream, nvJPEG decodes them into scratch
-//! memory and stoker's resampler (`kernels/resize.cu`, the CPU path's arithmetic) writes each
-//! crop into its place in the device batch, before the batch's `ready` event.
+//! memory and stoker's resampler (`kernels/resize.cu`, the CPU path's arithmetic: bilinear,
+//! bicubic or nearest, in the CPU's pass order) writes each crop into its place in the device
+//! batch, before the batch's `ready` event.
 //!
 //! With `auto`, [`Split`] moves the share of each batch left to the GPU by what the consumer
 //! gets: none while the CPU keeps up, more only while more gives it batches sooner.
@@ -42,7 +43,8 @@ struct ResizeParams {
     out_h: u32,
     flip: u32,
     nhwc: u32,
-    pad: u32,
+    filter: u32,
+    vfirst: u32,
 }
 
 const BLOCK: [u32; 2] = [16, 16];
@@ -204,7 +206,8 @@ impl GpuDecoder {
                 out_h: job.out[1],
                 flip: u32::from(job.flip),
                 nhwc: u32::from(job.nhwc),
-                pad: 0,
+                filter: stoker::image::gpu_job::filter_code(job.filter.interpolation),
+                vfirst: u32::from(job.filter.vertical_first),
             };
             let grid = [job.out[0].div_ceil(BLOCK[0]), job.out[1].div_ceil(BLOCK[1])];
             // SAFETY: `ResizeParams` mirrors `StokerResize`; `src` addresses the decoded image

@@ -13,7 +13,8 @@ use crate::image::pipeline::{ErrorPolicy, LoaderConfig, MaxFailures};
 use serde_json::Value;
 
 /// The transform: `preset` (`imagenet-train`, `imagenet-val`) or `ops` (a list of op specs,
-/// what `stoker.transforms` compiles to), then `dtype`, `layout`, `apply_exif`.
+/// what `stoker.transforms` compiles to), then `interpolation` (the resize's or crop's filter),
+/// `dtype`, `layout`, `apply_exif`.
 fn transform(a: &mut Taker) -> Result<TransformSpec> {
     let mut spec = match (a.take("preset"), a.take("ops")) {
         (Some(_), Some(_)) => {
@@ -33,6 +34,11 @@ fn transform(a: &mut Taker) -> Result<TransformSpec> {
             ))
         }
     };
+    if let Some(i) = a.take("interpolation") {
+        let i: crate::image::ops::Interpolation =
+            serde_json::from_value(i).map_err(|e| Error::config("interpolation", e.to_string()))?;
+        spec = spec.with_interpolation(i);
+    }
     if let Some(d) = a.take("dtype") {
         let dtype = DType::parse(text("dtype", &d, "uint8, float16 or float32")?)?;
         spec = spec.with_dtype(dtype);
@@ -181,18 +187,14 @@ fn decode(a: &mut Taker) -> Result<DecodeOn> {
 }
 
 /// GPU decode where batches go: `gpu` needs a GPU device, no cache (cached pixels are the
-/// CPU's) and a bilinear transform (the GPU resampler, `kernels/resize.cu`, is bilinear only);
-/// `auto` falls back to the CPU without a GPU, with a cache or with another filter.
+/// CPU's) and no augmentations past the crop and flip (they run on the CPU's crop); `auto`
+/// falls back to the CPU where `gpu` could not run. Every filter resamples on the GPU
+/// (`kernels/resize.cu` has the CPU's bilinear, bicubic and nearest).
 pub fn decode_where(d: DecodeOn, on_gpu: bool, c: &LoaderConfig) -> Result<DecodeOn> {
     let why = if !on_gpu {
         Some("device='cuda' (the batches are decoded where they go)".to_string())
     } else if c.cache.is_some() {
         Some("no cache (a cache holds pixels the CPU decoded)".to_string())
-    } else if !c.transform.interpolation().is_bilinear() {
-        Some(format!(
-            "bilinear resampling (the GPU resampler has no {} filter; decode='cpu' or 'auto' resamples on the CPU)",
-            c.transform.interpolation().name()
-        ))
     } else if c.transform.ops.iter().any(|o| o.is_augmentation() || matches!(o, OpSpec::RandomErasing { .. })) {
         Some("no augmentations (they run on the CPU's crop)".to_string())
     } else {
@@ -282,17 +284,22 @@ mod tests {
         let cached = json!({"decode": "gpu", "cache": "ram", "cache_bytes": "1MiB"});
         let e = cfg(cached, true).unwrap_err().to_string();
         assert!(e.contains("no cache"), "{e}");
-        // The GPU resampler is bilinear: another filter is refused for `gpu`, on the CPU for `auto`.
-        let bicubic = |decode: &str| {
-            let mut m = args(json!({"batch_size": 8, "decode": decode, "ops": [
-                {"op": "RandomResizedCrop", "size": [8, 8], "scale": [0.5, 1.0], "ratio": [1.0, 1.0],
-                 "interpolation": "bicubic"}]}));
+        // The GPU resampler has every filter; augmentations past the crop run on the CPU's
+        // crop, so `gpu` refuses them and `auto` decodes on the CPU.
+        let with = |decode: &str, extra: Value| {
+            let mut ops = vec![json!({"op": "RandomResizedCrop", "size": [8, 8], "scale": [0.5, 1.0],
+                                      "ratio": [1.0, 1.0], "interpolation": "bicubic"})];
+            ops.extend(extra.as_array().cloned().unwrap_or_default());
+            let mut m = args(json!({"batch_size": 8, "decode": decode, "ops": ops}));
             m.remove("preset");
             image_config(m, true).map(|c| c.0.decode)
         };
-        let e = bicubic("gpu").unwrap_err().to_string();
-        assert!(e.contains("`decode`") && e.contains("no bicubic filter"), "{e}");
-        assert_eq!(bicubic("auto").unwrap(), DecodeOn::Cpu);
+        assert_eq!(with("gpu", json!([])).unwrap(), DecodeOn::Gpu(0.5));
+        assert_eq!(with("auto", json!([])).unwrap(), DecodeOn::Auto);
+        let jitter = json!([{"op": "RandomGrayscale", "p": 0.5}]);
+        let e = with("gpu", jitter.clone()).unwrap_err().to_string();
+        assert!(e.contains("`decode`") && e.contains("no augmentations"), "{e}");
+        assert_eq!(with("auto", jitter).unwrap(), DecodeOn::Cpu);
         // Batch mixing is checked once, runs on host batches only.
         let mix = |spec: Value, on_gpu: bool| {
             let mut m = args(json!({"batch_size": 8, "preset": "imagenet-train"}));
@@ -320,6 +327,22 @@ mod tests {
             let e = cfg(bad.clone(), true).unwrap_err();
             assert!(matches!(&e, Error::Config { .. }) && e.to_string().contains(&format!("`{name}`")), "{bad}: {e}");
         }
+    }
+
+    #[test]
+    fn interpolation_sets_the_presets_filter_and_is_checked() {
+        use crate::image::ops::Interpolation;
+        let cfg = |i: &str| {
+            loader_config(from_text([
+                ("batch_size", Some("8".to_string())),
+                ("preset", Some("imagenet-val".to_string())),
+                ("interpolation", Some(i.to_string())),
+            ]))
+        };
+        assert_eq!(cfg("bicubic").unwrap().transform.interpolation(), Interpolation::Bicubic);
+        assert_eq!(cfg("nearest").unwrap().transform.interpolation(), Interpolation::Nearest);
+        let e = cfg("cubic").unwrap_err().to_string();
+        assert!(e.contains("`interpolation`") && e.contains("allowed: bilinear, bicubic, nearest"), "{e}");
     }
 
     #[test]

@@ -17,7 +17,9 @@
 
 use crate::error::{Error, Result};
 use crate::image::decode::{DecodeOptions, Decoder};
-use crate::image::ops::{DType, Interpolation, Layout, OpSpec, Resampler, ResizeSize, TransformPlan, TransformSpec};
+use crate::image::ops::{
+    DType, Filter, Interpolation, Layout, OpSpec, Resampler, ResizeSize, TransformPlan, TransformSpec,
+};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 
@@ -28,7 +30,26 @@ pub const GPU_MAX_PIXELS: u64 = 32 << 20;
 /// Bytes of the record before the JPEG's bytes.
 pub const HEADER_BYTES: usize = 128;
 const MAGIC: u32 = u32::from_le_bytes(*b"STKJ");
-const VERSION: u32 = 1;
+const VERSION: u32 = 2;
+
+/// The record's (and the GPU resampler's) code of a filter: `kernels/resize.cu`'s
+/// `STOKER_BILINEAR`, `STOKER_BICUBIC`, `STOKER_NEAREST`.
+pub fn filter_code(i: Interpolation) -> u32 {
+    match i {
+        Interpolation::Bilinear => 0,
+        Interpolation::Bicubic => 1,
+        Interpolation::Nearest => 2,
+    }
+}
+
+/// The largest downscale per axis the GPU resampler takes with filter `i` (its taps end at 65
+/// per axis, `2 * ceil(support * scale) + 1`); a larger one is resampled on the CPU.
+pub fn gpu_max_downscale(i: Interpolation) -> f64 {
+    match i {
+        Interpolation::Bicubic => 16.0,
+        Interpolation::Bilinear | Interpolation::Nearest => 32.0,
+    }
+}
 
 /// Where samples are decoded.
 #[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize, Default)]
@@ -112,6 +133,8 @@ pub struct GpuJob {
     pub flip: bool,
     /// Channels last (`NHWC`), else planes (`NCHW`).
     pub nhwc: bool,
+    /// The resampling filter and pass order (the CPU path's for this sample).
+    pub filter: Filter,
 }
 
 impl GpuJob {
@@ -133,6 +156,8 @@ impl GpuJob {
         self.clip.iter().chain(&self.dst).chain(&self.out).for_each(|w| put(&w.to_le_bytes()));
         put(&u32::from(self.flip).to_le_bytes());
         put(&u32::from(self.nhwc).to_le_bytes());
+        put(&filter_code(self.filter.interpolation).to_le_bytes());
+        put(&u32::from(self.filter.vertical_first).to_le_bytes());
         slot[..HEADER_BYTES].copy_from_slice(&h);
         slot[HEADER_BYTES..HEADER_BYTES + jpeg.len()].copy_from_slice(jpeg);
         true
@@ -154,6 +179,12 @@ impl GpuJob {
         }
         let bbox = [f(20), f(28), f(36), f(44)];
         let w = |k: usize| u(52 + 4 * k);
+        let interpolation = match w(12) {
+            0 => Interpolation::Bilinear,
+            1 => Interpolation::Bicubic,
+            2 => Interpolation::Nearest,
+            _ => return Err(bad("an unknown filter")),
+        };
         let job = GpuJob {
             jpeg_len: u(8),
             size: [u(12), u(16)],
@@ -163,6 +194,7 @@ impl GpuJob {
             out: [w(8), w(9)],
             flip: w(10) != 0,
             nhwc: w(11) != 0,
+            filter: Filter { interpolation, vertical_first: w(13) != 0 },
         };
         let end = HEADER_BYTES + job.jpeg_len as usize;
         if end > slot.len() {
@@ -209,7 +241,7 @@ impl GpuJob {
         }
         let [ow, oh] = self.out.map(|v| v as usize);
         let hwc = rs.resample_clipped(
-            crate::image::ops::Filter::BILINEAR,
+            self.filter,
             region.pixels,
             sw,
             sh,
@@ -271,6 +303,7 @@ mod tests {
             out: [224, 224],
             flip: true,
             nhwc: false,
+            filter: Filter { interpolation: Interpolation::Bicubic, vertical_first: true },
         }
     }
 
@@ -296,6 +329,9 @@ mod tests {
             let e = GpuJob::read(&slot).unwrap_err().to_string();
             assert!(e.contains(why), "{why}: {e}");
         }
+        assert!(job().write(&jpeg, &mut slot));
+        slot[100..104].copy_from_slice(&7u32.to_le_bytes());
+        assert!(GpuJob::read(&slot).unwrap_err().to_string().contains("unknown filter"));
         slot[..4].copy_from_slice(b"XXXX");
         assert!(GpuJob::read(&slot).unwrap_err().to_string().contains("magic"));
         let mut long = vec![0u8; 300];

@@ -375,6 +375,17 @@ impl TransformSpec {
             .unwrap_or_default()
     }
 
+    /// The same transform with `interpolation` as the filter of its `Resize` and
+    /// `RandomResizedCrop`.
+    pub fn with_interpolation(mut self, interpolation: Interpolation) -> Self {
+        for o in &mut self.ops {
+            if let OpSpec::RandomResizedCrop { interpolation: i, .. } | OpSpec::Resize { interpolation: i, .. } = o {
+                *i = interpolation;
+            }
+        }
+        self
+    }
+
     /// The same transform with another dtype; `uint8` drops `Normalize` (raw pixels).
     pub fn with_dtype(mut self, dtype: DType) -> Self {
         if dtype == DType::Uint8 {

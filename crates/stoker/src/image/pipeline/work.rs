@@ -47,9 +47,11 @@ fn defer(
     g: &crate::image::ops::Geometry,
 ) -> bool {
     use crate::image::gpu_job::{gpu_decodable, GpuJob};
-    // The GPU resampler's taps per axis end at a downscale of 32x (as do few real crops), and
-    // images past GPU_MAX_PIXELS (a small JPEG can still claim a huge image) stay here.
-    let reach = |len: f64, out: usize| out > 0 && len / out as f64 <= 32.0;
+    // The GPU resampler's taps per axis end at a downscale of 32x bilinear, 16x bicubic (as do
+    // few real crops), and images past GPU_MAX_PIXELS (a small JPEG can still claim a huge
+    // image) stay here.
+    let most = crate::image::gpu_job::gpu_max_downscale(g.filter.interpolation);
+    let reach = |len: f64, out: usize| out > 0 && len / out as f64 <= most;
     if !gpu_decodable(data, info.orientation)
         || !reach(g.bbox[2], g.dst[2])
         || !reach(g.bbox[3], g.dst[3])
@@ -69,6 +71,7 @@ fn defer(
         out: [u(ow), u(oh)],
         flip: g.flip,
         nhwc: sh.plan.spec().layout == Layout::NHWC,
+        filter: g.filter,
     };
     // SAFETY: this worker owns position `task.pos` of the slot until `complete` is called.
     let out = unsafe { task.slot.sample_mut(task.pos) };
