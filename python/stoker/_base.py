@@ -214,27 +214,93 @@ class Normalizer:
         return y if self._dtype == "float32" else y.to(getattr(torch, self._dtype))
 
 
+class Mixer:
+    """MixUp/CutMix of a batch's images with torch ops, on the tensor's device and the current
+    stream: how batches bound for a GPU are mixed there, after the :class:`Normalizer` (or raw,
+    for ``dtype=uint8``). The engine draws each batch's mix and makes its soft labels on the host
+    (``stoker::image::ops::mix``); this applies the draw (``Loader.mix_params``) to the images
+    with the host's arithmetic exactly, so a GPU batch equals the host batch bit for bit:
+
+    - float32 ``x * lam + partner * (1 - lam)``, ``lam`` and ``1 - lam`` float32 scalars, each
+      product and the sum rounded to float32 (two ``mul`` and an ``add``: no fused multiply-add);
+      float16/bfloat16 the same with each result rounded to that dtype;
+    - uint8: the float32 value above rounded half to even, clamped to 0..255;
+    - CutMix copies the box ``area = [y0, y1, x0, x1]`` from the partner (exact);
+    - partner: ``style='torchvision'`` rolls the batch by one (``i`` takes ``i - 1``, the first
+      the last), ``'timm'`` flips it (``i`` takes ``n - 1 - i``).
+
+    A batch of fewer than two samples, or a draw with ``lam >= 1``, is returned unchanged."""
+
+    def __init__(self, style: str, channels_last: bool) -> None:
+        if style not in ("torchvision", "timm"):
+            raise ConfigError(f"invalid argument `batch_transform`: unknown mixing style {style!r}")
+        self._style = style
+        self._channels_last = channels_last
+
+    def _partner(self, x: Any) -> Any:
+        """The partners of the rows of ``x`` (a new tensor)."""
+        torch = torch_module()
+        return torch.roll(x, 1, 0) if self._style == "torchvision" else x.flip(0)
+
+    def __call__(self, x: Any, params: dict[str, Any] | None, inplace: bool = False) -> Any:
+        """``x`` (``[N, C, H, W]``, or ``[N, H, W, C]`` with ``channels_last``) mixed by the draw
+        ``params`` (``{"cutmix", "lam", "area"}``; ``None``: unmixed). ``inplace``: ``x`` may be
+        overwritten (a tensor of the caller's own, such as the normaliser's output)."""
+        if params is None or x.shape[0] < 2 or float(params["lam"]) >= 1.0:
+            return x
+        torch = torch_module()
+        area = params.get("area") if params["cutmix"] else None
+        if area is not None:
+            y0, y1, x0, x1 = (int(v) for v in area)
+            rows, cols = slice(y0, y1), slice(x0, x1)
+            box = (slice(None), rows, cols) if self._channels_last else (slice(None), slice(None), rows, cols)
+            out = x if inplace else x.clone()
+            out[box] = self._partner(x[box])  # the partners' box is a copy, made before the write
+            return out
+        lam = float(params["lam"])
+        l0, l1 = lam, 1.0 - lam  # python floats: torch uses them as scalars of the tensor's dtype
+        if x.dtype == torch.uint8:
+            f = x.to(torch.float32)
+            other = self._partner(f).mul_(l1)
+            return f.mul_(l0).add_(other).round_().clamp_(0, 255).to(torch.uint8)
+        # Separate products and sum, each rounded to x's dtype (as the host does).
+        other = self._partner(x).mul_(l1)
+        own = x.mul_(l0) if inplace else x.mul(l0)
+        return own.add_(other)
+
+
 class BatchIterator:
     """Yields one converted tensor per exported view of each native batch; keeps no reference
     to a batch it has handed out, so a batch returns to the pool as soon as the caller drops
     its tensors."""
 
     def __init__(self, native: Any, convert: Callable[[Any], Any], views: Callable[[Any], tuple[Any, ...]],
-                 first: Callable[[Any], Any] | None = None) -> None:
+                 first: Callable[[Any], Any] | None = None,
+                 mix: Callable[[Any, Any], Any] | None = None) -> None:
         self._native = native
         self._convert = convert
         self._views = views
         self._first = first
+        self._mix = mix
         track(self)
 
     def __iter__(self) -> BatchIterator:
         return self
 
+    def _images(self, images: Any, b: Any) -> Any:
+        """The first view after ``first`` (the normaliser), then ``mix`` (given the native
+        batch ``b``, for its draw)."""
+        if self._first is not None:
+            images = self._first(images)
+        if self._mix is not None:
+            images = self._mix(images, b)
+        return images
+
     def __next__(self) -> tuple[Any, ...]:
         b = self._native.__next__()
         out = tuple(self._convert(v) for v in self._views(b))
-        if self._first is not None:
-            out = (self._first(out[0]),) + out[1:]
+        if self._first is not None or self._mix is not None:
+            out = (self._images(out[0], b),) + out[1:]
         return out
 
     def close(self) -> None:
@@ -421,6 +487,6 @@ def _json_integer(value: Any) -> int:
         raise TypeError(f"{value!r} (of type {type(value).__name__}) is not a value of a state") from None
 
 
-__all__ = ["BatchIterator", "LoaderBase", "Normalizer", "native_device", "close_live_iterations", "normalize_table",
-           "track", "converter", "device_ordinal", "gpu_present",
+__all__ = ["BatchIterator", "LoaderBase", "Mixer", "Normalizer", "native_device", "close_live_iterations",
+           "normalize_table", "track", "converter", "device_ordinal", "gpu_present",
            "local_rank", "process_group"]

@@ -9,7 +9,7 @@ import os
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from . import _stoker
-from ._base import BatchIterator, LoaderBase, Normalizer, converter, native_device, process_group, track
+from ._base import BatchIterator, LoaderBase, Mixer, Normalizer, converter, native_device, process_group, track
 from .errors import ConfigError
 from .mixture import SourceIds, mixture_argument
 from .transforms import BatchTransform, Transform, compile_transforms, dtype_name
@@ -175,8 +175,11 @@ class ImageLoader(LoaderBase):
     One draw per batch from the batch's own random stream (seed, epoch, rank, batch number):
     the same batches at any thread count, and after a resume; :meth:`mix_params` gives a
     batch's draw. The arithmetic is the references' (float32/float16 as torch computes it,
-    uint8 as timm's fast collate: rounded half to even); host batches only for now
-    (``device='cuda'`` is a :class:`ConfigError`), and not for :class:`PairLoader`.
+    uint8 as timm's fast collate: rounded half to even). With ``device='cuda'`` the soft labels
+    are made on the host and copied with the batch (``targets`` is a CUDA tensor), and the
+    images are mixed on the GPU with torch ops on the current stream, after their normalisation
+    there, with the same arithmetic: float32/float16 batches equal the host's bit for bit
+    (bfloat16 rounds each product and the sum to bfloat16). Not for :class:`PairLoader`.
 
     A weighted mixture of datasets: ``root={"imagenet": ("train/", 0.8), "extra": {"root":
     "extra/*.tar", "weight": 0.2, "label_offset": 1000, "exhausted": "stop"}}``. Every rank's
@@ -258,6 +261,10 @@ class ImageLoader(LoaderBase):
         self._source_ids = SourceIds(mix) if mix is not None else None
         norm = json.loads(native.device_normalize_json())
         self._normalizer = Normalizer(norm["mean"], norm["std"], norm["dtype"], norm["channels_last"]) if norm else None
+        # On a GPU the engine makes the soft labels and leaves the images to be mixed there,
+        # after the normaliser (stoker::args::image_config decides).
+        on_device = json.loads(native.device_mix_json())
+        self._mixer = Mixer(on_device["style"], on_device["channels_last"]) if on_device else None
         self._to_device(native.device, output)
 
     def _new_native(self) -> _stoker.Loader:
@@ -297,14 +304,29 @@ class ImageLoader(LoaderBase):
         """Samples in the dataset (all ranks)."""
         return self._loader().num_samples
 
+    def _device_mix(self) -> Callable[[Any, Any], Any] | None:
+        """Mixes a GPU batch's images (after the normaliser) by its draw, when the engine left
+        them to the GPU; ``None`` otherwise."""
+        mixer = self._mixer
+        if mixer is None:
+            return None
+        native = self._loader()
+        owned = self._normalizer is not None  # the normaliser's output is a tensor of our own
+
+        def mix(images: Any, b: Any) -> Any:
+            return mixer(images, json.loads(native.mix_params_json(b.epoch, b.index)), inplace=owned)
+
+        return mix
+
     def __iter__(self) -> Iterator[tuple[Any, ...]]:
         ids = self._source_ids
         mixed = self._mixed
+        convert, norm, mix = converter(self._torch), self._normalizer, self._device_mix()
         if ids is None:
-            return BatchIterator(self._loader().iter(), converter(self._torch),
-                                 lambda b: (b.images, b.targets if mixed else b.labels), self._normalizer)
-        return BatchIterator(self._loader().iter(), converter(self._torch),
-                             lambda b: (b.images, b.targets if mixed else b.labels, ids(b.indices)), self._normalizer)
+            return BatchIterator(self._loader().iter(), convert,
+                                 lambda b: (b.images, b.targets if mixed else b.labels), norm, mix)
+        return BatchIterator(self._loader().iter(), convert,
+                             lambda b: (b.images, b.targets if mixed else b.labels, ids(b.indices)), norm, mix)
 
     def mix_params(self, epoch: int, batch: int) -> dict[str, Any] | None:
         """The MixUp/CutMix draw of batch ``batch`` of ``epoch`` (``{"cutmix", "lam", "area"}``,
@@ -325,7 +347,9 @@ class ImageLoader(LoaderBase):
 
     def batches(self) -> _stoker.Iterator:
         """The raw batch iterator (``stoker._stoker.Batch`` objects with ``images``, ``labels``,
-        ``indices``, ``index``), for callers that convert themselves."""
+        ``indices``, ``index``), for callers that convert themselves. On a GPU these images are
+        as they crossed the bus (uint8): neither normalised nor mixed (iterating the loader does
+        both)."""
         it: _stoker.Iterator = track(self._loader().iter())
         return it
 

@@ -334,8 +334,9 @@ class ToTensor(ToDtype):
 class BatchTransform:
     """Base class of the batch mixings given to ``ImageLoader(batch_transform=...)``: they run
     in stoker on each finished host batch (on its threads, one draw per batch from the batch's
-    own random stream), and the loader then yields ``(images, targets)``, ``targets`` the soft
-    labels (float32 ``[N, num_classes]``)."""
+    own random stream; with ``device='cuda'`` the images are mixed on the GPU after their
+    normalisation, with the same draw and arithmetic), and the loader then yields ``(images,
+    targets)``, ``targets`` the soft labels (float32 ``[N, num_classes]``)."""
 
     def spec(self) -> dict[str, Any]:
         raise NotImplementedError

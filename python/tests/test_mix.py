@@ -21,9 +21,9 @@ TRAIN = [T.RandomResizedCrop(64), T.RandomHorizontalFlip()]
 NORM = [*TRAIN, T.Normalize(T.IMAGENET_MEAN, T.IMAGENET_STD)]
 
 
-def run(root, ts, mix=None, **kw):
+def run(root, ts, mix=None, batch_size=8, **kw):
     kw = {"shuffle": True, "seed": 11, "drop_last": True, "output": "torch", "threads": 2, **kw}
-    loader = stoker.ImageLoader(str(root), 8, transforms=ts, batch_transform=mix, **kw)
+    loader = stoker.ImageLoader(str(root), batch_size, transforms=ts, batch_transform=mix, **kw)
     return loader, [(x.clone(), y.clone()) for x, y in loader]
 
 
@@ -168,3 +168,54 @@ def check_mixture(demo):
         assert torch.equal(mx, rx) and torch.equal(my, ry), k
         if k == 3:
             break
+
+
+def as_bytes(t):
+    return t.contiguous().view(torch.uint8)
+
+
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+@pytest.mark.parametrize("dtype", ["float32", "float16", "uint8"])
+def test_the_gpu_mixer_is_the_host_arithmetic(demo, dtype, layout):
+    """What ``device='cuda'`` does, on the CPU: the engine leaves a GPU batch's images uint8 and
+    unmixed, the Normalizer makes them ``dtype`` and the Mixer applies the batch's draw with torch
+    ops. Applied to host uint8 batches of the same seed, that must give the engine's host-mixed
+    batches byte for byte, for both partners (roll, flip), MixUp and CutMix, both layouts, and the
+    short last batch (96 = 7 * 13 + 5: an odd one, whose middle sample timm mixes with itself)."""
+    from stoker._base import Mixer, Normalizer
+
+    kw = {"layout": layout, "drop_last": False}
+    loader = stoker.ImageLoader(str(demo), 13, transforms=TRAIN, shuffle=True, seed=11, output="torch", **kw)
+    raw = [(x.clone(), y.clone()) for x, y in loader]  # uint8, unnormalised: what crosses the bus
+    assert raw[0][0].dtype == torch.uint8 and len(raw[-1][1]) == 5
+    channels_last = layout == "NHWC"
+    norm = Normalizer(T.IMAGENET_MEAN, T.IMAGENET_STD, dtype, channels_last) if dtype != "uint8" else None
+    ts = NORM if dtype != "uint8" else [*TRAIN, T.ToDtype("uint8")]
+    out_dtype = None if dtype == "uint8" else dtype
+    mixes = {"torchvision MixUp": T.MixUp(alpha=1.0, num_classes=C),
+             "torchvision CutMix": T.CutMix(alpha=1.0, num_classes=C),
+             "timm Mixup": T.Mixup(mixup_alpha=0.8, cutmix_alpha=1.0, prob=1.0, switch_prob=0.5, num_classes=C)}
+    for name, mix in mixes.items():
+        mixed_loader, mixed = run(demo, ts, mix, dtype=out_dtype, batch_size=13, **kw)
+        mixer = Mixer(mix.spec()["style"], channels_last)
+        assert len(mixed) == len(raw)
+        kinds, changed = set(), 0
+        for k, ((x, _), (mx, _)) in enumerate(zip(raw, mixed)):
+            p = mixed_loader.mix_params(0, k)
+            kinds.add("cutmix" if p["cutmix"] else "mixup")
+            plain = norm(x) if norm is not None else x
+            got = mixer(plain.clone(), p, inplace=norm is not None)
+            assert got.dtype == mx.dtype == getattr(torch, dtype) and got.shape == mx.shape
+            assert torch.equal(as_bytes(got), as_bytes(mx)), (name, k, p, (got.float() - mx.float()).abs().max())
+            changed += not torch.equal(as_bytes(plain), as_bytes(mx))
+        assert changed >= len(raw) // 2, (name, changed)  # the comparisons are of mixed batches
+        if name == "timm Mixup":
+            assert kinds == {"cutmix", "mixup"}, kinds
+    # The raw uint8 batch is not written when the caller does not own it; no draw, no change.
+    x = raw[0][0]
+    before = x.clone()
+    Mixer("timm", channels_last)(x, {"cutmix": True, "lam": 0.5, "area": [0, 32, 0, 32]})
+    assert torch.equal(x, before)
+    assert Mixer("timm", channels_last)(x, None) is x
+    one = x[:1]
+    assert Mixer("timm", channels_last)(one, {"cutmix": False, "lam": 0.5, "area": None}) is one

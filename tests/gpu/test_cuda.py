@@ -169,6 +169,76 @@ def test_normalized_gpu_batches_are_bit_identical_to_the_cpu_path(gpu_demo, dtyp
     assert n == 300
 
 
+def batch_mixing(style):
+    """torchvision's RandomChoice([MixUp, CutMix]) or timm's Mixup (smoothing too), both kinds of
+    batch in one epoch; 1000 classes cover the demo's labels."""
+    from stoker import transforms as T
+
+    if style == "torchvision":
+        return T.RandomChoice([T.MixUp(alpha=1.0, num_classes=1000), T.CutMix(alpha=1.0, num_classes=1000)])
+    return T.Mixup(mixup_alpha=0.8, cutmix_alpha=1.0, prob=1.0, switch_prob=0.5, label_smoothing=0.1,
+                   num_classes=1000)
+
+
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+@pytest.mark.parametrize("dtype", ["float32", "float16", "uint8"])
+@pytest.mark.parametrize("style", ["torchvision", "timm"])
+def test_mixed_gpu_batches_are_bit_identical_to_the_cpu_path(gpu_demo, style, dtype, layout):
+    # With device='cuda' the host makes the soft labels and the GPU mixes the images after their
+    # normalisation (stoker._base.Mixer), with the host's arithmetic: the same bytes.
+    kw = dict(preset="imagenet-train", shuffle=True, seed=7, layout=layout, batch_transform=batch_mixing(style))
+    if dtype != "float32":  # float32 is the preset's default
+        kw["dtype"] = getattr(torch, dtype)
+    host = stoker.ImageLoader(gpu_demo, 32, device="cpu", output="torch", **kw)
+    gpu = stoker.ImageLoader(gpu_demo, 32, device="cuda", **kw)
+    kinds, n = set(), 0
+    for k, ((x, t), (hx, ht)) in enumerate(zip(gpu, host, strict=True)):
+        p = gpu.mix_params(0, k)
+        kinds.add("cutmix" if p["cutmix"] else "mixup")
+        assert x.is_cuda and t.is_cuda and t.dtype == torch.float32 and t.shape == ht.shape == (len(hx), 1000)
+        assert x.dtype == hx.dtype == getattr(torch, dtype) and x.shape == hx.shape
+        assert torch.equal(t.cpu(), ht), k
+        got = x.cpu()
+        assert torch.equal(got.view(torch.uint8), hx.view(torch.uint8)), \
+            f"{style} {dtype} {layout} batch {k} {p}: max difference {(got.float() - hx.float()).abs().max()}"
+        n += len(x)
+    assert n == 300 and kinds == {"cutmix", "mixup"}, (n, kinds)
+
+
+@pytest.mark.parametrize("style", ["torchvision", "timm"])
+def test_mixed_bfloat16_gpu_batches_round_each_operation(gpu_demo, style):
+    # The host has no bfloat16: the GPU's batch is the Mixer's bfloat16 arithmetic (each product
+    # and the sum rounded to bfloat16, as torch computes it on any device) on the host's
+    # normalised values rounded to bfloat16. CutMix (a copy) is then the host's float32 batch
+    # rounded; MixUp is within 3 roundings (unit 2**-8 each) of it: |err| <= 2**-6 * (|x| lam
+    # + |partner| (1 - lam)).
+    from stoker._base import Mixer
+
+    mix = batch_mixing(style)
+    kw = dict(preset="imagenet-train", shuffle=True, seed=7)
+    plain = stoker.ImageLoader(gpu_demo, 32, device="cpu", output="torch", **kw)
+    host = stoker.ImageLoader(gpu_demo, 32, device="cpu", output="torch", batch_transform=mix, **kw)
+    gpu = stoker.ImageLoader(gpu_demo, 32, device="cuda", dtype=torch.bfloat16, batch_transform=mix, **kw)
+    mixer = Mixer(style, channels_last=False)
+    kinds = set()
+    for k, ((x, t), (hx, ht), (px, _)) in enumerate(zip(gpu, host, plain, strict=True)):
+        p = gpu.mix_params(0, k)
+        got = x.cpu()
+        assert x.dtype == torch.bfloat16 and torch.equal(t.cpu(), ht)
+        assert torch.equal(got, mixer(px.to(torch.bfloat16), p)), (k, p)
+        if p["cutmix"]:
+            kinds.add("cutmix")
+            assert torch.equal(got, hx.to(torch.bfloat16)), (k, p)
+        else:
+            kinds.add("mixup")
+            l0, l1 = np.float32(p["lam"]), np.float32(1.0 - p["lam"])
+            partner = torch.roll(px, 1, 0) if style == "torchvision" else px.flip(0)
+            bound = (px.abs() * float(l0) + partner.abs() * float(l1)) * 2**-6
+            err = (got.float() - hx).abs()
+            assert (err <= bound).all(), (k, p, float((err - bound).max()))
+    assert kinds == {"cutmix", "mixup"}, kinds
+
+
 @pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
 def test_normaliser_on_the_device_equals_the_table_for_every_byte(layout):
     from stoker._base import Normalizer, normalize_table

@@ -435,6 +435,58 @@ def test_the_engine_decides_what_the_gpu_normalises(fake_driver, demo_root):
     assert out.strip().endswith("ok"), out
 
 
+def test_mixed_batches_for_the_gpu_carry_the_host_soft_labels_and_unmixed_images(fake_driver, demo_root):
+    """``batch_transform`` with ``device='cuda'``: the engine makes each batch's soft labels on the
+    host and copies them to the device beside the labels (``targets`` is a device tensor equal to
+    the host-mixed batch's), and leaves the images uint8 and unmixed (the host batch of the same
+    seed without mixing), for the GPU side to normalise and then mix (``stoker._base.Mixer``)."""
+    out = run_scenario(fake_driver, demo_root, """
+        import numpy as np
+        spec = {"mixup_alpha": 0.8, "cutmix_alpha": 1.0, "prob": 1.0, "switch_prob": 0.5, "label_smoothing": 0.1,
+                "num_classes": 1000, "style": "timm"}
+        base = {"batch_size": 16, "preset": "imagenet-train", "shuffle": True, "seed": 5, "prefetch": 1}
+        plain = _stoker.Loader([root], json.dumps({**base, "dtype": "uint8"}), "cpu", 0)
+        mixed = _stoker.Loader([root], json.dumps({**base, "dtype": "uint8", "batch_transform": spec}), "cpu", 0)
+        assert json.loads(mixed.device_mix_json()) is None  # the host mixes its own batches
+        want = []
+        for p, h in zip(plain.iter(), mixed.iter()):
+            images = np.from_dlpack(p.images).tobytes()
+            assert np.from_dlpack(h.images).tobytes() != images  # mixed on the host
+            want.append((images, np.from_dlpack(h.targets).tobytes(), len(p.indices)))
+        assert len(want) >= 8
+        check(cuda.cuCtxPushCurrent_v2(ctypes.c_void_p(primary(0))), "push")  # as a framework would
+        for dtype, layout in [("uint8", "NCHW"), ("float32", "NHWC"), ("bfloat16", "NCHW")]:
+            args = {**base, "dtype": dtype, "layout": layout, "batch_transform": spec}
+            dev = _stoker.Loader([root], json.dumps(args), "cuda", 0)
+            m = json.loads(dev.device_mix_json())
+            assert m["style"] == "timm" and m["num_classes"] == 1000, m
+            assert m["channels_last"] is (layout == "NHWC"), m
+            n = 0
+            for k, b in enumerate(dev.iter()):
+                images, targets, rows = want[k]
+                assert b.epoch == 0 and b.index == k and len(b.indices) == rows
+                t = b.targets
+                assert t.__dlpack_device__() == (2, 0) and t.shape == [rows, 1000], t.shape
+                assert b.labels.__dlpack_device__() == (2, 0)
+                t.__dlpack__(stream=None)  # the legacy default stream waits on the copy
+                b.images.__dlpack__(stream=None)
+                check(cuda.cuStreamSynchronize(ctypes.c_void_p(1)), "sync")
+                assert read(t.data_ptr, len(targets)) == targets, (dtype, k)
+                if layout == "NCHW":  # the images as they cross the bus: uint8, unmixed
+                    assert read(b.images.data_ptr, len(images)) == images, (dtype, k)
+                n += 1
+            assert n == len(want), (dtype, n)
+            del b, t, dev
+        # Without batch_transform a device batch has no targets, and nothing is mixed there.
+        dev = _stoker.Loader([root], ARGS, "cuda", 0)
+        assert json.loads(dev.device_mix_json()) is None and next(dev.iter()).targets is None
+        del dev, plain, mixed
+        gc.collect()
+        print("ok")
+    """)
+    assert out.strip().endswith("ok"), out
+
+
 @pytest.mark.wheel
 def test_token_batches_on_the_gpu_equal_the_host_batches(fake_driver, demo_root, tmp_path):
     """TokenLoader(device='cuda'): every array of every batch, read back from the device, equals

@@ -105,15 +105,15 @@ batch_class! { PyBatch, shares [indices device], {
     }
 
     /// A mixed batch's soft labels (float32, `[N, num_classes]`: MixUp/CutMix with
-    /// `batch_transform`), as a DLPack-exporting view; `None` without batch mixing.
+    /// `batch_transform`), as a DLPack-exporting view; `None` without batch mixing. On a GPU
+    /// they are in the batch's device buffer (region 2), made on the host and copied with it.
     #[getter]
     fn targets(&self) -> Option<PyTensor> {
-        match &self.inner {
-            Held::Host(b) if b.num_classes() > 0 => {
-                Some(PyTensor { src: Source::Targets(self.inner.clone(), b.num_classes()) })
-            }
-            _ => None,
-        }
+        let n = match &self.inner {
+            Held::Host(b) => b.num_classes(),
+            Held::Device(b) => b.meta().num_classes,
+        };
+        (n > 0).then(|| PyTensor { src: Source::Targets(self.inner.clone(), n) })
     }
 
     /// The epoch.

@@ -77,6 +77,20 @@ loader_class! { PyLoader => PyIter, shares [positioned traced], {
         serde_json::to_string(&self.normalize).unwrap_or_else(|_| "null".into())
     }
 
+    /// The batch mixing the GPU side applies to the images after their normalisation, as JSON
+    /// (the `batch_transform` spec, `{style, num_classes, ...}`, and the images' `channels_last`),
+    /// or `null` when batches are not mixed or are mixed on the host (decided in
+    /// `stoker::args::image_config`).
+    fn device_mix_json(&self) -> String {
+        let loader = &self.on.loader;
+        let Some(mix) = loader.mix().filter(|m| m.images == stoker::image::ops::mix::MixImages::Device) else {
+            return "null".into();
+        };
+        let mut v = serde_json::to_value(mix).unwrap_or_default();
+        v["channels_last"] = (loader.plan().spec().layout == stoker::Layout::NHWC).into();
+        v.to_string()
+    }
+
     /// What GPU decode has done (`{backend, images, cpu_fallback, share}`) as JSON, or `null`
     /// when every sample is decoded on the CPU.
     fn gpu_decode_json(&self) -> String {

@@ -56,7 +56,9 @@ fn transform(a: &mut Taker) -> Result<TransformSpec> {
 /// how the GPU side normalises them: the one place where that is decided. On a GPU, images
 /// cross the bus as uint8 and are normalised there into the asked `dtype` (`float32` by
 /// default for the presets, `float16`, `bfloat16`; `uint8` for none); `bfloat16` is made only
-/// there, so on the host it is an error naming `dtype`. Otherwise as [`loader_config`].
+/// there, so on the host it is an error naming `dtype`. A batch mixing (`batch_transform`) then
+/// mixes the images on the GPU, after their normalisation ([`crate::image::ops::mix::MixImages`]);
+/// the host still makes the soft labels. Otherwise as [`loader_config`].
 pub fn image_config(
     mut args: Args,
     on_gpu: bool,
@@ -73,11 +75,10 @@ pub fn image_config(
     }
     let mut config = loader_config(args)?;
     config.decode = decode_where(config.decode, on_gpu, &config)?;
-    if on_gpu && config.mix.is_some() {
-        return Err(Error::config(
-            "batch_transform",
-            "MixUp/CutMix run on host batches for now: use device='cpu' and move the batch to the GPU",
-        ));
+    if let Some(mix) = config.mix.as_mut().filter(|_| on_gpu) {
+        // The images cross the bus as uint8 and are normalised on the GPU: they are mixed there,
+        // after that (the host makes only the soft labels).
+        mix.images = crate::image::ops::mix::MixImages::Device;
     }
     if !on_gpu || config.transform.dtype == DType::Uint8 {
         return Ok((config, None));
@@ -300,7 +301,8 @@ mod tests {
         let e = with("gpu", jitter.clone()).unwrap_err().to_string();
         assert!(e.contains("`decode`") && e.contains("no augmentations"), "{e}");
         assert_eq!(with("auto", jitter).unwrap(), DecodeOn::Cpu);
-        // Batch mixing is checked once, runs on host batches only.
+        // Batch mixing is checked once; on a GPU the images are mixed there, after their
+        // normalisation (the host makes the soft labels), whatever the dtype.
         let mix = |spec: Value, on_gpu: bool| {
             let mut m = args(json!({"batch_size": 8, "preset": "imagenet-train"}));
             m.insert("batch_transform".into(), spec);
@@ -308,9 +310,21 @@ mod tests {
         };
         let good = json!({"mixup_alpha": 0.8, "cutmix_alpha": 1.0, "prob": 1.0, "switch_prob": 0.5,
                           "label_smoothing": 0.1, "num_classes": 1000, "style": "timm"});
-        assert_eq!(mix(good.clone(), false).unwrap().unwrap().num_classes, 1000);
-        let e = mix(good.clone(), true).unwrap_err().to_string();
-        assert!(e.contains("`batch_transform`") && e.contains("device='cpu'"), "{e}");
+        use crate::image::ops::mix::MixImages;
+        let host = mix(good.clone(), false).unwrap().unwrap();
+        assert_eq!((host.num_classes, host.images), (1000, MixImages::Host));
+        let device = mix(good.clone(), true).unwrap().unwrap();
+        // Where the images are mixed is not in the spec's JSON (the fingerprint): the batches are
+        // the same, so a state saved on a GPU resumes on the host.
+        assert_eq!(serde_json::to_value(&device).unwrap(), serde_json::to_value(&host).unwrap());
+        assert_eq!(device, crate::image::ops::mix::MixSpec { images: MixImages::Device, ..host });
+        for dtype in ["uint8", "float16", "bfloat16"] {
+            let mut m = args(json!({"batch_size": 8, "preset": "imagenet-train", "dtype": dtype}));
+            m.insert("batch_transform".into(), good.clone());
+            let (c, norm) = image_config(m, true).unwrap();
+            assert_eq!(c.mix.unwrap().images, MixImages::Device, "{dtype}");
+            assert_eq!((c.transform.dtype, norm.is_some()), (DType::Uint8, dtype != "uint8"), "{dtype}");
+        }
         let mut both = good.clone();
         both["style"] = json!("torchvision");
         assert!(mix(both, false).is_ok(), "torchvision's RandomChoice([MixUp, CutMix])");

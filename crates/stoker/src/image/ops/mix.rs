@@ -19,6 +19,14 @@
 //! Partners: torchvision rolls the batch by one (sample `i` mixes with `i - 1`, the first with
 //! the last); timm flips it (`i` with `n - 1 - i`). A batch shortened by skipped samples mixes
 //! the samples it has.
+//!
+//! Where it runs ([`MixSpec::images`], decided once by `stoker::args::image_config`): for host
+//! batches, everything here, on the thread that completes the batch. For batches bound for a
+//! GPU (they cross the bus as uint8 and are normalised there), that thread writes only the soft
+//! labels, which travel to the GPU beside the labels; the images are mixed on the GPU after
+//! their normalisation, by torch ops in Python (`stoker._base.Mixer`) given this batch's draw,
+//! with the same arithmetic as above (each product and the sum rounded to the dtype, no fused
+//! multiply-add), so a GPU batch equals the host batch of the same seed bit for bit.
 
 use crate::error::{Error, Result};
 use crate::image::ops::{DType, Layout};
@@ -35,6 +43,16 @@ pub enum MixStyle {
     /// timm `Mixup`: partner by flip, box of side `int(side * sqrt(1 - lam))` (halved with
     /// `//`), applied with probability `prob`, CutMix chosen with `switch_prob`.
     Timm,
+}
+
+/// Where a batch's images are mixed (its soft labels are always made on the host).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum MixImages {
+    /// On the host, in the finished batch ([`MixSpec::mix_images`]).
+    #[default]
+    Host,
+    /// On the GPU, after the batch's normalisation there: the host leaves the images unmixed.
+    Device,
 }
 
 /// A batch mixing: what `stoker.transforms.MixUp`, `CutMix` and `Mixup` compile to.
@@ -55,6 +73,10 @@ pub struct MixSpec {
     pub num_classes: usize,
     /// Whose semantics.
     pub style: MixStyle,
+    /// Where the images are mixed: set by `stoker::args::image_config` (never by the user), and
+    /// not part of the spec's JSON, so a state saved on a GPU resumes on the host and back.
+    #[serde(skip)]
+    pub images: MixImages,
 }
 
 /// One batch's draw.
@@ -327,6 +349,7 @@ mod tests {
             label_smoothing: 0.0,
             num_classes: 5,
             style,
+            images: MixImages::Host,
         }
     }
 

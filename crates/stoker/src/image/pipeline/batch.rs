@@ -165,6 +165,8 @@ pub struct ImageMeta {
     pub indices: Vec<u32>,
     /// Ids per caption row of an image-text pair batch (0: images alone).
     pub context_length: usize,
+    /// Classes per row of a mixed batch's soft labels (0: not mixed).
+    pub num_classes: usize,
 }
 
 impl crate::shell::kind::HostBatch for Batch {
@@ -199,6 +201,7 @@ impl crate::shell::kind::HostBatch for Batch {
             layout: self.layout(),
             indices: self.indices(),
             context_length: self.context_length,
+            num_classes: self.num_classes,
         }
     }
 }

@@ -234,6 +234,13 @@ impl Loader {
         sh.mix.as_ref().map(|m| sh.mix_params(m, epoch, batch))
     }
 
+    /// The batch mixing (MixUp/CutMix), when the loader mixes batches: its soft labels are
+    /// `num_classes` float32 values per sample, and [`crate::image::ops::mix::MixSpec::images`]
+    /// says where the images are mixed.
+    pub fn mix(&self) -> Option<&crate::image::ops::mix::MixSpec> {
+        self.kind().mix.as_ref()
+    }
+
     /// The decoded-pixel cache, if the loader has one.
     pub fn cache(&self) -> Option<&crate::image::cache::Cache> {
         self.kind().cache.as_ref()

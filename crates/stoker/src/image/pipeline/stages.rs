@@ -71,7 +71,8 @@ thread_local! {
 }
 
 /// MixUp/CutMix of a batch this thread completed, and its soft labels (the slot's extra
-/// region 0), timed as the `mix` stage and traced.
+/// region 0), timed as the `mix` stage and traced. A batch bound for a GPU gets its soft labels
+/// alone (its images are mixed there: [`crate::image::ops::mix::MixImages`]).
 fn mix_batch(sh: &Images, mix: &crate::image::ops::mix::MixSpec, slot: &Slot, epoch: u64) {
     let t0 = Instant::now();
     let batch = slot.batch.load(Ordering::Relaxed);
@@ -90,7 +91,10 @@ fn mix_batch(sh: &Images, mix: &crate::image::ops::mix::MixSpec, slot: &Slot, ep
     if mix.soft_labels(&p, slot.labels(), soft).is_err() {
         soft.fill(0.0);
     }
-    MIX_SCRATCH.with_borrow_mut(|s| mix.mix_images(&p, data, n, spec.dtype, spec.layout, h, w, s));
+    // Bound for a GPU, the images are uint8 before their normalisation: mixed there, after it.
+    if mix.images == crate::image::ops::mix::MixImages::Host {
+        MIX_SCRATCH.with_borrow_mut(|s| mix.mix_images(&p, data, n, spec.dtype, spec.layout, h, w, s));
+    }
     let t1 = Instant::now();
     sh.counters.mix.record(t1 - t0);
     if let Some(t) = &sh.tracer {
