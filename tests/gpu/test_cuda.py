@@ -180,8 +180,7 @@ def batch_mixing(style):
                    num_classes=1000)
 
 
-@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
-@pytest.mark.parametrize("dtype", ["float32", "float16", "uint8"])
+@pytest.mark.parametrize("dtype,layout", [("float32", "NCHW"), ("float16", "NHWC"), ("uint8", "NCHW")])
 @pytest.mark.parametrize("style", ["torchvision", "timm"])
 def test_mixed_gpu_batches_are_bit_identical_to_the_cpu_path(gpu_demo, style, dtype, layout):
     # With device='cuda' the host makes the soft labels and the GPU mixes the images after their
