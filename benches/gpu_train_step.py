@@ -628,7 +628,7 @@ def main():
     unknown = sorted(set(names) - set(CONTENDERS))
     if unknown or "stoker" not in names or len(names) < 2:
         ap.error(f"--contenders: stoker and at least one of {', '.join(CONTENDERS[1:])}; unknown: {unknown}")
-    if args.root is not None and args.root.is_dir() and not is_image_folder(args.root) \
+    if args.run is None and args.root is not None and args.root.is_dir() and not is_image_folder(args.root) \
             and any(n not in STOKER for n in names):
         ap.error(f"--root {args.root} holds no image files (shards?): only {', '.join(STOKER)} read it; "
                  "give --contenders stoker,stoker-gpu")
