@@ -585,7 +585,8 @@ def doctor_bandwidth():
 def child_cmd(args, run, step_iters=None):
     cmd = [sys.executable, os.path.abspath(__file__), "--run", run, "--root", str(args.root), "--preset", args.preset,
            "--batch-size", str(args.batch_size), "--workers", str(args.workers), "--warmup", str(args.warmup),
-           "--step-ms", str(args.step_ms), "--timing", args.timing, "--model", args.model]
+           "--step-ms", str(args.step_ms), "--timing", args.timing, "--model", args.model,
+           "--prefetch", str(args.prefetch)]
     cmd += ["--epochs", str(args.epochs)] if args.batches is None else ["--batches", str(args.batches)]
     if step_iters is not None:
         cmd += ["--step-iters", str(step_iters)]
@@ -601,6 +602,7 @@ def fmt_ratio(r):
 
 
 def main():
+    global STOKER_PREFETCH
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--root", type=Path, help="an ImageFolder (default: a demo set of --images images)")
     ap.add_argument("--images", type=int, default=10240,
@@ -632,14 +634,17 @@ def main():
     ap.add_argument("--model", choices=["matmul", "resnet18", "resnet50"], default="matmul",
                     help="the training step: --step-ms of bf16 matmuls (default), or a real torchvision model "
                          "(bf16 autocast, channels-last, SGD) measured against its own one-batch ceiling")
+    ap.add_argument("--prefetch", type=int, default=STOKER_PREFETCH,
+                    help=f"stoker's prefetch (default {STOKER_PREFETCH}; its pools hold prefetch + 2 batches)")
     ap.add_argument("--run", choices=[*CONTENDERS, "calibrate"], help=argparse.SUPPRESS)
     ap.add_argument("--step-iters", type=int, help=argparse.SUPPRESS)
     args = ap.parse_args()
-    for name in ("images", "batch_size", "epochs", "batches", "repeats", "workers"):
+    for name in ("images", "batch_size", "epochs", "batches", "repeats", "workers", "prefetch"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
             ap.error(f"--{name.replace('_', '-')} must be at least 1")
     if args.warmup < 0 or args.step_ms <= 0:
         ap.error("--warmup must be >= 0 and --step-ms > 0")
+    STOKER_PREFETCH = args.prefetch
     names = [c.strip() for c in args.contenders.split(",") if c.strip()]
     unknown = sorted(set(names) - set(CONTENDERS))
     if unknown or "stoker" not in names or len(names) < 2:
