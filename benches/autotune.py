@@ -7,7 +7,7 @@
     without it (`STOKER_SHARED_BUDGET=0`), interleaved: total throughput and each one's share.
 
     python benches/autotune.py --stoker target/release/stoker \\
-        --data bench-data/imagenet-like-v2 --rounds 3 --out benches/results-autotune.json
+        --data bench-data/imagenet-like-v2 --rounds 3 --out benches/results/autotune.json
 """
 
 from __future__ import annotations
@@ -136,7 +136,7 @@ def main() -> None:
                     help="the simulated step of the two concurrent runs of part (b) (0: as fast as possible)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--part", choices=("a", "b", "both"), default="both")
-    ap.add_argument("--out", default="benches/results-autotune.json")
+    ap.add_argument("--out", default="benches/results/autotune.json")
     a = ap.parse_args()
     out: dict[str, Any] = {
         "command": " ".join(["python", *sys.argv]),

@@ -50,7 +50,7 @@ Commands (from the repository root; FFCV lives in its own virtual environment)::
         --stoker-data bench-data/shards-ra2 --stoker-data bench-data/imagenet-like-v2
 
 Writes every run's figures, the medians and the ratios to ``--out`` (default
-``benches/results-ffcv.json``) and prints a table.
+``benches/results/ffcv.json``) and prints a table.
 """
 
 from __future__ import annotations
@@ -228,7 +228,7 @@ def main() -> None:
     ap.add_argument("--epochs", type=int, default=1, help="measured epochs per run, after one warm-up epoch")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out", type=Path, default=ROOT / "benches" / "results-ffcv.json")
+    ap.add_argument("--out", type=Path, default=ROOT / "benches" / "results" / "ffcv.json")
     ap.add_argument("--child", choices=("convert", "ffcv"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child == "convert":

@@ -87,7 +87,7 @@ conflict with the project's)::
         torch torchvision boto3 "moto[server]" pillow numpy
     .venv/bin/python benches/compare_remote.py --ref-python /tmp/benchvenv/bin/python \\
         [--images 2000] [--delays 0,25,50,100] [--runs 3] [--loaders stoker,stoker-ra,litdata,streaming] \\
-        [--workdir bench-data/remote] [--out benches/results-remote.json]
+        [--workdir bench-data/remote] [--out benches/results/remote.json]
 """
 
 from __future__ import annotations

@@ -70,7 +70,7 @@ Dependencies (PyTorch for the DataLoader contenders; stoker installed with ``pip
 
 Command used for BENCHMARKS.md::
 
-    python3 benches/compare_text.py --runs 3 --out benches/results-text.json
+    python3 benches/compare_text.py --runs 3 --out benches/results/text.json
 
 Smoke test (about 15 s on 2 cores): ``python3 benches/compare_text.py --docs 200 --runs 1 --data
 /work/shared/text/wiki-en-2015-AA.jsonl.zst --out /tmp/results-text-smoke.json``. ``--docs N`` first
@@ -543,7 +543,7 @@ def main():
                          "from the token cache `stoker tokenize` wrote first), f=stoker-autocache (an epoch "
                          "from the automatic token cache an untimed epoch filled first), g=tiktoken; letters "
                          "or names")
-    ap.add_argument("--out", type=Path, default=ROOT / "benches" / "results-text.json")
+    ap.add_argument("--out", type=Path, default=ROOT / "benches" / "results" / "text.json")
     ap.add_argument("--python", action="append", default=[], metavar="CONTENDER=PYTHON",
                     help="run that contender with another interpreter (its own packages), e.g. "
                          "floor-alt=/venv-tokenizers-1.0/bin/python to put two versions of tokenizers side by side")

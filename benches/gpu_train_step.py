@@ -71,7 +71,7 @@ and for stoker its own report (transfer GB/s, starvation, bottleneck) and the pi
 Usage (a machine with an NVIDIA GPU, PyTorch and torchvision):
 
     python3 benches/gpu_train_step.py --images 10240 --batch-size 256 --repeats 3 --step-ms 20 \\
-        --out benches/results-gpu-train-step.json     # 4x the prefetch capacity, epochs repeat
+        --out benches/results/gpu-train-step.json     # 4x the prefetch capacity, epochs repeat
     python3 benches/gpu_train_step.py --root /data/imagenet/train --batches 300 --timing per-step
     python3 benches/gpu_train_step.py --dry-run      # prints the plan; needs no GPU
 

@@ -3,7 +3,7 @@ for RandomResizedCrop(224) with bilinear, bicubic and nearest, beside torchvisio
 RandomResizedCrop on already-decoded PIL images (Pillow's resize, the reference's cost of the same
 step), one thread each, rounds interleaved (A B C ... A B C ...), medians reported.
 
-    python benches/interpolation.py [--images 320] [--rounds 5] [--out benches/results-interpolation.json]
+    python benches/interpolation.py [--images 320] [--rounds 5] [--out benches/results/interpolation.json]
 
 stoker decodes at full resolution here (dct_scaling=False), so both sides resample the same
 number of source pixels.
@@ -52,7 +52,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--images", type=int, default=320)
     ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--out", default="benches/results-interpolation.json")
+    ap.add_argument("--out", default="benches/results/interpolation.json")
     a = ap.parse_args()
     import stoker
     import torch

@@ -71,7 +71,7 @@ Dependencies, in one environment with stoker installed (``pip install .``)::
 
 Command for BENCHMARKS.md::
 
-    python benches/pairs.py --check && python benches/pairs.py --rounds 5 --out benches/results-pairs.json
+    python benches/pairs.py --check && python benches/pairs.py --rounds 5 --out benches/results/pairs.json
 
 The reference alone (``--only reference``) needs no stoker.
 """
@@ -400,7 +400,7 @@ def main() -> None:
                    help="stoker's DCT-scaled JPEG decode (on by default; off decodes every image whole)")
     p.add_argument("--check", action="store_true", help="compare the pipelines' outputs (no timing)")
     p.add_argument("--reindex", action="store_true", help="run `stoker index` even where an index exists")
-    p.add_argument("--out", type=Path, help="JSON results (e.g. benches/results-pairs.json)")
+    p.add_argument("--out", type=Path, help="JSON results (e.g. benches/results/pairs.json)")
     p.add_argument("--child", choices=KINDS, help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.child:

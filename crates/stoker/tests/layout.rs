@@ -208,3 +208,103 @@ fn the_engine_s_files_import_each_other_without_a_circle() {
         .collect();
     assert!(shell_to_kind.is_empty(), "the shell imports a kind: {shell_to_kind:?}");
 }
+
+/// The README's "Layout" block: its entries (a path at the start of a line, nested two spaces
+/// under the folder above it) and its whole text.
+fn layout_block() -> (Vec<String>, String) {
+    let readme = std::fs::read_to_string(repo().join("README.md")).unwrap();
+    let start = readme.find("## Layout\n").expect("the Layout section");
+    let open = readme[start..].find("```text\n").expect("its block") + start + "```text\n".len();
+    let block = &readme[open..open + readme[open..].find("```").expect("the block's end")];
+    let mut entries: Vec<String> = Vec::new();
+    let mut parent = String::new();
+    for line in block.lines() {
+        let indent = line.len() - line.trim_start().len();
+        let Some(name) = line.split_whitespace().next() else { continue };
+        match indent {
+            0 => {
+                entries.push(name.to_string());
+                parent = name.to_string();
+            }
+            2 => entries.push(format!("{parent}{name}")),
+            _ => {} // a description's continuation
+        }
+    }
+    (entries, block.to_string())
+}
+
+/// The repository's tracked files (`git ls-files`).
+fn tracked() -> Vec<String> {
+    let out = std::process::Command::new("git").arg("ls-files").current_dir(repo()).output().expect("run git");
+    assert!(out.status.success(), "git ls-files: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8(out.stdout).unwrap().lines().map(str::to_string).collect()
+}
+
+#[test]
+fn the_readme_layout_names_every_folder_and_script_and_nothing_else() {
+    let (entries, block) = layout_block();
+    let missing: Vec<&String> = entries.iter().filter(|e| !repo().join(e.as_str()).exists()).collect();
+    assert!(missing.is_empty(), "README's Layout names what does not exist: {missing:?}");
+    let files = tracked();
+    // Folders two levels down where they group (crates/X, tests/X, python/X, the engine's
+    // rooms), else the top-level folder: each has an entry at or under it.
+    let mut folders = BTreeSet::new();
+    for f in &files {
+        let parts: Vec<&str> = f.split('/').collect();
+        let depth = match parts[0] {
+            "crates" | "tests" | "python" => 2,
+            _ => 1,
+        };
+        if parts.len() > depth {
+            folders.insert(format!("{}/", parts[..depth].join("/")));
+        }
+        if f.starts_with("crates/stoker/src/") && parts.len() > 4 {
+            folders.insert(format!("{}/", parts[..4].join("/")));
+        }
+    }
+    let unnamed: Vec<&String> = folders.iter().filter(|d| !entries.iter().any(|e| e.starts_with(d.as_str()))).collect();
+    assert!(unnamed.is_empty(), "folders README's Layout leaves out: {unnamed:?}");
+    let scripts: Vec<&str> = files.iter().filter_map(|f| f.strip_prefix("scripts/")).collect();
+    assert!(scripts.len() > 5);
+    let unnamed: Vec<&&str> = scripts.iter().filter(|s| !block.contains(**s)).collect();
+    assert!(unnamed.is_empty(), "scripts README's Layout leaves out: {unnamed:?}");
+}
+
+#[test]
+fn every_benchmark_is_described_and_every_result_is_referenced() {
+    let read = |p: &str| std::fs::read_to_string(repo().join(p)).unwrap();
+    let map = read("benches/README.md");
+    let refs = read("BENCHMARKS.md") + &read("DEPENDENCIES.md");
+    let files = tracked();
+    let scripts: Vec<&str> = files
+        .iter()
+        .filter_map(|f| f.strip_prefix("benches/"))
+        .filter(|f| !f.contains('/') && f.ends_with(".py"))
+        .collect();
+    assert!(scripts.len() > 10);
+    let undescribed: Vec<&&str> = scripts.iter().filter(|s| !map.contains(&format!("`{s}`"))).collect();
+    assert!(undescribed.is_empty(), "benches/README.md does not describe: {undescribed:?}");
+    let results: Vec<&str> = files.iter().filter_map(|f| f.strip_prefix("benches/results/")).collect();
+    assert!(results.len() > 10);
+    // A result is referenced by its path, or by the family name a line gives with a `*`.
+    let unreferenced: Vec<&&str> = results
+        .iter()
+        .filter(|r| {
+            !refs.contains(&format!("results/{r}"))
+                && !refs.split('`').any(|t| {
+                    t.strip_prefix("benches/results/")
+                        .and_then(|g| g.split_once('*'))
+                        .is_some_and(|(a, b)| r.starts_with(a) && r.ends_with(b) && r.len() >= a.len() + b.len())
+                })
+        })
+        .collect();
+    let stray: Vec<&String> = files
+        .iter()
+        .filter(|f| {
+            f.starts_with("benches/results-")
+                || (f.starts_with("benches/") && f.ends_with(".json") && !f.starts_with("benches/results/"))
+        })
+        .collect();
+    assert!(stray.is_empty(), "results outside benches/results/: {stray:?}");
+    assert!(unreferenced.is_empty(), "results no line of BENCHMARKS.md or DEPENDENCIES.md refers to: {unreferenced:?}");
+}
