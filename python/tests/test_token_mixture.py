@@ -80,6 +80,16 @@ def test_a_token_mixture_resumes_at_every_batch(tiny):
         assert rows_of(again) == whole[4 * k:], k
 
 
+def test_a_token_mixtures_report_says_which_device_it_uses(tiny):
+    # Every loader kind's report names the device asked for and the one used (compose.rs).
+    for device in ("cpu", "auto"):
+        loader = mixture(tiny, device=device)
+        next(iter(loader))
+        want = {"requested": device, "used": "cpu"}
+        got = loader.report()["device"]
+        assert {k: got[k] for k in want} == want, got
+
+
 def test_epochs_start_new_passes_and_other_mixtures_states_are_refused(tiny):
     loader = mixture(tiny)
     first = rows_of(loader)

@@ -122,7 +122,7 @@ impl Target {
     }
 
     /// The weighted mixture of token sources `config.mixture`, row by row, its batches shaped
-    /// as the token loader's.
+    /// as the token loader's; the report says which device is used.
     pub fn token_mixture(
         self,
         tokenizer: Option<TextTokenizer>,
@@ -131,6 +131,7 @@ impl Target {
         let (prefetch, limit) = (config.prefetch, config.memory_limit);
         let loader = stoker::tokens::pipeline::TokenMixLoader::new_in(tokenizer, config, self.placement.allocator())?;
         let stage = self.placement.stage(loader.host().region_capacities(), prefetch, limit)?;
+        loader.telemetry().set_device(self.report.clone());
         Ok(OnDevice { loader, stage, device: self.report })
     }
 }
