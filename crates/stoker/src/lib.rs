@@ -76,6 +76,7 @@ pub mod shell;
 pub mod source;
 pub mod tokens;
 pub mod tools;
+pub mod values;
 
 // The modules of each room, at the crate root as well: the paths other crates and older code use.
 pub use image::{cache, decode, ops, pipeline};

@@ -3,9 +3,9 @@
 //! runs on options made by hand, with its tokenizer's vocabulary. A pair loader's `captions`
 //! argument ([`captions`]) adds the tokenizer file and where the caption is (`caption`).
 
-use super::values::{check_caption_values, shown, text, unsigned, MAX_CONTEXT_LENGTH};
 use crate::error::{Error, Result};
 use crate::tokens::{CaptionField, CaptionOptions, CaptionSpec, Clean};
+use crate::values::{check_caption_values, shown, text, unsigned, MAX_CONTEXT_LENGTH};
 use serde_json::Value;
 
 /// [`CaptionOptions`] from the values given (`None`: not given): `context_length` (an integer

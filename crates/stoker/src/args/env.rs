@@ -20,9 +20,9 @@
 //! Object-store credentials and endpoints (`AWS_*`, `GOOGLE_*`, `AZURE_*`) are read by the
 //! `object_store` crate's builders, which are given them by name; stoker reads none of them.
 
-use super::values::{parse_ttl, MAX_THREADS};
 use crate::error::{Error, Result};
 use crate::shell::store::Ttl;
+use crate::values::{parse_ttl, MAX_THREADS};
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::time::Duration;

@@ -4,12 +4,12 @@
 
 use super::env::{apply_env, budget_registry_path, Env};
 use super::shared::{cache, common, sampler, shard_cache, trace};
-use super::values::{batch_bytes, boolean, bytes, cpu_budget, positive, shown, text, thread_count};
 use super::{Args, Taker};
 use crate::error::{Error, Result};
 use crate::image::gpu_job::DecodeOn;
 use crate::image::ops::{DType, Layout, OpSpec, TransformSpec};
 use crate::image::pipeline::{ErrorPolicy, LoaderConfig, MaxFailures};
+use crate::values::{batch_bytes, boolean, bytes, cpu_budget, positive, shown, text, thread_count};
 use serde_json::Value;
 
 /// The transform: `preset` (`imagenet-train`, `imagenet-val`) or `ops` (a list of op specs,

@@ -2,10 +2,10 @@
 //! ...the kind's own fields}], "epoch_items"}`. The shell's part ([`MixSpec`]) is checked here;
 //! each source's remaining fields go back to its kind's rule book, named by the source.
 
-use super::values::{positive, shown};
 use super::Taker;
 use crate::error::{Error, Result};
 use crate::shell::mix::{Exhausted, MixPart, MixSpec};
+use crate::values::{positive, shown};
 use serde_json::Value;
 
 /// A source's fields that a kind reads, and the source's name for its errors.

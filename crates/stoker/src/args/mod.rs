@@ -21,8 +21,9 @@
 //! The rule books, one job each:
 //! - `mod.rs`: taking named arguments one by one ([`Args`], [`from_text`]), and the paths
 //!   every caller uses (`stoker::args::loader_config`, ...);
-//! - `values.rs`: the rules for one value (integers, booleans, sizes, thread counts, prefetch,
-//!   CPU budgets, batch buffers, devices, durations), each limit written once;
+//! - [`crate::values`] (beside `error.rs`, below every room, so the loaders reach it without
+//!   importing back up): the rules for one value (integers, booleans, sizes, thread counts,
+//!   prefetch, CPU budgets, batch buffers, devices, durations), each limit written once;
 //! - `env.rs`: every environment variable stoker reads, read there and nowhere else ([`Env`]);
 //!   it hands the modules below `args` their settings as plain values ([`Env::apply`]);
 //! - `shared.rs`: the argument groups of more than one kind (sampler and ranks,
@@ -34,7 +35,7 @@
 //! - `augment.rs`: the augmentation ops' arguments ([`policy`], [`jitter_ranges`],
 //!   [`timm_rand_augment`], [`erasing`], ...), called when a transform is compiled;
 //! - `captions.rs`: the caption encoder's options ([`caption_options`]; their limits are
-//!   [`values::check_caption_values`]) and a pair loader's captions ([`captions`]);
+//!   [`crate::values::check_caption_values`]) and a pair loader's captions ([`captions`]);
 //! - `state.rs`: the saved states of image and array loaders ([`saved_state`],
 //!   [`saved_states`]).
 //!
@@ -52,8 +53,13 @@ mod mixture;
 mod shared;
 mod state;
 mod tokens;
-pub mod values;
 
+pub use crate::values::{
+    batch_bytes, boolean, bytes, check_caption_values, check_io_threads, check_positive, check_prefetch, check_threads,
+    cpu_budget, duration, non_negative, parse_bytes, positive, prefetch, text_value, thread_count, threads,
+    token_values, DeviceSpec, MAX_BATCH_BYTES, MAX_BATCH_TOKENS, MAX_CONTEXT_LENGTH, MAX_PREFETCH, MAX_SEQ_LEN,
+    MAX_THREADS, SLOT_BYTES_PER_SAMPLE,
+};
 pub use arrays::array_config;
 pub use augment::{
     auto_augment_policy, erasing, fill_bytes, jitter_ranges, policy, probability, rand_augment, timm_rand_augment,
@@ -68,12 +74,6 @@ pub use image::{decode_where, image_config, loader_config, max_failures};
 pub use shared::DEFAULT_SHARD_WINDOW;
 pub use state::{saved_state, saved_states, SavedState};
 pub use tokens::{token_config, token_mix_state, token_state, MAX_PACK_WINDOW};
-pub use values::{
-    batch_bytes, boolean, bytes, check_caption_values, check_io_threads, check_positive, check_prefetch, check_threads,
-    cpu_budget, duration, non_negative, parse_bytes, positive, prefetch, text_value, thread_count, threads,
-    token_values, DeviceSpec, MAX_BATCH_BYTES, MAX_BATCH_TOKENS, MAX_CONTEXT_LENGTH, MAX_PREFETCH, MAX_SEQ_LEN,
-    MAX_THREADS, SLOT_BYTES_PER_SAMPLE,
-};
 
 pub use crate::shell::store::Ttl;
 
@@ -131,6 +131,6 @@ impl Taker {
 
 /// Arguments from a JSON object, for tests.
 #[cfg(test)]
-fn args(v: Value) -> Args {
+pub(crate) fn args(v: Value) -> Args {
     v.as_object().unwrap().clone()
 }

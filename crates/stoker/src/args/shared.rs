@@ -2,12 +2,12 @@
 //! kind: the sampler and the ranks, threads/prefetch/memory cap, the cache, the trace.
 
 use super::env::Env;
-use super::values::{batch_bytes, boolean, bytes, non_negative, positive, prefetch, shown, threads};
 use super::Taker;
 use crate::error::{Error, Result};
 use crate::image::cache::CacheSpec;
 use crate::shell::sampler::SamplerSpec;
 use crate::shell::store::{CacheLocation, StoreSpec};
+use crate::values::{batch_bytes, boolean, bytes, non_negative, positive, prefetch, shown, threads};
 use serde_json::Value;
 
 /// The shard window `shuffle="shards"` uses when none is given.

@@ -3,9 +3,9 @@
 //! and their fingerprints against the loader's ([`saved_state`], [`saved_states`]). [`Saved`]
 //! reads the fields of any state, the token loader's too ([`super::token_state`]).
 
-use super::values::shown;
 use crate::error::{Error, Result};
 use crate::shell::sampler::{ElasticBase, ElasticStep, Fingerprint, SamplerState};
+use crate::values::shown;
 use serde_json::{Map, Value};
 
 /// The fields of a saved state (`state_dict()`), for their checks.

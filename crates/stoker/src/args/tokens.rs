@@ -4,10 +4,10 @@
 use super::env::{apply_env, budget_registry_path, Env};
 use super::shared::{cache, common, ranks, trace};
 use super::state::Saved;
-use super::values::{boolean, bounded, bytes, cpu_budget, non_negative, positive, shown, text, token_values, unsigned};
 use super::{Args, Taker};
 use crate::error::{Error, Result};
 use crate::tokens::{PackMode, TokenConfig, TokenFingerprint, TokenState};
+use crate::values::{boolean, bounded, bytes, cpu_budget, non_negative, positive, shown, text, token_values, unsigned};
 use serde_json::Value;
 use std::path::PathBuf;
 
@@ -355,8 +355,8 @@ mod tests {
     use super::*;
     use crate::args::args;
     use crate::args::env::env_of;
-    use crate::args::values::{MAX_BATCH_TOKENS, MAX_SEQ_LEN};
     use crate::args::INDEX_DIR_VAR;
+    use crate::values::{MAX_BATCH_TOKENS, MAX_SEQ_LEN};
     use serde_json::json;
 
     #[test]

@@ -12,8 +12,8 @@
 //! fault at most), so a file whose rows take at most [`READ_WHOLE_MAX`] bytes (labels, small
 //! features) is read whole when it is opened and copied from memory.
 
-use super::npy::{npy_layout, NpyHeader, NpyLayout, NPY_HEADER_MAX};
 use crate::error::{Error, Result};
+use crate::source::npy::{npy_layout, NpyHeader, NpyLayout, NPY_HEADER_MAX};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -197,7 +197,7 @@ impl Column {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::arrays::npy::parse_npy_header;
+    use crate::source::npy::parse_npy_header;
 
     #[test]
     fn npy_headers() {

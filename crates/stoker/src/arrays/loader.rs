@@ -7,7 +7,6 @@
 
 use super::column::Column;
 use super::report::{verdict, ArrayCounters, ArrayReport, ArraySection};
-use crate::args::values::{batch_bytes, check_prefetch, check_threads};
 use crate::error::{Error, Result};
 use crate::observe::telemetry::Telemetry;
 use crate::shell::buffer::{BufferPool, HeapAllocator, HostAllocator, RawBuf};
@@ -18,6 +17,7 @@ use crate::shell::kind::{Delivery, Iter, Kind, Loader, SamplerKind, Started};
 use crate::shell::ordered::{take_free, Run};
 use crate::shell::pass::{FailureBudget, Observe, Pass, PassHooks, PassSlot};
 use crate::shell::sampler::{Fingerprint, Position, Sampler, SamplerSpec, Start};
+use crate::values::{batch_bytes, check_prefetch, check_threads};
 use crossbeam_channel::bounded;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};

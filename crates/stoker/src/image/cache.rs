@@ -31,12 +31,12 @@
 //! and renamed into place, so a crash leaves no partial entry under a real name; published
 //! entries are never modified in place, so an open entry stays valid while it is used.
 
-use crate::args::values::check_positive;
 use crate::error::Result;
 pub use crate::shell::store::{
     clear, list_groups, ram_root, CacheLocation, Cleared, DatasetKey, GroupInfo, Ttl, LOCK_DEADLINE, RAM_TTL,
 };
 use crate::shell::store::{Group, GroupKind, GroupReport, StoreSpec};
+use crate::values::check_positive;
 use std::fs::File;
 use std::io::Write;
 use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};

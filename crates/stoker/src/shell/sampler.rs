@@ -11,10 +11,10 @@
 //! sample a saved rank delivered, in permutation order; they are dealt to the new ranks exactly
 //! as a permutation is (above), so the continued epoch is again a pure function of its state.
 
-use crate::args::values::check_positive;
 use crate::error::{Error, Result};
 use crate::shell::mix::{MixSpec, Mixture};
 use crate::shell::rng::{self, Rng};
+use crate::values::check_positive;
 
 /// How to order and cut the samples.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -528,7 +528,7 @@ mod tests {
         // The counts follow the rule of `args` (one message for a config made by hand and for
         // a value given).
         let e = Sampler::new(10, spec(0, false, false, 0, 1)).unwrap_err();
-        assert_eq!(e.to_string(), crate::args::values::check_positive("batch_size", 0).unwrap_err().to_string());
+        assert_eq!(e.to_string(), crate::values::check_positive("batch_size", 0).unwrap_err().to_string());
         let e = Sampler::new(10, spec(2, false, false, 0, 0)).unwrap_err();
         assert!(e.to_string().contains("`world_size`: must be at least 1, got 0"), "{e}");
         let e = Sampler::new(10, SamplerSpec { shard_window: Some(0), ..spec(2, true, false, 0, 1) }).unwrap_err();

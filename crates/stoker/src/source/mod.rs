@@ -2,7 +2,7 @@
 //! bytes of the dataset. Only an index lives in memory (a few bytes per sample).
 //!
 //! Owns: formats on disk and in object storage (ImageFolder trees, tar and its index, pack
-//! folders, `classes.json`), names as bytes, reads with their limits. May not touch: pixels,
+//! folders, `classes.json`, the `.npy` header: [`npy`]), names as bytes, reads with their limits. May not touch: pixels,
 //! order or batches (a source answers "how many", "which label", "these bytes").
 
 mod blocks;
@@ -10,6 +10,7 @@ pub(crate) mod fetch;
 mod glob;
 mod image_folder;
 pub mod mix;
+pub mod npy;
 pub mod readahead;
 #[cfg(feature = "remote")]
 mod remote;

@@ -153,13 +153,9 @@ thread_local! {
 
 impl CaptionEncoder {
     /// An encoder on `tokenizer` (which must have [`SOT`] and [`EOT`]) with `options`, checked
-    /// by [`crate::args::values::check_caption_values`] against its vocabulary.
+    /// by [`crate::values::check_caption_values`] against its vocabulary.
     pub fn new(tokenizer: TextTokenizer, options: CaptionOptions) -> Result<Self> {
-        crate::args::values::check_caption_values(
-            options.context_length,
-            options.pad_id,
-            Some(tokenizer.vocab_size()),
-        )?;
+        crate::values::check_caption_values(options.context_length, options.pad_id, Some(tokenizer.vocab_size()))?;
         let special = |name: &str| {
             tokenizer.id_of(name).ok_or_else(|| {
                 Error::config(

@@ -451,9 +451,9 @@ impl DocFile {
             return Self::open_megatron(path, &idx, len);
         }
         let (data_offset, width) = if path.extension().is_some_and(|e| e == "npy") {
-            let mut head = vec![0u8; (len as usize).min(crate::arrays::npy::NPY_HEADER_MAX)];
+            let mut head = vec![0u8; (len as usize).min(crate::source::npy::NPY_HEADER_MAX)];
             f.read_exact_at(&mut head, 0).map_err(|e| read_error(path, &e))?;
-            let l = crate::arrays::npy::npy_layout(&head, len as usize, path)?;
+            let l = crate::source::npy::npy_layout(&head, len as usize, path)?;
             let width = match l.header.descr.as_str() {
                 "<u2" => 2u64,
                 "<u4" | "<i4" => 4,

@@ -4,7 +4,7 @@
 
 use super::shared::{dataset_key, samples_hash, write_trace, Captions, Images, Stash};
 use super::*;
-use crate::args::values::{batch_bytes as checked_batch_bytes, check_io_threads, check_prefetch, check_threads};
+use crate::values::{batch_bytes as checked_batch_bytes, check_io_threads, check_prefetch, check_threads};
 
 /// A batch loader over a [`Source`].
 pub type Loader = crate::shell::kind::Loader<Images>;

@@ -4,8 +4,9 @@
 //! with the same functions ([`check_threads`], [`check_io_threads`], [`check_prefetch`],
 //! [`batch_bytes`]), so a limit cannot be one thing here and another there.
 //!
-//! This file needs nothing but the error type and the value types it returns: the loaders may
-//! call it without importing the configs that the other rule books build.
+//! This file needs nothing but the error type and the value types it returns, and sits beside
+//! `error.rs`, below every room: the loaders call it without importing the configs that the
+//! rule books of [`crate::args`] build (it is [`crate::args`]'s, re-exported there).
 
 use crate::error::{Error, Result};
 use crate::shell::store::Ttl;
