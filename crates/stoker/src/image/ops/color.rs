@@ -156,6 +156,35 @@ pub(crate) fn to_u8(x: f32) -> u8 {
     unsafe { x.to_int_unchecked::<i32>() as u8 }
 }
 
+/// The binary exponent of a normal float32 (`None`: zero, subnormal, infinite or NaN).
+#[inline]
+fn exponent(x: f32) -> Option<i32> {
+    let e = ((x.to_bits() >> 23) & 0xff) as i32;
+    (1..255).contains(&e).then_some(e - 127)
+}
+
+/// Whether `f32(x * alpha + y)` computed in float64 (the product and the sum each rounded to
+/// float64, then to float32) is the float32 fused multiply-add `fma(x, alpha, y)` for every
+/// integer `x` in `[-255, 255]` and `y` in `[0, 255]`: when the sum is exact in float64. Its
+/// magnitude is below `2^(e + 10)` (or `2^9` for `e < -1`) and its lowest bit at least
+/// `2^(e - 23)`, `e` the exponent of `alpha`: at most 53 bits for `e >= -21` (`-20` here).
+fn blend_is_fused(alpha: f32) -> bool {
+    alpha == 0.0 || exponent(alpha).is_some_and(|e| e >= -20)
+}
+
+/// Whether `f32(g * alpha + f32(v * ratio))` computed in float64 is the float32
+/// `fma(g, alpha, v * ratio)` (the product `v * ratio` native: exact in float64, rounded once)
+/// for all bytes `g` and `v`: when the float64 sum is exact. With `ea`, `er` the exponents, its
+/// magnitude is below `2^(max(ea, er) + 10)` and its lowest bit at least
+/// `2^(min(ea, er) - 23)` (`|v * ratio| >= |ratio|` when not 0): at most 53 bits when the two
+/// exponents are within 20 of each other. With `alpha` or `ratio` zero, one term is left.
+fn saturation_is_fused(ratio: f32, alpha: f32) -> bool {
+    if ratio == 0.0 || alpha == 0.0 {
+        return ratio.is_finite() && alpha.is_finite();
+    }
+    matches!((exponent(ratio), exponent(alpha)), (Some(a), Some(b)) if (a - b).abs() <= 20)
+}
+
 /// `_blend(image, other, ratio)` for one value: `image * ratio + other * (1 - ratio)` as torch
 /// computes it (`image.mul(ratio).add_(other, alpha=1 - ratio)`, the add fused), clamped and
 /// truncated. `ratio` and `alpha` are the float32 scalars (`alpha` = `f32(1.0 - ratio)` with
@@ -231,23 +260,26 @@ pub fn contrast(img: &mut [u8], factor: f64) {
 
 /// `adjust_saturation(img, factor)`: each pixel blended with its floored grayscale:
 /// `to_u8(f32(g * alpha + f32(v * ratio)))` per channel value `v` (the sum in float64, where
-/// both products are exact, rounded once to float32 as the fused add rounds), block by block.
+/// both products are exact, rounded once to float32 as the fused add rounds); with AVX2 and FMA
+/// a float32 fused multiply-add where that is the same ([`saturation_is_fused`]).
 pub fn saturation(img: &mut [u8], factor: f64) {
     let (ratio, alpha) = ratio_alpha(factor);
-    saturation_by(img, ratio as f64, alpha as f64)
+    saturation_by(img, ratio, alpha)
 }
 
-/// [`saturation`] by the float32 scalars (as doubles).
-fn saturation_by(img: &mut [u8], ratio: f64, alpha: f64) {
+/// [`saturation`] by the float32 scalars.
+fn saturation_by(img: &mut [u8], ratio: f32, alpha: f32) {
     #[cfg(target_arch = "x86_64")]
     let img = if avx2::available() {
         let (eights, rest) = img.as_chunks_mut::<24>();
+        let fused = saturation_is_fused(ratio, alpha);
         // SAFETY: the CPU has AVX2 and FMA (`available`).
-        unsafe { avx2::saturation(eights, ratio, alpha) };
+        unsafe { avx2::saturation(eights, ratio, alpha, fused) };
         rest
     } else {
         img
     };
+    let (ratio, alpha) = (ratio as f64, alpha as f64);
     let (pixels, _) = img.as_chunks_mut::<3>();
     for p in pixels {
         let g = floor_luma(p) as f64 * alpha;
@@ -363,25 +395,32 @@ mod avx2 {
         sum
     }
 
-    /// [`super::saturation_by`].
+    /// [`super::saturation_by`]: `to_u8(fma(g, alpha, v * ratio))` in float32 where `fused`
+    /// ([`super::saturation_is_fused`]), else the float64 blend on four lanes.
     #[target_feature(enable = "avx2,fma")]
-    pub(super) fn saturation(px: &mut [[u8; 24]], ratio: f64, alpha: f64) {
-        let (ratio, alpha) = (_mm256_set1_pd(ratio), _mm256_set1_pd(alpha));
+    pub(super) fn saturation(px: &mut [[u8; 24]], ratio: f32, alpha: f32, fused: bool) {
+        let (ratio_s, alpha_s) = (_mm256_set1_ps(ratio), _mm256_set1_ps(alpha));
+        let (ratio_d, alpha_d) = (_mm256_set1_pd(ratio as f64), _mm256_set1_pd(alpha as f64));
         let (zero, top) = (_mm256_setzero_ps(), _mm256_set1_ps(255.0));
         for p in px {
             let v = load8(p);
             let gray = floor_luma8(v);
-            let g_lo = _mm256_mul_pd(_mm256_cvtepi32_pd(_mm256_castsi256_si128(gray)), alpha);
-            let g_hi = _mm256_mul_pd(_mm256_cvtepi32_pd(_mm256_extracti128_si256::<1>(gray)), alpha);
-            // `to_u8(f32(g + f64(f32(v * ratio))))` of four values.
+            let gray_s = _mm256_cvtepi32_ps(gray);
+            let g_lo = _mm256_mul_pd(_mm256_cvtepi32_pd(_mm256_castsi256_si128(gray)), alpha_d);
+            let g_hi = _mm256_mul_pd(_mm256_cvtepi32_pd(_mm256_extracti128_si256::<1>(gray)), alpha_d);
+            // `f32(g + f64(f32(v * ratio)))` of four values.
             let half = |c: __m128i, g: __m256d| -> __m128 {
-                let a = _mm256_cvtps_pd(_mm256_cvtpd_ps(_mm256_mul_pd(_mm256_cvtepi32_pd(c), ratio)));
+                let a = _mm256_cvtps_pd(_mm256_cvtpd_ps(_mm256_mul_pd(_mm256_cvtepi32_pd(c), ratio_d)));
                 _mm256_cvtpd_ps(_mm256_add_pd(g, a))
             };
             let blend = |c: __m256i| -> __m256i {
-                let lo = half(_mm256_castsi256_si128(c), g_lo);
-                let hi = half(_mm256_extracti128_si256::<1>(c), g_hi);
-                let x = _mm256_set_m128(hi, lo);
+                let x = if fused {
+                    _mm256_fmadd_ps(gray_s, alpha_s, _mm256_mul_ps(_mm256_cvtepi32_ps(c), ratio_s))
+                } else {
+                    let lo = half(_mm256_castsi256_si128(c), g_lo);
+                    let hi = half(_mm256_extracti128_si256::<1>(c), g_hi);
+                    _mm256_set_m128(hi, lo)
+                };
                 _mm256_cvttps_epi32(_mm256_min_ps(_mm256_max_ps(x, zero), top))
             };
             let r = blend(channel::<0>(v));
@@ -389,6 +428,13 @@ mod avx2 {
             let b = _mm256_slli_epi32::<16>(blend(channel::<16>(v)));
             store8(p, _mm256_or_si256(r, _mm256_or_si256(g, b)));
         }
+    }
+
+    /// [`super::sharpness`] where [`super::blend_is_fused`]: the blend as the float32
+    /// `fma(blurred - v, alpha, v)`, eight lanes.
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) fn sharpen(img: &mut [u8], src: &[u8], w: usize, h: usize, alpha: f32) {
+        super::sharpen_rows(img, src, w, h, |d, v| super::to_u8((d as f32).mul_add(alpha, v as f32)))
     }
 
     /// [`super::grayscale`].
@@ -553,7 +599,8 @@ pub fn equalize(img: &mut [u8]) {
 /// for every ring (0..=2040) and center (0..=255): `(ring + 5 center) / 13` is never within
 /// 1/26 of a half, far more than the weights' and the rounding's errors
 /// (`sharpness_smoothing_is_integer` checks all pairs). The blend
-/// `f32((blurred - v) * alpha + v)` is then computed in float64 as before, vectorised.
+/// `f32((blurred - v) * alpha + v)` is computed in float64 as before, vectorised, or, with AVX2
+/// and FMA, as a float32 fused multiply-add where that is the same ([`blend_is_fused`]).
 pub fn sharpness(img: &mut [u8], w: usize, h: usize, factor: f64, scratch: &mut Vec<u8>) {
     if w <= 2 || h <= 2 {
         return;
@@ -561,32 +608,45 @@ pub fn sharpness(img: &mut [u8], w: usize, h: usize, factor: f64, scratch: &mut 
     scratch.clear();
     scratch.extend_from_slice(img);
     let src = &scratch[..];
-    let alpha = (1.0 - factor) as f32 as f64;
-    sharpen(img, src, w, h, alpha);
+    let alpha = (1.0 - factor) as f32;
+    #[cfg(target_arch = "x86_64")]
+    if blend_is_fused(alpha) && avx2::available() {
+        // SAFETY: the CPU has AVX2 and FMA (`available`).
+        return unsafe { avx2::sharpen(img, src, w, h, alpha) };
+    }
+    sharpen(img, src, w, h, alpha as f64);
+}
+
+/// [`sharpness`]'s interior rows `1..h - 1` from the copy `src`, each value `v` becoming
+/// `blend(blurred - v, v)`.
+#[inline(always)]
+fn sharpen_rows(img: &mut [u8], src: &[u8], w: usize, h: usize, blend: impl Fn(i32, u8) -> u8) {
+    let row = w * 3;
+    // One row of vertical 3-sums.
+    let mut vsum = vec![0u16; row];
+    for y in 1..h - 1 {
+        let (up, mid, down) =
+            (&src[(y - 1) * row..y * row], &src[y * row..(y + 1) * row], &src[(y + 1) * row..][..row]);
+        for (((s, &a), &b), &c) in vsum.iter_mut().zip(up).zip(mid).zip(down) {
+            *s = a as u16 + b as u16 + c as u16;
+        }
+        // Interior values k in 3..row - 3: the neighbours' column sums at k - 3, k, k + 3.
+        let n = row - 6;
+        let (left, centre, right) = (&vsum[..n], &vsum[3..3 + n], &vsum[6..6 + n]);
+        let out = &mut img[y * row + 3..][..n];
+        for ((((o, &v), &l), &cs), &r) in out.iter_mut().zip(&mid[3..3 + n]).zip(left).zip(centre).zip(right) {
+            let ring = l + cs + r - v as u16;
+            let blurred = (ring + 5 * v as u16 + 6) / 13;
+            *o = blend(blurred as i32 - v as i32, v);
+        }
+    }
 }
 
 multiversion! {
-    /// [`sharpness`]'s interior from the copy `src`, with the float32 `1 - factor` as a double.
+    /// [`sharpness`]'s interior with the float32 `1 - factor` as a double: the blend
+    /// `f32((blurred - v) * alpha + v)` in float64.
     fn sharpen(img: &mut [u8], src: &[u8], w: usize, h: usize, alpha: f64) {
-        let row = w * 3;
-        // One row of vertical 3-sums.
-        let mut vsum = vec![0u16; row];
-        for y in 1..h - 1 {
-            let (up, mid, down) = (&src[(y - 1) * row..y * row], &src[y * row..(y + 1) * row], &src[(y + 1) * row..][..row]);
-            for (((s, &a), &b), &c) in vsum.iter_mut().zip(up).zip(mid).zip(down) {
-                *s = a as u16 + b as u16 + c as u16;
-            }
-            // Interior values k in 3..row - 3: the neighbours' column sums at k - 3, k, k + 3.
-            let n = row - 6;
-            let (left, centre, right) = (&vsum[..n], &vsum[3..3 + n], &vsum[6..6 + n]);
-            let out = &mut img[y * row + 3..][..n];
-            for ((((o, &v), &l), &cs), &r) in out.iter_mut().zip(&mid[3..3 + n]).zip(left).zip(centre).zip(right) {
-                let ring = l + cs + r - v as u16;
-                let blurred = (ring + 5 * v as u16 + 6) / 13;
-                let d = blurred as i32 - v as i32;
-                *o = to_u8(r32(d as f64 * alpha + v as f64));
-            }
-        }
+        sharpen_rows(img, src, w, h, |d, v| to_u8(r32(d as f64 * alpha + v as f64)))
     }
 }
 
@@ -1027,6 +1087,56 @@ pub(crate) mod tests {
                 }
             }
         }
+    }
+
+    /// Where [`blend_is_fused`] and [`saturation_is_fused`] say so, the float32 fused forms are
+    /// the float64 ones for every pair of values, over factors near and beyond their bounds.
+    #[test]
+    fn fused_blends_equal_the_float64_ones_where_admitted() {
+        let mut rng = crate::shell::rng::Rng::new(50, 6, 0);
+        let mut alphas: Vec<f32> = vec![0.0, -0.0, 1.0, -1.0, 0.5, 2.0, -2.7, 1e-7, 1e-6, -1e-6, 9.6e-7, 5e-7];
+        alphas.extend((0..300).map(|k| {
+            let e = -26.0 + (k % 30) as f64;
+            (rng.uniform(1.0, 2.0) * 2f64.powf(e) * if k % 2 == 0 { 1.0 } else { -1.0 }) as f32
+        }));
+        let (mut admitted, mut refused) = (0, 0);
+        for &alpha in &alphas {
+            if !blend_is_fused(alpha) {
+                refused += 1;
+                continue;
+            }
+            admitted += 1;
+            for d in -255..=255i32 {
+                for v in 0..=255u8 {
+                    let fused = to_u8((d as f32).mul_add(alpha, v as f32));
+                    assert_eq!(fused, to_u8(r32(d as f64 * alpha as f64 + v as f64)), "{alpha} {d} {v}");
+                }
+            }
+        }
+        assert!(admitted > 100 && refused > 10, "{admitted} {refused}");
+        let (mut admitted, mut refused) = (0, 0);
+        for k in 0..400 {
+            let factor = match k % 4 {
+                0 => rng.uniform(0.0, 2.0),
+                1 => 1.0 + rng.uniform(-1.0, 1.0) * 2f64.powi(-(rng.below(30) as i32)),
+                2 => rng.uniform(-1.0, 1.0) * 2f64.powi(-(rng.below(30) as i32)),
+                _ => [0.0, 1.0, 2.0, 0.5, 1e-7, 1.0 - 1e-7][k / 4 % 6],
+            };
+            let (ratio, alpha) = ratio_alpha(factor);
+            if !saturation_is_fused(ratio, alpha) {
+                refused += 1;
+                continue;
+            }
+            admitted += 1;
+            for g in 0..=255u32 {
+                for v in 0..=255u8 {
+                    let fused = to_u8((g as f32).mul_add(alpha, v as f32 * ratio));
+                    let double = to_u8(r32(g as f64 * alpha as f64 + r32(v as f64 * ratio as f64) as f64));
+                    assert_eq!(fused, double, "{factor} {g} {v}");
+                }
+            }
+        }
+        assert!(admitted > 200 && refused > 10, "{admitted} {refused}");
     }
 
     /// The integer smoothing of [`sharpness`] is torchvision's float32 one for every ring sum
