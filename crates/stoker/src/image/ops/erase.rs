@@ -39,15 +39,12 @@ pub struct Erase {
 /// A box `(top, left, height, width)` to erase.
 pub type EraseBox = [usize; 4];
 
-/// Two standard normal draws (Marsaglia's polar method in float32, both uniforms from one
-/// 64-bit draw, 24 bits each).
+/// Two standard normal draws, one pair at a time: the definition of the stream [`Normals`]
+/// draws in batches.
+#[cfg(test)]
 fn normal_pair(rng: &mut Rng) -> [f32; 2] {
-    const SCALE: f32 = 1.0 / (1u32 << 23) as f32;
     loop {
-        let bits = rng.next_u64();
-        let u = ((bits >> 40) as u32 as f32) * SCALE - 1.0;
-        let v = (((bits >> 8) & 0xff_ffff) as u32 as f32) * SCALE - 1.0;
-        let s = u * u + v * v;
+        let (u, v, s) = polar_draw(rng.next_u64());
         if s > 0.0 && s < 1.0 {
             let m = (-2.0 * s.ln() / s).sqrt();
             return [u * m, v * m];
@@ -80,8 +77,138 @@ impl Erase {
 
     /// Erases `bx` of one sample `out` (`h` x `w`, `dtype`, `layout`), drawing random values from
     /// `rng`.
+    ///
+    /// Row by row of each channel (torchvision's `normal_` order on a `[c, h, w]` tensor): the
+    /// row's values (drawn from one stream of pairs, [`Normals`], a pair's second value starting
+    /// the next row when a row takes an odd number), then normalised and written in one pass.
     #[allow(clippy::too_many_arguments)]
     pub fn apply(&self, bx: EraseBox, out: &mut [u8], h: usize, w: usize, dtype: DType, layout: Layout, rng: &mut Rng) {
+        let [i, j, eh, ew] = bx;
+        if eh == 0 || ew == 0 {
+            return;
+        }
+        let mut normals = Normals::default();
+        let mut vals = vec![0f32; ew];
+        let mut halves = vec![half::f16::ZERO; if dtype == DType::Float16 { ew } else { 0 }];
+        for c in 0..3 {
+            let (mean, std) = self.normalize.map_or((0.0, 1.0), |(m, s)| (m[c], s[c]));
+            for y in i..i + eh {
+                match self.value {
+                    EraseValue::Const(v) => vals.fill(v[c]),
+                    EraseValue::Random => normals.fill(rng, &mut vals),
+                }
+                if self.normalize.is_some() {
+                    for v in vals.iter_mut() {
+                        *v = (*v - mean) / std;
+                    }
+                }
+                // Element `x` of the row is at `first + x * step` (in elements).
+                let (first, step) = match layout {
+                    Layout::NCHW => ((c * h + y) * w + j, 1),
+                    Layout::NHWC => ((y * w + j) * 3 + c, 3),
+                };
+                let size = dtype.size();
+                let span = &mut out[first * size..(first + (ew - 1) * step + 1) * size];
+                match dtype {
+                    DType::Float32 => {
+                        for (d, v) in span.chunks_mut(4 * step).zip(&vals) {
+                            d[..4].copy_from_slice(&v.to_ne_bytes());
+                        }
+                    }
+                    DType::Float16 => {
+                        half::slice::HalfFloatSliceExt::convert_from_f32_slice(&mut halves[..], &vals);
+                        for (d, v) in span.chunks_mut(2 * step).zip(&halves) {
+                            d[..2].copy_from_slice(&v.to_ne_bytes());
+                        }
+                    }
+                    DType::Uint8 => {
+                        for (d, v) in span.iter_mut().step_by(step).zip(&vals) {
+                            *d = v.clamp(0.0, 255.0) as u8;
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The stream of standard normal values of one erase: pairs of Marsaglia's polar method in
+/// float32 (both uniforms from one 64-bit draw, 24 bits each), both values used in order.
+#[derive(Default)]
+struct Normals {
+    /// The second value of the last pair, when not yet used.
+    spare: Option<f32>,
+    /// Accepted draws `(u, v, s)` of the polar method, then `ln(s)`.
+    polar: Vec<[f32; 4]>,
+}
+
+impl Normals {
+    /// Fills `vals` with the next values of the stream: the draws and values that drawing one
+    /// pair at a time makes (the tests' `normal_pair`), but the accepted points are gathered
+    /// first (a loop without a branch per draw) and the logarithms and roots computed
+    /// afterwards, independent of each other.
+    fn fill(&mut self, rng: &mut Rng, vals: &mut [f32]) {
+        let vals = match (self.spare, vals) {
+            (Some(s), [first, rest @ ..]) => {
+                *first = s;
+                self.spare = None;
+                rest
+            }
+            (_, vals) => vals,
+        };
+        let pairs = vals.len().div_ceil(2);
+        self.polar.clear();
+        self.polar.resize(pairs + 1, [0.0; 4]);
+        let mut got = 0;
+        while got < pairs {
+            let (u, v, s) = polar_draw(rng.next_u64());
+            self.polar[got] = [u, v, s, 0.0];
+            got += (s > 0.0 && s < 1.0) as usize;
+        }
+        // The logarithms (libm's `logf`, as one pair at a time), then the rest of the arithmetic in
+        // a loop the compiler vectorises (IEEE division and square root: the same bits).
+        let polar = &mut self.polar[..pairs];
+        for p in polar.iter_mut() {
+            p[3] = p[2].ln();
+        }
+        let m = |s: f32, l: f32| (-2.0 * l / s).sqrt();
+        let (whole, odd) = vals.as_chunks_mut::<2>();
+        for (out, &[u, v, s, l]) in whole.iter_mut().zip(polar.iter()) {
+            let m = m(s, l);
+            *out = [u * m, v * m];
+        }
+        if let ([last], Some(&[u, v, s, l])) = (odd, polar.last()) {
+            let m = m(s, l);
+            *last = u * m;
+            self.spare = Some(v * m);
+        }
+    }
+}
+
+/// One draw of Marsaglia's polar method: two uniforms in `[-1, 1)` from 24 bits each of `bits`,
+/// and the square of their norm (accepted in `(0, 1)`).
+#[inline(always)]
+fn polar_draw(bits: u64) -> (f32, f32, f32) {
+    const SCALE: f32 = 1.0 / (1u32 << 23) as f32;
+    let u = ((bits >> 40) as u32 as f32) * SCALE - 1.0;
+    let v = (((bits >> 8) & 0xff_ffff) as u32 as f32) * SCALE - 1.0;
+    (u, v, u * u + v * v)
+}
+
+#[cfg(test)]
+impl Erase {
+    /// The element-by-element erase this replaced, the reference of `rows_equal_the_reference`.
+    #[allow(clippy::too_many_arguments)]
+    fn reference_apply(
+        &self,
+        bx: EraseBox,
+        out: &mut [u8],
+        h: usize,
+        w: usize,
+        dtype: DType,
+        layout: Layout,
+        rng: &mut Rng,
+    ) {
         let [i, j, eh, ew] = bx;
         let norm = |c: usize, v: f32| match self.normalize {
             Some((mean, std)) => (v - mean[c]) / std[c],
@@ -123,6 +250,34 @@ impl Erase {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn rows_equal_the_reference() {
+        let mut rng = Rng::new(50, 5, 0);
+        for k in 0..300u64 {
+            let (h, w) = (1 + rng.below(40) as usize, 1 + rng.below(40) as usize);
+            let (eh, ew) = (rng.below(h as u64 + 1) as usize, rng.below(w as u64 + 1) as usize);
+            let bx = [rng.below((h - eh) as u64 + 1) as usize, rng.below((w - ew) as u64 + 1) as usize, eh, ew];
+            let e = Erase {
+                p: 1.0,
+                scale: [0.02, 0.33],
+                ratio: [0.3, 3.3],
+                value: if k % 3 == 0 { EraseValue::Const([0.5, -1.0, 300.0]) } else { EraseValue::Random },
+                normalize: if k % 2 == 0 { Some(([0.485, 0.456, 0.406], [0.229, 0.224, 0.225])) } else { None },
+            };
+            for dtype in [DType::Float32, DType::Float16, DType::Uint8] {
+                for layout in [Layout::NCHW, Layout::NHWC] {
+                    let n = h * w * 3 * dtype.size();
+                    let (mut a, mut b) = (vec![7u8; n], vec![7u8; n]);
+                    let (mut ra, mut rb) = (Rng::new(1, 2, k), Rng::new(1, 2, k));
+                    e.apply(bx, &mut a, h, w, dtype, layout, &mut ra);
+                    e.reference_apply(bx, &mut b, h, w, dtype, layout, &mut rb);
+                    assert_eq!(a, b, "{bx:?} {h}x{w} {dtype:?} {layout:?}");
+                    assert_eq!(ra.next_u64(), rb.next_u64(), "the stream after the erase");
+                }
+            }
+        }
+    }
 
     #[test]
     fn boxes_fit_and_follow_p() {
