@@ -24,7 +24,9 @@ The DataLoader has ``num_workers=2`` (the machine's cores), batch 128, float32 N
 seconds and CPU-seconds of the loop (stoker: rusage of the process; the DataLoader: its main
 process plus its reaped workers), hence images per CPU-second.
 
-Usage: python3 benches/compare_augment.py --data bench-data/imagenet-like [--repeats 3] [--out FILE]
+Usage: python3 benches/compare_augment.py --data bench-data/imagenet-like [--stoker-data SHARDS] [--repeats 3]
+[--out FILE]. With ``--stoker-data`` stoker reads the same images as random-access shards
+(``stoker pack DIR SHARDS --random-access``), the DataLoader still the ImageFolder.
 """
 
 import argparse
@@ -94,7 +96,8 @@ def run_stoker(args):
     else:
         tf = geo + [T.rand_augment("rand-m9-mstd0.5-inc1")] + norm + \
             [T.RandomErasing(0.25, scale=(0.02, 1 / 3), ratio=(0.3, 1 / 0.3), value="random")]
-    loader = stoker.ImageLoader(str(args.data), batch_size=args.batch_size, transforms=tf, shuffle=True,
+    root = str(args.stoker_data or args.data)
+    loader = stoker.ImageLoader(root, batch_size=args.batch_size, transforms=tf, shuffle=True,
                                 drop_last=True, output="numpy")
     c0, t0 = cpu_seconds(), time.perf_counter()
     n = 0
@@ -109,6 +112,9 @@ def run_stoker(args):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data", type=Path, required=True)
+    ap.add_argument("--stoker-data", type=Path,
+                    help="what stoker reads instead of --data: the same images packed by `stoker pack --random-access` "
+                         "(issue 50's setting: only the crop's restart intervals are decoded)")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--batch-size", type=int, default=128)
     ap.add_argument("--recipes", default="ta,deit")
@@ -126,6 +132,8 @@ def main():
             for who in ("stoker", "torch"):
                 cmd = [sys.executable, __file__, "--child", who, "--recipe", recipe, "--data", str(args.data),
                        "--batch-size", str(args.batch_size)]
+                if args.stoker_data is not None:
+                    cmd += ["--stoker-data", str(args.stoker_data)]
                 out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
                 r = json.loads(out.strip().splitlines()[-1])
                 r["images_per_cpu_second"] = r["images"] / r["cpu_seconds"]
