@@ -165,8 +165,8 @@ class ImageLoader(LoaderBase):
     torchvision's wheels, or the system). Only baseline JPEGs without EXIF rotation go to the GPU;
     a JPEG nvJPEG refuses is decoded on the CPU, so none is lost. GPU-decoded pixels differ from
     libjpeg-turbo's by nvJPEG's IDCT rounding (a few levels; the crop, resampling with any
-    ``interpolation``, flip and layout are the CPU's exactly), so the CPU stays the exact default. ``report()['gpu_decode']``
-    gives the backend, the images decoded, the CPU fallbacks and the share.
+    ``interpolation``, flip and layout are the CPU's exactly), so the CPU stays the exact default.
+    ``report()['gpu_decode']`` gives the backend, the images decoded, the CPU fallbacks and the share.
 
     ``batch_transform=stoker.transforms.MixUp(alpha=..., num_classes=...)`` (torchvision v2),
     ``CutMix(...)`` or timm's ``Mixup(mixup_alpha, cutmix_alpha, prob, switch_prob,
