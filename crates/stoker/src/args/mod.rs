@@ -31,6 +31,8 @@
 //!   source's own fields handed back to its kind;
 //! - `image.rs`, `arrays.rs`, `tokens.rs`: each kind's config ([`loader_config`] and
 //!   [`image_config`], [`array_config`], [`token_config`] and [`token_state`]);
+//! - `tokenizer.rs`: the `Tokenizer` class's token names ([`tokenizer_names`]) and the options
+//!   of a call to encode ([`encode_options`]);
 //! - `augment.rs`: the augmentation ops' arguments ([`policy`], [`jitter_ranges`],
 //!   [`timm_rand_augment`], [`erasing`], ...), called when a transform is compiled;
 //! - `captions.rs`: the caption encoder's options ([`caption_options`]; their limits are
@@ -51,6 +53,7 @@ mod image;
 mod mixture;
 mod shared;
 mod state;
+mod tokenizer;
 mod tokens;
 pub mod values;
 
@@ -67,6 +70,7 @@ pub use env::{
 pub use image::{decode_where, image_config, loader_config, max_failures};
 pub use shared::DEFAULT_SHARD_WINDOW;
 pub use state::{saved_state, saved_states, SavedState};
+pub use tokenizer::{encode_options, tokenizer_names};
 pub use tokens::{token_config, token_mix_state, token_state, MAX_PACK_WINDOW};
 pub use values::{
     batch_bytes, boolean, bytes, check_caption_values, check_io_threads, check_positive, check_prefetch, check_threads,
