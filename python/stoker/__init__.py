@@ -17,6 +17,7 @@ from .arrays import ArrayLoader
 from .errors import ConfigError, DatasetError, DecodeError, DeviceError, MemoryLimitError, ReadError, StokerError
 from .loader import ImageLoader, PairLoader
 from .text import TokenLoader
+from .tokenizer import Tokenizer
 
 
 def make_demo(root: str, images: int = 350, seed: int = 0) -> int:
@@ -47,7 +48,7 @@ def cuda_memory_in_use() -> tuple[int, int]:
     return _stoker.cuda_memory_in_use()
 
 
-__all__ = ["ImageLoader", "PairLoader", "ArrayLoader", "TokenLoader", "transforms", "make_demo", "cuda_probe",
-           "cuda_memory_in_use", "StokerError",
+__all__ = ["ImageLoader", "PairLoader", "ArrayLoader", "TokenLoader", "Tokenizer", "transforms", "make_demo",
+           "cuda_probe", "cuda_memory_in_use", "StokerError",
            "ConfigError", "DatasetError", "DecodeError", "ReadError", "MemoryLimitError", "DeviceError", "__version__",
            "LIBJPEG_TURBO_VERSION"]

@@ -27,6 +27,7 @@ __all__ = [
     "TokenTensor",
     "TokenMixLoader",
     "TokenMixIterator",
+    "Tokenizer",
     "make_demo",
     "cpu_allowance",
     "parse_device",
@@ -320,6 +321,36 @@ class TokenMixIterator:
     def __iter__(self) -> TokenMixIterator: ...
     def __next__(self) -> TokenBatch: ...
     def close(self) -> None: ...
+
+@final
+class Tokenizer:
+    def __new__(
+        cls,
+        source: str | os.PathLike[str] | bytes | bytearray,
+        bos_token: str | None = None,
+        eos_token: str | None = None,
+        name: str | os.PathLike[str] | None = None,
+    ) -> Tokenizer: ...
+    def encode_batch(
+        self,
+        texts: list[str],
+        add_bos: bool | None = None,
+        add_eos: bool | None = None,
+        add_special_tokens: bool | None = None,
+        threads: int | str | None = None,
+    ) -> tuple[bytearray, bytearray]: ...
+    @property
+    def engine(self) -> tuple[str, str]: ...
+    @property
+    def vocab_size(self) -> int: ...
+    @property
+    def bos_id(self) -> int | None: ...
+    @property
+    def eos_id(self) -> int | None: ...
+    @property
+    def origin(self) -> str: ...
+    def json_bytes(self) -> bytes: ...
+    def __reduce__(self) -> tuple[Any, tuple[bytes, str | None, str | None, str]]: ...
 
 @final
 class TokenBatch:

@@ -16,7 +16,7 @@
 //! | `shared/` | what every kind's classes share, written once (its `mod.rs` has the file map) |
 //! | `image/` | `Loader`, `Iterator`, `Batch` and its `Tensor` views |
 //! | `arrays/` | `ArrayLoader`, `ArrayIterator`, `ArrayBatch` and its `ArrayTensor` views; the buffer protocol |
-//! | `tokens/` | `TokenLoader`, `TokenIterator`, `TokenBatch` and its `TokenTensor` views |
+//! | `tokens/` | `TokenLoader`, `TokenIterator`, `TokenBatch` and its `TokenTensor` views; `Tokenizer` |
 //!
 //! Each kind's folder has `loader.rs`, `iter.rs` and `batch.rs` (the batch and its views).
 
@@ -40,6 +40,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     add_kind::<tokens::PyTokenLoader, tokens::PyTokenIter, tokens::PyTokenBatch, tokens::PyTokenTensor>(m)?;
     m.add_class::<tokens::PyTokenMixLoader>()?;
     m.add_class::<tokens::PyTokenMixIter>()?;
+    m.add_class::<tokens::PyTokenizer>()?;
     functions::register(m)?;
     Ok(())
 }

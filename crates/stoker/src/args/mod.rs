@@ -32,6 +32,8 @@
 //!   source's own fields handed back to its kind;
 //! - `image.rs`, `arrays.rs`, `tokens.rs`: each kind's config ([`loader_config`] and
 //!   [`image_config`], [`array_config`], [`token_config`] and [`token_state`]);
+//! - `tokenizer.rs`: the `Tokenizer` class's token names ([`tokenizer_names`]) and the options
+//!   of a call to encode ([`encode_options`]);
 //! - `augment.rs`: the augmentation ops' arguments ([`policy`], [`jitter_ranges`],
 //!   [`timm_rand_augment`], [`erasing`], ...), called when a transform is compiled;
 //! - `captions.rs`: the caption encoder's options ([`caption_options`]; their limits are
@@ -52,6 +54,7 @@ mod image;
 mod mixture;
 mod shared;
 mod state;
+mod tokenizer;
 mod tokens;
 
 pub use crate::values::{
@@ -73,6 +76,7 @@ pub use env::{
 pub use image::{decode_where, image_config, loader_config, max_failures};
 pub use shared::DEFAULT_SHARD_WINDOW;
 pub use state::{saved_state, saved_states, SavedState};
+pub use tokenizer::{encode_options, tokenizer_names};
 pub use tokens::{token_config, token_mix_state, token_state, MAX_PACK_WINDOW};
 
 pub use crate::shell::store::Ttl;

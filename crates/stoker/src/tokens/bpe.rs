@@ -370,7 +370,7 @@ fn check_pipeline(j: &Value) -> Result<(Pre, bool), String> {
 
 /// The ids `tok`'s post-processor puts before and after a text's ids, found by running it on a
 /// one-token encoding of an id no vocabulary has.
-fn around(tok: &tokenizers::Tokenizer) -> Result<(Vec<u32>, Vec<u32>), String> {
+pub(crate) fn around(tok: &tokenizers::Tokenizer) -> Result<(Vec<u32>, Vec<u32>), String> {
     let Some(pp) = tok.get_post_processor() else {
         return Ok((vec![], vec![]));
     };

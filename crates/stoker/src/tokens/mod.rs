@@ -8,6 +8,8 @@
 //! - [`jsonl`]: a JSON Lines record's text in one pass into a reused buffer (serde_json for
 //!   what it does not take).
 //! - [`tokenizer`]: a `tokenizer.json`, one instance per thread, no offsets.
+//! - [`encode`]: a batch of texts to ids on threads made for the call, in input order
+//!   (`stoker.Tokenizer`).
 //! - [`bpe`]: stoker's exact fast path for byte-level BPE files (GPT-2, GPT-NeoX, Llama 3, Qwen2,
 //!   GPT-4o kinds), chosen by [`tokenizer`] when a file is one it reproduces; `pretok` holds its
 //!   hand-written pre-tokenizer patterns (GPT-2, cl100k, Qwen2, o200k), `pretok_block` GPT-2's
@@ -34,6 +36,7 @@ pub mod cache;
 pub mod caption;
 pub mod corpus;
 pub mod docs;
+pub mod encode;
 pub mod html;
 mod html_tables;
 pub mod index;
@@ -50,6 +53,7 @@ pub mod tokenizer;
 pub mod tokenizer_v1;
 
 pub use caption::{CaptionEncoder, CaptionField, CaptionOptions, CaptionSpec, Clean};
+pub use encode::{EncodeOptions, EncodedBatch, TextEncoder};
 pub use pipeline::{
     expand_paths, format_of, Elastic, PackMode, TokenBatch, TokenConfig, TokenCounts, TokenFingerprint, TokenIter,
     TokenLoader, TokenReport, TokenSection, TokenState, TokenStats,

@@ -27,6 +27,9 @@ pub struct TextTokenizer {
     v1: Option<V1>,
     /// Why the file got its engine.
     why: Arc<str>,
+    /// The ids the post-processor puts before and after a text's ids, when it only puts ids
+    /// around them ([`super::bpe::around`]): what [`TextTokenizer::encode_text_into`] leaves out.
+    around: Option<Arc<(Vec<u32>, Vec<u32>)>>,
     /// The file it came from (or `<json>`).
     pub origin: PathBuf,
     /// A hash of its JSON, for fingerprints and caches.
@@ -42,8 +45,13 @@ impl std::fmt::Debug for TextTokenizer {
 impl TextTokenizer {
     /// Loads a `tokenizer.json`; a missing or malformed file is a config error naming it.
     pub fn from_file(path: &Path) -> Result<Self> {
-        let bytes = std::fs::read(path).map_err(|e| Error::config("tokenizer", format!("{}: {e}", path.display())))?;
-        Self::from_json(&bytes, path)
+        Self::from_json(&Self::read(path)?, path)
+    }
+
+    /// The bytes of the `tokenizer.json` at `path`; a missing or unreadable file is a config
+    /// error naming it.
+    pub fn read(path: &Path) -> Result<Vec<u8>> {
+        std::fs::read(path).map_err(|e| Error::config("tokenizer", format!("{}: {e}", path.display())))
     }
 
     /// Loads a tokenizer from its JSON (`origin` names it in errors).
@@ -53,6 +61,7 @@ impl TextTokenizer {
         })?;
         let hash = xxhash_rust::xxh3::xxh3_64(json);
         let json = serde_json::from_slice::<serde_json::Value>(json).map_err(|e| e.to_string());
+        let around = super::bpe::around(&inner).ok().map(Arc::new);
         let (mut fast, mut v1) = (None, None);
         let why = match json.as_ref().map_err(Clone::clone).and_then(|j| BpeModel::from_json(j, &inner)) {
             Ok(m) => {
@@ -68,7 +77,7 @@ impl TextTokenizer {
                 Err(not) => format!("{why}; {not}"),
             },
         };
-        Ok(TextTokenizer { inner, fast, v1, why: why.into(), origin: origin.to_path_buf(), hash })
+        Ok(TextTokenizer { inner, fast, v1, why: why.into(), around, origin: origin.to_path_buf(), hash })
     }
 
     /// Which encoder this file got, `"stoker byte-level BPE"`, `"tokenizers 1.0"` or
@@ -148,19 +157,49 @@ impl TextTokenizer {
     /// The ids of `text`, with the tokenizer's own special tokens (its post-processor) and no
     /// character offsets, appended to `out`.
     pub fn encode_into(&self, text: &str, out: &mut Vec<u32>) -> Result<()> {
+        self.encode_raw(text, true, out)
+            .map_err(|e| Error::Internal(format!("{}: cannot encode: {e}", self.origin.display())))
+    }
+
+    /// The ids of `text` without the post-processor's special tokens (what `tokenizers` gives
+    /// with `add_special_tokens=False`), appended to `out`.
+    pub fn encode_text_into(&self, text: &str, out: &mut Vec<u32>) -> Result<()> {
+        self.encode_raw(text, false, out)
+            .map_err(|e| Error::Internal(format!("{}: cannot encode: {e}", self.origin.display())))
+    }
+
+    /// The ids of `text` appended to `out`, the post-processor's special tokens with
+    /// `specials`; the reason, when the tokenizer cannot encode it. The fast paths always put
+    /// the post-processor's ids around the text; without `specials` they are taken off again
+    /// (known once per file, and checked on each text), else the text goes to 0.22.
+    pub(crate) fn encode_raw(&self, text: &str, specials: bool, out: &mut Vec<u32>) -> std::result::Result<(), String> {
+        let around = match (specials, self.around.as_deref()) {
+            (true, _) => None,
+            (false, Some(a)) => Some(a),
+            (false, None) => return self.encode_slow(text, false, out),
+        };
+        let start = out.len();
         if let Some(fast) = &self.fast {
             fast.encode_into(text, out);
+        } else if let Some(v1) = &self.v1 {
+            v1.encode_into(text, out)?;
+        } else {
+            return self.encode_slow(text, specials, out);
+        }
+        let Some((pre, post)) = around else { return Ok(()) };
+        let got = &out[start..];
+        if got.len() >= pre.len() + post.len() && got.starts_with(pre) && got.ends_with(post) {
+            out.truncate(out.len() - post.len());
+            out.drain(start..start + pre.len());
             return Ok(());
         }
-        if let Some(v1) = &self.v1 {
-            return v1
-                .encode_into(text, out)
-                .map_err(|e| Error::Internal(format!("{}: cannot encode: {e}", self.origin.display())));
-        }
-        let enc = self
-            .inner
-            .encode_fast(text, true)
-            .map_err(|e| Error::Internal(format!("{}: cannot encode: {e}", self.origin.display())))?;
+        out.truncate(start);
+        self.encode_slow(text, false, out)
+    }
+
+    /// [`TextTokenizer::encode_raw`] on the `tokenizers` crate 0.22.
+    fn encode_slow(&self, text: &str, specials: bool, out: &mut Vec<u32>) -> std::result::Result<(), String> {
+        let enc = self.inner.encode_fast(text, specials).map_err(|e| e.to_string())?;
         out.extend_from_slice(enc.get_ids());
         Ok(())
     }
