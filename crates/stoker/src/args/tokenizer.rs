@@ -2,10 +2,10 @@
 //! and the options of one call to encode ([`encode_options`]).
 
 use super::env::env_threads;
-use super::values::{boolean, text, threads};
 use super::{Args, Taker};
 use crate::error::Result;
 use crate::tokens::EncodeOptions;
+use crate::values::{boolean, text, threads};
 use serde_json::Value;
 
 /// The BOS and EOS token names a `Tokenizer` is built with: `bos_token`, `eos_token` (a
