@@ -1,7 +1,9 @@
 """Small helpers shared by the tests."""
 
 import hashlib
+import json
 import os
+import pathlib
 import resource
 import subprocess
 import tempfile
@@ -129,3 +131,16 @@ def in_python_child(module: str, check: str, *args: str, timeout: float = 600) -
     r = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=timeout)
     assert r.returncode == 0, f"{module}.{check}{args} failed:\n{r.stdout[-3000:]}\n{r.stderr[-6000:]}"
     return r.stdout
+
+
+#: The committed text sample of the token tests: the real GPT-2 tokenizer and 60 Wikipedia
+#: articles (tests/data/text/README.md).
+TEXT_DATA = pathlib.Path(__file__).resolve().parents[2] / "tests" / "data" / "text"
+
+
+def wiki_sample_texts() -> list[str]:
+    """The texts of the committed Wikipedia sample, in file order."""
+    import zstandard
+
+    raw = zstandard.ZstdDecompressor().stream_reader((TEXT_DATA / "wiki-sample.jsonl.zst").open("rb")).read()
+    return [json.loads(line)["text"] for line in raw.decode().splitlines() if line]

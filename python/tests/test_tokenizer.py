@@ -21,8 +21,7 @@ import textwrap
 import numpy as np
 import pytest
 import stoker
-import zstandard
-from helpers import in_fork_child, new_stoker_threads, run_bounded, stoker_threads
+from helpers import in_fork_child, new_stoker_threads, run_bounded, stoker_threads, wiki_sample_texts
 from tokenizers import Tokenizer as Reference
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -35,8 +34,7 @@ EOS = 50256
 
 @pytest.fixture(scope="module")
 def texts():
-    raw = zstandard.ZstdDecompressor().stream_reader(SAMPLE.open("rb")).read()
-    return [json.loads(line)["text"] for line in raw.decode().splitlines() if line]
+    return wiki_sample_texts()
 
 
 @pytest.fixture(scope="module")

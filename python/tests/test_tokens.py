@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import stoker
 import zstandard
-from helpers import in_fork_child, new_stoker_threads, stoker_threads
+from helpers import in_fork_child, new_stoker_threads, stoker_threads, wiki_sample_texts
 from tokenizers import Tokenizer
 
 DATA = pathlib.Path(__file__).resolve().parents[2] / "tests" / "data" / "text"
@@ -23,8 +23,7 @@ EOS = 50256
 
 @pytest.fixture(scope="module")
 def texts():
-    raw = zstandard.ZstdDecompressor().stream_reader(SAMPLE.open("rb")).read()
-    return [json.loads(line)["text"] for line in raw.decode().splitlines() if line]
+    return wiki_sample_texts()
 
 
 @pytest.fixture(scope="module")

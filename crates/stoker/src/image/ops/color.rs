@@ -568,7 +568,12 @@ pub fn equalize(img: &mut [u8]) {
             *a += b;
         }
     }
-    let n = (img.len() / 3) as u64;
+    apply_luts(img, &equalize_luts(&hist, (img.len() / 3) as u64));
+}
+
+/// Equalisation's tables from each channel's histogram of `n` pixels (Pillow's scheme, as
+/// torchvision's `equalize`).
+fn equalize_luts(hist: &[[u32; 256]; 3], n: u64) -> [[u8; 256]; 3] {
     let mut luts = [[0u8; 256]; 3];
     for c in 0..3 {
         let h = &hist[c];
@@ -588,7 +593,7 @@ pub fn equalize(img: &mut [u8]) {
             luts[c][k] = ((cum + step / 2) / step).min(255) as u8;
         }
     }
-    apply_luts(img, &luts);
+    luts
 }
 
 /// `adjust_sharpness(img, factor)`: the interior pixels blended with a 3x3 smoothing (1s around
@@ -903,27 +908,8 @@ pub(crate) mod reference {
             hist[1][px[1] as usize] += 1;
             hist[2][px[2] as usize] += 1;
         }
-        let n = (img.len() / 3) as u64;
-        let mut luts = [[0u8; 256]; 3];
-        for c in 0..3 {
-            let h = &hist[c];
-            // The last non-empty bin: the first where the cumulative histogram reaches `n`.
-            let last = (0..256).rev().find(|&k| h[k] > 0).unwrap_or(0);
-            let step = (n - h[last] as u64) / 255;
-            if step == 0 {
-                for (v, l) in luts[c].iter_mut().enumerate() {
-                    *l = v as u8;
-                }
-                continue;
-            }
-            let mut cum = 0u64;
-            luts[c][0] = 0;
-            for k in 1..256 {
-                cum += h[k - 1] as u64;
-                luts[c][k] = ((cum + step / 2) / step).min(255) as u8;
-            }
-        }
-        apply_luts(img, &luts);
+        // The histogram is what the fast path changed; the tables are the one rule.
+        apply_luts(img, &super::equalize_luts(&hist, (img.len() / 3) as u64));
     }
 
     /// `adjust_sharpness(img, factor)`: the interior pixels blended with a 3x3 smoothing (1s around
