@@ -144,3 +144,22 @@ def wiki_sample_texts() -> list[str]:
 
     raw = zstandard.ZstdDecompressor().stream_reader((TEXT_DATA / "wiki-sample.jsonl.zst").open("rb")).read()
     return [json.loads(line)["text"] for line in raw.decode().splitlines() if line]
+
+
+def llama_shaped_tokenizer(texts: list[str]) -> str:
+    """A ``tokenizer.json`` of Llama 2's shape trained on ``texts`` (BPE with byte fallback, a
+    ``Prepend``/``Replace`` normalizer, ``<s>`` before each text): a file stoker's own BPE does
+    not take, which runs on ``tokenizers`` 1.0. Trained on words (a whole document as one word
+    takes ~10x longer); Llama 2's file has no pre-tokenizer, so the saved one has none either."""
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+
+    llama = Tokenizer(models.BPE(unk_token="<unk>", byte_fallback=True, fuse_unk=True))
+    llama.normalizer = normalizers.Sequence([normalizers.Prepend("\u2581"), normalizers.Replace(" ", "\u2581")])
+    llama.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse()])
+    llama.pre_tokenizer = pre_tokenizers.Split("\u2581", "merged_with_next")
+    specials = ["<unk>", "<s>", "</s>"] + [f"<0x{i:02X}>" for i in range(256)]
+    llama.train_from_iterator(texts, trainers.BpeTrainer(vocab_size=3000, special_tokens=specials))
+    llama.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
+    spec = json.loads(llama.to_str())
+    spec["pre_tokenizer"] = None
+    return json.dumps(spec)

@@ -21,7 +21,14 @@ import textwrap
 import numpy as np
 import pytest
 import stoker
-from helpers import in_fork_child, new_stoker_threads, run_bounded, stoker_threads, wiki_sample_texts
+from helpers import (
+    in_fork_child,
+    llama_shaped_tokenizer,
+    new_stoker_threads,
+    run_bounded,
+    stoker_threads,
+    wiki_sample_texts,
+)
 from tokenizers import Tokenizer as Reference
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -44,24 +51,11 @@ def files(texts, tmp_path_factory):
     ``tokenizers`` crate 0.22), a Llama 2-shaped BPE trained on the sample (byte fallback,
     ``Prepend``/``Replace`` normalizer, ``<s>`` before each text: ``tokenizers`` 1.0), and the real
     Llama 2 file where the machine has it."""
-    from tokenizers import decoders, models, normalizers, processors, trainers
-
     root = tmp_path_factory.mktemp("tokenizers")
     spec = json.loads(GPT2.read_text())
     spec["pre_tokenizer"]["add_prefix_space"] = True
     (root / "gpt2-prefix.json").write_text(json.dumps(spec))
-    llama = Reference(models.BPE(unk_token="<unk>", byte_fallback=True, fuse_unk=True))
-    llama.normalizer = normalizers.Sequence([normalizers.Prepend("\u2581"), normalizers.Replace(" ", "\u2581")])
-    llama.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse()])
-    from tokenizers import pre_tokenizers
-
-    llama.pre_tokenizer = pre_tokenizers.Split("\u2581", "merged_with_next")
-    specials = ["<unk>", "<s>", "</s>"] + [f"<0x{i:02X}>" for i in range(256)]
-    llama.train_from_iterator(texts, trainers.BpeTrainer(vocab_size=3000, special_tokens=specials))
-    llama.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
-    spec = json.loads(llama.to_str())
-    spec["pre_tokenizer"] = None  # as Llama 2's own file (training needs one)
-    (root / "llama-shaped.json").write_text(json.dumps(spec))
+    (root / "llama-shaped.json").write_text(llama_shaped_tokenizer(texts))
     return {"gpt2": GPT2, "gpt2-prefix": root / "gpt2-prefix.json", "llama-shaped": root / "llama-shaped.json",
             "llama2": SHARED_LLAMA2}
 

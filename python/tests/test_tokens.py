@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import stoker
 import zstandard
-from helpers import in_fork_child, new_stoker_threads, stoker_threads, wiki_sample_texts
+from helpers import in_fork_child, llama_shaped_tokenizer, new_stoker_threads, stoker_threads, wiki_sample_texts
 from tokenizers import Tokenizer
 
 DATA = pathlib.Path(__file__).resolve().parents[2] / "tests" / "data" / "text"
@@ -75,30 +75,10 @@ def trained(texts, tmp_path_factory):
     """Tokenizers of the kinds stoker's own BPE does not take, trained on the sample: Llama 2's
     shape (BPE with byte fallback, a ``Prepend``/``Replace`` normalizer, ``<s>`` before each
     text), BERT's WordPiece (``[CLS]``/``[SEP]`` around it) and a SentencePiece Unigram."""
-    from tokenizers import (
-        BertWordPieceTokenizer,
-        SentencePieceUnigramTokenizer,
-        decoders,
-        models,
-        normalizers,
-        pre_tokenizers,
-        processors,
-        trainers,
-    )
+    from tokenizers import BertWordPieceTokenizer, SentencePieceUnigramTokenizer
 
     root = tmp_path_factory.mktemp("trained")
-    llama = Tokenizer(models.BPE(unk_token="<unk>", byte_fallback=True, fuse_unk=True))
-    llama.normalizer = normalizers.Sequence([normalizers.Prepend("\u2581"), normalizers.Replace(" ", "\u2581")])
-    llama.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse()])
-    # Trained on words (a whole document as one word takes ~10x longer); Llama 2's file has no
-    # pre-tokenizer, so the saved one has none either.
-    llama.pre_tokenizer = pre_tokenizers.Split("\u2581", "merged_with_next")
-    specials = ["<unk>", "<s>", "</s>"] + [f"<0x{i:02X}>" for i in range(256)]
-    llama.train_from_iterator(texts, trainers.BpeTrainer(vocab_size=3000, special_tokens=specials))
-    llama.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
-    spec = json.loads(llama.to_str())
-    spec["pre_tokenizer"] = None
-    (root / "llama.json").write_text(json.dumps(spec))
+    (root / "llama.json").write_text(llama_shaped_tokenizer(texts))
     wordpiece = BertWordPieceTokenizer(lowercase=True)
     wordpiece.train_from_iterator(texts, vocab_size=3000)
     wordpiece.save(str(root / "wordpiece.json"))

@@ -249,7 +249,11 @@ fn luma_sum(img: &[u8]) -> u64 {
 /// `adjust_contrast(img, factor)`: a blend with the mean of the floored grayscale (float32).
 pub fn contrast(img: &mut [u8], factor: f64) {
     let n = (img.len() / 3).max(1);
-    let mean = luma_sum(img) as f32 / n as f32;
+    contrast_about(img, luma_sum(img) as f32 / n as f32, factor);
+}
+
+/// Contrast's blend of every value with `mean`, through a table of the 256 values.
+fn contrast_about(img: &mut [u8], mean: f32, factor: f64) {
     let (ratio, alpha) = ratio_alpha(factor);
     let mut lut = [0u8; 256];
     for (v, l) in lut.iter_mut().enumerate() {
@@ -798,16 +802,11 @@ pub(crate) mod reference {
         img.chunks_exact(3).map(|p| l.of(p[0], p[1], p[2]) as u64).sum()
     }
 
-    /// `adjust_contrast(img, factor)`: a blend with the mean of the floored grayscale (float32).
+    /// `adjust_contrast(img, factor)`: a blend with the mean of the floored grayscale (float32);
+    /// the mean is what the fast path changed, the blend is the one rule.
     pub fn contrast(img: &mut [u8], factor: f64) {
         let n = (img.len() / 3).max(1);
-        let mean = luma_sum(img) as f32 / n as f32;
-        let (ratio, alpha) = ratio_alpha(factor);
-        let mut lut = [0u8; 256];
-        for (v, l) in lut.iter_mut().enumerate() {
-            *l = blend1(v as u8, mean, ratio, alpha);
-        }
-        apply_lut(img, &lut);
+        super::contrast_about(img, luma_sum(img) as f32 / n as f32, factor);
     }
 
     /// `adjust_saturation(img, factor)`: each pixel blended with its floored grayscale.
