@@ -715,7 +715,6 @@ pub fn hue(img: &mut [u8], factor: f64) {
 /// The scalar kernels these replaced (per-pixel float64 emulation and tables), kept as the
 /// reference the vectorised ones are checked against byte for byte.
 #[cfg(test)]
-#[allow(dead_code)]
 pub(crate) mod reference {
     use super::{r32, round_even, WB, WG, WR};
 
@@ -767,16 +766,6 @@ pub(crate) mod reference {
     #[inline(always)]
     pub fn to_u8(x: f32) -> u8 {
         x.clamp(0.0, 255.0) as u8
-    }
-
-    /// `_blend(image, other, ratio)` for one value: `image * ratio + other * (1 - ratio)` as torch
-    /// computes it (`image.mul(ratio).add_(other, alpha=1 - ratio)`, the add fused), clamped and
-    /// truncated. `ratio` and `alpha` are the float32 scalars (`alpha` = `f32(1.0 - ratio)` with
-    /// the subtraction in double, as Python does it).
-    #[inline(always)]
-    pub fn blend1(v: u8, other: f32, ratio: f32, alpha: f32) -> u8 {
-        let a = r32(v as f64 * ratio as f64);
-        to_u8(r32(other as f64 * alpha as f64 + a as f64))
     }
 
     /// The float32 scalars of a blend factor given as a double (what Python hands torch).
@@ -837,19 +826,6 @@ pub(crate) mod reference {
         }
     }
 
-    /// `posterize(img, bits)`: keeps the `bits` high bits (0 bits: black, 8: unchanged), as
-    /// torchvision's tensor kernel (`image & mask`). Pillow (timm) refuses 0 bits since Pillow 13;
-    /// stoker follows torchvision.
-    pub fn posterize(img: &mut [u8], bits: u32) {
-        if bits >= 8 {
-            return;
-        }
-        let mask = (((1u32 << bits) - 1) << (8 - bits)) as u8;
-        for v in img.iter_mut() {
-            *v &= mask;
-        }
-    }
-
     /// `solarize(img, threshold)`: values `>= threshold` (compared in float32, as torch compares a
     /// uint8 tensor with a Python float) are inverted.
     pub fn solarize(img: &mut [u8], threshold: f64) {
@@ -868,13 +844,6 @@ pub(crate) mod reference {
             *l = if (v as u32) < thresh { (v as u32 + add).min(255) as u8 } else { v as u8 };
         }
         apply_lut(img, &lut);
-    }
-
-    /// `invert(img)`: `255 - v`.
-    pub fn invert(img: &mut [u8]) {
-        for v in img.iter_mut() {
-            *v = !*v;
-        }
     }
 
     /// `autocontrast(img)`: per channel, `(v - min) / ((max - min) * (1 / 255))` in float32,
