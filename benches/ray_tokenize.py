@@ -104,7 +104,7 @@ def tokenize_round(ray: Any, ds: Any, kind: str, tokenizer: str, nodes: int, bat
     cls = StokerEncode if kind == "stoker" else HFEncode
     t0 = time.monotonic()
     out = ds.map_batches(cls, fn_constructor_args=(tokenizer,), batch_format="pyarrow", batch_size=batch,
-                         concurrency=nodes, num_cpus=1).to_arrow()
+                         compute=ray.data.ActorPoolStrategy(size=nodes), num_cpus=1).to_arrow()
     wall = time.monotonic() - t0
     tokens = sum(out.column("tokens").to_pylist())
     enc = sum(out.column("encode").to_pylist())

@@ -103,7 +103,7 @@ def test_pack_gives_the_bytes_of_stoker_pack(cluster, bad_demo, tmp_path, mode):
     for name in a:
         assert a[name] == b[name], name
     # The bad files, listed as stoker pack lists them (path and reason, in its order).
-    assert len(one["skipped"]) == 5
+    assert {pathlib.Path(k["path"]).name for k in one["skipped"]} >= {"zz_empty.jpg", "zz_text.jpg"}
     assert [(k["path"], k["reason"]) for k in s["skipped"]] == [(k["path"], k["reason"]) for k in one["skipped"]]
     assert (s["samples"], s["bytes"], s["reencoded"]) == (one["samples"], one["bytes"], one["reencoded"])
     if mode == "random_access":
@@ -173,7 +173,7 @@ def test_tokenize_gives_the_cache_of_stoker_tokenize(cluster, tmp_path):
     assert (s["documents"], s["tokens"], s["failed"]) == (one["documents"], one["tokens"], 2)
     # TokenLoader reads it.
     loader = stoker.TokenLoader(str(tmp_path / "ray"), batch_size=2, seq_len=64, output="numpy")
-    assert next(iter(loader))[0].shape == (2, 64)
+    assert next(iter(loader))["input_ids"].shape == (2, 64)
 
 
 @needs_ray

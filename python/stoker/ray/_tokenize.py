@@ -11,11 +11,14 @@ same ids as ``stoker tokenize``. The description is written by the engine's own 
 
 from __future__ import annotations
 
+import _thread
+import contextlib
 import json
 import os
+import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 
@@ -149,24 +152,26 @@ def tokenize(inputs: str | os.PathLike[str] | list[str | os.PathLike[str]], toke
         concurrency = max(1, int(ray.cluster_resources().get("CPU", 1)))
     ds = None
     for kind, group in _runs(files):
+        # A read task takes a quarter of a CPU and a tokenizer the rest, so that a node of one
+        # CPU runs both (with a whole CPU each, the tokenizers hold every CPU and the reads wait).
         if kind == "parquet":
-            part = rd.read_parquet(group, columns=[key])
+            part = rd.read_parquet(group, columns=[key], num_cpus=0.25)
         else:
-            part = rd.read_datasource(_lines_datasource(kind == "text" and not lines)(group))
+            part = rd.read_datasource(_lines_datasource(kind == "text" and not lines)(group),
+                                      num_cpus=0.25)
         part = part.map_batches(Encode, fn_constructor_args=(tok, kind, key, max_bytes), batch_format="pyarrow",
-                                batch_size=batch_size, concurrency=concurrency, num_cpus=1)
+                                batch_size=batch_size, compute=rd.ActorPoolStrategy(size=concurrency),
+                                num_cpus=0.75)
         ds = part if ds is None else ds.union(part)
     out_dir.mkdir(parents=True, exist_ok=True)
     dtype = np.uint16 if width == 2 else np.uint32
     docs = n_tokens = failed = 0
     failures: list[str] = []
-    deadline = time.monotonic() + timeout
-    with open(out_dir / "tokens.bin.tmp", "wb") as tf, open(out_dir / "index.bin.tmp", "wb") as xf:
+    with open(out_dir / "tokens.bin.tmp", "wb") as tf, open(out_dir / "index.bin.tmp", "wb") as xf, \
+            _deadline(timeout, f"{out_dir}: the tokenization did not finish within {timeout:.0f} s"):
         xf.write(np.zeros(1, np.uint64).tobytes())
         if ds is not None:
             for batch in ds.iter_batches(batch_format="pyarrow", batch_size=None):
-                if time.monotonic() > deadline:
-                    raise DatasetError(f"{out_dir}: the tokenization did not finish within {timeout:.0f} s")
                 ids_col = batch.column("ids").combine_chunks()
                 flat = np.asarray(ids_col.values.to_numpy(zero_copy_only=False), dtype=np.uint32)
                 offsets = np.asarray(ids_col.offsets.to_numpy(zero_copy_only=False), dtype=np.int64)
@@ -187,6 +192,30 @@ def tokenize(inputs: str | os.PathLike[str] | list[str | os.PathLike[str]], toke
                                    failures[:100])
     return {"files": len(files), "documents": docs, "tokens": n_tokens, "failed": failed, "failures": failures[:100],
             "bytes": n_tokens * width, "seconds": round(time.monotonic() - t0, 3)}
+
+
+@contextlib.contextmanager
+def _deadline(seconds: float, message: str) -> Iterator[None]:
+    """Raises `DatasetError(message)` in this (the main) thread if the block is still running
+    after ``seconds``: a pipeline that waits on a lost worker does not hang the caller."""
+    done = threading.Event()
+    fired = []
+
+    def watch() -> None:
+        if not done.wait(seconds):
+            fired.append(True)
+            _thread.interrupt_main()
+
+    t = threading.Thread(target=watch, daemon=True, name="stoker-ray-deadline")
+    t.start()
+    try:
+        yield
+    except KeyboardInterrupt:
+        if fired:
+            raise DatasetError(message) from None
+        raise
+    finally:
+        done.set()
 
 
 def _runs(files: list[str]) -> list[tuple[str, list[str]]]:
