@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import _thread
 import contextlib
+import importlib
 import json
 import os
 import threading
@@ -45,11 +46,11 @@ def _lines_datasource(whole: bool) -> Any:
     """A Ray Data source of a file's lines, split at ``\\n`` only (``read_text`` also splits at
     ``\\r``, U+2028, ...), with the lines of ASCII whitespace left out, as stoker's reader does,
     or (``whole``) of the whole file as one row; each row is ``(bytes, file, line number)``."""
-    from ray.data.datasource import FileBasedDatasource
+    base: Any = importlib.import_module("ray.data.datasource").FileBasedDatasource
 
-    class Lines(FileBasedDatasource):  # type: ignore[misc]
+    class Lines(base):  # type: ignore[misc]
         def _read_stream(self, f: Any, path: str) -> Any:
-            import pyarrow as pa
+            pa: Any = importlib.import_module("pyarrow")
 
             data = f.readall()
             if whole:
@@ -95,7 +96,7 @@ class Encode:
             return "", f"{where}: {e}"
 
     def __call__(self, batch: Any) -> Any:
-        import pyarrow as pa
+        pa: Any = importlib.import_module("pyarrow")
 
         if self.kind == "parquet":
             rows = batch.column(self.key).to_pylist()
@@ -104,7 +105,8 @@ class Encode:
             rows = batch.column("line").to_pylist()
             wheres = [f"{f}:{n}" if n else f
                       for f, n in zip(batch.column("file").to_pylist(), batch.column("line_no").to_pylist())]
-        texts, errors = [], []
+        texts: list[str] = []
+        errors: list[str | None] = []
         for row, where in zip(rows, wheres):
             if row is None:
                 texts.append("")

@@ -630,7 +630,13 @@ pub fn prepare_group(
             Ok(p) => {
                 let offset = bytes.len() as u64;
                 bytes.extend_from_slice(&p.data);
-                Ok(Staged { ext: p.ext, offset, length: p.data.len() as u64, reencoded: p.reencoded, restart: p.restart })
+                Ok(Staged {
+                    ext: p.ext,
+                    offset,
+                    length: p.data.len() as u64,
+                    reencoded: p.reencoded,
+                    restart: p.restart,
+                })
             }
         };
         out.push(StagedSample { index, outcome });
