@@ -8,7 +8,8 @@ one CPU each), against the one-machine commands, byte for byte.
 - a rerun writes nothing (every file's mtime unchanged);
 - `stoker.ray.tokenize` writes the token cache of `stoker tokenize` (JSON Lines, zstd), the
   documents that fail counted alike;
-- `stoker pack --ray ADDRESS` runs the same; a bad address is refused by `stoker::args`.
+- `stoker pack --ray ADDRESS` and `stoker tokenize --ray ADDRESS` write the same; a bad address
+  is refused by `stoker::args`.
 
 Ray is the `stoker[ray]` extra: without it these tests skip (requirements-dev.txt installs it,
 so CI runs them), but the first one, that `import stoker` imports no Ray, always runs.
@@ -174,6 +175,12 @@ def test_tokenize_gives_the_cache_of_stoker_tokenize(cluster, tmp_path):
     # TokenLoader reads it.
     loader = stoker.TokenLoader(str(tmp_path / "ray"), batch_size=2, seq_len=64, output="numpy")
     assert next(iter(loader))["input_ids"].shape == (2, 64)
+    # The command line's --ray: the same cache.
+    r = cli("tokenize", *data, "--tokenizer", GPT2, tmp_path / "cli", "--ray", cluster[0].address)
+    assert r.returncode == 0, r.stderr
+    assert f"{one['documents']} documents (2 failed, skipped)" in r.stdout
+    for name in ("tokens.bin", "index.bin"):
+        assert (tmp_path / "one" / name).read_bytes() == (tmp_path / "cli" / name).read_bytes(), name
 
 
 @needs_ray

@@ -31,7 +31,7 @@ def connect(address: str | None) -> Any:
     if address is not None:
         address = _stoker.ray_address(address)
     if not ray.is_initialized():
-        ray.init(address=None if address in (None, "local") else address, log_to_driver=False)
+        ray.init(address=address, log_to_driver=False)
     return ray
 
 

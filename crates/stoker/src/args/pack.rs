@@ -15,8 +15,7 @@ use serde_json::Value;
 pub fn pack_options(args: Args) -> Result<PackOptions> {
     let mut a = Taker::new(args);
     let d = PackOptions::default();
-    let mut flag =
-        |a: &mut Taker, k: &str| a.typed(k).map(|v| boolean(k, &v)).transpose().map(Option::unwrap_or_default);
+    let flag = |a: &mut Taker, k: &str| a.typed(k).map(|v| boolean(k, &v)).transpose().map(Option::unwrap_or_default);
     let (overwrite, random_access, shuffle) =
         (flag(&mut a, "overwrite")?, flag(&mut a, "random_access")?, flag(&mut a, "shuffle")?);
     let shard_size = a.typed("shard_size").map(|v| bytes("shard_size", &v)).transpose()?.unwrap_or(d.shard_size);
