@@ -193,3 +193,25 @@ def test_cli_pack_with_ray(cluster, demo, tmp_path):
     assert outputs(tmp_path / "one") == outputs(tmp_path / "ray")
     r = cli("pack", demo, tmp_path / "x", "--ray", "nowhere")
     assert r.returncode != 0 and "--ray" in r.stderr and "HOST:PORT" in r.stderr
+
+
+@needs_ray
+def test_tokenize_has_a_deadline(cluster, tmp_path, monkeypatch):
+    """A worker that never answers is an error naming the folder when the deadline passes, not
+    a hang, and nothing half-written is left."""
+    import time
+
+    import ray.cloudpickle
+    import stoker.ray
+    from stoker.errors import DatasetError
+    from stoker.ray import _tokenize
+
+    class Stuck(_tokenize.Encode):
+        def __call__(self, batch):
+            time.sleep(3600)
+
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    monkeypatch.setattr(_tokenize, "Encode", Stuck)
+    with pytest.raises(DatasetError, match="did not finish within 5 s"):
+        stoker.ray.tokenize([str(SAMPLE)], GPT2, tmp_path / "out", timeout=5, progress=False)
+    assert list((tmp_path / "out").iterdir()) == []

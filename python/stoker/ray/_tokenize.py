@@ -169,25 +169,32 @@ def tokenize(inputs: str | os.PathLike[str] | list[str | os.PathLike[str]], toke
     dtype = np.uint16 if width == 2 else np.uint32
     docs = n_tokens = failed = 0
     failures: list[str] = []
-    with open(out_dir / "tokens.bin.tmp", "wb") as tf, open(out_dir / "index.bin.tmp", "wb") as xf, \
-            _deadline(timeout, f"{out_dir}: the tokenization did not finish within {timeout:.0f} s"):
-        xf.write(np.zeros(1, np.uint64).tobytes())
-        if ds is not None:
-            for batch in ds.iter_batches(batch_format="pyarrow", batch_size=None):
-                ids_col = batch.column("ids").combine_chunks()
-                flat = np.asarray(ids_col.values.to_numpy(zero_copy_only=False), dtype=np.uint32)
-                offsets = np.asarray(ids_col.offsets.to_numpy(zero_copy_only=False), dtype=np.int64)
-                tf.write(flat.astype(dtype).tobytes() if width == 2 else flat.tobytes())
-                xf.write((offsets[1:] - offsets[0] + n_tokens).astype(np.uint64).tobytes())
-                for e in batch.column("error").to_pylist():
-                    if e is not None:
-                        failed += 1
-                        failures.append(e)
-                docs += len(offsets) - 1
-                n_tokens += int(offsets[-1] - offsets[0])
-        for f in (tf, xf):
-            f.flush()
-            os.fsync(f.fileno())
+    try:
+        with open(out_dir / "tokens.bin.tmp", "wb") as tf, open(out_dir / "index.bin.tmp", "wb") as xf, \
+                _deadline(timeout, f"{out_dir}: the tokenization did not finish within {timeout:.0f} s"):
+            xf.write(np.zeros(1, np.uint64).tobytes())
+            if ds is not None:
+                for batch in ds.iter_batches(batch_format="pyarrow", batch_size=None):
+                    ids_col = batch.column("ids").combine_chunks()
+                    flat = np.asarray(ids_col.values.to_numpy(zero_copy_only=False), dtype=np.uint32)
+                    offsets = np.asarray(ids_col.offsets.to_numpy(zero_copy_only=False), dtype=np.int64)
+                    tf.write(flat.astype(dtype).tobytes() if width == 2 else flat.tobytes())
+                    xf.write((offsets[1:] - offsets[0] + n_tokens).astype(np.uint64).tobytes())
+                    for e in batch.column("error").to_pylist():
+                        if e is not None:
+                            failed += 1
+                            if len(failures) < 100:
+                                failures.append(e)
+                    docs += len(offsets) - 1
+                    n_tokens += int(offsets[-1] - offsets[0])
+            for f in (tf, xf):
+                f.flush()
+                os.fsync(f.fileno())
+    except BaseException:
+        # Nothing half-written is left: the folder is as it was given (empty).
+        for name in ("tokens.bin.tmp", "index.bin.tmp"):
+            (out_dir / name).unlink(missing_ok=True)
+        raise
     for name in ("tokens.bin", "index.bin"):
         os.replace(out_dir / f"{name}.tmp", out_dir / name)
     _stoker.write_token_cache_meta(os.fspath(out_dir), os.fspath(tokenizer), files, key, docs, n_tokens, failed,
