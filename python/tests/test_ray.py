@@ -1,8 +1,9 @@
 """`stoker.ray` on a real Ray cluster: two nodes on this machine (`ray.cluster_utils.Cluster`,
 one CPU each), against the one-machine commands, byte for byte.
 
-- `stoker.ray.pack` (plain, `random_access` with `max_side`) writes the shards, indexes and
-  `classes.json` of `stoker pack`, and lists the bad files it skips as `stoker pack --json` does;
+- `stoker.ray.pack` (plain, `random_access` with `max_side`, shards re-packed in a shuffled
+  order) writes the shards, indexes and `classes.json` of `stoker pack`, and lists the bad files
+  it skips as `stoker pack --json` does;
 - a worker process killed (SIGKILL) in the middle of a task, once in each stage, leaves the same
   output: Ray retries the task and the file is written again under its own name;
 - a rerun writes nothing (every file's mtime unchanged);
@@ -110,6 +111,19 @@ def test_pack_gives_the_bytes_of_stoker_pack(cluster, bad_demo, tmp_path, mode):
     if mode == "random_access":
         assert s["random_access"]["recoded"] == one["random_access"]["recoded"] > 0
         assert s["random_access"]["bytes_after"] == one["random_access"]["bytes_after"]
+
+
+@needs_ray
+def test_repacking_shards_shuffled_gives_the_bytes_of_stoker_pack(cluster, demo, tmp_path):
+    import stoker.ray
+
+    single_pack(demo, tmp_path / "shards", "--shard-size", "256KiB")
+    flags = ["--random-access", "--shard-size", "128KiB", "--shuffle", "--seed", "5"]
+    single_pack(tmp_path / "shards", tmp_path / "one", *flags)
+    stoker.ray.pack(tmp_path / "shards", tmp_path / "ray", random_access=True, shard_size="128KiB", shuffle=True,
+                    seed=5, files_per_task=7, progress=False)
+    a, b = outputs(tmp_path / "one"), outputs(tmp_path / "ray")
+    assert len(a) > 5 and a == b
 
 
 @needs_ray
