@@ -12,6 +12,11 @@
 //! written (pax `path` records where ustar has no room). A destination that already holds the
 //! output of a run (`*.tar`, `*.tar.idx`, `classes.json`) is refused unless
 //! [`PackOptions::overwrite`], which removes those files, and only those, first.
+//!
+//! One rule places the samples: [`Planner`] (keys, and where a shard ends). [`pack`] runs it as
+//! it goes; a pack made in pieces (`stoker.ray.pack`: [`prepare_group`] on many machines, the
+//! planner on one, [`write_shard`] per shard) runs the same planner over the prepared sizes, so
+//! both write the same bytes.
 
 use crate::error::{Error, Result};
 use crate::image::decode::{sniff, DecodeOptions, Decoder, Format};
