@@ -48,6 +48,25 @@ def test_import_stoker_imports_no_ray():
     assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr
 
 
+def test_bad_arguments_are_refused_before_any_cluster(demo, tmp_path):
+    """Each names the argument or the file; no Ray is imported or started for them."""
+    import stoker.ray
+    from stoker.errors import ConfigError, DatasetError
+
+    gpt2 = str(GPT2)
+    for call, error, words in [
+        (lambda: stoker.ray.pack(tmp_path / "nope", tmp_path / "o"), DatasetError, "nope: no such file"),
+        (lambda: stoker.ray.pack(demo, tmp_path / "o", files_per_task=0), ConfigError, "`files_per_task`"),
+        (lambda: stoker.ray.pack(demo, tmp_path / "o", max_side=True), ConfigError, "`max_side`"),
+        (lambda: stoker.ray.pack(demo, tmp_path / "o", address="bogus"), ConfigError, "HOST:PORT"),
+        (lambda: stoker.ray.tokenize([str(tmp_path / "no.jsonl")], gpt2, tmp_path / "t"), DatasetError, "no.jsonl"),
+        (lambda: stoker.ray.tokenize([str(SAMPLE)], gpt2, tmp_path / "t", document="para"), ConfigError, "`document`"),
+    ]:
+        with pytest.raises(error, match=words):
+            call()
+    assert "ray" not in sys.modules or not sys.modules["ray"].is_initialized()
+
+
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     """A head and a second node, one CPU and a 100 MB object store each; the fault hook's folder

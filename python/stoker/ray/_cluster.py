@@ -27,9 +27,9 @@ def import_ray() -> Any:
 def connect(address: str | None) -> Any:
     """``ray``, joined to the cluster at ``address`` (checked as ``--ray`` checks it; ``None``:
     the one this process already joined, else ``ray.init()``'s default)."""
-    ray = import_ray()
     if address is not None:
         address = _stoker.ray_address(address)
+    ray = import_ray()
     if not ray.is_initialized():
         ray.init(address=address, log_to_driver=False)
     return ray

@@ -140,6 +140,10 @@ def tokenize(inputs: str | os.PathLike[str] | list[str | os.PathLike[str]], toke
     opts: dict[str, Any] = {"text_key": text_key, "document": document, "max_document_bytes": max_document_bytes}
     files, key, lines, max_bytes = _stoker.tokenize_job(paths, os.fspath(tokenizer),
                                                         **{k: v for k, v in opts.items() if v is not None})
+    for path in files:
+        _kind(path)
+        if "://" not in path and not os.path.isfile(path):
+            raise DatasetError(f"{path}: no such file or folder")
     out_dir = Path(out)
     if out_dir.exists() and any(out_dir.iterdir()):
         raise DatasetError(f"{out_dir}: exists and is not empty: give a new folder for the cache")
