@@ -401,7 +401,9 @@ impl BpeModel {
         }
         let ignore_merges = m.get("ignore_merges").and_then(Value::as_bool).unwrap_or(false);
         let vocab = m.get("vocab").and_then(Value::as_object).ok_or("BPE vocab is not a map")?;
-        let id = |s: &str| vocab.get(s).and_then(Value::as_u64).and_then(|v| u32::try_from(v).ok());
+        // The vocabulary hashed once (the file's map is ordered: a lookup there compares strings).
+        let mut ids = FxMap::<&str, u32>::default();
+        ids.reserve(vocab.len());
         let mut seen = FxMap::<u32, ()>::default();
         for (s, v) in vocab {
             let v = v.as_u64().and_then(|v| u32::try_from(v).ok()).ok_or_else(|| format!("bad id for {s:?}"))?;
@@ -411,7 +413,9 @@ impl BpeModel {
             if seen.insert(v, ()).is_some() {
                 return Err(format!("id {v} is given to two tokens"));
             }
+            ids.insert(s.as_str(), v);
         }
+        let id = |s: &str| ids.get(s).copied();
 
         let chars = byte_chars();
         let mut back = FxMap::<char, u8>::default();
@@ -426,21 +430,25 @@ impl BpeModel {
         let mut merges = Vec::with_capacity(merges_v.len());
         let mut joins = Box::new([0u64; 1024]);
         let mut rank = 0u32;
+        let mut joined = String::new();
         for mv in merges_v {
-            let (a, b) = match mv {
+            let (a, b): (&str, &str) = match mv {
                 Value::String(s) if s.starts_with("#version") => continue,
-                Value::String(s) => match s.split(' ').collect::<Vec<_>>()[..] {
-                    [a, b] => (a.to_string(), b.to_string()),
+                Value::String(s) => match s.split_once(' ') {
+                    Some((a, b)) if !b.contains(' ') => (a, b),
                     _ => return Err(format!("merge {s:?} is not two tokens")),
                 },
                 Value::Array(p) => match &p[..] {
-                    [Value::String(a), Value::String(b)] => (a.clone(), b.clone()),
+                    [Value::String(a), Value::String(b)] => (a, b),
                     _ => return Err("a merge is not a pair of strings".into()),
                 },
                 _ => return Err("a merge is neither a string nor a pair".into()),
             };
             let missing = || format!("merge {a:?} {b:?} is not in the vocabulary");
-            let (ia, ib, inew) = (id(&a).ok_or_else(missing)?, id(&b).ok_or_else(missing)?, id(&(a.clone() + &b)));
+            joined.clear();
+            joined.push_str(a);
+            joined.push_str(b);
+            let (ia, ib, inew) = (id(a).ok_or_else(missing)?, id(b).ok_or_else(missing)?, id(&joined));
             merges.push(((ia, ib), (rank, inew.ok_or_else(missing)?)));
             // A merge whose sides are not byte-level text never fires (every symbol is).
             if let (Some(x), Some(y)) =
