@@ -150,7 +150,7 @@ def test_normaliser_table_is_the_cpu_paths_arithmetic_for_every_byte():
     # The GPU normaliser looks bytes up in this table; here the same code runs on CPU tensors and
     # must equal the engine's float32 output for every byte value of every channel.
     torch = pytest.importorskip("torch")
-    from stoker._base import Normalizer, normalize_table
+    from stoker._gpu import Normalizer, normalize_table
     from stoker.transforms import IMAGENET_MEAN, IMAGENET_STD
 
     table = normalize_table(IMAGENET_MEAN, IMAGENET_STD)
