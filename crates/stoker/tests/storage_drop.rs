@@ -11,6 +11,16 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use stoker::*;
 
+/// Polls a pass (`nothing`: its `next_timeout` delivered nothing, as a stalled store allows)
+/// until the stalled server holds a request more than `before`.
+fn until_held(server: &Server, before: usize, mut nothing: impl FnMut() -> bool) {
+    let t0 = Instant::now();
+    while server.held.load(Ordering::Relaxed) < before + 1 {
+        assert!(t0.elapsed() < Duration::from_secs(30), "no request reached the stalled server");
+        assert!(nothing(), "nothing can be delivered");
+    }
+}
+
 #[test]
 fn dropping_an_iteration_during_a_stall_does_not_wait_for_the_timeout() {
     // Far longer than the bound below: a drop that waited for a read would fail the test.
@@ -32,11 +42,7 @@ fn dropping_an_iteration_during_a_stall_does_not_wait_for_the_timeout() {
     let mut it = loader.iter().unwrap();
     // Wait until the request of the shard's part is in flight (the server has read it), with
     // both I/O threads waiting for that part.
-    let t0 = Instant::now();
-    while server.held.load(Ordering::Relaxed) < before + 1 {
-        assert!(t0.elapsed() < Duration::from_secs(30), "no request reached the stalled server");
-        assert!(matches!(it.next_timeout(Duration::from_millis(20)), Next::NotYet), "nothing can be delivered");
-    }
+    until_held(&server, before, || matches!(it.next_timeout(Duration::from_millis(20)), Next::NotYet));
     let t1 = Instant::now();
     drop(it);
     let took = t1.elapsed();
@@ -68,11 +74,7 @@ fn dropping_a_token_iteration_during_a_stall_does_not_wait_for_the_timeout() {
     server.stall.store(true, Ordering::Release);
     let before = server.held.load(Ordering::Relaxed);
     let mut it = loader.iter().unwrap();
-    let t0 = Instant::now();
-    while server.held.load(Ordering::Relaxed) < before + 1 {
-        assert!(t0.elapsed() < Duration::from_secs(30), "no request reached the stalled server");
-        assert!(matches!(it.next_timeout(Duration::from_millis(20)), Next::NotYet), "nothing can be delivered");
-    }
+    until_held(&server, before, || matches!(it.next_timeout(Duration::from_millis(20)), Next::NotYet));
     let t1 = Instant::now();
     drop(it);
     drop(loader);
