@@ -169,7 +169,7 @@ class TokenLoader(LoaderBase):
         self._start()
         self._to_device(self._loader().device, output)
 
-    def __new__(cls, data: Any, **kwargs: Any) -> TokenLoader:
+    def __new__(cls, data: Any = None, **kwargs: Any) -> TokenLoader:
         """A mixture (``data`` a dict of sources) is a :class:`TokenMixture`, a ``TokenLoader``
         that says only how it differs; anything else a plain ``TokenLoader``."""
         if cls is TokenLoader and isinstance(data, Mapping):

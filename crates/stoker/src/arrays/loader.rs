@@ -419,15 +419,7 @@ mod tests {
 
     #[test]
     fn gathers_the_sampler_rows_in_order() {
-        let spec = SamplerSpec {
-            batch_size: 100,
-            shuffle: true,
-            seed: 3,
-            drop_last: false,
-            rank: 0,
-            world_size: 1,
-            ..SamplerSpec::default()
-        };
+        let spec = SamplerSpec { batch_size: 100, shuffle: true, seed: 3, ..SamplerSpec::default() };
         let cfg = ArrayConfig { sampler: spec.clone(), threads: Some(3), prefetch: 2, memory_limit: None };
         let l = ArrayLoader::new(vec![column(1000, 5)], cfg).unwrap();
         let order = Sampler::new(1000, spec).unwrap().epoch_order(0);
