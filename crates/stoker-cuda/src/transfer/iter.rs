@@ -3,9 +3,9 @@
 use super::batch::{DeviceBatch, DeviceRegion};
 use super::pool::{DeviceSlot, Pool, Views};
 use crate::driver::Gpu;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
-use stoker::shell::pass::{Pass, PassHooks, PassSlot};
+use stoker::shell::pass::{Pass, PassSlot, ProducerError};
 use stoker::{Error, Next, Result};
 
 impl PassSlot for DeviceSlot {
@@ -18,21 +18,11 @@ impl PassSlot for DeviceSlot {
     }
 }
 
-/// The transfer stage's part of a pass: the thread's error, delivered after the batches
-/// before it.
-pub(super) struct DeviceHooks {
-    pub(super) outcome: Arc<Mutex<Option<Error>>>,
-}
-
-impl PassHooks for DeviceHooks {
-    fn ended(&self) -> Option<Error> {
-        self.outcome.lock().unwrap_or_else(|p| p.into_inner()).take()
-    }
-}
-
 /// Batches on the GPU, in order. Dropping it stops the transfer thread and the host pipeline.
 pub struct DeviceIter<M> {
-    pub(super) pass: Pass<DeviceSlot, DeviceHooks>,
+    /// The pass over the transfer thread's run; its hooks are the thread's error, delivered
+    /// after the batches before it.
+    pub(super) pass: Pass<DeviceSlot, ProducerError>,
     pub(super) pool: Arc<Pool>,
     pub(super) gpu: Arc<Gpu>,
     pub(super) _meta: std::marker::PhantomData<fn() -> M>,

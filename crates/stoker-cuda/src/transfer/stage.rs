@@ -2,16 +2,16 @@
 //! thread.
 
 use super::copy::{GpuDecode, Transfer};
-use super::iter::{DeviceHooks, DeviceIter};
+use super::iter::DeviceIter;
 use super::pool::{DeviceSlot, Pool, Release};
 use crate::driver::{DeviceMem, Event, Gpu, Stream};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 use stoker::shell::epochs::Active;
 use stoker::shell::grow::{MakeSlot, SlotPool};
 use stoker::shell::kind::HostBatch;
 use stoker::shell::ordered::Run;
-use stoker::shell::pass::{FailureBudget, Observe, Pass};
+use stoker::shell::pass::{FailureBudget, Observe, Pass, ProducerError};
 use stoker::telemetry::Telemetry;
 use stoker::trace::Tracer;
 use stoker::{Error, Next, Result};
@@ -153,7 +153,7 @@ impl DeviceStage {
     {
         self.stop("a newer iteration of this loader started");
         let (run, done) = Run::new(self.pool.slots.slots(), self.pool.slots.free_tx.clone());
-        let outcome = Arc::new(Mutex::new(None));
+        let outcome = ProducerError::default();
         let ctx = Transfer {
             gpu: self.gpu.clone(),
             stream: self.stream.clone(),
@@ -168,7 +168,7 @@ impl DeviceStage {
         run.spawn("stoker-transfer".into(), move || {
             let r = ctx.forward(poll, &done);
             if let Err(e) = r {
-                *out.lock().unwrap_or_else(|p| p.into_inner()) = Some(e);
+                out.set(e);
             }
             if let Some(run) = me.upgrade() {
                 run.finish();
@@ -178,9 +178,8 @@ impl DeviceStage {
         let pool = &self.pool;
         let view = pool.slots.view();
         let observe = Observe::new(telemetry, self.tracer.clone(), None);
-        let hooks = DeviceHooks { outcome };
         Ok(DeviceIter {
-            pass: Pass::new(run, view, hooks, (0, None), FailureBudget::new(0, true), observe),
+            pass: Pass::new(run, view, outcome, (0, None), FailureBudget::new(0, true), observe),
             pool: self.pool.clone(),
             gpu: self.gpu.clone(),
             _meta: std::marker::PhantomData,

@@ -32,7 +32,7 @@ use crate::shell::grow::PoolView;
 use crate::shell::kind::{Delivery, Iter, Kind, Loader, PassPlan};
 use crate::shell::mix::{MixReport, MixSpec, Schedule, Tally, Weights};
 use crate::shell::ordered::{send_or_cancel, take_free, Run};
-use crate::shell::pass::{FailureBudget, Next, PassHooks};
+use crate::shell::pass::{FailureBudget, Next, ProducerError};
 use crate::tokens::pack::Resume;
 use crate::tokens::tokenizer::TextTokenizer;
 use crossbeam_channel::Sender;
@@ -63,18 +63,6 @@ pub type TokenMixLoader = Loader<TokenMix>;
 
 /// One pass over (the rest of) a mixture's epoch.
 pub type TokenMixIter = Iter<TokenMix>;
-
-/// The mixture's part of a pass: an error that ended the mixer thread (a source failed),
-/// returned once the batches before it are delivered.
-pub struct MixHooks {
-    failed: Arc<Mutex<Option<Error>>>,
-}
-
-impl PassHooks for MixHooks {
-    fn ended(&self) -> Option<Error> {
-        self.failed.lock().unwrap_or_else(|p| p.into_inner()).take()
-    }
-}
 
 impl Loader<TokenMix> {
     /// A mixture of the sources of `config.mixture` (each opened as a token loader with this
@@ -295,7 +283,9 @@ fn rows_per_rank(c: &TokenConfig, rows: u64, world: usize) -> u64 {
 impl Kind for TokenMix {
     type Position = MixPosition;
     type Slot = Arc<TokenSlot>;
-    type Hooks = MixHooks;
+    /// An error that ended the mixer thread (a source failed), returned once the batches
+    /// before it are delivered.
+    type Hooks = ProducerError;
     type Batch = TokenBatch;
     type Section = MixSection;
 
@@ -315,13 +305,13 @@ impl Kind for TokenMix {
         let offset = st.offset;
         let host = self.host.kind().clone();
         let cancel = run.cancel_flag();
-        let failed = Arc::new(Mutex::new(None));
+        let failed = ProducerError::default();
         self.after.lock().unwrap_or_else(|p| p.into_inner()).clear();
         {
             let (mx, cancel, failed, run2) = (self.clone(), cancel.clone(), failed.clone(), Arc::downgrade(run));
             run.spawn("stoker-mix".into(), move || {
                 if let Err(e) = mix_rows(&mx, (epoch, first_batch, offset, end, st.sources), &done_tx, &cancel) {
-                    *failed.lock().unwrap_or_else(|p| p.into_inner()) = Some(e);
+                    failed.set(e);
                 }
                 if let Some(r) = run2.upgrade() {
                     r.finish();
@@ -330,8 +320,14 @@ impl Kind for TokenMix {
         }
         let budget = FailureBudget::new(u64::MAX, false);
         let batches = (!self.stops()).then(|| end.div_ceil(host.config.batch_size as u64) as usize);
-        let (hooks, batches) = (MixHooks { failed }, (first_batch as usize, batches));
-        Ok(PassPlan { epoch, batches, budget, hooks, tracer: None, retire: None })
+        Ok(PassPlan {
+            epoch,
+            batches: (first_batch as usize, batches),
+            budget,
+            hooks: failed,
+            tracer: None,
+            retire: None,
+        })
     }
 
     fn batch(self: &Arc<Self>, slot: Arc<TokenSlot>, position: &MixPosition, _: Delivery) -> TokenBatch {
