@@ -31,6 +31,9 @@ tokenizes it with the same ``tokenizer.json`` (``--tokenizer``, default GPT-2), 
 - ``tiktoken``: OpenAI's ``tiktoken`` with the ranks, pattern and EOS of the same ``tokenizer.json``
   (byte-level BPE files only; ids equal to ``tokenizers``' for GPT-2), one core, ``encode_ordinary``
   per document over the documents already in memory, like the floor: the fastest exact BPE we know.
+- ``stoker-tokenizer``: ``stoker.Tokenizer(tokenizer).encode_batch(batch, add_eos=True, threads=--workers,
+  format="flat")`` on batches of ``--tok-batch`` documents already in memory: the floor's work on stoker's
+  encoder, as a user's own Ray Data, Spark or Dask job calls it.
 - ``stoker``: ``stoker.TokenLoader(files, tokenizer=..., seq_len=..., batch_size=..., pack="concat",
   threads=--workers, output="numpy")``, ``for batch in loader``. Skipped, with a message, where the
   installed stoker has no ``TokenLoader``.
@@ -100,7 +103,7 @@ from compare_torchvision import tree_pids as scan_tree_pids  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = Path("/work/shared/text")
 CONTENDERS = {"a": "datasets", "b": "iterable", "c": "floor", "d": "stoker", "e": "stoker-cache",
-              "f": "stoker-autocache", "g": "tiktoken"}
+              "f": "stoker-autocache", "g": "tiktoken", "h": "stoker-tokenizer"}
 SINGLE_CORE_ENV = {"TOKENIZERS_PARALLELISM": "false", "RAYON_NUM_THREADS": "1"}
 
 
@@ -430,6 +433,26 @@ def run_tiktoken(args):
            text_bytes=sum(len(t.encode()) for t in texts), call="encode_ordinary")
 
 
+def run_stoker_tokenizer(args):
+    """``stoker.Tokenizer.encode_batch`` on the documents in memory, batches of ``--tok-batch``
+    (EOS added by the call), ``--workers`` threads: the floor's work on stoker's encoder."""
+    import stoker
+
+    texts = [t for f in args.data for t in iter_texts(f)]
+    tok = stoker.Tokenizer(str(args.tokenizer), eos_token=args.eos)
+    c0, t0 = cpu(), time.perf_counter()
+    first = None
+    tokens = 0
+    for s in range(0, len(texts), args.tok_batch):
+        ids, _ = tok.encode_batch(texts[s:s + args.tok_batch], add_eos=True, threads=args.workers, format="flat")
+        tokens += len(ids)
+        if first is None:
+            first = time.perf_counter() - t0
+    clocks = stop(t0, c0)
+    report(clocks, c0, tokens=tokens, documents=len(texts), first_batch_s=first,
+           text_bytes=sum(len(t.encode()) for t in texts), call="Tokenizer.encode_batch", engine=tok.engine)
+
+
 def run_stoker(args, cache=None, autocache=None):
     """stoker over the text, or (``cache``) over the token cache ``stoker tokenize`` wrote before
     the rounds (not timed), or (``autocache``) over the text with its automatic token cache filled
@@ -472,7 +495,8 @@ def run_stoker(args, cache=None, autocache=None):
 RUNNERS = {"datasets": run_datasets, "iterable": run_iterable, "floor": run_floor, "floor-alt": run_floor,
            "stoker": run_stoker,
            "stoker-cache": lambda args: run_stoker(args, cache=args.token_cache),
-           "stoker-autocache": lambda args: run_stoker(args, autocache=args.auto_cache), "tiktoken": run_tiktoken}
+           "stoker-autocache": lambda args: run_stoker(args, autocache=args.auto_cache), "tiktoken": run_tiktoken,
+           "stoker-tokenizer": run_stoker_tokenizer}
 
 
 # ---------------------------------------------------------------- parent
@@ -541,7 +565,8 @@ def main():
     ap.add_argument("--contenders", default="a,b,c,d,e",
                     help="comma-separated: a=datasets, b=iterable, c=floor, d=stoker, e=stoker-cache (an epoch "
                          "from the token cache `stoker tokenize` wrote first), f=stoker-autocache (an epoch "
-                         "from the automatic token cache an untimed epoch filled first), g=tiktoken; letters "
+                         "from the automatic token cache an untimed epoch filled first), g=tiktoken, "
+                         "h=stoker-tokenizer (stoker.Tokenizer.encode_batch on the documents in memory); letters "
                          "or names")
     ap.add_argument("--out", type=Path, default=ROOT / "benches" / "results" / "text.json")
     ap.add_argument("--python", action="append", default=[], metavar="CONTENDER=PYTHON",
@@ -679,6 +704,8 @@ def main():
     ratios = {
         "stoker_vs_floor_tokens_per_cpu_s": paired("stoker", "floor", "tokens_per_cpu_s"),
         "stoker_vs_floor-alt_tokens_per_cpu_s": paired("stoker", "floor-alt", "tokens_per_cpu_s"),
+        "stoker-tokenizer_vs_floor_tokens_per_cpu_s": paired("stoker-tokenizer", "floor", "tokens_per_cpu_s"),
+        "stoker-tokenizer_vs_floor-alt_tokens_per_cpu_s": paired("stoker-tokenizer", "floor-alt", "tokens_per_cpu_s"),
         "stoker_vs_iterable_tokens_per_cpu_s": paired("stoker", "iterable", "tokens_per_cpu_s"),
         "stoker_vs_iterable_tokens_per_s": paired("stoker", "iterable", "tokens_per_s"),
         "stoker_vs_datasets_tokens_per_cpu_s": paired("stoker", "datasets", "tokens_per_cpu_s"),

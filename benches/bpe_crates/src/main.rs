@@ -18,8 +18,9 @@
 //! `--vocab deepseek`: GPT-2's vocabulary under DeepSeek-V3's three `Split`s (stoker matches
 //! them with Oniguruma, as `tokenizers` does), stoker and `tokenizers` only.
 //!
-//! `bpe_crates [--vocab gpt2,cl100k,o200k,deepseek] [--shards N] [--rounds R] [TEXT_DIR]`
-//! (defaults: all three, every shard, 3 rounds, `/work/shared/text`).
+//! `bpe_crates [--vocab gpt2,cl100k,o200k,deepseek] [--shards N] [--rounds R] [--only NAMES]
+//! [TEXT_DIR]` (defaults: all three, every shard, 3 rounds, every contender, `/work/shared/text`;
+//! `--only stoker,1.0` keeps the contenders whose names hold one of the comma-separated parts).
 
 use std::collections::HashMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -470,12 +471,15 @@ fn hostile() -> Vec<String> {
 fn main() {
     let mut vocabs = vec!["gpt2".to_string(), "cl100k".into(), "o200k".into()];
     let (mut shards, mut rounds, mut dir) = (usize::MAX, 3usize, PathBuf::from("/work/shared/text"));
+    // Contenders to run, by part of their names (all when empty).
+    let mut only: Vec<String> = vec![];
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         match a.as_str() {
             "--vocab" => vocabs = args.next().unwrap().split(',').map(String::from).collect(),
             "--shards" => shards = args.next().unwrap().parse().unwrap(),
             "--rounds" => rounds = args.next().unwrap().parse().unwrap(),
+            "--only" => only = args.next().unwrap().split(',').map(String::from).collect(),
             "--bench" => {}
             _ => dir = PathBuf::from(a),
         }
@@ -491,7 +495,8 @@ fn main() {
 
     for vocab in &vocabs {
         let t0 = Instant::now();
-        let (reference, cs, notes) = contenders(vocab, &dir);
+        let (reference, mut cs, notes) = contenders(vocab, &dir);
+        cs.retain(|c| only.is_empty() || only.iter().any(|o| c.name.contains(o.as_str())));
         println!("\n## {vocab} (setup {:.1} s)", t0.elapsed().as_secs_f64());
         for n in &notes {
             println!("note: {n}");

@@ -18,6 +18,7 @@ mod index;
 mod loader_opts;
 mod monitor;
 mod pack;
+mod ray;
 mod series;
 mod tokenize;
 mod util;

@@ -9,7 +9,6 @@ use anyhow::Result;
 use clap::Args;
 use std::path::PathBuf;
 use std::time::Instant;
-use stoker::args::{bytes, non_negative, positive, threads};
 use stoker::ImageFolder;
 
 /// Flags of `stoker pack`.
@@ -54,27 +53,47 @@ pub struct PackArgs {
     /// Print one JSON object instead of the summary.
     #[arg(long)]
     pub json: bool,
+    /// Pack on a Ray cluster instead (`auto`, `local`, HOST:PORT or ray://HOST:PORT): one task
+    /// per group of files, the same bytes (runs `python -m stoker.ray`; needs `stoker[ray]`).
+    #[arg(long, value_name = "ADDRESS")]
+    pub ray: Option<String>,
+    /// With --ray: input files per task.
+    #[arg(long, default_value = "256", requires = "ray")]
+    pub files_per_task: String,
 }
 
 /// Runs `stoker pack`.
 pub fn run(a: &PackArgs) -> Result<()> {
-    let text = |s: &String| stoker::args::text_value(s);
     // The environment, checked, and its settings applied (the object-store request bound for
     // shards in a bucket): no loader config is built here to do it.
-    let env = stoker::args::apply_env()?;
-    let opts = stoker::pack::PackOptions {
-        shard_size: bytes("shard_size", &text(&a.shard_size))?,
-        max_side: a.max_side.as_ref().map(|m| positive("max_side", &text(m))).transpose()?,
-        quality: i32::try_from(non_negative("quality", &text(&a.quality))?).unwrap_or(i32::MAX),
-        threads: match threads("threads", &text(&a.threads))? {
-            Some(n) => n,
-            None => env.threads.unwrap_or_else(stoker::cpu::default_threads),
-        },
-        prefix: a.prefix.clone(),
-        overwrite: a.overwrite,
-        random_access: a.random_access,
-        shuffle: if a.shuffle { Some(non_negative("seed", &text(&a.seed))?) } else { None },
-    };
+    stoker::args::apply_env()?;
+    let args = stoker::args::from_text([
+        ("shard_size", Some(a.shard_size.clone())),
+        ("max_side", a.max_side.clone()),
+        ("quality", Some(a.quality.clone())),
+        ("threads", Some(a.threads.clone())),
+        ("prefix", Some(a.prefix.clone())),
+        ("overwrite", Some(a.overwrite.to_string())),
+        ("random_access", Some(a.random_access.to_string())),
+        ("shuffle", Some(a.shuffle.to_string())),
+        ("seed", Some(a.seed.clone())),
+    ]);
+    let opts = stoker::args::pack_options(args)?;
+    if let Some(address) = &a.ray {
+        // The checked values, typed (one core per Ray task: no thread count).
+        let values = serde_json::json!({
+            "shard_size": opts.shard_size,
+            "max_side": opts.max_side,
+            "quality": opts.quality,
+            "prefix": opts.prefix,
+            "overwrite": opts.overwrite,
+            "random_access": opts.random_access,
+            "shuffle": opts.shuffle.is_some(),
+            "seed": opts.shuffle.unwrap_or(0),
+            "files_per_task": stoker::args::positive("files_per_task", &stoker::args::text_value(&a.files_per_task))?,
+        });
+        return crate::ray::run("pack", address, &[a.src.clone(), a.dst.clone()], values, a.json);
+    }
     let roots = [a.src.to_string_lossy().into_owned()];
     let input: Box<dyn stoker::pack::PackInput> = match stoker::source::detect(&roots)? {
         stoker::source::DatasetKind::Folder(root) => Box::new(ImageFolder::new(root)?),

@@ -28,6 +28,11 @@ pub struct TokenizeArgs {
     /// Longer documents are skipped (and counted).
     #[arg(long)]
     pub max_document_bytes: Option<String>,
+    /// Tokenize on a Ray cluster instead (`auto`, `local`, HOST:PORT or ray://HOST:PORT): Ray
+    /// Data with a `stoker.Tokenizer` per worker, the same cache (runs `python -m stoker.ray`;
+    /// needs `stoker[ray]`).
+    #[arg(long, value_name = "ADDRESS")]
+    pub ray: Option<String>,
 }
 
 /// Runs `stoker tokenize`.
@@ -52,6 +57,18 @@ pub fn run(a: &TokenizeArgs) -> Result<()> {
     let (config, tok) = stoker::args::token_config(args)?;
     let tokenizer = stoker::tokens::TextTokenizer::from_file(&tok.expect("--tokenizer is required"))?;
     let paths = stoker::tokens::expand_paths(data)?;
+    if let Some(address) = &a.ray {
+        let tok = tokenizer.origin.clone();
+        let values = serde_json::json!({
+            "tokenizer": tok,
+            "text_key": config.text_key,
+            "lines": config.lines,
+            "max_document_bytes": config.max_document_bytes,
+        });
+        let mut all = paths.clone();
+        all.push(out);
+        return crate::ray::run("tokenize", address, &all, values, false);
+    }
     let loader = stoker::tokens::TokenLoader::new(&paths, Some(tokenizer), config)?;
     let t0 = Instant::now();
     let meta = stoker::tools::tokenize::write_cache(&loader, &paths, &out, |docs, tokens| {

@@ -13,6 +13,7 @@
 //! |---|---|
 //! | `errors.rs` | the `stoker.errors` exception classes; engine errors to them, in one `match` |
 //! | `functions.rs` | the module-level functions |
+//! | `pack.rs` | `PackJob` and the token cache's description: packs and caches made in pieces (`stoker.ray`) |
 //! | `shared/` | what every kind's classes share, written once (its `mod.rs` has the file map) |
 //! | `image/` | `Loader`, `Iterator`, `Batch` and its `Tensor` views |
 //! | `arrays/` | `ArrayLoader`, `ArrayIterator`, `ArrayBatch` and its `ArrayTensor` views; the buffer protocol |
@@ -24,6 +25,7 @@ mod arrays;
 mod errors;
 mod functions;
 mod image;
+mod pack;
 mod shared;
 mod tokens;
 
@@ -41,6 +43,11 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<tokens::PyTokenMixLoader>()?;
     m.add_class::<tokens::PyTokenMixIter>()?;
     m.add_class::<tokens::PyTokenizer>()?;
+    m.add_class::<pack::PyPackJob>()?;
+    m.add_function(wrap_pyfunction!(pack::tokenize_job, m)?)?;
+    m.add_function(wrap_pyfunction!(pack::write_token_cache_meta, m)?)?;
+    m.add_function(wrap_pyfunction!(pack::token_bytes, m)?)?;
+    m.add_function(wrap_pyfunction!(pack::ray_address, m)?)?;
     functions::register(m)?;
     Ok(())
 }

@@ -32,6 +32,8 @@
 //!   source's own fields handed back to its kind;
 //! - `image.rs`, `arrays.rs`, `tokens.rs`: each kind's config ([`loader_config`] and
 //!   [`image_config`], [`array_config`], [`token_config`] and [`token_state`]);
+//! - `pack.rs`: `stoker pack`'s options ([`pack_options`], the CLI's and `stoker.ray.pack`'s) and
+//!   the Ray address of `--ray` ([`ray_address`]);
 //! - `tokenizer.rs`: the `Tokenizer` class's token names ([`tokenizer_names`]) and the options
 //!   of a call to encode ([`encode_options`]);
 //! - `augment.rs`: the augmentation ops' arguments ([`policy`], [`jitter_ranges`],
@@ -52,6 +54,7 @@ mod captions;
 mod env;
 mod image;
 mod mixture;
+mod pack;
 mod shared;
 mod state;
 mod tokenizer;
@@ -74,6 +77,7 @@ pub use env::{
     object_timeout, BudgetEnv, Env, CACHE_TTL_VAR, INDEX_DIR_VAR, OBJECT_TIMEOUT_VAR, THREADS_VAR,
 };
 pub use image::{decode_where, image_config, loader_config, max_failures};
+pub use pack::{pack_options, ray_address};
 pub use shared::DEFAULT_SHARD_WINDOW;
 pub use state::{saved_state, saved_states, SavedState};
 pub use tokenizer::{encode_options, tokenizer_names};

@@ -16,13 +16,14 @@
 //! like `tokenizers`' `Word::merge_all`. The post-processor's special tokens (a template's
 //! `<|begin_of_text|>`, say) go around the result.
 //!
-//! Speed: pieces are found 32 at a time and each short one's place in the per-thread cache
-//! ([`super::piece_cache`]: pieces of up to 24 bytes with their ids inline, a small table in
-//! front that stays in the processor's cache) is prefetched before the 32 are looked up, so a
-//! lookup rarely waits on memory. A piece the cache lacks is looked up among the vocabulary's
-//! own tokens that merge into themselves (found once at load: [`BpeModel::fold`]), and only then
-//! merged, through the merges as a flat table ([`super::pair_table`]). Runs of ASCII letters are
-//! scanned eight bytes at a time.
+//! Speed: pieces are found 32 at a time (64 bytes of ASCII at once by bit masks for GPT-2's,
+//! cl100k's and Qwen2's patterns: `pretok_block.rs`) and each short one's line of the per-thread
+//! table of short pieces ([`super::piece_cache::ShortCache`]: pieces of 2 to 15 bytes, up to four
+//! ids inline) is prefetched before the 32 are looked up, so a lookup rarely waits on memory; a
+//! hit writes four id lanes and advances by its count. A piece the table lacks is merged, through
+//! the merges as a flat table ([`super::pair_table`]) behind a small per-thread cache of pairs;
+//! longer pieces go through a table of pieces up to 24 bytes, the vocabulary's own tokens that
+//! merge into themselves (found once at load: [`BpeModel::fold`]), then a map.
 //!
 //! Memory: pieces are found 32 at a time (no list of a document's pieces is ever built), so a
 //! long document costs its ids plus the merge state of its longest piece, about 20 bytes per
@@ -30,20 +31,22 @@
 //! normalized. A long piece is cut only between two bytes that no merge joins (a symbol ending
 //! in the first byte never meets one starting with the second in any merge, so no token can
 //! span the cut and each side merges alone, exactly); a piece with no such place (one letter
-//! repeated, say) is merged whole. Each thread's cache is about 4.3 MiB per model (its pages
+//! repeated, say) is merged whole. Each thread's caches are about 4.7 MiB per model (its pages
 //! taken as they are first written; at most four models per thread), pieces of 25 to 64 bytes
 //! in a bounded map beside it; long pieces merge with a heap over a linked list, so time grows
 //! as `n log n` with a piece's length.
 
-use super::pair_table::{PairTable, NONE};
-use super::piece_cache::{FoldTable, Key, PieceCache, MAX_KEY};
+mod caches;
+mod merge;
+
+use super::pair_table::{PairCache, PairTable};
+use super::piece_cache::{FoldTable, Key, ShortKey, SHORT_IDS};
 use super::pretok::{Cl100k, Gpt2, O200k, Pattern, Scanner};
 use aho_corasick::{AhoCorasick, MatchKind};
+use caches::{with_cache, Cache};
 use regex::Regex;
 use serde_json::Value;
-use std::cell::RefCell;
-use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap};
+use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::LazyLock;
@@ -238,28 +241,6 @@ impl Added {
             part(Part::Gap(&text[start_offset..]));
         }
     }
-}
-
-/// Models whose caches a thread keeps at once (a mixture of tokenizers alternates between them);
-/// the one used longest ago gives way.
-const MODELS_PER_THREAD: usize = 4;
-
-/// A thread's cache and scratch space for one model.
-struct Cache {
-    model: u64,
-    table: PieceCache,
-    map: FxMap<Box<[u8]>, Box<[u32]>>,
-}
-
-impl Cache {
-    fn new(model: u64) -> Cache {
-        Cache { model, table: PieceCache::new(), map: FxMap::default() }
-    }
-}
-
-thread_local! {
-    /// This thread's caches, the one used last first.
-    static CACHES: RefCell<Vec<Cache>> = const { RefCell::new(Vec::new()) };
 }
 
 /// GPT-2's `bytes_to_unicode`: the printable character standing for each byte.
@@ -528,7 +509,7 @@ impl BpeModel {
         let added = [build(&sets[0])?, build(&sets[1])?];
         let around = around(tok)?;
         let key = NEXT_MODEL.fetch_add(1, Ordering::Relaxed);
-        let merges = PairTable::new(&merges, &byte_ids);
+        let merges = PairTable::new(&merges, &byte_ids)?;
         let mut model =
             BpeModel { key, byte_ids, merges, fold: FoldTable::new(&[]), whole, added, pre, nfc, around, joins };
         model.fold = model.fold_vocabulary(vocab, &back);
@@ -540,6 +521,7 @@ impl BpeModel {
     fn fold_vocabulary(&self, vocab: &serde_json::Map<String, Value>, back: &FxMap<char, u8>) -> FoldTable {
         let mut fold = Vec::new();
         let mut ids = Vec::new();
+        let mut pairs = PairCache::new();
         for (s, v) in vocab {
             let (Some(bytes), Some(id)) = (
                 s.chars().map(|c| back.get(&c).copied()).collect::<Option<Vec<u8>>>(),
@@ -550,7 +532,7 @@ impl BpeModel {
             let Some(key) = Key::of(&bytes, 0, bytes.len()) else { continue };
             if self.whole.is_none() {
                 ids.clear();
-                self.merge_scan(&bytes, &mut ids);
+                self.merge_scan(&bytes, &mut pairs, &mut ids);
                 if ids[..] != [id] {
                     continue;
                 }
@@ -576,20 +558,7 @@ impl BpeModel {
     /// Appends the ids of `text` to `out`, the post-processor's special tokens included.
     pub fn encode_into(&self, text: &str, out: &mut Vec<u32>) {
         out.extend_from_slice(&self.around.0);
-        CACHES.with(|caches| match caches.try_borrow_mut() {
-            Ok(mut caches) => {
-                match caches.iter().position(|c| c.model == self.key) {
-                    Some(i) => caches[..=i].rotate_right(1),
-                    None => {
-                        caches.truncate(MODELS_PER_THREAD - 1);
-                        caches.insert(0, Cache::new(self.key));
-                    }
-                }
-                self.split_raw(text, &mut caches[0], out)
-            }
-            // Only reachable by re-entry, which nothing here does: work with a fresh cache.
-            Err(_) => self.split_raw(text, &mut Cache::new(self.key), out),
-        });
+        with_cache(self.key, |c| self.split_raw(text, c, out));
         out.extend_from_slice(&self.around.1);
     }
 
@@ -658,17 +627,19 @@ impl BpeModel {
         }
     }
 
-    /// The pieces of `text` in batches: a batch's pieces are found and their table sets
-    /// prefetched first, then encoded, so that each lookup finds its line already in the
-    /// processor's cache instead of waiting on memory for it.
+    /// The pieces of `text` in batches: a batch's pieces are found and their lines of the
+    /// short-piece table prefetched first, then encoded, so that each lookup finds its line
+    /// already in the processor's cache instead of waiting on memory for it. Room for the
+    /// batch's ids is made once (four a piece, the most a hit writes), so a hit stores its four
+    /// lanes and advances by its count.
     fn encode_pieces<S: Scanner>(&self, text: &str, c: &mut Cache, out: &mut Vec<u32>) {
         const BATCH: usize = 32;
         // A block gives at most 63 pieces, and is never cut short by the batch.
         const ROOM: usize = BATCH + 64;
         let bytes = text.as_bytes();
-        // Piece `i` of a batch is `bytes[ends[i]..ends[i + 1]]`, its key `keys[i]`.
+        // Piece `i` of a batch is `bytes[ends[i]..ends[i + 1]]`, its short key `keys[i]`.
         let mut ends = [0usize; ROOM + 1];
-        let mut keys: [Option<Key>; ROOM] = [None; ROOM];
+        let mut keys = [ShortKey::default(); ROOM];
         let mut pos = 0;
         while pos < bytes.len() {
             ends[0] = pos;
@@ -681,28 +652,35 @@ impl BpeModel {
                     got = 1;
                 }
                 for j in n..n + got {
-                    let key = Key::of(bytes, ends[j], ends[j + 1]);
-                    if let Some(k) = &key {
-                        c.table.prefetch(k);
-                    }
-                    keys[j] = key;
+                    let k = ShortKey::of(bytes, ends[j], ends[j + 1]);
+                    c.short.prefetch(&k);
+                    keys[j] = k;
                 }
                 n += got;
                 pos = ends[n];
             }
+            out.reserve(SHORT_IDS * n);
             for i in 0..n {
                 let (a, b) = (ends[i], ends[i + 1]);
-                // The usual cases here, inline: one byte, a piece in the table.
+                // The usual cases here, inline: one byte, a short piece in the table.
                 if b - a == 1 {
                     out.push(self.byte_ids[bytes[a] as usize]);
                     continue;
                 }
-                if let Some(k) = &keys[i] {
-                    if c.table.get(k, out) {
-                        continue;
+                let k = &keys[i];
+                if k.is_some() {
+                    match c.short.get(k) {
+                        Some((lanes, count)) if count > 0 => {
+                            out.extend_from_slice(&lanes);
+                            out.truncate(out.len() - SHORT_IDS + count);
+                            continue;
+                        }
+                        found => self.encode_short(bytes, a, b, k, found.is_some(), c, out),
                     }
+                } else {
+                    self.encode_keyed(bytes, a, b, Key::of(bytes, a, b), c, out);
                 }
-                self.encode_keyed(bytes, a, b, keys[i], c, out);
+                out.reserve(SHORT_IDS * (n - i - 1));
             }
         }
     }
@@ -711,6 +689,36 @@ impl BpeModel {
     #[inline]
     fn encode_piece(&self, text: &[u8], a: usize, b: usize, c: &mut Cache, out: &mut Vec<u32>) {
         self.encode_keyed(text, a, b, Key::of(text, a, b), c, out)
+    }
+
+    /// The ids of the short piece `text[a..b]` (key `k`) that the short-piece table lacks, or
+    /// holds as having more ids than a slot (`more`, then looked up in the table of longer
+    /// pieces): one token of the vocabulary, else merged; stored for next time.
+    #[inline(never)]
+    #[allow(clippy::too_many_arguments)]
+    fn encode_short(
+        &self,
+        text: &[u8],
+        a: usize,
+        b: usize,
+        k: &ShortKey,
+        more: bool,
+        c: &mut Cache,
+        out: &mut Vec<u32>,
+    ) {
+        let Some(key) = Key::of(text, a, b) else {
+            return self.encode_uncached(&text[a..b], &mut c.pairs, out);
+        };
+        if more && c.table.get(&key, out) {
+            return;
+        }
+        let from = out.len();
+        self.encode_uncached(&text[a..b], &mut c.pairs, out);
+        let ids = &out[from..];
+        c.short.put(k, ids);
+        if ids.len() > SHORT_IDS {
+            c.table.put(&key, ids);
+        }
     }
 
     /// The ids of the piece `text[a..b]`, whose table key is `key` when it has one: a single
@@ -733,20 +741,20 @@ impl BpeModel {
                 return;
             }
             let from = out.len();
-            self.encode_uncached(&text[a..b], out);
+            self.encode_uncached(&text[a..b], &mut c.pairs, out);
             c.table.put(&key, &out[from..]);
             return;
         }
         let piece = &text[a..b];
         if piece.len() > CACHE_MAX_PIECE {
-            return self.encode_uncached(piece, out);
+            return self.encode_uncached(piece, &mut c.pairs, out);
         }
         if let Some(ids) = c.map.get(piece) {
             out.extend_from_slice(ids);
             return;
         }
         let from = out.len();
-        self.encode_uncached(piece, out);
+        self.encode_uncached(piece, &mut c.pairs, out);
         if c.map.len() >= CACHE_MAX_ENTRIES {
             c.map.clear();
         }
@@ -755,7 +763,7 @@ impl BpeModel {
 
     /// A piece's ids without the caches: one token when `ignore_merges` finds it whole, else
     /// merged.
-    fn encode_uncached(&self, piece: &[u8], out: &mut Vec<u32>) {
+    fn encode_uncached(&self, piece: &[u8], pairs: &mut PairCache, out: &mut Vec<u32>) {
         if let Some(w) = &self.whole {
             if let Some(&id) = w.get(piece) {
                 out.push(id);
@@ -763,212 +771,10 @@ impl BpeModel {
             }
         }
         if piece.len() >= HEAP_FROM {
-            self.merge_long(piece, out);
+            self.merge_long(piece, pairs, out);
         } else {
-            self.merge_scan(piece, out);
+            self.merge_scan(piece, pairs, out);
         }
-    }
-
-    #[inline]
-    fn pair(&self, a: u32, b: u32) -> Option<(u32, u32)> {
-        match self.merges.get(a, b) {
-            NONE => None,
-            v => Some(((v >> 32) as u32, v as u32)),
-        }
-    }
-
-    /// Pieces shorter than [`HEAP_FROM`] bytes: repeatedly merge the leftmost pair of lowest
-    /// rank, found by scanning the packed merges of adjacent symbols (rank high, id low, so the
-    /// smallest word is the merge to apply; the first of equal ones the leftmost).
-    fn merge_scan(&self, piece: &[u8], out: &mut Vec<u32>) {
-        let n = piece.len();
-        if n >= HEAP_FROM {
-            return self.merge_heap(piece, out);
-        }
-        // The table's pieces (the usual misses) on smaller arrays: less to clear each time.
-        if n <= MAX_KEY {
-            return self.merge_scan_in::<MAX_KEY>(piece, out);
-        }
-        self.merge_scan_in::<HEAP_FROM>(piece, out)
-    }
-
-    /// [`BpeModel::merge_scan`] on arrays of `N` (more than the piece's length).
-    #[inline]
-    fn merge_scan_in<const N: usize>(&self, piece: &[u8], out: &mut Vec<u32>) {
-        let n = piece.len();
-        let mut syms = [0u32; N];
-        let mut vals = [NONE; N];
-        for (s, &b) in syms.iter_mut().zip(piece) {
-            *s = self.byte_ids[b as usize];
-        }
-        for (v, w) in vals.iter_mut().zip(piece.windows(2)) {
-            *v = self.merges.of_bytes(w[0], w[1]);
-        }
-        let mut len = n;
-        while len > 1 {
-            let (mut best, mut k) = (NONE, 0);
-            for (i, &v) in vals[..len - 1].iter().enumerate() {
-                if v < best {
-                    best = v;
-                    k = i;
-                }
-            }
-            if best == NONE {
-                break;
-            }
-            // Symbols k and k + 1 become one; the pairs after them move down by one (a few
-            // each: plain loops, no call to memmove).
-            syms[k] = best as u32;
-            for j in k + 1..len - 1 {
-                syms[j] = syms[j + 1];
-            }
-            for j in k + 1..len.saturating_sub(2) {
-                vals[j] = vals[j + 1];
-            }
-            len -= 1;
-            if k + 1 < len {
-                vals[k] = self.merges.get(syms[k], syms[k + 1]);
-            }
-            if k > 0 {
-                vals[k - 1] = self.merges.get(syms[k - 1], syms[k]);
-            }
-        }
-        out.extend_from_slice(&syms[..len]);
-    }
-
-    /// Long pieces: cut where no merge can cross (see `joins`), each part merged alone.
-    fn merge_long(&self, piece: &[u8], out: &mut Vec<u32>) {
-        let mut start = 0;
-        for p in 1..piece.len() {
-            let k = usize::from(piece[p - 1]) << 8 | usize::from(piece[p]);
-            if self.joins[k >> 6] >> (k & 63) & 1 == 0 {
-                self.merge_part(&piece[start..p], out);
-                start = p;
-            }
-        }
-        self.merge_part(&piece[start..], out);
-    }
-
-    fn merge_part(&self, part: &[u8], out: &mut Vec<u32>) {
-        match part.len() {
-            1 => out.push(self.byte_ids[part[0] as usize]),
-            n if n >= HEAP_FROM => self.merge_heap(part, out),
-            _ => self.merge_scan(part, out),
-        }
-    }
-
-    /// Long pieces: `tokenizers`' own algorithm, a min-heap of `(rank, position)` over a linked
-    /// list of symbols, stale entries skipped. Positions are `u32` for pieces under 4 GiB (about
-    /// 20 bytes of memory per byte of the piece, the heap included), `usize` beyond.
-    fn merge_heap(&self, piece: &[u8], out: &mut Vec<u32>) {
-        if piece.len() < u32::MAX as usize {
-            self.merge_heap_with::<u32>(piece, out)
-        } else {
-            self.merge_heap_with::<usize>(piece, out)
-        }
-    }
-
-    fn merge_heap_with<I: Index>(&self, piece: &[u8], out: &mut Vec<u32>) {
-        const DEAD: u32 = u32::MAX;
-        let n = piece.len();
-        let none = I::NONE;
-        let mut sym: Vec<u32> = piece.iter().map(|&b| self.byte_ids[b as usize]).collect();
-        // `prev[k]` and `next[k]`: the live neighbours of live symbol `k` (`NONE` at the ends).
-        let mut prev: Vec<I> = (0..n).map(|i| if i == 0 { none } else { I::from_usize(i - 1) }).collect();
-        let mut next: Vec<I> = (0..n).map(|i| if i + 1 == n { none } else { I::from_usize(i + 1) }).collect();
-        // Entries `(rank, position)`, smallest first: the order of `tokenizers`' `Merge`. A rank
-        // names one merge, so an entry is still valid when the pair at its position has it.
-        // Packed into one integer each (rank high, position low), built in one heapify.
-        let first: Vec<Reverse<I::Key>> = (0..n - 1)
-            .filter_map(|k| self.pair(sym[k], sym[k + 1]).map(|(r, _)| Reverse(I::key(r, I::from_usize(k)))))
-            .collect();
-        let mut heap = BinaryHeap::from(first);
-        while let Some(Reverse(key)) = heap.pop() {
-            let (rank, pos_i) = I::unkey(key);
-            let pos = pos_i.to_usize();
-            let nx_i = next[pos];
-            if sym[pos] == DEAD || nx_i == none {
-                continue;
-            }
-            let nx = nx_i.to_usize();
-            let Some((r, id)) = self.pair(sym[pos], sym[nx]) else { continue };
-            if r != rank {
-                continue;
-            }
-            sym[pos] = id;
-            sym[nx] = DEAD;
-            let after = next[nx];
-            next[pos] = after;
-            if after != none {
-                prev[after.to_usize()] = pos_i;
-            }
-            let p = prev[pos];
-            if p != none {
-                if let Some((r, _)) = self.pair(sym[p.to_usize()], id) {
-                    heap.push(Reverse(I::key(r, p)));
-                }
-            }
-            if after != none {
-                if let Some((r, _)) = self.pair(id, sym[after.to_usize()]) {
-                    heap.push(Reverse(I::key(r, pos_i)));
-                }
-            }
-        }
-        out.extend(sym.into_iter().filter(|&s| s != DEAD));
-    }
-}
-
-/// A position in a piece: `u32` for the usual pieces (half the memory), `usize` for huge ones.
-trait Index: Copy + Ord + Eq {
-    /// A heap entry: `(rank, position)` in one integer that orders the same way.
-    type Key: Copy + Ord;
-    const NONE: Self;
-    fn from_usize(i: usize) -> Self;
-    fn to_usize(self) -> usize;
-    fn key(rank: u32, pos: Self) -> Self::Key;
-    fn unkey(k: Self::Key) -> (u32, Self);
-}
-
-impl Index for u32 {
-    type Key = u64;
-    const NONE: u32 = u32::MAX;
-    #[inline]
-    fn key(rank: u32, pos: u32) -> u64 {
-        (rank as u64) << 32 | pos as u64
-    }
-    #[inline]
-    fn unkey(k: u64) -> (u32, u32) {
-        ((k >> 32) as u32, k as u32)
-    }
-    #[inline]
-    fn from_usize(i: usize) -> u32 {
-        // Only used for pieces shorter than `u32::MAX` bytes.
-        i as u32
-    }
-    #[inline]
-    fn to_usize(self) -> usize {
-        self as usize
-    }
-}
-
-impl Index for usize {
-    type Key = u128;
-    const NONE: usize = usize::MAX;
-    #[inline]
-    fn key(rank: u32, pos: usize) -> u128 {
-        (rank as u128) << 64 | pos as u128
-    }
-    #[inline]
-    fn unkey(k: u128) -> (u32, usize) {
-        ((k >> 64) as u32, k as usize)
-    }
-    #[inline]
-    fn from_usize(i: usize) -> usize {
-        i
-    }
-    #[inline]
-    fn to_usize(self) -> usize {
-        self
     }
 }
 

@@ -1,20 +1,22 @@
-//! The byte-level BPE fast path's per-thread cache of short pieces: a fixed table of 64-byte
-//! lines, each holding one piece of up to [`MAX_KEY`] bytes inline (zero-padded words and the
-//! length) and up to [`MAX_IDS`] of its ids, two lines to a set (the newer first), and a small
-//! table in front of it (one line per slot) holding the lines used last. A lookup reads a line
-//! of each at most and compares three words: no pointer to follow, no allocation, no `memcmp`
-//! call. A miss costs a merge; an insert replaces the set's older line, so the table never
-//! grows and never needs emptying. The table is allocated zeroed
-//! (pages the kernel hands out on first touch), so a thread that encodes little costs little.
+//! The byte-level BPE fast path's per-thread caches of pieces, on 64-byte lines of the
+//! processor's cache: [`ShortCache`] for pieces of 2 to 15 bytes (almost all of them: one line
+//! a lookup, two words compared), and [`PieceCache`] for pieces of up to [`MAX_KEY`] bytes with
+//! up to [`MAX_IDS`] ids (each line one piece inline, zero-padded words and the length, two
+//! lines to a set, the newer first, and a small table in front holding the lines used last).
+//! No pointer to follow, no allocation, no `memcmp` call. A miss costs a merge; an insert
+//! replaces a line of its set, so the tables never grow and never need emptying. They are
+//! allocated zeroed (pages the kernel hands out on first touch), so a thread that encodes
+//! little costs little. [`FoldTable`] is the read-only table of the vocabulary's own tokens.
 
 /// The longest piece, in bytes, the table holds.
 pub(crate) const MAX_KEY: usize = 24;
 /// The most ids one line holds.
 pub(crate) const MAX_IDS: usize = 9;
-/// Sets of two lines: 2^15 sets, 4 MiB per thread and model.
-const SETS_LOG2: u32 = 15;
-/// Lines of the small table in front: 2^12, 256 KiB, which stays in the processor's cache.
-const FRONT_LOG2: u32 = 12;
+/// Sets of two lines: 2^12 sets, 512 KiB per thread and model (most pieces are short, and kept
+/// in a [`ShortCache`]).
+const SETS_LOG2: u32 = 12;
+/// Lines of the small table in front: 2^10, 64 KiB, which stays in the processor's cache.
+const FRONT_LOG2: u32 = 10;
 
 /// A piece's key: its bytes as three little-endian words, zero beyond its length, and the
 /// length itself (in 2..=[`MAX_KEY`]; zero marks an empty line).
@@ -100,49 +102,47 @@ impl Key {
     }
 }
 
-/// One line: words 0-2 the key, word 3 the length (bits 0-7), the id count (bits 8-15) and the
-/// first id (bits 32-63), words 4-7 two ids each.
-type Line = [u64; 8];
+/// Eight words on one 64-byte line of the processor's cache. In a [`PieceCache`]: words 0-2
+/// the key, word 3 the length (bits 0-7), the id count (bits 8-15) and the first id (bits
+/// 32-63), words 4-7 two ids each. In a [`ShortCache`]: two slots of four words.
+#[derive(Clone, Copy, Debug)]
+#[repr(C, align(64))]
+struct Line([u64; 8]);
+
+/// `N` lines of zeros, taken from the allocator zeroed: pages the kernel hands out on first
+/// touch, so the part of a table a thread never writes costs no memory.
+fn zeroed_lines<const N: usize>() -> Box<[Line; N]> {
+    let layout = std::alloc::Layout::new::<[Line; N]>();
+    assert!(layout.size() > 0, "a table has lines");
+    // SAFETY: the layout has a non-zero size (checked); all-zero bytes are a valid `[Line; N]`
+    // (plain words); the pointer comes from the global allocator with exactly this layout, as
+    // `Box::from_raw` requires, and a null one (allocation failure) is handed to the allocator's
+    // error handler instead.
+    unsafe {
+        let p = std::alloc::alloc_zeroed(layout);
+        if p.is_null() {
+            std::alloc::handle_alloc_error(layout);
+        }
+        Box::from_raw(p.cast::<[Line; N]>())
+    }
+}
 
 /// The table (see the module's description).
 pub(crate) struct PieceCache {
-    lines: Vec<Line>,
-    front: Vec<Line>,
+    lines: Box<[Line; 2 << SETS_LOG2]>,
+    front: Box<[Line; 1 << FRONT_LOG2]>,
 }
 
 impl PieceCache {
     /// An empty table; its memory is taken from the kernel as lines are first written.
     pub(crate) fn new() -> PieceCache {
-        // A zeroed vector of plain words is allocated zeroed (no writes), so untouched pages
-        // stay unbacked.
-        PieceCache { lines: vec![[0u64; 8]; 2 << SETS_LOG2], front: vec![[0u64; 8]; 1 << FRONT_LOG2] }
+        PieceCache { lines: zeroed_lines(), front: zeroed_lines() }
     }
 
     #[inline]
     fn matches(line: &Line, k: &Key) -> bool {
-        line[0] == k.words[0] && line[1] == k.words[1] && line[2] == k.words[2] && line[3] & 0xFF == k.len
-    }
-
-    /// Asks the processor to bring `k`'s set into its cache, so that a lookup a little later
-    /// does not wait on memory (the caller finds a batch of pieces first, then looks them up):
-    /// the piece's line of the table in front and its set, without reading either (a read here
-    /// would wait).
-    #[inline]
-    pub(crate) fn prefetch(&self, k: &Key) {
-        #[cfg(target_arch = "x86_64")]
-        {
-            use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
-            let front: *const Line = &self.front[k.front()];
-            let line: *const Line = &self.lines[2 * k.set()];
-            // SAFETY: a prefetch is a hint that never faults and reads nothing into the
-            // program; the pointers are to live elements of `front` and `lines` anyway.
-            unsafe {
-                _mm_prefetch::<_MM_HINT_T0>(front.cast());
-                _mm_prefetch::<_MM_HINT_T0>(line.cast());
-            }
-        }
-        #[cfg(not(target_arch = "x86_64"))]
-        let _ = k;
+        let w = &line.0;
+        w[0] == k.words[0] && w[1] == k.words[1] && w[2] == k.words[2] && w[3] & 0xFF == k.len
     }
 
     /// Appends the cached ids of `k` to `out`; false when the piece is not in the table.
@@ -163,8 +163,8 @@ impl PieceCache {
             self.front[f] = self.lines[hit];
             &self.front[f]
         };
-        let n = (line[3] >> 8 & 0xFF) as usize;
-        out.push((line[3] >> 32) as u32);
+        let n = (line.0[3] >> 8 & 0xFF) as usize;
+        out.push((line.0[3] >> 32) as u32);
         if n > 1 {
             Self::more_ids(line, n, out);
         }
@@ -175,7 +175,7 @@ impl PieceCache {
     #[inline(never)]
     fn more_ids(line: &Line, n: usize, out: &mut Vec<u32>) {
         for i in 1..n {
-            out.push((line[4 + (i - 1) / 2] >> (32 * ((i - 1) % 2))) as u32);
+            out.push((line.0[4 + (i - 1) / 2] >> (32 * ((i - 1) % 2))) as u32);
         }
     }
 
@@ -188,14 +188,160 @@ impl PieceCache {
         }
         let s = 2 * k.set();
         self.lines[s + 1] = self.lines[s];
-        let mut line = [0u64; 8];
-        line[..3].copy_from_slice(&k.words);
-        line[3] = k.len | (ids.len() as u64) << 8 | u64::from(ids[0]) << 32;
+        let mut line = Line([0u64; 8]);
+        line.0[..3].copy_from_slice(&k.words);
+        line.0[3] = k.len | (ids.len() as u64) << 8 | u64::from(ids[0]) << 32;
         for (i, &id) in ids.iter().enumerate().skip(1) {
-            line[4 + (i - 1) / 2] |= u64::from(id) << (32 * ((i - 1) % 2));
+            line.0[4 + (i - 1) / 2] |= u64::from(id) << (32 * ((i - 1) % 2));
         }
         self.lines[s] = line;
         self.front[k.front()] = line;
+    }
+}
+
+/// The longest piece, in bytes, a [`ShortCache`] holds.
+pub(crate) const SHORT_MAX: usize = 15;
+/// The most ids a [`ShortCache`] slot holds.
+pub(crate) const SHORT_IDS: usize = 4;
+/// Sets of two slots (one 64-byte line each): 2^16 sets, 4 MiB per thread and model.
+const SHORT_SETS_LOG2: u32 = 16;
+
+/// The key of a piece of 2 to [`SHORT_MAX`] bytes: its first eight bytes, then the rest with its
+/// length in the top byte (zero beyond its length), and the set that key belongs to. The
+/// default value is no piece's key.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct ShortKey {
+    lo: u64,
+    hi: u64,
+    set: usize,
+}
+
+/// The masks that keep the first `n` bytes of a piece of `n` bytes in its two words.
+const SHORT_MASKS: [(u64, u64); SHORT_MAX + 1] = {
+    let mut t = [(0u64, 0u64); SHORT_MAX + 1];
+    let mut n = 0;
+    while n <= SHORT_MAX {
+        t[n] = (KEEP[if n < 8 { n } else { 8 }], KEEP[n.saturating_sub(8)]);
+        n += 1;
+    }
+    t
+};
+
+impl ShortKey {
+    /// The key of `text[a..b]`, or the default (no piece's key) where the piece is not 2 to
+    /// [`SHORT_MAX`] bytes long.
+    #[inline(always)]
+    pub(crate) fn of(text: &[u8], a: usize, b: usize) -> ShortKey {
+        let len = b - a;
+        if !(2..=SHORT_MAX).contains(&len) {
+            return ShortKey::default();
+        }
+        let (w0, w1) = match text.get(a..a + 16) {
+            Some(w) => {
+                let (x, y) = w.split_at(8);
+                (
+                    u64::from_le_bytes(x.try_into().unwrap_or_default()),
+                    u64::from_le_bytes(y.try_into().unwrap_or_default()),
+                )
+            }
+            None => Self::words_near_end(&text[a..b]),
+        };
+        let (m0, m1) = SHORT_MASKS[len];
+        let (lo, hi) = (w0 & m0, w1 & m1 | (len as u64) << 56);
+        let h = lo.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ hi.wrapping_mul(0xC2B2_AE3D_27D4_EB4F);
+        ShortKey { lo, hi, set: (h >> (64 - SHORT_SETS_LOG2)) as usize }
+    }
+
+    /// Whether this is a piece's key (not the default).
+    #[inline(always)]
+    pub(crate) fn is_some(&self) -> bool {
+        self.hi != 0
+    }
+
+    /// The two words of a piece that ends less than 16 bytes before its text does.
+    #[cold]
+    fn words_near_end(piece: &[u8]) -> (u64, u64) {
+        let mut buf = [0u8; 16];
+        buf[..piece.len()].copy_from_slice(piece);
+        let (x, y) = buf.split_at(8);
+        (u64::from_le_bytes(x.try_into().unwrap_or_default()), u64::from_le_bytes(y.try_into().unwrap_or_default()))
+    }
+}
+
+/// The per-thread table of short pieces (2 to [`SHORT_MAX`] bytes, at most [`SHORT_IDS`] ids):
+/// sets of two 32-byte slots in one 64-byte line, the newer first, so a lookup reads one line
+/// and compares two words. A slot is the key's two words (the id count in bits 60-62 of the
+/// second), then four ids; a lookup writes all four and the caller advances by the count, so
+/// a hit costs no branch on its length. Allocated zeroed (an all-zero slot is no piece's:
+/// every key has its length in its second word), its pages taken as they are first written.
+pub(crate) struct ShortCache {
+    sets: Box<[Line; 1 << SHORT_SETS_LOG2]>,
+}
+
+impl ShortCache {
+    /// An empty table.
+    pub(crate) fn new() -> ShortCache {
+        ShortCache { sets: zeroed_lines() }
+    }
+
+    #[inline(always)]
+    fn set(&self, k: &ShortKey) -> &[u64; 8] {
+        &self.sets[k.set & ((1 << SHORT_SETS_LOG2) - 1)].0
+    }
+
+    /// Asks the processor to bring `k`'s line into its cache without waiting for it.
+    #[inline(always)]
+    pub(crate) fn prefetch(&self, k: &ShortKey) {
+        #[cfg(target_arch = "x86_64")]
+        {
+            use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+            let line: *const [u64; 8] = self.set(k);
+            // SAFETY: a prefetch is a hint that never faults and reads nothing into the
+            // program; the pointer is to a live line of `sets` anyway.
+            unsafe { _mm_prefetch::<_MM_HINT_T0>(line.cast()) };
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = k;
+    }
+
+    /// The four id lanes of `k` and its id count, or `None` when the piece is not in the table
+    /// (the lanes after the count are zeros). A count of 0: the piece has more ids than a slot
+    /// holds (see [`ShortCache::put`]). A piece found in its set's second slot moves to the
+    /// first, so that pieces used again and again stay while pieces seen once come and go.
+    #[inline(always)]
+    pub(crate) fn get(&mut self, k: &ShortKey) -> Option<([u32; SHORT_IDS], usize)> {
+        const COUNT: u64 = 7 << 60;
+        let s = &mut self.sets[k.set & ((1 << SHORT_SETS_LOG2) - 1)].0;
+        let slot = if s[0] == k.lo && s[1] & !COUNT == k.hi {
+            [s[1], s[2], s[3]]
+        } else if s[4] == k.lo && s[5] & !COUNT == k.hi {
+            let second = [s[4], s[5], s[6], s[7]];
+            s.copy_within(0..4, 4);
+            s[..4].copy_from_slice(&second);
+            [second[1], second[2], second[3]]
+        } else {
+            return None;
+        };
+        Some((
+            [slot[1] as u32, (slot[1] >> 32) as u32, slot[2] as u32, (slot[2] >> 32) as u32],
+            (slot[0] >> 60) as usize,
+        ))
+    }
+
+    /// Stores the ids of `k` in its set's second slot (the first when that one is empty), the
+    /// piece there giving way; with none or more than [`SHORT_IDS`] ids only the count 0, which
+    /// tells the caller to look further (a [`PieceCache`] holds up to [`MAX_IDS`]).
+    #[inline]
+    pub(crate) fn put(&mut self, k: &ShortKey, ids: &[u32]) {
+        let mut lanes = [0u32; SHORT_IDS];
+        let count = if ids.len() <= SHORT_IDS { ids.len() } else { 0 };
+        lanes[..count].copy_from_slice(&ids[..count]);
+        let s = &mut self.sets[k.set & ((1 << SHORT_SETS_LOG2) - 1)].0;
+        let at = if s[1] == 0 { 0 } else { 4 };
+        s[at] = k.lo;
+        s[at + 1] = k.hi | (count as u64) << 60;
+        s[at + 2] = u64::from(lanes[0]) | u64::from(lanes[1]) << 32;
+        s[at + 3] = u64::from(lanes[2]) | u64::from(lanes[3]) << 32;
     }
 }
 
@@ -317,5 +463,49 @@ mod tests {
         assert!(!c.get(&same[0], &mut o));
         assert!(c.get(&same[1], &mut o) && c.get(&same[2], &mut o));
         assert_eq!(o, [2, 3]);
+    }
+
+    #[test]
+    fn short_keys_are_the_bytes_and_length_wherever_the_piece_lies() {
+        let text = b"xx hello\0world and some more bytes after it";
+        assert_eq!(ShortKey::of(text, 2, 8), ShortKey::of(b" hello", 0, 6));
+        assert_ne!(ShortKey::of(text, 3, 9), ShortKey::of(text, 3, 8), "a trailing zero byte counts");
+        // Fifteen bytes, near the end and not.
+        assert_eq!(ShortKey::of(text, 3, 18), ShortKey::of(&text[..18], 3, 18));
+        assert!(ShortKey::of(text, 3, 18).is_some());
+        assert!(!ShortKey::of(text, 3, 19).is_some(), "sixteen bytes are not short");
+        assert!(!ShortKey::of(text, 3, 4).is_some(), "a single byte has no key");
+    }
+
+    #[test]
+    fn the_short_table_returns_ids_and_keeps_pieces_used_again() {
+        let mut c = ShortCache::new();
+        let text = b" alpha beta gamma delta";
+        let (a, b) = (ShortKey::of(text, 0, 6), ShortKey::of(text, 6, 11));
+        assert_eq!(c.get(&a), None);
+        c.put(&a, &[7, 8, 9]);
+        c.put(&b, &[70_001, 2, 3, 4, 5]);
+        assert_eq!(c.get(&a), Some(([7, 8, 9, 0], 3)));
+        assert_eq!(c.get(&b), Some(([0; 4], 0)), "more ids than a slot holds: count 0");
+        // Three keys of one set: the one found again stays, the one not looked up since leaves.
+        let mut same = vec![];
+        let words: Vec<String> = (0u32..1_000_000).map(|i| format!("w{i}")).collect();
+        for w in &words {
+            let k = ShortKey::of(w.as_bytes(), 0, w.len());
+            if k.set == a.set {
+                same.push(k);
+                if same.len() == 3 {
+                    break;
+                }
+            }
+        }
+        let mut c = ShortCache::new();
+        c.put(&same[0], &[1]);
+        c.put(&same[1], &[2]);
+        assert_eq!(c.get(&same[1]), Some(([2, 0, 0, 0], 1)));
+        c.put(&same[2], &[3]);
+        assert_eq!(c.get(&same[0]), None);
+        assert_eq!(c.get(&same[1]), Some(([2, 0, 0, 0], 1)));
+        assert_eq!(c.get(&same[2]), Some(([3, 0, 0, 0], 1)));
     }
 }

@@ -403,6 +403,11 @@ pub(crate) struct Cl100k<const DIGITS: usize>;
 
 impl<const DIGITS: usize> Scanner for Cl100k<DIGITS> {
     #[inline]
+    fn block_ends(s: &[u8], i: usize, ends: &mut [usize]) -> usize {
+        super::pretok_block::cl100k_ends::<DIGITS>(s, i, ends)
+    }
+
+    #[inline]
     fn end(s: &[u8], i: usize) -> usize {
         let n = s.len();
         let b = s[i];

@@ -12,12 +12,17 @@
 //! written (pax `path` records where ustar has no room). A destination that already holds the
 //! output of a run (`*.tar`, `*.tar.idx`, `classes.json`) is refused unless
 //! [`PackOptions::overwrite`], which removes those files, and only those, first.
+//!
+//! One rule places the samples: [`Planner`] (keys, and where a shard ends). [`pack`] runs it as
+//! it goes; a pack made in pieces (`stoker.ray.pack`: [`prepare_group`] on many machines, the
+//! planner on one, [`write_shard`] per shard) runs the same planner over the prepared sizes, so
+//! both write the same bytes.
 
 use crate::error::{Error, Result};
 use crate::image::decode::{sniff, DecodeOptions, Decoder, Format};
 use crate::image::ops::Resampler;
 use crate::observe::report::Skipped;
-use crate::source::shards::{encode_index, index_path, partial_path, write_atomic, IndexEntry, Label};
+use crate::source::shards::{decode_index, encode_index, index_path, partial_path, write_atomic, IndexEntry, Label};
 use crate::source::{tar, ImageFolder, ShardSource, Source};
 use std::path::{Path, PathBuf};
 
@@ -99,15 +104,56 @@ pub struct RandomAccessSummary {
     pub intervals: std::collections::BTreeMap<u32, usize>,
 }
 
-struct Packed {
-    ext: &'static str,
-    data: Vec<u8>,
-    reencoded: bool,
+/// One sample as it goes into a shard: its extension and bytes, and what was done to them.
+#[derive(Debug, Clone)]
+pub struct Prepared {
+    /// `jpg` or `png`.
+    pub ext: &'static str,
+    /// The bytes stored.
+    pub data: Vec<u8>,
+    /// Re-encoded because of `max_side`.
+    pub reencoded: bool,
     /// `Some(Ok(interval, bytes before))` re-coded with restart markers, `Some(Err(why))` kept.
-    restart: Option<std::result::Result<(u32, u64), String>>,
+    pub restart: Option<std::result::Result<(u32, u64), String>>,
 }
 
-fn prepare(data: Vec<u8>, path: &Path, opts: &PackOptions, dec: &mut Decoder, rs: &mut Resampler) -> Result<Packed> {
+impl RandomAccessSummary {
+    /// Counts what `--random-access` did to one sample of `len` bytes as stored.
+    pub fn record(&mut self, restart: &Option<std::result::Result<(u32, u64), String>>, len: u64) {
+        match restart {
+            None => {}
+            Some(Ok((interval, before))) => {
+                self.recoded += 1;
+                self.bytes_before += before;
+                self.bytes_after += len;
+                *self.intervals.entry(*interval).or_default() += 1;
+            }
+            Some(Err(why)) => {
+                self.kept += 1;
+                if self.kept_reasons.len() < 20 {
+                    self.kept_reasons.push(why.clone());
+                }
+            }
+        }
+    }
+}
+
+/// Reads sample `i` of `src` and prepares it as [`pack`] stores it (`max_side`,
+/// `random_access`); an error is the reason the sample is skipped.
+pub fn prepare_sample(
+    src: &dyn PackInput,
+    i: usize,
+    opts: &PackOptions,
+    dec: &mut Decoder,
+    rs: &mut Resampler,
+) -> Result<Prepared> {
+    let path = src.describe(i);
+    let mut data = vec![];
+    src.read(i, &mut data, crate::image::pipeline::DEFAULT_MAX_FILE_BYTES)?;
+    prepare(data, &path, opts, dec, rs)
+}
+
+fn prepare(data: Vec<u8>, path: &Path, opts: &PackOptions, dec: &mut Decoder, rs: &mut Resampler) -> Result<Prepared> {
     let mut p = shrink(data, path, opts, dec, rs)?;
     if opts.random_access && p.ext == "jpg" {
         let max = DecodeOptions::default().max_pixels;
@@ -124,7 +170,7 @@ fn prepare(data: Vec<u8>, path: &Path, opts: &PackOptions, dec: &mut Decoder, rs
 }
 
 /// The image as stored: as it is, or re-encoded smaller with `max_side`.
-fn shrink(data: Vec<u8>, path: &Path, opts: &PackOptions, dec: &mut Decoder, rs: &mut Resampler) -> Result<Packed> {
+fn shrink(data: Vec<u8>, path: &Path, opts: &PackOptions, dec: &mut Decoder, rs: &mut Resampler) -> Result<Prepared> {
     let ext = match sniff(&data) {
         Format::Jpeg => "jpg",
         Format::Png => "png",
@@ -132,10 +178,10 @@ fn shrink(data: Vec<u8>, path: &Path, opts: &PackOptions, dec: &mut Decoder, rs:
         Format::Unknown if data.is_empty() => return Err(Error::decode(path, "empty file (0 bytes)")),
         Format::Unknown => return Err(Error::decode(path, "not an image")),
     };
-    let Some(max) = opts.max_side else { return Ok(Packed { ext, data, reencoded: false, restart: None }) };
+    let Some(max) = opts.max_side else { return Ok(Prepared { ext, data, reencoded: false, restart: None }) };
     let info = dec.info(&data, path)?;
     if info.width.max(info.height) <= max {
-        return Ok(Packed { ext, data, reencoded: false, restart: None });
+        return Ok(Prepared { ext, data, reencoded: false, restart: None });
     }
     let (w, h) = (info.width, info.height);
     let (ow, oh) = if w >= h {
@@ -155,7 +201,7 @@ fn shrink(data: Vec<u8>, path: &Path, opts: &PackOptions, dec: &mut Decoder, rs:
     let img =
         turbojpeg::Image { pixels: out, width: ow, pitch: ow * 3, height: oh, format: turbojpeg::PixelFormat::RGB };
     let data = c.compress_to_vec(img).map_err(jerr)?;
-    Ok(Packed { ext: "jpg", data, reencoded: true, restart: None })
+    Ok(Prepared { ext: "jpg", data, reencoded: true, restart: None })
 }
 
 /// The WebDataset key of a relative path: the path without its extension, with dots in the
@@ -183,8 +229,9 @@ impl Drop for Partial {
     }
 }
 
-/// The shard being written: its final name and the temporary file it is streamed to.
+/// The shard being written: its number, final name and the temporary file it is streamed to.
 struct OpenShard {
+    number: usize,
     path: PathBuf,
     tmp: Partial,
     tar: tar::Writer<std::io::BufWriter<std::fs::File>>,
@@ -193,6 +240,73 @@ struct OpenShard {
 /// An error writing shard `path` (the partial file is removed when the writer is dropped).
 fn write_error(path: &Path, e: &std::io::Error) -> Error {
     Error::Io { path: path.to_path_buf(), reason: format!("cannot write the shard: {e} (nothing of it was kept)") }
+}
+
+/// The path of shard `number` under `dst`: `PREFIX-000042.tar`.
+pub fn shard_path(dst: &Path, prefix: &str, number: usize) -> PathBuf {
+    dst.join(format!("{prefix}-{number:06}.tar"))
+}
+
+/// The tar member names of a sample: the image (`KEY.EXT`) and its label (`KEY.cls`).
+fn member_names(key: &str, ext: &str) -> (String, String) {
+    (format!("{key}.{ext}"), format!("{key}.cls"))
+}
+
+/// Where a sample goes: its shard and its key (the member names follow from it).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Placement {
+    /// The shard's number (its name is [`shard_path`]).
+    pub shard: usize,
+    /// The sample's key in the shards, unique in the pack.
+    pub key: String,
+}
+
+/// The one rule of a pack's keys and shard boundaries, for [`pack`] and for packs made in
+/// pieces (`stoker.ray.pack`): samples are placed in the order written; a key already used
+/// gets `_1`, `_2`, ...; a shard is closed before a sample that would take it past
+/// [`PackOptions::shard_size`] (end marker included), unless the shard is empty.
+#[derive(Debug)]
+pub struct Planner {
+    shard_size: u64,
+    used_keys: std::collections::HashSet<String>,
+    shard: usize,
+    in_shard: usize,
+    position: u64,
+}
+
+impl Planner {
+    /// A planner for shards of `shard_size` bytes.
+    pub fn new(shard_size: u64) -> Self {
+        Planner { shard_size, used_keys: Default::default(), shard: 0, in_shard: 0, position: 0 }
+    }
+
+    /// Places the next sample: `name` in the dataset ([`PackInput::name`]), its extension as
+    /// stored, its size and label.
+    pub fn place(&mut self, name: &str, ext: &str, len: u64, label: i64) -> Placement {
+        let mut key = key_of(name);
+        if !self.used_keys.insert(key.clone()) {
+            let mut n = 1;
+            while !self.used_keys.insert(format!("{key}_{n}")) {
+                n += 1;
+            }
+            key = format!("{key}_{n}");
+        }
+        let (member, cls_name) = member_names(&key, ext);
+        let members = tar::member_len(&member, len) + tar::member_len(&cls_name, label.to_string().len() as u64);
+        if self.in_shard > 0 && self.position + members + 2 * tar::BLOCK as u64 > self.shard_size {
+            self.shard += 1;
+            self.in_shard = 0;
+            self.position = 0;
+        }
+        self.in_shard += 1;
+        self.position += members;
+        Placement { shard: self.shard, key }
+    }
+
+    /// Bytes of the current shard so far (without its end marker).
+    pub fn position(&self) -> u64 {
+        self.position
+    }
 }
 
 struct ShardWriter<'a> {
@@ -209,18 +323,23 @@ impl ShardWriter<'_> {
         self.open.as_ref().map_or(0, |o| o.tar.position())
     }
 
-    /// Appends one sample (image + `.cls`), starting a shard if none is open.
-    fn append(&mut self, key: String, member: String, cls_name: &str, data: &[u8], label: i64) -> Result<()> {
+    /// Appends one sample (image + `.cls`) to shard `shard`, finishing the open shard first
+    /// if it is another one.
+    fn append(&mut self, shard: usize, key: String, ext: &str, data: &[u8], label: i64) -> Result<()> {
+        if self.open.as_ref().is_some_and(|o| o.number != shard) {
+            self.flush()?;
+        }
         if self.open.is_none() {
-            let path = self.dst.join(format!("{}-{:06}.tar", self.prefix, self.summary.shards.len()));
+            let path = shard_path(self.dst, self.prefix, shard);
             let tmp = partial_path(&path);
             let file = std::fs::File::create(&tmp).map_err(|e| write_error(&path, &e))?;
             let tar = tar::Writer::new(std::io::BufWriter::with_capacity(1 << 20, file));
-            self.open = Some(OpenShard { path, tmp: Partial(Some(tmp)), tar });
+            self.open = Some(OpenShard { number: shard, path, tmp: Partial(Some(tmp)), tar });
         }
+        let (member, cls_name) = member_names(&key, ext);
         let o = self.open.as_mut().expect("a shard is open");
         let m = o.tar.append(&member, data).map_err(|e| write_error(&o.path, &e))?;
-        o.tar.append(cls_name, label.to_string().as_bytes()).map_err(|e| write_error(&o.path, &e))?;
+        o.tar.append(&cls_name, label.to_string().as_bytes()).map_err(|e| write_error(&o.path, &e))?;
         self.entries.push(IndexEntry {
             key,
             member,
@@ -259,7 +378,7 @@ impl ShardWriter<'_> {
 
 /// The files of an earlier run in `dst` (`*.tar`, `*.tar.idx`, `classes.json`; not folders),
 /// sorted; none when `dst` does not exist.
-fn earlier_output(dst: &Path) -> Result<Vec<PathBuf>> {
+pub fn earlier_output(dst: &Path) -> Result<Vec<PathBuf>> {
     let rd = match std::fs::read_dir(dst) {
         Ok(rd) => rd,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(vec![]),
@@ -310,14 +429,9 @@ impl PackInput for ShardSource {
     }
 }
 
-/// Packs `src` into shards under `dst` (created if missing); `progress` is told how many
-/// source files are done.
-pub fn pack(
-    src: &dyn PackInput,
-    dst: &Path,
-    opts: &PackOptions,
-    progress: &(dyn Fn(usize) + Sync),
-) -> Result<PackSummary> {
+/// Checks the options [`pack`] is given (a config made by hand; [`crate::args::pack_options`]
+/// makes checked ones).
+pub fn check_options(opts: &PackOptions) -> Result<()> {
     if opts.shard_size < 4096 {
         return Err(Error::config("shard_size", "must be at least 4096 bytes"));
     }
@@ -333,8 +447,14 @@ pub fn pack(
             format!("must be a file name that does not start with '.', got {:?}", opts.prefix),
         ));
     }
+    Ok(())
+}
+
+/// Makes `dst` ready for a pack: refuses it when it holds an earlier run's output
+/// ([`earlier_output`]) unless `overwrite`, which removes those files (returned); creates it.
+pub fn clear_destination(dst: &Path, overwrite: bool) -> Result<Vec<PathBuf>> {
     let earlier = earlier_output(dst)?;
-    if !earlier.is_empty() && !opts.overwrite {
+    if !earlier.is_empty() && !overwrite {
         let names: Vec<String> =
             earlier.iter().take(3).map(|p| p.file_name().unwrap_or_default().to_string_lossy().into_owned()).collect();
         let more = if earlier.len() > 3 { format!(" and {} more", earlier.len() - 3) } else { String::new() };
@@ -351,9 +471,73 @@ pub fn pack(
         std::fs::remove_file(p).map_err(|e| Error::io(p, &e))?;
     }
     std::fs::create_dir_all(dst).map_err(|e| Error::io(dst, &e))?;
+    Ok(earlier)
+}
+
+/// Writes `classes.json` (the class names of `src`, in label order) into `dst`, atomically;
+/// a file that holds these bytes already is left as it is.
+pub fn write_classes(src: &dyn PackInput, dst: &Path) -> Result<()> {
     // Exactly as named: a folder name that is not UTF-8 survives (Python's `\udcXX` escapes).
     let classes = crate::source::classes_to_json(PackInput::class_names(src));
-    write_atomic(&dst.join("classes.json"), classes.as_bytes())?;
+    let path = dst.join("classes.json");
+    if std::fs::read(&path).is_ok_and(|b| b == classes.as_bytes()) {
+        return Ok(());
+    }
+    write_atomic(&path, classes.as_bytes())
+}
+
+/// The order samples are written in: the dataset's, or a seeded random one
+/// ([`PackOptions::shuffle`]).
+pub fn sample_order(n: usize, opts: &PackOptions) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..n).collect();
+    if let Some(seed) = opts.shuffle {
+        crate::shell::rng::shuffle(&mut order, &mut crate::shell::rng::Rng::new(seed, 0, 0));
+    }
+    order
+}
+
+/// Prepares `indices` of `src` on `opts.threads` threads; results in the same order.
+fn prepare_all(src: &dyn PackInput, indices: &[usize], opts: &PackOptions) -> Vec<Result<Prepared>> {
+    let threads = opts.threads.max(1);
+    let mut results: Vec<Option<Result<Prepared>>> = indices.iter().map(|_| None).collect();
+    if indices.is_empty() {
+        return vec![];
+    }
+    std::thread::scope(|s| {
+        let per = indices.len().div_ceil(threads);
+        for (part, ids) in results.chunks_mut(per).zip(indices.chunks(per)) {
+            s.spawn(move || {
+                let mut dec = match Decoder::new(DecodeOptions::default()) {
+                    Ok(d) => d,
+                    Err(e) => {
+                        let msg = e.to_string();
+                        for r in part.iter_mut() {
+                            *r = Some(Err(Error::Internal(msg.clone())));
+                        }
+                        return;
+                    }
+                };
+                let mut rs = Resampler::new();
+                for (r, &i) in part.iter_mut().zip(ids) {
+                    *r = Some(prepare_sample(src, i, opts, &mut dec, &mut rs));
+                }
+            });
+        }
+    });
+    results.into_iter().map(|r| r.expect("every sample was prepared")).collect()
+}
+
+/// Packs `src` into shards under `dst` (created if missing); `progress` is told how many
+/// source files are done.
+pub fn pack(
+    src: &dyn PackInput,
+    dst: &Path,
+    opts: &PackOptions,
+    progress: &(dyn Fn(usize) + Sync),
+) -> Result<PackSummary> {
+    check_options(opts)?;
+    let earlier = clear_destination(dst, opts.overwrite)?;
+    write_classes(src, dst)?;
     let mut w = ShardWriter {
         dst,
         prefix: &opts.prefix,
@@ -369,90 +553,35 @@ pub fn pack(
             random_access: opts.random_access.then(RandomAccessSummary::default),
         },
     };
-    let mut used_keys = std::collections::HashSet::new();
+    let mut planner = Planner::new(opts.shard_size);
     let n = src.len();
-    let mut order: Vec<usize> = (0..n).collect();
-    if let Some(seed) = opts.shuffle {
-        crate::shell::rng::shuffle(&mut order, &mut crate::shell::rng::Rng::new(seed, 0, 0));
-    }
-    let order = &order;
-    let threads = opts.threads.max(1);
-    let chunk = threads * 8;
+    let order = sample_order(n, opts);
+    let chunk = opts.threads.max(1) * 8;
     for start in (0..n).step_by(chunk) {
         let end = (start + chunk).min(n);
         // Prepare a chunk in parallel, then append it in dataset order.
-        let mut results: Vec<Option<Result<Packed>>> = (start..end).map(|_| None).collect();
-        std::thread::scope(|s| {
-            let per = (end - start).div_ceil(threads);
-            for (t, part) in results.chunks_mut(per).enumerate() {
-                s.spawn(move || {
-                    let mut dec = match Decoder::new(DecodeOptions::default()) {
-                        Ok(d) => d,
-                        Err(e) => {
-                            let msg = e.to_string();
-                            for r in part.iter_mut() {
-                                *r = Some(Err(Error::Internal(msg.clone())));
-                            }
-                            return;
-                        }
-                    };
-                    let mut rs = Resampler::new();
-                    for (k, r) in part.iter_mut().enumerate() {
-                        let i = order[start + t * per + k];
-                        let path = src.describe(i);
-                        let mut data = vec![];
-                        *r = Some(
-                            src.read(i, &mut data, crate::image::pipeline::DEFAULT_MAX_FILE_BYTES)
-                                .and_then(|_| prepare(data, &path, opts, &mut dec, &mut rs)),
-                        );
-                    }
-                });
-            }
-        });
-        for (k, r) in results.into_iter().enumerate() {
-            let i = order[start + k];
-            match r.expect("every sample was prepared") {
+        for (&i, r) in order[start..end].iter().zip(prepare_all(src, &order[start..end], opts)) {
+            match r {
                 Err(e) => w.summary.skipped.push(Skipped {
                     index: i as u32,
                     path: src.describe(i).display().to_string(),
                     reason: e.reason(),
                 }),
                 Ok(p) => {
-                    let mut key = key_of(src.name(i));
-                    if !used_keys.insert(key.clone()) {
-                        let mut n = 1;
-                        while !used_keys.insert(format!("{key}_{n}")) {
-                            n += 1;
-                        }
-                        key = format!("{key}_{n}");
-                    }
-                    let member = format!("{key}.{}", p.ext);
-                    let cls_name = format!("{key}.cls");
                     let label = src.label(i);
-                    let need = tar::member_len(&member, p.data.len() as u64)
-                        + tar::member_len(&cls_name, label.to_string().len() as u64)
-                        + 2 * tar::BLOCK as u64;
-                    if !w.entries.is_empty() && w.position() + need > opts.shard_size {
-                        w.flush()?;
+                    let at = planner.place(src.name(i), p.ext, p.data.len() as u64, label);
+                    w.append(at.shard, at.key, p.ext, &p.data, label)?;
+                    if w.position() != planner.position() {
+                        return Err(Error::Internal(format!(
+                            "pack: the planner counts {} bytes in the shard, the writer {}",
+                            planner.position(),
+                            w.position()
+                        )));
                     }
-                    w.append(key, member, &cls_name, &p.data, label)?;
                     w.summary.samples += 1;
                     w.summary.reencoded += p.reencoded as usize;
-                    if let (Some(ra), Some(r)) = (w.summary.random_access.as_mut(), &p.restart) {
-                        match r {
-                            Ok((interval, before)) => {
-                                ra.recoded += 1;
-                                ra.bytes_before += before;
-                                ra.bytes_after += p.data.len() as u64;
-                                *ra.intervals.entry(*interval).or_default() += 1;
-                            }
-                            Err(why) => {
-                                ra.kept += 1;
-                                if ra.kept_reasons.len() < 20 {
-                                    ra.kept_reasons.push(why.clone());
-                                }
-                            }
-                        }
+                    if let Some(ra) = w.summary.random_access.as_mut() {
+                        ra.record(&p.restart, p.data.len() as u64);
                     }
                 }
             }
@@ -461,6 +590,147 @@ pub fn pack(
     }
     w.flush()?;
     Ok(w.summary)
+}
+
+/// What [`prepare_group`] did with one sample.
+#[derive(Debug, Clone)]
+pub struct StagedSample {
+    /// The dataset index.
+    pub index: usize,
+    /// Prepared: its extension, where its bytes are in the group's staging file and what was
+    /// done to them; or the reason it is skipped (as [`pack`] lists it).
+    pub outcome: std::result::Result<Staged, String>,
+}
+
+/// A prepared sample's place in a staging file.
+#[derive(Debug, Clone)]
+pub struct Staged {
+    /// `jpg` or `png`.
+    pub ext: &'static str,
+    /// Offset of its bytes in the staging file.
+    pub offset: u64,
+    /// Their length.
+    pub length: u64,
+    /// Re-encoded because of `max_side`.
+    pub reencoded: bool,
+    /// As [`Prepared::restart`].
+    pub restart: Option<std::result::Result<(u32, u64), String>>,
+}
+
+/// One piece of a pack made in pieces (`stoker.ray.pack`): prepares `indices` of `src` (a
+/// consecutive run of the [`sample_order`]) as [`pack`] would, and writes their bytes back to
+/// back into `staging` (atomically: a temporary file renamed into place).
+pub fn prepare_group(
+    src: &dyn PackInput,
+    indices: &[usize],
+    opts: &PackOptions,
+    staging: &Path,
+) -> Result<Vec<StagedSample>> {
+    check_options(opts)?;
+    let mut bytes = Vec::new();
+    let mut out = Vec::with_capacity(indices.len());
+    for (&index, r) in indices.iter().zip(prepare_all(src, indices, opts)) {
+        let outcome = match r {
+            Err(e) => Err(e.reason()),
+            Ok(p) => {
+                let offset = bytes.len() as u64;
+                bytes.extend_from_slice(&p.data);
+                Ok(Staged {
+                    ext: p.ext,
+                    offset,
+                    length: p.data.len() as u64,
+                    reencoded: p.reencoded,
+                    restart: p.restart,
+                })
+            }
+        };
+        out.push(StagedSample { index, outcome });
+    }
+    write_atomic(staging, &bytes)?;
+    Ok(out)
+}
+
+/// Whether shard `number` of a pack made in pieces is in `dst` whole: the shard and its index
+/// there, the index readable, its size the shard's, and its keys `keys`, in order (a shard is
+/// renamed into place only once written and synced, after its index).
+pub fn verify_shard(dst: &Path, prefix: &str, number: usize, keys: &[String]) -> bool {
+    let path = shard_path(dst, prefix, number);
+    let (Ok(meta), Ok(idx)) = (std::fs::metadata(&path), std::fs::read(index_path(&path))) else { return false };
+    match decode_index(&idx, &index_path(&path)) {
+        Ok((entries, size)) => {
+            size == meta.len() && entries.len() == keys.len() && entries.iter().zip(keys).all(|(e, k)| &e.key == k)
+        }
+        Err(_) => false,
+    }
+}
+
+/// One sample of a shard made in pieces: what [`Planner::place`] gave it, and where
+/// [`prepare_group`] staged its bytes.
+#[derive(Debug, Clone)]
+pub struct ShardSample {
+    /// The dataset index (its label comes from `src`).
+    pub index: usize,
+    /// Its key.
+    pub key: String,
+    /// `jpg` or `png`.
+    pub ext: String,
+    /// The staging file holding its bytes.
+    pub staging: PathBuf,
+    /// Their offset there.
+    pub offset: u64,
+    /// Their length.
+    pub length: u64,
+}
+
+/// Writes shard `number` of a pack made in pieces into `dst`: the same bytes, index and
+/// atomic rename as [`pack`]. Returns its path and size.
+pub fn write_shard(
+    src: &dyn PackInput,
+    dst: &Path,
+    prefix: &str,
+    number: usize,
+    samples: &[ShardSample],
+) -> Result<(PathBuf, u64)> {
+    if samples.is_empty() {
+        return Err(Error::Internal(format!("shard {number} of the plan has no sample")));
+    }
+    let ext_of = |e: &str| -> Result<&'static str> {
+        match e {
+            "jpg" => Ok("jpg"),
+            "png" => Ok("png"),
+            other => Err(Error::Internal(format!("a staged sample has extension {other:?}"))),
+        }
+    };
+    let mut w = ShardWriter {
+        dst,
+        prefix,
+        open: None,
+        entries: vec![],
+        summary: PackSummary {
+            samples: 0,
+            shards: vec![],
+            bytes: 0,
+            reencoded: 0,
+            skipped: vec![],
+            removed: vec![],
+            random_access: None,
+        },
+    };
+    let mut files: std::collections::HashMap<&Path, std::fs::File> = Default::default();
+    let mut data = Vec::new();
+    for s in samples {
+        if !files.contains_key(s.staging.as_path()) {
+            let f = std::fs::File::open(&s.staging).map_err(|e| Error::io(&s.staging, &e))?;
+            files.insert(s.staging.as_path(), f);
+        }
+        let f = &files[s.staging.as_path()];
+        data.resize(s.length as usize, 0);
+        std::os::unix::fs::FileExt::read_exact_at(f, &mut data, s.offset).map_err(|e| Error::io(&s.staging, &e))?;
+        w.append(number, s.key.clone(), ext_of(&s.ext)?, &data, src.label(s.index))?;
+    }
+    w.flush()?;
+    let path = w.summary.shards.pop().expect("one shard was written");
+    Ok((path, w.summary.bytes))
 }
 
 #[cfg(test)]

@@ -4,6 +4,7 @@
 use crate::error::{Error, Result};
 use crate::tokens::cache::{CacheMeta, META};
 use crate::tokens::pipeline::TokenLoader;
+use crate::tokens::TextTokenizer;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
@@ -72,19 +73,48 @@ pub fn write_cache(
         std::fs::rename(tmp(name), out.join(name)).map_err(|e| Error::io(out.join(name), &e))?;
     }
     progress(docs, n_tokens);
+    let counts = CacheCounts { documents: docs, tokens: n_tokens, failed, failures };
+    write_meta(out, tok, sources, &c.text_key, counts)
+}
+
+/// What a cache holds: its counts and the first failures (at most [`LISTED_FAILURES`] kept).
+#[derive(Debug, Clone, Default)]
+pub struct CacheCounts {
+    /// Documents (failed ones included, empty).
+    pub documents: u64,
+    /// Tokens.
+    pub tokens: u64,
+    /// Documents that failed.
+    pub failed: u64,
+    /// Their reasons, in order.
+    pub failures: Vec<String>,
+}
+
+/// Writes the description of the cache folder `out` (the last file of a cache: a folder
+/// without it is refused) whose `tokens.bin` and `index.bin` are written: made from `sources`
+/// with `tok` and `text_key`. For [`write_cache`] and for caches written in pieces
+/// (`stoker.ray.tokenize`).
+pub fn write_meta(
+    out: &Path,
+    tok: &TextTokenizer,
+    sources: &[PathBuf],
+    text_key: &str,
+    mut counts: CacheCounts,
+) -> Result<CacheMeta> {
+    counts.failures.truncate(LISTED_FAILURES);
     let meta = CacheMeta {
         version: 1,
         sources: sources.to_vec(),
         tokenizer_hash: format!("{:016x}", tok.hash),
         tokenizer: tok.origin.clone(),
-        text_key: c.text_key.clone(),
-        documents: docs,
-        tokens: n_tokens,
-        token_bytes: width,
+        text_key: text_key.to_string(),
+        documents: counts.documents,
+        tokens: counts.tokens,
+        token_bytes: tok.id_width(),
         bos_id: tok.bos(None)?,
         eos_id: tok.eos(None)?,
-        failed,
-        failures,
+        failed: counts.failed,
+        failures: counts.failures,
     };
     let text = serde_json::to_vec_pretty(&meta).map_err(|e| Error::Internal(e.to_string()))?;
     let p = out.join(META);
