@@ -9,7 +9,7 @@ import argparse
 import json
 
 import torch
-from stoker._base import Normalizer
+from stoker._gpu import Normalizer
 
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 

@@ -173,7 +173,7 @@ def calibrate_model(args):
     can hold them) and on 8 distinct uint8 batches normalised on the GPU by stoker's own
     `Normalizer` each step (what any loader whose batches cross the bus as uint8 pays)."""
     import torch
-    from stoker._base import Normalizer
+    from stoker._gpu import Normalizer
 
     step = ModelStep(args.model)
     n = args.batch_size

@@ -8,9 +8,12 @@ import sys
 from typing import Any, Iterator, Mapping
 
 from . import _stoker
-from ._base import BatchIterator, LoaderBase, converter, native_device
+from ._args import arguments_json
+from ._base import LoaderBase
+from ._batches import BatchIterator
+from ._device import native_device
+from ._output import converter, want_torch
 from .errors import ConfigError
-from .loader import arguments_json, want_torch
 from .mixture import SourceIds, mixture_argument
 
 

@@ -2,44 +2,21 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import operator
 import os
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from . import _stoker
-from ._base import BatchIterator, LoaderBase, Mixer, Normalizer, converter, native_device, process_group, track
+from ._args import arguments_json
+from ._base import LoaderBase
+from ._batches import BatchIterator
+from ._device import native_device
+from ._gpu import Mixer, Normalizer
+from ._live import track
+from ._output import converter, want_torch
 from .errors import ConfigError
 from .mixture import SourceIds, mixture_argument
 from .transforms import BatchTransform, Transform, compile_transforms, dtype_name
-
-_OUTPUTS = ("auto", "torch", "numpy")
-
-
-def arguments_json(**args: Any) -> str:
-    """The loader's arguments as the JSON object the engine checks (``stoker::args``): values
-    pass through unchanged; ``None`` means the engine's default. Integer-like objects (NumPy
-    integers) become ints; anything JSON cannot carry is a :class:`ConfigError` naming it.
-    A loader that shards (``world_size`` is one of its arguments) also gets the rank and size
-    of the initialised ``torch.distributed`` default group, if any (``group_rank``,
-    ``group_world_size``): the engine takes its ranks from them when none are given."""
-    out: dict[str, Any] = {}
-    group = process_group() if "world_size" in args else None
-    if group is not None:
-        out["group_rank"], out["group_world_size"] = group
-    for name, value in args.items():
-        if value is None:
-            continue
-        if isinstance(value, (bool, int, float, str, list, dict)):
-            out[name] = value
-            continue
-        try:
-            out[name] = operator.index(value)
-        except TypeError:
-            raise ConfigError(f"invalid argument `{name}`: unsupported value {value!r} of type "
-                              f"{type(value).__name__}") from None
-    return json.dumps(out)
 
 
 def roots(root: Any) -> list[str]:
@@ -68,20 +45,6 @@ def find_nvjpeg() -> None:
         for pattern in NVJPEG_PATTERNS:
             found.extend(sorted(glob.glob(os.path.join(base, pattern))))
     _stoker.nvjpeg_candidates(found)
-
-
-def want_torch(output: Any) -> bool:
-    """Whether batches become torch tensors: ``output='torch'``, or ``'auto'`` with PyTorch
-    installed. Torch itself is imported only when the first batch is converted."""
-    if output not in _OUTPUTS:
-        raise ConfigError(f"invalid argument `output`: {output!r}; allowed: {', '.join(_OUTPUTS)}")
-    if output == "numpy":
-        return False
-    if importlib.util.find_spec("torch") is None:
-        if output == "torch":
-            raise ConfigError("invalid argument `output`: 'torch' needs PyTorch installed; use output='numpy'")
-        return False
-    return True
 
 
 class ImageLoader(LoaderBase):

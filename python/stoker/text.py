@@ -9,9 +9,12 @@ import sys
 from typing import Any, Callable, Iterator, Mapping
 
 from . import _stoker
-from ._base import LoaderBase, converter, native_device, process_group, track
+from ._args import arguments_json
+from ._base import LoaderBase
+from ._device import native_device, process_group
+from ._live import track
+from ._output import converter, want_torch
 from .errors import ConfigError, DatasetError
-from .loader import arguments_json, want_torch
 from .mixture import mixture_argument
 
 _FIELDS = ("input_ids", "labels", "position_ids", "cu_seqlens")
@@ -148,14 +151,7 @@ class TokenLoader(LoaderBase):
         if even_batches not in (None, True, False):
             raise ConfigError(f"invalid argument `even_batches`: expected True, False or None, got {even_batches!r}")
         self._even = even_batches
-        self._mixture = None
-        if isinstance(data, Mapping):
-            self._mixture = mixture_argument(data, "data", epoch_items)
-            self._paths = []
-        elif epoch_items is not None:
-            raise ConfigError("invalid argument `epoch_items`: only a mixture ({name: (data, weight)}) has one")
-        else:
-            self._paths = _paths(data)
+        self._paths, self._mixture = self._data(data, epoch_items)
         path, self._tokenizer_json = _tokenizer(tokenizer)
         self._args = arguments_json(
             tokenizer=path, seq_len=seq_len, batch_size=batch_size, pack=pack, pack_window=pack_window,
@@ -173,9 +169,20 @@ class TokenLoader(LoaderBase):
         self._start()
         self._to_device(self._loader().device, output)
 
+    def __new__(cls, data: Any = None, **kwargs: Any) -> TokenLoader:
+        """A mixture (``data`` a dict of sources) is a :class:`TokenMixture`, a ``TokenLoader``
+        that says only how it differs; anything else a plain ``TokenLoader``."""
+        if cls is TokenLoader and isinstance(data, Mapping):
+            cls = TokenMixture
+        return super().__new__(cls)
+
+    def _data(self, data: Any, epoch_items: int | None) -> tuple[list[str], dict[str, Any] | None]:
+        """``(paths, mixture)``: the files of one source (a mixture's sources are its own)."""
+        if epoch_items is not None:
+            raise ConfigError("invalid argument `epoch_items`: only a mixture ({name: (data, weight)}) has one")
+        return _paths(data), None
+
     def _new_native(self) -> Any:
-        if self._mixture is not None:
-            return _stoker.TokenMixLoader(self._args, self._tokenizer_json, self._device, self._ordinal)
         return _stoker.TokenLoader(self._paths, self._args, self._tokenizer_json, self._device, self._ordinal)
 
     def _adopt(self, old: Any, new: Any) -> None:
@@ -189,13 +196,6 @@ class TokenLoader(LoaderBase):
         return native
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
-        if self._mixture is not None:
-            mix: _stoker.TokenMixLoader = self._base()  # type: ignore[assignment]
-            # Every rank has the same batches (epoch_items rows), unless a source that stops the
-            # mixture ends it: known once tokenized, so the ranks agree at each step.
-            sync = _even_batches(mix.world_size, required=bool(self._even)) if mix.stops and self._even is not False \
-                else None
-            return _TokenBatches(mix.iter(), self._torch, sync, mixed=True)
         native = self._loader()
         sync = None
         if self._even is not False and native.batches_per_epoch is None and not json.loads(self._args).get("infinite"):
@@ -210,8 +210,6 @@ class TokenLoader(LoaderBase):
         """Batches per epoch on this rank: known before tokenizing for token files (every rank
         has the same count) and for mixtures (``epoch_items`` rows); text is counted only once
         tokenized, so ``len()`` raises ``TypeError`` there (as for an ``IterableDataset``)."""
-        if self._mixture is not None:
-            return len(self._base())
         n = self._loader().batches_per_epoch
         if n is None:
             raise TypeError("TokenLoader over text (or infinite) has no length before it is tokenized")
@@ -220,9 +218,7 @@ class TokenLoader(LoaderBase):
     @property
     def sources(self) -> list[str] | None:
         """A mixture's source names, by the ``sources`` ids of its rows (``None``: one source)."""
-        if self._mixture is None:
-            return None
-        return [s["name"] for s in json.loads(self._base().sources_json())]  # type: ignore[attr-defined]
+        return None
 
     @property
     def documents(self) -> int:
@@ -243,9 +239,6 @@ class TokenLoader(LoaderBase):
         """Counters over the loader's life: documents (failed ones too), tokens, padding, split
         documents, dropped tail tokens, rows, bytes read, seconds per stage. A mixture's are
         per source: ``{name: counters}``."""
-        if self._mixture is not None:
-            report = self.report()
-            return {s["name"]: c for s, c in zip(report["mixture"]["sources"], report["counts"])}
         stats: dict[str, Any] = json.loads(self._loader().stats_json())
         return stats
 
@@ -264,8 +257,6 @@ class TokenLoader(LoaderBase):
     @property
     def trace_path(self) -> str | None:
         """The ``trace=`` file, or ``None`` when tracing is off (a mixture records none)."""
-        if self._mixture is not None:
-            return None
         return self._loader().trace_path
 
     def save_trace(self, path: str | os.PathLike[str] | None = None) -> str:
@@ -274,8 +265,6 @@ class TokenLoader(LoaderBase):
         trace format, for ``chrome://tracing`` or Perfetto) to ``path`` (default: the ``trace=``
         file, also written when a pass completes and when the loader is dropped) now; returns
         the path written."""
-        if self._mixture is not None:
-            raise ConfigError("invalid argument `trace`: a token mixture records no trace yet")
         return self._loader().save_trace(path)
 
     def state_dict(self) -> dict[str, Any]:
@@ -295,14 +284,54 @@ class TokenLoader(LoaderBase):
         ``pack='best_fit'`` the documents of each saved rank's current block are tokenized again
         to find those its delivered rows held). The new ranks' own states chain the same way
         (4 -> 3 -> 2 ranks within one epoch)."""
-        try:
-            text = json.dumps(state, allow_nan=False)
-        except (TypeError, ValueError) as e:
-            raise ConfigError(f"invalid argument `state`: expected a dict from state_dict(): {e}") from None
-        if isinstance(state, list):
-            self._base().load_states_json(text)
-        else:
-            self._loader().load_state_json(text)
+        super().load_state_dict(state)
+
+
+class TokenMixture(TokenLoader):
+    """A weighted mixture of token sources (``TokenLoader(data={name: (data, weight), ...})``
+    makes one; see :class:`TokenLoader`): what differs from one source, and only that. Its
+    state, epochs and ranks are the ``TokenLoader``'s."""
+
+    def _data(self, data: Any, epoch_items: int | None) -> tuple[list[str], dict[str, Any] | None]:
+        return [], mixture_argument(data, "data", epoch_items)
+
+    def _new_native(self) -> Any:
+        return _stoker.TokenMixLoader(self._args, self._tokenizer_json, self._device, self._ordinal)
+
+    def _mix(self) -> _stoker.TokenMixLoader:
+        native: _stoker.TokenMixLoader = self._base()  # type: ignore[assignment]
+        return native
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        mix = self._mix()
+        # Every rank has the same batches (epoch_items rows), unless a source that stops the
+        # mixture ends it: known once tokenized, so the ranks agree at each step.
+        sync = _even_batches(mix.world_size, required=bool(self._even)) if mix.stops and self._even is not False \
+            else None
+        return _TokenBatches(mix.iter(), self._torch, sync, mixed=True)
+
+    def __len__(self) -> int:
+        """Batches per epoch on this rank (``epoch_items`` rows over all ranks)."""
+        return len(self._mix())
+
+    @property
+    def sources(self) -> list[str] | None:
+        """The source names, by the ``sources`` ids of the rows."""
+        return [s["name"] for s in json.loads(self._mix().sources_json())]
+
+    def stats(self) -> dict[str, Any]:
+        """Each source's counters (see :meth:`TokenLoader.stats`): ``{name: counters}``."""
+        report = self.report()
+        return {s["name"]: c for s, c in zip(report["mixture"]["sources"], report["counts"])}
+
+    @property
+    def trace_path(self) -> str | None:
+        """``None``: a mixture records no trace yet."""
+        return None
+
+    def save_trace(self, path: str | os.PathLike[str] | None = None) -> str:
+        """Refused: a mixture records no trace yet."""
+        raise ConfigError("invalid argument `trace`: a token mixture records no trace yet")
 
 
 def _index_cache(value: Any) -> str | bool | None:
@@ -421,4 +450,4 @@ class _TokenBatches:
         self._native.close()
 
 
-__all__ = ["TokenLoader"]
+__all__ = ["TokenLoader", "TokenMixture"]

@@ -7,22 +7,24 @@ import pytest
 import stoker
 
 
+def _demo_folder(tmp_path_factory, name, images, seed):
+    """The demo ImageFolder of `images` images under a new temporary folder, without its license file."""
+    root = tmp_path_factory.mktemp(name) / "data"
+    stoker.make_demo(str(root), images, seed=seed)
+    os.remove(root / "LICENSE.md")
+    return root
+
+
 @pytest.fixture(scope="session")
 def demo(tmp_path_factory):
     """96 ImageNet-like JPEGs in 7 classes."""
-    root = tmp_path_factory.mktemp("demo") / "data"
-    stoker.make_demo(str(root), 96, seed=1)
-    os.remove(root / "LICENSE.md")
-    return root
+    return _demo_folder(tmp_path_factory, "demo", 96, seed=1)
 
 
 @pytest.fixture(scope="session")
 def big_demo(tmp_path_factory):
     """320 images, for tests that need many batches."""
-    root = tmp_path_factory.mktemp("big") / "data"
-    stoker.make_demo(str(root), 320, seed=2)
-    os.remove(root / "LICENSE.md")
-    return root
+    return _demo_folder(tmp_path_factory, "big", 320, seed=2)
 
 
 @pytest.fixture()

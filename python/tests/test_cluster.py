@@ -20,6 +20,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from s3proxy import free_port
 
 pytest.importorskip("torch", reason="PyTorch not installed: cluster rehearsal skipped")
 boto3 = pytest.importorskip("boto3", reason="boto3/moto not installed: cluster rehearsal skipped")
@@ -39,12 +40,6 @@ TEXT_FILES, DOCS_PER_FILE = 10, 600
 LAUNCH_TIMEOUT = 180
 #: The promise is about 2 x STOKER_OBJECT_TIMEOUT (2 s) after the store stops answering.
 KILL_BOUND = 30
-
-
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -74,7 +69,7 @@ class Server:
     """moto's S3 server on 127.0.0.1, a process of its own (a rank kills it)."""
 
     def __init__(self):
-        self.port = _free_port()
+        self.port = free_port()
         self.endpoint = f"http://127.0.0.1:{self.port}"
         self.proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -139,7 +134,7 @@ def _launch(tmp_path, stores, commands):
     out = tmp_path / "out"
     out.mkdir()
     config = tmp_path / "config.json"
-    config.write_text(json.dumps({"out": str(out), "tokenizer": str(GPT2), "port": _free_port(),
+    config.write_text(json.dumps({"out": str(out), "tokenizer": str(GPT2), "port": free_port(),
                                   "main": stores["main"].config(), "spare": stores["spare"].config()}))
     env = _environment(stores)
     procs, logs = [], []
@@ -272,7 +267,7 @@ def _check_killed(ranks, phase, server, prefix):
 def test_torchrun_two_nodes_of_two_ranks(tmp_path, stores, corpus):
     """(a) Two torchrun launchers as two nodes (``--nnodes 2 --nproc-per-node 2``), c10d
     rendezvous on 127.0.0.1; the launcher given ``is_host=1`` holds the rendezvous store."""
-    port = _free_port()
+    port = free_port()
 
     def node(k):
         return [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "2",

@@ -31,16 +31,20 @@ def token_loader(tmp_path, **kw):
     return stoker.TokenLoader(path, seq_len=32, batch_size=4, eos_id=999, **kw)
 
 
+def any_loader(kind, demo, tmp_path, **kw):
+    """A loader of `kind` (image, array or token) with the keyword arguments `kw`."""
+    if kind == "image":
+        return image_loader(demo, **kw)
+    if kind == "token":
+        return token_loader(tmp_path, **kw)
+    return array_loader(**kw)
+
+
 @pytest.mark.parametrize("kind", ["image", "array", "token"])
 @pytest.mark.parametrize("device", ["cuda", "cuda:0"])
 def test_cuda_without_a_gpu_is_a_device_error(demo, tmp_path, kind, device):
     with pytest.raises(stoker.DeviceError) as e:
-        if kind == "image":
-            image_loader(demo, device=device)
-        elif kind == "token":
-            token_loader(tmp_path, device=device)
-        else:
-            array_loader(device=device)
+        any_loader(kind, demo, tmp_path, device=device)
     assert isinstance(e.value, stoker.StokerError) and isinstance(e.value, RuntimeError)
     assert not isinstance(e.value, stoker.ConfigError)
     message = str(e.value)
@@ -53,12 +57,7 @@ def test_cuda_without_a_gpu_is_a_device_error(demo, tmp_path, kind, device):
 @pytest.mark.parametrize("device", ["gpu", "cuda:x", "cuda:-1", 3])
 def test_bad_device_values_are_config_errors(demo, tmp_path, kind, device):
     with pytest.raises(stoker.ConfigError) as e:
-        if kind == "image":
-            image_loader(demo, device=device)
-        elif kind == "token":
-            token_loader(tmp_path, device=device)
-        else:
-            array_loader(device=device)
+        any_loader(kind, demo, tmp_path, device=device)
     assert isinstance(e.value, ValueError)
     message = str(e.value)
     assert "device" in message and str(device) in message, message
@@ -150,7 +149,7 @@ def test_normaliser_table_is_the_cpu_paths_arithmetic_for_every_byte():
     # The GPU normaliser looks bytes up in this table; here the same code runs on CPU tensors and
     # must equal the engine's float32 output for every byte value of every channel.
     torch = pytest.importorskip("torch")
-    from stoker._base import Normalizer, normalize_table
+    from stoker._gpu import Normalizer, normalize_table
     from stoker.transforms import IMAGENET_MEAN, IMAGENET_STD
 
     table = normalize_table(IMAGENET_MEAN, IMAGENET_STD)

@@ -182,7 +182,7 @@ def test_the_gpu_mixer_is_the_host_arithmetic(demo, dtype, layout):
     ops. Applied to host uint8 batches of the same seed, that must give the engine's host-mixed
     batches byte for byte, for both partners (roll, flip), MixUp and CutMix, both layouts, and the
     short last batch (96 = 7 * 13 + 5: an odd one, whose middle sample timm mixes with itself)."""
-    from stoker._base import Mixer, Normalizer
+    from stoker._gpu import Mixer, Normalizer
 
     kw = {"layout": layout, "drop_last": False}
     loader = stoker.ImageLoader(str(demo), 13, transforms=TRAIN, shuffle=True, seed=11, output="torch", **kw)

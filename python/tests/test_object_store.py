@@ -11,15 +11,10 @@ import time
 import numpy as np
 import pytest
 import stoker
+from s3proxy import free_port
 
 boto3 = pytest.importorskip("boto3", reason="boto3/moto not installed: object-store tests skipped")
 pytest.importorskip("moto.server", reason="moto[server] not installed: object-store tests skipped")
-
-
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -27,7 +22,7 @@ def s3(demo, tmp_path_factory):
     shards = tmp_path_factory.mktemp("s3shards")
     subprocess.run([sys.executable, "-m", "stoker.cli", "pack", str(demo), str(shards), "--shard-size", "1MiB"],
                    check=True, capture_output=True)
-    port = _free_port()
+    port = free_port()
     server = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     endpoint = f"http://127.0.0.1:{port}"

@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import stoker
+from stoker.text import TokenMixture
 
 DATA = Path(__file__).resolve().parents[2] / "tests" / "data" / "text"
 GPT2 = str(DATA / "tokenizer-gpt2.json")
@@ -66,6 +67,17 @@ def test_each_sources_rows_are_its_own_loaders_in_order_with_exact_shares(tiny):
     assert report["bottleneck"]["stage"] in ("consumer", "source wiki", "source tiny")
     assert "source tiny: 12 rows (25.0%, share 25.0%)" in loader.report_text()
     assert loader.stats()["tiny"]["rows"] >= 12
+
+
+def test_a_mixture_is_a_token_loader_of_its_own_class(tiny):
+    """``TokenLoader(data={...})`` makes a ``TokenMixture``: still a ``TokenLoader``, with the
+    mixture's answers where they differ (length, sources, no trace)."""
+    mix, one = mixture(tiny), stoker.TokenLoader(AA, **ARGS)
+    assert type(mix) is TokenMixture and isinstance(mix, stoker.TokenLoader)
+    assert type(one) is stoker.TokenLoader and one.sources is None
+    assert len(mix) == 48 // ARGS["batch_size"] and mix.sources == ["wiki", "tiny"] and mix.trace_path is None
+    with pytest.raises(stoker.ConfigError, match="records no trace"):
+        mix.save_trace()
 
 
 def test_a_token_mixture_resumes_at_every_batch(tiny):
@@ -221,6 +233,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 import stoker
+from stoker.text import TokenMixture
 
 dist.init_process_group("gloo", timeout=timedelta(seconds=60))
 rank, world = dist.get_rank(), dist.get_world_size()

@@ -43,7 +43,7 @@ def test_buffer_returns_to_pool_when_tensor_dies(demo):
 def test_gpu_normaliser_reproduces_the_cpu_float_path_bit_for_bit(demo, layout):
     # With device='cuda' images cross the bus as uint8 and are normalised by these torch ops on
     # the consumer's stream; run here on the CPU, they must equal the engine's float32 output.
-    from stoker._base import Normalizer
+    from stoker._gpu import Normalizer
     from stoker.transforms import IMAGENET_MEAN, IMAGENET_STD
 
     kw = dict(batch_size=8, preset="imagenet-train", shuffle=True, seed=3, layout=layout, output="torch")

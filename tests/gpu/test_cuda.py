@@ -184,7 +184,7 @@ def batch_mixing(style):
 @pytest.mark.parametrize("style", ["torchvision", "timm"])
 def test_mixed_gpu_batches_are_bit_identical_to_the_cpu_path(gpu_demo, style, dtype, layout):
     # With device='cuda' the host makes the soft labels and the GPU mixes the images after their
-    # normalisation (stoker._base.Mixer), with the host's arithmetic: the same bytes.
+    # normalisation (stoker._gpu.Mixer), with the host's arithmetic: the same bytes.
     kw = dict(preset="imagenet-train", shuffle=True, seed=7, layout=layout, batch_transform=batch_mixing(style))
     if dtype != "float32":  # float32 is the preset's default
         kw["dtype"] = getattr(torch, dtype)
@@ -211,7 +211,7 @@ def test_mixed_bfloat16_gpu_batches_round_each_operation(gpu_demo, style):
     # normalised values rounded to bfloat16. CutMix (a copy) is then the host's float32 batch
     # rounded; MixUp is within 3 roundings (unit 2**-8 each) of it: |err| <= 2**-6 * (|x| lam
     # + |partner| (1 - lam)).
-    from stoker._base import Mixer
+    from stoker._gpu import Mixer
 
     mix = batch_mixing(style)
     kw = dict(preset="imagenet-train", shuffle=True, seed=7)
@@ -240,7 +240,7 @@ def test_mixed_bfloat16_gpu_batches_round_each_operation(gpu_demo, style):
 
 @pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
 def test_normaliser_on_the_device_equals_the_table_for_every_byte(layout):
-    from stoker._base import Normalizer, normalize_table
+    from stoker._gpu import Normalizer, normalize_table
     from stoker.transforms import IMAGENET_MEAN, IMAGENET_STD
 
     values = torch.arange(256, dtype=torch.uint8).repeat(3, 1)  # (3, 256): every byte per channel

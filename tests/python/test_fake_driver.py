@@ -196,7 +196,7 @@ def test_device_choice_follows_local_rank_and_cuda_visible_devices(fake_driver, 
             raise AssertionError("cuda:2 opened with two visible devices")
         # PyTorch's current device wins over LOCAL_RANK once PyTorch has initialised CUDA.
         import types
-        from stoker._base import device_ordinal
+        from stoker._device import device_ordinal
         fake_torch = types.SimpleNamespace(cuda=types.SimpleNamespace(is_initialized=lambda: True,
                                                                       current_device=lambda: 0))
         sys.modules["torch"] = fake_torch
@@ -439,7 +439,7 @@ def test_mixed_batches_for_the_gpu_carry_the_host_soft_labels_and_unmixed_images
     """``batch_transform`` with ``device='cuda'``: the engine makes each batch's soft labels on the
     host and copies them to the device beside the labels (``targets`` is a device tensor equal to
     the host-mixed batch's), and leaves the images uint8 and unmixed (the host batch of the same
-    seed without mixing), for the GPU side to normalise and then mix (``stoker._base.Mixer``)."""
+    seed without mixing), for the GPU side to normalise and then mix (``stoker._gpu.Mixer``)."""
     out = run_scenario(fake_driver, demo_root, """
         import numpy as np
         spec = {"mixup_alpha": 0.8, "cutmix_alpha": 1.0, "prob": 1.0, "switch_prob": 0.5, "label_smoothing": 0.1,

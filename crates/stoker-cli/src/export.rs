@@ -41,18 +41,7 @@ pub struct ExportArgs {
 }
 
 fn write_npy(path: &Path, descr: &str, shape: &[usize], data: &[u8]) -> Result<()> {
-    let shape_s = match shape.len() {
-        1 => format!("({},)", shape[0]),
-        _ => format!("({})", shape.iter().map(|d| d.to_string()).collect::<Vec<_>>().join(", ")),
-    };
-    let mut header = format!("{{'descr': '{descr}', 'fortran_order': False, 'shape': {shape_s}, }}");
-    let total = 10 + header.len() + 1;
-    header.push_str(&" ".repeat((64 - total % 64) % 64));
-    header.push('\n');
-    let mut out = Vec::with_capacity(10 + header.len() + data.len());
-    out.extend_from_slice(b"\x93NUMPY\x01\x00");
-    out.extend_from_slice(&(header.len() as u16).to_le_bytes());
-    out.extend_from_slice(header.as_bytes());
+    let mut out = stoker::source::npy::npy_header(descr, shape);
     out.extend_from_slice(data);
     std::fs::write(path, out).with_context(|| format!("cannot write {}", path.display()))
 }

@@ -361,9 +361,9 @@ CUresult cuEventCreate(void **out, unsigned flags) {
     return OK;
 }
 CUresult cuEventDestroy_v2(void *ev) { free(ev); return OK; }
-CUresult cuEventRecord(void *ev, void *stream) {
-    STICKY();
-    Event *e = ev;
+/* Queues an op about event `e` on `stream`: OP_RECORD records a new generation of it, OP_WAIT
+   waits for the last one recorded. */
+static CUresult event_op(void *stream, Event *e, int kind) {
     pthread_mutex_lock(&lock);
     Stream *s = resolve(stream);
     if (!s) {
@@ -371,30 +371,21 @@ CUresult cuEventRecord(void *ev, void *stream) {
         return ERR_INVALID_CONTEXT;
     }
     Op *op = calloc(1, sizeof *op);
-    op->kind = OP_RECORD;
+    op->kind = kind;
     op->ev = e;
-    op->gen = ++e->recorded;
+    op->gen = kind == OP_RECORD ? ++e->recorded : e->recorded;
     enqueue(s, op);
     pthread_mutex_unlock(&lock);
     return OK;
 }
+CUresult cuEventRecord(void *ev, void *stream) {
+    STICKY();
+    return event_op(stream, ev, OP_RECORD);
+}
 CUresult cuStreamWaitEvent(void *stream, void *ev, unsigned flags) {
     (void)flags;
     STICKY();
-    Event *e = ev;
-    pthread_mutex_lock(&lock);
-    Stream *s = resolve(stream);
-    if (!s) {
-        pthread_mutex_unlock(&lock);
-        return ERR_INVALID_CONTEXT;
-    }
-    Op *op = calloc(1, sizeof *op);
-    op->kind = OP_WAIT;
-    op->ev = e;
-    op->gen = e->recorded;
-    enqueue(s, op);
-    pthread_mutex_unlock(&lock);
-    return OK;
+    return event_op(stream, ev, OP_WAIT);
 }
 CUresult cuEventQuery(void *ev) {
     STICKY();

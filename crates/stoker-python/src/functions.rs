@@ -38,10 +38,11 @@ pub fn make_demo(py: Python<'_>, root: PathBuf, images: usize, seed: u64) -> PyR
     py.detach(|| stoker::demo::make_demo(&root, images, seed, threads)).py_err().map(|s| s.images)
 }
 
-/// torchrun's `LOCAL_RANK` (0 when unset); a value that is not a number is a `ConfigError`.
+/// torchrun's `LOCAL_RANK` (`None` when unset), checked by `stoker::args` (the one place that
+/// reads it); a value that is not a GPU index is a `ConfigError`.
 #[pyfunction]
-pub fn local_rank() -> PyResult<u32> {
-    stoker::args::local_rank().py_err()
+pub fn local_rank() -> PyResult<Option<u32>> {
+    stoker::args::local_rank_given().py_err()
 }
 
 /// The canonical name of an output dtype (`uint8`, `float16`, `float32`; aliases such as

@@ -9,7 +9,22 @@ use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use stoker::shell::kind::{Iter, Kind};
 use stoker::*;
+
+/// Stalls `server`, starts a pass (`start`) and polls it (it delivers nothing: the store
+/// stalls) until the server holds one more request.
+fn stalled_pass<K: Kind>(server: &Server, start: impl FnOnce() -> Iter<K>) -> Iter<K> {
+    server.stall.store(true, Ordering::Release);
+    let before = server.held.load(Ordering::Relaxed);
+    let mut it = start();
+    let t0 = Instant::now();
+    while server.held.load(Ordering::Relaxed) < before + 1 {
+        assert!(t0.elapsed() < Duration::from_secs(30), "no request reached the stalled server");
+        assert!(matches!(it.next_timeout(Duration::from_millis(20)), Next::NotYet), "nothing can be delivered");
+    }
+    it
+}
 
 #[test]
 fn dropping_an_iteration_during_a_stall_does_not_wait_for_the_timeout() {
@@ -27,16 +42,9 @@ fn dropping_an_iteration_during_a_stall_does_not_wait_for_the_timeout() {
     config.threads = Some(1);
     config.io_threads = Some(2);
     let loader = Loader::new(source, config).unwrap();
-    server.stall.store(true, Ordering::Release);
-    let before = server.held.load(Ordering::Relaxed);
-    let mut it = loader.iter().unwrap();
     // Wait until the request of the shard's part is in flight (the server has read it), with
     // both I/O threads waiting for that part.
-    let t0 = Instant::now();
-    while server.held.load(Ordering::Relaxed) < before + 1 {
-        assert!(t0.elapsed() < Duration::from_secs(30), "no request reached the stalled server");
-        assert!(matches!(it.next_timeout(Duration::from_millis(20)), Next::NotYet), "nothing can be delivered");
-    }
+    let it = stalled_pass(&server, || loader.iter().unwrap());
     let t1 = Instant::now();
     drop(it);
     let took = t1.elapsed();
@@ -65,14 +73,7 @@ fn dropping_a_token_iteration_during_a_stall_does_not_wait_for_the_timeout() {
     c.threads = Some(1);
     c.index_dir = None;
     let loader = stoker::tokens::TokenLoader::new(&urls, Some(tok), c).unwrap();
-    server.stall.store(true, Ordering::Release);
-    let before = server.held.load(Ordering::Relaxed);
-    let mut it = loader.iter().unwrap();
-    let t0 = Instant::now();
-    while server.held.load(Ordering::Relaxed) < before + 1 {
-        assert!(t0.elapsed() < Duration::from_secs(30), "no request reached the stalled server");
-        assert!(matches!(it.next_timeout(Duration::from_millis(20)), Next::NotYet), "nothing can be delivered");
-    }
+    let it = stalled_pass(&server, || loader.iter().unwrap());
     let t1 = Instant::now();
     drop(it);
     drop(loader);

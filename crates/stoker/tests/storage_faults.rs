@@ -18,7 +18,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use stoker::arrays::{ArrayConfig, ArrayLoader, Column};
 use stoker::budget::{Kind, Registry};
-use stoker::tune::{TuneSpec, Tuner};
+use stoker::tune::Tuner;
 use stoker::*;
 
 fn val_u8() -> TransformSpec {
@@ -91,15 +91,7 @@ fn a_held_registry_lock_does_not_stop_a_loader() {
     let holder = std::fs::File::create(&file).unwrap();
     // SAFETY: flock on a descriptor this test owns; released when `holder` closes.
     assert_eq!(unsafe { libc::flock(std::os::fd::AsRawFd::as_raw_fd(&holder), libc::LOCK_EX) }, 0);
-    let spec = TuneSpec {
-        auto_threads: true,
-        threads_max: 2,
-        auto_prefetch: false,
-        prefetch_max: 2,
-        prefetch: 2,
-        cpu_budget: 2.0,
-        epoch_batches: 10,
-    };
+    let spec = common::auto_threads(2, 10);
     let t0 = Instant::now();
     let tuner = Tuner::new(spec, Some(Registry::at(&file)));
     let took = t0.elapsed();
@@ -119,14 +111,7 @@ fn a_held_registry_lock_does_not_stop_a_loader() {
 
 /// A `.npy` file of `rows` x `width` little-endian u32 counting from 0.
 fn write_npy(path: &Path, rows: usize, width: usize) -> usize {
-    let mut h = format!("{{'descr': '<u4', 'fortran_order': False, 'shape': ({rows}, {width}), }}").into_bytes();
-    while (10 + h.len() + 1) % 64 != 0 {
-        h.push(b' ');
-    }
-    h.push(b'\n');
-    let mut b = b"\x93NUMPY\x01\x00".to_vec();
-    b.extend_from_slice(&(h.len() as u16).to_le_bytes());
-    b.extend_from_slice(&h);
+    let mut b = stoker::source::npy::npy_header("<u4", &[rows, width]);
     let offset = b.len();
     for v in 0..(rows * width) as u32 {
         b.extend_from_slice(&v.to_le_bytes());

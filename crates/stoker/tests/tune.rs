@@ -10,7 +10,7 @@ use common::*;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 use stoker::budget::{Kind, Registry};
-use stoker::tune::{TuneSpec, Tuner, TuningReport};
+use stoker::tune::{Tuner, TuningReport};
 use stoker::*;
 
 /// Serialises the loader tests (their configs turn sharing off: `cpu_registry: None`).
@@ -104,15 +104,7 @@ struct Driven {
 
 impl Driven {
     fn new(threads_max: usize, epoch_batches: usize) -> Self {
-        let spec = TuneSpec {
-            auto_threads: true,
-            threads_max,
-            auto_prefetch: false,
-            prefetch_max: 2,
-            prefetch: 2,
-            cpu_budget: threads_max as f64,
-            epoch_batches,
-        };
+        let spec = common::auto_threads(threads_max, epoch_batches);
         let load = tune::Load::default();
         let d = Driven { tuner: Tuner::new(spec, None), load: Mutex::new(load) };
         d.tuner.on_batch_load(load); // opens the first window
@@ -283,16 +275,7 @@ fn a_corrupt_registry_is_reset_and_a_broken_path_is_reported() {
     let dir = Registry::at(d.path());
     let err = dir.register(Kind::Auto, 1).unwrap_err().to_string();
     assert!(err.contains(&d.path().display().to_string()), "{err}");
-    let spec = TuneSpec {
-        auto_threads: true,
-        threads_max: 2,
-        auto_prefetch: false,
-        prefetch_max: 2,
-        prefetch: 2,
-        cpu_budget: 2.0,
-        epoch_batches: 10,
-    };
-    let t = Tuner::new(spec, Some(dir)).report();
+    let t = Tuner::new(common::auto_threads(2, 10), Some(dir)).report();
     assert!(!t.shared && t.share.is_none());
     assert!(t.note.as_deref().is_some_and(|n| n.contains("cannot use the CPU registry")), "{t:?}");
     assert_eq!(t.threads_active, 2);

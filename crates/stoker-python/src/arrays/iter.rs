@@ -1,8 +1,8 @@
 //! The `ArrayIterator` class: an iteration over array batches, waiting as
 //! [`crate::shared::iter`] describes (GIL released, Ctrl-C honoured, fork-safe).
 
-use super::batch::{ArrHeld, ColumnSpec, PyArrayBatch};
-use crate::shared::iter::{iterator_class, IteratorClass, Polled};
+use super::batch::{ColumnSpec, PyArrayBatch};
+use crate::shared::iter::{iterator_class, Polled};
 use pyo3::prelude::*;
 use std::sync::Arc;
 use stoker::arrays::ArrayIter;
@@ -15,12 +15,4 @@ pub struct PyArrayIter {
     pub(super) specs: Arc<Vec<ColumnSpec>>,
 }
 
-impl IteratorClass for PyArrayIter {
-    type Host = ArrayIter;
-    type Batch = PyArrayBatch;
-    fn batch(&self, held: ArrHeld) -> PyArrayBatch {
-        PyArrayBatch::new(held, self.specs.clone())
-    }
-}
-
-iterator_class!(PyArrayIter => PyArrayBatch);
+iterator_class!(PyArrayIter: ArrayIter => PyArrayBatch, |it, held| PyArrayBatch::new(held, it.specs.clone()));

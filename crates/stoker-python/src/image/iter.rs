@@ -1,8 +1,8 @@
 //! The `Iterator` class: an iteration over image batches, waiting as [`crate::shared::iter`]
 //! describes (GIL released, Ctrl-C honoured, fork-safe).
 
-use super::batch::{Held, PyBatch};
-use crate::shared::iter::{iterator_class, IteratorClass, Polled};
+use super::batch::PyBatch;
+use crate::shared::iter::{iterator_class, Polled};
 use pyo3::prelude::*;
 use stoker::EpochIter;
 
@@ -13,12 +13,4 @@ pub struct PyIter {
     pub(super) polled: Polled<EpochIter>,
 }
 
-impl IteratorClass for PyIter {
-    type Host = EpochIter;
-    type Batch = PyBatch;
-    fn batch(&self, held: Held) -> PyBatch {
-        PyBatch::new(held)
-    }
-}
-
-iterator_class!(PyIter => PyBatch);
+iterator_class!(PyIter: EpochIter => PyBatch, |_, held| PyBatch::new(held));

@@ -121,11 +121,24 @@ pub(crate) trait IteratorClass {
     fn batch(&self, held: Held<<Self::Host as HostIter>::Batch>) -> Self::Batch;
 }
 
-/// The `#[pymethods]` of an iterator class (`__iter__`, `__next__` and `close`), written once:
-/// `iterator_class!(PyIter => PyBatch)` for a class with a `polled` field that implements
-/// [`IteratorClass`] with `Batch = PyBatch`.
+/// An iterator class written once: `iterator_class!(PyIter: EpochIter => PyBatch, |it, held|
+/// PyBatch::new(held))` for a class with a `polled` field over the host iteration `EpochIter`
+/// makes its [`IteratorClass`] (a delivered batch `held` becomes the expression, `it` being the
+/// iterator) and its `#[pymethods]` (`__iter__`, `__next__` and `close`).
 macro_rules! iterator_class {
-    ($class:ident => $batch:ty) => {
+    ($class:ident : $host:ty => $batch:ty, |$it:pat_param, $held:ident| $make:expr) => {
+        impl $crate::shared::iter::IteratorClass for $class {
+            type Host = $host;
+            type Batch = $batch;
+            fn batch(
+                &self,
+                $held: $crate::shared::device::Held<<$host as $crate::shared::device::HostIter>::Batch>,
+            ) -> $batch {
+                let $it = self;
+                $make
+            }
+        }
+
         #[::pyo3::pymethods]
         impl $class {
             fn __iter__(slf: ::pyo3::PyRef<'_, Self>) -> ::pyo3::PyRef<'_, Self> {

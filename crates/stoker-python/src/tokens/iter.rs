@@ -1,8 +1,8 @@
 //! The `TokenIterator` class: an iteration over token batches, waiting as
 //! [`crate::shared::iter`] describes (GIL released, Ctrl-C honoured, fork-safe).
 
-use super::batch::{PyTokenBatch, TokHeld};
-use crate::shared::iter::{iterator_class, IteratorClass, Polled};
+use super::batch::PyTokenBatch;
+use crate::shared::iter::{iterator_class, Polled};
 use pyo3::prelude::*;
 use stoker::tokens::TokenIter;
 
@@ -12,12 +12,4 @@ pub struct PyTokenIter {
     pub(super) polled: Polled<TokenIter>,
 }
 
-impl IteratorClass for PyTokenIter {
-    type Host = TokenIter;
-    type Batch = PyTokenBatch;
-    fn batch(&self, held: TokHeld) -> PyTokenBatch {
-        PyTokenBatch { inner: held }
-    }
-}
-
-iterator_class!(PyTokenIter => PyTokenBatch);
+iterator_class!(PyTokenIter: TokenIter => PyTokenBatch, |_, held| PyTokenBatch { inner: held });

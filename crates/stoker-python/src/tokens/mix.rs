@@ -2,11 +2,11 @@
 //! `TokenMixIterator` (its batches are `TokenBatch`es, with `sources`). Its state dicts are of
 //! the mixture's shape: each source's place is that source's token state dict.
 
-use super::batch::{PyTokenBatch, TokHeld};
+use super::batch::PyTokenBatch;
 use super::loader::{token_state_value, tokenizer_of};
 use crate::errors::{self, IntoPy};
 use crate::shared::args::{args_of, rank_states, state_value};
-use crate::shared::iter::{iterator_class, IteratorClass, Polled};
+use crate::shared::iter::{iterator_class, Polled};
 use crate::shared::loader::{loader_class, LoaderClass};
 use pyo3::prelude::*;
 use stoker::tokens::pipeline::{TokenMixIter, TokenMixLoader};
@@ -24,15 +24,7 @@ pub struct PyTokenMixIter {
     polled: Polled<TokenMixIter>,
 }
 
-impl IteratorClass for PyTokenMixIter {
-    type Host = TokenMixIter;
-    type Batch = PyTokenBatch;
-    fn batch(&self, held: TokHeld) -> PyTokenBatch {
-        PyTokenBatch { inner: held }
-    }
-}
-
-iterator_class!(PyTokenMixIter => PyTokenBatch);
+iterator_class!(PyTokenMixIter: TokenMixIter => PyTokenBatch, |_, held| PyTokenBatch { inner: held });
 
 impl LoaderClass for PyTokenMixLoader {
     type Host = TokenMixIter;

@@ -94,7 +94,7 @@ impl Env {
             budget: budget_in(env)?,
             rank: usize_in(env, "RANK")?,
             world_size,
-            local_rank: local_rank_in(env)?,
+            local_rank: local_rank_in(env)?.unwrap_or(0),
             index_dir: index_dir_in(env)?,
             cache_ttl: cache_ttl_in(env)?,
         })
@@ -142,12 +142,18 @@ fn usize_in(env: Lookup<'_>, name: &str) -> Result<Option<usize>> {
 /// This process's GPU index on its node: torchrun's `LOCAL_RANK`, 0 when unset (the CUDA
 /// ordinal that `device="cuda"` means when no framework has chosen a current device).
 pub fn local_rank() -> Result<u32> {
+    Ok(local_rank_given()?.unwrap_or(0))
+}
+
+/// torchrun's `LOCAL_RANK` as given: `None` when unset (then `device="cuda"` may fall back to
+/// the rank in the process group, modulo the visible GPUs).
+pub fn local_rank_given() -> Result<Option<u32>> {
     local_rank_in(&process_var)
 }
 
-fn local_rank_in(env: Lookup<'_>) -> Result<u32> {
-    let r = usize_in(env, "LOCAL_RANK")?.unwrap_or(0);
-    u32::try_from(r).map_err(|_| Error::config("LOCAL_RANK", format!("{r} is not a GPU index")))
+fn local_rank_in(env: Lookup<'_>) -> Result<Option<u32>> {
+    let Some(r) = usize_in(env, "LOCAL_RANK")? else { return Ok(None) };
+    u32::try_from(r).map(Some).map_err(|_| Error::config("LOCAL_RANK", format!("{r} is not a GPU index")))
 }
 
 /// `STOKER_NUM_THREADS`: a fixed decode thread count from 1 to [`MAX_THREADS`], as if given as
@@ -341,7 +347,8 @@ mod tests {
         assert_eq!((env.rank, env.world_size), (Some(3), Some(4)));
         let e = with_env(&[("LOCAL_RANK", Some("99999999999"))], local_rank_in);
         assert!(e.unwrap_err().to_string().contains("`LOCAL_RANK`"));
-        assert_eq!(with_env(&[("LOCAL_RANK", Some("2"))], local_rank_in).unwrap(), 2);
+        assert_eq!(with_env(&[("LOCAL_RANK", Some("2"))], local_rank_in).unwrap(), Some(2));
+        assert_eq!(with_env(&[], local_rank_in).unwrap(), None);
         assert_eq!(env_of(&[]).unwrap().local_rank, 0);
     }
 

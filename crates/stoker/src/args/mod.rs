@@ -73,8 +73,8 @@ pub use augment::{
 };
 pub use captions::{caption_options, captions};
 pub use env::{
-    apply_env, budget_registry_path, env_cache_ttl, env_threads, index_dir, local_rank, object_timeout, BudgetEnv, Env,
-    CACHE_TTL_VAR, INDEX_DIR_VAR, OBJECT_TIMEOUT_VAR, THREADS_VAR,
+    apply_env, budget_registry_path, env_cache_ttl, env_threads, index_dir, local_rank, local_rank_given,
+    object_timeout, BudgetEnv, Env, CACHE_TTL_VAR, INDEX_DIR_VAR, OBJECT_TIMEOUT_VAR, THREADS_VAR,
 };
 pub use image::{decode_where, image_config, loader_config, max_failures};
 pub use pack::{pack_options, ray_address};

@@ -328,15 +328,7 @@ mod tests {
     use serde_json::json;
 
     fn fingerprint() -> Fingerprint {
-        let spec = SamplerSpec {
-            batch_size: 8,
-            shuffle: true,
-            seed: 3,
-            drop_last: false,
-            rank: 0,
-            world_size: 1,
-            ..SamplerSpec::default()
-        };
+        let spec = SamplerSpec { batch_size: 8, shuffle: true, seed: 3, ..SamplerSpec::default() };
         Fingerprint::new(&spec, 96, 0xabc, "t".into())
     }
 

@@ -211,15 +211,7 @@ mod tests {
 
     /// A `.npy` file of `rows` x `width` little-endian u32 counting up from 0.
     fn npy_file(dir: &Path, rows: usize, width: usize) -> PathBuf {
-        let header = format!("{{'descr': '<u4', 'fortran_order': False, 'shape': ({rows}, {width}), }}");
-        let mut h = header.into_bytes();
-        while (10 + h.len() + 1) % 64 != 0 {
-            h.push(b' ');
-        }
-        h.push(b'\n');
-        let mut b = b"\x93NUMPY\x01\x00".to_vec();
-        b.extend_from_slice(&(h.len() as u16).to_le_bytes());
-        b.extend_from_slice(&h);
+        let mut b = crate::source::npy::npy_header("<u4", &[rows, width]);
         for v in 0..(rows * width) as u32 {
             b.extend_from_slice(&v.to_le_bytes());
         }

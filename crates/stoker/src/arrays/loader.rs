@@ -10,15 +10,15 @@ use super::report::{verdict, ArrayCounters, ArrayReport, ArraySection};
 use crate::error::{Error, Result};
 use crate::observe::telemetry::Telemetry;
 use crate::shell::buffer::{BufferPool, HeapAllocator, HostAllocator, RawBuf};
-use crate::shell::epochs::Retire;
 use crate::shell::grow::MakeSlot;
+use crate::shell::grow::PoolView;
 use crate::shell::grow::SlotPool;
-use crate::shell::kind::{Delivery, Iter, Kind, Loader, SamplerKind, Started};
+use crate::shell::kind::{Delivery, Iter, Kind, Loader, PassPlan, SamplerKind};
 use crate::shell::ordered::{take_free, Run};
-use crate::shell::pass::{FailureBudget, Observe, Pass, PassHooks, PassSlot};
+use crate::shell::pass::{FailureBudget, PassHooks, PassSlot};
 use crate::shell::sampler::{Fingerprint, Position, Sampler, SamplerSpec, Start};
 use crate::values::{batch_bytes, check_prefetch, check_threads};
-use crossbeam_channel::bounded;
+use crossbeam_channel::{bounded, Sender};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
@@ -270,11 +270,19 @@ impl Kind for Arrays {
     type Batch = ArrayBatch;
     type Section = ArraySection;
 
-    fn start(self: &Arc<Self>, position: &Arc<Position>) -> Result<Started<Self>> {
+    fn pool(&self) -> PoolView<Arc<ArraySlot>> {
+        self.pool.view()
+    }
+
+    fn start(
+        self: &Arc<Self>,
+        position: &Arc<Position>,
+        run: &Arc<Run<Arc<ArraySlot>>>,
+        done_tx: Sender<Arc<ArraySlot>>,
+    ) -> Result<PassPlan<Self>> {
         let sh = self.clone();
         let Start { epoch, first: start, order, batches: end, .. } = position.start(&sh.sampler);
         let (task_tx, task_rx) = bounded::<(Arc<ArraySlot>, usize, usize)>(sh.threads * 4);
-        let (run, done_tx) = Run::new(sh.pool.slots(), sh.pool.free_tx.clone());
         let cancel = run.cancel_flag();
         {
             let (sh, cancel, order) = (sh.clone(), cancel.clone(), order.clone());
@@ -336,13 +344,10 @@ impl Kind for Arrays {
                 }
             })?;
         }
-        let pool = sh.pool.view();
         let hooks = ArrayHooks { position: position.clone() };
         // A failed read ends the pass with its error (arrays have no skip policy).
         let budget = FailureBudget::new(0, true);
-        let observe = Observe::new(Some(sh.telemetry.clone()), None, Some(epoch));
-        let pass = Pass::new(run.clone(), pool, hooks, (start, Some(end)), budget, observe);
-        Ok(Started { pass, retire: run as Arc<dyn Retire>, epoch })
+        Ok(PassPlan { epoch, batches: (start, Some(end)), budget, hooks, tracer: None, retire: None })
     }
 
     fn batch(self: &Arc<Self>, slot: Arc<ArraySlot>, _: &Position, _: Delivery) -> ArrayBatch {
@@ -419,15 +424,7 @@ mod tests {
 
     #[test]
     fn gathers_the_sampler_rows_in_order() {
-        let spec = SamplerSpec {
-            batch_size: 100,
-            shuffle: true,
-            seed: 3,
-            drop_last: false,
-            rank: 0,
-            world_size: 1,
-            ..SamplerSpec::default()
-        };
+        let spec = SamplerSpec { batch_size: 100, shuffle: true, seed: 3, ..SamplerSpec::default() };
         let cfg = ArrayConfig { sampler: spec.clone(), threads: Some(3), prefetch: 2, memory_limit: None };
         let l = ArrayLoader::new(vec![column(1000, 5)], cfg).unwrap();
         let order = Sampler::new(1000, spec).unwrap().epoch_order(0);

@@ -1,21 +1,27 @@
 //! [`Loader`] and [`Iter`]: the one loader of every kind. A kind ([`Kind`]: images, arrays,
-//! tokens) brings what differs: its position (the sampler's, or documents), how a pass starts
-//! (its threads on a [`Run`](super::ordered::Run) and the slots they fill), and the consumer's
-//! view of a delivered slot, and its part of the report (stages, section, verdict). The shell
-//! owns the rest, written once: epochs and the rule that a newer pass, epoch or restored state
-//! makes the running pass stale ([`Epochs`]), the batches held, in-order delivery with the
-//! failure budget and the consumer's observation ([`Pass`]), polling with a time-out, stopping
-//! a pass, and the report's common part.
+//! tokens, the token mixture) brings what differs: its position (the sampler's, or documents),
+//! its pool, its threads of a pass (on the shell's [`Run`]) with what the pass is
+//! ([`PassPlan`]: batches, failure budget, hooks, trace), the consumer's view of a delivered
+//! slot, and its part of the report (stages, section, verdict). The shell owns the rest,
+//! written once: starting every pass ([`Loader::iter`]: the run over the kind's pool, then the
+//! [`Pass`] observed in the kind's telemetry), epochs and the rule that a newer pass, epoch or
+//! restored state makes the running pass stale ([`Epochs`]), the batches held, in-order
+//! delivery with the failure budget and the consumer's observation, polling with a time-out,
+//! stopping a pass, and the report's common part.
 //!
 //! Kinds over the sampler ([`SamplerKind`]: images, arrays) share their state surface too
 //! (`len`, `state`, `load_state`, elastic bases), here once.
 
 use super::epochs::{Epochs, Positioned, Retire};
-use super::pass::{Next, Pass, PassHooks, PassSlot};
+use super::grow::PoolView;
+use super::ordered::Run;
+use super::pass::{FailureBudget, Next, Observe, Pass, PassHooks, PassSlot};
 use super::sampler::{ElasticBase, Position, Sampler, SamplerState};
 use crate::error::Result;
 use crate::observe::report::{Report, Section};
 use crate::observe::telemetry::Telemetry;
+use crate::observe::trace::Tracer;
+use crossbeam_channel::Sender;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -32,8 +38,17 @@ pub trait Kind: Send + Sync + Sized + 'static {
     /// What the kind adds to its [`Report`].
     type Section: Section;
 
-    /// Starts a pass where `position` says: the kind's threads, and the pass over them.
-    fn start(self: &Arc<Self>, position: &Arc<Self::Position>) -> Result<Started<Self>>;
+    /// The pool its passes' slots come from (the shell makes each pass's run over it).
+    fn pool(&self) -> PoolView<Self::Slot>;
+
+    /// Starts the kind's threads of a pass where `position` says, on the shell's `run` (they
+    /// send each filled slot to `done`), and says what the pass is; the shell makes the pass.
+    fn start(
+        self: &Arc<Self>,
+        position: &Arc<Self::Position>,
+        run: &Arc<Run<Self::Slot>>,
+        done: Sender<Self::Slot>,
+    ) -> Result<PassPlan<Self>>;
 
     /// The consumer's view of a delivered `slot` (a kind whose position advances with what the
     /// slot says advances it here).
@@ -60,14 +75,22 @@ pub struct Delivery {
     pub epoch: u64,
 }
 
-/// A started pass: the pass, what a newer one makes stale, and its epoch.
-pub struct Started<K: Kind> {
-    /// The pass over the kind's run.
-    pub pass: Pass<K::Slot, K::Hooks>,
-    /// What [`Epochs`] retires when a newer pass, epoch or state replaces this one.
-    pub retire: Arc<dyn Retire>,
+/// What a kind says about a pass it started: where it starts and ends, its failure budget,
+/// its hooks, whether its consumer's waits are traced, and what a newer pass makes stale.
+pub struct PassPlan<K: Kind> {
     /// The epoch the pass starts in.
     pub epoch: u64,
+    /// The first batch, and the end when it is known before the pass.
+    pub batches: (usize, Option<usize>),
+    /// The pass's failure budget.
+    pub budget: FailureBudget,
+    /// The kind's part of the pass.
+    pub hooks: K::Hooks,
+    /// Where the consumer's waits and deliveries are traced (`None`: not traced).
+    pub tracer: Option<Arc<Tracer>>,
+    /// What [`Epochs`] retires when a newer pass, epoch or state replaces this one: the run
+    /// itself when `None`.
+    pub retire: Option<Arc<dyn Retire>>,
 }
 
 /// A loader of kind `K`: the kind's shared part (what its passes' threads read) and its
@@ -125,10 +148,24 @@ impl<K: Kind> Loader<K> {
     /// since the last iteration says. A previous iteration of this loader becomes stale (it
     /// stops, its buffers return to the pool at once, and its next batch is an error naming
     /// why), even while its iterator object is alive.
+    ///
+    /// Every pass starts here: the run over the kind's pool, the kind's threads on it, then
+    /// the in-order pass with the kind's failure budget and hooks, observed in its telemetry.
     pub fn iter(&self) -> Result<Iter<K>> {
         let position = self.epochs.begin_pass().clone();
-        let Started { pass, retire, epoch } = self.kind.start(&position)?;
-        self.epochs.started(retire);
+        let pool = self.kind.pool();
+        let (run, done) = Run::new(pool.growth.base(), pool.free.clone());
+        let plan = match self.kind.start(&position, &run, done) {
+            Ok(plan) => plan,
+            Err(e) => {
+                run.shutdown();
+                return Err(e);
+            }
+        };
+        let PassPlan { epoch, batches, budget, hooks, tracer, retire } = plan;
+        let observe = Observe::new(Some(self.kind.telemetry().clone()), tracer, Some(epoch));
+        let pass = Pass::new(run.clone(), pool, hooks, batches, budget, observe);
+        self.epochs.started(retire.unwrap_or(run as Arc<dyn Retire>));
         Ok(Iter { kind: self.kind.clone(), position, pass, epoch })
     }
 }

@@ -2,8 +2,9 @@
 //! shares instead of keeping its own copy.
 //!
 //! - [`kind`]: the one [`kind::Loader`] and [`kind::Iter`] of every kind; a [`kind::Kind`]
-//!   brings its position, how a pass starts and what a delivered slot becomes, and its batch
-//!   meets [`kind::HostBatch`], the contract the CUDA stage copies.
+//!   brings its position, its threads of a pass (the shell starts every pass) and what a
+//!   delivered slot becomes, and its batch meets [`kind::HostBatch`], the contract the CUDA
+//!   stage copies.
 //! - [`sampler`]: the seeded per-epoch order, rank sharding with equal batch counts, the
 //!   resumable position, the elastic base that continues an epoch on another number of ranks,
 //!   and the fingerprint a saved state must match.

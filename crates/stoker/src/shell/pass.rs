@@ -16,7 +16,7 @@ use crate::error::{Error, Result};
 use crate::observe::telemetry::{ConsumerClock, StageCounters, Telemetry};
 use crate::observe::trace::{Args as TraceArgs, Tracer};
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// What one poll of an iteration gave.
@@ -83,6 +83,24 @@ pub trait PassHooks: Send {
 
 /// No hooks.
 impl PassHooks for () {}
+
+/// The error that ended a producer thread (the token mixer, the CUDA transfer thread), kept
+/// for the pass: as hooks, it is delivered after the batches before it. Clones share it.
+#[derive(Debug, Clone, Default)]
+pub struct ProducerError(Arc<Mutex<Option<Error>>>);
+
+impl ProducerError {
+    /// Keeps `e` for the pass (a later one replaces it).
+    pub fn set(&self, e: Error) {
+        *self.0.lock().unwrap_or_else(|p| p.into_inner()) = Some(e);
+    }
+}
+
+impl PassHooks for ProducerError {
+    fn ended(&self) -> Option<Error> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).take()
+    }
+}
 
 /// How many failed samples a pass accepts before it ends with an error, and the last reasons.
 #[derive(Debug, Clone)]
@@ -394,7 +412,6 @@ mod tests {
     use crate::shell::grow::{Growth, MakeSlot};
     use crossbeam_channel::bounded;
     use std::sync::atomic::AtomicUsize;
-    use std::sync::Mutex;
 
     #[derive(Debug)]
     struct S {

@@ -15,6 +15,23 @@ pub struct NpyHeader {
     pub data_offset: usize,
 }
 
+/// The start of a `.npy` file (version 1.0) of a C-order array of `descr` (`<u4`, `<f4`, ...)
+/// and `shape`: the magic, the header's length and the header, padded with spaces so that the
+/// data starts at a multiple of 64 bytes, as NumPy's `np.save` writes it.
+pub fn npy_header(descr: &str, shape: &[usize]) -> Vec<u8> {
+    let shape = match shape {
+        [n] => format!("({n},)"),
+        _ => format!("({})", shape.iter().map(|d| d.to_string()).collect::<Vec<_>>().join(", ")),
+    };
+    let mut h = format!("{{'descr': '{descr}', 'fortran_order': False, 'shape': {shape}, }}").into_bytes();
+    h.resize(h.len() + (64 - (10 + h.len() + 1) % 64) % 64, b' ');
+    h.push(b'\n');
+    let mut out = b"\x93NUMPY\x01\x00".to_vec();
+    out.extend_from_slice(&(h.len() as u16).to_le_bytes());
+    out.extend_from_slice(&h);
+    out
+}
+
 /// Parses the header of a `.npy` file (versions 1-3, C order only).
 pub fn parse_npy_header(b: &[u8], path: &Path) -> Result<NpyHeader> {
     let bad = |why: String| Error::decode(path, format!("invalid .npy file: {why}"));
@@ -108,5 +125,23 @@ pub fn descr_itemsize(descr: &str) -> Option<usize> {
         "f8" | "i8" | "u8" => Some(8),
         "i1" | "u1" | "b1" => Some(1),
         _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_written_header_reads_back_with_its_data_64_byte_aligned() {
+        for shape in [vec![7], vec![3, 4], vec![2, 3, 224, 224]] {
+            let h = npy_header("<f4", &shape);
+            assert_eq!(h.len() % 64, 0, "{shape:?}");
+            let p = parse_npy_header(&h, Path::new("x.npy")).unwrap();
+            assert_eq!((p.descr.as_str(), p.shape, p.data_offset), ("<f4", shape, h.len()));
+        }
+        // NumPy's own bytes for np.save of np.zeros(7, '<f4'): "(7,)" for one dimension.
+        let want = "{'descr': '<f4', 'fortran_order': False, 'shape': (7,), }";
+        assert_eq!(&npy_header("<f4", &[7])[10..10 + want.len()], want.as_bytes());
     }
 }

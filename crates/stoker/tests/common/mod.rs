@@ -114,3 +114,17 @@ pub fn thread_count_settled(want: usize, within: std::time::Duration) -> usize {
         std::thread::sleep(std::time::Duration::from_millis(5));
     }
 }
+
+/// A tuner's spec with `threads_max` auto-tuned threads on as many cores and a fixed prefetch
+/// of 2, over epochs of `epoch_batches` batches.
+pub fn auto_threads(threads_max: usize, epoch_batches: usize) -> stoker::tune::TuneSpec {
+    stoker::tune::TuneSpec {
+        auto_threads: true,
+        threads_max,
+        auto_prefetch: false,
+        prefetch_max: 2,
+        prefetch: 2,
+        cpu_budget: threads_max as f64,
+        epoch_batches,
+    }
+}

@@ -103,23 +103,9 @@ const ALL_OPS: [AugOp; 16] = [
 ];
 
 /// The op space of `RandAugment` and `TrivialAugmentWide`, in torchvision's dict order (which
-/// the uniform op choice indexes).
-const RA_OPS: [AugOp; 14] = [
-    AugOp::Identity,
-    AugOp::ShearX,
-    AugOp::ShearY,
-    AugOp::TranslateX,
-    AugOp::TranslateY,
-    AugOp::Rotate,
-    AugOp::Brightness,
-    AugOp::Color,
-    AugOp::Contrast,
-    AugOp::Sharpness,
-    AugOp::Posterize,
-    AugOp::Solarize,
-    AugOp::AutoContrast,
-    AugOp::Equalize,
-];
+/// the uniform op choice indexes): every op of [`ALL_OPS`] but its first (`SolarizeAdd`) and
+/// last (`Invert`), which only AutoAugment's policy and timm's `rand_augment` use.
+const RA_OPS: &[AugOp] = ALL_OPS.split_at(ALL_OPS.len() - 1).0.split_at(1).1;
 
 /// `torch.linspace(start, end, n)[i]` in float32 as PyTorch's CPU kernel computes it: the step
 /// `(end - start) / (n - 1)`, then `start + step * i` for the first half and
@@ -589,6 +575,14 @@ impl TimmRandAugment {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn rand_augment_ops_are_torchvisions_in_dict_order() {
+        let names: Vec<&str> = RA_OPS.iter().map(|o| o.name()).collect();
+        let torchvision = "Identity ShearX ShearY TranslateX TranslateY Rotate Brightness Color Contrast Sharpness \
+                           Posterize Solarize AutoContrast Equalize";
+        assert_eq!(names.join(" "), torchvision);
+    }
 
     #[test]
     fn linspace_matches_torch_on_known_values() {

@@ -24,7 +24,7 @@
 //! batches, everything here, on the thread that completes the batch. For batches bound for a
 //! GPU (they cross the bus as uint8 and are normalised there), that thread writes only the soft
 //! labels, which travel to the GPU beside the labels; the images are mixed on the GPU after
-//! their normalisation, by torch ops in Python (`stoker._base.Mixer`) given this batch's draw,
+//! their normalisation, by torch ops in Python (`stoker._gpu.Mixer`) given this batch's draw,
 //! with the same arithmetic as above (each product and the sum rounded to the dtype, no fused
 //! multiply-add), so a GPU batch equals the host batch of the same seed bit for bit.
 

@@ -7,9 +7,10 @@ use super::shared::Task;
 use super::shared::{write_trace, Images};
 use super::stages::{decode_loop, dispatch, io_loop, Work};
 use super::*;
-use crate::shell::kind::{Delivery, Iter, Kind, SamplerKind, Started};
+use crate::shell::grow::PoolView;
+use crate::shell::kind::{Delivery, Iter, Kind, PassPlan, SamplerKind};
 use crate::shell::ordered::Run;
-use crate::shell::pass::{FailureBudget, Observe, Pass, PassHooks, PassSlot};
+use crate::shell::pass::{FailureBudget, PassHooks, PassSlot};
 use crate::source::StorageReport;
 
 /// One pass over (the rest of) an epoch; yields batches in order. Dropping it stops and joins
@@ -107,9 +108,18 @@ impl Kind for Images {
     type Batch = Batch;
     type Section = ImageSection;
 
-    fn start(self: &Arc<Self>, position: &Arc<Position>) -> Result<Started<Self>> {
+    fn pool(&self) -> PoolView<Arc<Slot>> {
+        self.pool.view()
+    }
+
+    fn start(
+        self: &Arc<Self>,
+        position: &Arc<Position>,
+        run: &Arc<Run<Arc<Slot>>>,
+        done: Sender<Arc<Slot>>,
+    ) -> Result<PassPlan<Self>> {
         let from = position.start(&self.sampler);
-        start(self.clone(), position.clone(), from)
+        start(self.clone(), position.clone(), from, run, done)
     }
 
     fn batch(self: &Arc<Self>, slot: Arc<Slot>, _: &Position, at: Delivery) -> Batch {
@@ -183,8 +193,14 @@ impl SamplerKind for Images {
     }
 }
 
-/// Starts a pass's threads (dispatcher, I/O, decode) from `from`, and the pass over them.
-fn start(shared: Arc<Images>, state: Arc<Position>, from: Start) -> Result<Started<Images>> {
+/// Starts a pass's threads (dispatcher, I/O, decode) from `from` on `run`.
+fn start(
+    shared: Arc<Images>,
+    state: Arc<Position>,
+    from: Start,
+    run: &Arc<Run<Arc<Slot>>>,
+    done_tx: Sender<Arc<Slot>>,
+) -> Result<PassPlan<Images>> {
     let Start { epoch, first: start, order, batches: end, samples } = from;
     let bs = shared.sampler.spec().batch_size;
     // Object storage fetches the parts this pass reads ahead, in its order.
@@ -201,15 +217,11 @@ fn start(shared: Arc<Images>, state: Arc<Position>, from: Start) -> Result<Start
             bytes_tx.send(stash.bytes.pop().unwrap_or_default()).expect("room");
         }
     }
-    let (run, done_tx) = Run::new(shared.pool.slots(), shared.pool.free_tx.clone());
     let core =
         Arc::new(IterCore { shared: shared.clone(), run: run.clone(), bytes_rx: Mutex::new(Some(bytes_rx.clone())) });
     let cancel = run.cancel_flag();
-    let pool = shared.pool.view();
     let budget = FailureBudget::new(shared.max_failures.limit(samples), shared.on_error == ErrorPolicy::Raise);
-    let observe = Observe::new(Some(shared.telemetry.clone()), shared.tracer.clone(), Some(epoch));
     let hooks = ImageHooks { core: core.clone(), position: state };
-    let pass = Pass::new(run.clone(), pool, hooks, (start, Some(end)), budget, observe);
     {
         let (sh, cancel, order) = (shared.clone(), cancel.clone(), order.clone());
         run.spawn("stoker-dispatch".into(), move || dispatch(&sh, &cancel, &order, (start, end), epoch, task_tx))?;
@@ -228,5 +240,6 @@ fn start(shared: Arc<Images>, state: Arc<Position>, from: Start) -> Result<Start
         run.spawn(format!("stoker-decode-{k}"), move || decode_loop(&sh, k, &cancel, epoch, rx, btx, done))?;
     }
     shared.tuner.consumed(start);
-    Ok(Started { pass, retire: core, epoch })
+    let tracer = shared.tracer.clone();
+    Ok(PassPlan { epoch, batches: (start, Some(end)), budget, hooks, tracer, retire: Some(core) })
 }

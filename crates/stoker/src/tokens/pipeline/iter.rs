@@ -11,11 +11,11 @@ use super::stats::{TokenReport, TokenSection, TokenizerReport};
 use super::tokenize::spawn_tokenizing;
 use crate::error::Result;
 use crate::observe::telemetry::Telemetry;
-use crate::shell::epochs::Retire;
-use crate::shell::kind::{Delivery, Iter, Kind, Loader, Started};
+use crate::shell::grow::PoolView;
+use crate::shell::kind::{Delivery, Iter, Kind, Loader, PassPlan};
 use crate::shell::ordered::Run;
-use crate::shell::pass::{FailureBudget, Observe, Pass, PassHooks};
-use crossbeam_channel::bounded;
+use crate::shell::pass::{FailureBudget, PassHooks};
+use crossbeam_channel::{bounded, Sender};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
@@ -52,20 +52,28 @@ impl Kind for Tokens {
 
     /// Starts the reader, tokenizer and packer threads from the position: the current epoch
     /// from its first batch, or a restored position.
-    fn start(self: &Arc<Self>, position: &Arc<TokenPosition>) -> Result<Started<Self>> {
+    fn pool(&self) -> PoolView<Arc<TokenSlot>> {
+        self.pool.view()
+    }
+
+    fn start(
+        self: &Arc<Self>,
+        position: &Arc<TokenPosition>,
+        run: &Arc<Run<Arc<TokenSlot>>>,
+        done_tx: Sender<Arc<TokenSlot>>,
+    ) -> Result<PassPlan<Self>> {
         let (from, first_batch, elastic) = position.start();
         self.stats.started.get_or_init(Instant::now);
         let sh = self.clone();
-        let (run, done_tx) = Run::new(sh.pool.slots(), sh.pool.free_tx.clone());
         let cancel = run.cancel_flag();
         let credits = sh.threads * 4 + 4;
         let (credit_tx, credit_rx) = bounded::<()>(credits);
         for _ in 0..credits {
             credit_tx.send(()).expect("room");
         }
-        let res_rx = spawn_tokenizing(&run, &sh, (from, elastic.clone()), credit_rx)?;
+        let res_rx = spawn_tokenizing(run, &sh, (from, elastic.clone()), credit_rx)?;
         {
-            let (sh, cancel, run2) = (sh.clone(), cancel.clone(), Arc::downgrade(&run));
+            let (sh, cancel, run2) = (sh.clone(), cancel.clone(), Arc::downgrade(run));
             // Token files: every rank stops at the same row count (the rows before a resume
             // point are whole batches).
             let limit = sh
@@ -79,13 +87,11 @@ impl Kind for Tokens {
                 }
             })?;
         }
-        let pool = sh.pool.view();
         let budget = FailureBudget::new(sh.config.max_failures, sh.config.raise);
         let hooks = TokenHooks { tokens: sh.clone() };
         // The consumer's waits and steps, and their trace, are the shell's (as for every kind).
-        let observe = Observe::new(Some(sh.telemetry.clone()), sh.tracer.clone(), Some(from.epoch));
-        let pass = Pass::new(run.clone(), pool, hooks, (first_batch as usize, None), budget, observe);
-        Ok(Started { pass, retire: run as Arc<dyn Retire>, epoch: from.epoch })
+        let (epoch, tracer) = (from.epoch, sh.tracer.clone());
+        Ok(PassPlan { epoch, batches: (first_batch as usize, None), budget, hooks, tracer, retire: None })
     }
 
     /// Tells the tuner the consumer's load and advances the position to the slot's resume

@@ -28,13 +28,14 @@ use crate::error::{Error, Result};
 use crate::observe::report::{keeps_up, Report, Section, StageReport};
 use crate::observe::telemetry::Telemetry;
 use crate::shell::buffer::HostAllocator;
-use crate::shell::epochs::Retire;
-use crate::shell::kind::{Delivery, Iter, Kind, Loader, Started};
+use crate::shell::grow::PoolView;
+use crate::shell::kind::{Delivery, Iter, Kind, Loader, PassPlan};
 use crate::shell::mix::{MixReport, MixSpec, Schedule, Tally, Weights};
 use crate::shell::ordered::{send_or_cancel, take_free, Run};
-use crate::shell::pass::{FailureBudget, Next, Observe, Pass, PassHooks};
+use crate::shell::pass::{FailureBudget, Next, ProducerError};
 use crate::tokens::pack::Resume;
 use crate::tokens::tokenizer::TextTokenizer;
+use crossbeam_channel::Sender;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -62,18 +63,6 @@ pub type TokenMixLoader = Loader<TokenMix>;
 
 /// One pass over (the rest of) a mixture's epoch.
 pub type TokenMixIter = Iter<TokenMix>;
-
-/// The mixture's part of a pass: an error that ended the mixer thread (a source failed),
-/// returned once the batches before it are delivered.
-pub struct MixHooks {
-    failed: Arc<Mutex<Option<Error>>>,
-}
-
-impl PassHooks for MixHooks {
-    fn ended(&self) -> Option<Error> {
-        self.failed.lock().unwrap_or_else(|p| p.into_inner()).take()
-    }
-}
 
 impl Loader<TokenMix> {
     /// A mixture of the sources of `config.mixture` (each opened as a token loader with this
@@ -294,25 +283,35 @@ fn rows_per_rank(c: &TokenConfig, rows: u64, world: usize) -> u64 {
 impl Kind for TokenMix {
     type Position = MixPosition;
     type Slot = Arc<TokenSlot>;
-    type Hooks = MixHooks;
+    /// An error that ended the mixer thread (a source failed), returned once the batches
+    /// before it are delivered.
+    type Hooks = ProducerError;
     type Batch = TokenBatch;
     type Section = MixSection;
 
-    fn start(self: &Arc<Self>, position: &Arc<MixPosition>) -> Result<Started<Self>> {
+    fn pool(&self) -> PoolView<Arc<TokenSlot>> {
+        self.host.kind().pool.view()
+    }
+
+    fn start(
+        self: &Arc<Self>,
+        position: &Arc<MixPosition>,
+        run: &Arc<Run<Arc<TokenSlot>>>,
+        done_tx: Sender<Arc<TokenSlot>>,
+    ) -> Result<PassPlan<Self>> {
         let seed = self.host.config().seed;
         let st = position.start(seed, self.subs.len());
         let (epoch, first_batch, end) = (st.epoch, st.next_batch, st.end.unwrap_or(self.rows));
         let offset = st.offset;
         let host = self.host.kind().clone();
-        let (run, done_tx) = Run::new(host.pool.slots(), host.pool.free_tx.clone());
         let cancel = run.cancel_flag();
-        let failed = Arc::new(Mutex::new(None));
+        let failed = ProducerError::default();
         self.after.lock().unwrap_or_else(|p| p.into_inner()).clear();
         {
-            let (mx, cancel, failed, run2) = (self.clone(), cancel.clone(), failed.clone(), Arc::downgrade(&run));
+            let (mx, cancel, failed, run2) = (self.clone(), cancel.clone(), failed.clone(), Arc::downgrade(run));
             run.spawn("stoker-mix".into(), move || {
                 if let Err(e) = mix_rows(&mx, (epoch, first_batch, offset, end, st.sources), &done_tx, &cancel) {
-                    *failed.lock().unwrap_or_else(|p| p.into_inner()) = Some(e);
+                    failed.set(e);
                 }
                 if let Some(r) = run2.upgrade() {
                     r.finish();
@@ -320,17 +319,15 @@ impl Kind for TokenMix {
             })?;
         }
         let budget = FailureBudget::new(u64::MAX, false);
-        let observe = Observe::new(Some(host.telemetry.clone()), None, Some(epoch));
         let batches = (!self.stops()).then(|| end.div_ceil(host.config.batch_size as u64) as usize);
-        let pass = Pass::new(
-            run.clone(),
-            host.pool.view(),
-            MixHooks { failed },
-            (first_batch as usize, batches),
+        Ok(PassPlan {
+            epoch,
+            batches: (first_batch as usize, batches),
             budget,
-            observe,
-        );
-        Ok(Started { pass, retire: run as Arc<dyn Retire>, epoch })
+            hooks: failed,
+            tracer: None,
+            retire: None,
+        })
     }
 
     fn batch(self: &Arc<Self>, slot: Arc<TokenSlot>, position: &MixPosition, _: Delivery) -> TokenBatch {
@@ -435,7 +432,7 @@ struct Reading {
 fn mix_rows(
     mx: &Arc<TokenMix>,
     (epoch, first_batch, offset, end, at): (u64, u64, u64, u64, Vec<Option<TokenState>>),
-    done: &crossbeam_channel::Sender<Arc<TokenSlot>>,
+    done: &Sender<Arc<TokenSlot>>,
     cancel: &AtomicBool,
 ) -> Result<()> {
     let host: &Tokens = mx.host.kind();
