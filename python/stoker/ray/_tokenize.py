@@ -210,25 +210,52 @@ def tokenize(inputs: str | os.PathLike[str] | list[str | os.PathLike[str]], toke
 @contextlib.contextmanager
 def _deadline(seconds: float, message: str) -> Iterator[None]:
     """Raises `DatasetError(message)` in this (the main) thread if the block is still running
-    after ``seconds``: a pipeline that waits on a lost worker does not hang the caller."""
+    after ``seconds``: a pipeline that waits on a lost worker does not hang the caller.
+
+    The deadline interrupts the main thread (Ray Data's iterator then shuts its executor down),
+    and again every second until the block has ended: one interrupt can be lost, where it lands
+    in code that swallows it (a ``__del__``, say). None is sent once the block has ended, and
+    one sent just before is absorbed here."""
     done = threading.Event()
-    fired = []
+    fired = threading.Event()
+    lock = threading.Lock()
 
     def watch() -> None:
-        if not done.wait(seconds):
-            fired.append(True)
-            _thread.interrupt_main()
+        wait = seconds
+        while not done.wait(wait):
+            with lock:
+                if done.is_set():
+                    return
+                fired.set()
+                _thread.interrupt_main()
+            wait = 1.0
+
+    def end() -> None:
+        with lock:
+            done.set()
+        if fired.is_set():
+            _absorb_interrupt()
 
     t = threading.Thread(target=watch, daemon=True, name="stoker-ray-deadline")
     t.start()
     try:
         yield
     except KeyboardInterrupt:
-        if fired:
+        if fired.is_set():
+            end()
             raise DatasetError(message) from None
         raise
     finally:
-        done.set()
+        end()
+
+
+def _absorb_interrupt() -> None:
+    """Lets an interrupt that the deadline sent, and that has not been raised yet, be raised and
+    dropped here (a call into Python code is where a pending one is raised)."""
+    try:
+        (lambda: None)()
+    except KeyboardInterrupt:
+        pass
 
 
 def _runs(files: list[str]) -> list[tuple[str, list[str]]]:
