@@ -714,10 +714,9 @@ impl BpeModel {
         c: &mut Cache,
         out: &mut Vec<u32>,
     ) {
-        let Some(key) = Key::of(text, a, b) else {
-            return self.encode_uncached(&text[a..b], &mut c.pairs, out);
-        };
-        if more && c.table.get(&key, out) {
+        // The key in the table of longer pieces, only for the pieces kept there (a short piece
+        // always has one: SHORT_MAX < MAX_KEY).
+        if more && Key::of(text, a, b).is_some_and(|key| c.table.get(&key, out)) {
             return;
         }
         let from = out.len();
@@ -725,7 +724,9 @@ impl BpeModel {
         let ids = &out[from..];
         c.short.put(k, ids);
         if ids.len() > SHORT_IDS {
-            c.table.put(&key, ids);
+            if let Some(key) = Key::of(text, a, b) {
+                c.table.put(&key, ids);
+            }
         }
     }
 

@@ -206,6 +206,9 @@ pub(crate) const SHORT_IDS: usize = 4;
 /// Sets of two slots (one 64-byte line each): 2^16 sets, 4 MiB per thread and model.
 const SHORT_SETS_LOG2: u32 = 16;
 
+// Every short piece also has a [`Key`] (the table of longer pieces keeps those with many ids).
+const _: () = assert!(SHORT_MAX <= MAX_KEY);
+
 /// The key of a piece of 2 to [`SHORT_MAX`] bytes: its first eight bytes, then the rest with its
 /// length in the top byte (zero beyond its length), and the set that key belongs to. The
 /// default value is no piece's key.
@@ -289,6 +292,12 @@ impl ShortCache {
         &self.sets[k.set & ((1 << SHORT_SETS_LOG2) - 1)].0
     }
 
+    /// `k`'s set, to write (the mask lets the compiler drop the bounds check).
+    #[inline(always)]
+    fn set_mut(&mut self, k: &ShortKey) -> &mut [u64; 8] {
+        &mut self.sets[k.set & ((1 << SHORT_SETS_LOG2) - 1)].0
+    }
+
     /// Asks the processor to bring `k`'s line into its cache without waiting for it.
     #[inline(always)]
     pub(crate) fn prefetch(&self, k: &ShortKey) {
@@ -311,7 +320,7 @@ impl ShortCache {
     #[inline(always)]
     pub(crate) fn get(&mut self, k: &ShortKey) -> Option<([u32; SHORT_IDS], usize)> {
         const COUNT: u64 = 7 << 60;
-        let s = &mut self.sets[k.set & ((1 << SHORT_SETS_LOG2) - 1)].0;
+        let s = self.set_mut(k);
         let slot = if s[0] == k.lo && s[1] & !COUNT == k.hi {
             [s[1], s[2], s[3]]
         } else if s[4] == k.lo && s[5] & !COUNT == k.hi {
@@ -336,7 +345,7 @@ impl ShortCache {
         let mut lanes = [0u32; SHORT_IDS];
         let count = if ids.len() <= SHORT_IDS { ids.len() } else { 0 };
         lanes[..count].copy_from_slice(&ids[..count]);
-        let s = &mut self.sets[k.set & ((1 << SHORT_SETS_LOG2) - 1)].0;
+        let s = self.set_mut(k);
         let at = if s[1] == 0 { 0 } else { 4 };
         s[at] = k.lo;
         s[at + 1] = k.hi | (count as u64) << 60;

@@ -5,7 +5,7 @@ use super::super::pair_table::PairCache;
 use super::super::piece_cache::{PieceCache, ShortCache};
 use super::{BpeModel, FxMap};
 use std::cell::RefCell;
-use std::sync::Mutex;
+use std::sync::{LazyLock, Mutex};
 
 /// Models whose caches a thread keeps at once (a mixture of tokenizers alternates between them);
 /// the one used longest ago gives way.
@@ -40,12 +40,20 @@ struct ThreadCaches(Vec<Cache>);
 
 impl Drop for ThreadCaches {
     fn drop(&mut self) {
+        if self.0.is_empty() {
+            return;
+        }
+        let keep = *KEEP;
         // Never waits: with the lock taken elsewhere (or poisoned) the caches are dropped.
         if let Ok(mut spare) = SPARE.try_lock() {
-            spare.give(self.0.drain(..), crate::observe::cpu::default_threads());
+            spare.give(self.0.drain(..), keep);
         }
     }
 }
+
+/// The most spare caches kept: one per CPU the process may use, read once (the allowance reads
+/// the affinity mask and cgroup files: not for every thread that ends, nor under the lock).
+static KEEP: LazyLock<usize> = LazyLock::new(crate::observe::cpu::default_threads);
 
 /// Caches of threads that ended, for the threads after them.
 struct Spare(Vec<Cache>);
