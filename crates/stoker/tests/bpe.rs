@@ -2,8 +2,9 @@
 //! same ids on real text, on every Unicode scalar value in several contexts, on generated
 //! hostile text, on very long pieces and documents, and for variants of the GPT-2 file (its
 //! vocabulary and merges under the cl100k, Qwen2 and GPT-NeoX pipelines: pre-tokenizer pattern,
-//! NFC, added tokens with `lstrip`/`rstrip`/`single_word`, a template post-processor); files it
-//! does not reproduce fall back to `tokenizers` with a reason.
+//! NFC, added tokens with `lstrip`/`rstrip`/`single_word`, a template post-processor), and CLIP's
+//! file (its normalizer, pattern and `</w>` suffix, special tokens split out or encoded as text);
+//! files it does not reproduce fall back to `tokenizers` with a reason.
 
 use proptest::prelude::*;
 use serde_json::{json, Value};
@@ -19,6 +20,20 @@ fn data(name: &str) -> PathBuf {
 
 fn gpt2_json() -> Value {
     serde_json::from_slice(&std::fs::read(data("tokenizer-gpt2.json")).unwrap()).unwrap()
+}
+
+/// CLIP's own file (`openai/clip-vit-base-patch32`).
+fn clip_json() -> Value {
+    serde_json::from_slice(&std::fs::read(data("tokenizer-clip.json")).unwrap()).unwrap()
+}
+
+/// CLIP's file with its special tokens encoded as the text they spell (open_clip's way):
+/// `(fast, slow)`.
+fn clip_as_text() -> (TextTokenizer, TextTokenizer) {
+    let (fast, slow) = pair(&clip_json());
+    let fast = fast.with_special_tokens_as_text();
+    assert_eq!(fast.engine().0, FAST, "{:?}", fast.engine());
+    (fast, slow.with_special_tokens_as_text())
 }
 
 /// Llama 3's pre-tokenizer (cl100k's pattern), exactly as its `tokenizer.json` writes it.
@@ -158,6 +173,35 @@ fn wiki_texts() -> Vec<String> {
         .collect()
 }
 
+/// CLIP's file on the Wikipedia sample (cut into caption-sized sentences and whole), both
+/// ways of treating special tokens, and on what its normalizer and pattern single out.
+#[test]
+fn clip_ids_identical() {
+    let (fast, slow) = pair(&clip_json());
+    assert_eq!(
+        fast.engine().1,
+        "byte-level BPE, CLIP pattern, NFC, whitespace runs as one space, lowercase, end-of-word suffix \"</w>\", \
+         reproduced exactly"
+    );
+    assert_eq!(ids(&fast, "a photo of a cat"), [49406, 320, 1125, 539, 320, 2368, 49407]);
+    let (tfast, tslow) = clip_as_text();
+    let texts = wiki_texts();
+    let captions: Vec<&str> = texts.iter().flat_map(|t| t.split(". ")).collect();
+    assert!(captions.len() > 1000, "{}", captions.len());
+    for t in captions.iter().copied().chain(texts.iter().map(String::as_str)).chain([
+        "A <|endoftext|> B<|startoftext|>c (<|endoftext|>) <|endoftext|>!",
+        "IT'S  \t\n\u{a0}Ünïcödé ÉCOLE e\u{301}cole ΣΑΣ 12½ it''s 'LL",
+        "",
+        " ",
+    ]) {
+        same(&fast, &slow, t);
+        same(&tfast, &tslow, t);
+    }
+    // Special tokens: split out as their ids, or spelled as text.
+    assert_eq!(ids(&fast, "<|endoftext|>"), [49406, 49407, 49407]);
+    assert!(ids(&tfast, "<|endoftext|>").len() >= 5);
+}
+
 #[test]
 fn gpt2_wiki_sample_ids_identical() {
     let (fast, slow) = pair(&gpt2_json());
@@ -190,6 +234,7 @@ fn every_scalar_value_alone_and_in_context() {
 fn every_scalar_value_cl100k_and_nfc() {
     every_scalar_value(&cl100k_json(), &FORMS[6..7]);
     every_scalar_value(&qwen2_json(), &FORMS[7..]);
+    every_scalar_value(&clip_json(), &FORMS[4..6]);
 }
 
 type Form = fn(char) -> String;
@@ -413,6 +458,7 @@ proptest! {
                 let (fast, slow) = pair(&j);
                 (name, fast, slow)
             })
+            .chain([("clip", pair(&clip_json())), ("clip as text", clip_as_text())].map(|(n, (f, s))| (n, f, s)))
             .collect();
         }
         let text = parts.concat();
@@ -459,6 +505,16 @@ fn eligible_variants_are_identical() {
 
     let mut j = gpt2_json();
     j["model"]["ignore_merges"] = json!(true);
+    check(&j);
+
+    // An unk_token never applies (every byte's character is in the vocabulary); normalizers
+    // the fast path runs, in other orders than CLIP's.
+    let mut j = gpt2_json();
+    j["model"]["unk_token"] = json!("!");
+    j["normalizer"] = json!({"type": "Sequence", "normalizers": [{"type": "Lowercase"}, {"type": "NFC"}]});
+    check(&j);
+    let mut j = clip_json();
+    j["normalizer"] = json!({"type": "Lowercase"});
     check(&j);
 
     let mut j = gpt2_json();
@@ -518,11 +574,23 @@ fn ineligible_files_fall_back() {
     type Edit = Box<dyn Fn(&mut Value)>;
     let cases: Vec<(&str, Edit)> = vec![
         ("prefix", Box::new(|j| j["pre_tokenizer"]["add_prefix_space"] = json!(true))),
-        ("normalizer", Box::new(|j| j["normalizer"] = json!({"type": "Lowercase"}))),
+        (
+            "normalizer",
+            Box::new(|j| j["normalizer"] = json!({"type": "Strip", "strip_left": true, "strip_right": true})),
+        ),
         ("normalizer", Box::new(|j| j["normalizer"] = json!({"type": "NFKC"}))),
-        ("normalizer", Box::new(|j| j["normalizer"] = json!({"type": "Sequence", "normalizers": [{"type": "NFC"}]}))),
+        (
+            "normalizer",
+            Box::new(|j| {
+                j["normalizer"] = json!({"type": "Sequence", "normalizers": [{"type": "NFC"}, {"type": "NFKD"}]})
+            }),
+        ),
+        (
+            "normalizer",
+            Box::new(|j| j["normalizer"] = json!({"type": "Replace", "pattern": {"Regex": "\\s"}, "content": " "})),
+        ),
         ("dropout", Box::new(|j| j["model"]["dropout"] = json!(0.5))),
-        ("unk_token", Box::new(|j| j["model"]["unk_token"] = json!("!"))),
+        ("suffix", Box::new(|j| j["model"]["end_of_word_suffix"] = json!("</w>"))),
         ("pre-tokenizer", Box::new(|j| j["pre_tokenizer"] = json!({"type": "Whitespace"}))),
         (
             "pre-tokenizer",

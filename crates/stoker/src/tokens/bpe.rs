@@ -38,12 +38,15 @@
 
 mod caches;
 mod merge;
+mod normalize;
 
 use super::pair_table::{PairCache, PairTable};
 use super::piece_cache::{FoldTable, Key, ShortKey, SHORT_IDS};
 use super::pretok::{Cl100k, Gpt2, O200k, Pattern, Scanner};
+use super::pretok_clip::{clip_pieces, CLIP_PATTERN};
 use aho_corasick::{AhoCorasick, MatchKind};
 use caches::{with_cache, Cache};
+use normalize::Normalizer;
 use regex::Regex;
 use serde_json::Value;
 use std::collections::HashMap;
@@ -51,8 +54,7 @@ use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::LazyLock;
 use tokenizers::utils::SysRegex;
-use tokenizers::{Encoding, NormalizedString, Normalizer, PostProcessor, Token};
-use unicode_normalization_alignments::{is_nfc_quick, IsNormalized, UnicodeNormalization};
+use tokenizers::{Encoding, NormalizedString, Normalizer as _, PostProcessor, Token};
 
 /// Pieces up to this many bytes are cached (those up to 24 bytes in the table, longer ones in
 /// a map).
@@ -112,6 +114,11 @@ pub struct BpeModel {
     key: u64,
     /// The id of each byte's byte-level character.
     byte_ids: [u32; 256],
+    /// The id of each byte's character as the last symbol of a piece: with an
+    /// `end_of_word_suffix` (CLIP's `</w>`), that character and the suffix; else `byte_ids`.
+    last_ids: [u32; 256],
+    /// The `end_of_word_suffix`, when the model has one (then `last_ids` differ).
+    suffix: Option<String>,
     /// `(left, right)` -> `rank << 32 | merged id`; a pair listed twice keeps its last rank, as
     /// in `tokenizers`.
     merges: PairTable,
@@ -123,10 +130,14 @@ pub struct BpeModel {
     whole: Option<FxMap<Box<[u8]>, u32>>,
     /// Added tokens with `normalized: false`, then those with `normalized: true`.
     added: [Option<Added>; 2],
+    /// The same with the special ones left out, for special tokens encoded as the text they
+    /// spell; `None` where a trie mixes special and other tokens (then leaving the special ones
+    /// out could let another match where `tokenizers` skips a special match whole).
+    added_as_text: Option<[Option<Added>; 2]>,
     /// How text is cut into pieces.
     pre: Pre,
-    /// Whether gaps between added tokens are NFC-normalized first.
-    nfc: bool,
+    /// What runs on each gap between added tokens first.
+    norm: Normalizer,
     /// Ids the post-processor puts before and after a text's own.
     around: (Vec<u32>, Vec<u32>),
     /// Bit `a << 8 | b`: some merge joins a symbol ending in byte `a` to one starting with byte
@@ -160,6 +171,8 @@ enum Pre {
     /// ones are dropped, and each split cuts every piece of the one before, seeing only that
     /// piece.
     Regexes(Vec<SysRegex>),
+    /// CLIP's `Split(Regex, Removed, invert)` then `ByteLevel` with its regex (`pretok_clip.rs`).
+    Clip,
 }
 
 /// One of `tokenizers`' two added-token tries: leftmost-longest, with each pattern's id and
@@ -302,18 +315,18 @@ fn isolated_split(v: &Value) -> Option<&str> {
     }
 }
 
-/// Checks the parts of the pipeline around the model: `Ok((pre-tokenizer, nfc))`, or what falls
-/// back.
-fn check_pipeline(j: &Value) -> Result<(Pre, bool), String> {
-    let nfc = match j.get("normalizer") {
-        None | Some(Value::Null) => false,
-        // DeepSeek's files: an empty sequence, which changes nothing.
-        Some(n) if ty(n) == "Sequence" && n.get("normalizers").and_then(Value::as_array).is_some_and(Vec::is_empty) => {
-            false
-        }
-        Some(n) if ty(n) == "NFC" => true,
-        Some(n) => return Err(format!("normalizer {:?} is not reproduced", ty(n))),
-    };
+/// Whether `v` is CLIP's `Split`: its pattern, `Removed`, inverted (the matches are kept).
+fn is_clip_split(v: &Value) -> bool {
+    ty(v) == "Split"
+        && v.get("behavior").and_then(Value::as_str) == Some("Removed")
+        && v.get("invert").and_then(Value::as_bool) == Some(true)
+        && v.get("pattern").and_then(|p| p.get("Regex")).and_then(Value::as_str) == Some(CLIP_PATTERN)
+}
+
+/// Checks the parts of the pipeline around the model: `Ok((pre-tokenizer, normalizer))`, or what
+/// falls back.
+fn check_pipeline(j: &Value) -> Result<(Pre, Normalizer), String> {
+    let norm = Normalizer::of(j.get("normalizer"))?;
     if !is_null_or(j.get("truncation"), |_| false) || !is_null_or(j.get("padding"), |_| false) {
         return Err("truncation or padding is set".into());
     }
@@ -322,9 +335,10 @@ fn check_pipeline(j: &Value) -> Result<(Pre, bool), String> {
     }
     let pre = j.get("pre_tokenizer").unwrap_or(&Value::Null);
     let splits: Option<Vec<&str>> = if is_byte_level(pre, true) {
-        return Ok((Pre::Scan(Pattern::Gpt2), nfc));
+        return Ok((Pre::Scan(Pattern::Gpt2), norm));
     } else if ty(pre) == "Sequence" {
         match pre.get("pretokenizers").and_then(Value::as_array).map(Vec::as_slice) {
+            Some([split, bl]) if is_clip_split(split) && is_byte_level(bl, true) => return Ok((Pre::Clip, norm)),
             Some([splits @ .., bl]) if !splits.is_empty() && is_byte_level(bl, false) => {
                 splits.iter().map(isolated_split).collect()
             }
@@ -334,8 +348,8 @@ fn check_pipeline(j: &Value) -> Result<(Pre, bool), String> {
         None
     };
     let splits = splits.ok_or(
-        "pre-tokenizer is neither ByteLevel without a prefix space nor Split(Regex, Isolated)s + ByteLevel \
-         without regex",
+        "pre-tokenizer is neither ByteLevel without a prefix space, Split(Regex, Isolated)s + ByteLevel \
+         without regex, nor CLIP's",
     )?;
     let pre = match splits[..] {
         [one] if Pattern::of(one).is_some() => Pre::Scan(Pattern::of(one).expect("just checked")),
@@ -346,7 +360,7 @@ fn check_pipeline(j: &Value) -> Result<(Pre, bool), String> {
                 .collect::<Result<_, _>>()?,
         ),
     };
-    Ok((pre, nfc))
+    Ok((pre, norm))
 }
 
 /// The ids `tok`'s post-processor puts before and after a text's ids, found by running it on a
@@ -366,18 +380,19 @@ pub(crate) fn around(tok: &tokenizers::Tokenizer) -> Result<(Vec<u32>, Vec<u32>)
 
 impl BpeModel {
     /// Builds the fast path for `json` (the parsed `tokenizer.json` that `tok` was loaded from),
-    /// or says why it cannot reproduce it. Eligible: a `BPE` model with no dropout, no
-    /// `unk_token`, no subword prefix or suffix, no byte fallback (`ignore_merges` either way),
-    /// with every byte's character in the vocabulary; no normalizer (or an empty `Sequence` of
-    /// them) or `NFC`; no truncation or
-    /// padding; a `ByteLevel` pre-tokenizer (GPT-2's pattern, no prefix space) or one or more
-    /// `Split(Regex, Isolated)` then `ByteLevel` without regex (GPT-2's, cl100k's, Qwen2's or
-    /// o200k's pattern alone is scanned by hand, anything else matched by Oniguruma); no
-    /// post-processor, or ones that only put special tokens around the text (`ByteLevel`,
-    /// `TemplateProcessing`, `BertProcessing`, `RobertaProcessing`, a `Sequence` of them);
-    /// added tokens with any flags, special tokens not encoded as text.
+    /// or says why it cannot reproduce it. Eligible: a `BPE` model with no dropout, no subword
+    /// prefix, no byte fallback, with every byte's character in the vocabulary (so an
+    /// `unk_token` never applies), `ignore_merges` either way, or an `end_of_word_suffix` (CLIP's
+    /// `</w>`) with every byte's character and the suffix in the vocabulary too, without
+    /// `ignore_merges`; normalizers among `NFC`, `Lowercase` and `Replace(\s+, " ")` in any
+    /// order ([`normalize`]); no truncation or padding; a `ByteLevel` pre-tokenizer (GPT-2's
+    /// pattern, no prefix space), one or more `Split(Regex, Isolated)` then `ByteLevel` without
+    /// regex (GPT-2's, cl100k's, Qwen2's or o200k's pattern alone is scanned by hand, anything
+    /// else matched by Oniguruma), or CLIP's `Split` then `ByteLevel`; no post-processor, or ones
+    /// that only put special tokens around the text (`ByteLevel`, `TemplateProcessing`,
+    /// `BertProcessing`, `RobertaProcessing`, a `Sequence` of them); added tokens with any flags.
     pub fn from_json(j: &Value, tok: &tokenizers::Tokenizer) -> Result<BpeModel, String> {
-        let (pre, nfc) = check_pipeline(j)?;
+        let (pre, norm) = check_pipeline(j)?;
         if tok.get_encode_special_tokens() {
             return Err("special tokens are encoded as text".into());
         }
@@ -388,18 +403,20 @@ impl BpeModel {
         if !is_null_or(m.get("dropout"), |d| d.as_f64() == Some(0.0)) {
             return Err("BPE dropout is set".into());
         }
-        if !is_null_or(m.get("unk_token"), |_| false) {
-            return Err("BPE has an unk_token".into());
+        if !is_null_or(m.get("continuing_subword_prefix"), |v| v.as_str() == Some("")) {
+            return Err("BPE has a continuing_subword_prefix".into());
         }
-        for k in ["continuing_subword_prefix", "end_of_word_suffix"] {
-            if !is_null_or(m.get(k), |v| v.as_str() == Some("")) {
-                return Err(format!("BPE has a {k}"));
-            }
-        }
+        let suffix = match m.get("end_of_word_suffix") {
+            None | Some(Value::Null) => "",
+            Some(v) => v.as_str().ok_or("BPE's end_of_word_suffix is not a string")?,
+        };
         if !is_null_or(m.get("byte_fallback"), |v| v.as_bool() == Some(false)) {
             return Err("BPE uses byte fallback".into());
         }
         let ignore_merges = m.get("ignore_merges").and_then(Value::as_bool).unwrap_or(false);
+        if ignore_merges && !suffix.is_empty() {
+            return Err("BPE has both ignore_merges and an end_of_word_suffix".into());
+        }
         let vocab = m.get("vocab").and_then(Value::as_object).ok_or("BPE vocab is not a map")?;
         // The vocabulary hashed once (the file's map is ordered: a lookup there compares strings).
         let mut ids = FxMap::<&str, u32>::default();
@@ -420,9 +437,12 @@ impl BpeModel {
         let chars = byte_chars();
         let mut back = FxMap::<char, u8>::default();
         let mut byte_ids = [0u32; 256];
+        let mut last_ids = [0u32; 256];
         for (b, c) in chars.iter().enumerate() {
             byte_ids[b] =
                 id(&c.to_string()).ok_or_else(|| format!("byte {b:#04x} ({c:?}) is not in the vocabulary"))?;
+            last_ids[b] = id(&format!("{c}{suffix}"))
+                .ok_or_else(|| format!("byte {b:#04x} ({c:?}) with the suffix {suffix:?} is not in the vocabulary"))?;
             back.insert(*c, b as u8);
         }
 
@@ -451,9 +471,11 @@ impl BpeModel {
             let (ia, ib, inew) = (id(a).ok_or_else(missing)?, id(b).ok_or_else(missing)?, id(&joined));
             merges.push(((ia, ib), (rank, inew.ok_or_else(missing)?)));
             // A merge whose sides are not byte-level text never fires (every symbol is).
-            if let (Some(x), Some(y)) =
-                (a.chars().next_back().and_then(|c| back.get(&c)), b.chars().next().and_then(|c| back.get(&c)))
-            {
+            // (A left side that ends a word, with the suffix, never has a right side.)
+            if let (Some(x), Some(y)) = (
+                a.strip_suffix(suffix).unwrap_or(a).chars().next_back().and_then(|c| back.get(&c)),
+                b.chars().next().and_then(|c| back.get(&c)),
+            ) {
                 let k = usize::from(*x) << 8 | usize::from(*y);
                 joins[k >> 6] |= 1 << (k & 63);
             }
@@ -472,7 +494,7 @@ impl BpeModel {
         });
 
         // Added tokens, from the loaded tokenizer itself (its flags and ids after loading).
-        let mut sets: [Vec<(String, u32, Flags)>; 2] = [vec![], vec![]];
+        let mut sets: [Vec<(String, u32, Flags, bool)>; 2] = [vec![], vec![]];
         let mut decoder: Vec<_> = tok.get_added_tokens_decoder().into_iter().collect();
         decoder.sort_by_key(|(i, _)| *i);
         for (_, t) in decoder {
@@ -494,32 +516,56 @@ impl BpeModel {
             } else {
                 t.content
             };
-            sets[usize::from(t.normalized)].push((content, tid, flags));
+            sets[usize::from(t.normalized)].push((content, tid, flags, t.special));
         }
-        let build = |set: &Vec<(String, u32, Flags)>| -> Result<Option<Added>, String> {
+        let build = |set: &[&(String, u32, Flags, bool)]| -> Result<Option<Added>, String> {
             if set.is_empty() {
                 return Ok(None);
             }
             // Two tokens of one trie with the same text (after normalization): which one wins
             // depends on `tokenizers`' insertion order, which the file does not pin down.
-            let mut texts: Vec<&str> = set.iter().map(|(s, _, _)| s.as_str()).collect();
+            let mut texts: Vec<&str> = set.iter().map(|(s, _, _, _)| s.as_str()).collect();
             texts.sort_unstable();
             if let Some(w) = texts.windows(2).find(|w| w[0] == w[1]) {
                 return Err(format!("two added tokens match as {:?}", w[0]));
             }
             let matcher = AhoCorasick::builder()
                 .match_kind(MatchKind::LeftmostLongest)
-                .build(set.iter().map(|(s, _, _)| s))
+                .build(set.iter().map(|(s, _, _, _)| s))
                 .map_err(|e| format!("added tokens: {e}"))?;
-            let ids = set.iter().map(|(_, i, _)| *i).collect();
-            Ok(Some(Added { matcher, ids, flags: set.iter().map(|(_, _, f)| *f).collect() }))
+            let ids = set.iter().map(|(_, i, _, _)| *i).collect();
+            Ok(Some(Added { matcher, ids, flags: set.iter().map(|(_, _, f, _)| *f).collect() }))
         };
-        let added = [build(&sets[0])?, build(&sets[1])?];
+        fn all(set: &[(String, u32, Flags, bool)]) -> Vec<&(String, u32, Flags, bool)> {
+            set.iter().collect()
+        }
+        let added = [build(&all(&sets[0]))?, build(&all(&sets[1]))?];
+        // Special tokens as text: a trie of special tokens only then matches nothing, one with
+        // none is as it was; a trie with both cannot be reproduced by leaving tokens out.
+        let plain = |set: &[(String, u32, Flags, bool)]| match set.iter().filter(|t| t.3).count() {
+            0 => build(&all(set)).ok(),
+            n if n == set.len() => Some(None),
+            _ => None,
+        };
+        let added_as_text = plain(&sets[0]).zip(plain(&sets[1])).map(|(a, b)| [a, b]);
         let around = around(tok)?;
         let key = NEXT_MODEL.fetch_add(1, Ordering::Relaxed);
         let merges = PairTable::new(&merges, &byte_ids)?;
-        let mut model =
-            BpeModel { key, byte_ids, merges, fold: FoldTable::new(&[]), whole, added, pre, nfc, around, joins };
+        let mut model = BpeModel {
+            key,
+            byte_ids,
+            last_ids,
+            suffix: (!suffix.is_empty()).then(|| suffix.to_string()),
+            merges,
+            fold: FoldTable::new(&[]),
+            whole,
+            added,
+            added_as_text,
+            pre,
+            norm,
+            around,
+            joins,
+        };
         model.fold = model.fold_vocabulary(vocab, &back);
         Ok(model)
     }
@@ -531,6 +577,14 @@ impl BpeModel {
         let mut ids = Vec::new();
         let mut pairs = PairCache::new();
         for (s, v) in vocab {
+            // With a suffix, only a token that ends a word can be a whole piece.
+            let s = match &self.suffix {
+                Some(x) => match s.strip_suffix(x.as_str()) {
+                    Some(s) => s,
+                    None => continue,
+                },
+                None => s.as_str(),
+            };
             let (Some(bytes), Some(id)) = (
                 s.chars().map(|c| back.get(&c).copied()).collect::<Option<Vec<u8>>>(),
                 v.as_u64().and_then(|v| u32::try_from(v).ok()),
@@ -559,43 +613,53 @@ impl BpeModel {
             Pre::Regexes(r) => {
                 format!("{} Split regexes in sequence, matched by Oniguruma as in `tokenizers`", r.len())
             }
+            Pre::Clip => "CLIP pattern".to_string(),
         };
-        format!("byte-level BPE, {pre}{}, reproduced exactly", if self.nfc { ", NFC" } else { "" })
+        let norm = self.norm.describe();
+        let norm = if norm.is_empty() { norm } else { format!(", {norm}") };
+        let suffix = match &self.suffix {
+            Some(s) => format!(", end-of-word suffix {s:?}"),
+            None => String::new(),
+        };
+        format!("byte-level BPE, {pre}{norm}{suffix}, reproduced exactly")
     }
 
-    /// Appends the ids of `text` to `out`, the post-processor's special tokens included.
-    pub fn encode_into(&self, text: &str, out: &mut Vec<u32>) {
+    /// Whether [`BpeModel::encode_into`] can encode special tokens as the text they spell.
+    pub fn encodes_special_tokens_as_text(&self) -> bool {
+        self.added_as_text.is_some()
+    }
+
+    /// Appends the ids of `text` to `out`, the post-processor's special tokens included; with
+    /// `specials_as_text`, special added tokens are encoded as the text they spell (as
+    /// `tokenizers` does after `set_encode_special_tokens(true)`), where
+    /// [`BpeModel::encodes_special_tokens_as_text`] (else they are split out as usual).
+    pub fn encode_into(&self, text: &str, specials_as_text: bool, out: &mut Vec<u32>) {
+        let added = match (&self.added_as_text, specials_as_text) {
+            (Some(a), true) => a,
+            _ => &self.added,
+        };
         out.extend_from_slice(&self.around.0);
-        with_cache(self.key, |c| self.split_raw(text, c, out));
+        with_cache(self.key, |c| self.split_raw(added, text, c, out));
         out.extend_from_slice(&self.around.1);
     }
 
     /// Splits the raw text on the added tokens with `normalized: false`.
-    fn split_raw(&self, text: &str, c: &mut Cache, out: &mut Vec<u32>) {
-        match &self.added[0] {
-            None => self.normalize_gap(text, c, out),
-            Some(added) => added.split(text, |p| match p {
-                Part::Gap(g) => self.normalize_gap(g, c, out),
+    fn split_raw(&self, added: &[Option<Added>; 2], text: &str, c: &mut Cache, out: &mut Vec<u32>) {
+        match &added[0] {
+            None => self.normalize_gap(added, text, c, out),
+            Some(raw) => raw.split(text, |p| match p {
+                Part::Gap(g) => self.normalize_gap(added, g, c, out),
                 Part::Token(id) => out.push(id),
             }),
         }
     }
 
-    /// Normalizes a gap (NFC, unless it is ASCII or passes NFC's quick check), then splits it
-    /// on the added tokens with `normalized: true`.
-    fn normalize_gap(&self, gap: &str, c: &mut Cache, out: &mut Vec<u32>) {
-        if self.nfc && !gap.is_ascii() && is_nfc_quick(gap.chars()) != IsNormalized::Yes {
-            // The very function `tokenizers`' NFC normalizer runs.
-            let norm: String = gap.nfc().map(|(ch, _)| ch).collect();
-            return self.split_normalized(&norm, c, out);
-        }
-        self.split_normalized(gap, c, out)
-    }
-
-    fn split_normalized(&self, text: &str, c: &mut Cache, out: &mut Vec<u32>) {
-        match &self.added[1] {
-            None => self.encode_plain(text, c, out),
-            Some(added) => added.split(text, |p| match p {
+    /// Normalizes a gap, then splits it on the added tokens with `normalized: true`.
+    fn normalize_gap(&self, added: &[Option<Added>; 2], gap: &str, c: &mut Cache, out: &mut Vec<u32>) {
+        let text = self.norm.apply(gap);
+        match &added[1] {
+            None => self.encode_plain(&text, c, out),
+            Some(added) => added.split(&text, |p| match p {
                 Part::Gap(g) => self.encode_plain(g, c, out),
                 Part::Token(id) => out.push(id),
             }),
@@ -610,7 +674,27 @@ impl BpeModel {
             Pre::Scan(Pattern::Qwen2) => self.encode_pieces::<Cl100k<1>>(text, c, out),
             Pre::Scan(Pattern::O200k) => self.encode_pieces::<O200k>(text, c, out),
             Pre::Regexes(r) => self.encode_splits(r, text, c, out),
+            Pre::Clip => self.encode_clip(text, c, out),
         }
+    }
+
+    /// CLIP's pieces ([`clip_pieces`]), each through the short-piece table (captions are short:
+    /// no batches of prefetched lines).
+    fn encode_clip(&self, text: &str, c: &mut Cache, out: &mut Vec<u32>) {
+        let bytes = text.as_bytes();
+        clip_pieces(bytes, |a, b| {
+            if b - a == 1 {
+                return out.push(self.last_ids[bytes[a] as usize]);
+            }
+            let k = ShortKey::of(bytes, a, b);
+            if !k.is_some() {
+                return self.encode_keyed(bytes, a, b, Key::of(bytes, a, b), c, out);
+            }
+            match c.short.get(&k) {
+                Some((lanes, count)) if count > 0 => out.extend_from_slice(&lanes[..count]),
+                found => self.encode_short(bytes, a, b, &k, found.is_some(), c, out),
+            }
+        });
     }
 
     /// Cuts `text` with the first regex (each match and each gap between matches a piece, empty
@@ -672,7 +756,7 @@ impl BpeModel {
                 let (a, b) = (ends[i], ends[i + 1]);
                 // The usual cases here, inline: one byte, a short piece in the table.
                 if b - a == 1 {
-                    out.push(self.byte_ids[bytes[a] as usize]);
+                    out.push(self.last_ids[bytes[a] as usize]);
                     continue;
                 }
                 let k = &keys[i];
@@ -737,7 +821,7 @@ impl BpeModel {
     #[inline(never)]
     fn encode_keyed(&self, text: &[u8], a: usize, b: usize, key: Option<Key>, c: &mut Cache, out: &mut Vec<u32>) {
         if b - a == 1 {
-            out.push(self.byte_ids[text[a] as usize]);
+            out.push(self.last_ids[text[a] as usize]);
             return;
         }
         if let Some(key) = key {
@@ -799,20 +883,6 @@ mod tests {
         s.sort();
         s.dedup();
         assert_eq!(s.len(), 256);
-    }
-
-    /// The NFC shortcut: a scalar value that passes the quick check is its own NFC, alone and
-    /// after a letter (so skipping `nfc()` for a quick-check-yes gap changes nothing).
-    #[test]
-    fn nfc_quick_check_yes_means_unchanged() {
-        for c in (0..=0x10FFFFu32).filter_map(char::from_u32) {
-            for s in [c.to_string(), format!("a{c}")] {
-                if is_nfc_quick(s.chars()) == IsNormalized::Yes {
-                    let n: String = s.nfc().map(|(ch, _)| ch).collect();
-                    assert_eq!(n, s, "{c:?}");
-                }
-            }
-        }
     }
 
     #[test]

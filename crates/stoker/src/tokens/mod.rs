@@ -13,7 +13,7 @@
 //! - [`bpe`]: stoker's exact fast path for byte-level BPE files (GPT-2, GPT-NeoX, Llama 3, Qwen2,
 //!   GPT-4o kinds), chosen by [`tokenizer`] when a file is one it reproduces; `pretok` holds its
 //!   hand-written pre-tokenizer patterns (GPT-2, cl100k, Qwen2, o200k), `pretok_block` GPT-2's
-//!   pieces 64 bytes at a time by bit masks where the text is ASCII.
+//!   pieces 64 bytes at a time by bit masks where the text is ASCII, `pretok_clip` CLIP's.
 //! - [`tokenizer_v1`]: `tokenizers` 1.0 for the files the fast path does not take, admitted per
 //!   file by a probe against 0.22's ids (Llama 2's SentencePiece BPE, WordPiece, Unigram).
 //! - [`caption`]: captions of image-text pairs as fixed rows of ids and a mask (CLIP's start and
@@ -48,6 +48,7 @@ pub mod pipeline;
 mod pretok;
 mod pretok_block;
 mod pretok_class;
+mod pretok_clip;
 mod pretok_tables;
 pub mod tokenizer;
 pub mod tokenizer_v1;

@@ -117,7 +117,7 @@ fn class_of(c: u32) -> Class {
 /// The class and UTF-8 length of the character that starts at `s[i]` (`i` on a char boundary,
 /// `i < s.len()`).
 #[inline]
-fn class_at(s: &[u8], i: usize) -> (Class, usize) {
+pub(crate) fn class_at(s: &[u8], i: usize) -> (Class, usize) {
     let b0 = s[i];
     if b0 < 0x80 {
         return (ASCII[b0 as usize], 1);

@@ -23,6 +23,9 @@ pub struct TextTokenizer {
     inner: tokenizers::Tokenizer,
     /// stoker's own encoder, when the file is one it reproduces exactly.
     fast: Option<Arc<BpeModel>>,
+    /// Special added tokens are encoded as the text they spell
+    /// ([`TextTokenizer::with_special_tokens_as_text`]).
+    specials_as_text: bool,
     /// `tokenizers` 1.0, when the fast path does not take the file and 1.0 gives 0.22's ids.
     v1: Option<V1>,
     /// Why the file got its engine.
@@ -77,7 +80,16 @@ impl TextTokenizer {
                 Err(not) => format!("{why}; {not}"),
             },
         };
-        Ok(TextTokenizer { inner, fast, v1, why: why.into(), around, origin: origin.to_path_buf(), hash })
+        Ok(TextTokenizer {
+            inner,
+            fast,
+            specials_as_text: false,
+            v1,
+            why: why.into(),
+            around,
+            origin: origin.to_path_buf(),
+            hash,
+        })
     }
 
     /// Which encoder this file got, `"stoker byte-level BPE"`, `"tokenizers 1.0"` or
@@ -102,17 +114,35 @@ impl TextTokenizer {
 
     /// The same tokenizer on the `tokenizers` crate 0.22 alone (for comparisons and benchmarks).
     pub fn without_fast_path(&self) -> Self {
-        TextTokenizer { fast: None, v1: None, why: "fast paths turned off by the caller".into(), ..self.clone() }
+        TextTokenizer {
+            fast: None,
+            specials_as_text: false,
+            v1: None,
+            why: "fast paths turned off by the caller".into(),
+            ..self.clone()
+        }
     }
 
     /// The same tokenizer with its special added tokens (`<|endoftext|>`, say) encoded as the
     /// text they spell when a text contains them, as open_clip's tokenizer does; the
-    /// post-processor's special tokens are still added. Always on the `tokenizers` crate (the
-    /// fast path does not take this mode).
+    /// post-processor's special tokens are still added. On stoker's encoder where it takes the
+    /// mode (every added token of the file special, or none: CLIP's), else on the `tokenizers`
+    /// crate 0.22.
     pub fn with_special_tokens_as_text(&self) -> Self {
         let mut inner = self.inner.clone();
         inner.set_encode_special_tokens(true);
-        TextTokenizer { inner, fast: None, v1: None, why: "special tokens are encoded as text".into(), ..self.clone() }
+        match &self.fast {
+            Some(f) if f.encodes_special_tokens_as_text() => {
+                TextTokenizer { inner, specials_as_text: true, ..self.clone() }
+            }
+            _ => TextTokenizer {
+                inner,
+                fast: None,
+                v1: None,
+                why: "special tokens are encoded as text".into(),
+                ..self.clone()
+            },
+        }
     }
 
     /// The id of `token`, if the vocabulary has it.
@@ -180,7 +210,7 @@ impl TextTokenizer {
         };
         let start = out.len();
         if let Some(fast) = &self.fast {
-            fast.encode_into(text, out);
+            fast.encode_into(text, self.specials_as_text, out);
         } else if let Some(v1) = &self.v1 {
             v1.encode_into(text, out)?;
         } else {

@@ -21,20 +21,26 @@ impl BpeModel {
     /// rank, found by scanning the packed merges of adjacent symbols (rank high, id low, so the
     /// smallest word is the merge to apply; the first of equal ones the leftmost).
     pub(super) fn merge_scan(&self, piece: &[u8], pairs: &mut PairCache, out: &mut Vec<u32>) {
+        self.merge_scan_part(piece, true, pairs, out)
+    }
+
+    /// [`BpeModel::merge_scan`] on a part of a piece, its last part when `end` (whose last
+    /// symbol then carries the model's end-of-word suffix, if it has one).
+    fn merge_scan_part(&self, piece: &[u8], end: bool, pairs: &mut PairCache, out: &mut Vec<u32>) {
         let n = piece.len();
         if n >= HEAP_FROM {
-            return self.merge_heap(piece, out);
+            return self.merge_heap(piece, end, out);
         }
         // The table's pieces (the usual misses) on smaller arrays: less to clear each time.
         if n <= MAX_KEY {
-            return self.merge_scan_in::<MAX_KEY>(piece, pairs, out);
+            return self.merge_scan_in::<MAX_KEY>(piece, end, pairs, out);
         }
-        self.merge_scan_in::<HEAP_FROM>(piece, pairs, out)
+        self.merge_scan_in::<HEAP_FROM>(piece, end, pairs, out)
     }
 
-    /// [`BpeModel::merge_scan`] on arrays of `N` (more than the piece's length).
+    /// [`BpeModel::merge_scan_part`] on arrays of `N` (more than the piece's length).
     #[inline]
-    fn merge_scan_in<const N: usize>(&self, piece: &[u8], pairs: &mut PairCache, out: &mut Vec<u32>) {
+    fn merge_scan_in<const N: usize>(&self, piece: &[u8], end: bool, pairs: &mut PairCache, out: &mut Vec<u32>) {
         let n = piece.len();
         let mut syms = [0u32; N];
         let mut vals = [NONE; N];
@@ -43,6 +49,12 @@ impl BpeModel {
         }
         for (v, w) in vals.iter_mut().zip(piece.windows(2)) {
             *v = self.merges.of_bytes(w[0], w[1]);
+        }
+        if end && self.suffix.is_some() {
+            syms[n - 1] = self.last_ids[piece[n - 1] as usize];
+            if n > 1 {
+                vals[n - 2] = self.merges.get(syms[n - 2], syms[n - 1]);
+            }
         }
         let mut len = n;
         while len > 1 {
@@ -82,37 +94,42 @@ impl BpeModel {
         for p in 1..piece.len() {
             let k = usize::from(piece[p - 1]) << 8 | usize::from(piece[p]);
             if self.joins[k >> 6] >> (k & 63) & 1 == 0 {
-                self.merge_part(&piece[start..p], pairs, out);
+                self.merge_part(&piece[start..p], false, pairs, out);
                 start = p;
             }
         }
-        self.merge_part(&piece[start..], pairs, out);
+        self.merge_part(&piece[start..], true, pairs, out);
     }
 
-    fn merge_part(&self, part: &[u8], pairs: &mut PairCache, out: &mut Vec<u32>) {
+    /// A part of a piece, the last one when `end`.
+    fn merge_part(&self, part: &[u8], end: bool, pairs: &mut PairCache, out: &mut Vec<u32>) {
         match part.len() {
+            1 if end => out.push(self.last_ids[part[0] as usize]),
             1 => out.push(self.byte_ids[part[0] as usize]),
-            n if n >= HEAP_FROM => self.merge_heap(part, out),
-            _ => self.merge_scan(part, pairs, out),
+            n if n >= HEAP_FROM => self.merge_heap(part, end, out),
+            _ => self.merge_scan_part(part, end, pairs, out),
         }
     }
 
     /// Long pieces: `tokenizers`' own algorithm, a min-heap of `(rank, position)` over a linked
     /// list of symbols, stale entries skipped. Positions are `u32` for pieces under 4 GiB (about
     /// 20 bytes of memory per byte of the piece, the heap included), `usize` beyond.
-    fn merge_heap(&self, piece: &[u8], out: &mut Vec<u32>) {
+    fn merge_heap(&self, piece: &[u8], end: bool, out: &mut Vec<u32>) {
         if piece.len() < u32::MAX as usize {
-            self.merge_heap_with::<u32>(piece, out)
+            self.merge_heap_with::<u32>(piece, end, out)
         } else {
-            self.merge_heap_with::<usize>(piece, out)
+            self.merge_heap_with::<usize>(piece, end, out)
         }
     }
 
-    fn merge_heap_with<I: Index>(&self, piece: &[u8], out: &mut Vec<u32>) {
+    fn merge_heap_with<I: Index>(&self, piece: &[u8], end: bool, out: &mut Vec<u32>) {
         const DEAD: u32 = u32::MAX;
         let n = piece.len();
         let none = I::NONE;
         let mut sym: Vec<u32> = piece.iter().map(|&b| self.byte_ids[b as usize]).collect();
+        if end {
+            sym[n - 1] = self.last_ids[piece[n - 1] as usize];
+        }
         // `prev[k]` and `next[k]`: the live neighbours of live symbol `k` (`NONE` at the ends).
         let mut prev: Vec<I> = (0..n).map(|i| if i == 0 { none } else { I::from_usize(i - 1) }).collect();
         let mut next: Vec<I> = (0..n).map(|i| if i + 1 == n { none } else { I::from_usize(i + 1) }).collect();
