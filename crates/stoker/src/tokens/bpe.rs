@@ -656,10 +656,20 @@ impl BpeModel {
 
     /// Normalizes a gap, then splits it on the added tokens with `normalized: true`.
     fn normalize_gap(&self, added: &[Option<Added>; 2], gap: &str, c: &mut Cache, out: &mut Vec<u32>) {
-        let text = self.norm.apply(gap);
+        if self.norm.is_empty() {
+            return self.split_normalized(added, gap, c, out);
+        }
+        // The thread's buffer, taken for the call (the encoder borrows the caches meanwhile).
+        let mut text = std::mem::take(&mut c.text);
+        self.norm.apply_into(gap, &mut text);
+        self.split_normalized(added, &text, c, out);
+        c.text = text;
+    }
+
+    fn split_normalized(&self, added: &[Option<Added>; 2], text: &str, c: &mut Cache, out: &mut Vec<u32>) {
         match &added[1] {
-            None => self.encode_plain(&text, c, out),
-            Some(added) => added.split(&text, |p| match p {
+            None => self.encode_plain(text, c, out),
+            Some(added) => added.split(text, |p| match p {
                 Part::Gap(g) => self.encode_plain(g, c, out),
                 Part::Token(id) => out.push(id),
             }),

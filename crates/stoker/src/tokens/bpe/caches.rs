@@ -18,6 +18,8 @@ pub(super) struct Cache {
     pub(super) pairs: PairCache,
     pub(super) table: PieceCache,
     pub(super) map: FxMap<Box<[u8]>, Box<[u32]>>,
+    /// Room for a normalized gap (reused: no allocation per text).
+    pub(super) text: String,
 }
 
 impl Cache {
@@ -28,6 +30,7 @@ impl Cache {
             pairs: PairCache::new(),
             table: PieceCache::new(),
             map: FxMap::default(),
+            text: String::new(),
         }
     }
 }
