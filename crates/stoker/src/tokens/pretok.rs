@@ -452,24 +452,30 @@ impl<const DIGITS: usize> Scanner for Cl100k<DIGITS> {
         if k == Class::Other {
             return crlf(s, run(s, i + l, Class::Other));
         }
-        // `\s*[\r\n]+`: a run of spaces holding a CR or LF ends after its last CR or LF
-        // (`\s*` backs off to it, `[\r\n]+` cannot go further: the next is not CR or LF).
-        let mut j = i;
-        let mut after_nl = None;
-        while j < n {
-            let (k, l) = class_at(s, j);
-            if k != Class::Space {
-                break;
-            }
-            if s[j] == b'\r' || s[j] == b'\n' {
-                after_nl = Some(j + 1);
-            }
-            j += l;
+        space_run(s, i, l)
+    }
+}
+
+/// The end of the run of spaces at `i` (its first character `l` bytes long) under cl100k's
+/// rules: `\s*[\r\n]+` where the run holds a CR or LF (it ends after its last one: `\s*`
+/// backs off to it, `[\r\n]+` cannot go further, the next is not CR or LF), else
+/// `\s+(?!\S)|\s+`.
+fn space_run(s: &[u8], i: usize, l: usize) -> usize {
+    let mut j = i;
+    let mut after_nl = None;
+    while j < s.len() {
+        let (k, l) = class_at(s, j);
+        if k != Class::Space {
+            break;
         }
-        match after_nl {
-            Some(e) => e,
-            None => spaces(s, i, l),
+        if s[j] == b'\r' || s[j] == b'\n' {
+            after_nl = Some(j + 1);
         }
+        j += l;
+    }
+    match after_nl {
+        Some(e) => e,
+        None => spaces(s, i, l),
     }
 }
 
@@ -595,22 +601,7 @@ impl Scanner for O200k {
             return crlf_slash(s, run_fine(s, i + l, q));
         }
         // Spaces, as in cl100k.
-        let mut j = i;
-        let mut after_nl = None;
-        while j < n {
-            let (k, l) = class_at(s, j);
-            if k != Class::Space {
-                break;
-            }
-            if s[j] == b'\r' || s[j] == b'\n' {
-                after_nl = Some(j + 1);
-            }
-            j += l;
-        }
-        match after_nl {
-            Some(e) => e,
-            None => spaces(s, i, l),
-        }
+        space_run(s, i, l)
     }
 }
 
