@@ -201,7 +201,8 @@ mod tests {
         // The one-pass ASCII form, on every pair of ASCII characters in context.
         let mut out = String::new();
         for a in 0..128u8 {
-            let text: String = (0..128u8).flat_map(|b| [a, b, b' ', a, b'\t', b'\n', b'A', b]).map(char::from).collect();
+            let text: String =
+                (0..128u8).flat_map(|b| [a, b, b' ', a, b'\t', b'\n', b'A', b]).map(char::from).collect();
             ours.apply_into(&text, &mut out);
             assert_eq!(out, ours.apply(&text), "{a}");
         }
