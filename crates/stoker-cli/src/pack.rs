@@ -161,7 +161,8 @@ fn refuse_own_folder(specs: &[String], dst: &stoker::pack::Destination) -> Resul
         remote => {
             let prefix = remote.describe();
             for spec in specs.iter().filter(|s| stoker::pack::is_url(s)) {
-                if spec.rsplit_once('/').is_some_and(|(dir, _)| dir.trim_end_matches('/') == prefix) {
+                let spec = spec.trim_end_matches('/');
+                if spec == prefix || spec.rsplit_once('/').is_some_and(|(dir, _)| dir.trim_end_matches('/') == prefix) {
                     anyhow::bail!("{prefix}: the shards being re-packed are under this prefix; pack into another one");
                 }
             }

@@ -750,6 +750,70 @@ pub fn write_shard(
 mod tests {
     use super::*;
 
+    /// A shard of three made-up samples in `dst`, through the writer `pack` uses; its keys.
+    fn small_shard(dst: &Destination) -> Vec<String> {
+        let mut w = ShardWriter::new(dst, "t", vec![], false).unwrap();
+        let keys: Vec<String> = (0..3).map(|i| format!("c/{i}")).collect();
+        for (i, k) in keys.iter().enumerate() {
+            w.append(0, k.clone(), "jpg", &vec![i as u8 + 1; 700 + i], i as i64).unwrap();
+        }
+        w.flush().unwrap();
+        keys
+    }
+
+    #[test]
+    fn a_shard_is_whole_only_as_written() {
+        let d = tempfile::tempdir().unwrap();
+        let dst = Destination::from(d.path());
+        let keys = small_shard(&dst);
+        let path = shard_path(d.path(), "t", 0);
+        let bytes = std::fs::read(&path).unwrap();
+        assert_eq!(verify_shard(&dst, "t", 0, &keys), Some(bytes.len() as u64));
+        assert!(std::fs::read_dir(d.path()).unwrap().all(|e| !e.unwrap().file_name().to_string_lossy().starts_with('.')));
+        // Other keys, a shard cut short, a header overwritten (the same size), the end marker
+        // changed, no index: not whole.
+        assert_eq!(verify_shard(&dst, "t", 0, &keys[..2]), None);
+        std::fs::write(&path, &bytes[..bytes.len() - 512]).unwrap();
+        assert_eq!(verify_shard(&dst, "t", 0, &keys), None);
+        let mut bad = bytes.clone();
+        bad[..512].fill(0);
+        std::fs::write(&path, &bad).unwrap();
+        assert_eq!(verify_shard(&dst, "t", 0, &keys), None);
+        let mut bad = bytes.clone();
+        let n = bad.len();
+        bad[n - 1] = 1; // the end marker
+
+        std::fs::write(&path, &bad).unwrap();
+        assert_eq!(verify_shard(&dst, "t", 0, &keys), None);
+        std::fs::write(&path, &bytes).unwrap();
+        assert!(verify_shard(&dst, "t", 0, &keys).is_some());
+        std::fs::remove_file(index_path(&path)).unwrap();
+        assert_eq!(verify_shard(&dst, "t", 0, &keys), None);
+    }
+
+    #[test]
+    fn urls_and_folders() {
+        for url in ["s3://b/x", "gs://b", "az://c/p/q", "https://h/x"] {
+            assert!(is_url(url), "{url}");
+        }
+        for path in ["out", "/data/s3:x", "./a://b", "://x"] {
+            assert!(!is_url(path), "{path}");
+        }
+        let d = tempfile::tempdir().unwrap();
+        let dst = Destination::from(d.path().join("new"));
+        assert_eq!(dst.list().unwrap(), Vec::<String>::new());
+        dst.write(".stoker-ray/plan.json", b"{}").unwrap();
+        dst.write("a.tar", b"0123456789").unwrap();
+        assert_eq!(dst.list().unwrap(), ["a.tar"]); // not what is in sub-folders
+        assert_eq!(dst.read(".stoker-ray/plan.json").unwrap().as_deref(), Some(&b"{}"[..]));
+        assert_eq!((dst.size("a.tar").unwrap(), dst.size("b.tar").unwrap()), (Some(10), None));
+        assert_eq!(dst.read_range("a.tar", 2..5).unwrap(), b"234");
+        assert!(dst.read_range("a.tar", 8..12).unwrap_err().to_string().contains("a.tar"));
+        dst.remove("a.tar").unwrap();
+        dst.remove("a.tar").unwrap();
+        assert_eq!(dst.read("a.tar").unwrap(), None);
+    }
+
     #[test]
     fn keys() {
         assert_eq!(key_of("dog/a.jpg"), "dog/a");
