@@ -104,8 +104,7 @@ def pack(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, random_acc
     """Packs ``src`` (an ImageFolder, or shards to re-pack) into ``dst`` (a folder every node sees,
     or a prefix in object storage: ``s3://BUCKET/PREFIX``, ``gs://...``, ``az://...``) as
     ``stoker pack`` does (the same shards, names, indexes and ``classes.json``, byte for byte), on
-    the Ray cluster at
-    ``address`` (``None``: the one this process joined, else ``ray.init()``'s; ``"auto"``,
+    the Ray cluster at ``address`` (``None``: the one this process joined, else ``ray.init()``'s; ``"auto"``,
     ``"local"``, ``HOST:PORT``, ``ray://HOST:PORT``). Options are ``stoker pack``'s, checked by
     its rules. ``files_per_task`` files are prepared per task; a task (or a wait for the next
     one to finish) longer than ``task_timeout`` seconds is an error naming it.
@@ -122,7 +121,7 @@ def pack(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, random_acc
     options: dict[str, Any] = {"random_access": random_access, "max_side": max_side, "shard_size": shard_size,
                                "quality": quality, "prefix": prefix, "shuffle": shuffle, "seed": seed, "threads": 1}
     job = _job(src, dst, options)  # checks the options and the destination, opens the source
-    dst = job.dst  # a folder made absolute (the tasks run elsewhere), or the prefix's URL
+    dst = str(job.dst)  # a folder made absolute (the tasks run elsewhere), or the prefix's URL
     _JOBS[json.dumps([src, dst, options], sort_keys=True)] = job
     ray = connect(address)
     plan_name = f"{WORK_DIR}/plan.json"

@@ -10,8 +10,9 @@
 //! or a half-written shard under a shard's name; on an error (a full disk, ...) the temporary
 //! file is removed and the error names the shard. The destination may be a prefix in object
 //! storage instead ([`Destination`]: `s3://bucket/prefix`, ...): a shard is then streamed to a
-//! local temporary folder and uploaded as a whole object after its index, the same bytes. Member names of any length and any UTF-8 are
-//! written (pax `path` records where ustar has no room). A destination that already holds the
+//! local temporary folder and uploaded as a whole object after its index, the same bytes.
+//! Member names of any length and any UTF-8 are written (pax `path` records where ustar has no
+//! room). A destination that already holds the
 //! output of a run (`*.tar`, `*.tar.idx`, `classes.json`) is refused unless
 //! [`PackOptions::overwrite`], which removes those files, and only those, first.
 //!
@@ -680,15 +681,17 @@ pub fn verify_shard(dst: &Destination, prefix: &str, number: usize, keys: &[Stri
         return None;
     }
     let (first, last) = (entries.first()?, entries.last()?);
-    let end = 2 * tar::BLOCK as u64;
+    let (block, end) = (tar::BLOCK as u64, 2 * tar::BLOCK as u64);
+    if first.offset < block || last.offset < first.offset || last.offset.saturating_add(last.length + end) > size {
+        return None;
+    }
     let header_ok =
         |block: &[u8], e: &IndexEntry| tar::Header::parse(block).is_ok_and(|h| h.fingerprint() == e.fingerprint);
-    let head = dst.read_range(&name, first.offset.checked_sub(tar::BLOCK as u64)?..first.offset).ok()?;
-    let tail_from = last.offset.checked_sub(tar::BLOCK as u64)?;
-    let tail = dst.read_range(&name, tail_from..size).ok()?;
+    let head = dst.read_range(&name, first.offset - block..first.offset).ok()?;
+    // The last sample's header and data, its label, and the end marker: one read.
+    let tail = dst.read_range(&name, last.offset - block..size).ok()?;
     let whole = header_ok(&head, first)
         && header_ok(&tail[..tar::BLOCK], last)
-        && tail.len() as u64 >= end + tar::BLOCK as u64
         && tail[tail.len() - end as usize..].iter().all(|&b| b == 0);
     whole.then_some(size)
 }
@@ -769,7 +772,11 @@ mod tests {
         let path = shard_path(d.path(), "t", 0);
         let bytes = std::fs::read(&path).unwrap();
         assert_eq!(verify_shard(&dst, "t", 0, &keys), Some(bytes.len() as u64));
-        assert!(std::fs::read_dir(d.path()).unwrap().all(|e| !e.unwrap().file_name().to_string_lossy().starts_with('.')));
+        assert!(std::fs::read_dir(d.path()).unwrap().all(|e| !e
+            .unwrap()
+            .file_name()
+            .to_string_lossy()
+            .starts_with('.')));
         // Other keys, a shard cut short, a header overwritten (the same size), the end marker
         // changed, no index: not whole.
         assert_eq!(verify_shard(&dst, "t", 0, &keys[..2]), None);
@@ -787,7 +794,7 @@ mod tests {
         assert_eq!(verify_shard(&dst, "t", 0, &keys), None);
         std::fs::write(&path, &bytes).unwrap();
         assert!(verify_shard(&dst, "t", 0, &keys).is_some());
-        std::fs::remove_file(index_path(&path)).unwrap();
+        std::fs::remove_file(crate::source::shards::index_path(&path)).unwrap();
         assert_eq!(verify_shard(&dst, "t", 0, &keys), None);
     }
 

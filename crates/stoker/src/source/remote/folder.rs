@@ -137,7 +137,7 @@ impl ObjectFolder {
     /// short answer is an error.
     pub fn read_range(&self, name: &str, range: std::ops::Range<u64>) -> Result<Vec<u8>> {
         let path = self.path(name);
-        let mut out = Vec::with_capacity((range.end - range.start) as usize);
+        let mut out = Vec::with_capacity(range.end.saturating_sub(range.start) as usize);
         let mut from = range.start;
         while from < range.end {
             let end = (from + object::READ_CHUNK).min(range.end);

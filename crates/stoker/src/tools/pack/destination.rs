@@ -166,6 +166,9 @@ impl Destination {
 
     /// Bytes `range` of `name` (all of them, or an error naming it).
     pub fn read_range(&self, name: &str, range: std::ops::Range<u64>) -> Result<Vec<u8>> {
+        if range.start > range.end {
+            return Err(Error::Internal(format!("{name}: a read of bytes {}..{}", range.start, range.end)));
+        }
         match self {
             Destination::Folder(dst) => {
                 let path = dst.join(name);
