@@ -41,22 +41,22 @@ impl PyPackJob {
         }
         let opts = stoker::args::pack_options(args).py_err()?;
         stoker::pack::check_options(&opts).py_err()?;
-        let dst = match dst.to_str() {
-            Some(text) => stoker::args::pack_destination("dst", &serde_json::Value::String(text.to_string())),
-            None => Ok(Destination::Folder(dst)), // not UTF-8: a folder (a URL is text)
-        }
-        .and_then(Destination::absolute)
-        .py_err()?;
-        let src: Box<dyn PackInput> = py
-            .detach(|| -> stoker::Result<Box<dyn PackInput>> {
+        let (src, dst) = py
+            .detach(|| -> stoker::Result<(Box<dyn PackInput>, Destination)> {
+                // The environment first: the destination's store takes its request bound.
                 stoker::args::apply_env()?;
-                Ok(match stoker::source::detect(&[src])? {
+                let dst = match dst.to_str() {
+                    Some(text) => stoker::args::pack_destination("dst", &serde_json::Value::String(text.into()))?,
+                    None => Destination::Folder(dst), // not UTF-8: a folder (a URL is text)
+                };
+                let src: Box<dyn PackInput> = match stoker::source::detect(&[src])? {
                     stoker::source::DatasetKind::Folder(root) => Box::new(stoker::ImageFolder::new(root)?),
                     stoker::source::DatasetKind::Shards(specs) => Box::new(stoker::source::open_shards(&specs)?),
                     stoker::source::DatasetKind::Mixture(_) => {
                         return Err(stoker::Error::config("src", "a mixture is packed one source at a time"))
                     }
-                })
+                };
+                Ok((src, dst.absolute()?))
             })
             .py_err()?;
         Ok(PyPackJob { src, dst, opts })
