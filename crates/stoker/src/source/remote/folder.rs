@@ -11,6 +11,10 @@ use super::*;
 /// that outlives it. Objects up to this size are one `PUT`.
 pub const PART: usize = 8 << 20;
 
+/// Parts of one multipart upload in flight at once (so at most this many times [`PART`] bytes
+/// of it in memory): a large shard is not uploaded at the speed of one request after another.
+pub const PARTS_IN_FLIGHT: usize = 4;
+
 /// A prefix in an object store (`s3://bucket/prefix`, `gs://...`, `az://...`) that objects are
 /// written into, by name under the prefix. Runs its requests on a runtime of the calling
 /// thread: no thread of its own.
@@ -192,17 +196,34 @@ impl ObjectFolder {
         self.put_parts(name, &mut parts)
     }
 
-    /// A multipart upload of `parts` into `name`, completed only when every part is in;
+    /// A multipart upload of `parts` into `name`, [`PARTS_IN_FLIGHT`] parts at a time (each
+    /// its own bounded request under the breaker), completed only when every part is in;
     /// aborted on an error (nothing appears).
     fn put_parts(&self, name: &str, parts: &mut dyn Iterator<Item = Result<Vec<u8>>>) -> Result<()> {
+        use futures::stream::FuturesUnordered;
         let mut upload =
             self.call(self.store.put_multipart(&self.path(name))).map_err(|e| self.fail(name, "start an upload", e))?;
         let mut send = || -> Result<()> {
+            let mut in_flight = FuturesUnordered::new();
+            let wait_one = |in_flight: &mut FuturesUnordered<_>| -> Result<()> {
+                match self.rt.block_on(in_flight.next()) {
+                    Some((n, Err(e))) => Err(self.fail(name, &format!("upload part {n}"), e)),
+                    _ => Ok(()),
+                }
+            };
             for (n, part) in parts.enumerate() {
                 let part = part?;
-                self.call(upload.put_part(object_store::PutPayload::from(part)))
-                    .map_err(|e| self.fail(name, &format!("upload part {n}"), e))?;
+                if in_flight.len() >= PARTS_IN_FLIGHT {
+                    wait_one(&mut in_flight)?;
+                }
+                let request = upload.put_part(object_store::PutPayload::from(part));
+                let breaker = &self.breaker;
+                in_flight.push(async move { (n, breaker.run(request, futures::future::pending()).await) });
             }
+            while !in_flight.is_empty() {
+                wait_one(&mut in_flight)?;
+            }
+            drop(in_flight);
             self.call(upload.complete()).map(|_| ()).map_err(|e| self.fail(name, "complete the upload", e))
         };
         let sent = send();
