@@ -6,14 +6,18 @@
 - a prefix that holds an earlier run is refused unless `--overwrite`, which removes that run's
   objects (and nothing else) first;
 - a bad destination (a bucket that does not exist, a URL that is not one, a scheme that cannot
-  be written) is an error naming it.
+  be written) is an error naming it;
+- a shard past 8 MiB is a multipart upload, the same bytes; a pack killed (SIGKILL) while a
+  shard's parts are on their way leaves no object under the shard's name.
 
 `stoker.ray.pack` to object storage is in test_ray.py (a Ray cluster).
 """
 
 import json
+import os
 import subprocess
 import sys
+import time
 
 import pytest
 import stoker
@@ -103,3 +107,34 @@ def test_a_shard_larger_than_one_request_is_uploaded_in_parts(s3, big_demo, tmp_
     assert s3_objects(s3["client"], "out", "big") == want
     etag = s3["client"].head_object(Bucket="out", Key="big/shard-000000.tar")["ETag"]
     assert etag.strip('"').endswith("-2"), etag  # S3 names a multipart object's parts in its ETag
+
+
+def test_a_pack_killed_mid_upload_leaves_no_shard(s3, big_demo, tmp_path):
+    """SIGKILL while a shard's parts are on their way (each request held 0.5 s by a proxy in
+    front of the server): the upload was begun, but no object is there under the shard's name;
+    a rerun with --overwrite writes it whole."""
+    from s3proxy import Proxy
+
+    client = s3["client"]
+    port = int(s3["endpoint"].rsplit(":", 1)[1])
+    with Proxy(port, delay_ms=500) as proxy:
+        env = {**os.environ, "AWS_ENDPOINT": proxy.endpoint}
+        p = subprocess.Popen([sys.executable, "-m", "stoker.cli", "pack", str(big_demo), "s3://out/killed",
+                              "--shard-size", "64MiB"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            deadline = time.monotonic() + 60
+            while not client.list_multipart_uploads(Bucket="out", Prefix="killed/").get("Uploads"):
+                assert p.poll() is None, "the pack ended before its upload began"
+                assert time.monotonic() < deadline, "no upload began within 60 s"
+                time.sleep(0.02)
+            p.kill()
+        finally:
+            if p.poll() is None:
+                p.kill()
+            p.wait(30)
+    assert "shard-000000.tar" not in s3_objects(client, "out", "killed")
+    r = cli("pack", big_demo, "s3://out/killed", "--shard-size", "64MiB", "--overwrite")
+    assert r.returncode == 0, r.stderr
+    one = cli("pack", big_demo, tmp_path / "one", "--shard-size", "64MiB")
+    assert one.returncode == 0, one.stderr
+    assert s3_objects(client, "out", "killed") == files(tmp_path / "one")
