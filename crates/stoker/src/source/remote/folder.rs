@@ -137,7 +137,7 @@ impl ObjectFolder {
         }
     }
 
-    /// Bytes `range` of object `name`, as ranged requests of [`object::READ_CHUNK`] bytes; a
+    /// Bytes `range` of object `name`, as ranged requests of 8 MiB; a
     /// short answer is an error.
     pub fn read_range(&self, name: &str, range: std::ops::Range<u64>) -> Result<Vec<u8>> {
         let path = self.path(name);
@@ -160,7 +160,7 @@ impl ObjectFolder {
         Ok(out)
     }
 
-    /// Writes object `name` from `bytes`: one `PUT` up to [`PART`] bytes, else a multipart
+    /// Writes object `name` from `bytes`: one `PUT` up to `PART` bytes (8 MiB), else a multipart
     /// upload. The object appears whole, or not at all.
     pub fn put(&self, name: &str, bytes: &[u8]) -> Result<()> {
         if bytes.len() <= PART {
@@ -174,7 +174,7 @@ impl ObjectFolder {
         self.put_parts(name, &mut parts)
     }
 
-    /// Writes object `name` from the local file `file`, read [`PART`] bytes at a time (so a
+    /// Writes object `name` from the local file `file`, read `PART` bytes at a time (so a
     /// large shard is never held in memory whole).
     pub fn put_file(&self, name: &str, file: &std::path::Path) -> Result<()> {
         use std::io::Read;
