@@ -118,7 +118,8 @@ def test_a_pack_killed_mid_upload_leaves_no_shard(s3, big_demo, tmp_path):
     client = s3["client"]
     port = int(s3["endpoint"].rsplit(":", 1)[1])
     with Proxy(port, delay_ms=500) as proxy:
-        env = {**os.environ, "AWS_ENDPOINT": proxy.endpoint}
+        # Its local temporary folder here: a killed process cannot remove it.
+        env = {**os.environ, "AWS_ENDPOINT": proxy.endpoint, "TMPDIR": str(tmp_path)}
         p = subprocess.Popen([sys.executable, "-m", "stoker.cli", "pack", str(big_demo), "s3://out/killed",
                               "--shard-size", "64MiB"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
@@ -133,6 +134,7 @@ def test_a_pack_killed_mid_upload_leaves_no_shard(s3, big_demo, tmp_path):
                 p.kill()
             p.wait(30)
     assert "shard-000000.tar" not in s3_objects(client, "out", "killed")
+    assert [p.name for p in tmp_path.glob("stoker-pack-*/.*")] == [".shard-000000.tar.stoker-partial"]
     r = cli("pack", big_demo, "s3://out/killed", "--shard-size", "64MiB", "--overwrite")
     assert r.returncode == 0, r.stderr
     one = cli("pack", big_demo, tmp_path / "one", "--shard-size", "64MiB")
