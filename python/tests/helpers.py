@@ -1,5 +1,6 @@
 """Small helpers shared by the tests."""
 
+import contextlib
 import hashlib
 import json
 import os
@@ -163,3 +164,56 @@ def llama_shaped_tokenizer(texts: list[str]) -> str:
     spec = json.loads(llama.to_str())
     spec["pre_tokenizer"] = None
     return json.dumps(spec)
+
+
+#: The environment stoker's S3 client reads for the test server (`moto_s3`), besides the endpoint.
+S3_ENV = {"AWS_ALLOW_HTTP": "true", "AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test",
+          "AWS_REGION": "us-east-1"}
+
+
+@contextlib.contextmanager
+def moto_s3(buckets=()):
+    """A real S3-compatible server (moto's standalone server, from PyPI) on 127.0.0.1 with
+    `buckets` made, and the environment stoker reads for it (`AWS_ENDPOINT`, `AWS_ALLOW_HTTP`,
+    credentials, region) set in this process until the end (processes started meanwhile inherit
+    it). Yields `{"endpoint", "client"}` (a boto3 client)."""
+    import boto3
+    from s3proxy import start_moto
+
+    try:
+        server, port = start_moto()
+    except RuntimeError:
+        pytest.fail("the S3 test server did not start")
+    endpoint = f"http://127.0.0.1:{port}"
+    env = {"AWS_ENDPOINT": endpoint, **S3_ENV}
+    old = {k: os.environ.get(k) for k in env}
+    try:
+        client = boto3.client("s3", endpoint_url=endpoint, aws_access_key_id="test", aws_secret_access_key="test",
+                              region_name="us-east-1")
+        for b in buckets:
+            client.create_bucket(Bucket=b)
+        os.environ.update(env)
+        yield {"endpoint": endpoint, "client": client}
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        server.terminate()
+        server.wait(10)
+
+
+def s3_objects(client, bucket: str, prefix: str) -> dict[str, bytes]:
+    """The objects directly under `prefix` (not deeper), by name, with their bytes, sorted: what
+    `stoker pack` writes to a prefix, as `{p.name: p.read_bytes()}` is for a folder."""
+    listing = client.list_objects_v2(Bucket=bucket, Prefix=f"{prefix}/", Delimiter="/")
+    names = sorted(o["Key"].rsplit("/", 1)[1] for o in listing.get("Contents", []))
+    return {n: client.get_object(Bucket=bucket, Key=f"{prefix}/{n}")["Body"].read() for n in names}
+
+
+def s3_stamps(client, bucket: str, prefix: str) -> dict[str, tuple]:
+    """Every object under `prefix` (at any depth) with its last-modified time and ETag: an upload
+    changes the time even when the bytes are the same."""
+    listing = client.list_objects_v2(Bucket=bucket, Prefix=f"{prefix}/")
+    return {o["Key"]: (o["LastModified"], o["ETag"]) for o in listing.get("Contents", [])}

@@ -1,17 +1,14 @@
 """Shards in object storage, read from a real S3-compatible server (moto's standalone server,
 from PyPI) that the test starts on 127.0.0.1 and stops at the end."""
 
-import os
 import pathlib
-import socket
 import subprocess
 import sys
-import time
 
 import numpy as np
 import pytest
 import stoker
-from s3proxy import free_port
+from helpers import moto_s3
 
 boto3 = pytest.importorskip("boto3", reason="boto3/moto not installed: object-store tests skipped")
 pytest.importorskip("moto.server", reason="moto[server] not installed: object-store tests skipped")
@@ -22,38 +19,10 @@ def s3(demo, tmp_path_factory):
     shards = tmp_path_factory.mktemp("s3shards")
     subprocess.run([sys.executable, "-m", "stoker.cli", "pack", str(demo), str(shards), "--shard-size", "1MiB"],
                    check=True, capture_output=True)
-    port = free_port()
-    server = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    endpoint = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-                    break
-            except OSError:
-                if time.monotonic() > deadline or server.poll() is not None:
-                    pytest.fail("the S3 test server did not start")
-                time.sleep(0.1)
-        client = boto3.client("s3", endpoint_url=endpoint, aws_access_key_id="test", aws_secret_access_key="test",
-                              region_name="us-east-1")
-        client.create_bucket(Bucket="data")
+    with moto_s3(["data"]) as s:
         for p in sorted(shards.iterdir()):
-            client.upload_file(str(p), "data", f"train/{p.name}", ExtraArgs={"ACL": "public-read"})
-        env = {"AWS_ENDPOINT": endpoint, "AWS_ALLOW_HTTP": "true", "AWS_ACCESS_KEY_ID": "test",
-               "AWS_SECRET_ACCESS_KEY": "test", "AWS_REGION": "us-east-1"}
-        old = {k: os.environ.get(k) for k in env}
-        os.environ.update(env)
-        yield {"endpoint": endpoint, "shards": shards, "client": client}
-    finally:
-        for k, v in locals().get("old", {}).items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-        server.terminate()
-        server.wait(10)
+            s["client"].upload_file(str(p), "data", f"train/{p.name}", ExtraArgs={"ACL": "public-read"})
+        yield {**s, "shards": shards}
 
 
 def batches(root, **kw):

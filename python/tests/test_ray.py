@@ -10,7 +10,12 @@ one CPU each), against the one-machine commands, byte for byte.
 - `stoker.ray.tokenize` writes the token cache of `stoker tokenize` (JSON Lines, zstd), the
   documents that fail counted alike;
 - `stoker pack --ray ADDRESS` and `stoker tokenize --ray ADDRESS` write the same; a bad address
-  is refused by `stoker::args`.
+  is refused by `stoker::args`;
+- to object storage (a real S3-compatible server, moto's, started before the nodes so that their
+  workers have its endpoint and credentials): the objects are the files of `stoker pack`, with a
+  task killed in each stage too; a rerun uploads nothing; a shard cut short, overwritten in
+  place or without its index is found and rewritten, and only it; a bucket that does not exist
+  is an error naming it.
 
 Ray is the `stoker[ray]` extra: without it these tests skip (requirements-dev.txt installs it,
 so CI runs them), but the first one, that `import stoker` imports no Ray, always runs.
@@ -25,6 +30,7 @@ import subprocess
 import sys
 
 import pytest
+from helpers import moto_s3, s3_objects, s3_stamps
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 TEXT = ROOT / "tests" / "data" / "text"
@@ -59,6 +65,7 @@ def test_bad_arguments_are_refused_before_any_cluster(demo, tmp_path):
         (lambda: stoker.ray.pack(demo, tmp_path / "o", files_per_task=0), ConfigError, "`files_per_task`"),
         (lambda: stoker.ray.pack(demo, tmp_path / "o", max_side=True), ConfigError, "`max_side`"),
         (lambda: stoker.ray.pack(demo, tmp_path / "o", address="bogus"), ConfigError, "HOST:PORT"),
+        (lambda: stoker.ray.pack(demo, "https://host/o"), ConfigError, "cannot write to https://"),
         (lambda: stoker.ray.tokenize([str(tmp_path / "no.jsonl")], gpt2, tmp_path / "t"), DatasetError, "no.jsonl"),
         (lambda: stoker.ray.tokenize([str(SAMPLE)], gpt2, tmp_path / "t", document="para"), ConfigError, "`document`"),
     ]:
@@ -68,9 +75,23 @@ def test_bad_arguments_are_refused_before_any_cluster(demo, tmp_path):
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
+def s3():
+    """The S3 test server (`helpers.moto_s3`, bucket `ray`), or None without moto/boto3."""
+    try:
+        import boto3  # noqa: F401
+        import moto.server  # noqa: F401
+    except ImportError:
+        yield None
+        return
+    with moto_s3(["ray"]) as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory, s3):
     """A head and a second node, one CPU and a 100 MB object store each; the fault hook's folder
-    (`STOKER_RAY_TEST_KILL_ONCE`) is set before the nodes start, so their workers see it."""
+    (`STOKER_RAY_TEST_KILL_ONCE`) and the S3 server's environment are set before the nodes start,
+    so their workers see them."""
     if not HAVE_RAY:
         pytest.skip("Ray is not installed (pip install 'stoker[ray]')")
     import ray
@@ -248,3 +269,93 @@ def test_tokenize_has_a_deadline(cluster, tmp_path, monkeypatch):
     with pytest.raises(DatasetError, match="did not finish within 5 s"):
         stoker.ray.tokenize([str(SAMPLE)], GPT2, tmp_path / "out", timeout=5, progress=False)
     assert list((tmp_path / "out").iterdir()) == []
+
+
+def needs_s3(s3):
+    if s3 is None:
+        pytest.skip("boto3/moto not installed: object-store tests skipped")
+    return s3["client"]
+
+
+@needs_ray
+@pytest.mark.parametrize("mode", ["plain", "random_access"])
+def test_pack_to_object_storage_gives_the_bytes_of_stoker_pack(cluster, s3, bad_demo, tmp_path, mode):
+    import stoker.ray
+
+    client = needs_s3(s3)
+    flags = ["--random-access", "--max-side", "200"] if mode == "random_access" else []
+    kw = {"random_access": True, "max_side": 200} if mode == "random_access" else {}
+    one = single_pack(bad_demo, tmp_path / "one", "--shard-size", "64KiB", *flags)
+    s = stoker.ray.pack(bad_demo, f"s3://ray/{mode}/", shard_size="64KiB", files_per_task=16, progress=False, **kw)
+    want = outputs(tmp_path / "one")
+    assert len([n for n in want if n.endswith(".tar")]) >= 3
+    assert s3_objects(client, "ray", mode) == want
+    assert s["shards"] == [f"s3://ray/{mode}/{n}" for n in want if n.endswith(".tar")]
+    assert (s["samples"], s["bytes"], s["reencoded"]) == (one["samples"], one["bytes"], one["reencoded"])
+    # Only the plan is left of the work (the staging objects are deleted).
+    assert list(s3_objects(client, "ray", f"{mode}/.stoker-ray")) == ["plan.json"]
+
+
+@needs_ray
+def test_object_storage_killed_tasks_rerun_and_damaged_shards(cluster, s3, demo, tmp_path):
+    import stoker.ray
+
+    client = needs_s3(s3)
+    _, faults = cluster
+    single_pack(demo, tmp_path / "one", "--shard-size", "64KiB")
+    want = outputs(tmp_path / "one")
+    for marker in ("prepare", "write"):
+        (faults / marker).unlink(missing_ok=True)
+    (faults / "armed").touch()
+    try:
+        s = stoker.ray.pack(demo, "s3://ray/rerun", shard_size="64KiB", files_per_task=16, progress=False)
+    finally:
+        (faults / "armed").unlink()
+    assert (faults / "prepare").exists() and (faults / "write").exists()
+    assert s3_objects(client, "ray", "rerun") == want
+    n = len(s["shards"])
+    assert (s["written"], s["kept"]) == (n, 0)
+
+    def again():
+        return stoker.ray.pack(demo, "s3://ray/rerun", shard_size="64KiB", files_per_task=16, progress=False)
+
+    # A rerun uploads nothing: every object keeps its time and ETag.
+    before = s3_stamps(client, "ray", "rerun")
+    r = again()
+    assert (r["written"], r["kept"]) == (0, n)
+    assert s3_stamps(client, "ray", "rerun") == before
+    # A shard cut short, one overwritten in place (the same size) and an index removed: each
+    # found and rewritten, and only they.
+    key = "rerun/shard-{:06d}.tar"
+    body = client.get_object(Bucket="ray", Key=key.format(1))["Body"].read()
+    client.put_object(Bucket="ray", Key=key.format(1), Body=body[:-1024])
+    body = bytearray(client.get_object(Bucket="ray", Key=key.format(2))["Body"].read())
+    body[:512] = bytes(512)
+    client.put_object(Bucket="ray", Key=key.format(2), Body=bytes(body))
+    client.delete_object(Bucket="ray", Key=key.format(3) + ".idx")
+    before = s3_stamps(client, "ray", "rerun")
+    r = again()
+    assert (r["written"], r["kept"]) == (3, n - 3)
+    assert s3_objects(client, "ray", "rerun") == want
+    after = s3_stamps(client, "ray", "rerun")
+    changed = {k for k in after if after[k] != before.get(k)}
+    assert changed == {key.format(k) + ext for k in (1, 2, 3) for ext in ("", ".idx")}
+    for marker in ("prepare", "write"):
+        (faults / marker).unlink(missing_ok=True)
+
+
+@needs_ray
+def test_cli_pack_with_ray_to_object_storage(cluster, s3, demo, tmp_path):
+    from stoker.errors import StokerError
+
+    client = needs_s3(s3)
+    c, _ = cluster
+    single_pack(demo, tmp_path / "one", "--shard-size", "64KiB")
+    r = cli("pack", demo, "s3://ray/cli", "--shard-size", "64KiB", "--ray", c.address, "--files-per-task", "32")
+    assert r.returncode == 0, r.stderr
+    assert "packed 96 samples" in r.stdout
+    assert s3_objects(client, "ray", "cli") == outputs(tmp_path / "one")
+    import stoker.ray
+
+    with pytest.raises(StokerError, match="s3://no-such-bucket/x: cannot list"):
+        stoker.ray.pack(demo, "s3://no-such-bucket/x", progress=False)

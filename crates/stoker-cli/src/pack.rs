@@ -1,8 +1,9 @@
 //! `stoker pack`: convert an ImageFolder into WebDataset tar shards with sidecar indexes and a
 //! `classes.json` (a folder that every loader accepts as a dataset), or re-pack shards (for
-//! example with `--random-access`). A folder that already holds shards is refused unless
-//! `--overwrite`, which removes them (and nothing else) first; the folder being re-packed is
-//! never a destination.
+//! example with `--random-access`). The destination is a folder or a prefix in object storage
+//! (`s3://BUCKET/PREFIX`, `gs://...`, `az://...`). One that already holds shards is refused
+//! unless `--overwrite`, which removes them (and nothing else) first; the folder (or prefix)
+//! being re-packed is never a destination.
 
 use crate::util::progress;
 use anyhow::Result;
@@ -16,7 +17,9 @@ use stoker::ImageFolder;
 pub struct PackArgs {
     /// ImageFolder root, or shards to re-pack (a pack folder, shard paths or a glob).
     pub src: PathBuf,
-    /// Output folder for the shards (SHARD.tar + SHARD.tar.idx + classes.json).
+    /// Output folder for the shards (SHARD.tar + SHARD.tar.idx + classes.json), or a prefix in
+    /// object storage (s3://BUCKET/PREFIX, gs://..., az://...; credentials and endpoint from
+    /// the usual environment variables), where each file is uploaded whole.
     pub dst: PathBuf,
     /// Target shard size, e.g. 256MiB.
     #[arg(long, default_value = "256MiB")]
@@ -79,6 +82,11 @@ pub fn run(a: &PackArgs) -> Result<()> {
         ("seed", Some(a.seed.clone())),
     ]);
     let opts = stoker::args::pack_options(args)?;
+    // A path that is not UTF-8 is a folder (a URL is text).
+    let dst = match a.dst.to_str() {
+        Some(text) => stoker::args::pack_destination("dst", &serde_json::Value::String(text.to_string()))?,
+        None => stoker::pack::Destination::Folder(a.dst.clone()),
+    };
     if let Some(address) = &a.ray {
         // The checked values, typed (one core per Ray task: no thread count).
         let values = serde_json::json!({
@@ -98,7 +106,7 @@ pub fn run(a: &PackArgs) -> Result<()> {
     let input: Box<dyn stoker::pack::PackInput> = match stoker::source::detect(&roots)? {
         stoker::source::DatasetKind::Folder(root) => Box::new(ImageFolder::new(root)?),
         stoker::source::DatasetKind::Shards(specs) => {
-            refuse_own_folder(&specs, &a.dst)?;
+            refuse_own_folder(&specs, &dst)?;
             Box::new(stoker::source::open_shards(&specs)?)
         }
         stoker::source::DatasetKind::Mixture(_) => {
@@ -108,13 +116,14 @@ pub fn run(a: &PackArgs) -> Result<()> {
     let n = input.len();
     let bar = progress(n as u64, a.json, "{spinner} packing [{bar:30}] {pos}/{len} files ({eta})");
     let t0 = Instant::now();
-    let s = stoker::pack::pack(input.as_ref(), &a.dst, &opts, &|done| bar.set_position(done as u64))?;
+    let where_to = dst.describe();
+    let s = stoker::pack::pack(input.as_ref(), dst, &opts, &|done| bar.set_position(done as u64))?;
     bar.finish_and_clear();
     if a.json {
         println!("{}", serde_json::to_string_pretty(&s)?);
     } else {
         if !s.removed.is_empty() {
-            println!("removed {} file(s) of an earlier run from {}", s.removed.len(), a.dst.display());
+            println!("removed {} file(s) of an earlier run from {where_to}", s.removed.len());
         }
         println!(
             "packed {} samples into {} shard(s), {:.1} MiB, in {:.1} s ({} re-encoded); index beside each shard",
@@ -144,9 +153,22 @@ pub fn run(a: &PackArgs) -> Result<()> {
     Ok(())
 }
 
-/// Refuses a destination that is the folder of a shard being re-packed (`--overwrite` would
-/// remove the input before reading it).
-fn refuse_own_folder(specs: &[String], dst: &std::path::Path) -> Result<()> {
+/// Refuses a destination that is the folder (or object-store prefix) of a shard being
+/// re-packed (`--overwrite` would remove the input before reading it).
+fn refuse_own_folder(specs: &[String], dst: &stoker::pack::Destination) -> Result<()> {
+    let dst = match dst {
+        stoker::pack::Destination::Folder(p) => p,
+        remote => {
+            let prefix = remote.describe();
+            for spec in specs.iter().filter(|s| stoker::pack::is_url(s)) {
+                let spec = spec.trim_end_matches('/');
+                if spec == prefix || spec.rsplit_once('/').is_some_and(|(dir, _)| dir.trim_end_matches('/') == prefix) {
+                    anyhow::bail!("{prefix}: the shards being re-packed are under this prefix; pack into another one");
+                }
+            }
+            return Ok(());
+        }
+    };
     let Ok(dst) = std::fs::canonicalize(dst) else { return Ok(()) }; // not there yet: not a source
     for spec in specs {
         let dir = std::path::Path::new(spec).parent().filter(|p| !p.as_os_str().is_empty());

@@ -6,10 +6,10 @@ use indicatif::{ProgressBar, ProgressStyle};
 use std::path::PathBuf;
 
 /// The flag that sets engine argument `arg` (`memory_limit` → `--memory-limit`); `None` for
-/// names that are not flags (environment variables, the positional root).
+/// names that are not flags (environment variables, the positional root and destination).
 fn flag(arg: &str) -> Option<String> {
     match arg {
-        "root" | "transforms" | "ops" => None,
+        "root" | "dst" | "transforms" | "ops" => None,
         "drop_last" => Some("--keep-last".into()),
         "shuffle" => Some("--shard-window".into()),
         "apply_exif" => Some("--no-exif".into()),

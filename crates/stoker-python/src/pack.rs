@@ -9,14 +9,15 @@ use crate::shared::args::json_of;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use std::path::PathBuf;
-use stoker::pack::{PackInput, PackOptions};
+use stoker::pack::{Destination, PackInput, PackOptions};
 
 /// A pack to be made in pieces: the source opened (an ImageFolder or shards, as `stoker pack`
-/// opens it), the destination and the checked options.
+/// opens it), the destination (a folder, made absolute, or a prefix in object storage) and the
+/// checked options.
 #[pyclass(frozen, name = "PackJob", module = "stoker._stoker")]
 pub struct PyPackJob {
     src: Box<dyn PackInput>,
-    dst: PathBuf,
+    dst: Destination,
     opts: PackOptions,
 }
 
@@ -26,7 +27,8 @@ type StagedTuple = (usize, Option<&'static str>, u64, u64, bool, Option<u32>, u6
 
 #[pymethods]
 impl PyPackJob {
-    /// Opens `src` for a pack into `dst`; `options` are `stoker pack`'s (checked by the same
+    /// Opens `src` for a pack into `dst` (a folder or an object-store URL, checked by
+    /// `stoker::args::pack_destination`); `options` are `stoker pack`'s (checked by the same
     /// rules: `stoker::args::pack_options`).
     #[new]
     #[pyo3(signature = (src, dst, **options))]
@@ -39,16 +41,22 @@ impl PyPackJob {
         }
         let opts = stoker::args::pack_options(args).py_err()?;
         stoker::pack::check_options(&opts).py_err()?;
-        let src: Box<dyn PackInput> = py
-            .detach(|| -> stoker::Result<Box<dyn PackInput>> {
+        let (src, dst) = py
+            .detach(|| -> stoker::Result<(Box<dyn PackInput>, Destination)> {
+                // The environment first: the destination's store takes its request bound.
                 stoker::args::apply_env()?;
-                Ok(match stoker::source::detect(&[src])? {
+                let dst = match dst.to_str() {
+                    Some(text) => stoker::args::pack_destination("dst", &serde_json::Value::String(text.into()))?,
+                    None => Destination::Folder(dst), // not UTF-8: a folder (a URL is text)
+                };
+                let src: Box<dyn PackInput> = match stoker::source::detect(&[src])? {
                     stoker::source::DatasetKind::Folder(root) => Box::new(stoker::ImageFolder::new(root)?),
                     stoker::source::DatasetKind::Shards(specs) => Box::new(stoker::source::open_shards(&specs)?),
                     stoker::source::DatasetKind::Mixture(_) => {
                         return Err(stoker::Error::config("src", "a mixture is packed one source at a time"))
                     }
-                })
+                };
+                Ok((src, dst.absolute()?))
             })
             .py_err()?;
         Ok(PyPackJob { src, dst, opts })
@@ -69,6 +77,18 @@ impl PyPackJob {
         Ok(self.src.describe(i).display().to_string())
     }
 
+    /// The destination: the folder's absolute path, or the prefix's URL.
+    #[getter]
+    fn dst(&self) -> String {
+        self.dst.describe()
+    }
+
+    /// Whether the destination is in object storage.
+    #[getter]
+    fn remote(&self) -> bool {
+        self.dst.is_remote()
+    }
+
     /// The shard file name prefix.
     #[getter]
     fn prefix(&self) -> String {
@@ -85,6 +105,29 @@ impl PyPackJob {
         .py_err()
     }
 
+    /// The bytes of `name` in the destination (`.stoker-ray/plan.json`), `None` when it is
+    /// not there.
+    fn read<'py>(&self, py: Python<'py>, name: String) -> PyResult<Option<Bound<'py, pyo3::types::PyBytes>>> {
+        let b = py.detach(|| self.dst.read(&name)).py_err()?;
+        Ok(b.map(|b| pyo3::types::PyBytes::new(py, &b)))
+    }
+
+    /// Writes `name` in the destination, whole or not at all (a file renamed into place, an
+    /// object put whole).
+    fn write(&self, py: Python<'_>, name: String, data: Vec<u8>) -> PyResult<()> {
+        py.detach(|| self.dst.write(&name, &data)).py_err()
+    }
+
+    /// Whether `name` is in the destination.
+    fn exists(&self, py: Python<'_>, name: String) -> PyResult<bool> {
+        py.detach(|| self.dst.size(&name).map(|s| s.is_some())).py_err()
+    }
+
+    /// Removes `name` from the destination (one that is not there is no error).
+    fn remove(&self, py: Python<'_>, name: String) -> PyResult<()> {
+        py.detach(|| self.dst.remove(&name)).py_err()
+    }
+
     /// Writes `classes.json`, unless it holds the same bytes already (a rerun changes
     /// nothing).
     fn write_classes(&self, py: Python<'_>) -> PyResult<()> {
@@ -96,16 +139,17 @@ impl PyPackJob {
         Ok(stoker::pack::earlier_output(&self.dst).py_err()?.iter().map(|p| p.display().to_string()).collect())
     }
 
-    /// Prepares `indices` (one thread) into the file `staging` (written atomically); one
-    /// tuple per sample (see `stoker.ray`).
-    fn prepare(&self, py: Python<'_>, indices: Vec<usize>, staging: PathBuf) -> PyResult<Vec<StagedTuple>> {
+    /// Prepares `indices` (one thread) into `staging`, a name in the destination (written
+    /// whole or not at all); one tuple per sample (see `stoker.ray`).
+    fn prepare(&self, py: Python<'_>, indices: Vec<usize>, staging: String) -> PyResult<Vec<StagedTuple>> {
         for &i in &indices {
             self.check(i)?;
         }
         let mut opts = self.opts.clone();
         opts.threads = 1;
-        let staged =
-            py.detach(|| stoker::pack::prepare_group(self.src.as_ref(), &indices, &opts, &staging)).py_err()?;
+        let staged = py
+            .detach(|| stoker::pack::prepare_group(self.src.as_ref(), &indices, &opts, &self.dst, &staging))
+            .py_err()?;
         Ok(staged
             .into_iter()
             .map(|s| match s.outcome {
@@ -136,19 +180,20 @@ impl PyPackJob {
             .collect()
     }
 
-    /// Whether shard `number` is in the destination whole, with keys `keys` (its index read
-    /// and checked against the shard's size).
-    fn verify(&self, py: Python<'_>, number: usize, keys: Vec<String>) -> bool {
+    /// The size of shard `number` if it is in the destination whole, with keys `keys` (its
+    /// index read and checked against the shard's size and its first and last headers);
+    /// `None` if not.
+    fn verify(&self, py: Python<'_>, number: usize, keys: Vec<String>) -> Option<u64> {
         py.detach(|| stoker::pack::verify_shard(&self.dst, &self.opts.prefix, number, &keys))
     }
 
-    /// Writes shard `number` from staged samples `(index, key, ext, staging, offset, length)`;
-    /// returns its path and size.
+    /// Writes shard `number` from staged samples `(index, key, ext, staging, offset, length)`
+    /// (`staging`: a name in the destination); returns its path (or URL) and size.
     fn write_shard(
         &self,
         py: Python<'_>,
         number: usize,
-        samples: Vec<(usize, String, String, PathBuf, u64, u64)>,
+        samples: Vec<(usize, String, String, String, u64, u64)>,
     ) -> PyResult<(String, u64)> {
         let samples: Vec<stoker::pack::ShardSample> = samples
             .into_iter()

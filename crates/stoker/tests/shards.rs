@@ -94,7 +94,7 @@ fn a_class_name_that_is_not_utf8_survives_pack_exactly() {
         std::fs::write(dir.join("a.jpg"), jpeg(&px, w, h, 90)).unwrap();
     }
     let folder = ImageFolder::new(&root).unwrap();
-    pack(&folder, &d.path().join("out"), &PackOptions::default(), &|_| {}).unwrap();
+    pack(&folder, d.path().join("out"), &PackOptions::default(), &|_| {}).unwrap();
     let shards = ShardSource::open(&shards_in(&d.path().join("out"))).unwrap();
     let got: Vec<&[u8]> = shards.classes().iter().map(|c| c.as_bytes()).collect();
     assert_eq!(got, names, "written lossily, the name would read back as caf\u{fffd}");
@@ -107,12 +107,12 @@ fn pack_then_load_gives_the_same_pixels_and_is_deterministic() {
     let d = tempfile::tempdir().unwrap();
     let root = demo_folder(d.path(), 40);
     let opts = PackOptions { shard_size: 300_000, threads: 2, ..PackOptions::default() };
-    let s = pack(&ImageFolder::new(&root).unwrap(), &d.path().join("a"), &opts, &|_| {}).unwrap();
+    let s = pack(&ImageFolder::new(&root).unwrap(), d.path().join("a"), &opts, &|_| {}).unwrap();
     assert_eq!(s.samples, 40);
     assert!(s.shards.len() >= 3, "{} shards", s.shards.len());
     // Same input, same bytes (also with a different thread count).
     let opts1 = PackOptions { threads: 1, ..opts.clone() };
-    pack(&ImageFolder::new(&root).unwrap(), &d.path().join("b"), &opts1, &|_| {}).unwrap();
+    pack(&ImageFolder::new(&root).unwrap(), d.path().join("b"), &opts1, &|_| {}).unwrap();
     for (a, b) in shards_in(&d.path().join("a")).iter().zip(shards_in(&d.path().join("b"))) {
         assert_eq!(std::fs::read(a).unwrap(), std::fs::read(&b).unwrap());
         assert_eq!(std::fs::read(index_path(a)).unwrap(), std::fs::read(index_path(&b)).unwrap());
@@ -133,8 +133,8 @@ fn a_shuffled_pack_holds_every_sample_once_in_a_seeded_order_that_mixes_classes(
     let root = demo_folder(d.path(), 40);
     let folder = ImageFolder::new(&root).unwrap();
     let opts = PackOptions { shard_size: 300_000, threads: 2, shuffle: Some(7), ..PackOptions::default() };
-    pack(&folder, &d.path().join("a"), &opts, &|_| {}).unwrap();
-    pack(&folder, &d.path().join("b"), &PackOptions { threads: 1, ..opts.clone() }, &|_| {}).unwrap();
+    pack(&folder, d.path().join("a"), &opts, &|_| {}).unwrap();
+    pack(&folder, d.path().join("b"), &PackOptions { threads: 1, ..opts.clone() }, &|_| {}).unwrap();
     for (a, b) in shards_in(&d.path().join("a")).iter().zip(shards_in(&d.path().join("b"))) {
         assert_eq!(std::fs::read(a).unwrap(), std::fs::read(&b).unwrap(), "the same seed, the same bytes");
     }
@@ -160,7 +160,7 @@ fn random_access_packing_keeps_every_pixel_and_adds_restart_markers() {
     let d = tempfile::tempdir().unwrap();
     let root = demo_folder(d.path(), 24);
     let opts = PackOptions { random_access: true, threads: 2, ..PackOptions::default() };
-    let s = pack(&ImageFolder::new(&root).unwrap(), &d.path().join("r"), &opts, &|_| {}).unwrap();
+    let s = pack(&ImageFolder::new(&root).unwrap(), d.path().join("r"), &opts, &|_| {}).unwrap();
     let ra = s.random_access.clone().unwrap();
     assert_eq!((ra.recoded, ra.kept), (24, 0), "{ra:?}");
     assert!(ra.bytes_after < ra.bytes_before * 102 / 100, "{ra:?}");
@@ -174,7 +174,7 @@ fn random_access_packing_keeps_every_pixel_and_adds_restart_markers() {
     let full = pixels_by_index(Arc::new(ImageFolder::new(&root).unwrap()));
     assert_eq!(pixels_by_index(Arc::new(shards)), full, "the same pixels, bit for bit");
     // Without the flag: no summary, no markers.
-    let plain = pack(&ImageFolder::new(&root).unwrap(), &d.path().join("p"), &PackOptions::default(), &|_| {}).unwrap();
+    let plain = pack(&ImageFolder::new(&root).unwrap(), d.path().join("p"), &PackOptions::default(), &|_| {}).unwrap();
     assert!(plain.random_access.is_none());
 
     // Train, val and uint8 batches, several seeds: the same bytes from the source folder, the
@@ -215,7 +215,7 @@ fn max_side_shrinks_files_and_stays_close_after_the_preset() {
     let d = tempfile::tempdir().unwrap();
     let root = demo_folder(d.path(), 21);
     let opts = PackOptions { max_side: Some(320), threads: 2, ..PackOptions::default() };
-    let s = pack(&ImageFolder::new(&root).unwrap(), &d.path().join("m"), &opts, &|_| {}).unwrap();
+    let s = pack(&ImageFolder::new(&root).unwrap(), d.path().join("m"), &opts, &|_| {}).unwrap();
     assert_eq!(s.reencoded, 21, "every demo image is larger than 320");
     let small = pixels_by_index(Arc::new(ShardSource::open(&shards_in(&d.path().join("m"))).unwrap()));
     let full = pixels_by_index(Arc::new(ImageFolder::new(&root).unwrap()));

@@ -4,17 +4,22 @@ Three steps, the engine's rules in each (`_stoker.PackJob`):
 
 1. **prepare** (one task per group of ``files_per_task`` files, in the order `stoker pack`
    writes them): each sample read and prepared (``max_side``, ``random_access``) into a staging
-   file ``DST/.stoker-ray/stage-NNNNNN.bin``, renamed into place when whole;
+   file ``DST/.stoker-ray/stage-NNNNNN.bin``, written whole or not at all;
 2. **plan** (the driver): keys and shard boundaries by the pack's one rule
    (`stoker::pack::Planner`), from the prepared sizes; saved in ``DST/.stoker-ray/plan.json``;
-3. **write** (one task per shard): the shard and its index from the staged bytes, streamed to a
-   temporary name and renamed into place, as `stoker pack` does.
+3. **write** (one task per shard): the shard and its index from the staged bytes, put in place
+   as `stoker pack` does (index first; renamed into place, or uploaded as a whole object).
+
+The destination is a folder every node sees (a shared file system) or a prefix in object storage
+(``s3://BUCKET/PREFIX``, ``gs://...``, ``az://...``; every worker needs the store's credentials
+and endpoint in its environment). In object storage the staging files are objects under
+``PREFIX/.stoker-ray/`` too (so the prepared bytes cross the network twice, and are deleted at
+the end), and a task killed mid-upload leaves no object: an object appears only when whole.
 
 A task killed and retried by Ray writes the same file again under the same name, so no shard is
 missing or twice. A rerun with the same input and options reads the plan, keeps every shard that
-is there whole (its index read and checked against the shard and the plan), and prepares and
-writes only the rest. The destination is a folder every node sees (a shared file system):
-`stoker pack` writes to local paths only, not to object storage, and so does this.
+is there whole (its index read and checked against the shard's size, the plan's keys, and the
+shard's first and last tar headers), and prepares and writes only the rest.
 """
 
 from __future__ import annotations
@@ -47,9 +52,15 @@ def _job(src: str, dst: str, options: dict[str, Any]) -> Any:
     return job
 
 
-def _kill_once(stage: str, partial: Path) -> None:
+def _staging(group: int) -> str:
+    """The name of group ``group``'s staging file in the destination."""
+    return f"{WORK_DIR}/stage-{group:06d}.bin"
+
+
+def _kill_once(stage: str, job: Any, name: str) -> None:
     """The tests' fault (``STOKER_RAY_TEST_KILL_ONCE``, while its folder holds ``armed``): once
-    per stage, leave half a file where the task writes, then SIGKILL this worker process."""
+    per stage, leave half a file where the task writes ``name`` (in a folder: object storage
+    shows nothing of an upload that did not finish), then SIGKILL this worker process."""
     folder = os.environ.get(KILL_ONCE_VAR)
     if not folder or not os.path.exists(os.path.join(folder, "armed")):
         return
@@ -58,22 +69,24 @@ def _kill_once(stage: str, partial: Path) -> None:
     except FileExistsError:
         return
     os.close(fd)
-    partial.parent.mkdir(parents=True, exist_ok=True)
-    partial.write_bytes(b"half a file, left by a killed task")
+    if not job.remote:
+        target = Path(job.dst) / name
+        partial = target.with_name(f".{target.name}.stoker-partial")
+        partial.parent.mkdir(parents=True, exist_ok=True)
+        partial.write_bytes(b"half a file, left by a killed task")
     os.kill(os.getpid(), signal.SIGKILL)
 
 
 def _prepare_task(src: str, dst: str, options: dict[str, Any], group: int, indices: list[int]) -> list[Any]:
-    staging = Path(dst) / WORK_DIR / f"stage-{group:06d}.bin"
-    _kill_once("prepare", staging.with_name(f".{staging.name}.stoker-partial"))
-    return list(_job(src, dst, options).prepare(indices, str(staging)))
+    job = _job(src, dst, options)
+    _kill_once("prepare", job, _staging(group))
+    return list(job.prepare(indices, _staging(group)))
 
 
 def _write_task(src: str, dst: str, options: dict[str, Any], number: int, samples: list[Any]) -> tuple[str, int]:
     job = _job(src, dst, options)
-    _kill_once("write", Path(dst) / f".{job.prefix}-{number:06d}.tar.stoker-partial")
-    path, size = job.write_shard(number, [(i, k, e, str(Path(dst) / WORK_DIR / f"stage-{g:06d}.bin"), o, n)
-                                          for i, k, e, g, o, n in samples])
+    _kill_once("write", job, f"{job.prefix}-{number:06d}.tar")
+    path, size = job.write_shard(number, [(i, k, e, _staging(g), o, n) for i, k, e, g, o, n in samples])
     return path, size
 
 
@@ -88,9 +101,10 @@ def pack(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, random_acc
          max_side: int | None = None, shard_size: int | str = "256MiB", quality: int = 90, prefix: str = "shard",
          shuffle: bool = False, seed: int = 0, overwrite: bool = False, files_per_task: int = 256,
          address: str | None = None, task_timeout: float = 3600.0, progress: bool = True) -> dict[str, Any]:
-    """Packs ``src`` (an ImageFolder, or shards to re-pack) into ``dst`` as ``stoker pack`` does
-    (the same shards, names, indexes and ``classes.json``, byte for byte), on the Ray cluster at
-    ``address`` (``None``: the one this process joined, else ``ray.init()``'s; ``"auto"``,
+    """Packs ``src`` (an ImageFolder, or shards to re-pack) into ``dst`` (a folder every node sees,
+    or a prefix in object storage: ``s3://BUCKET/PREFIX``, ``gs://...``, ``az://...``) as
+    ``stoker pack`` does (the same shards, names, indexes and ``classes.json``, byte for byte), on
+    the Ray cluster at ``address`` (``None``: the one this process joined, else ``ray.init()``'s; ``"auto"``,
     ``"local"``, ``HOST:PORT``, ``ray://HOST:PORT``). Options are ``stoker pack``'s, checked by
     its rules. ``files_per_task`` files are prepared per task; a task (or a wait for the next
     one to finish) longer than ``task_timeout`` seconds is an error naming it.
@@ -101,20 +115,22 @@ def pack(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, random_acc
     ``removed`` and ``seconds``.
     """
     t0 = time.monotonic()
-    src, dst = os.fspath(src), os.path.abspath(os.fspath(dst))
+    src, dst = os.fspath(src), os.fspath(dst)
     if not isinstance(files_per_task, int) or isinstance(files_per_task, bool) or files_per_task < 1:
         raise _stoker_config("files_per_task", f"expected a positive integer, got {files_per_task!r}")
     options: dict[str, Any] = {"random_access": random_access, "max_side": max_side, "shard_size": shard_size,
                                "quality": quality, "prefix": prefix, "shuffle": shuffle, "seed": seed, "threads": 1}
-    job = _job(src, dst, options)  # checks the options and opens the source
+    job = _job(src, dst, options)  # checks the options and the destination, opens the source
+    dst = str(job.dst)  # a folder made absolute (the tasks run elsewhere), or the prefix's URL
+    _JOBS[json.dumps([src, dst, options], sort_keys=True)] = job
     ray = connect(address)
-    work = Path(dst) / WORK_DIR
-    plan_file = work / "plan.json"
+    plan_name = f"{WORK_DIR}/plan.json"
     fingerprint = _fingerprint(src, options, job)
     plan: dict[str, Any] | None = None
-    if plan_file.is_file():
+    raw = job.read(plan_name)
+    if raw is not None:
         try:
-            saved = json.loads(plan_file.read_text())
+            saved = json.loads(raw)
         except ValueError:
             saved = None
         if isinstance(saved, dict) and (saved.get("version"), saved.get("fingerprint")) == (_PLAN_VERSION, fingerprint):
@@ -122,16 +138,13 @@ def pack(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, random_acc
     removed: list[str] = []
     if plan is None:
         removed = job.start(overwrite)
-        work.mkdir(exist_ok=True)
         plan = _make_plan(ray, job, src, dst, options, files_per_task, task_timeout, progress, fingerprint)
-        tmp = plan_file.with_name(".plan.json.tmp")
-        tmp.write_text(json.dumps(plan))
-        os.replace(tmp, plan_file)
+        job.write(plan_name, json.dumps(plan).encode())
     job.write_classes()  # not rewritten when it holds these bytes already
     shards = plan["shards"]
-    todo = [k for k, s in enumerate(shards) if not job.verify(k, [x[1] for x in s])]
+    todo = [k for k, s in enumerate(shards) if job.verify(k, [x[1] for x in s]) is None]
     groups = sorted({x[3] for k in todo for x in shards[k]})
-    missing = [g for g in groups if not (work / f"stage-{g:06d}.bin").is_file()]
+    missing = [g for g in groups if not job.exists(_staging(g))]
     if missing:
         # A rerun whose staging files are gone: prepare again what the missing shards need
         # (the same bytes at the same offsets: preparing is deterministic).
@@ -144,13 +157,14 @@ def pack(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, random_acc
     write = ray.remote(num_cpus=1, max_retries=3)(_write_task)
     refs = [write.remote(src, dst, options, k, shards[k]) for k in todo]
     wait_all(ray, refs, lambda i: f"shard {todo[i]}", task_timeout, "writing shards", progress)
-    for k in range(len(shards)):
-        if not job.verify(k, [x[1] for x in shards[k]]):
+    sizes = [job.verify(k, [x[1] for x in s]) for k, s in enumerate(shards)]
+    for k, size in enumerate(sizes):
+        if size is None:
             raise StokerError(f"{dst}: shard {k} is not whole after it was written")
-    _clean(Path(dst), work, prefix)
+    _clean(job, -(-plan["summary"]["files"] // plan["files_per_task"]), prefix)
     summary = dict(plan["summary"])
     summary["shards"] = [os.path.join(dst, f"{prefix}-{k:06d}.tar") for k in range(len(shards))]
-    summary["bytes"] = sum(os.path.getsize(p) for p in summary["shards"])
+    summary["bytes"] = sum(s for s in sizes if s is not None)
     summary.update(written=len(todo), kept=len(shards) - len(todo), removed=removed,
                    seconds=round(time.monotonic() - t0, 3))
     return summary
@@ -206,12 +220,14 @@ def _make_plan(ray: Any, job: Any, src: str, dst: str, options: dict[str, Any], 
             "shards": shards, "summary": summary}
 
 
-def _clean(dst: Path, work: Path, prefix: str) -> None:
-    """Removes the staging files and half-written files of killed tasks (the plan stays, so a
-    rerun can skip what is there)."""
-    for p in work.glob("stage-*.bin"):
-        p.unlink(missing_ok=True)
-    for p in work.glob(".*.stoker-partial"):
-        p.unlink(missing_ok=True)
-    for p in dst.glob(f".{prefix}-*.stoker-partial"):
-        p.unlink(missing_ok=True)
+def _clean(job: Any, groups: int, prefix: str) -> None:
+    """Removes the ``groups`` staging files and, in a folder, the half-written files of killed
+    tasks (the plan stays, so a rerun can skip what is there)."""
+    for g in range(groups):
+        job.remove(_staging(g))
+    if not job.remote:
+        dst = Path(job.dst)
+        for p in (dst / WORK_DIR).glob(".*.stoker-partial"):
+            p.unlink(missing_ok=True)
+        for p in dst.glob(f".{prefix}-*.stoker-partial"):
+            p.unlink(missing_ok=True)

@@ -77,7 +77,7 @@ pub use env::{
     object_timeout, BudgetEnv, Env, CACHE_TTL_VAR, INDEX_DIR_VAR, OBJECT_TIMEOUT_VAR, THREADS_VAR,
 };
 pub use image::{decode_where, image_config, loader_config, max_failures};
-pub use pack::{pack_options, ray_address};
+pub use pack::{pack_destination, pack_options, ray_address};
 pub use shared::DEFAULT_SHARD_WINDOW;
 pub use state::{saved_state, saved_states, SavedState};
 pub use tokenizer::{encode_options, tokenizer_names};

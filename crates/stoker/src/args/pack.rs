@@ -1,10 +1,11 @@
 //! `stoker pack`'s rule book ([`pack_options`]), the same for the command line and for
-//! `stoker.ray.pack`, and the Ray address of `--ray` ([`ray_address`]).
+//! `stoker.ray.pack`, its destination ([`pack_destination`]) and the Ray address of `--ray`
+//! ([`ray_address`]).
 
 use super::env::env_threads;
 use super::{Args, Taker};
 use crate::error::{Error, Result};
-use crate::pack::PackOptions;
+use crate::pack::{Destination, PackOptions};
 use crate::values::{boolean, bytes, non_negative, positive, text, threads};
 use serde_json::Value;
 
@@ -47,6 +48,13 @@ pub fn pack_options(args: Args) -> Result<PackOptions> {
         random_access,
         shuffle: shuffle.then_some(seed),
     })
+}
+
+/// The destination of a pack, `arg`: a folder, or a prefix in object storage
+/// (`s3://BUCKET/PREFIX`, `gs://...`, `az://...`; its scheme, bucket and prefix checked, the
+/// store's client built from the environment, no request made). `http(s)://` is read only.
+pub fn pack_destination(arg: &str, v: &Value) -> Result<Destination> {
+    Destination::parse(arg, text(arg, v, "a folder or s3://BUCKET/PREFIX")?)
 }
 
 /// The cluster `--ray` names: `auto` (the cluster `ray start` made on this machine, or
@@ -94,6 +102,26 @@ mod tests {
         ] {
             let e = pack_options(args(bad.clone())).unwrap_err().to_string();
             assert!(e.contains(arg), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn destinations_are_checked() {
+        assert!(
+            matches!(pack_destination("dst", &json!("out/a")).unwrap(), Destination::Folder(p) if p == std::path::Path::new("out/a"))
+        );
+        let d = pack_destination("dst", &json!("s3://bucket/some/prefix/")).unwrap();
+        assert!(d.is_remote() && d.describe() == "s3://bucket/some/prefix");
+        assert_eq!(d.locate("x.tar"), std::path::Path::new("s3://bucket/some/prefix/x.tar"));
+        for (bad, words) in [
+            (json!(""), "got nothing"),
+            (json!(3), "`dst`"),
+            (json!("https://host/x"), "cannot write to https://"),
+            (json!("s3://"), "not an object-store URL"),
+            (json!("s3://b/x*"), "plain prefix"),
+        ] {
+            let e = pack_destination("dst", &bad).unwrap_err().to_string();
+            assert!(e.contains("`dst`") && e.contains(words), "{bad}: {e}");
         }
     }
 

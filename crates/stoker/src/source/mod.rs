@@ -22,6 +22,8 @@ pub mod storage_stats;
 pub mod tar;
 
 pub use image_folder::{ImageFolder, IMG_EXTENSIONS};
+#[cfg(feature = "remote")]
+pub use remote::ObjectFolder;
 pub use shards::ShardSource;
 pub use storage_stats::StorageReport;
 

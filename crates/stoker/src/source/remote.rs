@@ -37,7 +37,8 @@
 //! reader stops (a dropped loader waits for none).
 //!
 //! Files: `remote/breaker.rs` (whether a store answers, the circuit breaker, the stop flag),
-//! `remote/object.rs` (one object read in order); this file opens shards and lists objects.
+//! `remote/object.rs` (one object read in order), `remote/folder.rs` (a prefix objects are
+//! written into: the destination of a pack); this file opens shards and lists objects.
 
 use super::fetch::{Chunk, Done, Fetched, PartFetch, ReadFailure, Sink};
 use super::glob::glob_match;
@@ -55,10 +56,12 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 mod breaker;
+mod folder;
 mod object;
 
 use breaker::*;
 pub use breaker::{unavailable, with_stop};
+pub use folder::ObjectFolder;
 pub use object::{exists, ObjectReader};
 
 /// Default request timeout, in seconds.

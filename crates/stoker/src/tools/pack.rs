@@ -8,8 +8,11 @@
 //! Safe to interrupt: a shard is streamed to a temporary file (`.NAME.stoker-partial`), synced,
 //! and renamed into place after its index, so a folder never holds a shard without its index
 //! or a half-written shard under a shard's name; on an error (a full disk, ...) the temporary
-//! file is removed and the error names the shard. Member names of any length and any UTF-8 are
-//! written (pax `path` records where ustar has no room). A destination that already holds the
+//! file is removed and the error names the shard. The destination may be a prefix in object
+//! storage instead ([`Destination`]: `s3://bucket/prefix`, ...): a shard is then streamed to a
+//! local temporary folder and uploaded as a whole object after its index, the same bytes.
+//! Member names of any length and any UTF-8 are written (pax `path` records where ustar has no
+//! room). A destination that already holds the
 //! output of a run (`*.tar`, `*.tar.idx`, `classes.json`) is refused unless
 //! [`PackOptions::overwrite`], which removes those files, and only those, first.
 //!
@@ -22,9 +25,13 @@ use crate::error::{Error, Result};
 use crate::image::decode::{sniff, DecodeOptions, Decoder, Format};
 use crate::image::ops::Resampler;
 use crate::observe::report::Skipped;
-use crate::source::shards::{decode_index, encode_index, index_path, partial_path, write_atomic, IndexEntry, Label};
+use crate::source::shards::{decode_index, encode_index, partial_path, IndexEntry, Label};
 use crate::source::{tar, ImageFolder, ShardSource, Source};
 use std::path::{Path, PathBuf};
+
+mod destination;
+
+pub use destination::{is_url, Destination};
 
 /// How to pack.
 #[derive(Debug, Clone)]
@@ -72,7 +79,7 @@ impl Default for PackOptions {
 pub struct PackSummary {
     /// Samples written.
     pub samples: usize,
-    /// Shard files written.
+    /// Shard files written (paths, or URLs in object storage).
     pub shards: Vec<PathBuf>,
     /// Bytes of all shards.
     pub bytes: u64,
@@ -229,9 +236,11 @@ impl Drop for Partial {
     }
 }
 
-/// The shard being written: its number, final name and the temporary file it is streamed to.
+/// The shard being written: its number, name in the destination, where that is (for errors)
+/// and the temporary file it is streamed to.
 struct OpenShard {
     number: usize,
+    name: String,
     path: PathBuf,
     tmp: Partial,
     tar: tar::Writer<std::io::BufWriter<std::fs::File>>,
@@ -244,7 +253,12 @@ fn write_error(path: &Path, e: &std::io::Error) -> Error {
 
 /// The path of shard `number` under `dst`: `PREFIX-000042.tar`.
 pub fn shard_path(dst: &Path, prefix: &str, number: usize) -> PathBuf {
-    dst.join(format!("{prefix}-{number:06}.tar"))
+    dst.join(shard_name(prefix, number))
+}
+
+/// The name of shard `number`: `PREFIX-000042.tar`.
+pub fn shard_name(prefix: &str, number: usize) -> String {
+    format!("{prefix}-{number:06}.tar")
 }
 
 /// The tar member names of a sample: the image (`KEY.EXT`) and its label (`KEY.cls`).
@@ -310,14 +324,37 @@ impl Planner {
 }
 
 struct ShardWriter<'a> {
-    dst: &'a Path,
+    dst: &'a Destination,
     prefix: &'a str,
+    /// Where shards bound for object storage are streamed to ([`Destination::scratch`]).
+    scratch: Option<tempfile::TempDir>,
     open: Option<OpenShard>,
     entries: Vec<IndexEntry>,
     summary: PackSummary,
 }
 
-impl ShardWriter<'_> {
+impl<'a> ShardWriter<'a> {
+    /// A writer of shards `PREFIX-NNNNNN.tar` into `dst`, its summary empty but for `removed`
+    /// (an earlier run's files) and, with `random_access`, its counts.
+    fn new(dst: &'a Destination, prefix: &'a str, removed: Vec<PathBuf>, random_access: bool) -> Result<Self> {
+        Ok(ShardWriter {
+            dst,
+            prefix,
+            scratch: dst.scratch()?,
+            open: None,
+            entries: vec![],
+            summary: PackSummary {
+                samples: 0,
+                shards: vec![],
+                bytes: 0,
+                reencoded: 0,
+                skipped: vec![],
+                removed,
+                random_access: random_access.then(RandomAccessSummary::default),
+            },
+        })
+    }
+
     /// Bytes in the shard being written.
     fn position(&self) -> u64 {
         self.open.as_ref().map_or(0, |o| o.tar.position())
@@ -330,11 +367,15 @@ impl ShardWriter<'_> {
             self.flush()?;
         }
         if self.open.is_none() {
-            let path = shard_path(self.dst, self.prefix, shard);
-            let tmp = partial_path(&path);
+            let name = shard_name(self.prefix, shard);
+            let path = self.dst.locate(&name);
+            let tmp = match &self.scratch {
+                Some(dir) => partial_path(&dir.path().join(&name)),
+                None => partial_path(&path),
+            };
             let file = std::fs::File::create(&tmp).map_err(|e| write_error(&path, &e))?;
             let tar = tar::Writer::new(std::io::BufWriter::with_capacity(1 << 20, file));
-            self.open = Some(OpenShard { number: shard, path, tmp: Partial(Some(tmp)), tar });
+            self.open = Some(OpenShard { number: shard, name, path, tmp: Partial(Some(tmp)), tar });
         }
         let (member, cls_name) = member_names(&key, ext);
         let o = self.open.as_mut().expect("a shard is open");
@@ -352,8 +393,8 @@ impl ShardWriter<'_> {
         Ok(())
     }
 
-    /// Finishes the open shard: end marker, sync, index (written and renamed first), then the
-    /// shard renamed into place.
+    /// Finishes the open shard: end marker, sync, then its index and the shard put in place
+    /// ([`Destination::place_shard`]: index first; renamed, or uploaded whole).
     fn flush(&mut self) -> Result<()> {
         let Some(mut o) = self.open.take() else { return Ok(()) };
         let path = o.path.clone();
@@ -362,12 +403,10 @@ impl ShardWriter<'_> {
         let file = o.tar.finish().map_err(err)?.into_inner().map_err(|e| err(e.into_error()))?;
         file.sync_all().map_err(err)?;
         drop(file);
-        write_atomic(&index_path(&path), &encode_index(&self.entries, size))?;
-        let tmp = o.tmp.0.take().expect("the partial file is ours");
-        if let Err(e) = std::fs::rename(&tmp, &path) {
-            let _ = std::fs::remove_file(&tmp);
-            let _ = std::fs::remove_file(index_path(&path));
-            return Err(err(e));
+        let tmp = o.tmp.0.as_deref().expect("the partial file is ours");
+        self.dst.place_shard(&o.name, &encode_index(&self.entries, size), tmp)?;
+        if !self.dst.is_remote() {
+            o.tmp.0 = None; // renamed into place: nothing to remove
         }
         self.summary.bytes += size;
         self.summary.shards.push(path);
@@ -376,27 +415,19 @@ impl ShardWriter<'_> {
     }
 }
 
-/// The files of an earlier run in `dst` (`*.tar`, `*.tar.idx`, `classes.json`; not folders),
-/// sorted; none when `dst` does not exist.
-pub fn earlier_output(dst: &Path) -> Result<Vec<PathBuf>> {
-    let rd = match std::fs::read_dir(dst) {
-        Ok(rd) => rd,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(vec![]),
-        Err(e) => return Err(Error::io(dst, &e)),
-    };
-    let mut out = vec![];
-    for entry in rd {
-        let entry = entry.map_err(|e| Error::io(dst, &e))?;
-        if entry.file_type().map_err(|e| Error::io(entry.path(), &e))?.is_dir() {
-            continue;
-        }
-        let name = entry.file_name().to_string_lossy().into_owned();
-        if name.ends_with(".tar") || name.ends_with(".tar.idx") || name == "classes.json" {
-            out.push(entry.path());
-        }
-    }
-    out.sort();
-    Ok(out)
+/// The files of an earlier run in `dst` (`*.tar`, `*.tar.idx`, `classes.json` directly in it;
+/// not folders), sorted, as paths (or URLs); none when `dst` does not exist.
+pub fn earlier_output(dst: &Destination) -> Result<Vec<PathBuf>> {
+    Ok(earlier_names(dst)?.iter().map(|n| dst.locate(n)).collect())
+}
+
+/// The names of [`earlier_output`].
+fn earlier_names(dst: &Destination) -> Result<Vec<String>> {
+    Ok(dst
+        .list()?
+        .into_iter()
+        .filter(|n| n.ends_with(".tar") || n.ends_with(".tar.idx") || n == "classes.json")
+        .collect())
 }
 
 /// What [`pack`] reads: an ImageFolder, or shards to re-pack (their samples, keys and labels
@@ -452,38 +483,35 @@ pub fn check_options(opts: &PackOptions) -> Result<()> {
 
 /// Makes `dst` ready for a pack: refuses it when it holds an earlier run's output
 /// ([`earlier_output`]) unless `overwrite`, which removes those files (returned); creates it.
-pub fn clear_destination(dst: &Path, overwrite: bool) -> Result<Vec<PathBuf>> {
-    let earlier = earlier_output(dst)?;
+pub fn clear_destination(dst: &Destination, overwrite: bool) -> Result<Vec<PathBuf>> {
+    let earlier = earlier_names(dst)?;
     if !earlier.is_empty() && !overwrite {
-        let names: Vec<String> =
-            earlier.iter().take(3).map(|p| p.file_name().unwrap_or_default().to_string_lossy().into_owned()).collect();
         let more = if earlier.len() > 3 { format!(" and {} more", earlier.len() - 3) } else { String::new() };
         return Err(Error::config(
             "overwrite",
             format!(
                 "not set, and {} already holds the output of another run ({}{more}); pass it to remove those files first (only *.tar, *.tar.idx and classes.json are removed), or choose another folder",
-                dst.display(),
-                names.join(", ")
+                dst.describe(),
+                earlier[..earlier.len().min(3)].join(", ")
             ),
         ));
     }
-    for p in &earlier {
-        std::fs::remove_file(p).map_err(|e| Error::io(p, &e))?;
+    for name in &earlier {
+        dst.remove(name)?;
     }
-    std::fs::create_dir_all(dst).map_err(|e| Error::io(dst, &e))?;
-    Ok(earlier)
+    dst.create()?;
+    Ok(earlier.iter().map(|n| dst.locate(n)).collect())
 }
 
-/// Writes `classes.json` (the class names of `src`, in label order) into `dst`, atomically;
-/// a file that holds these bytes already is left as it is.
-pub fn write_classes(src: &dyn PackInput, dst: &Path) -> Result<()> {
+/// Writes `classes.json` (the class names of `src`, in label order) into `dst`, whole or not
+/// at all; one that holds these bytes already is left as it is.
+pub fn write_classes(src: &dyn PackInput, dst: &Destination) -> Result<()> {
     // Exactly as named: a folder name that is not UTF-8 survives (Python's `\udcXX` escapes).
     let classes = crate::source::classes_to_json(PackInput::class_names(src));
-    let path = dst.join("classes.json");
-    if std::fs::read(&path).is_ok_and(|b| b == classes.as_bytes()) {
+    if dst.read("classes.json")?.is_some_and(|b| b == classes.as_bytes()) {
         return Ok(());
     }
-    write_atomic(&path, classes.as_bytes())
+    dst.write("classes.json", classes.as_bytes())
 }
 
 /// The order samples are written in: the dataset's, or a seeded random one
@@ -527,32 +555,19 @@ fn prepare_all(src: &dyn PackInput, indices: &[usize], opts: &PackOptions) -> Ve
     results.into_iter().map(|r| r.expect("every sample was prepared")).collect()
 }
 
-/// Packs `src` into shards under `dst` (created if missing); `progress` is told how many
-/// source files are done.
+/// Packs `src` into shards under `dst` (a folder, created if missing, or a prefix in object
+/// storage); `progress` is told how many source files are done.
 pub fn pack(
     src: &dyn PackInput,
-    dst: &Path,
+    dst: impl Into<Destination>,
     opts: &PackOptions,
     progress: &(dyn Fn(usize) + Sync),
 ) -> Result<PackSummary> {
     check_options(opts)?;
-    let earlier = clear_destination(dst, opts.overwrite)?;
-    write_classes(src, dst)?;
-    let mut w = ShardWriter {
-        dst,
-        prefix: &opts.prefix,
-        open: None,
-        entries: vec![],
-        summary: PackSummary {
-            samples: 0,
-            shards: vec![],
-            bytes: 0,
-            reencoded: 0,
-            skipped: vec![],
-            removed: earlier,
-            random_access: opts.random_access.then(RandomAccessSummary::default),
-        },
-    };
+    let dst = dst.into();
+    let earlier = clear_destination(&dst, opts.overwrite)?;
+    write_classes(src, &dst)?;
+    let mut w = ShardWriter::new(&dst, &opts.prefix, earlier, opts.random_access)?;
     let mut planner = Planner::new(opts.shard_size);
     let n = src.len();
     let order = sample_order(n, opts);
@@ -619,12 +634,13 @@ pub struct Staged {
 
 /// One piece of a pack made in pieces (`stoker.ray.pack`): prepares `indices` of `src` (a
 /// consecutive run of the [`sample_order`]) as [`pack`] would, and writes their bytes back to
-/// back into `staging` (atomically: a temporary file renamed into place).
+/// back into `staging`, a name in `dst` (whole or not at all: [`Destination::write`]).
 pub fn prepare_group(
     src: &dyn PackInput,
     indices: &[usize],
     opts: &PackOptions,
-    staging: &Path,
+    dst: &Destination,
+    staging: &str,
 ) -> Result<Vec<StagedSample>> {
     check_options(opts)?;
     let mut bytes = Vec::new();
@@ -646,22 +662,38 @@ pub fn prepare_group(
         };
         out.push(StagedSample { index, outcome });
     }
-    write_atomic(staging, &bytes)?;
+    dst.write(staging, &bytes)?;
     Ok(out)
 }
 
-/// Whether shard `number` of a pack made in pieces is in `dst` whole: the shard and its index
-/// there, the index readable, its size the shard's, and its keys `keys`, in order (a shard is
-/// renamed into place only once written and synced, after its index).
-pub fn verify_shard(dst: &Path, prefix: &str, number: usize, keys: &[String]) -> bool {
-    let path = shard_path(dst, prefix, number);
-    let (Ok(meta), Ok(idx)) = (std::fs::metadata(&path), std::fs::read(index_path(&path))) else { return false };
-    match decode_index(&idx, &index_path(&path)) {
-        Ok((entries, size)) => {
-            size == meta.len() && entries.len() == keys.len() && entries.iter().zip(keys).all(|(e, k)| &e.key == k)
-        }
-        Err(_) => false,
+/// Whether shard `number` of a pack made in pieces is in `dst` whole, and its size if so: the
+/// shard and its index there, the index readable, its size the shard's, its keys `keys`, in
+/// order, and the tar headers of its first and last samples and its end marker where the
+/// index says (a shard is put in place only once written whole, after its index). A shard cut
+/// short, another file under its name, or an index of other samples is not whole; a change
+/// inside the data of a sample between those is not looked for.
+pub fn verify_shard(dst: &Destination, prefix: &str, number: usize, keys: &[String]) -> Option<u64> {
+    let name = shard_name(prefix, number);
+    let size = dst.size(&name).ok()??;
+    let idx = dst.read(&format!("{name}.idx")).ok()??;
+    let (entries, indexed) = decode_index(&idx, &dst.locate(&format!("{name}.idx"))).ok()?;
+    if indexed != size || entries.len() != keys.len() || entries.iter().zip(keys).any(|(e, k)| &e.key != k) {
+        return None;
     }
+    let (first, last) = (entries.first()?, entries.last()?);
+    let (block, end) = (tar::BLOCK as u64, 2 * tar::BLOCK as u64);
+    if first.offset < block || last.offset < first.offset || last.offset.saturating_add(last.length + end) > size {
+        return None;
+    }
+    let header_ok =
+        |block: &[u8], e: &IndexEntry| tar::Header::parse(block).is_ok_and(|h| h.fingerprint() == e.fingerprint);
+    let head = dst.read_range(&name, first.offset - block..first.offset).ok()?;
+    // The last sample's header and data, its label, and the end marker: one read.
+    let tail = dst.read_range(&name, last.offset - block..size).ok()?;
+    let whole = header_ok(&head, first)
+        && header_ok(&tail[..tar::BLOCK], last)
+        && tail[tail.len() - end as usize..].iter().all(|&b| b == 0);
+    whole.then_some(size)
 }
 
 /// One sample of a shard made in pieces: what [`Planner::place`] gave it, and where
@@ -674,8 +706,8 @@ pub struct ShardSample {
     pub key: String,
     /// `jpg` or `png`.
     pub ext: String,
-    /// The staging file holding its bytes.
-    pub staging: PathBuf,
+    /// The staging file holding its bytes (its name in the destination).
+    pub staging: String,
     /// Their offset there.
     pub offset: u64,
     /// Their length.
@@ -683,10 +715,11 @@ pub struct ShardSample {
 }
 
 /// Writes shard `number` of a pack made in pieces into `dst`: the same bytes, index and
-/// atomic rename as [`pack`]. Returns its path and size.
+/// placing as [`pack`]. The staged bytes are read as one range per staging file (a shard's
+/// samples from one group are consecutive there). Returns its path (or URL) and size.
 pub fn write_shard(
     src: &dyn PackInput,
-    dst: &Path,
+    dst: &Destination,
     prefix: &str,
     number: usize,
     samples: &[ShardSample],
@@ -701,32 +734,15 @@ pub fn write_shard(
             other => Err(Error::Internal(format!("a staged sample has extension {other:?}"))),
         }
     };
-    let mut w = ShardWriter {
-        dst,
-        prefix,
-        open: None,
-        entries: vec![],
-        summary: PackSummary {
-            samples: 0,
-            shards: vec![],
-            bytes: 0,
-            reencoded: 0,
-            skipped: vec![],
-            removed: vec![],
-            random_access: None,
-        },
-    };
-    let mut files: std::collections::HashMap<&Path, std::fs::File> = Default::default();
-    let mut data = Vec::new();
-    for s in samples {
-        if !files.contains_key(s.staging.as_path()) {
-            let f = std::fs::File::open(&s.staging).map_err(|e| Error::io(&s.staging, &e))?;
-            files.insert(s.staging.as_path(), f);
+    let mut w = ShardWriter::new(dst, prefix, vec![], false)?;
+    for run in samples.chunk_by(|a, b| a.staging == b.staging) {
+        let from = run.iter().map(|s| s.offset).min().expect("a run is not empty");
+        let to = run.iter().map(|s| s.offset + s.length).max().expect("a run is not empty");
+        let bytes = dst.read_range(&run[0].staging, from..to)?;
+        for s in run {
+            let data = &bytes[(s.offset - from) as usize..(s.offset - from + s.length) as usize];
+            w.append(number, s.key.clone(), ext_of(&s.ext)?, data, src.label(s.index))?;
         }
-        let f = &files[s.staging.as_path()];
-        data.resize(s.length as usize, 0);
-        std::os::unix::fs::FileExt::read_exact_at(f, &mut data, s.offset).map_err(|e| Error::io(&s.staging, &e))?;
-        w.append(number, s.key.clone(), ext_of(&s.ext)?, &data, src.label(s.index))?;
     }
     w.flush()?;
     let path = w.summary.shards.pop().expect("one shard was written");
@@ -736,6 +752,74 @@ pub fn write_shard(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A shard of three made-up samples in `dst`, through the writer `pack` uses; its keys.
+    fn small_shard(dst: &Destination) -> Vec<String> {
+        let mut w = ShardWriter::new(dst, "t", vec![], false).unwrap();
+        let keys: Vec<String> = (0..3).map(|i| format!("c/{i}")).collect();
+        for (i, k) in keys.iter().enumerate() {
+            w.append(0, k.clone(), "jpg", &vec![i as u8 + 1; 700 + i], i as i64).unwrap();
+        }
+        w.flush().unwrap();
+        keys
+    }
+
+    #[test]
+    fn a_shard_is_whole_only_as_written() {
+        let d = tempfile::tempdir().unwrap();
+        let dst = Destination::from(d.path());
+        let keys = small_shard(&dst);
+        let path = shard_path(d.path(), "t", 0);
+        let bytes = std::fs::read(&path).unwrap();
+        assert_eq!(verify_shard(&dst, "t", 0, &keys), Some(bytes.len() as u64));
+        assert!(std::fs::read_dir(d.path()).unwrap().all(|e| !e
+            .unwrap()
+            .file_name()
+            .to_string_lossy()
+            .starts_with('.')));
+        // Other keys, a shard cut short, a header overwritten (the same size), the end marker
+        // changed, no index: not whole.
+        assert_eq!(verify_shard(&dst, "t", 0, &keys[..2]), None);
+        std::fs::write(&path, &bytes[..bytes.len() - 512]).unwrap();
+        assert_eq!(verify_shard(&dst, "t", 0, &keys), None);
+        let mut bad = bytes.clone();
+        bad[..512].fill(0);
+        std::fs::write(&path, &bad).unwrap();
+        assert_eq!(verify_shard(&dst, "t", 0, &keys), None);
+        let mut bad = bytes.clone();
+        let n = bad.len();
+        bad[n - 1] = 1; // the end marker
+
+        std::fs::write(&path, &bad).unwrap();
+        assert_eq!(verify_shard(&dst, "t", 0, &keys), None);
+        std::fs::write(&path, &bytes).unwrap();
+        assert!(verify_shard(&dst, "t", 0, &keys).is_some());
+        std::fs::remove_file(crate::source::shards::index_path(&path)).unwrap();
+        assert_eq!(verify_shard(&dst, "t", 0, &keys), None);
+    }
+
+    #[test]
+    fn urls_and_folders() {
+        for url in ["s3://b/x", "gs://b", "az://c/p/q", "https://h/x"] {
+            assert!(is_url(url), "{url}");
+        }
+        for path in ["out", "/data/s3:x", "./a://b", "://x"] {
+            assert!(!is_url(path), "{path}");
+        }
+        let d = tempfile::tempdir().unwrap();
+        let dst = Destination::from(d.path().join("new"));
+        assert_eq!(dst.list().unwrap(), Vec::<String>::new());
+        dst.write(".stoker-ray/plan.json", b"{}").unwrap();
+        dst.write("a.tar", b"0123456789").unwrap();
+        assert_eq!(dst.list().unwrap(), ["a.tar"]); // not what is in sub-folders
+        assert_eq!(dst.read(".stoker-ray/plan.json").unwrap().as_deref(), Some(&b"{}"[..]));
+        assert_eq!((dst.size("a.tar").unwrap(), dst.size("b.tar").unwrap()), (Some(10), None));
+        assert_eq!(dst.read_range("a.tar", 2..5).unwrap(), b"234");
+        assert!(dst.read_range("a.tar", 8..12).unwrap_err().to_string().contains("a.tar"));
+        dst.remove("a.tar").unwrap();
+        dst.remove("a.tar").unwrap();
+        assert_eq!(dst.read("a.tar").unwrap(), None);
+    }
 
     #[test]
     fn keys() {
