@@ -33,9 +33,9 @@ def s3():
         yield s
 
 
-def cli(*args):
+def cli(*args, env=None):
     return subprocess.run([sys.executable, "-m", "stoker.cli", *map(str, args)], capture_output=True, text=True,
-                          timeout=300)
+                          timeout=300, env=env)
 
 
 def files(folder):
@@ -134,9 +134,12 @@ def test_a_pack_killed_mid_upload_leaves_no_shard(s3, big_demo, tmp_path):
                 p.kill()
             p.wait(30)
     assert "shard-000000.tar" not in s3_objects(client, "out", "killed")
-    assert [p.name for p in tmp_path.glob("stoker-pack-*/.*")] == [".shard-000000.tar.stoker-partial"]
-    r = cli("pack", big_demo, "s3://out/killed", "--shard-size", "64MiB", "--overwrite")
+    # The killed pack's folder (named with its pid) is left, then removed by the next pack.
+    assert [f.name for f in tmp_path.glob(f"stoker-pack-{p.pid}-*/.*")] == [".shard-000000.tar.stoker-partial"]
+    r = cli("pack", big_demo, "s3://out/killed", "--shard-size", "64MiB", "--overwrite",
+            env={**os.environ, "TMPDIR": str(tmp_path)})
     assert r.returncode == 0, r.stderr
+    assert not list(tmp_path.glob("stoker-pack-*")), list(tmp_path.iterdir())
     one = cli("pack", big_demo, tmp_path / "one", "--shard-size", "64MiB")
     assert one.returncode == 0, one.stderr
     assert s3_objects(client, "out", "killed") == files(tmp_path / "one")

@@ -381,6 +381,13 @@ pub fn clear(root: &Path, older_than: Option<Duration>) -> Result<Cleared> {
     Ok(out)
 }
 
+/// Whether process `pid` (this one included) still exists: what tells a killed process's
+/// leftovers (named with its pid) from a live one's.
+pub(crate) fn process_alive(pid: i32) -> bool {
+    // SAFETY: kill with signal 0 only checks whether the process exists.
+    pid == std::process::id() as i32 || unsafe { libc::kill(pid, 0) } == 0
+}
+
 /// Deletes groups moved aside, and leftovers of removals that a killed process did not finish.
 fn remove_trash(root: &Path, mut trash: Vec<PathBuf>) {
     if let Ok(rd) = std::fs::read_dir(root) {
@@ -389,9 +396,7 @@ fn remove_trash(root: &Path, mut trash: Vec<PathBuf>) {
             let n = n.to_string_lossy();
             if let Some(rest) = n.strip_prefix(".trash-") {
                 let pid = rest.split('-').next().and_then(|p| p.parse::<i32>().ok());
-                // SAFETY: kill with signal 0 only checks whether the process exists.
-                let alive = pid.is_some_and(|p| p == std::process::id() as i32 || unsafe { libc::kill(p, 0) } == 0);
-                if !alive {
+                if !pid.is_some_and(process_alive) {
                     trash.push(e.path());
                 }
             }

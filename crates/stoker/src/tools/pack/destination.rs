@@ -216,13 +216,17 @@ impl Destination {
 
     /// A local folder for the shards being written: the destination folder itself (a shard
     /// is renamed into place from there), or for object storage a new temporary folder (a
-    /// shard is uploaded from there), removed when the returned guard is dropped.
+    /// shard is uploaded from there), removed when the returned guard is dropped. Its name
+    /// holds this process's id: the folders of packs that were killed (their process gone)
+    /// are removed first.
     pub(super) fn scratch(&self) -> Result<Option<tempfile::TempDir>> {
         match self {
             Destination::Folder(_) => Ok(None),
             #[cfg(feature = "remote")]
             Destination::Store(s) => {
-                tempfile::Builder::new().prefix("stoker-pack-").tempdir().map(Some).map_err(|e| Error::Io {
+                remove_killed_scratch(&std::env::temp_dir());
+                let prefix = format!("{SCRATCH_PREFIX}{}-", std::process::id());
+                tempfile::Builder::new().prefix(&prefix).tempdir().map(Some).map_err(|e| Error::Io {
                     path: std::env::temp_dir(),
                     reason: format!("cannot make a temporary folder for the shards bound for {}: {e}", s.url()),
                 })
@@ -254,6 +258,28 @@ impl Destination {
                 }
                 Ok(())
             }
+        }
+    }
+}
+
+/// The start of a scratch folder's name; the packing process's id follows, then `-`.
+#[cfg(feature = "remote")]
+const SCRATCH_PREFIX: &str = "stoker-pack-";
+
+/// Removes the scratch folders in `tmp` of packs whose process is gone (killed before its
+/// folder's guard could remove it).
+#[cfg(feature = "remote")]
+fn remove_killed_scratch(tmp: &Path) {
+    let Ok(rd) = std::fs::read_dir(tmp) else { return };
+    for e in rd.flatten() {
+        let name = e.file_name();
+        let pid = name
+            .to_str()
+            .and_then(|n| n.strip_prefix(SCRATCH_PREFIX))
+            .and_then(|rest| rest.split('-').next())
+            .and_then(|p| p.parse::<i32>().ok());
+        if pid.is_some_and(|p| !crate::shell::store::process_alive(p)) {
+            let _ = std::fs::remove_dir_all(e.path());
         }
     }
 }
