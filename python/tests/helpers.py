@@ -185,23 +185,31 @@ def moto_s3(buckets=()):
     except RuntimeError:
         pytest.fail("the S3 test server did not start")
     endpoint = f"http://127.0.0.1:{port}"
-    env = {"AWS_ENDPOINT": endpoint, **S3_ENV}
-    old = {k: os.environ.get(k) for k in env}
     try:
         client = boto3.client("s3", endpoint_url=endpoint, aws_access_key_id="test", aws_secret_access_key="test",
                               region_name="us-east-1")
         for b in buckets:
             client.create_bucket(Bucket=b)
-        os.environ.update(env)
-        yield {"endpoint": endpoint, "client": client}
+        with environ({"AWS_ENDPOINT": endpoint, **S3_ENV}):
+            yield {"endpoint": endpoint, "client": client}
+    finally:
+        server.terminate()
+        server.wait(10)
+
+
+@contextlib.contextmanager
+def environ(env):
+    """`env` set in this process's environment until the end, then each variable as it was."""
+    old = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        yield
     finally:
         for k, v in old.items():
             if v is None:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
-        server.terminate()
-        server.wait(10)
 
 
 def s3_objects(client, bucket: str, prefix: str) -> dict[str, bytes]:

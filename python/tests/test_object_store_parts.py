@@ -15,6 +15,7 @@ import stoker
 boto3 = pytest.importorskip("boto3", reason="boto3/moto not installed: object-store tests skipped")
 pytest.importorskip("moto.server", reason="moto[server] not installed: object-store tests skipped")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from helpers import S3_ENV, environ  # noqa: E402
 from s3proxy import Proxy, start_moto  # noqa: E402
 
 BATCH = 32
@@ -22,7 +23,6 @@ BATCH = 32
 
 @pytest.fixture(scope="module")
 def store(big_demo, tmp_path_factory):
-    import os
     import subprocess
 
     shards = tmp_path_factory.mktemp("partshards")
@@ -30,23 +30,15 @@ def store(big_demo, tmp_path_factory):
                    check=True, capture_output=True, timeout=300)
     moto, port = start_moto()
     proxy = Proxy(port).start()
-    env = {"AWS_ENDPOINT": proxy.endpoint, "AWS_ALLOW_HTTP": "true", "AWS_ACCESS_KEY_ID": "test",
-           "AWS_SECRET_ACCESS_KEY": "test", "AWS_REGION": "us-east-1"}
-    old = {k: os.environ.get(k) for k in env}
     try:
         client = boto3.client("s3", endpoint_url=f"http://127.0.0.1:{port}", aws_access_key_id="test",
                               aws_secret_access_key="test", region_name="us-east-1")
         client.create_bucket(Bucket="parts")
         for p in sorted(shards.iterdir()):
             client.upload_file(str(p), "parts", f"train/{p.name}")
-        os.environ.update(env)
-        yield {"proxy": proxy, "shards": shards, "tars": sorted(shards.glob("*.tar"))}
+        with environ({"AWS_ENDPOINT": proxy.endpoint, **S3_ENV}):
+            yield {"proxy": proxy, "shards": shards, "tars": sorted(shards.glob("*.tar"))}
     finally:
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
         proxy.stop()
         moto.terminate()
         moto.wait(10)
