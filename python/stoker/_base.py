@@ -34,6 +34,7 @@ class _Native(Protocol):
     def load_state(self, seed: int, epoch: int, next_batch: int, resume: bool = True,
                    elastic_json: str | None = None) -> None: ...
     def fingerprint_json(self) -> str: ...
+    def state_json(self) -> str: ...
     def load_state_json(self, state_json: str) -> None: ...
     def load_states_json(self, states_json: str) -> None: ...
     @property
@@ -168,15 +169,7 @@ class LoaderBase:
         from other ranks' states (:meth:`load_state_dict` of a list) it also has ``elastic``,
         the saved runs that epoch continues (``version`` 3): ``next_batch`` counts batches of the
         continued epoch, so the state resumes it exactly, on a loader of the same ranks."""
-        native = self._base()
-        seed, epoch, next_batch = native.state()
-        elastic = native.elastic_json()
-        state: dict[str, Any] = {
-            "version": 2 if elastic is None else 3, "seed": seed, "epoch": epoch, "next_batch": next_batch,
-            "batches_per_epoch": len(self), "rank": self.rank, "world_size": self.world_size,
-            "fingerprint": json.loads(native.fingerprint_json())}
-        if elastic is not None:
-            state["elastic"] = json.loads(elastic)
+        state: dict[str, Any] = json.loads(self._base().state_json())
         return state
 
     def load_state_dict(self, state: dict[str, Any] | list[dict[str, Any]]) -> None:

@@ -271,8 +271,7 @@ class TokenLoader(LoaderBase):
         """The exact position: epoch, batches delivered, and where the next row starts (the
         document of this rank's order and the tokens or rows of it already used), with the
         ``fingerprint`` of what it is valid for."""
-        state: dict[str, Any] = json.loads(self._loader().state_json())
-        return state
+        return super().state_dict()
 
     def load_state_dict(self, state: dict[str, Any] | list[dict[str, Any]]) -> None:
         """Restores a :meth:`state_dict`: the next iteration continues bit for bit. A state of

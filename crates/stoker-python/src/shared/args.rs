@@ -58,13 +58,12 @@ pub fn args_of(json: &str) -> PyResult<stoker::args::Args> {
     serde_json::from_str(json).map_err(|e| errors::config("arguments", format!("not a JSON object: {e}")))
 }
 
-/// The states of a JSON list of every rank's `state_dict()` (an elastic resume), each read by
+/// The states of the list of every rank's `state_dict()` (an elastic resume), each read by
 /// `read` and paired with the rank and world size its fingerprint names.
 pub fn rank_states<T>(
-    states_json: &str,
+    v: &serde_json::Value,
     read: impl Fn(&serde_json::Value) -> stoker::Result<T>,
 ) -> PyResult<Vec<(T, usize, usize)>> {
-    let v = state_value(states_json, "a list of state_dict()s")?;
     let list = v.as_array().ok_or_else(|| crate::errors::config("state", "expected a list of state_dict()s"))?;
     let mut states = Vec::with_capacity(list.len());
     for (k, one) in list.iter().enumerate() {

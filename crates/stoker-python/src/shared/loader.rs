@@ -10,6 +10,7 @@
 
 use crate::shared::device::HostIter;
 use crate::shared::iter::Polled;
+use pyo3::prelude::*;
 
 /// What a loader class adds to the shared methods. The class keeps the engine's loader, its
 /// transfer stage and its device report in a field `on` ([`stoker_cuda::OnDevice`]).
@@ -24,14 +25,21 @@ pub(crate) trait LoaderClass {
     fn held_batches(&self) -> usize;
     /// The iterator class of a started iteration.
     fn iterator(&self, it: Polled<Self::Host>) -> Self::Iterator;
+    /// The state dict (`state_dict()`) as a JSON value.
+    fn state_value(&self, py: Python<'_>) -> PyResult<serde_json::Value>;
+    /// Restores one state dict, checked field by field and against this loader.
+    fn load_state_value(&self, py: Python<'_>, state: &serde_json::Value) -> PyResult<()>;
+    /// Continues a run saved by several ranks from the list of every rank's state dict.
+    fn load_states_value(&self, py: Python<'_>, states: &serde_json::Value) -> PyResult<()>;
 }
 
 /// The one `#[pymethods]` block of a loader class: the kind's own methods (the braces) and
 /// the shared ones. Every loader class gets `set_epoch`, `resume_pending`, `threads`, `held`,
-/// `batch_size`, `rank`, `world_size`, `device`, `report_json`, `report_text` and `iter`; the
-/// groups named in `shares [...]` add:
+/// `batch_size`, `rank`, `world_size`, `device`, `report_json`, `report_text`, the state
+/// methods `state_json`, `load_state_json`, `load_states_json` (over [`LoaderClass`]'s) and
+/// `iter`; the groups named in `shares [...]` add:
 /// - `positioned` (a sampler position: images, arrays): `__len__`, `mixture_json`, `state`, `elastic_json`,
-///   `load_state`, `fingerprint_json`, `load_state_json`, `load_states_json`;
+///   `load_state` (a fork child's), `fingerprint_json`;
 /// - `traced` (images, tokens): `trace_path`, `save_trace`;
 /// - `device_report` (arrays, tokens): `device_report_json`.
 ///
@@ -104,35 +112,6 @@ macro_rules! loader_class {
                 })
             }
 
-            /// Restores a state dict given as JSON (`load_state_dict`): checked field by field
-            /// and against this loader's fingerprint, each error naming the field.
-            fn load_state_json(&self, py: ::pyo3::Python<'_>, state_json: &str) -> ::pyo3::PyResult<()> {
-                use $crate::errors::IntoPy;
-                $crate::errors::contain(|| {
-                    let state = $crate::shared::args::state_value(state_json, "a dict from state_dict()")?;
-                    let mine = py.detach(|| ::stoker::Fingerprint::clone(&self.on.loader.fingerprint()));
-                    let st = ::stoker::args::saved_state(&state, &mine).py_err()?;
-                    // An elastic epoch's order is computed on loading: without the GIL.
-                    py.detach(|| match st.elastic {
-                        Some(e) => self.on.loader.load_elastic(st.state, e),
-                        None => self.on.loader.load_state(st.state),
-                    })
-                    .py_err()
-                })
-            }
-
-            /// Continues a run saved by several ranks: the JSON list of every rank's state dict
-            /// (any number of ranks; the samples no saved rank delivered are dealt to this
-            /// loader's ranks).
-            fn load_states_json(&self, py: ::pyo3::Python<'_>, states_json: &str) -> ::pyo3::PyResult<()> {
-                use $crate::errors::IntoPy;
-                $crate::errors::contain(|| {
-                    let states = $crate::shared::args::state_value(states_json, "a list of state_dict()s")?;
-                    let mine = py.detach(|| ::stoker::Fingerprint::clone(&self.on.loader.fingerprint()));
-                    let st = ::stoker::args::saved_states(&states, &mine).py_err()?;
-                    py.detach(|| self.on.loader.load_elastic(st.state, st.elastic.unwrap_or_default())).py_err()
-                })
-            }
         ]);
     };
 
@@ -241,6 +220,32 @@ macro_rules! loader_class {
             /// The report's human summary.
             fn report_text(&self) -> String {
                 self.on.loader.report().to_text()
+            }
+
+            /// The state dict (`state_dict()`) as JSON.
+            fn state_json(&self, py: ::pyo3::Python<'_>) -> ::pyo3::PyResult<String> {
+                $crate::errors::contain(|| {
+                    Ok($crate::shared::loader::LoaderClass::state_value(self, py)?.to_string())
+                })
+            }
+
+            /// Restores a state dict given as JSON (`load_state_dict`): checked field by field
+            /// and against this loader's fingerprint, each error naming the field.
+            fn load_state_json(&self, py: ::pyo3::Python<'_>, state_json: &str) -> ::pyo3::PyResult<()> {
+                $crate::errors::contain(|| {
+                    let state = $crate::shared::args::state_value(state_json, "a dict from state_dict()")?;
+                    $crate::shared::loader::LoaderClass::load_state_value(self, py, &state)
+                })
+            }
+
+            /// Continues a run saved by several ranks: the JSON list of every rank's state dict
+            /// (any number of ranks; what no saved rank delivered is dealt to this loader's
+            /// ranks).
+            fn load_states_json(&self, py: ::pyo3::Python<'_>, states_json: &str) -> ::pyo3::PyResult<()> {
+                $crate::errors::contain(|| {
+                    let states = $crate::shared::args::state_value(states_json, "a list of state_dict()s")?;
+                    $crate::shared::loader::LoaderClass::load_states_value(self, py, &states)
+                })
             }
 
             /// Starts iterating from the current state; ends any previous iteration of this

@@ -4,7 +4,7 @@
 
 use super::iter::PyTokenIter;
 use crate::errors::{self, IntoPy};
-use crate::shared::args::{args_of, rank_states, state_value};
+use crate::shared::args::{args_of, rank_states};
 use crate::shared::iter::Polled;
 use crate::shared::loader::{loader_class, LoaderClass};
 use pyo3::prelude::*;
@@ -52,6 +52,19 @@ impl LoaderClass for PyTokenLoader {
     }
     fn iterator(&self, polled: Polled<TokenIter>) -> PyTokenIter {
         PyTokenIter { polled }
+    }
+    fn state_value(&self, _: Python<'_>) -> PyResult<serde_json::Value> {
+        Ok(token_state_value(&self.on.loader.state(), &self.on.loader))
+    }
+    fn load_state_value(&self, _: Python<'_>, state: &serde_json::Value) -> PyResult<()> {
+        let st = stoker::args::token_state(state, &self.on.loader.fingerprint(), false).py_err()?;
+        self.on.loader.load_state(st).py_err()
+    }
+    /// Any number of ranks; the documents no saved rank finished are dealt anew.
+    fn load_states_value(&self, _: Python<'_>, states: &serde_json::Value) -> PyResult<()> {
+        let mine = self.on.loader.fingerprint();
+        let states = rank_states(states, |one| stoker::args::token_state(one, &mine, true))?;
+        self.on.loader.load_states(&states).py_err()
     }
 }
 
@@ -107,29 +120,5 @@ loader_class! { PyTokenLoader => PyTokenIter, shares [traced device_report], {
     /// The counters (documents, tokens, padding, seconds per stage) as JSON.
     fn stats_json(&self) -> String {
         serde_json::to_string(&self.on.loader.stats().counts(self.on.loader.consumer_wait())).unwrap_or_default()
-    }
-
-    /// The state dict as JSON.
-    fn state_json(&self) -> PyResult<String> {
-        Ok(token_state_value(&self.on.loader.state(), &self.on.loader).to_string())
-    }
-
-    /// Restores a state dict given as JSON, checked field by field and against this loader.
-    fn load_state_json(&self, state_json: &str) -> PyResult<()> {
-        errors::contain(|| {
-            let state = state_value(state_json, "a dict from state_dict()")?;
-            let st = stoker::args::token_state(&state, &self.on.loader.fingerprint(), false).py_err()?;
-            self.on.loader.load_state(st).py_err()
-        })
-    }
-
-    /// Continues a run saved by several ranks: the JSON list of every rank's state dict
-    /// (any number of ranks; the documents no saved rank finished are dealt anew).
-    fn load_states_json(&self, states_json: &str) -> PyResult<()> {
-        errors::contain(|| {
-            let mine = self.on.loader.fingerprint();
-            let states = rank_states(states_json, |one| stoker::args::token_state(one, &mine, true))?;
-            self.on.loader.load_states(&states).py_err()
-        })
     }
 } }

@@ -5,7 +5,7 @@
 use super::batch::PyTokenBatch;
 use super::loader::{token_state_value, tokenizer_of};
 use crate::errors::{self, IntoPy};
-use crate::shared::args::{args_of, rank_states, state_value};
+use crate::shared::args::{args_of, rank_states};
 use crate::shared::iter::{iterator_class, Polled};
 use crate::shared::loader::{loader_class, LoaderClass};
 use pyo3::prelude::*;
@@ -39,11 +39,27 @@ impl LoaderClass for PyTokenMixLoader {
     fn iterator(&self, polled: Polled<TokenMixIter>) -> PyTokenMixIter {
         PyTokenMixIter { polled }
     }
+    fn state_value(&self, _: Python<'_>) -> PyResult<serde_json::Value> {
+        Ok(self.mix_state_value())
+    }
+    fn load_state_value(&self, _: Python<'_>, state: &serde_json::Value) -> PyResult<()> {
+        let fps: Vec<_> = self.on.loader.sources().iter().map(|s| s.fingerprint()).collect();
+        let mine = self.on.loader.fingerprint();
+        let st = stoker::args::token_mix_state(state, &mine["mixture"], &fps, false).py_err()?;
+        self.on.loader.load_state(st).py_err()
+    }
+    /// All saved ranks at the same batch, continued on this loader's ranks.
+    fn load_states_value(&self, _: Python<'_>, states: &serde_json::Value) -> PyResult<()> {
+        let fps: Vec<_> = self.on.loader.sources().iter().map(|s| s.fingerprint()).collect();
+        let mine = self.on.loader.fingerprint();
+        let states = rank_states(states, |one| stoker::args::token_mix_state(one, &mine["mixture"], &fps, true))?;
+        self.on.loader.load_states(&states).py_err()
+    }
 }
 
 impl PyTokenMixLoader {
     /// The state dict as a JSON value.
-    fn state_value(&self) -> serde_json::Value {
+    fn mix_state_value(&self) -> serde_json::Value {
         let st = self.on.loader.state();
         let subs = self.on.loader.sources();
         let sources: Vec<serde_json::Value> = st
@@ -129,30 +145,4 @@ loader_class! { PyTokenMixLoader => PyTokenMixIter, shares [], {
     }
 
 
-    /// The state dict as JSON.
-    fn state_json(&self) -> String {
-        self.state_value().to_string()
-    }
-
-    /// Restores a state dict given as JSON, checked field by field and against this mixture.
-    fn load_state_json(&self, state_json: &str) -> PyResult<()> {
-        errors::contain(|| {
-            let state = state_value(state_json, "a dict from state_dict()")?;
-            let fps: Vec<_> = self.on.loader.sources().iter().map(|s| s.fingerprint()).collect();
-            let mine = self.on.loader.fingerprint();
-            let st = stoker::args::token_mix_state(&state, &mine["mixture"], &fps, false).py_err()?;
-            self.on.loader.load_state(st).py_err()
-        })
-    }
-
-    /// Continues a run saved by several ranks: the JSON list of every rank's state dict (all
-    /// at the same batch), on this loader's ranks.
-    fn load_states_json(&self, states_json: &str) -> PyResult<()> {
-        errors::contain(|| {
-            let fps: Vec<_> = self.on.loader.sources().iter().map(|s| s.fingerprint()).collect();
-            let mine = self.on.loader.fingerprint();
-            let states = rank_states(states_json, |one| stoker::args::token_mix_state(one, &mine["mixture"], &fps, true))?;
-            self.on.loader.load_states(&states).py_err()
-        })
-    }
 } }
