@@ -271,6 +271,36 @@ def test_tokenize_has_a_deadline(cluster, tmp_path, monkeypatch):
     assert list((tmp_path / "out").iterdir()) == []
 
 
+def test_the_deadline_holds_where_sigint_is_ignored():
+    """A job started in the background by a shell script (or under nohup) ignores SIGINT, so the
+    deadline's interrupt of the main thread is not delivered by itself: the deadline still ends
+    the block, a real SIGINT meanwhile stays ignored, and SIGINT is ignored again after it (in a
+    process of its own, started with SIGINT ignored; no Ray needed)."""
+    import signal
+    import textwrap
+
+    code = textwrap.dedent("""
+        import os, signal, time
+        from stoker.errors import DatasetError
+        from stoker.ray._tokenize import _deadline
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+        try:
+            with _deadline(0.5, "too late"):
+                os.kill(os.getpid(), signal.SIGINT)
+                end = time.monotonic() + 30
+                while time.monotonic() < end:  # as Ray Data's iterator waits: short sleeps
+                    time.sleep(0.01)
+        except DatasetError as e:
+            assert str(e) == "too late", e
+        else:
+            raise SystemExit("the block ran to its end")
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    """)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                       preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    assert r.returncode == 0, r.stderr
+
+
 def needs_s3(s3):
     if s3 is None:
         pytest.skip("boto3/moto not installed: object-store tests skipped")

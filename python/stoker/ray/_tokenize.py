@@ -16,6 +16,7 @@ import contextlib
 import importlib
 import json
 import os
+import signal
 import threading
 import time
 from pathlib import Path
@@ -215,10 +216,24 @@ def _deadline(seconds: float, message: str) -> Iterator[None]:
     The deadline interrupts the main thread (Ray Data's iterator then shuts its executor down),
     and again every second until the block has ended: one interrupt can be lost, where it lands
     in code that swallows it (a ``__del__``, say). None is sent once the block has ended, and
-    one sent just before is absorbed here."""
+    one sent just before is absorbed here.
+
+    A process that ignores SIGINT (a job started in the background by a shell script, or under
+    ``nohup``) gets no interrupt from ``interrupt_main``: for the block, SIGINT then has a
+    handler that raises only for the deadline's interrupt (a real Ctrl-C stays ignored), and is
+    ignored again after it."""
     done = threading.Event()
     fired = threading.Event()
     lock = threading.Lock()
+
+    def on_sigint(signum: int, frame: Any) -> None:
+        if fired.is_set():
+            raise KeyboardInterrupt
+
+    ignored = (threading.current_thread() is threading.main_thread()
+               and signal.getsignal(signal.SIGINT) is signal.SIG_IGN)
+    if ignored:
+        signal.signal(signal.SIGINT, on_sigint)
 
     def watch() -> None:
         wait = seconds
@@ -247,6 +262,8 @@ def _deadline(seconds: float, message: str) -> Iterator[None]:
         raise
     finally:
         end()
+        if ignored:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def _absorb_interrupt() -> None:
