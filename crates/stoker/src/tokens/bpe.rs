@@ -130,10 +130,11 @@ pub struct BpeModel {
     whole: Option<FxMap<Box<[u8]>, u32>>,
     /// Added tokens with `normalized: false`, then those with `normalized: true`.
     added: [Option<Added>; 2],
-    /// The same with the special ones left out, for special tokens encoded as the text they
-    /// spell; `None` where a trie mixes special and other tokens (then leaving the special ones
-    /// out could let another match where `tokenizers` skips a special match whole).
-    added_as_text: Option<[Option<Added>; 2]>,
+    /// For special tokens encoded as the text they spell: which of the two tries is left out
+    /// (it holds special tokens only; one without any is used as it is). `None` where a trie
+    /// mixes special and other tokens (leaving the special ones out could then let another
+    /// match where `tokenizers` skips a special match whole).
+    as_text_skips: Option<[bool; 2]>,
     /// How text is cut into pieces.
     pre: Pre,
     /// What runs on each gap between added tokens first.
@@ -191,6 +192,10 @@ struct Flags {
     lstrip: bool,
     rstrip: bool,
 }
+
+/// The added-token tries one encoding splits on (`normalized: false`, then `true`): the
+/// model's, or with special tokens encoded as text, without a trie of special tokens only.
+type Tries<'a> = [Option<&'a Added>; 2];
 
 /// A part of a text split on added tokens.
 enum Part<'a> {
@@ -518,7 +523,7 @@ impl BpeModel {
             };
             sets[usize::from(t.normalized)].push((content, tid, flags, t.special));
         }
-        let build = |set: &[&(String, u32, Flags, bool)]| -> Result<Option<Added>, String> {
+        let build = |set: &[(String, u32, Flags, bool)]| -> Result<Option<Added>, String> {
             if set.is_empty() {
                 return Ok(None);
             }
@@ -536,18 +541,15 @@ impl BpeModel {
             let ids = set.iter().map(|(_, i, _, _)| *i).collect();
             Ok(Some(Added { matcher, ids, flags: set.iter().map(|(_, _, f, _)| *f).collect() }))
         };
-        fn all(set: &[(String, u32, Flags, bool)]) -> Vec<&(String, u32, Flags, bool)> {
-            set.iter().collect()
-        }
-        let added = [build(&all(&sets[0]))?, build(&all(&sets[1]))?];
+        let added = [build(&sets[0])?, build(&sets[1])?];
         // Special tokens as text: a trie of special tokens only then matches nothing, one with
         // none is as it was; a trie with both cannot be reproduced by leaving tokens out.
-        let plain = |set: &[(String, u32, Flags, bool)]| match set.iter().filter(|t| t.3).count() {
-            0 => build(&all(set)).ok(),
-            n if n == set.len() => Some(None),
+        let skips = |set: &[(String, u32, Flags, bool)]| match set.iter().filter(|t| t.3).count() {
+            0 => Some(false),
+            n if n == set.len() => Some(true),
             _ => None,
         };
-        let added_as_text = plain(&sets[0]).zip(plain(&sets[1])).map(|(a, b)| [a, b]);
+        let as_text_skips = skips(&sets[0]).zip(skips(&sets[1])).map(|(a, b)| [a, b]);
         let around = around(tok)?;
         let key = NEXT_MODEL.fetch_add(1, Ordering::Relaxed);
         let merges = PairTable::new(&merges, &byte_ids)?;
@@ -560,7 +562,7 @@ impl BpeModel {
             fold: FoldTable::new(&[]),
             whole,
             added,
-            added_as_text,
+            as_text_skips,
             pre,
             norm,
             around,
@@ -626,7 +628,7 @@ impl BpeModel {
 
     /// Whether [`BpeModel::encode_into`] can encode special tokens as the text they spell.
     pub fn encodes_special_tokens_as_text(&self) -> bool {
-        self.added_as_text.is_some()
+        self.as_text_skips.is_some()
     }
 
     /// Appends the ids of `text` to `out`, the post-processor's special tokens included; with
@@ -634,18 +636,19 @@ impl BpeModel {
     /// `tokenizers` does after `set_encode_special_tokens(true)`), where
     /// [`BpeModel::encodes_special_tokens_as_text`] (else they are split out as usual).
     pub fn encode_into(&self, text: &str, specials_as_text: bool, out: &mut Vec<u32>) {
-        let added = match (&self.added_as_text, specials_as_text) {
-            (Some(a), true) => a,
-            _ => &self.added,
+        let skips = match (self.as_text_skips, specials_as_text) {
+            (Some(skips), true) => skips,
+            _ => [false; 2],
         };
+        let added: Tries = [0, 1].map(|k| self.added[k].as_ref().filter(|_| !skips[k]));
         out.extend_from_slice(&self.around.0);
         with_cache(self.key, |c| self.split_raw(added, text, c, out));
         out.extend_from_slice(&self.around.1);
     }
 
     /// Splits the raw text on the added tokens with `normalized: false`.
-    fn split_raw(&self, added: &[Option<Added>; 2], text: &str, c: &mut Cache, out: &mut Vec<u32>) {
-        match &added[0] {
+    fn split_raw(&self, added: Tries<'_>, text: &str, c: &mut Cache, out: &mut Vec<u32>) {
+        match added[0] {
             None => self.normalize_gap(added, text, c, out),
             Some(raw) => raw.split(text, |p| match p {
                 Part::Gap(g) => self.normalize_gap(added, g, c, out),
@@ -655,7 +658,7 @@ impl BpeModel {
     }
 
     /// Normalizes a gap, then splits it on the added tokens with `normalized: true`.
-    fn normalize_gap(&self, added: &[Option<Added>; 2], gap: &str, c: &mut Cache, out: &mut Vec<u32>) {
+    fn normalize_gap(&self, added: Tries<'_>, gap: &str, c: &mut Cache, out: &mut Vec<u32>) {
         if self.norm.is_empty() {
             return self.split_normalized(added, gap, c, out);
         }
@@ -666,8 +669,8 @@ impl BpeModel {
         c.text = text;
     }
 
-    fn split_normalized(&self, added: &[Option<Added>; 2], text: &str, c: &mut Cache, out: &mut Vec<u32>) {
-        match &added[1] {
+    fn split_normalized(&self, added: Tries<'_>, text: &str, c: &mut Cache, out: &mut Vec<u32>) {
+        match added[1] {
             None => self.encode_plain(text, c, out),
             Some(added) => added.split(text, |p| match p {
                 Part::Gap(g) => self.encode_plain(g, c, out),
