@@ -197,8 +197,8 @@ pub fn bench(root: &str, o: &BenchOpts) -> Result<()> {
     let cpu = cpu_seconds() - cpu0;
     bar.finish_and_clear();
     // The run's last events (a GPU run's last copies) after the last pass's write.
-    if let Some(path) = loader.trace_path() {
-        loader.write_trace(path)?;
+    if loader.tracer().is_some() {
+        loader.write_trace(None)?;
     }
     let report = loader.report();
     let ips = images as f64 / seconds;

@@ -8,6 +8,7 @@ use crate::{place, DeviceStage, Placement};
 use stoker::arrays::{ArrayConfig, ArrayLoader, Column};
 use stoker::image::gpu_job::DecodeOn;
 use stoker::report::DeviceReport;
+use stoker::shell::kind::Kind;
 use stoker::source::Dataset;
 use stoker::tokens::{TextTokenizer, TokenConfig, TokenLoader};
 use stoker::{Loader, LoaderConfig, Result};
@@ -65,18 +66,13 @@ impl Target {
         };
         let loader = Loader::new_in(dataset.source.clone(), config, self.placement.allocator())?;
         loader.report_not_samples(&dataset.not_samples);
-        let tracer = loader.tracer().cloned();
-        let mut stage = self
-            .placement
-            .stage(crate::image_regions(&loader), prefetch, limit)?
-            .map(|s| s.with_detached(&[1]).with_tracer(tracer));
+        let mut on = self.on_device(loader, prefetch, limit)?;
         if let Some(dec) = decoder {
-            let share = loader.leave_to_gpu(decode).ok_or_else(|| stoker::Error::Internal("no GPU share".into()))?;
+            let share = on.loader.leave_to_gpu(decode).ok_or_else(|| stoker::Error::Internal("no GPU share".into()))?;
             let split = crate::gpu_decode::Split::new(share, decode == DecodeOn::Auto);
-            stage = stage.map(|s| s.with_gpu_decode(crate::GpuDecode::new(dec, split)));
+            on.stage = on.stage.map(|s| s.with_gpu_decode(crate::GpuDecode::new(dec, split)));
         }
-        loader.telemetry().set_device(self.report.clone());
-        Ok(OnDevice { loader, stage, device: self.report })
+        Ok(on)
     }
 
     /// The array loader over `columns`, one device region per column; with a mixture in
@@ -88,8 +84,7 @@ impl Target {
         per_source: usize,
         config: ArrayConfig,
     ) -> Result<OnDevice<ArrayLoader>> {
-        let (prefetch, limit, bs) = (config.prefetch, config.memory_limit, config.sampler.batch_size);
-        let capacities: Vec<usize> = columns.iter().take(per_source).map(|c| c.row_bytes() * bs).collect();
+        let (prefetch, limit) = (config.prefetch, config.memory_limit);
         let loader = if config.sampler.mixture.is_some() {
             let mut columns = columns.into_iter();
             let sources: Vec<Vec<Column>> = std::iter::from_fn(|| {
@@ -101,9 +96,7 @@ impl Target {
         } else {
             ArrayLoader::new_in(columns, config, self.placement.allocator())?
         };
-        let stage = self.placement.stage(capacities, prefetch, limit)?;
-        loader.telemetry().set_device(self.report.clone());
-        Ok(OnDevice { loader, stage, device: self.report })
+        self.on_device(loader, prefetch, limit)
     }
 
     /// The token loader over `paths`, one device region per array of a batch (`input_ids`,
@@ -116,9 +109,7 @@ impl Target {
     ) -> Result<OnDevice<TokenLoader>> {
         let (prefetch, limit) = (config.prefetch, config.memory_limit);
         let loader = TokenLoader::new_in(paths, tokenizer, config, self.placement.allocator())?;
-        let stage = self.placement.stage(loader.region_capacities(), prefetch, limit)?;
-        loader.telemetry().set_device(self.report.clone());
-        Ok(OnDevice { loader, stage, device: self.report })
+        self.on_device(loader, prefetch, limit)
     }
 
     /// The weighted mixture of token sources `config.mixture`, row by row, its batches shaped
@@ -130,7 +121,23 @@ impl Target {
     ) -> Result<OnDevice<stoker::tokens::pipeline::TokenMixLoader>> {
         let (prefetch, limit) = (config.prefetch, config.memory_limit);
         let loader = stoker::tokens::pipeline::TokenMixLoader::new_in(tokenizer, config, self.placement.allocator())?;
-        let stage = self.placement.stage(loader.host().region_capacities(), prefetch, limit)?;
+        self.on_device(loader, prefetch, limit)
+    }
+
+    /// The device hand-off of every kind: on a GPU, a transfer stage with a device buffer per
+    /// region of the kind's batches ([`Kind::regions`], its detached regions apart), recording
+    /// into the loader's trace; the loader's report says which device is used.
+    fn on_device<K: Kind>(
+        self,
+        loader: stoker::shell::kind::Loader<K>,
+        prefetch: usize,
+        limit: Option<u64>,
+    ) -> Result<OnDevice<stoker::shell::kind::Loader<K>>> {
+        let (kind, tracer) = (loader.kind(), loader.tracer().cloned());
+        let stage = self
+            .placement
+            .stage(kind.regions(), prefetch, limit)?
+            .map(|s| s.with_detached(kind.detached()).with_tracer(tracer));
         loader.telemetry().set_device(self.report.clone());
         Ok(OnDevice { loader, stage, device: self.report })
     }

@@ -37,7 +37,7 @@ pub use compose::{OnDevice, Target};
 pub use driver::{memory_in_use, Gpu, STREAM_LEGACY, STREAM_PER_THREAD};
 pub use gpu_monitor::{pcie_lane_bytes_per_s, GpuSample, GpuSampler, GpuStatic};
 pub use pinned::PinnedAllocator;
-pub use transfer::{image_regions, DeviceBatch, DeviceIter, DeviceRegion, DeviceStage, GpuDecode, GpuDecodeStats};
+pub use transfer::{DeviceBatch, DeviceIter, DeviceRegion, DeviceStage, GpuDecode, GpuDecodeStats};
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;

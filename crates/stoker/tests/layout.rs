@@ -207,6 +207,15 @@ fn the_engine_s_files_import_each_other_without_a_circle() {
         .flat_map(|(m, to)| to.iter().filter(|t| kinds.contains(&room(t).as_str())).map(move |t| (m, t)))
         .collect();
     assert!(shell_to_kind.is_empty(), "the shell imports a kind: {shell_to_kind:?}");
+    // `args` stands above every room (it builds their configs): no room imports it; what a
+    // room checks by itself lives in `values`, below them all.
+    let up: Vec<_> = edges
+        .iter()
+        .filter(|(m, _)| !matches!(room(m).as_str(), "args" | "" | "lib"))
+        .flat_map(|(m, to)| to.iter().filter(|t| room(t) == "args").map(move |t| (m, t)))
+        .collect();
+    assert!(up.is_empty(), "a room imports args, which stands above it: {up:?}");
+    assert!(reaches("args::image", "values"), "the check sees the rule books' imports");
 }
 
 /// The README's "Layout" block: its entries (a path at the start of a line, nested two spaces

@@ -189,7 +189,7 @@ fn the_trace_is_written_on_drop_and_on_request() {
     drop(it);
     assert!(!out.exists(), "a pass that did not complete writes nothing yet");
     let asked = d.path().join("asked.json");
-    l.write_trace(&asked).unwrap();
+    l.write_trace(Some(&asked)).unwrap();
     let (_, events) = split(&read_json(&asked));
     assert!(events.iter().any(|e| e["name"] == "deliver" && e["args"]["batch"] == 0));
     drop(l);
@@ -207,7 +207,7 @@ fn the_trace_is_written_on_drop_and_on_request() {
     plain.trace = None;
     let l = Loader::new(Arc::new(ImageFolder::new(&root).unwrap()), plain).unwrap();
     assert!(l.tracer().is_none());
-    let e = l.write_trace(&asked).unwrap_err().to_string();
+    let e = l.write_trace(Some(&asked)).unwrap_err().to_string();
     assert!(e.contains("`trace`") && e.contains("tracing is off"), "{e}");
 }
 

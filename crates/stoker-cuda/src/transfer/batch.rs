@@ -1,8 +1,9 @@
 //! What the consumer holds: a batch in device memory and a detached region of one.
 
-use super::pool::{DeviceSlot, Pool, SideBuf, SideList, Views};
+use super::pool::{DeviceSlot, SideBuf, SideList, Views};
 use crate::driver::{DeviceMem, Gpu};
 use std::sync::Arc;
+use stoker::shell::grow::Lease;
 use stoker::Result;
 
 /// One region of a batch in a device buffer of its own (an image batch's labels): it keeps
@@ -77,12 +78,11 @@ impl Drop for DeviceRegion {
 /// [`DeviceBatch::sync_stream`] (or on the host after [`DeviceBatch::synchronize`]); dropping
 /// it records release events on those streams and returns the memory to stoker's device pool.
 pub struct DeviceBatch<M> {
-    pub(super) slot: Option<DeviceSlot>,
+    pub(super) slot: Lease<DeviceSlot>,
     pub(super) lens: Vec<usize>,
     pub(super) meta: M,
     /// Regions copied into buffers of their own, by region index.
     pub(super) detached: Vec<Option<Arc<DeviceRegion>>>,
-    pub(super) pool: Arc<Pool>,
     pub(super) views: Views,
     pub(super) gpu: Arc<Gpu>,
 }
@@ -95,7 +95,7 @@ impl<M> std::fmt::Debug for DeviceBatch<M> {
 
 impl<M> DeviceBatch<M> {
     fn slot(&self) -> &DeviceSlot {
-        self.slot.as_ref().expect("live batch has a slot")
+        &self.slot
     }
 
     /// The batch's description.
@@ -161,9 +161,8 @@ impl<M> DeviceBatch<M> {
 
 impl<M> Drop for DeviceBatch<M> {
     fn drop(&mut self) {
-        let Some(mut slot) = self.slot.take() else { return };
-        slot.release.record(self.views.take());
-        // A grown slot is freed here: its drop waits for the consumer's queued work on it.
-        self.pool.slots.release(slot);
+        // The slot's lease then returns it to the pool (a grown slot is freed: its drop waits
+        // for the consumer's queued work on it).
+        self.slot.release.record(self.views.take());
     }
 }

@@ -5,6 +5,7 @@ use super::pool::{DeviceSlot, Pool, Views};
 use crate::driver::Gpu;
 use std::sync::Arc;
 use std::time::Duration;
+use stoker::shell::grow::Lease;
 use stoker::shell::pass::{Pass, PassSlot, ProducerError};
 use stoker::{Error, Next, Result};
 
@@ -41,7 +42,7 @@ impl<M: Send + 'static> DeviceIter<M> {
         self.wrap(next)
     }
 
-    fn wrap(&mut self, next: Next<DeviceSlot>) -> Next<DeviceBatch<M>> {
+    fn wrap(&mut self, next: Next<Lease<DeviceSlot>>) -> Next<DeviceBatch<M>> {
         match next {
             Next::Item(Ok(slot)) => {
                 let r = self.hand_off(slot);
@@ -57,38 +58,28 @@ impl<M: Send + 'static> DeviceIter<M> {
     }
 
     /// Wraps a copied slot into the consumer's batch.
-    fn hand_off(&self, mut slot: DeviceSlot) -> Result<DeviceBatch<M>> {
-        let meta = match slot.meta.take().map(|m| m.downcast::<M>()) {
-            Some(Ok(m)) => *m,
-            _ => {
-                self.pool.slots.release(slot);
-                return Err(Error::Internal("a device batch without its description (please report this)".into()));
-            }
+    fn hand_off(&self, mut slot: Lease<DeviceSlot>) -> Result<DeviceBatch<M>> {
+        let Some(Ok(meta)) = slot.meta.take().map(|m| m.downcast::<M>()) else {
+            return Err(Error::Internal("a device batch without its description (please report this)".into()));
         };
+        let meta = *meta;
         let lens = std::mem::take(&mut slot.lens);
         let mut detached: Vec<Option<Arc<DeviceRegion>>> = (0..lens.len()).map(|_| None).collect();
+        let ready = slot.ready.clone();
         for (region, buf) in slot.side.drain(..) {
             if let Some(d) = detached.get_mut(region) {
                 *d = Some(Arc::new(DeviceRegion {
                     buf: Some(buf),
                     region,
                     len: lens[region],
-                    views: Views::new(slot.ready.clone()),
+                    views: Views::new(ready.clone()),
                     side: self.pool.side.clone(),
                     gpu: self.gpu.clone(),
                 }));
             }
         }
-        let views = Views::new(slot.ready.clone());
-        Ok(DeviceBatch {
-            slot: Some(slot),
-            lens,
-            meta,
-            detached,
-            pool: self.pool.clone(),
-            views,
-            gpu: self.gpu.clone(),
-        })
+        let views = Views::new(ready);
+        Ok(DeviceBatch { slot, lens, meta, detached, views, gpu: self.gpu.clone() })
     }
 }
 

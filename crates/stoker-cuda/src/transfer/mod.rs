@@ -45,4 +45,4 @@ mod stage;
 pub use batch::{DeviceBatch, DeviceRegion};
 pub use copy::{GpuDecode, GpuDecodeStats};
 pub use iter::DeviceIter;
-pub use stage::{image_regions, DeviceStage};
+pub use stage::DeviceStage;

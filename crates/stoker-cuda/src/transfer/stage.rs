@@ -16,22 +16,6 @@ use stoker::telemetry::Telemetry;
 use stoker::trace::Tracer;
 use stoker::{Error, Next, Result};
 
-/// The region capacities of an image loader's batches: the images buffer, then the labels,
-/// then an image-text pair batch's caption ids and mask or a mixed batch's soft labels.
-pub fn image_regions(loader: &stoker::Loader) -> Vec<usize> {
-    let batch_size = loader.sampler().spec().batch_size;
-    let mut regions = vec![loader.pool().batch_bytes(), batch_size * 8];
-    // An image-text pair batch's caption ids and mask (int32 rows).
-    if let Some(n) = loader.context_length() {
-        regions.extend([batch_size * n * 4; 2]);
-    }
-    // A mixed batch's soft labels (float32 rows; the images are mixed on the GPU).
-    if let Some(m) = loader.mix() {
-        regions.push(batch_size * m.num_classes * 4);
-    }
-    regions
-}
-
 /// A loader's GPU side: its device, its own stream and a fixed pool of device buffers.
 pub struct DeviceStage {
     gpu: Arc<Gpu>,

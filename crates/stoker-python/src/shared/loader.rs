@@ -133,16 +133,8 @@ macro_rules! loader_class {
             ) -> ::pyo3::PyResult<String> {
                 use $crate::errors::IntoPy;
                 $crate::errors::contain(|| {
-                    let path = path
-                        .or_else(|| self.on.loader.trace_path().map(::std::path::PathBuf::from))
-                        .ok_or_else(|| {
-                            $crate::errors::config(
-                                "trace",
-                                "tracing is off: make the loader with trace=PATH to record a trace",
-                            )
-                        })?;
-                    py.detach(|| self.on.loader.write_trace(&path)).py_err()?;
-                    Ok(path.display().to_string())
+                    let written = py.detach(|| self.on.loader.write_trace(path.as_deref())).py_err()?;
+                    Ok(written.display().to_string())
                 })
             }
         ]);

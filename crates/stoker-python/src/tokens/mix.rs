@@ -30,7 +30,7 @@ impl LoaderClass for PyTokenMixLoader {
     type Host = TokenMixIter;
     type Iterator = PyTokenMixIter;
     fn sharding(&self) -> (usize, usize, usize) {
-        let c = self.on.loader.host().config();
+        let c = self.on.loader.config();
         (c.batch_size, c.rank, c.world_size)
     }
     fn held_batches(&self) -> usize {
@@ -124,12 +124,12 @@ loader_class! { PyTokenMixLoader => PyTokenMixIter, shares [], {
     /// Tokens per row.
     #[getter]
     fn seq_len(&self) -> usize {
-        self.on.loader.host().config().seq_len
+        self.on.loader.config().seq_len
     }
 
     /// `(bos, eos, pad)` token ids (`None` where there is none).
     fn special_ids(&self) -> (Option<u32>, Option<u32>, u32) {
-        self.on.loader.host().special_ids()
+        self.on.loader.special_ids()
     }
 
     /// The sources as JSON: `[{name, weight, share}]`, in the order of their ids.

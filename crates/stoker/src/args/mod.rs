@@ -36,8 +36,9 @@
 //!   the Ray address of `--ray` ([`ray_address`]);
 //! - `tokenizer.rs`: the `Tokenizer` class's token names ([`tokenizer_names`]) and the options
 //!   of a call to encode ([`encode_options`]);
-//! - `augment.rs`: the augmentation ops' arguments ([`policy`], [`jitter_ranges`],
-//!   [`timm_rand_augment`], [`erasing`], ...), called when a transform is compiled;
+//! - [`augment`] (in [`crate::values`], below the rooms, as compiling a transform calls it):
+//!   the augmentation ops' arguments ([`policy`], [`jitter_ranges`], [`timm_rand_augment`],
+//!   [`erasing`], ...);
 //! - `captions.rs`: the caption encoder's options ([`caption_options`]; their limits are
 //!   [`crate::values::check_caption_values`]) and a pair loader's captions ([`captions`]);
 //! - `state.rs`: the saved states of image and array loaders ([`saved_state`],
@@ -49,7 +50,6 @@
 //! a config carries it, for the CPU registry the environment names ([`budget_registry_path`]).
 
 mod arrays;
-pub mod augment;
 mod captions;
 mod env;
 mod image;
@@ -60,6 +60,7 @@ mod state;
 mod tokenizer;
 mod tokens;
 
+pub use crate::values::augment;
 pub use crate::values::{
     batch_bytes, boolean, bytes, check_caption_values, check_io_threads, check_positive, check_prefetch, check_threads,
     cpu_budget, duration, non_negative, parse_bytes, positive, prefetch, text_value, thread_count, threads,

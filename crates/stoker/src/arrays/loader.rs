@@ -11,8 +11,7 @@ use crate::error::{Error, Result};
 use crate::observe::telemetry::Telemetry;
 use crate::shell::buffer::{BufferPool, HeapAllocator, HostAllocator, RawBuf};
 use crate::shell::grow::MakeSlot;
-use crate::shell::grow::PoolView;
-use crate::shell::grow::SlotPool;
+use crate::shell::grow::{Lease, SlotPool};
 use crate::shell::kind::{Delivery, Iter, Kind, Loader, PassPlan, SamplerKind};
 use crate::shell::ordered::{take_free, Run};
 use crate::shell::pass::{FailureBudget, PassHooks, PassSlot};
@@ -62,7 +61,7 @@ pub struct Arrays {
     tally: Option<crate::shell::mix::Tally>,
 }
 
-impl PassSlot for Arc<ArraySlot> {
+impl PassSlot for ArraySlot {
     fn batch(&self) -> usize {
         self.batch.load(Ordering::Relaxed)
     }
@@ -101,14 +100,14 @@ impl std::fmt::Debug for Arrays {
 
 /// One batch: a view per column of a pool buffer, returned to the pool on drop.
 pub struct ArrayBatch {
-    slot: Option<Arc<ArraySlot>>,
+    slot: Lease<Arc<ArraySlot>>,
     shared: Arc<Arrays>,
 }
 
 impl ArrayBatch {
     /// Rows in this batch.
     pub fn len(&self) -> usize {
-        self.slot.as_ref().expect("live").len.load(Ordering::Acquire)
+        self.slot.len.load(Ordering::Acquire)
     }
 
     /// Whether the batch is empty (never, for delivered batches).
@@ -118,7 +117,7 @@ impl ArrayBatch {
 
     /// Batch number within the epoch.
     pub fn index(&self) -> usize {
-        self.slot.as_ref().expect("live").batch.load(Ordering::Relaxed)
+        self.slot.batch.load(Ordering::Relaxed)
     }
 
     /// Number of columns.
@@ -128,7 +127,7 @@ impl ArrayBatch {
 
     /// Column `c`'s rows, back to back.
     pub fn column(&self, c: usize) -> &[u8] {
-        let slot = self.slot.as_ref().expect("live");
+        let slot = &self.slot;
         let n = self.len() * self.shared.columns[c].row_bytes();
         // SAFETY: the batch is complete, so no worker writes its buffers any more.
         unsafe { slot.bufs[c].slice(n) }
@@ -136,20 +135,12 @@ impl ArrayBatch {
 
     /// Address of column `c`'s first row.
     pub fn column_ptr(&self, c: usize) -> *const u8 {
-        self.slot.as_ref().expect("live").bufs[c].as_ptr()
+        self.slot.bufs[c].as_ptr()
     }
 
     /// Dataset indices of the rows.
     pub fn indices(&self) -> Vec<u32> {
-        self.slot.as_ref().expect("live").indices.read().expect("indices lock").clone()
-    }
-}
-
-impl Drop for ArrayBatch {
-    fn drop(&mut self) {
-        if let Some(s) = self.slot.take() {
-            self.shared.pool.release(s);
-        }
+        self.slot.indices.read().expect("indices lock").clone()
     }
 }
 
@@ -270,8 +261,8 @@ impl Kind for Arrays {
     type Batch = ArrayBatch;
     type Section = ArraySection;
 
-    fn pool(&self) -> PoolView<Arc<ArraySlot>> {
-        self.pool.view()
+    fn pool(&self) -> &SlotPool<Arc<ArraySlot>> {
+        &self.pool
     }
 
     fn start(
@@ -347,21 +338,23 @@ impl Kind for Arrays {
         let hooks = ArrayHooks { position: position.clone() };
         // A failed read ends the pass with its error (arrays have no skip policy).
         let budget = FailureBudget::new(0, true);
-        Ok(PassPlan { epoch, batches: (start, Some(end)), budget, hooks, tracer: None, retire: None })
+        Ok(PassPlan { epoch, batches: (start, Some(end)), budget, hooks, retire: None })
     }
 
-    fn batch(self: &Arc<Self>, slot: Arc<ArraySlot>, _: &Position, _: Delivery) -> ArrayBatch {
+    fn batch(self: &Arc<Self>, slot: Lease<Arc<ArraySlot>>, _: &Position, _: Delivery) -> ArrayBatch {
         self.counters.delivered();
         if let (Some(t), Some(m)) = (&self.tally, self.sampler.mixture()) {
             for &i in slot.indices.read().unwrap_or_else(|p| p.into_inner()).iter() {
                 t.delivered(m.source_of(i), 1);
             }
         }
-        ArrayBatch { slot: Some(slot), shared: self.clone() }
+        ArrayBatch { slot, shared: self.clone() }
     }
 
-    fn held(&self) -> usize {
-        self.pool.held()
+    /// A region per column (a mixture's sources have the same columns).
+    fn regions(&self) -> Vec<usize> {
+        let bs = self.sampler.spec().batch_size;
+        self.columns.iter().map(|c| c.row_bytes() * bs).collect()
     }
 
     fn telemetry(&self) -> &Arc<Telemetry> {

@@ -56,6 +56,20 @@ pub struct Load {
     pub worker_busy_ns: u64,
 }
 
+/// A loader's workers and the CPU budget (cores) its tuner keeps: `threads` when given (the
+/// budget then `cpu_budget`, else a core per thread), else a worker per whole core of
+/// `cpu_budget` (default: [`crate::observe::cpu::default_budget`]), which the tuner lowers
+/// while the consumer does not wait. The rule of every kind that tunes its threads.
+pub fn workers(threads: Option<usize>, cpu_budget: Option<f64>) -> crate::error::Result<(usize, f64)> {
+    Ok(match threads.map(crate::values::check_threads).transpose()? {
+        Some(n) => (n, cpu_budget.unwrap_or(n as f64)),
+        None => {
+            let budget = cpu_budget.unwrap_or_else(crate::observe::cpu::default_budget);
+            ((budget + 1e-9).floor().max(1.0) as usize, budget)
+        }
+    })
+}
+
 /// How a loader's knobs are set.
 #[derive(Debug, Clone)]
 pub struct TuneSpec {

@@ -11,10 +11,8 @@
 //! implements the allocator; this crate never talks to CUDA). The memory cap counts every byte
 //! the allocator hands out, pinned or not.
 
-use super::grow::Growth;
-use super::grow::PoolView;
+use super::grow::{MakeSlot, SlotPool};
 use crate::error::{Error, Result};
-use crossbeam_channel::{Receiver, Sender};
 use std::alloc::Layout;
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU32, AtomicU8, AtomicUsize, Ordering};
@@ -387,28 +385,22 @@ impl Slot {
     }
 }
 
-/// A pool of batch slots: its base set made up front, grown while the consumer keeps every
-/// batch ([`Growth`]).
+/// The image kind's pool of batch slots ([`SlotPool`]: its base set made up front, grown
+/// while the consumer keeps every batch), and what the slots are made of.
 pub struct BufferPool {
-    pub(crate) free_tx: Sender<Arc<Slot>>,
-    pub(crate) free_rx: Receiver<Arc<Slot>>,
-    slots: usize,
+    /// The slots: the free queue, what the consumer holds, the growth.
+    pub(crate) slots: SlotPool<Arc<Slot>>,
     batch_bytes: usize,
-    pub(crate) held: Arc<AtomicUsize>,
-    pub(crate) growth: Arc<Growth>,
     addresses: Vec<usize>,
     memory: &'static str,
-    /// What a grown slot is made of: its allocator, samples and bytes per sample.
-    alloc: Arc<dyn HostAllocator>,
     capacity: usize,
-    sample_bytes: usize,
     /// Bytes per sample of each extra region.
     extras: Vec<usize>,
 }
 
 impl std::fmt::Debug for BufferPool {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("BufferPool").field("slots", &self.slots).field("batch_bytes", &self.batch_bytes).finish()
+        f.debug_struct("BufferPool").field("slots", &self.slots()).field("batch_bytes", &self.batch_bytes).finish()
     }
 }
 
@@ -437,7 +429,7 @@ impl BufferPool {
     }
 
     /// Allocates `slots` slots of `capacity` samples of `sample_bytes` each from `alloc`; the
-    /// pool grows within `memory_limit` ([`Growth`]).
+    /// pool grows within `memory_limit` ([`Growth`](super::grow::Growth)).
     pub fn new_in(
         slots: usize,
         capacity: usize,
@@ -458,46 +450,23 @@ impl BufferPool {
         alloc: Arc<dyn HostAllocator>,
         memory_limit: Option<u64>,
     ) -> Result<Self> {
-        let (free_tx, free_rx) = crossbeam_channel::bounded(slots);
-        let mut addresses = Vec::with_capacity(slots);
-        for _ in 0..slots {
-            let slot = Slot::new(capacity, sample_bytes, extras, alloc.as_ref())?;
-            addresses.push(slot.data.as_ptr() as usize);
-            free_tx.send(Arc::new(slot)).expect("pool channel has room");
-        }
+        let memory = alloc.kind();
+        let each = extras.to_vec();
+        // A grown slot is made like the others.
+        let make: MakeSlot<Arc<Slot>> =
+            Arc::new(move || Slot::new(capacity, sample_bytes, &each, alloc.as_ref()).map(Arc::new));
         let batch_bytes = capacity.saturating_mul(sample_bytes);
-        Ok(BufferPool {
-            free_tx,
-            free_rx,
-            slots,
-            batch_bytes,
-            held: Arc::default(),
-            growth: Arc::new(Growth::new(slots, batch_bytes, memory_limit, "batch")),
-            addresses,
-            memory: alloc.kind(),
-            alloc,
-            capacity,
-            sample_bytes,
-            extras: extras.to_vec(),
-        })
-    }
-
-    /// The pass's view of the pool: where slots go back, what the consumer holds, how the
-    /// pool grows (a grown slot is made like the others).
-    pub(crate) fn view(&self) -> PoolView<Arc<Slot>> {
-        let (alloc, capacity, sample_bytes) = (self.alloc.clone(), self.capacity, self.sample_bytes);
-        let extras = self.extras.clone();
-        PoolView {
-            free: self.free_tx.clone(),
-            held: self.held.clone(),
-            growth: self.growth.clone(),
-            make: Arc::new(move || Slot::new(capacity, sample_bytes, &extras, alloc.as_ref()).map(Arc::new)),
-        }
+        let pool = SlotPool::new(slots, batch_bytes, memory_limit, "batch", make)?;
+        // The base slots' addresses, read once while the pool is all free.
+        let base: Vec<Arc<Slot>> = pool.free_rx.try_iter().collect();
+        let addresses = base.iter().map(|s| s.data.as_ptr() as usize).collect();
+        base.into_iter().for_each(|s| pool.give_back(s));
+        Ok(BufferPool { slots: pool, batch_bytes, addresses, memory, capacity, extras: extras.to_vec() })
     }
 
     /// Number of slots made up front (more exist while the consumer holds them all: [`Growth`]).
     pub fn slots(&self) -> usize {
-        self.slots
+        self.slots.slots()
     }
 
     /// Bytes of one batch buffer.
@@ -512,7 +481,7 @@ impl BufferPool {
 
     /// Bytes of all batch buffers together.
     pub fn total_bytes(&self) -> usize {
-        self.slots.saturating_mul(self.batch_bytes)
+        self.slots().saturating_mul(self.batch_bytes)
     }
 
     /// Start addresses of the batch buffers (to check zero-copy hand-offs).
@@ -527,7 +496,7 @@ impl BufferPool {
 
     /// Batches currently held by the consumer.
     pub fn held(&self) -> usize {
-        self.held.load(Ordering::Acquire)
+        self.slots.held()
     }
 }
 
@@ -564,7 +533,7 @@ mod tests {
         // Data and labels of each slot.
         assert_eq!(a.0.load(Ordering::Relaxed), 3 * (4 * 100 + 4 * 8));
         // A grown slot comes from the same allocator.
-        let _grown = (pool.view().make)().unwrap();
+        let _grown = (pool.slots.view().make)().unwrap();
         assert_eq!(a.0.load(Ordering::Relaxed), 4 * (4 * 100 + 4 * 8));
         assert_eq!(pool.memory_kind(), "counting");
         assert!(pool.addresses().iter().all(|p| p % ALIGN == 0));

@@ -172,6 +172,51 @@ impl<S> SlotPool<S> {
     }
 }
 
+/// A slot lent to the consumer (a delivered batch's buffer): counted as held while it lives,
+/// and back to its pool when dropped ([`Growth::release`]: freed instead while the pool is
+/// larger than its base). Every kind's batch holds its slot as a lease, so none returns a
+/// buffer by hand.
+pub struct Lease<S> {
+    slot: Option<S>,
+    pool: Arc<PoolView<S>>,
+}
+
+impl<S> Lease<S> {
+    /// Lends `slot` of `pool` to the consumer, counted as held.
+    pub fn new(slot: S, pool: Arc<PoolView<S>>) -> Self {
+        pool.held.fetch_add(1, Ordering::AcqRel);
+        Lease { slot: Some(slot), pool }
+    }
+}
+
+impl<S: std::fmt::Debug> std::fmt::Debug for Lease<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("Lease").field(&self.slot).finish()
+    }
+}
+
+impl<S> std::ops::Deref for Lease<S> {
+    type Target = S;
+
+    fn deref(&self) -> &S {
+        self.slot.as_ref().expect("a lease holds its slot until dropped")
+    }
+}
+
+impl<S> std::ops::DerefMut for Lease<S> {
+    fn deref_mut(&mut self) -> &mut S {
+        self.slot.as_mut().expect("a lease holds its slot until dropped")
+    }
+}
+
+impl<S> Drop for Lease<S> {
+    fn drop(&mut self) {
+        if let Some(slot) = self.slot.take() {
+            self.pool.growth.release(&self.pool.held, slot, &self.pool.free);
+        }
+    }
+}
+
 /// Makes one more slot of a pool (when it grows: [`Growth`]).
 pub type MakeSlot<S> = Arc<dyn Fn() -> Result<S> + Send + Sync>;
 

@@ -7,21 +7,23 @@
 //! [`Pass`] observed in the kind's telemetry), epochs and the rule that a newer pass, epoch or
 //! restored state makes the running pass stale ([`Epochs`]), the batches held, in-order
 //! delivery with the failure budget and the consumer's observation, polling with a time-out,
-//! stopping a pass, and the report's common part.
+//! stopping a pass, the trace file's lifecycle (written at the end of every pass that ends
+//! well and when the loader is dropped, or when asked), and the report's common part.
 //!
 //! Kinds over the sampler ([`SamplerKind`]: images, arrays) share their state surface too
 //! (`len`, `state`, `load_state`, elastic bases), here once.
 
 use super::epochs::{Epochs, Positioned, Retire};
-use super::grow::PoolView;
+use super::grow::{Lease, SlotPool};
 use super::ordered::Run;
 use super::pass::{FailureBudget, Next, Observe, Pass, PassHooks, PassSlot};
 use super::sampler::{ElasticBase, Position, Sampler, SamplerState};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::observe::report::{Report, Section};
 use crate::observe::telemetry::Telemetry;
 use crate::observe::trace::Tracer;
 use crossbeam_channel::Sender;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -38,11 +40,17 @@ pub trait Kind: Send + Sync + Sized + 'static {
     /// What the kind adds to its [`Report`].
     type Section: Section;
 
-    /// The pool its passes' slots come from (the shell makes each pass's run over it).
-    fn pool(&self) -> PoolView<Self::Slot>;
+    /// The pool its passes' slots come from (the shell makes each pass's run over it, and
+    /// lends the consumer each delivered slot).
+    fn pool(&self) -> &SlotPool<Self::Slot>;
 
     /// Starts the kind's threads of a pass where `position` says, on the shell's `run` (they
     /// send each filled slot to `done`), and says what the pass is; the shell makes the pass.
+    ///
+    /// The threads take free slots from the pool in batch order (the slot of batch `b` before
+    /// that of `b + 1`; filling them may finish in any order): the run keeps the batches that
+    /// finish before their turn, so a pool handed out of order could be all held there, waiting
+    /// for a batch that has no slot.
     fn start(
         self: &Arc<Self>,
         position: &Arc<Self::Position>,
@@ -50,12 +58,20 @@ pub trait Kind: Send + Sync + Sized + 'static {
         done: Sender<Self::Slot>,
     ) -> Result<PassPlan<Self>>;
 
-    /// The consumer's view of a delivered `slot` (a kind whose position advances with what the
-    /// slot says advances it here).
-    fn batch(self: &Arc<Self>, slot: Self::Slot, position: &Self::Position, at: Delivery) -> Self::Batch;
+    /// The consumer's view of a delivered slot, lent to it (`slot` goes back to the pool when
+    /// the batch drops it); a kind whose position advances with what the slot says advances it
+    /// here.
+    fn batch(self: &Arc<Self>, slot: Lease<Self::Slot>, position: &Self::Position, at: Delivery) -> Self::Batch;
 
-    /// Batches the consumer holds now.
-    fn held(&self) -> usize;
+    /// Bytes of each region of a batch at most, in the order of [`HostBatch::regions`]: what
+    /// a transfer stage's device buffers hold.
+    fn regions(&self) -> Vec<usize>;
+
+    /// The regions a transfer stage copies into small device buffers of their own, so that a
+    /// consumer keeping them does not keep the batch's buffer (an image batch's labels).
+    fn detached(&self) -> &'static [usize] {
+        &[]
+    }
 
     /// The shell's counters of this loader (its passes record the wall clock, the samples and
     /// the consumer into them; a transfer stage the copies).
@@ -64,8 +80,17 @@ pub trait Kind: Send + Sync + Sized + 'static {
     /// The report: [`Telemetry::report`] with the kind's stages and section, and its verdict.
     fn report(&self) -> Report<Self::Section>;
 
-    /// The loader is dropped (a kind writes its trace file here).
-    fn dropped(&self) {}
+    /// The trace recorder (`trace=`), when tracing is on: the kind's threads record into it,
+    /// the shell's passes record the consumer's waits and deliveries, and the shell writes
+    /// its file.
+    fn tracer(&self) -> Option<&Arc<Tracer>> {
+        None
+    }
+
+    /// How the traced sample `index` reads in the trace file (a path, a document number).
+    fn describe(&self, index: u32) -> String {
+        index.to_string()
+    }
 }
 
 /// When and in which pass a slot is delivered.
@@ -86,8 +111,6 @@ pub struct PassPlan<K: Kind> {
     pub budget: FailureBudget,
     /// The kind's part of the pass.
     pub hooks: K::Hooks,
-    /// Where the consumer's waits and deliveries are traced (`None`: not traced).
-    pub tracer: Option<Arc<Tracer>>,
     /// What [`Epochs`] retires when a newer pass, epoch or state replaces this one: the run
     /// itself when `None`.
     pub retire: Option<Arc<dyn Retire>>,
@@ -130,7 +153,12 @@ impl<K: Kind> Loader<K> {
 
     /// Batches the consumer holds now.
     pub fn held(&self) -> usize {
-        self.kind.held()
+        self.kind.pool().held()
+    }
+
+    /// Bytes of each region of a batch at most ([`Kind::regions`]).
+    pub fn regions(&self) -> Vec<usize> {
+        self.kind.regions()
     }
 
     /// The live counters (a transfer stage outside this crate records into them).
@@ -153,7 +181,7 @@ impl<K: Kind> Loader<K> {
     /// the in-order pass with the kind's failure budget and hooks, observed in its telemetry.
     pub fn iter(&self) -> Result<Iter<K>> {
         let position = self.epochs.begin_pass().clone();
-        let pool = self.kind.pool();
+        let pool = self.kind.pool().view();
         let (run, done) = Run::new(pool.growth.base(), pool.free.clone());
         let plan = match self.kind.start(&position, &run, done) {
             Ok(plan) => plan,
@@ -162,17 +190,59 @@ impl<K: Kind> Loader<K> {
                 return Err(e);
             }
         };
-        let PassPlan { epoch, batches, budget, hooks, tracer, retire } = plan;
-        let observe = Observe::new(Some(self.kind.telemetry().clone()), tracer, Some(epoch));
+        let PassPlan { epoch, batches, budget, hooks, retire } = plan;
+        let observe = Observe::new(Some(self.kind.telemetry().clone()), self.kind.tracer().cloned(), Some(epoch));
         let pass = Pass::new(run.clone(), pool, hooks, batches, budget, observe);
         self.epochs.started(retire.unwrap_or(run as Arc<dyn Retire>));
         Ok(Iter { kind: self.kind.clone(), position, pass, epoch })
     }
 }
 
+impl<K: Kind> Loader<K> {
+    /// The trace recorder, when tracing is on (a transfer stage records its copies into it).
+    pub fn tracer(&self) -> Option<&Arc<Tracer>> {
+        self.kind.tracer()
+    }
+
+    /// The `trace=` file: written at the end of each pass that ends well, when the loader is
+    /// dropped, and by [`Loader::write_trace`].
+    pub fn trace_path(&self) -> Option<&Path> {
+        self.kind.tracer().and_then(|t| t.path())
+    }
+
+    /// Writes the events recorded so far (the last `trace_events`) to `path`, else to the
+    /// `trace=` file, now and atomically (a temporary file, then a rename); returns the path
+    /// written. An error when tracing is off.
+    pub fn write_trace(&self, path: Option<&Path>) -> Result<PathBuf> {
+        let tracer = self.kind.tracer().ok_or_else(|| {
+            Error::config("trace", "tracing is off: make the loader with trace=PATH to record a trace")
+        })?;
+        let path = path.or(tracer.path()).ok_or_else(|| Error::config("trace", "no path to write the trace to"))?;
+        write_trace(&*self.kind, tracer, path)?;
+        Ok(path.to_path_buf())
+    }
+}
+
+/// Writes `tracer`'s events to `path`, each sample described by `kind`.
+fn write_trace<K: Kind>(kind: &K, tracer: &Tracer, path: &Path) -> Result<()> {
+    tracer.write(path, &|i| kind.describe(i)).map(drop).map_err(|e| Error::io(path, &e))
+}
+
+/// Writes the trace file by the loader's rule (the end of a pass that ended well, the
+/// loader's drop), when tracing is on and this process made the tracer; the writer skips a
+/// file that already holds every event. A failure goes to stderr: nobody called for it.
+fn write_trace_file<K: Kind>(kind: &K) {
+    let Some(t) = kind.tracer() else { return };
+    if let Some(path) = t.auto_path() {
+        if let Err(e) = write_trace(kind, t, path) {
+            eprintln!("stoker: {e}");
+        }
+    }
+}
+
 impl<K: Kind> Drop for Loader<K> {
     fn drop(&mut self) {
-        self.kind.dropped();
+        write_trace_file(&*self.kind);
     }
 }
 
@@ -206,6 +276,9 @@ impl<K: Kind> Iter<K> {
 
     fn poll(&mut self, deadline: Option<Instant>) -> Next<K::Batch> {
         let got = self.pass.poll(deadline);
+        if self.pass.take_completed() {
+            write_trace_file(&*self.kind);
+        }
         let (kind, position) = (&self.kind, &*self.position);
         let at = Delivery { epoch: self.epoch };
         got.map(|slot| kind.batch(slot, position, at))

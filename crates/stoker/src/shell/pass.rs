@@ -10,12 +10,11 @@
 //! failures) and its [`PassHooks`] (what else a shutdown stops, where the position advances,
 //! what a delivery updates); it wraps the slot [`Pass::poll`] returns into its own batch.
 
-use super::grow::PoolView;
+use super::grow::{Lease, PoolView};
 use super::ordered::{Run, Wait};
 use crate::error::{Error, Result};
 use crate::observe::telemetry::{ConsumerClock, StageCounters, Telemetry};
 use crate::observe::trace::{Args as TraceArgs, Tracer};
-use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -63,6 +62,21 @@ pub trait PassSlot: Send + 'static {
     }
 }
 
+/// A slot shared with the threads that fill it (the usual pooled slot) is read as the slot.
+impl<T: PassSlot + Sync> PassSlot for Arc<T> {
+    fn batch(&self) -> usize {
+        (**self).batch()
+    }
+
+    fn samples(&self) -> Option<usize> {
+        (**self).samples()
+    }
+
+    fn take_failures(&self) -> Vec<Error> {
+        (**self).take_failures()
+    }
+}
+
 /// What a loader kind adds to a pass.
 pub trait PassHooks: Send {
     /// Stops what the kind runs besides the run's threads (reads in flight, its telemetry's
@@ -72,8 +86,6 @@ pub trait PassHooks: Send {
     fn advanced(&self, _next: usize) {}
     /// A batch of `samples` samples is being handed over.
     fn delivered(&self, _samples: usize) {}
-    /// The pass reached its last batch.
-    fn completed(&self) {}
     /// The run ended without an error of its own: an error the producer left for after the
     /// batches before it (the transfer stage's), if any.
     fn ended(&self) -> Option<Error> {
@@ -253,7 +265,7 @@ fn consumer_counters(telemetry: &Option<Arc<Telemetry>>, consumer: bool) -> Opti
 /// the consumer's telemetry. Dropping it shuts the run down (and the kind's hooks).
 pub struct Pass<S: PassSlot, H: PassHooks> {
     run: Arc<Run<S>>,
-    pool: PoolView<S>,
+    pool: Arc<PoolView<S>>,
     hooks: H,
     next: usize,
     /// The batch count of the pass (`None`: the producer says when it ends, [`Run::finish`]).
@@ -261,6 +273,8 @@ pub struct Pass<S: PassSlot, H: PassHooks> {
     finished: bool,
     budget: FailureBudget,
     delivered: u64,
+    /// The pass ended well, and no caller has been told yet ([`Pass::take_completed`]).
+    completed: bool,
     /// What the pass records about its consumer.
     pub observe: Observe,
 }
@@ -286,7 +300,8 @@ impl<S: PassSlot, H: PassHooks> Pass<S, H> {
         if let Some(t) = &observe.telemetry {
             t.start();
         }
-        Pass { run, pool, hooks, next: start, end, finished, budget, delivered: 0, observe }
+        let pool = Arc::new(pool);
+        Pass { run, pool, hooks, next: start, end, finished, budget, delivered: 0, completed: false, observe }
     }
 
     /// The run this pass consumes.
@@ -309,6 +324,12 @@ impl<S: PassSlot, H: PassHooks> Pass<S, H> {
         self.end.map_or(0, |e| e.saturating_sub(self.next))
     }
 
+    /// Whether the pass ended well (its last batch delivered, or the producer found the end
+    /// without an error) since the last call: true once.
+    pub fn take_completed(&mut self) -> bool {
+        std::mem::take(&mut self.completed)
+    }
+
     /// Stops the run and the kind's work, returning every slot to the pool; idempotent.
     pub fn shutdown(&mut self) {
         if !self.finished {
@@ -321,10 +342,10 @@ impl<S: PassSlot, H: PassHooks> Pass<S, H> {
         }
     }
 
-    /// The next slot in order, until `deadline` (`None`: wait as long as it takes). The slot
-    /// is counted as held: the caller wraps it into a batch that, when dropped, decrements
-    /// the pool's `held` and sends the slot back to its `free` queue.
-    pub fn poll(&mut self, deadline: Option<Instant>) -> Next<S> {
+    /// The next slot in order, until `deadline` (`None`: wait as long as it takes), lent to the
+    /// consumer: the caller wraps the lease into a batch, and the slot goes back to the pool
+    /// when the batch is dropped.
+    pub fn poll(&mut self, deadline: Option<Instant>) -> Next<Lease<S>> {
         self.observe.waiting();
         loop {
             if self.finished {
@@ -346,9 +367,7 @@ impl<S: PassSlot, H: PassHooks> Pass<S, H> {
                 if let Some(e) = dead {
                     return Next::Item(Err(e));
                 }
-                if at_end {
-                    self.hooks.completed();
-                }
+                self.completed = at_end;
                 return Next::End;
             }
             let pool = &self.pool;
@@ -362,6 +381,7 @@ impl<S: PassSlot, H: PassHooks> Pass<S, H> {
                         // The producer found the end, and every sample of the pass failed.
                         return Next::Item(Err(self.budget.all_failed()));
                     }
+                    self.completed = left.is_none();
                     return left.map_or(Next::End, |e| Next::Item(Err(e)));
                 }
                 Err(e) => {
@@ -389,13 +409,12 @@ impl<S: PassSlot, H: PassHooks> Pass<S, H> {
                 self.delivered += n as u64;
             }
             self.observe.delivered(self.next - 1, samples);
-            self.pool.held.fetch_add(1, Ordering::AcqRel);
-            return Next::Item(Ok(slot));
+            return Next::Item(Ok(Lease::new(slot, self.pool.clone())));
         }
     }
 
     /// [`Pass::poll`] with a time-out instead of a deadline.
-    pub fn poll_timeout(&mut self, timeout: Duration) -> Next<S> {
+    pub fn poll_timeout(&mut self, timeout: Duration) -> Next<Lease<S>> {
         self.poll(Some(Instant::now() + timeout))
     }
 }
@@ -412,6 +431,7 @@ mod tests {
     use crate::shell::grow::{Growth, MakeSlot};
     use crossbeam_channel::bounded;
     use std::sync::atomic::AtomicUsize;
+    use std::sync::atomic::Ordering;
 
     #[derive(Debug)]
     struct S {
@@ -420,7 +440,7 @@ mod tests {
         errors: Mutex<Vec<Error>>,
     }
 
-    impl PassSlot for Arc<S> {
+    impl PassSlot for S {
         fn batch(&self) -> usize {
             self.batch
         }
@@ -447,25 +467,36 @@ mod tests {
         Pass::new(run, pool, (), (0, Some(n)), budget, Observe::default())
     }
 
-    fn drain(p: &mut Pass<Arc<S>, ()>) -> Vec<std::result::Result<usize, String>> {
-        let mut out = vec![];
+    /// A pass's batch numbers and errors.
+    type Got = Vec<std::result::Result<usize, String>>;
+
+    /// The pass's batch numbers and errors, and the leases of its batches (still held).
+    fn drain(p: &mut Pass<Arc<S>, ()>) -> (Got, Vec<Lease<Arc<S>>>) {
+        let (mut out, mut kept) = (vec![], vec![]);
         while let Some(r) = p.poll(None).into_item() {
-            out.push(r.map(|s| s.batch).map_err(|e| e.to_string()));
+            out.push(r.map(|s| {
+                let b = s.batch;
+                kept.push(s);
+                b
+            }));
         }
-        out
+        (out.into_iter().map(|r| r.map_err(|e| e.to_string())).collect(), kept)
     }
 
     #[test]
     fn delivers_in_order_and_skips_empty_batches() {
         let mut p = pass(&[(2, 0), (0, 2), (1, 1)], FailureBudget::new(10, false));
-        assert_eq!(drain(&mut p), vec![Ok(0), Ok(2)]);
+        let (got, kept) = drain(&mut p);
+        assert_eq!(got, vec![Ok(0), Ok(2)]);
         assert_eq!(p.pool.held.load(Ordering::Relaxed), 2);
+        drop(kept);
+        assert_eq!(p.pool.held.load(Ordering::Relaxed), 0, "a dropped lease gives its slot back");
     }
 
     #[test]
     fn raise_ends_the_pass_at_the_first_failure() {
         let mut p = pass(&[(2, 0), (1, 1), (2, 0)], FailureBudget::new(10, true));
-        let got = drain(&mut p);
+        let got = drain(&mut p).0;
         assert_eq!(got.len(), 2);
         assert!(got[1].as_ref().unwrap_err().contains("bad 1.0"), "{got:?}");
         assert_eq!(p.next_batch(), 1, "the position stays at the failing batch");
@@ -484,10 +515,10 @@ mod tests {
     #[test]
     fn the_budget_and_an_all_failed_pass_are_errors() {
         let mut p = pass(&[(1, 1), (1, 1), (1, 1)], FailureBudget::new(1, false));
-        let got = drain(&mut p);
+        let got = drain(&mut p).0;
         assert!(got[1].as_ref().unwrap_err().contains("more than max_failures (1)"), "{got:?}");
         let mut p = pass(&[(0, 2), (0, 2)], FailureBudget::new(10, false));
-        let got = drain(&mut p);
+        let got = drain(&mut p).0;
         assert_eq!(got.len(), 1);
         assert!(got[0].as_ref().unwrap_err().contains("every sample of this pass failed (4)"), "{got:?}");
     }
@@ -496,7 +527,7 @@ mod tests {
     fn a_stale_run_is_an_error_and_holding_every_slot_grows_the_pool_up_to_its_limit() {
         let mut p = pass(&[(1, 0), (1, 0)], FailureBudget::new(0, false));
         p.run.make_stale("a test replaced it");
-        assert!(drain(&mut p)[0].as_ref().unwrap_err().contains("a test replaced it"));
+        assert!(drain(&mut p).0[0].as_ref().unwrap_err().contains("a test replaced it"));
         // Two batches, one slot of 8 bytes: the consumer holds it, so batch 1 needs another.
         let holding = |limit: u64| {
             let (free_tx, free_rx) = bounded(2);

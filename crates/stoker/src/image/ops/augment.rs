@@ -14,8 +14,8 @@
 
 use super::affine::{self, Affine};
 use super::color;
-use crate::args::augment::TimmConfig;
 use crate::shell::rng::Rng;
+use crate::values::augment::TimmConfig;
 
 /// An op of torchvision's auto-augment spaces (`_apply_image_or_video_transform`'s ids).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -565,7 +565,7 @@ fn signed(rng: &mut Rng, space: Space, op: AugOp, bins: usize, bin: usize, w: us
 }
 
 impl TimmRandAugment {
-    /// timm's settings parsed from its string ([`crate::args::augment::timm_rand_augment`]), with
+    /// timm's settings parsed from its string ([`crate::values::augment::timm_rand_augment`]), with
     /// timm's `translate_pct` (0.45) and `fill`.
     pub fn new(c: TimmConfig, fill: [u8; 3]) -> Self {
         TimmRandAugment { config: c, translate_pct: 0.45, fill }

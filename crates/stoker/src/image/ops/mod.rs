@@ -39,9 +39,9 @@ pub mod resample;
 mod spec;
 mod write;
 
-use crate::args::augment as rules;
 use crate::error::{Error, Result};
 use crate::shell::rng::Rng;
+use crate::values::augment as rules;
 use augment::{AugmentPlan, Step};
 use erase::{Erase, EraseValue};
 use geometry::{center_crop_axis, resize_shorter, rrc_params};

@@ -4,10 +4,7 @@ use super::*;
 
 /// A finished batch: a view of one pool buffer. The buffer returns to the pool on drop.
 pub struct Batch {
-    pub(super) slot: Option<Arc<Slot>>,
-    pub(super) free: Sender<Arc<Slot>>,
-    pub(super) held: Arc<std::sync::atomic::AtomicUsize>,
-    pub(super) growth: Arc<crate::shell::grow::Growth>,
+    pub(super) slot: crate::shell::grow::Lease<Arc<Slot>>,
     pub(super) sample_shape: [usize; 3],
     pub(super) dtype: DType,
     pub(super) layout: Layout,
@@ -30,7 +27,7 @@ impl std::fmt::Debug for Batch {
 
 impl Batch {
     pub(super) fn slot(&self) -> &Slot {
-        self.slot.as_ref().expect("live batch has a slot")
+        &self.slot
     }
 
     /// Samples in this batch (shorter than the batch size when samples were skipped, or at
@@ -137,14 +134,6 @@ impl Batch {
         // SAFETY: the region holds `len * context_length` int32 values written by the workers
         // (a completed batch: no writer), at the start of a 64-aligned buffer.
         unsafe { std::slice::from_raw_parts(b.as_ptr().cast::<i32>(), b.len() / 4) }
-    }
-}
-
-impl Drop for Batch {
-    fn drop(&mut self) {
-        if let Some(slot) = self.slot.take() {
-            self.growth.release(&self.held, slot, &self.free);
-        }
     }
 }
 

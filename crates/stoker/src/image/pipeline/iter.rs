@@ -3,11 +3,11 @@
 //! consumer's telemetry), with the image kind's hooks (reads abandoned on shutdown, the tuner,
 //! the trace file at the end of a pass). [`EpochIter`] is the shell's iterator of this kind.
 
+use super::shared::Images;
 use super::shared::Task;
-use super::shared::{write_trace, Images};
 use super::stages::{decode_loop, dispatch, io_loop, Work};
 use super::*;
-use crate::shell::grow::PoolView;
+use crate::shell::grow::{Lease, SlotPool};
 use crate::shell::kind::{Delivery, Iter, Kind, PassPlan, SamplerKind};
 use crate::shell::ordered::Run;
 use crate::shell::pass::{FailureBudget, PassHooks, PassSlot};
@@ -50,7 +50,7 @@ impl crate::shell::epochs::Retire for IterCore {
     }
 }
 
-impl PassSlot for Arc<Slot> {
+impl PassSlot for Slot {
     fn batch(&self) -> usize {
         self.batch.load(Ordering::Relaxed)
     }
@@ -87,18 +87,6 @@ impl PassHooks for ImageHooks {
         let sh = &self.core.shared;
         sh.tuner.on_batch_load(sh.counters.load(&sh.telemetry));
     }
-
-    /// Writes the trace file (a failure goes to stderr: the iteration has ended well).
-    fn completed(&self) {
-        let sh = &self.core.shared;
-        if let Some(t) = &sh.tracer {
-            if let Some(path) = t.auto_path() {
-                if let Err(e) = write_trace(sh, t, path) {
-                    eprintln!("stoker: {e}");
-                }
-            }
-        }
-    }
 }
 
 impl Kind for Images {
@@ -108,8 +96,8 @@ impl Kind for Images {
     type Batch = Batch;
     type Section = ImageSection;
 
-    fn pool(&self) -> PoolView<Arc<Slot>> {
-        self.pool.view()
+    fn pool(&self) -> &SlotPool<Arc<Slot>> {
+        &self.pool.slots
     }
 
     fn start(
@@ -122,7 +110,7 @@ impl Kind for Images {
         start(self.clone(), position.clone(), from, run, done)
     }
 
-    fn batch(self: &Arc<Self>, slot: Arc<Slot>, _: &Position, at: Delivery) -> Batch {
+    fn batch(self: &Arc<Self>, slot: Lease<Arc<Slot>>, _: &Position, at: Delivery) -> Batch {
         if self.tally.is_some() {
             for i in slot.indices() {
                 if let Some((d, tally)) = self.mixed(i) {
@@ -132,10 +120,7 @@ impl Kind for Images {
         }
         let plan = &self.plan;
         Batch {
-            slot: Some(slot),
-            free: self.pool.free_tx.clone(),
-            held: self.pool.held.clone(),
-            growth: self.pool.growth.clone(),
+            slot,
             sample_shape: plan.sample_shape(),
             dtype: plan.spec().dtype,
             layout: plan.spec().layout,
@@ -145,8 +130,23 @@ impl Kind for Images {
         }
     }
 
-    fn held(&self) -> usize {
-        self.pool.held()
+    /// The samples, the labels (int64), an image-text pair's caption ids and mask (int32
+    /// rows), a mixed batch's soft labels (float32 rows).
+    fn regions(&self) -> Vec<usize> {
+        let batch_size = self.sampler.spec().batch_size;
+        let mut regions = vec![self.pool.batch_bytes(), batch_size * 8];
+        if let Some(c) = &self.captions {
+            regions.extend([batch_size * c.encoder.options().context_length * 4; 2]);
+        }
+        if let Some(m) = &self.mix {
+            regions.push(batch_size * m.num_classes * 4);
+        }
+        regions
+    }
+
+    /// The labels: keeping them never keeps the images' buffer.
+    fn detached(&self) -> &'static [usize] {
+        &[1]
     }
 
     fn telemetry(&self) -> &Arc<Telemetry> {
@@ -174,16 +174,13 @@ impl Kind for Images {
         r
     }
 
-    /// Writes the trace, when there is one with events not yet in its file. A failure is
-    /// reported on stderr: a drop has no caller to return it to.
-    fn dropped(&self) {
-        if let Some(t) = &self.tracer {
-            if let Some(path) = t.auto_path() {
-                if let Err(e) = write_trace(self, t, path) {
-                    eprintln!("stoker: {e}");
-                }
-            }
-        }
+    fn tracer(&self) -> Option<&Arc<Tracer>> {
+        self.tracer.as_ref()
+    }
+
+    /// The sample's path (or shard member).
+    fn describe(&self, index: u32) -> String {
+        self.source.describe(index as usize).display().to_string()
     }
 }
 
@@ -240,6 +237,5 @@ fn start(
         run.spawn(format!("stoker-decode-{k}"), move || decode_loop(&sh, k, &cancel, epoch, rx, btx, done))?;
     }
     shared.tuner.consumed(start);
-    let tracer = shared.tracer.clone();
-    Ok(PassPlan { epoch, batches: (start, Some(end)), budget, hooks, tracer, retire: Some(core) })
+    Ok(PassPlan { epoch, batches: (start, Some(end)), budget, hooks, retire: Some(core) })
 }

@@ -2,9 +2,9 @@
 //! [`LoaderConfig`] and what only an image loader answers (transform plan, pool, cache,
 //! telemetry, trace); epochs, resume and the start of a pass are the shell's.
 
-use super::shared::{dataset_key, samples_hash, write_trace, Captions, Images, Stash};
+use super::shared::{dataset_key, samples_hash, Captions, Images, Stash};
 use super::*;
-use crate::values::{batch_bytes as checked_batch_bytes, check_io_threads, check_prefetch, check_threads};
+use crate::values::{batch_bytes as checked_batch_bytes, check_io_threads, check_prefetch};
 
 /// A batch loader over a [`Source`].
 pub type Loader = crate::shell::kind::Loader<Images>;
@@ -56,10 +56,7 @@ impl Loader {
         }
         let plan = TransformPlan::compile(&config.transform)?;
         let allowance = crate::observe::cpu::allowance().effective;
-        let fixed = config.threads.map(check_threads).transpose()?;
-        let cpu_budget = config.cpu_budget.unwrap_or_else(crate::observe::cpu::default_budget);
-        // An autotuned loader starts a worker per whole core of its budget.
-        let threads = fixed.unwrap_or((cpu_budget + 1e-9).floor().max(1.0) as usize);
+        let (threads, cpu_budget) = crate::observe::tune::workers(config.threads, config.cpu_budget)?;
         let io_threads = match config.io_threads {
             Some(n) => check_io_threads(n)?,
             None => {
@@ -129,12 +126,12 @@ impl Loader {
         };
         let tuner = crate::observe::tune::Tuner::new(
             crate::observe::tune::TuneSpec {
-                auto_threads: fixed.is_none(),
+                auto_threads: config.threads.is_none(),
                 threads_max: threads,
                 auto_prefetch: config.prefetch_auto,
                 prefetch_max: if config.prefetch_auto { slots.saturating_sub(2).max(1) } else { config.prefetch },
                 prefetch: config.prefetch,
-                cpu_budget: if fixed.is_some() { config.cpu_budget.unwrap_or(threads as f64) } else { cpu_budget },
+                cpu_budget,
                 epoch_batches: sampler.num_batches(),
             },
             config.cpu_registry.clone().map(crate::observe::budget::Registry::at),
@@ -244,27 +241,6 @@ impl Loader {
     /// The decoded-pixel cache, if the loader has one.
     pub fn cache(&self) -> Option<&crate::image::cache::Cache> {
         self.kind().cache.as_ref()
-    }
-
-    /// The trace recorder, when tracing is on (a transfer stage outside this crate records
-    /// into it).
-    pub fn tracer(&self) -> Option<&Arc<Tracer>> {
-        self.kind().tracer.as_ref()
-    }
-
-    /// The file the trace is written to: at the end of each completed pass and when the loader
-    /// is dropped (and by [`Loader::write_trace`]).
-    pub fn trace_path(&self) -> Option<&Path> {
-        self.kind().tracer.as_ref().and_then(|t| t.path())
-    }
-
-    /// Writes the trace recorded so far (the last `trace_events` events) to `path` now,
-    /// atomically (a temporary file, then a rename). An error when tracing is off.
-    pub fn write_trace(&self, path: &Path) -> Result<()> {
-        let tracer = self.kind().tracer.as_ref().ok_or_else(|| {
-            Error::config("trace", "tracing is off: make the loader with trace=PATH to record a trace")
-        })?;
-        write_trace(self.kind(), tracer, path)
     }
 
     /// The caption rows' length (`context_length`), when the samples are image-text pairs.

@@ -94,12 +94,6 @@ pub(super) struct Task {
     pub(super) epoch: u64,
 }
 
-/// Writes `tracer`'s events to `path`, with the samples' paths from the source.
-pub(super) fn write_trace(sh: &Images, tracer: &Tracer, path: &Path) -> Result<()> {
-    let describe = |i: u32| sh.source.describe(i as usize).display().to_string();
-    tracer.write(path, &describe).map(drop).map_err(|e| Error::io(path, &e))
-}
-
 /// A sample's trace arguments: dataset index and batch.
 pub(super) fn sample_args(task: &Task) -> TraceArgs {
     TraceArgs::Sample { index: task.slot.index(task.pos), batch: task.slot.batch.load(Ordering::Relaxed) as u32 }

@@ -28,14 +28,14 @@ pub(super) fn dispatch(
         if sh.tuner.gate(b, cancel).is_none() {
             return;
         }
-        let Some(slot) = take_free(&sh.pool.free_rx, cancel) else { return };
+        let Some(slot) = take_free(&sh.pool.slots.free_rx, cancel) else { return };
         let t1 = Instant::now();
         sh.telemetry.buffers.add_wait(t1 - t0);
         if let Some(t) = &sh.tracer {
             t.span("wait_buffer", "backpressure", t0, t1, TraceArgs::fields(serde_json::json!({"batch": b})));
         }
         if cancel.load(Ordering::Acquire) {
-            let _ = sh.pool.free_tx.send(slot);
+            sh.pool.slots.give_back(slot);
             return;
         }
         let idx = sh.sampler.batch(order, b);
@@ -60,7 +60,7 @@ pub(super) fn complete(sh: &Images, task: Task, label: Option<i64>, done: &Sende
         }
         if let Err(e) = done.send(slot) {
             // The consumer is gone: give the buffer straight back to the pool.
-            let _ = sh.pool.free_tx.send(e.into_inner());
+            sh.pool.slots.give_back(e.into_inner());
         }
     }
 }

@@ -1,19 +1,19 @@
 //! [`TokenBatch`]: the delivered view of a pooled slot, returned to the pool on drop.
 
-use super::shared::Tokens;
 use super::slot::TokenSlot;
+use crate::shell::grow::Lease;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 /// One batch: `rows` rows of `seq_len` tokens in a pooled slot, returned to the pool on drop.
 pub struct TokenBatch {
-    pub(super) slot: Option<Arc<TokenSlot>>,
-    pub(super) shared: Arc<Tokens>,
+    pub(super) slot: Lease<Arc<TokenSlot>>,
+    pub(super) seq_len: usize,
 }
 
 impl TokenBatch {
     pub(super) fn slot(&self) -> &TokenSlot {
-        self.slot.as_ref().expect("live")
+        &self.slot
     }
 
     /// Rows in this batch.
@@ -23,7 +23,7 @@ impl TokenBatch {
 
     /// Tokens per row.
     pub fn seq_len(&self) -> usize {
-        self.shared.config.seq_len
+        self.seq_len
     }
 
     /// Batch number (since the epoch's start).
@@ -77,14 +77,6 @@ impl TokenBatch {
     pub fn regions(&self) -> [(*const u8, usize); 5] {
         let r = |s: &[i32]| (s.as_ptr().cast::<u8>(), std::mem::size_of_val(s));
         [r(self.input_ids()), r(self.labels()), r(self.position_ids()), r(self.cu_seqlens()), r(self.sources())]
-    }
-}
-
-impl Drop for TokenBatch {
-    fn drop(&mut self) {
-        if let Some(s) = self.slot.take() {
-            self.shared.pool.release(s);
-        }
     }
 }
 

@@ -1,20 +1,21 @@
 //! The token kind on the shell's [`Loader`]: how a pass starts (the reader, tokenizer and
-//! packer threads over a [`Run`]), what a delivered slot becomes, and where the trace is
-//! written. [`TokenIter`] is the shell's [`Iter`] of this kind.
+//! packer threads over a [`Run`]) and what a delivered slot becomes. [`TokenIter`] is the
+//! shell's [`Iter`] of this kind.
 
 use super::batch::TokenBatch;
 use super::batcher::pack_batches;
 use super::shared::Tokens;
-use super::slot::TokenSlot;
+use super::slot::{region_capacities, TokenSlot};
 use super::state::TokenPosition;
 use super::stats::{TokenReport, TokenSection, TokenizerReport};
 use super::tokenize::spawn_tokenizing;
 use crate::error::Result;
 use crate::observe::telemetry::Telemetry;
-use crate::shell::grow::PoolView;
+use crate::observe::trace::Tracer;
+use crate::shell::grow::{Lease, SlotPool};
 use crate::shell::kind::{Delivery, Iter, Kind, Loader, PassPlan};
 use crate::shell::ordered::Run;
-use crate::shell::pass::{FailureBudget, PassHooks};
+use crate::shell::pass::FailureBudget;
 use crossbeam_channel::{bounded, Sender};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -26,34 +27,18 @@ pub type TokenLoader = Loader<Tokens>;
 /// One pass over (the rest of) an epoch, or for ever with `infinite`.
 pub type TokenIter = Iter<Tokens>;
 
-/// The token kind's part of a pass: the producer decides the end, and the trace file is
-/// written then.
-pub struct TokenHooks {
-    tokens: Arc<Tokens>,
-}
-
-impl PassHooks for TokenHooks {
-    fn ended(&self) -> Option<crate::error::Error> {
-        // The pass ended well (the trace's writer skips a ring with nothing new): a failure to
-        // write goes to stderr, with no caller to return it to.
-        if let Err(e) = self.tokens.write_trace() {
-            eprintln!("stoker: {e}");
-        }
-        None
-    }
-}
-
 impl Kind for Tokens {
     type Position = TokenPosition;
     type Slot = Arc<TokenSlot>;
-    type Hooks = TokenHooks;
+    /// The producer decides the end; nothing else.
+    type Hooks = ();
     type Batch = TokenBatch;
     type Section = TokenSection;
 
     /// Starts the reader, tokenizer and packer threads from the position: the current epoch
     /// from its first batch, or a restored position.
-    fn pool(&self) -> PoolView<Arc<TokenSlot>> {
-        self.pool.view()
+    fn pool(&self) -> &SlotPool<Arc<TokenSlot>> {
+        &self.pool
     }
 
     fn start(
@@ -88,15 +73,13 @@ impl Kind for Tokens {
             })?;
         }
         let budget = FailureBudget::new(sh.config.max_failures, sh.config.raise);
-        let hooks = TokenHooks { tokens: sh.clone() };
         // The consumer's waits and steps, and their trace, are the shell's (as for every kind).
-        let (epoch, tracer) = (from.epoch, sh.tracer.clone());
-        Ok(PassPlan { epoch, batches: (first_batch as usize, None), budget, hooks, tracer, retire: None })
+        Ok(PassPlan { epoch: from.epoch, batches: (first_batch as usize, None), budget, hooks: (), retire: None })
     }
 
     /// Tells the tuner the consumer's load and advances the position to the slot's resume
     /// point.
-    fn batch(self: &Arc<Self>, slot: Arc<TokenSlot>, position: &TokenPosition, _: Delivery) -> TokenBatch {
+    fn batch(self: &Arc<Self>, slot: Lease<Arc<TokenSlot>>, position: &TokenPosition, _: Delivery) -> TokenBatch {
         let s = &self.stats;
         let wait = self.telemetry.consumer.wait_ns();
         let since = s.started.get().map_or(0, |t| t.elapsed().as_nanos() as u64);
@@ -107,11 +90,13 @@ impl Kind for Tokens {
         });
         let at = slot.after.lock().unwrap_or_else(|p| p.into_inner()).0;
         position.advance(at);
-        TokenBatch { slot: Some(slot), shared: self.clone() }
+        TokenBatch { slot, seq_len: self.config.seq_len }
     }
 
-    fn held(&self) -> usize {
-        self.pool.held()
+    /// `input_ids`, `labels`, `position_ids` (`batch_size x seq_len` int32 each),
+    /// `cu_seqlens`, `sources`.
+    fn regions(&self) -> Vec<usize> {
+        region_capacities(self.config.batch_size, self.config.seq_len).to_vec()
     }
 
     fn telemetry(&self) -> &Arc<Telemetry> {
@@ -143,11 +128,11 @@ impl Kind for Tokens {
         r
     }
 
-    /// Writes the trace, when there is one with events not yet in its file (a failure goes to
-    /// stderr: a drop has no caller to return it to).
-    fn dropped(&self) {
-        if let Err(e) = self.write_trace() {
-            eprintln!("stoker: {e}");
-        }
+    fn tracer(&self) -> Option<&Arc<Tracer>> {
+        self.tracer.as_ref()
+    }
+
+    fn describe(&self, index: u32) -> String {
+        format!("document {index}")
     }
 }

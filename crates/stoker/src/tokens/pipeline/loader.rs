@@ -4,25 +4,22 @@
 use super::config::{format_of, PackMode, TokenConfig};
 use super::order::RowsMemo;
 use super::shared::Tokens;
-use super::slot::TokenSlot;
+use super::slot::token_pool;
 use super::state::{TokenFingerprint, TokenState};
 use super::stats::TokenStats;
 use super::tokenize::{spawn_tokenizing, Tokenized};
 use crate::error::{Error, Result};
-use crate::shell::buffer::{HeapAllocator, RawBuf};
-use crate::shell::grow::MakeSlot;
-use crate::shell::grow::SlotPool;
+use crate::shell::buffer::HeapAllocator;
 use crate::shell::kind::Loader;
 use crate::shell::ordered::{take_free, Run};
 use crate::tokens::corpus::DocSource;
 use crate::tokens::docs::Format;
 use crate::tokens::pack::{Doc, Resume};
 use crate::tokens::tokenizer::TextTokenizer;
-use crate::values::{check_prefetch, check_threads, token_values};
+use crate::values::check_prefetch;
 use crossbeam_channel::bounded;
 use std::collections::BTreeMap;
-use std::sync::atomic::AtomicUsize;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 /// Batches over which `threads="auto"` settles (a text epoch's batch count is known only once
 /// it is tokenized); the setting then holds.
@@ -132,11 +129,7 @@ impl Loader<Tokens> {
                 ))
             }
         };
-        let cpu_budget = config.cpu_budget.unwrap_or_else(crate::observe::cpu::default_budget);
-        let threads = match config.threads {
-            Some(n) => check_threads(n)?,
-            None => (cpu_budget + 1e-9).floor().max(1.0) as usize,
-        };
+        let (threads, cpu_budget) = crate::observe::tune::workers(config.threads, config.cpu_budget)?;
         check_prefetch(config.prefetch)?;
         let tuner = crate::observe::tune::Tuner::new(
             crate::observe::tune::TuneSpec {
@@ -145,31 +138,12 @@ impl Loader<Tokens> {
                 auto_prefetch: false,
                 prefetch_max: config.prefetch,
                 prefetch: config.prefetch,
-                cpu_budget: if config.threads.is_some() { threads as f64 } else { cpu_budget },
+                cpu_budget,
                 epoch_batches: TUNE_BATCHES,
             },
             config.cpu_registry.clone().map(crate::observe::budget::Registry::at),
         );
-        let (bs, len) = (config.batch_size, config.seq_len);
-        let values = token_values(bs, len)?;
-        let cu_values = values + bs + 1;
-        let batch_bytes = (3 * values + cu_values + bs) * 4;
-        let slots = crate::shell::buffer::BufferPool::plan(config.prefetch + 2, batch_bytes, config.memory_limit)?;
-        let make: MakeSlot<Arc<TokenSlot>> = Arc::new(move || {
-            let a = alloc.as_ref();
-            Ok(Arc::new(TokenSlot {
-                batch: AtomicUsize::new(0),
-                rows: AtomicUsize::new(0),
-                input: RawBuf::new_in(values * 4, a)?,
-                labels: RawBuf::new_in(values * 4, a)?,
-                positions: RawBuf::new_in(values * 4, a)?,
-                cu: RawBuf::new_in(cu_values * 4, a)?,
-                cu_len: AtomicUsize::new(0),
-                sources: RawBuf::new_in(bs * 4, a)?,
-                after: Mutex::new((Resume::default(), Vec::new())),
-            }))
-        });
-        let pool = SlotPool::new(slots, batch_bytes, config.memory_limit, "batch", make)?;
+        let pool = token_pool(&config, alloc)?;
         let pad = config.pad_id.or(eos).unwrap_or(0);
         let tracer = config
             .trace
@@ -194,28 +168,9 @@ impl Loader<Tokens> {
         }))
     }
 
-    /// Bytes of each array of a batch at most, in the order of [`super::TokenBatch::regions`]:
-    /// `input_ids`, `labels`, `position_ids` (`batch_size x seq_len` int32 each), `cu_seqlens`,
-    /// `sources`.
-    pub fn region_capacities(&self) -> Vec<usize> {
-        let (bs, len) = (self.kind().config.batch_size, self.kind().config.seq_len);
-        let values = bs * len;
-        vec![values * 4, values * 4, values * 4, (values + bs + 1) * 4, bs * 4]
-    }
-
     /// Seconds the consumer has waited for batches (the shell's consumer counters).
     pub fn consumer_wait(&self) -> f64 {
         self.kind().telemetry.consumer.wait_ns() as f64 / 1e9
-    }
-
-    /// The `trace=` file, when tracing is on.
-    pub fn trace_path(&self) -> Option<&std::path::Path> {
-        self.kind().tracer.as_ref().and_then(|t| t.path())
-    }
-
-    /// Writes the events recorded so far to `path` now (atomically); tracing must be on.
-    pub fn write_trace(&self, path: &std::path::Path) -> Result<()> {
-        self.kind().write_trace_to(path)
     }
 
     /// Documents in the source (all ranks).

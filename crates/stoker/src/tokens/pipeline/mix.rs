@@ -21,20 +21,20 @@ use super::batch::TokenBatch;
 use super::config::TokenConfig;
 use super::iter::{TokenIter, TokenLoader};
 use super::mix_state::{MixPosition, MixState};
-use super::shared::Tokens;
-use super::slot::TokenSlot;
+use super::slot::{region_capacities, token_pool, TokenSlot};
 use super::state::TokenState;
 use crate::error::{Error, Result};
 use crate::observe::report::{keeps_up, Report, Section, StageReport};
 use crate::observe::telemetry::Telemetry;
 use crate::shell::buffer::HostAllocator;
-use crate::shell::grow::PoolView;
+use crate::shell::grow::{Lease, SlotPool};
 use crate::shell::kind::{Delivery, Iter, Kind, Loader, PassPlan};
 use crate::shell::mix::{MixReport, MixSpec, Schedule, Tally, Weights};
 use crate::shell::ordered::{send_or_cancel, take_free, Run};
 use crate::shell::pass::{FailureBudget, Next, ProducerError};
 use crate::tokens::pack::Resume;
 use crate::tokens::tokenizer::TextTokenizer;
+use crate::values::check_prefetch;
 use crossbeam_channel::Sender;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -43,9 +43,12 @@ use std::time::Duration;
 
 /// A weighted mixture of token sources, row by row.
 pub struct TokenMix {
-    /// A loader over the first source's files, never iterated: its pool holds the mixture's
-    /// batches, its config the batch shape, its counters the consumer's waits.
-    host: TokenLoader,
+    /// The mixture's configuration (the batch shape, seed, ranks).
+    config: TokenConfig,
+    /// The mixture's batches.
+    pool: SlotPool<Arc<TokenSlot>>,
+    /// The consumer's counters (waits and steps), which the shell's pass records.
+    telemetry: Arc<Telemetry>,
     /// One loader per source.
     subs: Vec<TokenLoader>,
     spec: MixSpec,
@@ -84,7 +87,6 @@ impl Loader<TokenMix> {
             ));
         }
         let weights = Weights::new(&mix.spec.parts.iter().map(|p| p.weight).collect::<Vec<_>>())?;
-        let mut first = None;
         let mut subs = Vec::with_capacity(mix.sources.len());
         for (d, (part, (data, key))) in mix.spec.parts.iter().zip(&mix.sources).enumerate() {
             let paths = super::config::expand_paths(data)
@@ -107,16 +109,15 @@ impl Loader<TokenMix> {
             }
             let sub = TokenLoader::new(&paths, tokenizer.clone(), c)
                 .map_err(|e| Error::config("mixture", format!("mixture source '{}': {e}", part.name)))?;
-            first.get_or_insert(paths);
             subs.push(sub);
         }
-        let mut host_config = config.clone();
-        host_config.mixture = None;
-        // The host only lends its pool and config: the first source's files (indexed just now).
-        let host = TokenLoader::new_in(&first.unwrap_or_default(), tokenizer, host_config, alloc)?;
+        check_prefetch(config.prefetch)?;
+        let pool = token_pool(&config, alloc)?;
         let tally = Tally::new(subs.len());
         Ok(Loader::of(TokenMix {
-            host,
+            config,
+            pool,
+            telemetry: Arc::default(),
             subs,
             spec: mix.spec,
             schedule: Schedule::new(weights),
@@ -126,9 +127,14 @@ impl Loader<TokenMix> {
         }))
     }
 
-    /// The loader that lends the mixture its pool and config (tokenizer, special ids).
-    pub fn host(&self) -> &TokenLoader {
-        &self.kind().host
+    /// The mixture's configuration.
+    pub fn config(&self) -> &TokenConfig {
+        &self.kind().config
+    }
+
+    /// `(bos, eos, pad)` ids: the sources' (one tokenizer and one config for all).
+    pub fn special_ids(&self) -> (Option<u32>, Option<u32>, u32) {
+        self.kind().subs[0].special_ids()
     }
 
     /// Each source's loader.
@@ -158,7 +164,7 @@ impl Loader<TokenMix> {
         if self.kind().stops() {
             return None;
         }
-        let bs = self.kind().host.config().batch_size as u64;
+        let bs = self.kind().config.batch_size as u64;
         Some(self.epochs().position().end().unwrap_or(self.kind().rows).div_ceil(bs) as usize)
     }
 
@@ -174,7 +180,7 @@ impl Loader<TokenMix> {
 
     /// The resumable state.
     pub fn state(&self) -> MixState {
-        self.epochs().position().state(self.kind().host.config().seed, self.kind().subs.len())
+        self.epochs().position().state(self.kind().config.seed, self.kind().subs.len())
     }
 
     /// Continues a run saved by the ranks of `states` (`(state, rank, world_size)` of every rank,
@@ -183,7 +189,7 @@ impl Loader<TokenMix> {
     /// and the epoch ends when the rows of the saved run's epoch are delivered.
     pub fn load_states(&self, states: &[(MixState, usize, usize)]) -> Result<()> {
         let k = self.kind();
-        let c = k.host.config();
+        let c = &k.config;
         let Some((first, _, old_world)) = states.first() else {
             return Err(Error::config("state", "an empty list of states"));
         };
@@ -251,7 +257,7 @@ impl Loader<TokenMix> {
 
     /// Restores a state: the next iteration resumes there; a running one becomes stale.
     pub fn load_state(&self, st: MixState) -> Result<()> {
-        self.epochs().position().restore(st, self.kind().host.config().seed, self.kind().subs.len())?;
+        self.epochs().position().restore(st, self.kind().config.seed, self.kind().subs.len())?;
         self.epochs().restored();
         Ok(())
     }
@@ -261,7 +267,7 @@ impl Loader<TokenMix> {
     pub fn fingerprint(&self) -> serde_json::Value {
         let sources: Vec<serde_json::Value> =
             self.kind().subs.iter().map(|s| serde_json::to_value(s.fingerprint()).unwrap_or_default()).collect();
-        let c = self.kind().host.config();
+        let c = &self.kind().config;
         serde_json::json!({
             "mixture": serde_json::to_value(&self.kind().spec).unwrap_or_default(), "sources": sources,
             "rank": c.rank, "world_size": c.world_size,
@@ -289,8 +295,8 @@ impl Kind for TokenMix {
     type Batch = TokenBatch;
     type Section = MixSection;
 
-    fn pool(&self) -> PoolView<Arc<TokenSlot>> {
-        self.host.kind().pool.view()
+    fn pool(&self) -> &SlotPool<Arc<TokenSlot>> {
+        &self.pool
     }
 
     fn start(
@@ -299,11 +305,10 @@ impl Kind for TokenMix {
         run: &Arc<Run<Arc<TokenSlot>>>,
         done_tx: Sender<Arc<TokenSlot>>,
     ) -> Result<PassPlan<Self>> {
-        let seed = self.host.config().seed;
+        let seed = self.config.seed;
         let st = position.start(seed, self.subs.len());
         let (epoch, first_batch, end) = (st.epoch, st.next_batch, st.end.unwrap_or(self.rows));
         let offset = st.offset;
-        let host = self.host.kind().clone();
         let cancel = run.cancel_flag();
         let failed = ProducerError::default();
         self.after.lock().unwrap_or_else(|p| p.into_inner()).clear();
@@ -319,18 +324,11 @@ impl Kind for TokenMix {
             })?;
         }
         let budget = FailureBudget::new(u64::MAX, false);
-        let batches = (!self.stops()).then(|| end.div_ceil(host.config.batch_size as u64) as usize);
-        Ok(PassPlan {
-            epoch,
-            batches: (first_batch as usize, batches),
-            budget,
-            hooks: failed,
-            tracer: None,
-            retire: None,
-        })
+        let batches = (!self.stops()).then(|| end.div_ceil(self.config.batch_size as u64) as usize);
+        Ok(PassPlan { epoch, batches: (first_batch as usize, batches), budget, hooks: failed, retire: None })
     }
 
-    fn batch(self: &Arc<Self>, slot: Arc<TokenSlot>, position: &MixPosition, _: Delivery) -> TokenBatch {
+    fn batch(self: &Arc<Self>, slot: Lease<Arc<TokenSlot>>, position: &MixPosition, _: Delivery) -> TokenBatch {
         let b = slot.batch.load(Ordering::Relaxed);
         let after = self.after.lock().unwrap_or_else(|p| p.into_inner()).remove(&b).unwrap_or_default();
         // SAFETY: a delivered slot is complete: nobody writes it until it returns to the pool.
@@ -338,16 +336,16 @@ impl Kind for TokenMix {
         for &d in sources {
             self.tally.delivered(d as usize, 1);
         }
-        position.advance(after, self.host.config().seed);
-        TokenBatch { slot: Some(slot), shared: self.host.kind().clone() }
+        position.advance(after, self.config.seed);
+        TokenBatch { slot, seq_len: self.config.seq_len }
     }
 
-    fn held(&self) -> usize {
-        self.host.kind().pool.held()
+    fn regions(&self) -> Vec<usize> {
+        region_capacities(self.config.batch_size, self.config.seq_len).to_vec()
     }
 
     fn telemetry(&self) -> &Arc<Telemetry> {
-        &self.host.kind().telemetry
+        &self.telemetry
     }
 
     /// A stage per source (its loader's reading, tokenizing and packing, over its rows), each
@@ -435,8 +433,7 @@ fn mix_rows(
     done: &Sender<Arc<TokenSlot>>,
     cancel: &AtomicBool,
 ) -> Result<()> {
-    let host: &Tokens = mx.host.kind();
-    let (bs, len) = (host.config.batch_size, host.config.seq_len);
+    let (bs, len) = (mx.config.batch_size, mx.config.seq_len);
     let mut reading = Vec::with_capacity(mx.subs.len());
     for (sub, at) in mx.subs.iter().zip(at) {
         match &at {
@@ -449,7 +446,7 @@ fn mix_rows(
     let mut batch = first_batch as usize;
     let mut ended = false;
     while m < end && !ended {
-        let Some(slot) = take_free(&host.pool.free_rx, cancel) else { return Ok(()) };
+        let Some(slot) = take_free(&mx.pool.free_rx, cancel) else { return Ok(()) };
         let mut rows = 0;
         let mut cu_len = 1;
         // SAFETY: the mixer is this slot's only user until it is sent.
@@ -459,7 +456,7 @@ fn mix_rows(
             let b = match next_row(mx, &mut reading[d], d, cancel)? {
                 Row::Got(b) => b,
                 Row::Cancelled => {
-                    host.pool.give_back(slot);
+                    mx.pool.give_back(slot);
                     return Ok(());
                 }
                 Row::Ended => {
@@ -488,8 +485,8 @@ fn mix_rows(
         }
         // A `stop` source ran out: the rows before it are the epoch's last batch (unless
         // `drop_last` drops a short one).
-        if rows == 0 || (ended && rows < bs && host.config.drop_last) {
-            host.pool.give_back(slot);
+        if rows == 0 || (ended && rows < bs && mx.config.drop_last) {
+            mx.pool.give_back(slot);
             return Ok(());
         }
         slot.batch.store(batch, Ordering::Relaxed);
@@ -498,7 +495,7 @@ fn mix_rows(
         let after = reading.iter().map(|r| r.at.clone()).collect();
         mx.after.lock().unwrap_or_else(|p| p.into_inner()).insert(batch, after);
         if !send_or_cancel(done, slot.clone(), cancel) {
-            host.pool.give_back(slot);
+            mx.pool.give_back(slot);
             return Ok(());
         }
         batch += 1;
@@ -534,8 +531,7 @@ fn next_row<'a>(mx: &TokenMix, r: &'a mut Reading, d: usize, cancel: &AtomicBool
             Next::End => {
                 return Err(Error::Dataset(format!(
                     "mixture source '{}' has no rows for rank {}",
-                    mx.spec.parts[d].name,
-                    mx.host.config().rank
+                    mx.spec.parts[d].name, mx.config.rank
                 )))
             }
         }

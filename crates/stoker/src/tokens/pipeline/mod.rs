@@ -41,7 +41,7 @@ mod tokenize;
 
 pub use batch::{TokenBatch, TokenMeta};
 pub use config::{expand_paths, format_of, PackMode, TokenConfig, TokenMixture};
-pub use iter::{TokenHooks, TokenIter, TokenLoader};
+pub use iter::{TokenIter, TokenLoader};
 pub use mix::{MixSection, TokenMix, TokenMixIter, TokenMixLoader};
 pub use mix_state::{MixPosition, MixState};
 pub use shared::Tokens;

@@ -5,7 +5,6 @@ use super::config::TokenConfig;
 use super::order::RowsMemo;
 use super::slot::TokenSlot;
 use super::stats::TokenStats;
-use crate::error::{Error, Result};
 use crate::shell::grow::SlotPool;
 use crate::tokens::corpus::DocSource;
 use crate::tokens::tokenizer::TextTokenizer;
@@ -42,21 +41,5 @@ impl Tokens {
         if let Some(t) = &self.tracer {
             t.span(name, "tokens", start, Instant::now(), crate::observe::trace::Args::numbers(args));
         }
-    }
-
-    /// Writes the trace file, when there is one with events not yet in it.
-    pub(super) fn write_trace(&self) -> Result<()> {
-        match self.tracer.as_ref().and_then(|t| t.auto_path()) {
-            Some(path) => self.write_trace_to(path),
-            None => Ok(()),
-        }
-    }
-
-    /// Writes the events recorded so far to `path`; tracing must be on.
-    pub(super) fn write_trace_to(&self, path: &std::path::Path) -> Result<()> {
-        let t = self.tracer.as_ref().ok_or_else(|| {
-            Error::config("trace", "tracing is off: make the loader with trace=PATH to record a trace")
-        })?;
-        t.write(path, &|i| format!("document {i}")).map(drop).map_err(|e| Error::io(path, &e))
     }
 }

@@ -1,10 +1,14 @@
-//! [`TokenSlot`]: one pooled batch buffer of the token kind (`input_ids`, `labels`,
-//! `position_ids`, `cu_seqlens`, each row's source), and what a pass reads from it.
+//! [`TokenSlot`]: one pooled batch buffer of the token kinds (`input_ids`, `labels`,
+//! `position_ids`, `cu_seqlens`, each row's source), what a pass reads from it, and the pool
+//! of a token loader's or a token mixture's batches ([`token_pool`]).
 
-use crate::error::Error;
-use crate::shell::buffer::RawBuf;
+use super::config::TokenConfig;
+use crate::error::{Error, Result};
+use crate::shell::buffer::{BufferPool, HostAllocator, RawBuf};
+use crate::shell::grow::{MakeSlot, SlotPool};
 use crate::shell::pass::PassSlot;
 use crate::tokens::pack::Resume;
+use crate::values::token_values;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -46,7 +50,42 @@ impl TokenSlot {
     }
 }
 
-impl PassSlot for Arc<TokenSlot> {
+/// The pool of a token kind's batches (`config.batch_size` rows of `config.seq_len` tokens),
+/// `prefetch + 2` slots within `memory_limit`, from `alloc` (page-locked memory when batches go
+/// on to a GPU).
+pub(super) fn token_pool(config: &TokenConfig, alloc: Arc<dyn HostAllocator>) -> Result<SlotPool<Arc<TokenSlot>>> {
+    let (bs, len) = (config.batch_size, config.seq_len);
+    let values = token_values(bs, len)?;
+    let caps = region_capacities(bs, len);
+    let batch_bytes = caps.iter().sum();
+    let slots = BufferPool::plan(config.prefetch + 2, batch_bytes, config.memory_limit)?;
+    let make: MakeSlot<Arc<TokenSlot>> = Arc::new(move || {
+        let a = alloc.as_ref();
+        Ok(Arc::new(TokenSlot {
+            batch: AtomicUsize::new(0),
+            rows: AtomicUsize::new(0),
+            input: RawBuf::new_in(caps[0], a)?,
+            labels: RawBuf::new_in(caps[1], a)?,
+            positions: RawBuf::new_in(caps[2], a)?,
+            cu: RawBuf::new_in(caps[3], a)?,
+            cu_len: AtomicUsize::new(0),
+            sources: RawBuf::new_in(caps[4], a)?,
+            after: Mutex::new((Resume::default(), Vec::new())),
+        }))
+    });
+    debug_assert_eq!(values * 4, caps[0]);
+    SlotPool::new(slots, batch_bytes, config.memory_limit, "batch", make)
+}
+
+/// Bytes of each array of a batch of `bs` rows of `len` tokens at most, in the order of
+/// [`super::TokenBatch::regions`]: `input_ids`, `labels`, `position_ids` (`bs x len` int32
+/// each), `cu_seqlens` (at most a segment per token, and the leading 0), `sources`.
+pub(super) fn region_capacities(bs: usize, len: usize) -> [usize; 5] {
+    let values = bs * len;
+    [values * 4, values * 4, values * 4, (values + bs + 1) * 4, bs * 4]
+}
+
+impl PassSlot for TokenSlot {
     fn batch(&self) -> usize {
         self.batch.load(Ordering::Relaxed)
     }

@@ -7,6 +7,11 @@
 //! This file needs nothing but the error type and the value types it returns, and sits beside
 //! `error.rs`, below every room: the loaders call it without importing the configs that the
 //! rule books of [`crate::args`] build (it is [`crate::args`]'s, re-exported there).
+//!
+//! [`augment`] holds the rules of the augmentation ops' arguments, which compiling a transform
+//! (in `image::ops`) calls, so they too sit below the rooms.
+
+pub mod augment;
 
 use crate::error::{Error, Result};
 use crate::shell::store::Ttl;
