@@ -164,9 +164,8 @@ pub fn bench(root: &str, o: &BenchOpts) -> Result<()> {
                 }
             }
             Some(stage) => {
-                let mut host = loader.iter()?.forwarding();
                 let (mut data, mut labels) = (vec![], vec![]);
-                let on_device = stage.run(move |t| host.next_timeout(t), Some(loader.telemetry().clone()))?;
+                let on_device = stage.forward(loader.iter()?)?;
                 for b in series::timed(recorder.as_mut(), on_device, |b| b.as_ref().map_or(0, |b| b.meta().shape[0])) {
                     let b = b?;
                     if !o.no_digest {

@@ -4,10 +4,10 @@ use super::batch::{DeviceBatch, DeviceRegion};
 use super::pool::{DeviceSlot, Pool, Views};
 use crate::driver::Gpu;
 use std::sync::Arc;
-use std::time::Duration;
 use stoker::shell::grow::Lease;
-use stoker::shell::pass::{Pass, PassSlot, ProducerError};
-use stoker::{Error, Next, Result};
+use stoker::shell::pass::{PassSlot, ProducerError};
+use stoker::shell::stream::{Deliver, Stream};
+use stoker::{Error, Result};
 
 impl PassSlot for DeviceSlot {
     fn batch(&self) -> usize {
@@ -19,46 +19,25 @@ impl PassSlot for DeviceSlot {
     }
 }
 
-/// Batches on the GPU, in order. Dropping it stops the transfer thread and the host pipeline.
-pub struct DeviceIter<M> {
-    /// The pass over the transfer thread's run; its hooks are the thread's error, delivered
-    /// after the batches before it.
-    pub(super) pass: Pass<DeviceSlot, ProducerError>,
+/// Batches on the GPU, in order: the shell's stream over the transfer thread's pass, its hooks
+/// the thread's error (delivered after the batches before it). Dropping it stops the transfer
+/// thread and the host pipeline.
+pub type DeviceIter<M> = Stream<HandOff<M>>;
+
+/// The transfer stage's side of an iteration: a copied slot becomes a [`DeviceBatch`].
+pub struct HandOff<M> {
     pub(super) pool: Arc<Pool>,
     pub(super) gpu: Arc<Gpu>,
     pub(super) _meta: std::marker::PhantomData<fn() -> M>,
 }
 
-impl<M> std::fmt::Debug for DeviceIter<M> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("DeviceIter").field("next", &self.pass.next_batch()).finish()
-    }
-}
-
-impl<M: Send + 'static> DeviceIter<M> {
-    /// Like [`Iterator::next`], but gives up after `timeout` ([`Next::NotYet`]).
-    pub fn next_timeout(&mut self, timeout: Duration) -> Next<DeviceBatch<M>> {
-        let next = self.pass.poll_timeout(timeout);
-        self.wrap(next)
-    }
-
-    fn wrap(&mut self, next: Next<Lease<DeviceSlot>>) -> Next<DeviceBatch<M>> {
-        match next {
-            Next::Item(Ok(slot)) => {
-                let r = self.hand_off(slot);
-                if r.is_err() {
-                    self.pass.shutdown();
-                }
-                Next::Item(r)
-            }
-            Next::Item(Err(e)) => Next::Item(Err(e)),
-            Next::End => Next::End,
-            Next::NotYet => Next::NotYet,
-        }
-    }
+impl<M: Send + 'static> Deliver for HandOff<M> {
+    type Slot = DeviceSlot;
+    type Hooks = ProducerError;
+    type Batch = DeviceBatch<M>;
 
     /// Wraps a copied slot into the consumer's batch.
-    fn hand_off(&self, mut slot: Lease<DeviceSlot>) -> Result<DeviceBatch<M>> {
+    fn batch(&mut self, mut slot: Lease<DeviceSlot>) -> Result<DeviceBatch<M>> {
         let Some(Ok(meta)) = slot.meta.take().map(|m| m.downcast::<M>()) else {
             return Err(Error::Internal("a device batch without its description (please report this)".into()));
         };
@@ -80,14 +59,5 @@ impl<M: Send + 'static> DeviceIter<M> {
         }
         let views = Views::new(ready);
         Ok(DeviceBatch { slot, lens, meta, detached, views, gpu: self.gpu.clone() })
-    }
-}
-
-impl<M: Send + 'static> Iterator for DeviceIter<M> {
-    type Item = Result<DeviceBatch<M>>;
-
-    fn next(&mut self) -> Option<Self::Item> {
-        let next = self.pass.poll(None);
-        self.wrap(next).into_item()
     }
 }

@@ -126,7 +126,7 @@ impl Release {
 
 /// One device slot: a buffer per region, the copy's events, the release events recorded on
 /// the consumer's streams, and (between the copy and the hand-off) the batch it holds.
-pub(super) struct DeviceSlot {
+pub struct DeviceSlot {
     pub(super) regions: Vec<DeviceMem>,
     pub(super) start: Arc<Event>,
     pub(super) ready: Arc<Event>,

@@ -2,14 +2,14 @@
 //! thread.
 
 use super::copy::{GpuDecode, Transfer};
-use super::iter::DeviceIter;
+use super::iter::{DeviceIter, HandOff};
 use super::pool::{DeviceSlot, Pool, Release};
 use crate::driver::{DeviceMem, Event, Gpu, Stream};
 use std::sync::Arc;
 use std::time::Duration;
 use stoker::shell::epochs::Active;
 use stoker::shell::grow::{MakeSlot, SlotPool};
-use stoker::shell::kind::HostBatch;
+use stoker::shell::kind::{HostBatch, Iter, Kind};
 use stoker::shell::ordered::Run;
 use stoker::shell::pass::{FailureBudget, Observe, Pass, ProducerError};
 use stoker::telemetry::Telemetry;
@@ -126,11 +126,19 @@ impl DeviceStage {
         self.active.retire(why);
     }
 
+    /// Starts forwarding a loader's iteration `host` to the GPU ([`DeviceStage::run`]): the stage
+    /// measures the consumer's waits, and records the copies into the loader's counters.
+    pub fn forward<K: Kind>(&self, host: Iter<K>) -> Result<DeviceIter<<K::Batch as HostBatch>::Meta>> {
+        let telemetry = host.telemetry().clone();
+        let mut host = host.forwarding();
+        self.run(move |t| host.next_timeout(t), Some(telemetry))
+    }
+
     /// Starts forwarding the batches that `poll` yields (a host iterator's `next_timeout`) to
     /// the GPU; a previous run of this stage is stopped first and its iterator becomes stale.
     /// Copies are counted in `telemetry`'s transfer stage, and the consumer's waits in its
     /// consumer stage.
-    pub fn run<B, P>(&self, poll: P, telemetry: Option<Arc<Telemetry>>) -> Result<DeviceIter<B::Meta>>
+    fn run<B, P>(&self, poll: P, telemetry: Option<Arc<Telemetry>>) -> Result<DeviceIter<B::Meta>>
     where
         B: HostBatch,
         P: FnMut(Duration) -> Next<B> + Send + 'static,
@@ -162,12 +170,9 @@ impl DeviceStage {
         let pool = &self.pool;
         let view = pool.slots.view();
         let observe = Observe::new(telemetry, self.tracer.clone(), None);
-        Ok(DeviceIter {
-            pass: Pass::new(run, view, outcome, (0, None), FailureBudget::new(0, true), observe),
-            pool: self.pool.clone(),
-            gpu: self.gpu.clone(),
-            _meta: std::marker::PhantomData,
-        })
+        let pass = Pass::new(run, view, outcome, (0, None), FailureBudget::new(0, true), observe);
+        let hand_off = HandOff { pool: self.pool.clone(), gpu: self.gpu.clone(), _meta: std::marker::PhantomData };
+        Ok(stoker::shell::stream::Stream::new(pass, hand_off))
     }
 }
 

@@ -10,7 +10,6 @@ use pyo3::types::PyCapsule;
 use std::sync::Arc;
 use std::time::Duration;
 use stoker::shell::kind::{self, HostBatch, Kind};
-use stoker::telemetry::Telemetry;
 use stoker::Next;
 use stoker_cuda::{DeviceBatch, DeviceIter, DeviceRegion, DeviceStage};
 
@@ -20,13 +19,9 @@ pub(crate) trait HostIter: Send + 'static {
     type Batch: HostBatch + Sync;
     /// The next batch, waiting at most `t`.
     fn poll(&mut self, t: Duration) -> Next<Self::Batch>;
-    /// The iteration as the transfer stage's input (which measures the consumer itself).
-    fn forwarding(self) -> Self
-    where
-        Self: Sized,
-    {
-        self
-    }
+    /// The iteration forwarded to the GPU by `stage` (which records the copies and the
+    /// consumer's waits into the loader's report).
+    fn to_device(self, stage: &DeviceStage) -> stoker::Result<DeviceIter<<Self::Batch as HostBatch>::Meta>>;
 }
 
 impl<K: Kind> HostIter for kind::Iter<K>
@@ -37,9 +32,8 @@ where
     fn poll(&mut self, t: Duration) -> Next<K::Batch> {
         self.next_timeout(t)
     }
-    /// The transfer stage measures the consumer's waits itself.
-    fn forwarding(self) -> Self {
-        kind::Iter::forwarding(self)
+    fn to_device(self, stage: &DeviceStage) -> stoker::Result<DeviceIter<<K::Batch as HostBatch>::Meta>> {
+        stage.forward(self)
     }
 }
 
@@ -68,17 +62,10 @@ pub(crate) enum Iter<H: HostIter> {
 impl<H: HostIter> Iter<H> {
     /// Iterates `host` directly, or through `stage` (which first stops its previous run, and
     /// with it the host iteration that run drove).
-    pub(crate) fn start(
-        host: H,
-        stage: Option<&DeviceStage>,
-        telemetry: Option<Arc<Telemetry>>,
-    ) -> stoker::Result<Self> {
+    pub(crate) fn start(host: H, stage: Option<&DeviceStage>) -> stoker::Result<Self> {
         match stage {
             None => Ok(Iter::Host(host)),
-            Some(stage) => {
-                let mut host = host.forwarding();
-                Ok(Iter::Device(Box::new(stage.run(move |t| host.poll(t), telemetry)?)))
-            }
+            Some(stage) => Ok(Iter::Device(Box::new(host.to_device(stage)?))),
         }
     }
 

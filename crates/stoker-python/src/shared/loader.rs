@@ -247,11 +247,8 @@ macro_rules! loader_class {
                 $crate::errors::contain(|| {
                     let it = py
                         .detach(|| {
-                            // The stage records the copies and the consumer's waits into the
-                            // loader's report.
-                            let telemetry = Some(self.on.loader.telemetry().clone());
                             let host = self.on.loader.iter()?;
-                            $crate::shared::device::Iter::start(host, self.on.stage.as_ref(), telemetry)
+                            $crate::shared::device::Iter::start(host, self.on.stage.as_ref())
                         })
                         .py_err()?;
                     let it = $crate::shared::iter::raise_pending_signal(py, it)?;

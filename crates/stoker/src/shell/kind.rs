@@ -16,8 +16,9 @@
 use super::epochs::{Epochs, Positioned, Retire};
 use super::grow::{Lease, SlotPool};
 use super::ordered::Run;
-use super::pass::{FailureBudget, Next, Observe, Pass, PassHooks, PassSlot};
+use super::pass::{FailureBudget, Observe, Pass, PassHooks, PassSlot};
 use super::sampler::{ElasticBase, Position, Sampler, SamplerState};
+use super::stream::{Deliver, Stream};
 use crate::error::{Error, Result};
 use crate::observe::report::{Report, Section};
 use crate::observe::telemetry::Telemetry;
@@ -25,7 +26,6 @@ use crate::observe::trace::Tracer;
 use crossbeam_channel::Sender;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
 
 /// What a loader kind brings to the shell.
 pub trait Kind: Send + Sync + Sized + 'static {
@@ -194,7 +194,7 @@ impl<K: Kind> Loader<K> {
         let observe = Observe::new(Some(self.kind.telemetry().clone()), self.kind.tracer().cloned(), Some(epoch));
         let pass = Pass::new(run.clone(), pool, hooks, batches, budget, observe);
         self.epochs.started(retire.unwrap_or(run as Arc<dyn Retire>));
-        Ok(Iter { kind: self.kind.clone(), position, pass, epoch })
+        Ok(Stream::new(pass, OfKind { kind: self.kind.clone(), position, epoch }))
     }
 }
 
@@ -252,71 +252,41 @@ impl<K: Kind> std::fmt::Debug for Loader<K> {
     }
 }
 
-/// One pass over (the rest of) an epoch, or for ever for an infinite kind; yields batches in
-/// order. Dropping it stops and joins every thread of the pass.
-pub struct Iter<K: Kind> {
+/// The kind's side of an iteration: what a delivered slot becomes, and the trace file written
+/// when the pass ends well.
+pub struct OfKind<K: Kind> {
     kind: Arc<K>,
     position: Arc<K::Position>,
-    pass: Pass<K::Slot, K::Hooks>,
     epoch: u64,
 }
 
-impl<K: Kind> std::fmt::Debug for Iter<K> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Iter").field("epoch", &self.epoch).field("next_batch", &self.pass.next_batch()).finish()
+impl<K: Kind> Deliver for OfKind<K> {
+    type Slot = K::Slot;
+    type Hooks = K::Hooks;
+    type Batch = K::Batch;
+
+    fn batch(&mut self, slot: Lease<K::Slot>) -> Result<K::Batch> {
+        Ok(self.kind.batch(slot, &self.position, Delivery { epoch: self.epoch }))
+    }
+
+    fn completed(&mut self) {
+        write_trace_file(&*self.kind);
     }
 }
 
-impl<K: Kind> Iter<K> {
-    /// Like [`Iterator::next`], but gives up after `timeout` ([`Next::NotYet`]): for callers
-    /// that must stay responsive, such as the Python binding checking for Ctrl-C between waits.
-    pub fn next_timeout(&mut self, timeout: Duration) -> Next<K::Batch> {
-        self.poll(Some(Instant::now() + timeout))
-    }
+/// One pass over (the rest of) an epoch, or for ever for an infinite kind; yields batches in
+/// order. Dropping it stops and joins every thread of the pass.
+pub type Iter<K> = Stream<OfKind<K>>;
 
-    fn poll(&mut self, deadline: Option<Instant>) -> Next<K::Batch> {
-        let got = self.pass.poll(deadline);
-        if self.pass.take_completed() {
-            write_trace_file(&*self.kind);
-        }
-        let (kind, position) = (&self.kind, &*self.position);
-        let at = Delivery { epoch: self.epoch };
-        got.map(|slot| kind.batch(slot, position, at))
-    }
-
+impl<K: Kind> Stream<OfKind<K>> {
     /// The epoch the pass started in.
     pub fn epoch(&self) -> u64 {
-        self.epoch
+        self.delivery().epoch
     }
 
-    /// Batches left in this pass (0 when the producer decides the end).
-    pub fn remaining(&self) -> usize {
-        self.pass.remaining()
-    }
-
-    /// Stops counting this iterator's caller as the consumer: for a stage that forwards the
-    /// batches (the GPU transfer) and measures the real consumer itself.
-    pub fn forwarding(mut self) -> Self {
-        self.pass.observe.consumer = false;
-        self
-    }
-
-    /// The kind's hooks of this pass.
-    pub fn hooks(&self) -> &K::Hooks {
-        self.pass.hooks()
-    }
-
-    /// Stops the iteration now (every thread joined, every buffer back in the pool).
-    pub fn close(&mut self) {
-        self.pass.shutdown();
-    }
-}
-
-impl<K: Kind> Iterator for Iter<K> {
-    type Item = Result<K::Batch>;
-
-    fn next(&mut self) -> Option<Self::Item> {
-        self.poll(None).into_item()
+    /// The loader's counters (a transfer stage forwarding this pass records into them).
+    pub fn telemetry(&self) -> &Arc<Telemetry> {
+        self.delivery().kind.telemetry()
     }
 }
 

@@ -16,6 +16,8 @@
 //! - [`pass`]: the consumer's side of a run: in-order delivery, the failure budget, stale and
 //!   dead-thread errors, the held-buffer check, the consumer's telemetry and trace; [`pass::Next`]
 //!   is what one poll gives.
+//! - [`stream`]: the one iterator over a pass (a kind's, a transfer stage's): a delivered slot
+//!   made the consumer's batch, polls with a time-out, closing.
 //! - [`epochs`]: epoch, position (any kind's [`epochs::Positioned`]), `state_dict`/
 //!   `load_state_dict` and the running iteration a newer one makes stale.
 //! - [`mix`]: weighted mixtures of sources: the schedule that gives every position its source
@@ -38,3 +40,4 @@ pub mod pass;
 pub mod rng;
 pub mod sampler;
 pub mod store;
+pub mod stream;
