@@ -43,21 +43,26 @@ impl LoaderClass for PyTokenMixLoader {
         Ok(self.mix_state_value())
     }
     fn load_state_value(&self, _: Python<'_>, state: &serde_json::Value) -> PyResult<()> {
-        let fps: Vec<_> = self.on.loader.sources().iter().map(|s| s.fingerprint()).collect();
-        let mine = self.on.loader.fingerprint();
-        let st = stoker::args::token_mix_state(state, &mine["mixture"], &fps, false).py_err()?;
+        let (mine, mixture) = self.fingerprint_value();
+        let st = stoker::args::token_mix_state(state, &mixture, &mine.sources, false).py_err()?;
         self.on.loader.load_state(st).py_err()
     }
     /// All saved ranks at the same batch, continued on this loader's ranks.
     fn load_states_value(&self, _: Python<'_>, states: &serde_json::Value) -> PyResult<()> {
-        let fps: Vec<_> = self.on.loader.sources().iter().map(|s| s.fingerprint()).collect();
-        let mine = self.on.loader.fingerprint();
-        let states = rank_states(states, |one| stoker::args::token_mix_state(one, &mine["mixture"], &fps, true))?;
+        let (mine, mixture) = self.fingerprint_value();
+        let states = rank_states(states, |one| stoker::args::token_mix_state(one, &mixture, &mine.sources, true))?;
         self.on.loader.load_states(&states).py_err()
     }
 }
 
 impl PyTokenMixLoader {
+    /// The fingerprint, and its mixture as a saved state holds it.
+    fn fingerprint_value(&self) -> (stoker::tokens::pipeline::MixFingerprint, serde_json::Value) {
+        let mine = self.on.loader.fingerprint();
+        let mixture = serde_json::to_value(&mine.mixture).unwrap_or_default();
+        (mine, mixture)
+    }
+
     /// The state dict as a JSON value.
     fn mix_state_value(&self) -> serde_json::Value {
         let st = self.on.loader.state();

@@ -20,7 +20,7 @@
 use super::batch::TokenBatch;
 use super::config::TokenConfig;
 use super::iter::{TokenIter, TokenLoader};
-use super::mix_state::{MixPosition, MixState};
+use super::mix_state::{MixFingerprint, MixPosition, MixState};
 use super::slot::{region_capacities, token_pool, TokenSlot};
 use super::state::TokenState;
 use crate::error::{Error, Result};
@@ -264,14 +264,14 @@ impl Loader<TokenMix> {
 
     /// What a saved state is valid for: the mixture (names, weights, rows per epoch), each
     /// source's loader's fingerprint, and the ranks.
-    pub fn fingerprint(&self) -> serde_json::Value {
-        let sources: Vec<serde_json::Value> =
-            self.kind().subs.iter().map(|s| serde_json::to_value(s.fingerprint()).unwrap_or_default()).collect();
-        let c = &self.kind().config;
-        serde_json::json!({
-            "mixture": serde_json::to_value(&self.kind().spec).unwrap_or_default(), "sources": sources,
-            "rank": c.rank, "world_size": c.world_size,
-        })
+    pub fn fingerprint(&self) -> MixFingerprint {
+        let k = self.kind();
+        MixFingerprint {
+            mixture: k.spec.clone(),
+            sources: k.subs.iter().map(|s| s.fingerprint()).collect(),
+            rank: k.config.rank,
+            world_size: k.config.world_size,
+        }
     }
 }
 

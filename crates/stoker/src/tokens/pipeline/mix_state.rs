@@ -1,11 +1,24 @@
 //! Where a token mixture stands: the epoch, batches delivered in it, each source's loader state
 //! after the last row the mixture took from it, and where an epoch continued on another number
-//! of ranks ends. What a saved state holds, and where a pass starts.
+//! of ranks ends. What a saved state holds and is valid for, and where a pass starts.
 
-use super::state::TokenState;
+use super::state::{TokenFingerprint, TokenState};
 use crate::error::{Error, Result};
 use crate::shell::epochs::Positioned;
 use std::sync::Mutex;
+
+/// What a token mixture's saved state is valid for.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct MixFingerprint {
+    /// The mixture: the sources' names, weights and exhaustion, rows per epoch.
+    pub mixture: crate::shell::mix::MixSpec,
+    /// Each source's loader's fingerprint, in the order of the sources.
+    pub sources: Vec<TokenFingerprint>,
+    /// This loader's rank.
+    pub rank: usize,
+    /// The ranks.
+    pub world_size: usize,
+}
 
 /// A token mixture's resumable state.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]

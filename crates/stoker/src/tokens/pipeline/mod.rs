@@ -43,7 +43,7 @@ pub use batch::{TokenBatch, TokenMeta};
 pub use config::{expand_paths, format_of, PackMode, TokenConfig, TokenMixture};
 pub use iter::{TokenIter, TokenLoader};
 pub use mix::{MixSection, TokenMix, TokenMixIter, TokenMixLoader};
-pub use mix_state::{MixPosition, MixState};
+pub use mix_state::{MixFingerprint, MixPosition, MixState};
 pub use shared::Tokens;
 pub use slot::TokenSlot;
 pub use state::{Elastic, TokenFingerprint, TokenPosition, TokenState};
