@@ -249,12 +249,16 @@ impl<S: Send + 'static> Run<S> {
                     if b == batch {
                         return Ok(Wait::Slot(slot));
                     }
-                    match pending.get_mut(b % n) {
+                    // The producers hold at most the pool's base slots, taken in batch order
+                    // (`Kind::start`), so a batch that finished early is one of the next `n`.
+                    match pending.get_mut(b % n).filter(|_| b > batch && b < batch + n) {
                         Some(p @ None) => *p = Some(slot),
                         _ => {
                             let _ = self.free_tx.send(slot);
                             return Err(Error::Internal(format!(
-                                "batch {b} arrived twice or out of range while waiting for {batch} (please report this)"
+                                "batch {b} arrived twice or out of range while waiting for {batch} (a run holds the \
+                                 next {n} batches: the producer took its free slots out of batch order; please \
+                                 report this)"
                             )));
                         }
                     }
@@ -374,6 +378,19 @@ mod tests {
         }
         run.shutdown();
         assert_eq!(free_rx.len(), 4, "every slot is back in the pool");
+    }
+
+    #[test]
+    fn a_batch_past_the_window_is_an_error_not_a_wrong_delivery() {
+        // Slots taken out of order: batch 3 of a 3-slot run arrives while batch 0 is awaited.
+        // Parked at 3 % 3 it would be delivered as batch 0.
+        let (free_tx, free_rx) = pool(3);
+        let (run, done) = Run::new(3, free_tx);
+        free_rx.recv().unwrap();
+        done.send(3).unwrap();
+        let e = run.wait_for(0, None, |s| *s, no_check).unwrap_err().to_string();
+        assert!(e.contains("batch 3 arrived") && e.contains("out of batch order"), "{e}");
+        run.shutdown();
     }
 
     #[test]
