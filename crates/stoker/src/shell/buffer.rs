@@ -474,6 +474,11 @@ impl BufferPool {
         self.batch_bytes
     }
 
+    /// Extra regions per slot (see [`BufferPool::with_extras`]).
+    pub fn extra_regions(&self) -> usize {
+        self.extras.len()
+    }
+
     /// Bytes of one batch's extra region `k` (see [`BufferPool::with_extras`]).
     pub fn extra_bytes(&self, k: usize) -> usize {
         self.capacity.saturating_mul(self.extras[k])

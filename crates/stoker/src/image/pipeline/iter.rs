@@ -130,17 +130,12 @@ impl Kind for Images {
         }
     }
 
-    /// The samples, the labels (int64), an image-text pair's caption ids and mask (int32
-    /// rows), a mixed batch's soft labels (float32 rows).
+    /// The samples, the labels (int64), then the pool's extra regions (an image-text pair's
+    /// caption ids and mask, or a mixed batch's soft labels).
     fn regions(&self) -> Vec<usize> {
         let batch_size = self.sampler.spec().batch_size;
         let mut regions = vec![self.pool.batch_bytes(), batch_size * 8];
-        if let Some(c) = &self.captions {
-            regions.extend([batch_size * c.encoder.options().context_length * 4; 2]);
-        }
-        if let Some(m) = &self.mix {
-            regions.push(batch_size * m.num_classes * 4);
-        }
+        regions.extend((0..self.pool.extra_regions()).map(|k| self.pool.extra_bytes(k)));
         regions
     }
 
