@@ -165,8 +165,8 @@ def test_bad_lists_are_refused_naming_the_field():
     # A run of another batch size (its fingerprint differs from this loader's in more than ranks).
     _, other = saved_run(2, [1, 1])
     small = rows(0, 3, batch_size=8)
-    with pytest.raises(stoker.ConfigError, match=r"`state\[0\]`: saved with batch_size=16, this loader has "
-                                                 r"batch_size=8"):
+    with pytest.raises(stoker.ConfigError, match=r"`state\[0\]\['fingerprint'\]\['batch_size'\]`: saved with "
+                                                 r"batch_size=16, this loader has batch_size=8"):
         small.load_state_dict(other)
     # The refused lists changed nothing: the loader runs its own normal epoch.
     assert drain(loader) == drain(rows(0, 3))

@@ -193,7 +193,7 @@ def test_elastic_resume_from_two_ranks_to_three(reference):
     assert not seen - everything, "no token delivered more often than the documents hold it"
     missing = sum((everything - seen).values())
     assert missing < 3 * 256, "only the new ranks' tails are dropped"
-    with pytest.raises(stoker.ConfigError, match="no state of rank 1 of 2"):
+    with pytest.raises(stoker.ConfigError, match="no state of rank 1 of the saved run's 2 ranks"):
         make(0, 3).load_state_dict(states[:1])
 
 

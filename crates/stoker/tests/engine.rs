@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use stoker::decode::{DecodeOptions, Decoder};
 use stoker::ops::{Resampler, TransformPlan};
 use stoker::rng::Rng;
+use stoker::shell::sampled::SampledState;
 use stoker::*;
 
 fn uint8_spec(ops: Vec<OpSpec>, layout: Layout) -> TransformSpec {
@@ -288,7 +289,8 @@ fn resume_from_every_batch_boundary_gives_the_remaining_batches() {
             }
         }
         let st = a.state();
-        assert_eq!(st, SamplerState { seed: 1234, epoch: 3, next_batch: start });
+        assert_eq!(st.state, SamplerState { seed: 1234, epoch: 3, next_batch: start });
+        assert_eq!(st.elastic, None);
         let json = serde_json::to_string(&st).unwrap();
         let b = loader_for(&root, 4, true, 1, "imagenet-train");
         b.load_state(serde_json::from_str(&json).unwrap()).unwrap();
@@ -308,7 +310,8 @@ fn resume_from_every_batch_boundary_gives_the_remaining_batches() {
         assert_eq!(rest, per_batch[start..], "resume at {start}");
     }
     // A state from another seed is refused.
-    let e = base.load_state(SamplerState { seed: 1, epoch: 0, next_batch: 0 }).unwrap_err();
+    let other = SampledState { state: SamplerState { seed: 1, epoch: 0, next_batch: 0 }, elastic: None };
+    let e = base.load_state(other).unwrap_err();
     assert!(e.to_string().contains("seed"), "{e}");
 }
 

@@ -33,9 +33,9 @@ fn dropping_mid_epoch_stops_every_thread_promptly() {
     assert_eq!(before, 0);
     // The state says where the abandoned iteration stopped; a new iteration starts the epoch
     // over (DataLoader's rule), unless that state is loaded.
-    assert_eq!(loader.state().next_batch, 1);
+    assert_eq!(loader.state().state.next_batch, 1);
     assert_eq!(loader.iter().unwrap().count(), 16);
-    loader.load_state(SamplerState { seed: 0, epoch: 0, next_batch: 1 }).unwrap();
+    loader.load_state(SamplerState { seed: 0, epoch: 0, next_batch: 1 }.into()).unwrap();
     assert_eq!(loader.iter().unwrap().count(), 15);
     // Starting a new iteration makes the previous one stale: its next batch is an error.
     let mut first = loader.iter().unwrap();

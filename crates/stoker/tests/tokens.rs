@@ -318,7 +318,7 @@ fn elastic_chain(pack: PackMode) {
     let mut middle = vec![];
     for rank in 0..3 {
         let l = loader(rank, 3);
-        l.load_states(&states).unwrap();
+        l.load_states(states.clone()).unwrap();
         let mut it = l.iter().unwrap();
         for _ in 0..(2 + rank * 3) {
             seen.extend(it.next().unwrap().unwrap().input_ids().iter().map(|&t| t as u32));
@@ -330,7 +330,7 @@ fn elastic_chain(pack: PackMode) {
     let mut counts = vec![];
     for rank in 0..2 {
         let l = loader(rank, 2);
-        l.load_states(&middle).unwrap();
+        l.load_states(middle.clone()).unwrap();
         let n = l.batches_per_epoch().unwrap();
         let mut k = 0;
         for b in l.iter().unwrap() {
@@ -351,7 +351,7 @@ fn elastic_chain(pack: PackMode) {
     assert!(total - real.len() < total / 20, "{pack:?}: {} of {total} tokens missing", total - real.len());
     // States of different resumes do not mix.
     let mixed = vec![states[0].clone(), middle[1].clone()];
-    assert!(loader(0, 2).load_states(&mixed).is_err());
+    assert!(loader(0, 2).load_states(mixed).is_err());
 }
 
 /// `stoker tokenize`'s cache serves the same batches as the text it was made from, with equal

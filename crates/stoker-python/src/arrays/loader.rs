@@ -7,7 +7,6 @@ use crate::errors::{self, IntoPy};
 use crate::shared::args::args_of;
 use crate::shared::iter::Polled;
 use crate::shared::loader::{loader_class, LoaderClass};
-use crate::shared::state;
 use pyo3::prelude::*;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -94,19 +93,6 @@ impl LoaderClass for PyArrayLoader {
     }
     fn iterator(&self, polled: Polled<ArrayIter>) -> PyArrayIter {
         PyArrayIter { polled, specs: self.specs.clone() }
-    }
-    fn state_value(&self, py: Python<'_>) -> PyResult<serde_json::Value> {
-        // The fingerprint is computed on first use (the images' hashes every sample): without the GIL.
-        let mine = py.detach(|| self.on.loader.fingerprint());
-        state::state_value(&self.on.loader, &mine, (self.sampler.rank, self.sampler.world_size))
-    }
-    fn load_state_value(&self, py: Python<'_>, state: &serde_json::Value) -> PyResult<()> {
-        let mine = py.detach(|| self.on.loader.fingerprint());
-        state::load_state(py, &self.on.loader, &mine, state)
-    }
-    fn load_states_value(&self, py: Python<'_>, states: &serde_json::Value) -> PyResult<()> {
-        let mine = py.detach(|| self.on.loader.fingerprint());
-        state::load_states(py, &self.on.loader, &mine, states)
     }
 }
 

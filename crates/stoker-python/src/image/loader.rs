@@ -6,7 +6,6 @@ use crate::errors::{self, IntoPy};
 use crate::shared::args::args_of;
 use crate::shared::iter::Polled;
 use crate::shared::loader::{loader_class, LoaderClass};
-use crate::shared::state;
 use pyo3::prelude::*;
 use stoker::{EpochIter, Loader};
 use stoker_cuda::{OnDevice, Target};
@@ -59,19 +58,6 @@ impl LoaderClass for PyLoader {
     }
     fn iterator(&self, polled: Polled<EpochIter>) -> PyIter {
         PyIter { polled }
-    }
-    fn state_value(&self, py: Python<'_>) -> PyResult<serde_json::Value> {
-        // The fingerprint is computed on first use (the images' hashes every sample): without the GIL.
-        let mine = py.detach(|| self.on.loader.fingerprint().clone());
-        state::state_value(&self.on.loader, &mine, (self.sampler.rank, self.sampler.world_size))
-    }
-    fn load_state_value(&self, py: Python<'_>, state: &serde_json::Value) -> PyResult<()> {
-        let mine = py.detach(|| self.on.loader.fingerprint().clone());
-        state::load_state(py, &self.on.loader, &mine, state)
-    }
-    fn load_states_value(&self, py: Python<'_>, states: &serde_json::Value) -> PyResult<()> {
-        let mine = py.detach(|| self.on.loader.fingerprint().clone());
-        state::load_states(py, &self.on.loader, &mine, states)
     }
 }
 

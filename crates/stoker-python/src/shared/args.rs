@@ -57,21 +57,3 @@ pub fn epoch_of(v: &Bound<'_, PyAny>) -> PyResult<u64> {
 pub fn args_of(json: &str) -> PyResult<stoker::args::Args> {
     serde_json::from_str(json).map_err(|e| errors::config("arguments", format!("not a JSON object: {e}")))
 }
-
-/// The states of the list of every rank's `state_dict()` (an elastic resume), each read by
-/// `read` and paired with the rank and world size its fingerprint names.
-pub fn rank_states<T>(
-    v: &serde_json::Value,
-    read: impl Fn(&serde_json::Value) -> stoker::Result<T>,
-) -> PyResult<Vec<(T, usize, usize)>> {
-    let list = v.as_array().ok_or_else(|| crate::errors::config("state", "expected a list of state_dict()s"))?;
-    let mut states = Vec::with_capacity(list.len());
-    for (k, one) in list.iter().enumerate() {
-        let st = read(one).map_err(|e| crate::errors::config("state", format!("state {k} of the list: {e}")))?;
-        let fp = &one["fingerprint"];
-        let (rank, world) =
-            (fp["rank"].as_u64().unwrap_or(0) as usize, fp["world_size"].as_u64().unwrap_or(0) as usize);
-        states.push((st, rank, world));
-    }
-    Ok(states)
-}

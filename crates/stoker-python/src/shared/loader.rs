@@ -1,7 +1,7 @@
 //! What every loader class shares, written once: epochs, position and state dicts, threads,
 //! sharding, held batches, the device, trace and report, and the start of an iteration
 //! ([`loader_class!`]). A kind's folder writes only what is its own (its constructor, its
-//! getters, a state of another shape).
+//! getters).
 //!
 //! Written as a macro rather than a base class (`#[pyclass(subclass)]` and `extends`): a base
 //! would show in every class's `__mro__` and make the `@final` classes of `_stoker.pyi`
@@ -10,7 +10,6 @@
 
 use crate::shared::device::HostIter;
 use crate::shared::iter::Polled;
-use pyo3::prelude::*;
 
 /// What a loader class adds to the shared methods. The class keeps the engine's loader, its
 /// transfer stage and its device report in a field `on` ([`stoker_cuda::OnDevice`]).
@@ -25,19 +24,13 @@ pub(crate) trait LoaderClass {
     fn held_batches(&self) -> usize;
     /// The iterator class of a started iteration.
     fn iterator(&self, it: Polled<Self::Host>) -> Self::Iterator;
-    /// The state dict (`state_dict()`) as a JSON value.
-    fn state_value(&self, py: Python<'_>) -> PyResult<serde_json::Value>;
-    /// Restores one state dict, checked field by field and against this loader.
-    fn load_state_value(&self, py: Python<'_>, state: &serde_json::Value) -> PyResult<()>;
-    /// Continues a run saved by several ranks from the list of every rank's state dict.
-    fn load_states_value(&self, py: Python<'_>, states: &serde_json::Value) -> PyResult<()>;
 }
 
 /// The one `#[pymethods]` block of a loader class: the kind's own methods (the braces) and
 /// the shared ones. Every loader class gets `set_epoch`, `resume_pending`, `threads`, `held`,
 /// `batch_size`, `rank`, `world_size`, `device`, `report_json`, `report_text`, the state
-/// methods `state_json`, `load_state_json`, `load_states_json` (over [`LoaderClass`]'s) and
-/// `iter`; the groups named in `shares [...]` add:
+/// methods `state_json`, `load_state_json`, `load_states_json` (over the engine loader's
+/// one state surface, `stoker::shell::resume`, and `stoker::args::load_state_dict`) and `iter`; the groups named in `shares [...]` add:
 /// - `positioned` (a sampler position: images, arrays): `__len__`, `mixture_json`, `state`, `elastic_json`,
 ///   `load_state` (a fork child's), `fingerprint_json`;
 /// - `traced` (images, tokens): `trace_path`, `save_trace`;
@@ -74,13 +67,13 @@ macro_rules! loader_class {
 
             /// `(seed, epoch, next_batch)`.
             fn state(&self) -> (u64, u64, usize) {
-                let s = self.on.loader.state();
+                let s = self.on.loader.state().state;
                 (s.seed, s.epoch, s.next_batch)
             }
 
             /// The elastic base of the current epoch as JSON (`None`: a normal epoch).
             fn elastic_json(&self) -> ::pyo3::PyResult<Option<String>> {
-                $crate::errors::contain(|| $crate::shared::args::elastic_json(self.on.loader.elastic()))
+                $crate::errors::contain(|| $crate::shared::args::elastic_json(self.on.loader.state().elastic))
             }
 
             /// Restores a position (of the elastic epoch `elastic_json`, when given);
@@ -98,8 +91,8 @@ macro_rules! loader_class {
                 use $crate::errors::IntoPy;
                 $crate::errors::contain(|| {
                     let elastic = $crate::shared::args::elastic_of(elastic_json)?;
-                    let st = ::stoker::SamplerState { seed, epoch, next_batch };
-                    self.on.loader.adopt_state(st, elastic, resume).py_err()
+                    let state = ::stoker::SamplerState { seed, epoch, next_batch };
+                    self.on.loader.adopt_state(::stoker::shell::sampled::SampledState { state, elastic }, resume).py_err()
                 })
             }
 
@@ -216,17 +209,18 @@ macro_rules! loader_class {
 
             /// The state dict (`state_dict()`) as JSON.
             fn state_json(&self, py: ::pyo3::Python<'_>) -> ::pyo3::PyResult<String> {
-                $crate::errors::contain(|| {
-                    Ok($crate::shared::loader::LoaderClass::state_value(self, py)?.to_string())
-                })
+                use $crate::errors::IntoPy;
+                // The images' fingerprint is computed on first use (it hashes every sample): without the GIL.
+                $crate::errors::contain(|| Ok(py.detach(|| self.on.loader.state_dict()).py_err()?.to_string()))
             }
 
             /// Restores a state dict given as JSON (`load_state_dict`): checked field by field
             /// and against this loader's fingerprint, each error naming the field.
             fn load_state_json(&self, py: ::pyo3::Python<'_>, state_json: &str) -> ::pyo3::PyResult<()> {
                 $crate::errors::contain(|| {
+                    use $crate::errors::IntoPy;
                     let state = $crate::shared::args::state_value(state_json, "a dict from state_dict()")?;
-                    $crate::shared::loader::LoaderClass::load_state_value(self, py, &state)
+                    py.detach(|| ::stoker::args::load_state_dict(&self.on.loader, &state)).py_err()
                 })
             }
 
@@ -235,8 +229,9 @@ macro_rules! loader_class {
             /// ranks).
             fn load_states_json(&self, py: ::pyo3::Python<'_>, states_json: &str) -> ::pyo3::PyResult<()> {
                 $crate::errors::contain(|| {
+                    use $crate::errors::IntoPy;
                     let states = $crate::shared::args::state_value(states_json, "a list of state_dict()s")?;
-                    $crate::shared::loader::LoaderClass::load_states_value(self, py, &states)
+                    py.detach(|| ::stoker::args::load_state_dicts(&self.on.loader, &states)).py_err()
                 })
             }
 

@@ -10,7 +10,6 @@
 //! | `batch.rs` | `batch_class!`: the methods every batch class shares |
 //! | `tensor.rs` | [`tensor::TensorClass`] and `tensor_class!`: `__dlpack__` and what goes with it |
 //! | `args.rs` | Python arguments and state dicts to the engine's argument rules |
-//! | `state.rs` | the state dict of the sampler-positioned kinds (images, arrays), built and restored once |
 //! | `held.rs` | what the batch classes read from a host or device batch |
 //! | `device.rs` | host-or-device iterations and batches; CUDA DLPack export with stream semantics |
 //! | `dlpack.rs` | zero-copy export of batch buffers through the DLPack protocol |
@@ -26,5 +25,4 @@ pub(crate) mod dlpack;
 pub(crate) mod held;
 pub(crate) mod iter;
 pub(crate) mod loader;
-pub(crate) mod state;
 pub(crate) mod tensor;

@@ -4,7 +4,7 @@
 
 use super::iter::PyTokenIter;
 use crate::errors::{self, IntoPy};
-use crate::shared::args::{args_of, rank_states};
+use crate::shared::args::args_of;
 use crate::shared::iter::Polled;
 use crate::shared::loader::{loader_class, LoaderClass};
 use pyo3::prelude::*;
@@ -32,14 +32,6 @@ pub(super) fn tokenizer_of(
 }
 
 /// The state dict of `loader` standing at `st` (a token mixture keeps one per source).
-pub(super) fn token_state_value(st: &stoker::tokens::TokenState, loader: &TokenLoader) -> serde_json::Value {
-    serde_json::json!({
-        "version": 1, "kind": "tokens", "seed": st.seed, "epoch": st.epoch, "next_batch": st.next_batch,
-        "cursor_epoch": st.at.epoch, "cursor": st.at.cursor, "offset": st.at.offset,
-        "elastic": st.elastic, "fingerprint": loader.fingerprint(),
-    })
-}
-
 impl LoaderClass for PyTokenLoader {
     type Host = TokenIter;
     type Iterator = PyTokenIter;
@@ -52,19 +44,6 @@ impl LoaderClass for PyTokenLoader {
     }
     fn iterator(&self, polled: Polled<TokenIter>) -> PyTokenIter {
         PyTokenIter { polled }
-    }
-    fn state_value(&self, _: Python<'_>) -> PyResult<serde_json::Value> {
-        Ok(token_state_value(&self.on.loader.state(), &self.on.loader))
-    }
-    fn load_state_value(&self, _: Python<'_>, state: &serde_json::Value) -> PyResult<()> {
-        let st = stoker::args::token_state(state, &self.on.loader.fingerprint(), false).py_err()?;
-        self.on.loader.load_state(st).py_err()
-    }
-    /// Any number of ranks; the documents no saved rank finished are dealt anew.
-    fn load_states_value(&self, _: Python<'_>, states: &serde_json::Value) -> PyResult<()> {
-        let mine = self.on.loader.fingerprint();
-        let states = rank_states(states, |one| stoker::args::token_state(one, &mine, true))?;
-        self.on.loader.load_states(&states).py_err()
     }
 }
 

@@ -3,9 +3,9 @@
 //! the mixture's shape: each source's place is that source's token state dict.
 
 use super::batch::PyTokenBatch;
-use super::loader::{token_state_value, tokenizer_of};
+use super::loader::tokenizer_of;
 use crate::errors::{self, IntoPy};
-use crate::shared::args::{args_of, rank_states};
+use crate::shared::args::args_of;
 use crate::shared::iter::{iterator_class, Polled};
 use crate::shared::loader::{loader_class, LoaderClass};
 use pyo3::prelude::*;
@@ -38,50 +38,6 @@ impl LoaderClass for PyTokenMixLoader {
     }
     fn iterator(&self, polled: Polled<TokenMixIter>) -> PyTokenMixIter {
         PyTokenMixIter { polled }
-    }
-    fn state_value(&self, _: Python<'_>) -> PyResult<serde_json::Value> {
-        Ok(self.mix_state_value())
-    }
-    fn load_state_value(&self, _: Python<'_>, state: &serde_json::Value) -> PyResult<()> {
-        let (mine, mixture) = self.fingerprint_value();
-        let st = stoker::args::token_mix_state(state, &mixture, &mine.sources, false).py_err()?;
-        self.on.loader.load_state(st).py_err()
-    }
-    /// All saved ranks at the same batch, continued on this loader's ranks.
-    fn load_states_value(&self, _: Python<'_>, states: &serde_json::Value) -> PyResult<()> {
-        let (mine, mixture) = self.fingerprint_value();
-        let states = rank_states(states, |one| stoker::args::token_mix_state(one, &mixture, &mine.sources, true))?;
-        self.on.loader.load_states(&states).py_err()
-    }
-}
-
-impl PyTokenMixLoader {
-    /// The fingerprint, and its mixture as a saved state holds it.
-    fn fingerprint_value(&self) -> (stoker::tokens::pipeline::MixFingerprint, serde_json::Value) {
-        let mine = self.on.loader.fingerprint();
-        let mixture = serde_json::to_value(&mine.mixture).unwrap_or_default();
-        (mine, mixture)
-    }
-
-    /// The state dict as a JSON value.
-    fn mix_state_value(&self) -> serde_json::Value {
-        let st = self.on.loader.state();
-        let subs = self.on.loader.sources();
-        let sources: Vec<serde_json::Value> = st
-            .sources
-            .iter()
-            .zip(subs)
-            .map(|(at, sub)| at.as_ref().map_or(serde_json::Value::Null, |a| token_state_value(a, sub)))
-            .collect();
-        let mut v = serde_json::json!({
-            "version": 1, "kind": "token-mixture", "seed": st.seed, "epoch": st.epoch, "next_batch": st.next_batch,
-            "sources": sources, "fingerprint": self.on.loader.fingerprint(),
-        });
-        if let Some(end) = st.end {
-            v["end"] = end.into();
-            v["offset"] = st.offset.into();
-        }
-        v
     }
 }
 

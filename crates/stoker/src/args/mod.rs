@@ -80,9 +80,11 @@ pub use env::{
 pub use image::{decode_where, image_config, loader_config, max_failures};
 pub use pack::{pack_destination, pack_options, ray_address};
 pub use shared::DEFAULT_SHARD_WINDOW;
-pub use state::{saved_state, saved_states, SavedState};
+pub use state::{
+    check_fingerprint, load_state_dict, load_state_dicts, read_state, read_states, ReadState, Saved, SavedBy,
+};
 pub use tokenizer::{encode_options, tokenizer_names};
-pub use tokens::{token_config, token_mix_state, token_state, MAX_PACK_WINDOW};
+pub use tokens::{token_config, MAX_PACK_WINDOW};
 
 pub use crate::shell::store::Ttl;
 

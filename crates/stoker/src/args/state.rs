@@ -1,25 +1,30 @@
-//! Saved states a user hands back (`load_state_dict`) to an image or array loader, checked
-//! field by field: their positions, the elastic bases of a resume on another number of ranks,
-//! and their fingerprints against the loader's ([`saved_state`], [`saved_states`]). [`Saved`]
-//! reads the fields of any state, the token loader's too ([`super::token_state`]).
+//! Saved states a user hands back (`load_state_dict`), checked, for every kind of loader:
+//! one state ([`load_state_dict`]) or the states of every rank of a saved run, continued on
+//! this loader's ranks ([`load_state_dicts`]). A kind reads its own fields ([`ReadState`]);
+//! every state's fingerprint is compared with the loader's by one rule ([`check_fingerprint`]).
+//! [`Saved`] reads the fields of any state. The images' and arrays' fields are read here, the
+//! token kinds' in [`super::tokens`].
 
 use crate::error::{Error, Result};
+use crate::shell::kind::Loader;
+use crate::shell::resume::Resumable;
+use crate::shell::sampled::{SampledState, SamplerKind};
 use crate::shell::sampler::{ElasticBase, ElasticStep, Fingerprint, SamplerState};
 use crate::values::shown;
 use serde_json::{Map, Value};
 
 /// The fields of a saved state (`state_dict()`), for their checks.
-pub(super) struct Saved<'a> {
+pub struct Saved<'a> {
     /// The state's fields.
-    pub(super) fields: &'a Map<String, Value>,
+    pub fields: &'a Map<String, Value>,
     /// How the fields are named in errors: `state['...']`, `state['fingerprint']['...']`,
     /// `state[2]['...']` (a list's third state).
-    pub(super) prefix: &'a str,
+    pub prefix: &'a str,
 }
 
 impl Saved<'_> {
     /// How field `key` is named in errors (`state['seed']`).
-    pub(super) fn name(&self, key: &str) -> String {
+    pub fn name(&self, key: &str) -> String {
         format!("{}['{key}']", self.prefix)
     }
 
@@ -35,7 +40,7 @@ impl Saved<'_> {
     }
 
     /// An integer of at least `min` (JSON integers only: not a bool, a float or text).
-    pub(super) fn integer(&self, key: &str, required: bool, min: u64) -> Result<Option<u64>> {
+    pub fn integer(&self, key: &str, required: bool, min: u64) -> Result<Option<u64>> {
         let Some(v) = self.get(key, required)? else { return Ok(None) };
         match v.as_u64() {
             Some(n) if n >= min => Ok(Some(n)),
@@ -45,234 +50,196 @@ impl Saved<'_> {
             }
         }
     }
-
-    /// Checks that field `key` is there and is text.
-    fn text(&self, key: &str) -> Result<()> {
-        match self.get(key, true)? {
-            Some(Value::String(_)) => Ok(()),
-            Some(v) => Err(Error::config(self.name(key), format!("expected a string, got {}", shown(v)))),
-            None => Ok(()),
-        }
-    }
-
-    /// Checks that field `key` is there and is a boolean.
-    fn boolean(&self, key: &str) -> Result<()> {
-        match self.get(key, true)? {
-            Some(Value::Bool(_)) => Ok(()),
-            Some(v) => Err(Error::config(self.name(key), format!("expected True or False, got {}", shown(v)))),
-            None => Ok(()),
-        }
-    }
 }
 
-/// A checked saved state of an image or array loader: the position and, when its epoch
-/// continues saved runs on another number of ranks, their elastic base.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SavedState {
-    /// Seed, epoch and the next batch (of the elastic epoch's order, with `elastic`).
-    pub state: SamplerState,
-    /// The saved runs the epoch continues (`state_dict()['elastic']`), if any.
-    pub elastic: Option<ElasticBase>,
+/// `(rank, world_size)`: which rank of how many saved a state (its fingerprint says).
+pub type SavedBy = (usize, usize);
+
+/// How a kind reads its saved states.
+pub trait ReadState: Resumable {
+    /// Reads the fields of one saved state, each checked (named under `s.prefix` in errors),
+    /// for the loader whose fingerprint is `mine`. Its `fingerprint`, when it has one, is
+    /// compared with `mine` before (see [`check_fingerprint`]); whether a state needs one is
+    /// the kind's rule. With `ranks_may_differ` the state is one of a list of every rank's.
+    fn read(s: &Saved<'_>, mine: &Self::Fingerprint, ranks_may_differ: bool) -> Result<Self::State>;
 }
 
-/// A position a user hands back (`load_state_dict(state)`, the JSON of a `state_dict()`),
-/// checked field by field for the loader whose fingerprint is `mine`:
-/// - `seed`, `epoch`, `next_batch`: non-negative integers (required); whether `seed` is the
-///   loader's and `next_batch` within the epoch is the sampler's check when it is loaded;
-/// - `version`: 1, 2 or 3 when present (1: states without a fingerprint, from older releases;
-///   3: states of an elastic epoch, which have `elastic`);
-/// - `elastic` (version 3 only): a non-empty list of `{world_size, next_batch}` (an integer
-///   >= 1, and that many non-negative integers): the saved runs the epoch continues;
-/// - `fingerprint` (required by versions 2 and 3): an object whose fields have their types
-///   (`samples`, `batch_size`, `world_size`, `rank` integers, `drop_last` a bool, the rest
-///   strings), then compared with `mine`, the first difference named;
-/// - `batches_per_epoch`, `rank`, `world_size`: integers when present; without a fingerprint,
-///   `world_size` must be the loader's.
-///
-/// Other keys are left alone. Each error names its field (`state['next_batch']`).
-pub fn saved_state(state: &Value, mine: &Fingerprint) -> Result<SavedState> {
-    Ok(checked_state(state, mine, "state", false)?.0)
+/// Restores the state dict `state` (`load_state_dict(state)`), checked field by field and
+/// against the loader's fingerprint, each error naming its field (`state['next_batch']`).
+pub fn load_state_dict<K: ReadState>(loader: &Loader<K>, state: &Value) -> Result<()> {
+    let (st, _) = read_state::<K>(state, &loader.fingerprint(), "state", false)?;
+    loader.load_state(st)
 }
 
-/// The states of every rank of a saved run (`load_state_dict([...])`, e.g. gathered with
-/// `dist.all_gather_object`), checked for continuing its epoch on the loader whose fingerprint
-/// is `mine`, which may have another number of ranks: each state as by [`saved_state`]
-/// (a fingerprint required; its `rank` and `world_size` may differ from `mine`'s, the rest may
-/// not), all of one seed, epoch, world size and elastic base, and every rank `0..world_size`
-/// exactly once, in any order. Returns the start of the continued epoch: batch 0 of an
-/// elastic base that is the states' own base plus one step, what each saved rank had
-/// delivered. Errors name the list element and field (`state[2]['epoch']`).
-pub fn saved_states(states: &Value, mine: &Fingerprint) -> Result<SavedState> {
+/// Continues a run saved by several ranks (`load_state_dict([...])`, every rank's state dict,
+/// e.g. gathered with `dist.all_gather_object`) on this loader's ranks, which may be more or
+/// fewer: each state checked as by [`load_state_dict`] (its fingerprint's `rank` and
+/// `world_size` may differ from the loader's, the rest may not), then continued by
+/// [`Loader::load_states`]. Errors name the list element and field (`state[2]['epoch']`).
+pub fn load_state_dicts<K: ReadState>(loader: &Loader<K>, states: &Value) -> Result<()> {
+    loader.load_states(read_states::<K>(states, &loader.fingerprint())?)
+}
+
+/// The states of the list `states` for the loader whose fingerprint is `mine`, each with the
+/// rank and world size its fingerprint says saved it.
+pub fn read_states<K: ReadState>(states: &Value, mine: &K::Fingerprint) -> Result<Vec<(K::State, usize, usize)>> {
     let list = states.as_array().ok_or_else(|| {
         Error::config("state", format!("expected a list of every rank's state_dict(), got {}", shown(states)))
     })?;
-    if list.is_empty() {
-        return Err(Error::config("state", "an empty list: give the state_dict() of every rank of the saved run"));
-    }
-    let mut first: Option<(SavedState, usize)> = None;
-    let mut at: Vec<Option<(usize, usize)>> = Vec::new(); // per saved rank: (list index, next_batch)
+    let mut out = Vec::with_capacity(list.len());
     for (k, one) in list.iter().enumerate() {
         let prefix = format!("state[{k}]");
-        let (saved, ranks) = checked_state(one, mine, &prefix, true)?;
+        let (st, ranks) = read_state::<K>(one, mine, &prefix, true)?;
         let (rank, world) = ranks.ok_or_else(|| {
             Error::config(
                 prefix.as_str(),
-                "has no 'fingerprint': a list of states needs state_dict()s of version 2 or later",
+                "has no 'fingerprint' with its rank and world_size: a list of states needs state_dict()s that have \
+                 one (version 2 or later)",
             )
         })?;
-        let (f, w) = first.get_or_insert_with(|| (saved.clone(), world));
-        let differs = |field: &str, theirs: String, ours: String| {
-            Error::config(
-                format!("{prefix}[{field}]"),
-                format!("is {theirs}, state[0] has {ours}: give the states of one run, saved at one time"),
-            )
-        };
-        if saved.state.seed != f.state.seed {
-            return Err(differs("'seed'", saved.state.seed.to_string(), f.state.seed.to_string()));
-        }
-        if saved.state.epoch != f.state.epoch {
-            return Err(differs("'epoch'", saved.state.epoch.to_string(), f.state.epoch.to_string()));
-        }
-        if world != *w {
-            return Err(differs("'fingerprint']['world_size'", world.to_string(), w.to_string()));
-        }
-        if saved.elastic != f.elastic {
-            let show = |e: &Option<ElasticBase>| {
-                e.as_ref().map_or("None".into(), |e| serde_json::to_string(e).unwrap_or_default())
-            };
-            return Err(differs("'elastic'", show(&saved.elastic), show(&f.elastic)));
-        }
-        if rank >= world {
-            return Err(Error::config(
-                format!("{prefix}['fingerprint']['rank']"),
-                format!("rank {rank} is not in 0..{world} (world_size)"),
-            ));
-        }
-        at.resize(world, None);
-        if let Some((j, _)) = at[rank].replace((k, saved.state.next_batch)) {
-            return Err(Error::config(
-                format!("{prefix}['fingerprint']['rank']"),
-                format!(
-                    "rank {rank} appears twice in the list (state[{j}] and state[{k}]): give each rank's state once"
-                ),
-            ));
-        }
+        out.push((st, rank, world));
     }
-    let (f, world) = first.expect("a non-empty list");
-    let next_batch = at
-        .into_iter()
-        .enumerate()
-        .map(|(r, a)| {
-            a.map(|(_, n)| n).ok_or_else(|| {
-                Error::config(
-                    "state",
-                    format!(
-                        "has no state of rank {r} of the saved run's {world} ranks: give every rank's state_dict() \
-                         (e.g. gathered with dist.all_gather_object)"
-                    ),
-                )
-            })
-        })
-        .collect::<Result<Vec<_>>>()?;
-    let mut base = f.elastic.unwrap_or_default();
-    base.0.push(ElasticStep { world_size: world, next_batch });
-    Ok(SavedState { state: SamplerState { next_batch: 0, ..f.state }, elastic: Some(base) })
+    Ok(out)
 }
 
-/// [`saved_state`] with its errors named under `prefix`; with `ranks_may_differ` the
-/// fingerprint's `rank` and `world_size` are not compared. Also returns `(rank, world_size)`
-/// from the fingerprint, when there is one.
-fn checked_state(
+/// One saved state (named `prefix` in errors), and the `(rank, world_size)` of its fingerprint
+/// when it has one.
+pub fn read_state<K: ReadState>(
     state: &Value,
-    mine: &Fingerprint,
+    mine: &K::Fingerprint,
     prefix: &str,
     ranks_may_differ: bool,
-) -> Result<(SavedState, Option<(usize, usize)>)> {
+) -> Result<(K::State, Option<SavedBy>)> {
     let fields = state
         .as_object()
         .ok_or_else(|| Error::config(prefix, format!("expected a dict from state_dict(), got {}", shown(state))))?;
     let s = Saved { fields, prefix };
-    let seed = s.integer("seed", true, 0)?.unwrap_or_default();
-    let epoch = s.integer("epoch", true, 0)?.unwrap_or_default();
-    let next_batch = s.integer("next_batch", true, 0)?.unwrap_or_default();
-    let next_batch = usize::try_from(next_batch)
-        .map_err(|_| Error::config(s.name("next_batch"), format!("{next_batch} is too large")))?;
-    let version = s.integer("version", false, 0)?;
-    if let Some(v) = version.filter(|v| !matches!(v, 1..=3)) {
-        return Err(Error::config(
-            s.name("version"),
-            format!("expected 1, 2 or 3 (a state from state_dict() of this or an older release), got {v}"),
-        ));
+    let mut ranks = None;
+    if let Some(fp) = fields.get("fingerprint") {
+        check_fingerprint(mine, fp, &s.name("fingerprint"), ranks_may_differ)?;
+        let int = |k: &str| fp.get(k).and_then(Value::as_u64).and_then(|v| usize::try_from(v).ok());
+        ranks = int("rank").zip(int("world_size"));
     }
-    let elastic = match fields.get("elastic") {
-        None | Some(Value::Null) => None,
-        Some(v) => Some(elastic_base(v, &s.name("elastic"))?),
-    };
-    match (version, &elastic) {
-        (Some(3), None) => {
-            return Err(Error::config(
-                prefix,
-                "has no 'elastic', which a version 3 state always has: expected a dict from state_dict()",
-            ))
+    Ok((K::read(&s, mine, ranks_may_differ)?, ranks))
+}
+
+/// Compares a saved state's fingerprint (`saved`, named `name` in errors) with the loader's,
+/// `mine`: every field, but `rank` and `world_size` (at any depth: a mixture's sources have
+/// theirs) with `ranks_may_differ`. A field a state of an older release lacks takes its
+/// default. The error names the first field that differs, and says every difference.
+pub fn check_fingerprint<F>(mine: &F, saved: &Value, name: &str, ranks_may_differ: bool) -> Result<()>
+where
+    F: serde::Serialize + serde::de::DeserializeOwned,
+{
+    if !saved.is_object() {
+        return Err(Error::config(name, format!("expected the dict state_dict() gives, got {}", shown(saved))));
+    }
+    let internal = |e: serde_json::Error| Error::Internal(e.to_string());
+    let mine = serde_json::to_value(mine).map_err(internal)?;
+    // Read as the loader's own type, a saved fingerprint has the defaults of the fields it lacks.
+    let theirs =
+        serde_json::from_value::<F>(saved.clone()).ok().map(serde_json::to_value).transpose().map_err(internal)?;
+    let mut found = Vec::new();
+    differences(&mine, theirs.as_ref().unwrap_or(saved), (name.to_string(), ""), ranks_may_differ, &mut found);
+    match found.first() {
+        None if theirs.is_some() => Ok(()),
+        None => Err(Error::config(name, "is not this kind of loader's fingerprint: expected a dict from state_dict()")),
+        Some((path, _)) => Err(Error::config(
+            path.as_str(),
+            format!(
+                "{}: the state belongs to another dataset or loader configuration (transform, tokenizer, batching, \
+                 sharding)",
+                found.iter().map(|(_, d)| d.as_str()).collect::<Vec<_>>().join("; ")
+            ),
+        )),
+    }
+}
+
+/// Appends to `out` each place where `saved` differs from `mine` (`at`: the place's name in
+/// errors and its field's key), as `(name, "saved with key=..., this loader has key=...")`.
+fn differences(mine: &Value, saved: &Value, at: (String, &str), skip_ranks: bool, out: &mut Vec<(String, String)>) {
+    let (path, key) = at;
+    match (mine, saved) {
+        (Value::Object(m), Value::Object(s)) => {
+            for (k, v) in m.iter().filter(|(k, _)| !(skip_ranks && matches!(k.as_str(), "rank" | "world_size"))) {
+                differences(v, s.get(k).unwrap_or(&Value::Null), (format!("{path}['{k}']"), k), skip_ranks, out);
+            }
         }
-        (v, Some(_)) if v != Some(3) => {
+        (Value::Array(m), Value::Array(s)) if m.len() == s.len() => {
+            for (i, (a, b)) in m.iter().zip(s).enumerate() {
+                differences(a, b, (format!("{path}[{i}]"), key), skip_ranks, out);
+            }
+        }
+        (a, b) if a == b => {}
+        (a, b) => out.push((path, format!("saved with {key}={}, this loader has {key}={}", shown(b), shown(a)))),
+    }
+}
+
+/// The images' and arrays' states: `seed`, `epoch`, `next_batch` (non-negative integers,
+/// required; whether `seed` is the loader's and `next_batch` within the epoch is the sampler's
+/// check when it is loaded); `version` 1, 2 or 3 when present (1: states without a
+/// fingerprint, from older releases; 3: states of an elastic epoch, which have `elastic`, a
+/// non-empty list of `{world_size, next_batch}`: the saved runs the epoch continues);
+/// `fingerprint` (required by versions 2 and 3); `batches_per_epoch`, `rank`, `world_size`:
+/// integers when present; without a fingerprint, `world_size` must be the loader's. Other keys
+/// are left alone.
+impl<K: SamplerKind> ReadState for K {
+    fn read(s: &Saved<'_>, mine: &Fingerprint, ranks_may_differ: bool) -> Result<SampledState> {
+        let seed = s.integer("seed", true, 0)?.unwrap_or_default();
+        let epoch = s.integer("epoch", true, 0)?.unwrap_or_default();
+        let next_batch = s.integer("next_batch", true, 0)?.unwrap_or_default();
+        let next_batch = usize::try_from(next_batch)
+            .map_err(|_| Error::config(s.name("next_batch"), format!("{next_batch} is too large")))?;
+        let version = s.integer("version", false, 0)?;
+        if let Some(v) = version.filter(|v| !matches!(v, 1..=3)) {
             return Err(Error::config(
                 s.name("version"),
-                format!(
-                    "a state with 'elastic' is version 3, got {}",
-                    v.map_or("no version".to_string(), |v| v.to_string())
-                ),
-            ))
+                format!("expected 1, 2 or 3 (a state from state_dict() of this or an older release), got {v}"),
+            ));
         }
-        _ => {}
-    }
-    s.integer("batches_per_epoch", false, 0)?;
-    s.integer("rank", false, 0)?;
-    let world_size = s.integer("world_size", false, 1)?;
-    let mut ranks = None;
-    match fields.get("fingerprint") {
-        Some(Value::Object(fp)) => {
-            let fp_prefix = s.name("fingerprint");
-            let f = Saved { fields: fp, prefix: &fp_prefix };
-            for key in ["samples", "rank"] {
-                f.integer(key, true, 0)?;
+        let elastic = match s.fields.get("elastic") {
+            None | Some(Value::Null) => None,
+            Some(v) => Some(elastic_base(v, &s.name("elastic"))?),
+        };
+        match (version, &elastic) {
+            (Some(3), None) => {
+                return Err(Error::config(
+                    s.prefix,
+                    "has no 'elastic', which a version 3 state always has: expected a dict from state_dict()",
+                ))
             }
-            for key in ["batch_size", "world_size"] {
-                f.integer(key, true, 1)?;
+            (v, Some(_)) if v != Some(3) => {
+                return Err(Error::config(
+                    s.name("version"),
+                    format!(
+                        "a state with 'elastic' is version 3, got {}",
+                        v.map_or("no version".to_string(), |v| v.to_string())
+                    ),
+                ))
             }
-            for key in ["sample_hash", "shuffle", "transform"] {
-                f.text(key)?;
+            _ => {}
+        }
+        s.integer("batches_per_epoch", false, 0)?;
+        s.integer("rank", false, 0)?;
+        let world_size = s.integer("world_size", false, 1)?;
+        if !s.fields.contains_key("fingerprint") {
+            if let Some(v) = version.filter(|&v| v >= 2) {
+                return Err(Error::config(
+                    s.prefix,
+                    format!(
+                        "has no 'fingerprint', which a version {v} state always has: expected a dict from state_dict()"
+                    ),
+                ));
             }
-            f.boolean("drop_last")?;
-            mine.check_as(&Value::Object(fp.clone()), prefix, ranks_may_differ)?;
-            let int = |k: &str| fp.get(k).and_then(Value::as_u64).and_then(|v| usize::try_from(v).ok());
-            ranks = int("rank").zip(int("world_size"));
-        }
-        Some(v) => {
-            return Err(Error::config(
-                s.name("fingerprint"),
-                format!("expected the dict state_dict() gives, got {}", shown(v)),
-            ))
-        }
-        None if version.is_some_and(|v| v >= 2) => {
-            return Err(Error::config(
-                prefix,
-                format!(
-                    "has no 'fingerprint', which a version {} state always has: expected a dict from state_dict()",
-                    version.unwrap_or_default()
-                ),
-            ))
-        }
-        None => {
             if let Some(w) = world_size.filter(|&w| !ranks_may_differ && w != mine.world_size as u64) {
                 return Err(Error::config(
-                    prefix,
+                    s.prefix,
                     format!("saved with world_size={w}, this loader has world_size={}", mine.world_size),
                 ));
             }
         }
+        Ok(SampledState { state: SamplerState { seed, epoch, next_batch }, elastic })
     }
-    Ok((SavedState { state: SamplerState { seed, epoch, next_batch }, elastic }, ranks))
 }
 
 /// A state's `elastic` (named `name` in errors): a non-empty list of `{world_size, next_batch}`
@@ -324,8 +291,20 @@ fn elastic_base(v: &Value, name: &str) -> Result<ElasticBase> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::arrays::Arrays;
+    use crate::shell::resume::every_rank;
+    use crate::shell::sampled::continue_sampled;
     use crate::shell::sampler::SamplerSpec;
     use serde_json::json;
+
+    fn saved_state(v: &Value, fp: &Fingerprint) -> Result<SampledState> {
+        read_state::<Arrays>(v, fp, "state", false).map(|(s, _)| s)
+    }
+
+    /// The state continuing the saved run of the list `v`, as `load_state_dicts` loads it.
+    fn saved_states(v: &Value, fp: &Fingerprint) -> Result<SampledState> {
+        continue_sampled(&every_rank(read_states::<Arrays>(v, fp)?)?)
+    }
 
     fn fingerprint() -> Fingerprint {
         let spec = SamplerSpec { batch_size: 8, shuffle: true, seed: 3, ..SamplerSpec::default() };
@@ -392,6 +371,37 @@ mod tests {
     }
 
     #[test]
+    fn a_fingerprint_is_compared_field_by_field_at_any_depth() {
+        let fp = fingerprint();
+        let saved = serde_json::to_value(&fp).unwrap();
+        check_fingerprint(&fp, &saved, "state['fingerprint']", false).unwrap();
+        // A state of an older release has no mixture: the default, "none".
+        let mut old = saved.clone();
+        old.as_object_mut().unwrap().remove("mixture");
+        check_fingerprint(&fp, &old, "f", false).unwrap();
+        // Every difference is said; the first is named.
+        let mut other = saved.clone();
+        other["samples"] = json!(95);
+        other["batch_size"] = json!(4);
+        let e = check_fingerprint(&fp, &other, "f", false).unwrap_err().to_string();
+        assert!(
+            e.contains(
+                "`f['batch_size']`: saved with batch_size=4, this loader has batch_size=8; saved with samples=95"
+            ),
+            "{e}"
+        );
+        // Ranks differ in a list of every rank's states, at any depth (a mixture's sources).
+        let nested = |rank: usize, seq: usize| json!({"sources": [{"rank": rank, "seq": seq}], "rank": rank});
+        let e = check_fingerprint(&nested(0, 8), &nested(1, 8), "f", false).unwrap_err().to_string();
+        assert!(e.contains("`f['rank']`") && e.contains("saved with rank=1"), "{e}");
+        check_fingerprint(&nested(0, 8), &nested(1, 8), "f", true).unwrap();
+        let e = check_fingerprint(&nested(0, 8), &nested(1, 9), "f", true).unwrap_err().to_string();
+        assert!(e.contains("`f['sources'][0]['seq']`: saved with seq=9, this loader has seq=8"), "{e}");
+        let e = check_fingerprint(&fp, &json!("x"), "f", false).unwrap_err().to_string();
+        assert!(e.contains("expected the dict state_dict() gives, got \"x\""), "{e}");
+    }
+
+    #[test]
     fn lists_of_states_continue_elastically() {
         let fp = fingerprint(); // rank 0 of 1: the loader that continues
         let of = |rank: u64, world: u64, next: u64| {
@@ -443,7 +453,7 @@ mod tests {
         let mut other = of(1, 2, 1);
         other["fingerprint"]["samples"] = json!(95);
         let e = err(json!([of(0, 2, 1), other]));
-        assert!(e.contains("`state[1]`") && e.contains("saved with samples=95"), "{e}");
+        assert!(e.contains("`state[1]['fingerprint']['samples']`: saved with samples=95"), "{e}");
         let e = err(json!([a.clone(), of(1, 2, 1)]));
         assert!(e.contains("`state[1]['elastic']`"), "{e}");
         let mut rank_out = of(1, 2, 1);

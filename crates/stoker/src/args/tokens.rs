@@ -3,10 +3,12 @@
 
 use super::env::{apply_env, budget_registry_path, Env};
 use super::shared::{cache, common, ranks, trace};
-use super::state::Saved;
+use super::state::{read_state, ReadState, Saved};
 use super::{Args, Taker};
 use crate::error::{Error, Result};
-use crate::tokens::{PackMode, TokenConfig, TokenFingerprint, TokenState};
+use crate::tokens::pack::Resume;
+use crate::tokens::pipeline::{MixFingerprint, MixState, TokenMix, Tokens};
+use crate::tokens::{Elastic, PackMode, TokenConfig, TokenFingerprint, TokenState};
 use crate::values::{boolean, bounded, bytes, cpu_budget, non_negative, positive, shown, text, token_values, unsigned};
 use serde_json::Value;
 use std::path::PathBuf;
@@ -228,126 +230,83 @@ fn check_elastic(e: &crate::tokens::Elastic, depth: usize) -> std::result::Resul
     Ok(())
 }
 
-/// A saved state's fields (a dict of `version` 1, when it has a version; `what` names it in
-/// the error).
-fn saved_v1<'a>(state: &'a Value, what: &str) -> Result<(&'a serde_json::Map<String, Value>, Saved<'a>)> {
-    let fields = state
-        .as_object()
-        .ok_or_else(|| Error::config("state", format!("expected a dict from state_dict(), got {}", shown(state))))?;
-    let s = Saved { fields, prefix: "state" };
-    if let Some(v) = s.integer("version", false, 0)?.filter(|&v| v != 1) {
-        return Err(Error::config(s.name("version"), format!("expected 1 ({what}), got {v}")));
+/// The version of a saved state (1, when it has one; `what` names the state in the error).
+fn version_1(s: &Saved<'_>, what: &str) -> Result<()> {
+    match s.integer("version", false, 0)?.filter(|&v| v != 1) {
+        Some(v) => Err(Error::config(s.name("version"), format!("expected 1 ({what}), got {v}"))),
+        None => Ok(()),
     }
-    Ok((fields, s))
 }
 
 /// A token mixture's state dict (`TokenLoader({...}).state_dict()`): `version` 1, `seed`,
 /// `epoch`, `next_batch`, `end` and `offset` (rows per rank of an epoch continued from another
-/// number of ranks, and the schedule's rows before it; absent otherwise), each source's loader state dict under `sources` (`None` before its first
-/// row; checked by [`token_state`] against `sources[d]`, ranks aside with `ranks_may_differ`),
-/// and the `fingerprint`, whose `mixture` must be `mixture` (names, weights, rows per epoch): a
-/// state of another mixture is refused, naming it.
-pub fn token_mix_state(
-    state: &Value,
-    mixture: &Value,
-    sources: &[TokenFingerprint],
-    ranks_may_differ: bool,
-) -> Result<crate::tokens::pipeline::MixState> {
-    let (fields, s) = saved_v1(state, "a token mixture's state")?;
-    let int = |k: &str| s.integer(k, true, 0).map(|v| v.unwrap_or_default());
-    let saved = fields.get("fingerprint").and_then(|f| f.get("mixture"));
-    if saved != Some(mixture) {
-        return Err(Error::config(
-            "state['fingerprint']['mixture']",
-            format!(
-                "the state was saved with mixture {}, this loader has {mixture}: a state of another mixture \
-                 (sources, weights, epoch_items) does not resume it",
-                saved.map_or("none".into(), |v| v.to_string())
-            ),
-        ));
-    }
-    let list = match fields.get("sources") {
-        Some(Value::Array(l)) if l.len() == sources.len() => l,
-        other => {
-            return Err(Error::config(
-                s.name("sources"),
-                format!(
-                    "expected a list of {} sources' states, got {}",
-                    sources.len(),
-                    other.map_or("none".into(), shown)
-                ),
-            ))
+/// number of ranks, and the schedule's rows before it; absent otherwise), and each source's
+/// loader state dict under `sources` (`None` before its first row), each read as a token
+/// loader's against its source's fingerprint. The fingerprint holds the mixture (names,
+/// weights, rows per epoch): a state of another mixture is refused, naming the field.
+impl ReadState for TokenMix {
+    fn read(s: &Saved<'_>, mine: &MixFingerprint, ranks_may_differ: bool) -> Result<MixState> {
+        version_1(s, "a token mixture's state")?;
+        let int = |k: &str| s.integer(k, true, 0).map(|v| v.unwrap_or_default());
+        let sources = &mine.sources;
+        let list = match s.fields.get("sources") {
+            Some(Value::Array(l)) if l.len() == sources.len() => l,
+            other => {
+                return Err(Error::config(
+                    s.name("sources"),
+                    format!(
+                        "expected a list of {} sources' states, got {}",
+                        sources.len(),
+                        other.map_or("none".into(), shown)
+                    ),
+                ))
+            }
+        };
+        let mut states = Vec::with_capacity(list.len());
+        for (d, (v, fp)) in list.iter().zip(sources).enumerate() {
+            states.push(match v {
+                Value::Null => None,
+                v => Some(read_state::<Tokens>(v, fp, &format!("{}[{d}]", s.name("sources")), ranks_may_differ)?.0),
+            });
         }
-    };
-    let mut states = Vec::with_capacity(list.len());
-    for (d, (v, fp)) in list.iter().zip(sources).enumerate() {
-        states.push(match v {
-            Value::Null => None,
-            v => Some(
-                token_state(v, fp, ranks_may_differ)
-                    .map_err(|e| Error::config(format!("state['sources'][{d}]"), e.to_string()))?,
-            ),
-        });
+        Ok(MixState {
+            seed: int("seed")?,
+            epoch: int("epoch")?,
+            next_batch: int("next_batch")?,
+            sources: states,
+            end: s.integer("end", false, 0)?,
+            offset: s.integer("offset", false, 0)?.unwrap_or(0),
+        })
     }
-    Ok(crate::tokens::pipeline::MixState {
-        seed: int("seed")?,
-        epoch: int("epoch")?,
-        next_batch: int("next_batch")?,
-        sources: states,
-        end: s.integer("end", false, 0)?,
-        offset: s.integer("offset", false, 0)?.unwrap_or(0),
-    })
 }
 
-/// A token loader's saved state (the JSON of `TokenLoader.state_dict()`), checked field by
-/// field and against `mine`: `seed`, `epoch`, `next_batch`, `cursor_epoch`, `cursor`,
-/// `offset` (non-negative integers), `elastic` (absent, or the saved run an elastic resume
-/// continues), `version` (1) and `fingerprint` (equal to `mine`, the first difference named;
-/// with `ranks_may_differ`, `rank` and `world_size` are not compared: a state of another
-/// number of ranks, for [`crate::tokens::TokenLoader::load_states`]).
-pub fn token_state(state: &Value, mine: &TokenFingerprint, ranks_may_differ: bool) -> Result<TokenState> {
-    let (fields, s) = saved_v1(state, "a TokenLoader state")?;
-    let int = |k: &str| s.integer(k, true, 0).map(|v| v.unwrap_or_default());
-    let st = TokenState {
-        seed: int("seed")?,
-        epoch: int("epoch")?,
-        next_batch: int("next_batch")?,
-        at: crate::tokens::pack::Resume { epoch: int("cursor_epoch")?, cursor: int("cursor")?, offset: int("offset")? },
-        elastic: match fields.get("elastic") {
-            None | Some(Value::Null) => None,
-            Some(v) => {
-                let e: crate::tokens::Elastic = serde_json::from_value(v.clone()).map_err(|e| {
-                    Error::config(s.name("elastic"), format!("expected the dict state_dict() gives: {e}"))
-                })?;
-                check_elastic(&e, 0).map_err(|why| Error::config(s.name("elastic"), why))?;
-                Some(e)
-            }
-        },
-    };
-    let fp = fields
-        .get("fingerprint")
-        .ok_or_else(|| Error::config("state", "has no 'fingerprint': expected a dict from TokenLoader.state_dict()"))?;
-    let theirs: TokenFingerprint = serde_json::from_value(fp.clone())
-        .map_err(|e| Error::config(s.name("fingerprint"), format!("not a TokenLoader fingerprint: {e}")))?;
-    let (a, b) = (serde_json::to_value(&theirs).unwrap_or_default(), serde_json::to_value(mine).unwrap_or_default());
-    if let (Some(a), Some(b)) = (a.as_object(), b.as_object()) {
-        for (k, v) in b {
-            if ranks_may_differ && (k == "rank" || k == "world_size") {
-                continue;
-            }
-            if a.get(k) != Some(v) {
-                return Err(Error::config(
-                    format!("state['fingerprint']['{k}']"),
-                    format!(
-                        "the state was saved with {}, this loader has {}: it is for another dataset, tokenizer, packing or sharding",
-                        a.get(k).map_or("nothing".into(), shown),
-                        shown(v)
-                    ),
-                ));
-            }
+/// A token loader's state dict (`TokenLoader.state_dict()`): `seed`, `epoch`, `next_batch`,
+/// `cursor_epoch`, `cursor`, `offset` (non-negative integers), `elastic` (absent, or the saved
+/// run an elastic resume continues), `version` (1) and a `fingerprint`.
+impl ReadState for Tokens {
+    fn read(s: &Saved<'_>, _: &TokenFingerprint, _: bool) -> Result<TokenState> {
+        version_1(s, "a TokenLoader state")?;
+        if !s.fields.contains_key("fingerprint") {
+            return Err(Error::config(s.prefix, "has no 'fingerprint': expected a dict from TokenLoader.state_dict()"));
         }
+        let int = |k: &str| s.integer(k, true, 0).map(|v| v.unwrap_or_default());
+        Ok(TokenState {
+            seed: int("seed")?,
+            epoch: int("epoch")?,
+            next_batch: int("next_batch")?,
+            at: Resume { epoch: int("cursor_epoch")?, cursor: int("cursor")?, offset: int("offset")? },
+            elastic: match s.fields.get("elastic") {
+                None | Some(Value::Null) => None,
+                Some(v) => {
+                    let e: Elastic = serde_json::from_value(v.clone()).map_err(|e| {
+                        Error::config(s.name("elastic"), format!("expected the dict state_dict() gives: {e}"))
+                    })?;
+                    check_elastic(&e, 0).map_err(|why| Error::config(s.name("elastic"), why))?;
+                    Some(e)
+                }
+            },
+        })
     }
-    Ok(st)
 }
 
 #[cfg(test)]

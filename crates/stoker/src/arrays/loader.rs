@@ -12,9 +12,10 @@ use crate::observe::telemetry::Telemetry;
 use crate::shell::buffer::{BufferPool, HeapAllocator, HostAllocator, RawBuf};
 use crate::shell::grow::MakeSlot;
 use crate::shell::grow::{Lease, SlotPool};
-use crate::shell::kind::{Delivery, Iter, Kind, Loader, PassPlan, SamplerKind};
+use crate::shell::kind::{Delivery, Iter, Kind, Loader, PassPlan};
 use crate::shell::ordered::{take_free, Run};
 use crate::shell::pass::{FailureBudget, PassHooks, PassSlot};
+use crate::shell::sampled::SamplerKind;
 use crate::shell::sampler::{Fingerprint, Position, Sampler, SamplerSpec, Start};
 use crate::values::{batch_bytes, check_prefetch, check_threads};
 use crossbeam_channel::{bounded, Sender};
@@ -239,19 +240,6 @@ impl Loader<Arrays> {
     pub fn threads(&self) -> usize {
         self.kind().threads
     }
-
-    /// What a saved state is valid for: rows, column layouts, batching and sharding.
-    pub fn fingerprint(&self) -> Fingerprint {
-        let sh = self.kind();
-        let mut h = xxhash_rust::xxh3::Xxh3::new();
-        h.update(&(sh.columns.len() as u64).to_le_bytes());
-        for c in &sh.columns {
-            h.update(&(c.rows() as u64).to_le_bytes());
-            h.update(&(c.row_bytes() as u64).to_le_bytes());
-        }
-        let rows = sh.columns.first().map_or(0, |c| c.rows());
-        Fingerprint::new(sh.sampler.spec(), rows, h.digest(), "none".into())
-    }
 }
 
 impl Kind for Arrays {
@@ -375,6 +363,19 @@ impl Kind for Arrays {
 impl SamplerKind for Arrays {
     fn sampler(&self) -> &Sampler {
         &self.sampler
+    }
+
+    /// What a saved state is valid for: rows, column layouts, batching and sharding.
+    fn fingerprint(&self) -> Fingerprint {
+        let sh = self;
+        let mut h = xxhash_rust::xxh3::Xxh3::new();
+        h.update(&(sh.columns.len() as u64).to_le_bytes());
+        for c in &sh.columns {
+            h.update(&(c.rows() as u64).to_le_bytes());
+            h.update(&(c.row_bytes() as u64).to_le_bytes());
+        }
+        let rows = sh.columns.first().map_or(0, |c| c.rows());
+        Fingerprint::new(sh.sampler.spec(), rows, h.digest(), "none".into())
     }
 }
 

@@ -1,10 +1,9 @@
-//! [`Epochs`]: the epoch and resume surface of a loader, written once for every kind: the
-//! position a saved state resumes at, `set_epoch`, `state_dict`/`load_state_dict` and the
-//! rule that a newer iteration (or a new epoch, or a restored state) makes the running one
-//! stale and takes its buffers back at once.
+//! [`Epochs`]: the epochs of a loader, written once for every kind: the position a saved state
+//! resumes at (what [`super::resume`] saves and restores), `set_epoch`, and the rule that a
+//! newer iteration (or a new epoch, or a restored state) makes the running one stale and takes
+//! its buffers back at once.
 
-use super::sampler::{ElasticBase, Position, Sampler, SamplerState, Start};
-use crate::error::Result;
+use super::sampler::{Position, Sampler};
 use std::sync::{Arc, Mutex};
 
 /// A running iteration, as its loader sees it: something that can be stopped and made stale
@@ -111,50 +110,10 @@ impl<P: Positioned> Epochs<P> {
     }
 }
 
-/// The sampler's kinds (images, arrays): state, elastic bases and batch counts through the
-/// sampler.
+/// The sampler's kinds (images, arrays): batch counts through the sampler.
 impl Epochs<Position> {
-    /// The resumable state: where the next iteration would start.
-    pub fn state(&self, sampler: &Sampler) -> SamplerState {
-        self.position.state(sampler.spec().seed)
-    }
-
-    /// The elastic base of the current epoch (`None`: a normal epoch).
-    pub fn elastic(&self) -> Option<ElasticBase> {
-        self.position.elastic()
-    }
-
     /// Batches in the current epoch on this rank (a continued elastic epoch has its own count).
     pub fn batches(&self, sampler: &Sampler) -> usize {
         self.position.batches(sampler)
-    }
-
-    /// Restores a state: the next iteration resumes there; a running one becomes stale. With
-    /// `elastic`, the epoch continues those saved runs on this loader's ranks (see
-    /// [`Sampler::elastic_order`]).
-    pub fn load_state(&self, st: SamplerState, elastic: Option<ElasticBase>, sampler: &Sampler) -> Result<()> {
-        self.position.restore(st, elastic, sampler)?;
-        self.restored();
-        Ok(())
-    }
-
-    /// Restores `st` (and its elastic base) exactly as another loader had it, including whether
-    /// it was still to be resumed: how a fork child's rebuilt loader continues its parent's.
-    pub fn adopt_state(
-        &self,
-        st: SamplerState,
-        elastic: Option<ElasticBase>,
-        resume: bool,
-        sampler: &Sampler,
-    ) -> Result<()> {
-        self.load_state(st, elastic, sampler)?;
-        self.position.set_resume(resume);
-        Ok(())
-    }
-
-    /// Stops the running iteration (it becomes stale, its buffers return to the pool) and
-    /// says where the next one starts: the epoch, its order on this rank and the first batch.
-    pub fn begin(&self, sampler: &Sampler) -> Start {
-        self.begin_pass().start(sampler)
     }
 }

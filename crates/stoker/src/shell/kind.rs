@@ -10,14 +10,14 @@
 //! stopping a pass, the trace file's lifecycle (written at the end of every pass that ends
 //! well and when the loader is dropped, or when asked), and the report's common part.
 //!
-//! Kinds over the sampler ([`SamplerKind`]: images, arrays) share their state surface too
-//! (`len`, `state`, `load_state`, elastic bases), here once.
+//! The state surface (`state`, `load_state`, `load_states`, the fingerprint) is written once
+//! over a kind's [`super::resume::Resumable`] state; kinds over the sampler share theirs
+//! ([`super::sampled`]).
 
 use super::epochs::{Epochs, Positioned, Retire};
 use super::grow::{Lease, SlotPool};
 use super::ordered::Run;
 use super::pass::{FailureBudget, Observe, Pass, PassHooks, PassSlot};
-use super::sampler::{ElasticBase, Position, Sampler, SamplerState};
 use super::stream::{Deliver, Stream};
 use crate::error::{Error, Result};
 use crate::observe::report::{Report, Section};
@@ -287,63 +287,6 @@ impl<K: Kind> Stream<OfKind<K>> {
     /// The loader's counters (a transfer stage forwarding this pass records into them).
     pub fn telemetry(&self) -> &Arc<Telemetry> {
         self.delivery().kind.telemetry()
-    }
-}
-
-/// A kind whose order is the sampler's (images, arrays): its position is the sampler's, and
-/// its state surface is written once below.
-pub trait SamplerKind: Kind<Position = Position> {
-    /// The sampler.
-    fn sampler(&self) -> &Sampler;
-}
-
-impl<K: SamplerKind> Loader<K> {
-    /// Batches per epoch on this rank (of the current epoch: a continued elastic epoch has
-    /// its own count).
-    pub fn len(&self) -> usize {
-        self.epochs.batches(self.kind.sampler())
-    }
-
-    /// Whether an epoch has no batches (never true for a constructed loader).
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
-    /// The sampler.
-    pub fn sampler(&self) -> &Sampler {
-        self.kind.sampler()
-    }
-
-    /// The resumable state: where the next iteration would start.
-    pub fn state(&self) -> SamplerState {
-        self.epochs.state(self.kind.sampler())
-    }
-
-    /// The elastic base of the current epoch: the saved runs it continues on this loader's
-    /// ranks (`None`: a normal epoch). Part of the state.
-    pub fn elastic(&self) -> Option<ElasticBase> {
-        self.epochs.elastic()
-    }
-
-    /// Restores a state from [`Loader::state`]: the next iteration resumes there. A running
-    /// iteration becomes stale.
-    pub fn load_state(&self, st: SamplerState) -> Result<()> {
-        self.epochs.load_state(st, None, self.kind.sampler())
-    }
-
-    /// Restores a state of an elastic epoch ([`Loader::elastic`]), or continues an epoch saved
-    /// on another number of ranks (`elastic`: their base, from
-    /// [`crate::args::saved_states`]): every sample no saved rank delivered is dealt to this
-    /// loader's ranks (see [`Sampler::elastic_order`]). A running iteration becomes stale.
-    pub fn load_elastic(&self, st: SamplerState, elastic: ElasticBase) -> Result<()> {
-        self.epochs.load_state(st, Some(elastic), self.kind.sampler())
-    }
-
-    /// Restores `st` (and its elastic base) exactly as another loader had it, including
-    /// whether it was still to be resumed: how a fork child's rebuilt loader continues its
-    /// parent's.
-    pub fn adopt_state(&self, st: SamplerState, elastic: Option<ElasticBase>, resume: bool) -> Result<()> {
-        self.epochs.adopt_state(st, elastic, resume, self.kind.sampler())
     }
 }
 

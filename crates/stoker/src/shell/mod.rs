@@ -18,6 +18,9 @@
 //!   is what one poll gives.
 //! - [`stream`]: the one iterator over a pass (a kind's, a transfer stage's): a delivered slot
 //!   made the consumer's batch, polls with a time-out, closing.
+//! - [`resume`]: a kind's saved state ([`resume::Resumable`]) and the loader's state surface
+//!   over it, written once: state dicts, restoring, continuing every saved rank's state.
+//! - [`sampled`]: the kinds over the sampler (images, arrays) and their one saved state.
 //! - [`epochs`]: epoch, position (any kind's [`epochs::Positioned`]), `state_dict`/
 //!   `load_state_dict` and the running iteration a newer one makes stale.
 //! - [`mix`]: weighted mixtures of sources: the schedule that gives every position its source
@@ -37,7 +40,9 @@ pub mod kind;
 pub mod mix;
 pub mod ordered;
 pub mod pass;
+pub mod resume;
 pub mod rng;
+pub mod sampled;
 pub mod sampler;
 pub mod store;
 pub mod stream;

@@ -3,14 +3,16 @@
 //! consumer's telemetry), with the image kind's hooks (reads abandoned on shutdown, the tuner,
 //! the trace file at the end of a pass). [`EpochIter`] is the shell's iterator of this kind.
 
+use super::shared::samples_hash;
 use super::shared::Images;
 use super::shared::Task;
 use super::stages::{decode_loop, dispatch, io_loop, Work};
 use super::*;
 use crate::shell::grow::{Lease, SlotPool};
-use crate::shell::kind::{Delivery, Iter, Kind, PassPlan, SamplerKind};
+use crate::shell::kind::{Delivery, Iter, Kind, PassPlan};
 use crate::shell::ordered::Run;
 use crate::shell::pass::{FailureBudget, PassHooks, PassSlot};
+use crate::shell::sampled::SamplerKind;
 use crate::source::StorageReport;
 
 /// One pass over (the rest of) an epoch; yields batches in order. Dropping it stops and joins
@@ -182,6 +184,26 @@ impl Kind for Images {
 impl SamplerKind for Images {
     fn sampler(&self) -> &Sampler {
         &self.sampler
+    }
+
+    /// What a saved state is valid for (see [`Fingerprint`]); computed once, on first use.
+    fn fingerprint(&self) -> Fingerprint {
+        let sh = self;
+        self.fingerprint
+            .get_or_init(|| {
+                // A pair loader's captions too (images alone hash as they always have).
+                // A batch mixing too (loaders without one hash as they always have).
+                let (spec, dct, roi) = (sh.plan.spec(), sh.decode_opts.dct_scaling, sh.decode_opts.roi);
+                let transform = match (sh.captions.as_ref().map(|c| (c.encoder.options(), &c.field)), &sh.mix) {
+                    (None, None) => serde_json::to_vec(&(spec, dct, roi)),
+                    (Some(c), _) => serde_json::to_vec(&(spec, dct, roi, c)),
+                    (None, Some(m)) => serde_json::to_vec(&(spec, dct, roi, "mix", m)),
+                }
+                .map(|b| format!("{:016x}", xxhash_rust::xxh3::xxh3_64(&b)))
+                .unwrap_or_default();
+                Fingerprint::new(sh.sampler.spec(), sh.source.len(), samples_hash(sh.source.as_ref()), transform)
+            })
+            .clone()
     }
 }
 

@@ -2,7 +2,7 @@
 //! [`LoaderConfig`] and what only an image loader answers (transform plan, pool, cache,
 //! telemetry, trace); epochs, resume and the start of a pass are the shell's.
 
-use super::shared::{dataset_key, samples_hash, Captions, Images, Stash};
+use super::shared::{dataset_key, Captions, Images, Stash};
 use super::*;
 use crate::values::{batch_bytes as checked_batch_bytes, check_io_threads, check_prefetch};
 
@@ -204,24 +204,6 @@ impl Loader {
             let path = path.display().to_string();
             self.kind().telemetry.skip(Skipped { index: u32::MAX, path, reason: reason.clone() });
         }
-    }
-
-    /// What a saved state is valid for (see [`Fingerprint`]); computed once, on first use.
-    pub fn fingerprint(&self) -> &Fingerprint {
-        self.kind().fingerprint.get_or_init(|| {
-            let sh = &self.kind();
-            // A pair loader's captions too (images alone hash as they always have).
-            // A batch mixing too (loaders without one hash as they always have).
-            let (spec, dct, roi) = (sh.plan.spec(), sh.decode_opts.dct_scaling, sh.decode_opts.roi);
-            let transform = match (sh.captions.as_ref().map(|c| (c.encoder.options(), &c.field)), &sh.mix) {
-                (None, None) => serde_json::to_vec(&(spec, dct, roi)),
-                (Some(c), _) => serde_json::to_vec(&(spec, dct, roi, c)),
-                (None, Some(m)) => serde_json::to_vec(&(spec, dct, roi, "mix", m)),
-            }
-            .map(|b| format!("{:016x}", xxhash_rust::xxh3::xxh3_64(&b)))
-            .unwrap_or_default();
-            Fingerprint::new(sh.sampler.spec(), sh.source.len(), samples_hash(sh.source.as_ref()), transform)
-        })
     }
 
     /// The MixUp/CutMix draw of batch `batch` of `epoch` (what its images and soft labels were

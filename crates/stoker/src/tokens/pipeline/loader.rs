@@ -1,11 +1,10 @@
 //! [`TokenLoader`]: construction (formats, tokenizer, special ids, pool, tuner), what a
 //! loader answers (counts, config, report), epochs and state, and the start of a pass.
 
-use super::config::{format_of, PackMode, TokenConfig};
+use super::config::{format_of, TokenConfig};
 use super::order::RowsMemo;
 use super::shared::Tokens;
 use super::slot::token_pool;
-use super::state::{TokenFingerprint, TokenState};
 use super::stats::TokenStats;
 use super::tokenize::{spawn_tokenizing, Tokenized};
 use crate::error::{Error, Result};
@@ -210,44 +209,6 @@ impl Loader<Tokens> {
     /// The counters (documents, tokens, padding, time per stage).
     pub fn stats(&self) -> &TokenStats {
         &self.kind().stats
-    }
-
-    /// The resumable state.
-    pub fn state(&self) -> TokenState {
-        self.epochs().position().state(self.kind().config.seed)
-    }
-
-    /// What a saved state is valid for.
-    pub fn fingerprint(&self) -> TokenFingerprint {
-        let (sh, c) = (&self.kind(), &self.kind().config);
-        let order = match (c.shuffle, sh.source.random_access()) {
-            (false, _) => "none".to_string(),
-            (true, true) => "global".to_string(),
-            (true, false) => format!("window:{}", c.shuffle_window),
-        };
-        TokenFingerprint {
-            documents: sh.source.len(),
-            data_hash: format!("{:016x}", sh.source.hash()),
-            tokenizer_hash: sh.tokenizer.as_ref().map_or("none".into(), |t| format!("{:016x}", t.hash)),
-            batch_size: c.batch_size,
-            seq_len: c.seq_len,
-            pack: match c.pack {
-                PackMode::Concat => "concat".into(),
-                PackMode::BestFit => format!("best_fit:{}", c.pack_window),
-            },
-            order,
-            special: format!("bos={:?}:{} eos={:?}:{} pad={}", sh.bos, c.add_bos, sh.eos, c.add_eos, sh.pad),
-            world_size: c.world_size,
-            rank: c.rank,
-        }
-    }
-
-    /// Restores a state (checked by [`crate::args::token_state`]): the next iteration resumes
-    /// there; a running one becomes stale.
-    pub fn load_state(&self, st: TokenState) -> Result<()> {
-        self.epochs().position().restore(st, self.kind().config.seed)?;
-        self.epochs().restored();
-        Ok(())
     }
 
     /// Reads and tokenizes every document of this rank's order of the current epoch on the

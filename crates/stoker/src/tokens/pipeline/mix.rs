@@ -15,12 +15,12 @@
 //! each row is exact. The mixture's state is its epoch and batch and each source's loader state
 //! after the last row taken ([`MixState`]): a resume loads each source there and continues
 //! exactly; the states of every rank of a run continue it on another number of ranks, each
-//! source through its own loader's elastic resume ([`TokenMixLoader::load_states`]).
+//! source through its own loader's elastic resume ([`super::mix_state`]).
 
 use super::batch::TokenBatch;
 use super::config::TokenConfig;
 use super::iter::{TokenIter, TokenLoader};
-use super::mix_state::{MixFingerprint, MixPosition, MixState};
+use super::mix_state::MixPosition;
 use super::slot::{region_capacities, token_pool, TokenSlot};
 use super::state::TokenState;
 use crate::error::{Error, Result};
@@ -32,7 +32,6 @@ use crate::shell::kind::{Delivery, Iter, Kind, Loader, PassPlan};
 use crate::shell::mix::{MixReport, MixSpec, Schedule, Tally, Weights};
 use crate::shell::ordered::{send_or_cancel, take_free, Run};
 use crate::shell::pass::{FailureBudget, Next, ProducerError};
-use crate::tokens::pack::Resume;
 use crate::tokens::tokenizer::TextTokenizer;
 use crate::values::check_prefetch;
 use crossbeam_channel::Sender;
@@ -44,14 +43,14 @@ use std::time::Duration;
 /// A weighted mixture of token sources, row by row.
 pub struct TokenMix {
     /// The mixture's configuration (the batch shape, seed, ranks).
-    config: TokenConfig,
+    pub(super) config: TokenConfig,
     /// The mixture's batches.
     pool: SlotPool<Arc<TokenSlot>>,
     /// The consumer's counters (waits and steps), which the shell's pass records.
     telemetry: Arc<Telemetry>,
     /// One loader per source.
-    subs: Vec<TokenLoader>,
-    spec: MixSpec,
+    pub(super) subs: Vec<TokenLoader>,
+    pub(super) spec: MixSpec,
     schedule: Schedule,
     /// Rows per rank in an epoch (`u64::MAX`: until a `stop` source runs out).
     rows: u64,
@@ -177,107 +176,11 @@ impl Loader<TokenMix> {
     pub fn stops(&self) -> bool {
         self.kind().stops()
     }
-
-    /// The resumable state.
-    pub fn state(&self) -> MixState {
-        self.epochs().position().state(self.kind().config.seed, self.kind().subs.len())
-    }
-
-    /// Continues a run saved by the ranks of `states` (`(state, rank, world_size)` of every rank,
-    /// all at the same batch of the same epoch) on this loader's ranks: each source continues
-    /// through its loader's elastic resume (every document no saved rank finished, dealt anew),
-    /// and the epoch ends when the rows of the saved run's epoch are delivered.
-    pub fn load_states(&self, states: &[(MixState, usize, usize)]) -> Result<()> {
-        let k = self.kind();
-        let c = &k.config;
-        let Some((first, _, old_world)) = states.first() else {
-            return Err(Error::config("state", "an empty list of states"));
-        };
-        let (epoch, next_batch, old_end, old_offset) = (first.epoch, first.next_batch, first.end, first.offset);
-        let mut ranks = vec![false; *old_world];
-        for (st, rank, world) in states {
-            if (st.epoch, st.next_batch, st.end, st.offset, world)
-                != (epoch, next_batch, old_end, old_offset, old_world)
-            {
-                return Err(Error::config(
-                    "state",
-                    format!(
-                        "the ranks of a token mixture stop at the same batch of one epoch: rank {rank} of {world} saved \
-                         epoch {} batch {}, rank 0's list entry epoch {epoch} batch {next_batch} of {old_world} ranks",
-                        st.epoch, st.next_batch
-                    ),
-                ));
-            }
-            if *rank >= *old_world || std::mem::replace(&mut ranks[*rank], true) {
-                return Err(Error::config("state", format!("rank {rank} of {world} is missing or given twice")));
-            }
-        }
-        if ranks.iter().any(|r| !r) {
-            return Err(Error::config("state", format!("needs the states of all {old_world} saved ranks")));
-        }
-        let start = TokenState {
-            seed: c.seed,
-            epoch: epoch << 32,
-            next_batch: 0,
-            at: Resume { epoch: epoch << 32, cursor: 0, offset: 0 },
-            elastic: None,
-        };
-        for (d, sub) in k.subs.iter().enumerate() {
-            let list: Vec<(TokenState, usize, usize)> = states
-                .iter()
-                .map(|(st, rank, world)| (st.sources[d].clone().unwrap_or_else(|| start.clone()), *rank, *world))
-                .collect();
-            sub.load_states(&list)
-                .map_err(|e| Error::config("state", format!("mixture source '{}': {e}", k.spec.parts[d].name)))?;
-        }
-        // The rows of the saved epoch over all ranks, less those delivered, shared by these ranks.
-        let bs = c.batch_size as u64;
-        let done = next_batch * bs;
-        // Until a `stop` source runs out, when no `epoch_items` bounds the epoch: still so.
-        let left = match old_end.or_else(|| k.spec.epoch_items.map(|n| rows_per_rank(c, n, *old_world))) {
-            None => None,
-            Some(old_rows) => {
-                let done = done.min(old_rows);
-                Some(rows_per_rank(c, (old_rows - done) * *old_world as u64, c.world_size))
-            }
-        };
-        let st = MixState {
-            seed: c.seed,
-            epoch,
-            next_batch: 0,
-            sources: k.subs.iter().map(|s| Some(s.state())).collect(),
-            end: left,
-            offset: old_offset + done,
-        };
-        self.epochs().set_epoch(epoch);
-        self.epochs().position().restore(st, c.seed, k.subs.len())?;
-        self.epochs().restored();
-        Ok(())
-    }
-
-    /// Restores a state: the next iteration resumes there; a running one becomes stale.
-    pub fn load_state(&self, st: MixState) -> Result<()> {
-        self.epochs().position().restore(st, self.kind().config.seed, self.kind().subs.len())?;
-        self.epochs().restored();
-        Ok(())
-    }
-
-    /// What a saved state is valid for: the mixture (names, weights, rows per epoch), each
-    /// source's loader's fingerprint, and the ranks.
-    pub fn fingerprint(&self) -> MixFingerprint {
-        let k = self.kind();
-        MixFingerprint {
-            mixture: k.spec.clone(),
-            sources: k.subs.iter().map(|s| s.fingerprint()).collect(),
-            rank: k.config.rank,
-            world_size: k.config.world_size,
-        }
-    }
 }
 
 /// Each of `world` ranks' share of `rows` rows over all ranks, cut to whole batches with
 /// `drop_last`.
-fn rows_per_rank(c: &TokenConfig, rows: u64, world: usize) -> u64 {
+pub(super) fn rows_per_rank(c: &TokenConfig, rows: u64, world: usize) -> u64 {
     let per_rank = rows / world as u64;
     if c.drop_last {
         per_rank / c.batch_size as u64 * c.batch_size as u64

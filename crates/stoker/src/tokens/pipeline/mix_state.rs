@@ -8,7 +8,7 @@ use crate::shell::epochs::Positioned;
 use std::sync::Mutex;
 
 /// What a token mixture's saved state is valid for.
-#[derive(Debug, Clone, serde::Serialize)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct MixFingerprint {
     /// The mixture: the sources' names, weights and exhaustion, rows per epoch.
     pub mixture: crate::shell::mix::MixSpec,

@@ -16,9 +16,10 @@
 //! bases, fingerprints), `order` (each epoch's document order per rank), `stats` (counters, the
 //! report's token section and the verdict), `slot` (a pooled batch buffer), `shared` (what a loader and its threads share),
 //! `read`, `tokenize`, `batcher` (the three threads), `batch` and `iter` (what the consumer
-//! gets), `loader` (construction, epochs, the start of a pass) and `elastic` (resuming another
-//! number of ranks); `mix` and `mix_state` (a weighted mixture of token loaders, row by row,
-//! and where it stands). Imports run one way: `loader`/`elastic` -> `iter` -> `batch` -> `batcher`
+//! gets), `loader` (construction, epochs, the start of a pass) and `resume` (the saved state:
+//! fingerprint, state dict, resuming another number of ranks); `mix`, `mix_state` and
+//! `mix_resume` (a weighted mixture of token loaders, row by row, where it stands, and its
+//! saved state). Imports run one way: `loader`/`resume` -> `iter` -> `batch` -> `batcher`
 //! -> `tokenize` -> `read` -> `shared` -> `order` -> `state` -> `config`.
 //! Owns: running the token work. May not touch: the formats on disk (`docs`), tokenizers'
 //! internals, CUDA, Python.
@@ -26,10 +27,11 @@
 mod batch;
 mod batcher;
 mod config;
-mod elastic;
+mod resume;
 mod iter;
 mod loader;
 mod mix;
+mod mix_resume;
 mod mix_state;
 mod order;
 mod read;

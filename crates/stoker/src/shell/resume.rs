@@ -1,0 +1,182 @@
+//! [`Resumable`]: what a kind's saved state is, and the state surface of [`Loader`] written
+//! once over it: the state, the fingerprint, the state dict, restoring a state, and continuing
+//! the states of every rank of a saved run on this loader's ranks (elastic resume), with the
+//! rule that each saved rank is given exactly once.
+//!
+//! Reading a state dict a user hands back (its fields checked, its fingerprint compared with
+//! the loader's) is `args`' job: [`crate::args::load_state_dict`].
+
+use super::kind::{Kind, Loader};
+use crate::error::{Error, Result};
+use serde_json::Value;
+
+/// A kind whose position can be saved and restored.
+pub trait Resumable: Kind {
+    /// One rank's saved position.
+    type State: Clone + Send + 'static;
+    /// What a saved state is valid for (data, batching, transforms, sharding), as its state
+    /// dict's `fingerprint` holds it; its `rank` and `world_size` fields say which rank of how
+    /// many saved it.
+    type Fingerprint: serde::Serialize + serde::de::DeserializeOwned + Clone + Send + 'static;
+
+    /// What a state saved by this loader is valid for.
+    fn fingerprint(&self) -> Self::Fingerprint;
+
+    /// The state at `position`: where the next pass would start.
+    fn save(&self, position: &Self::Position) -> Self::State;
+
+    /// `state`'s state dict, an object, but its `fingerprint` (the shell adds it).
+    fn fields(&self, position: &Self::Position, state: &Self::State) -> Result<Value>;
+
+    /// Restores `state` into `position`, checked against this loader (its seed, its epoch's
+    /// batches): the next pass starts there.
+    fn restore(&self, position: &Self::Position, state: Self::State) -> Result<()>;
+
+    /// The state that continues, on this loader's ranks, the run `saved` holds: the state of
+    /// every one of its ranks, in rank order. The kind checks that they are of one run (seed,
+    /// epoch, ...), naming a state by where it stood in the user's list ([`Ranked::index`]).
+    fn continue_ranks(&self, saved: &[Ranked<Self::State>]) -> Result<Self::State>;
+}
+
+/// One saved rank's state, in a list of every rank's.
+#[derive(Debug, Clone)]
+pub struct Ranked<S> {
+    /// Where it stood in the list given (`state[index]` in errors).
+    pub index: usize,
+    /// The state.
+    pub state: S,
+}
+
+/// The state surface of every resumable kind.
+impl<K: Resumable> Loader<K> {
+    /// The resumable state: where the next iteration would start.
+    pub fn state(&self) -> K::State {
+        self.kind().save(self.epochs().position())
+    }
+
+    /// What a saved state of this loader is valid for.
+    pub fn fingerprint(&self) -> K::Fingerprint {
+        self.kind().fingerprint()
+    }
+
+    /// The state dict (`state_dict()`): the kind's fields of the current state, and the
+    /// fingerprint.
+    pub fn state_dict(&self) -> Result<Value> {
+        self.state_value(&self.state())
+    }
+
+    /// The state dict of `state` (a state of this loader).
+    pub fn state_value(&self, state: &K::State) -> Result<Value> {
+        let mut v = self.kind().fields(self.epochs().position(), state)?;
+        let fingerprint = serde_json::to_value(self.fingerprint()).map_err(|e| Error::Internal(e.to_string()))?;
+        let Value::Object(fields) = &mut v else {
+            return Err(Error::Internal("a state dict that is not a dict".into()));
+        };
+        fields.insert("fingerprint".into(), fingerprint);
+        Ok(v)
+    }
+
+    /// Restores a state from [`Loader::state`]: the next iteration resumes there. A running
+    /// iteration becomes stale.
+    pub fn load_state(&self, state: K::State) -> Result<()> {
+        self.kind().restore(self.epochs().position(), state)?;
+        self.epochs().restored();
+        Ok(())
+    }
+
+    /// Continues a run saved by several ranks, `(state, rank, world_size)` of every one in any
+    /// order, on this loader's ranks, which may be more or fewer: every sample no saved rank
+    /// delivered is dealt anew to exactly one of them. Each saved rank `0..world_size` must be
+    /// given once. A running iteration becomes stale.
+    pub fn load_states(&self, states: Vec<(K::State, usize, usize)>) -> Result<()> {
+        let saved = every_rank(states)?;
+        let state = self.kind().continue_ranks(&saved)?;
+        self.load_state(state)
+    }
+}
+
+/// The states of a saved run in rank order: all of one `world_size`, each rank of it once.
+/// Errors name a state by its place in the list (`state[2]`).
+pub(crate) fn every_rank<S>(states: Vec<(S, usize, usize)>) -> Result<Vec<Ranked<S>>> {
+    let Some(&(_, _, world)) = states.first() else {
+        return Err(Error::config("state", "an empty list: give the state_dict() of every rank of the saved run"));
+    };
+    let mut at: Vec<Option<Ranked<S>>> = (0..world).map(|_| None).collect();
+    for (index, (state, rank, w)) in states.into_iter().enumerate() {
+        if w != world {
+            return Err(Error::config(
+                format!("state[{index}]['fingerprint']['world_size']"),
+                format!("is {w}, state[0] has {world}: give the states of one run, saved at one time"),
+            ));
+        }
+        let Some(slot) = at.get_mut(rank) else {
+            return Err(Error::config(
+                format!("state[{index}]['fingerprint']['rank']"),
+                format!("rank {rank} is not in 0..{world} (world_size)"),
+            ));
+        };
+        if let Some(other) = slot.replace(Ranked { index, state }) {
+            return Err(Error::config(
+                format!("state[{index}]['fingerprint']['rank']"),
+                format!(
+                    "rank {rank} appears twice in the list (state[{}] and state[{index}]): give each rank's state once",
+                    other.index
+                ),
+            ));
+        }
+    }
+    at.into_iter()
+        .enumerate()
+        .map(|(r, one)| {
+            one.ok_or_else(|| {
+                Error::config(
+                    "state",
+                    format!(
+                        "has no state of rank {r} of the saved run's {world} ranks: give every rank's state_dict() \
+                         (e.g. gathered with dist.all_gather_object)"
+                    ),
+                )
+            })
+        })
+        .collect()
+}
+
+/// The error of a saved run whose states differ in `field`: state `at` against the first
+/// rank's, `first` (both by their place in the list).
+pub fn differs(
+    at: usize,
+    field: &str,
+    theirs: impl std::fmt::Display,
+    first: usize,
+    ours: impl std::fmt::Display,
+) -> Error {
+    Error::config(
+        format!("state[{at}]['{field}']"),
+        format!("is {theirs}, state[{first}] has {ours}: give the states of one run, saved at one time"),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ranks(list: &[(usize, usize)]) -> Result<Vec<usize>> {
+        let states = list.iter().enumerate().map(|(i, &(rank, world))| (i, rank, world)).collect();
+        every_rank(states).map(|v| v.into_iter().map(|r| r.state).collect())
+    }
+
+    #[test]
+    fn every_saved_rank_is_given_once_in_any_order() {
+        assert_eq!(ranks(&[(2, 3), (0, 3), (1, 3)]).unwrap(), vec![1, 2, 0], "list places, in rank order");
+        let e = |list: &[(usize, usize)]| ranks(list).unwrap_err().to_string();
+        assert!(e(&[]).contains("an empty list"));
+        assert!(e(&[(0, 2)]).contains("no state of rank 1 of the saved run's 2 ranks"));
+        let twice = e(&[(0, 2), (0, 2)]);
+        assert!(
+            twice.contains("`state[1]['fingerprint']['rank']`: rank 0 appears twice")
+                && twice.contains("state[0] and state[1]")
+        );
+        assert!(e(&[(0, 2), (2, 2)]).contains("rank 2 is not in 0..2"));
+        assert!(e(&[(0, 2), (1, 3)]).contains("`state[1]['fingerprint']['world_size']`: is 3, state[0] has 2"));
+    }
+}
