@@ -1,8 +1,9 @@
 //! A fifth loader kind, written outside the engine against the shell's public API alone: the
 //! proof that a new kind touches no file of `shell/`. `Squares` brings only what differs (its
-//! position, its slot and pool, its producer threads, its slot view, its report section); the
-//! shell gives it in-order delivery over out-of-order producers, the lease that returns each
-//! buffer to its pool, stale passes, the report's common part and the trace file's lifecycle.
+//! position, its slot and pool, its producer threads, its slot view, its report section, its
+//! saved state); the shell gives it in-order delivery over out-of-order producers, the lease
+//! that returns each buffer to its pool, stale passes, the report's common part, the trace
+//! file's lifecycle, and the state surface (state dicts, each saved rank given once).
 
 use crossbeam_channel::Sender;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -16,6 +17,7 @@ use stoker::shell::grow::{Lease, MakeSlot, SlotPool};
 use stoker::shell::kind::{Delivery, HostBatch, Kind, Loader, PassPlan};
 use stoker::shell::ordered::{send_or_cancel, take_free, Run};
 use stoker::shell::pass::{FailureBudget, PassSlot};
+use stoker::shell::resume::{Ranked, Resumable};
 
 const BATCH: usize = 4;
 
@@ -177,6 +179,38 @@ impl Kind for Squares {
     }
 }
 
+/// What a saved state of squares is valid for.
+#[derive(Clone, serde::Serialize, serde::Deserialize)]
+struct Shape {
+    batches: usize,
+    rank: usize,
+    world_size: usize,
+}
+
+/// The saved state of squares is the epoch; a run saved by several ranks continues at the
+/// latest epoch any of them had reached.
+impl Resumable for Squares {
+    type State = u64;
+    type Fingerprint = Shape;
+
+    fn fingerprint(&self) -> Shape {
+        Shape { batches: self.batches, rank: 0, world_size: 1 }
+    }
+    fn save(&self, position: &Epoch) -> u64 {
+        position.0.load(Ordering::Acquire)
+    }
+    fn fields(&self, _: &Epoch, epoch: &u64) -> stoker::Result<serde_json::Value> {
+        Ok(serde_json::json!({ "epoch": epoch }))
+    }
+    fn restore(&self, position: &Epoch, epoch: u64) -> stoker::Result<()> {
+        position.0.store(epoch, Ordering::Release);
+        Ok(())
+    }
+    fn continue_ranks(&self, saved: &[Ranked<u64>]) -> stoker::Result<u64> {
+        Ok(saved.iter().map(|r| r.state).max().unwrap_or(0))
+    }
+}
+
 fn squares(batches: usize, trace: Option<std::path::PathBuf>) -> Loader<Squares> {
     let make: MakeSlot<Arc<Slot>> =
         Arc::new(|| Ok(Arc::new(Slot { batch: AtomicUsize::new(0), values: Mutex::new(vec![]) })));
@@ -225,4 +259,24 @@ fn a_kind_outside_the_engine_gets_the_shell_s_delivery_leases_epochs_report_and_
     let asked = dir.path().join("asked.json");
     assert_eq!(loader.write_trace(Some(&asked)).unwrap(), asked);
     assert!(std::fs::read_to_string(&asked).unwrap().contains("square of 2000"));
+}
+
+#[test]
+fn a_kind_outside_the_engine_gets_the_shell_s_state_surface() {
+    let loader = squares(2, None);
+    loader.set_epoch(4);
+    let want = serde_json::json!({"epoch": 4, "fingerprint": {"batches": 2, "rank": 0, "world_size": 1}});
+    assert_eq!(loader.state_dict().unwrap(), want);
+    // Every rank of a saved run, in any order, each once.
+    loader.load_states(vec![(7, 1, 2), (6, 0, 2)]).unwrap();
+    assert_eq!(loader.state(), 7);
+    let first = loader.iter().unwrap().next().unwrap().unwrap().values();
+    assert_eq!(first[0], 7000 * 7000, "the pass starts where the restored state says");
+    let e = loader.load_states(vec![(5, 1, 2)]).unwrap_err().to_string();
+    assert!(e.contains("no state of rank 0 of the saved run's 2 ranks"), "{e}");
+    let e = loader.load_states(vec![(5, 1, 2), (5, 1, 2)]).unwrap_err().to_string();
+    assert!(e.contains("rank 1 appears twice"), "{e}");
+    assert_eq!(loader.state(), 7, "a refused list changes nothing");
+    loader.load_state(3).unwrap();
+    assert_eq!(loader.state_dict().unwrap()["epoch"], 3);
 }

@@ -27,7 +27,6 @@
 mod batch;
 mod batcher;
 mod config;
-mod resume;
 mod iter;
 mod loader;
 mod mix;
@@ -35,6 +34,7 @@ mod mix_resume;
 mod mix_state;
 mod order;
 mod read;
+mod resume;
 mod shared;
 mod slot;
 mod state;
