@@ -141,19 +141,26 @@ pub(crate) fn every_rank<S>(states: Vec<(S, usize, usize)>) -> Result<Vec<Ranked
         .collect()
 }
 
-/// The error of a saved run whose states differ in `field`: state `at` against the first
-/// rank's, `first` (both by their place in the list).
-pub fn differs(
-    at: usize,
-    field: &str,
-    theirs: impl std::fmt::Display,
-    first: usize,
-    ours: impl std::fmt::Display,
-) -> Error {
-    Error::config(
-        format!("state[{at}]['{field}']"),
-        format!("is {theirs}, state[{first}] has {ours}: give the states of one run, saved at one time"),
-    )
+/// Why states that differ are refused, unless a kind says more.
+pub const ONE_RUN: &str = "give the states of one run, saved at one time";
+
+/// Checks that every state of a saved run agrees with the first rank's in each of `fields`
+/// (a name, and the field's value), naming the first that differs and why it must not
+/// (`why`, [`ONE_RUN`] unless the kind says more).
+pub fn one_run<S>(saved: &[Ranked<S>], fields: &[(&str, fn(&S) -> Value)], why: &str) -> Result<()> {
+    let Some(first) = saved.first() else { return Ok(()) };
+    for one in &saved[1..] {
+        for (field, value) in fields {
+            let (theirs, ours) = (value(&one.state), value(&first.state));
+            if theirs != ours {
+                return Err(Error::config(
+                    format!("state[{}]['{field}']", one.index),
+                    format!("is {theirs}, state[{}] has {ours}: {why}", first.index),
+                ));
+            }
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -163,6 +170,16 @@ mod tests {
     fn ranks(list: &[(usize, usize)]) -> Result<Vec<usize>> {
         let states = list.iter().enumerate().map(|(i, &(rank, world))| (i, rank, world)).collect();
         every_rank(states).map(|v| v.into_iter().map(|r| r.state).collect())
+    }
+
+    #[test]
+    fn a_saved_run_s_states_agree_in_the_fields_the_kind_names() {
+        let saved: Vec<Ranked<(u64, u64)>> =
+            [(1, 5), (1, 5), (2, 5)].into_iter().enumerate().map(|(i, state)| Ranked { index: 2 - i, state }).collect();
+        let fields: &[(&str, fn(&(u64, u64)) -> Value)] = &[("epoch", |s| s.1.into()), ("seed", |s| s.0.into())];
+        let e = one_run(&saved, fields, ONE_RUN).unwrap_err().to_string();
+        assert!(e.contains("`state[0]['seed']`: is 2, state[2] has 1: give the states of one run"), "{e}");
+        one_run(&saved[..2], fields, ONE_RUN).unwrap();
     }
 
     #[test]

@@ -4,7 +4,7 @@
 //! how the states of every rank of a saved run continue on this loader's ranks.
 
 use super::kind::{Kind, Loader};
-use super::resume::{differs, Ranked, Resumable};
+use super::resume::{one_run, Ranked, Resumable, ONE_RUN};
 use super::sampler::{ElasticBase, ElasticStep, Fingerprint, Position, Sampler, SamplerState};
 use crate::error::Result;
 use serde_json::{json, Value};
@@ -102,24 +102,16 @@ impl<K: SamplerKind> Loader<K> {
 /// all of one seed, epoch and elastic base: the continued epoch starts at batch 0 of an
 /// elastic base that is theirs plus one step: what each saved rank had delivered.
 pub(crate) fn continue_sampled(saved: &[Ranked<SampledState>]) -> Result<SampledState> {
-    let first = &saved[0];
-    let f = &first.state;
-    for one in saved {
-        let s = &one.state;
-        let differ = |field: &str, theirs: &dyn std::fmt::Display, ours: &dyn std::fmt::Display| {
-            differs(one.index, field, theirs, first.index, ours)
-        };
-        if s.state.seed != f.state.seed {
-            return Err(differ("seed", &s.state.seed, &f.state.seed));
-        }
-        if s.state.epoch != f.state.epoch {
-            return Err(differ("epoch", &s.state.epoch, &f.state.epoch));
-        }
-        if s.elastic != f.elastic {
-            let show = |e: &Option<ElasticBase>| json!(e).to_string();
-            return Err(differ("elastic", &show(&s.elastic), &show(&f.elastic)));
-        }
-    }
+    one_run(
+        saved,
+        &[
+            ("seed", |s: &SampledState| json!(s.state.seed)),
+            ("epoch", |s: &SampledState| json!(s.state.epoch)),
+            ("elastic", |s: &SampledState| json!(s.elastic)),
+        ],
+        ONE_RUN,
+    )?;
+    let f = &saved[0].state;
     let mut base = f.elastic.clone().unwrap_or_default();
     let next_batch = saved.iter().map(|r| r.state.state.next_batch).collect();
     base.0.push(ElasticStep { world_size: saved.len(), next_batch });

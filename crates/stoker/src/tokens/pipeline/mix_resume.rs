@@ -7,7 +7,7 @@ use super::mix::{rows_per_rank, TokenMix};
 use super::mix_state::{MixFingerprint, MixPosition, MixState};
 use super::state::TokenState;
 use crate::error::{Error, Result};
-use crate::shell::resume::{differs, Ranked, Resumable};
+use crate::shell::resume::{one_run, Ranked, Resumable};
 use crate::tokens::pack::Resume;
 use serde_json::{json, Value};
 
@@ -59,24 +59,17 @@ impl Resumable for TokenMix {
     /// epoch ends when the rows of the saved run's epoch are delivered.
     fn continue_ranks(&self, saved: &[Ranked<MixState>]) -> Result<MixState> {
         let c = &self.config;
-        let first = &saved[0];
-        let f = &first.state;
-        for one in saved {
-            let s = &one.state;
-            let differ = |field: &str, theirs: &dyn std::fmt::Display, ours: &dyn std::fmt::Display| {
-                differs(one.index, field, theirs, first.index, ours)
-            };
-            if s.epoch != f.epoch {
-                return Err(differ("epoch", &s.epoch, &f.epoch));
-            }
-            if s.next_batch != f.next_batch {
-                let why = "(the ranks of a token mixture stop at the same batch)";
-                return Err(differ("next_batch", &format!("{} {why}", s.next_batch), &f.next_batch));
-            }
-            if (s.end, s.offset) != (f.end, f.offset) {
-                return Err(differ("end", &json!([s.end, s.offset]), &json!([f.end, f.offset])));
-            }
-        }
+        one_run(
+            saved,
+            &[
+                ("epoch", |s: &MixState| json!(s.epoch)),
+                ("next_batch", |s: &MixState| json!(s.next_batch)),
+                ("end", |s: &MixState| json!([s.end, s.offset])),
+            ],
+            "the ranks of a token mixture stop at the same batch of one epoch: give the states of one run, saved at \
+             one time",
+        )?;
+        let f = &saved[0].state;
         let old_world = saved.len();
         let start = TokenState {
             seed: c.seed,

@@ -10,7 +10,7 @@ use super::shared::Tokens;
 use super::state::{Elastic, TokenFingerprint, TokenPosition, TokenState};
 use super::tokenize::{tokenize, Scratch};
 use crate::error::{Error, Result};
-use crate::shell::resume::{differs, Ranked, Resumable};
+use crate::shell::resume::{one_run, Ranked, Resumable, ONE_RUN};
 use crate::tokens::pack::Resume;
 use serde_json::{json, Value};
 
@@ -66,27 +66,17 @@ impl Resumable for Tokens {
     /// find which of them its delivered rows hold (a block's rows deliver whole documents, and
     /// the start of one longer than a row).
     fn continue_ranks(&self, saved: &[Ranked<TokenState>]) -> Result<TokenState> {
-        let first = &saved[0];
-        let f = &first.state;
-        for one in saved {
-            let s = &one.state;
-            let differ = |field: &str, theirs: &dyn std::fmt::Display, ours: &dyn std::fmt::Display| {
-                differs(one.index, field, theirs, first.index, ours)
-            };
-            if s.seed != f.seed {
-                return Err(differ("seed", &s.seed, &f.seed));
-            }
-            if s.epoch != f.epoch {
-                return Err(differ("epoch", &s.epoch, &f.epoch));
-            }
-            if s.at.epoch != f.at.epoch {
-                return Err(differ("cursor_epoch", &s.at.epoch, &f.at.epoch));
-            }
-            if s.elastic != f.elastic {
-                let show = |e: &Option<Elastic>| json!(e).to_string();
-                return Err(differ("elastic", &show(&s.elastic), &show(&f.elastic)));
-            }
-        }
+        one_run(
+            saved,
+            &[
+                ("seed", |s: &TokenState| json!(s.seed)),
+                ("epoch", |s: &TokenState| json!(s.epoch)),
+                ("cursor_epoch", |s: &TokenState| json!(s.at.epoch)),
+                ("elastic", |s: &TokenState| json!(s.elastic)),
+            ],
+            ONE_RUN,
+        )?;
+        let f = &saved[0].state;
         let at: Vec<Resume> = saved.iter().map(|r| r.state.at).collect();
         let base = f.elastic.clone().filter(|b| b.at.first().is_some_and(|a| a.epoch == f.at.epoch));
         let mut elastic = Elastic { world_size: saved.len(), at, delivered: Vec::new(), base: base.map(Box::new) };
