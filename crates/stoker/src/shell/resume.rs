@@ -144,10 +144,13 @@ pub(crate) fn every_rank<S>(states: Vec<(S, usize, usize)>) -> Result<Vec<Ranked
 /// Why states that differ are refused, unless a kind says more.
 pub const ONE_RUN: &str = "give the states of one run, saved at one time";
 
+/// A field of a saved state: its name, and its value.
+pub type Field<S> = (&'static str, fn(&S) -> Value);
+
 /// Checks that every state of a saved run agrees with the first rank's in each of `fields`
 /// (a name, and the field's value), naming the first that differs and why it must not
 /// (`why`, [`ONE_RUN`] unless the kind says more).
-pub fn one_run<S>(saved: &[Ranked<S>], fields: &[(&str, fn(&S) -> Value)], why: &str) -> Result<()> {
+pub fn one_run<S>(saved: &[Ranked<S>], fields: &[Field<S>], why: &str) -> Result<()> {
     let Some(first) = saved.first() else { return Ok(()) };
     for one in &saved[1..] {
         for (field, value) in fields {
@@ -176,7 +179,7 @@ mod tests {
     fn a_saved_run_s_states_agree_in_the_fields_the_kind_names() {
         let saved: Vec<Ranked<(u64, u64)>> =
             [(1, 5), (1, 5), (2, 5)].into_iter().enumerate().map(|(i, state)| Ranked { index: 2 - i, state }).collect();
-        let fields: &[(&str, fn(&(u64, u64)) -> Value)] = &[("epoch", |s| s.1.into()), ("seed", |s| s.0.into())];
+        let fields: &[Field<(u64, u64)>] = &[("epoch", |s| s.1.into()), ("seed", |s| s.0.into())];
         let e = one_run(&saved, fields, ONE_RUN).unwrap_err().to_string();
         assert!(e.contains("`state[0]['seed']`: is 2, state[2] has 1: give the states of one run"), "{e}");
         one_run(&saved[..2], fields, ONE_RUN).unwrap();
