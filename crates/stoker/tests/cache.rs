@@ -42,7 +42,7 @@ fn uncached_full(c: &LoaderConfig) -> LoaderConfig {
 }
 
 fn loader(root: &Path, c: LoaderConfig) -> Loader {
-    Loader::new(Arc::new(ImageFolder::new(root).unwrap()), c).unwrap()
+    folder_loader(root, c)
 }
 
 /// Digest and sample count of one epoch, and the cache counters of that epoch alone.

@@ -213,11 +213,10 @@ fn exif_orientation_is_applied_or_ignored() {
 }
 
 fn loader_for(root: &Path, bs: usize, shuffle: bool, threads: usize, preset: &str) -> Loader {
-    let mut c = LoaderConfig::new(bs, TransformSpec::preset(preset).unwrap());
+    let mut c = shuffled(bs, preset, threads);
     c.sampler.shuffle = shuffle;
     c.sampler.seed = 1234;
-    c.threads = Some(threads);
-    Loader::new(Arc::new(ImageFolder::new(root).unwrap()), c).unwrap()
+    folder_loader(root, c)
 }
 
 #[test]
@@ -342,7 +341,7 @@ fn bad_samples_are_skipped_counted_and_listed() {
     let root = bad_folder(d.path());
     let mut c = LoaderConfig::new(5, TransformSpec::preset("imagenet-val").unwrap());
     c.sampler.drop_last = false;
-    let loader = Loader::new(Arc::new(ImageFolder::new(&root).unwrap()), c).unwrap();
+    let loader = folder_loader(&root, c);
     assert_eq!(loader.len(), 4); // 20 files
     let mut delivered = 0;
     for b in loader.iter().unwrap() {
@@ -380,7 +379,7 @@ fn raise_policy_stops_with_the_file_and_reason() {
     let root = bad_folder(d.path());
     let mut c = LoaderConfig::new(4, TransformSpec::preset("imagenet-val").unwrap());
     c.on_error = ErrorPolicy::Raise;
-    let loader = Loader::new(Arc::new(ImageFolder::new(&root).unwrap()), c).unwrap();
+    let loader = folder_loader(&root, c);
     let mut err = None;
     for b in loader.iter().unwrap() {
         if let Err(e) = b {
@@ -519,7 +518,7 @@ fn skip_counts_are_stable_across_runs() {
     for round in 0..30 {
         let mut c = LoaderConfig::new(8, TransformSpec::preset("imagenet-val").unwrap());
         c.threads = Some(2);
-        let loader = Loader::new(Arc::new(ImageFolder::new(&root).unwrap()), c).unwrap();
+        let loader = folder_loader(&root, c);
         let mut it = loader.iter().unwrap();
         let mut n = 0;
         loop {

@@ -235,7 +235,7 @@ fn a_loader_skips_each_bomb_with_its_reason_and_delivers_the_rest() {
         c.dct_scaling = dct_scaling;
         c.roi = roi;
         c.threads = Some(2);
-        let loader = Loader::new(Arc::new(ImageFolder::new(&root).unwrap()), c).unwrap();
+        let loader = folder_loader(&root, c);
         let delivered: usize = loader.iter().unwrap().map(|b| b.unwrap().len()).sum();
         assert_eq!(delivered, 14);
         let r = loader.report();
@@ -351,7 +351,7 @@ fn a_loader_over_the_hostile_tree_delivers_the_real_images_and_skips_the_rest() 
     let (root, _sock) = hostile_tree(d.path());
     let mut c = LoaderConfig::new(3, TransformSpec::preset("imagenet-val").unwrap());
     c.sampler.drop_last = false;
-    let loader = Loader::new(Arc::new(ImageFolder::new(&root).unwrap()), c).unwrap();
+    let loader = folder_loader(&root, c);
     let t = Instant::now();
     let delivered: usize = loader.iter().unwrap().map(|b| b.unwrap().len()).sum();
     assert!(t.elapsed() < Duration::from_secs(30));

@@ -4,15 +4,11 @@
 mod common;
 
 use common::*;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 use stoker::*;
 
 fn loader_for(root: &std::path::Path, bs: usize, threads: usize) -> Loader {
-    let mut c = LoaderConfig::new(bs, TransformSpec::preset("imagenet-train").unwrap());
-    c.sampler.shuffle = true;
-    c.threads = Some(threads);
-    Loader::new(Arc::new(ImageFolder::new(root).unwrap()), c).unwrap()
+    folder_loader(root, shuffled(bs, "imagenet-train", threads))
 }
 
 #[test]

@@ -164,34 +164,23 @@ fn dies_mid_epoch(format: Format, fault: Fault) {
     assert!(t1.elapsed() < Duration::from_secs(2), "{format:?}/{fault:?}: the drop took {:?}", t1.elapsed());
 }
 
-#[test]
-fn jsonl_from_a_killed_store() {
-    dies_mid_epoch(Format::Jsonl, Fault::Killed);
+/// One test per format and fault (each its own store, run in parallel).
+macro_rules! dies_mid_epoch {
+    ($($name:ident: $format:ident, $fault:ident;)*) => {$(
+        #[test]
+        fn $name() {
+            dies_mid_epoch(Format::$format, Fault::$fault);
+        }
+    )*};
 }
 
-#[test]
-fn jsonl_from_a_stalled_store() {
-    dies_mid_epoch(Format::Jsonl, Fault::Stalled);
-}
-
-#[test]
-fn zstd_jsonl_from_a_killed_store() {
-    dies_mid_epoch(Format::JsonlZst, Fault::Killed);
-}
-
-#[test]
-fn zstd_jsonl_from_a_stalled_store() {
-    dies_mid_epoch(Format::JsonlZst, Fault::Stalled);
-}
-
-#[test]
-fn megatron_tokens_from_a_killed_store() {
-    dies_mid_epoch(Format::Megatron, Fault::Killed);
-}
-
-#[test]
-fn megatron_tokens_from_a_stalled_store() {
-    dies_mid_epoch(Format::Megatron, Fault::Stalled);
+dies_mid_epoch! {
+    jsonl_from_a_killed_store: Jsonl, Killed;
+    jsonl_from_a_stalled_store: Jsonl, Stalled;
+    zstd_jsonl_from_a_killed_store: JsonlZst, Killed;
+    zstd_jsonl_from_a_stalled_store: JsonlZst, Stalled;
+    megatron_tokens_from_a_killed_store: Megatron, Killed;
+    megatron_tokens_from_a_stalled_store: Megatron, Stalled;
 }
 
 /// Megatron's `.bin`/`.idx` read from the store give the batches they give from a local disk.

@@ -154,7 +154,7 @@ fn a_small_ring_keeps_exactly_the_latest_events() {
     let d = tempfile::tempdir().unwrap();
     let root = demo_folder(d.path(), 40);
     let out = d.path().join("small.json");
-    let l = Loader::new(Arc::new(ImageFolder::new(&root).unwrap()), config(&out, 50)).unwrap();
+    let l = folder_loader(&root, config(&out, 50));
     let (samples, batches) = run_epoch(&l);
     assert_eq!((samples.len(), batches), (40, 8));
     let doc = read_json(&out);
@@ -182,7 +182,7 @@ fn the_trace_is_written_on_drop_and_on_request() {
     let d = tempfile::tempdir().unwrap();
     let root = demo_folder(d.path(), 20);
     let out = d.path().join("drop.json");
-    let l = Loader::new(Arc::new(ImageFolder::new(&root).unwrap()), config(&out, 1000)).unwrap();
+    let l = folder_loader(&root, config(&out, 1000));
     let mut it = l.iter().unwrap();
     let b = it.next().unwrap().unwrap();
     drop(b);
@@ -205,7 +205,7 @@ fn the_trace_is_written_on_drop_and_on_request() {
     assert!(e.contains("`trace`") && e.contains("does not exist"), "{e}");
     let mut plain = config(&out, 10);
     plain.trace = None;
-    let l = Loader::new(Arc::new(ImageFolder::new(&root).unwrap()), plain).unwrap();
+    let l = folder_loader(&root, plain);
     assert!(l.tracer().is_none());
     let e = l.write_trace(Some(&asked)).unwrap_err().to_string();
     assert!(e.contains("`trace`") && e.contains("tracing is off"), "{e}");

@@ -48,7 +48,7 @@ fn loader_in(
     c.threads = threads;
     c.cpu_budget = budget;
     c.prefetch_auto = auto_prefetch;
-    Loader::new(Arc::new(ImageFolder::new(root).unwrap()), c).unwrap()
+    folder_loader(root, c)
 }
 
 fn tuning(l: &Loader) -> TuningReport {
@@ -189,7 +189,7 @@ fn auto_prefetch_stays_within_the_memory_cap() {
     c.prefetch_auto = true;
     let batch = 4 * 3 * 224 * 224 * 4;
     c.memory_limit = Some(5 * batch as u64);
-    let l = Loader::new(Arc::new(ImageFolder::new(&root).unwrap()), c).unwrap();
+    let l = folder_loader(&root, c);
     assert_eq!(l.pool().slots(), 5);
     assert!(l.pool().total_bytes() <= 5 * batch);
     let t = tuning(&l);

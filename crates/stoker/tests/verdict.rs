@@ -7,7 +7,7 @@
 mod common;
 
 use common::*;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 use stoker::*;
 
@@ -17,12 +17,10 @@ fn serial() -> MutexGuard<'static, ()> {
 }
 
 fn loader(root: &std::path::Path, bs: usize, threads: usize) -> Loader {
-    let mut c = LoaderConfig::new(bs, TransformSpec::preset("imagenet-train").unwrap());
+    let mut c = shuffled(bs, "imagenet-train", threads);
     c.cpu_registry = None;
-    c.sampler.shuffle = true;
     c.sampler.seed = 5;
-    c.threads = Some(threads);
-    Loader::new(Arc::new(ImageFolder::new(root).unwrap()), c).unwrap()
+    folder_loader(root, c)
 }
 
 #[test]

@@ -16,15 +16,6 @@ use stoker::arrays::{descr_itemsize, ArrayBatch};
 pub(crate) type ArrHeld = device::Held<ArrayBatch>;
 
 impl Rows for ArrayBatch {
-    fn rows(&self) -> usize {
-        self.len()
-    }
-    fn number(&self) -> usize {
-        self.index()
-    }
-    fn sample_indices(&self) -> Vec<u32> {
-        self.indices()
-    }
     /// Region `k` is column `k`.
     fn region_ptr(&self, k: usize) -> *const u8 {
         self.column_ptr(k)

@@ -24,72 +24,11 @@ pub struct PyArrayLoader {
     sampler: stoker::SamplerSpec,
 }
 
-impl PyArrayLoader {
-    fn open(
-        py: Python<'_>,
-        columns: Vec<Bound<'_, PyAny>>,
-        config_json: &str,
-        device: &str,
-        ordinal: u32,
-    ) -> PyResult<Self> {
-        let config = stoker::args::array_config(args_of(config_json)?).py_err()?;
-        let target = py.detach(|| Target::resolve(device, ordinal)).py_err()?;
-        let mut cols = vec![];
-        let mut specs = vec![];
-        for (k, c) in columns.into_iter().enumerate() {
-            if let Ok(path) = c.extract::<PathBuf>() {
-                let (col, h) = py.detach(|| Column::from_npy(&path)).py_err()?;
-                specs.push(ColumnSpec { descr: h.descr, row_shape: h.shape[1..].to_vec() });
-                cols.push(col);
-            } else {
-                let (held, ptr, layout) = super::buffer::hold(&c, k)?;
-                let owner: Arc<dyn Send + Sync> = Arc::new(held);
-                // SAFETY: `ptr` is the first byte of a held C-contiguous export of
-                // `rows * row_bytes` bytes (checked by `hold`); `owner` holds the export, so
-                // the memory stays valid and in place while the column lives.
-                let col = unsafe { Column::from_raw(ptr, layout.rows, layout.row_bytes, owner) };
-                specs.push(ColumnSpec { descr: layout.descr, row_shape: layout.row_shape });
-                cols.push(col);
-            }
-        }
-        let sampler = config.sampler.clone();
-        let sources = sampler.mixture.as_ref().map_or(1, |m| m.parts.len());
-        if cols.len() % sources != 0 {
-            return Err(errors::config("mixture", "every source of the mixture needs the same number of arrays"));
-        }
-        // A mixture's sources come one after another, each with the same columns.
-        let n = cols.len() / sources;
-        for (k, s) in specs.iter().enumerate().skip(n) {
-            let first = &specs[k % n];
-            if (&s.descr, &s.row_shape) != (&first.descr, &first.row_shape) {
-                return Err(errors::config(
-                    "mixture",
-                    format!(
-                        "source {}: array {} is {} {:?} per row, source 0's is {} {:?}",
-                        k / n,
-                        k % n,
-                        s.descr,
-                        s.row_shape,
-                        first.descr,
-                        first.row_shape
-                    ),
-                ));
-            }
-        }
-        specs.truncate(n);
-        let on = py.detach(|| target.array_loader(cols, n, config)).py_err()?;
-        Ok(PyArrayLoader { on, specs: Arc::new(specs), sampler })
-    }
-}
-
 impl LoaderClass for PyArrayLoader {
     type Host = ArrayIter;
     type Iterator = PyArrayIter;
     fn sharding(&self) -> (usize, usize, usize) {
         (self.sampler.batch_size, self.sampler.rank, self.sampler.world_size)
-    }
-    fn held_batches(&self) -> usize {
-        self.on.loader.held()
     }
     fn iterator(&self, polled: Polled<ArrayIter>) -> PyArrayIter {
         PyArrayIter { polled, specs: self.specs.clone() }
@@ -106,7 +45,55 @@ loader_class! { PyArrayLoader => PyArrayIter, shares [positioned device_report],
         device: &str,
         ordinal: u32,
     ) -> PyResult<Self> {
-        errors::contain(|| Self::open(py, columns, config_json, device, ordinal))
+        errors::contain(|| {
+            let config = stoker::args::array_config(args_of(config_json)?).py_err()?;
+            let target = py.detach(|| Target::resolve(device, ordinal)).py_err()?;
+            let mut cols = vec![];
+            let mut specs = vec![];
+            for (k, c) in columns.into_iter().enumerate() {
+                if let Ok(path) = c.extract::<PathBuf>() {
+                    let (col, h) = py.detach(|| Column::from_npy(&path)).py_err()?;
+                    specs.push(ColumnSpec { descr: h.descr, row_shape: h.shape[1..].to_vec() });
+                    cols.push(col);
+                } else {
+                    let (held, ptr, layout) = super::buffer::hold(&c, k)?;
+                    let owner: Arc<dyn Send + Sync> = Arc::new(held);
+                    // SAFETY: `ptr` is the first byte of a held C-contiguous export of
+                    // `rows * row_bytes` bytes (checked by `hold`); `owner` holds the export, so
+                    // the memory stays valid and in place while the column lives.
+                    let col = unsafe { Column::from_raw(ptr, layout.rows, layout.row_bytes, owner) };
+                    specs.push(ColumnSpec { descr: layout.descr, row_shape: layout.row_shape });
+                    cols.push(col);
+                }
+            }
+            let sampler = config.sampler.clone();
+            let sources = sampler.mixture.as_ref().map_or(1, |m| m.parts.len());
+            if cols.len() % sources != 0 {
+                return Err(errors::config("mixture", "every source of the mixture needs the same number of arrays"));
+            }
+            // A mixture's sources come one after another, each with the same columns.
+            let n = cols.len() / sources;
+            for (k, s) in specs.iter().enumerate().skip(n) {
+                let first = &specs[k % n];
+                if (&s.descr, &s.row_shape) != (&first.descr, &first.row_shape) {
+                    return Err(errors::config(
+                        "mixture",
+                        format!(
+                            "source {}: array {} is {} {:?} per row, source 0's is {} {:?}",
+                            k / n,
+                            k % n,
+                            s.descr,
+                            s.row_shape,
+                            first.descr,
+                            first.row_shape
+                        ),
+                    ));
+                }
+            }
+            specs.truncate(n);
+            let on = py.detach(|| target.array_loader(cols, n, config)).py_err()?;
+            Ok(PyArrayLoader { on, specs: Arc::new(specs), sampler })
+        })
     }
 
     /// `(descr, row_shape)` per column.

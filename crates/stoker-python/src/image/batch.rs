@@ -16,15 +16,6 @@ use stoker_cuda::DeviceRegion;
 pub(crate) type Held = device::Held<stoker::Batch>;
 
 impl Rows for stoker::Batch {
-    fn rows(&self) -> usize {
-        self.len()
-    }
-    fn number(&self) -> usize {
-        self.index()
-    }
-    fn sample_indices(&self) -> Vec<u32> {
-        self.indices()
-    }
     /// Region 0 is the images, region 1 the labels; an image-text pair batch's caption ids
     /// and attention mask are regions 2 and 3, a mixed batch's soft labels region 2.
     fn region_ptr(&self, k: usize) -> *const u8 {

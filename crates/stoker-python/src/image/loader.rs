@@ -53,9 +53,6 @@ impl LoaderClass for PyLoader {
     fn sharding(&self) -> (usize, usize, usize) {
         (self.sampler.batch_size, self.sampler.rank, self.sampler.world_size)
     }
-    fn held_batches(&self) -> usize {
-        self.on.loader.pool().held()
-    }
     fn iterator(&self, polled: Polled<EpochIter>) -> PyIter {
         PyIter { polled }
     }

@@ -8,12 +8,6 @@ use stoker::shell::kind::HostBatch;
 
 /// A host batch and the description its device copy carries, read the same way.
 pub(crate) trait Rows: HostBatch {
-    /// Samples (rows) in the host batch.
-    fn rows(&self) -> usize;
-    /// Batch number within the epoch.
-    fn number(&self) -> usize;
-    /// Dataset indices of the samples.
-    fn sample_indices(&self) -> Vec<u32>;
     /// Host address of region `k` (the regions the transfer stage copies, in its order).
     fn region_ptr(&self, k: usize) -> *const u8;
     /// Samples (rows) of a device copy.
@@ -26,28 +20,27 @@ pub(crate) trait Rows: HostBatch {
 
 /// The getters of a held batch, host or device.
 impl<B: Rows + Sync> Held<B> {
+    /// `f` of the batch's description (a host batch's, or its device copy's).
+    fn with_meta<R>(&self, f: impl FnOnce(&B::Meta) -> R) -> R {
+        match self {
+            Held::Host(b) => f(&b.meta()),
+            Held::Device(b) => f(b.meta()),
+        }
+    }
+
     /// Samples (rows) in the batch.
     pub(crate) fn len(&self) -> usize {
-        match self {
-            Held::Host(b) => b.rows(),
-            Held::Device(b) => B::meta_rows(b.meta()),
-        }
+        self.with_meta(B::meta_rows)
     }
 
     /// Batch number within the epoch.
     pub(crate) fn index(&self) -> usize {
-        match self {
-            Held::Host(b) => b.number(),
-            Held::Device(b) => B::meta_number(b.meta()),
-        }
+        self.with_meta(B::meta_number)
     }
 
     /// Dataset indices of the samples.
     pub(crate) fn indices(&self) -> Vec<u32> {
-        match self {
-            Held::Host(b) => b.sample_indices(),
-            Held::Device(b) => B::meta_indices(b.meta()).to_vec(),
-        }
+        self.with_meta(|m| B::meta_indices(m).to_vec())
     }
 
     /// `cpu` or `cuda:N`.

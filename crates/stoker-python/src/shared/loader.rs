@@ -20,8 +20,6 @@ pub(crate) trait LoaderClass {
     type Iterator;
     /// `(batch_size, rank, world_size)`, as configured.
     fn sharding(&self) -> (usize, usize, usize);
-    /// Batches currently held by Python (tensors or arrays alive).
-    fn held_batches(&self) -> usize;
     /// The iterator class of a started iteration.
     fn iterator(&self, it: Polled<Self::Host>) -> Self::Iterator;
 }
@@ -168,7 +166,7 @@ macro_rules! loader_class {
             /// Batches currently held by Python (tensors or arrays alive).
             #[getter]
             fn held(&self) -> usize {
-                $crate::shared::loader::LoaderClass::held_batches(self)
+                self.on.loader.held()
             }
 
             /// Samples (rows) per batch.

@@ -16,16 +16,6 @@ use stoker::tokens::TokenBatch;
 pub(crate) type TokHeld = Held<TokenBatch>;
 
 impl Rows for TokenBatch {
-    fn rows(&self) -> usize {
-        TokenBatch::rows(self)
-    }
-    fn number(&self) -> usize {
-        self.index()
-    }
-    /// Token rows are not dataset samples: no indices.
-    fn sample_indices(&self) -> Vec<u32> {
-        vec![]
-    }
     /// Regions: `input_ids`, `labels`, `position_ids`, `cu_seqlens`, `sources`.
     fn region_ptr(&self, k: usize) -> *const u8 {
         self.regions()[k].0

@@ -39,9 +39,6 @@ impl LoaderClass for PyTokenLoader {
         let c = self.on.loader.config();
         (c.batch_size, c.rank, c.world_size)
     }
-    fn held_batches(&self) -> usize {
-        self.on.loader.held()
-    }
     fn iterator(&self, polled: Polled<TokenIter>) -> PyTokenIter {
         PyTokenIter { polled }
     }

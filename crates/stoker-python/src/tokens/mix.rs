@@ -33,9 +33,6 @@ impl LoaderClass for PyTokenMixLoader {
         let c = self.on.loader.config();
         (c.batch_size, c.rank, c.world_size)
     }
-    fn held_batches(&self) -> usize {
-        self.on.loader.held()
-    }
     fn iterator(&self, polled: Polled<TokenMixIter>) -> PyTokenMixIter {
         PyTokenMixIter { polled }
     }

@@ -83,6 +83,19 @@ pub fn demo_folder(dir: &Path, images: usize) -> std::path::PathBuf {
     root
 }
 
+/// A shuffled loader config: batches of `bs`, the transform `preset`, `threads` threads.
+pub fn shuffled(bs: usize, preset: &str, threads: usize) -> stoker::LoaderConfig {
+    let mut c = stoker::LoaderConfig::new(bs, stoker::TransformSpec::preset(preset).unwrap());
+    c.sampler.shuffle = true;
+    c.threads = Some(threads);
+    c
+}
+
+/// An image loader over the ImageFolder `root`.
+pub fn folder_loader(root: &Path, c: stoker::LoaderConfig) -> stoker::Loader {
+    stoker::Loader::new(std::sync::Arc::new(stoker::ImageFolder::new(root).unwrap()), c).unwrap()
+}
+
 /// Mean absolute difference of two equal-length byte buffers.
 pub fn mean_abs(a: &[u8], b: &[u8]) -> f64 {
     assert_eq!(a.len(), b.len());
