@@ -101,14 +101,28 @@ pub(crate) fn every_rank<S>(states: Vec<(S, usize, usize)>) -> Result<Vec<Ranked
     let Some(&(_, _, world)) = states.first() else {
         return Err(Error::config("state", "an empty list: give the state_dict() of every rank of the saved run"));
     };
+    if let Some((index, &(_, _, w))) = states.iter().enumerate().find(|(_, s)| s.2 != world) {
+        return Err(Error::config(
+            format!("state[{index}]['fingerprint']['world_size']"),
+            format!("is {w}, state[0] has {world}: give the states of one run, saved at one time"),
+        ));
+    }
+    // The ranks are counted before any table of them is made: `world_size` is the user's.
+    let missing = |r: usize| {
+        Error::config(
+            "state",
+            format!(
+                "has no state of rank {r} of the saved run's {world} ranks: give every rank's state_dict() (e.g. \
+                 gathered with dist.all_gather_object)"
+            ),
+        )
+    };
+    if states.len() < world {
+        let given: std::collections::BTreeSet<usize> = states.iter().map(|s| s.1).collect();
+        return Err(missing((0..).find(|r| !given.contains(r)).unwrap_or(0)));
+    }
     let mut at: Vec<Option<Ranked<S>>> = (0..world).map(|_| None).collect();
-    for (index, (state, rank, w)) in states.into_iter().enumerate() {
-        if w != world {
-            return Err(Error::config(
-                format!("state[{index}]['fingerprint']['world_size']"),
-                format!("is {w}, state[0] has {world}: give the states of one run, saved at one time"),
-            ));
-        }
+    for (index, (state, rank, _)) in states.into_iter().enumerate() {
         let Some(slot) = at.get_mut(rank) else {
             return Err(Error::config(
                 format!("state[{index}]['fingerprint']['rank']"),
@@ -125,20 +139,7 @@ pub(crate) fn every_rank<S>(states: Vec<(S, usize, usize)>) -> Result<Vec<Ranked
             ));
         }
     }
-    at.into_iter()
-        .enumerate()
-        .map(|(r, one)| {
-            one.ok_or_else(|| {
-                Error::config(
-                    "state",
-                    format!(
-                        "has no state of rank {r} of the saved run's {world} ranks: give every rank's state_dict() \
-                         (e.g. gathered with dist.all_gather_object)"
-                    ),
-                )
-            })
-        })
-        .collect()
+    at.into_iter().enumerate().map(|(r, one)| one.ok_or_else(|| missing(r))).collect()
 }
 
 /// Why states that differ are refused, unless a kind says more.
@@ -198,5 +199,8 @@ mod tests {
         );
         assert!(e(&[(0, 2), (2, 2)]).contains("rank 2 is not in 0..2"));
         assert!(e(&[(0, 2), (1, 3)]).contains("`state[1]['fingerprint']['world_size']`: is 3, state[0] has 2"));
+        // A hostile world size is refused before a table of its ranks is made.
+        assert!(e(&[(1, usize::MAX)]).contains("no state of rank 0 of the saved run's 18446744073709551615 ranks"));
+        assert!(e(&[(0, 3), (0, 3), (1, 3)]).contains("rank 0 appears twice"));
     }
 }
