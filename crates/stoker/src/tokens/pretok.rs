@@ -19,24 +19,29 @@ use super::pretok_class::{Class, Fine};
 use super::pretok_tables::{O200K_RANGES, RANGES};
 
 /// The class of each ASCII byte, from the same table.
-static ASCII: [Class; 128] = ascii_table();
+static ASCII: [Class; 128] = ascii_table!(RANGES, Class::Other);
 /// The fine class of each ASCII byte.
-static ASCII_FINE: [Fine; 128] = ascii_fine_table();
+static ASCII_FINE: [Fine; 128] = ascii_table!(O200K_RANGES, Fine::Other);
 
-const fn ascii_fine_table() -> [Fine; 128] {
-    let mut t = [Fine::Other; 128];
-    let mut i = 0;
-    while i < O200K_RANGES.len() {
-        let (a, b, k) = O200K_RANGES[i];
-        let mut c = a;
-        while c <= b && c < 128 {
-            t[c as usize] = k;
-            c += 1;
+/// The class of each ASCII byte in `ranges` (`(first, last, class)`), `other` elsewhere: a
+/// macro, since a `const fn` cannot copy a generic value.
+macro_rules! ascii_table {
+    ($ranges:expr, $other:expr) => {{
+        let mut t = [$other; 128];
+        let mut i = 0;
+        while i < $ranges.len() {
+            let (a, b, k) = $ranges[i];
+            let mut c = a;
+            while c <= b && c < 128 {
+                t[c as usize] = k;
+                c += 1;
+            }
+            i += 1;
         }
-        i += 1;
-    }
-    t
+        t
+    }};
 }
+use ascii_table;
 
 /// The fine class and UTF-8 length of the character at `s[i]`, like [`class_at`].
 #[inline]
@@ -46,19 +51,7 @@ fn fine_at(s: &[u8], i: usize) -> (Fine, usize) {
         return (ASCII_FINE[b0 as usize], 1);
     }
     let (c, len) = decode(s, i, b0);
-    let k = match O200K_RANGES.binary_search_by(|&(a, b, _)| {
-        if b < c {
-            std::cmp::Ordering::Less
-        } else if a > c {
-            std::cmp::Ordering::Greater
-        } else {
-            std::cmp::Ordering::Equal
-        }
-    }) {
-        Ok(i) => O200K_RANGES[i].2,
-        Err(_) => Fine::Other,
-    };
-    (k, len)
+    (in_ranges(O200K_RANGES, c, Fine::Other), len)
 }
 
 /// The scalar value and length of the multi-byte character at `s[i]` (first byte `b0`).
@@ -76,21 +69,6 @@ fn decode(s: &[u8], i: usize, b0: u8) -> (u32, usize) {
     (c, len)
 }
 
-const fn ascii_table() -> [Class; 128] {
-    let mut t = [Class::Other; 128];
-    let mut i = 0;
-    while i < RANGES.len() {
-        let (a, b, k) = RANGES[i];
-        let mut c = a;
-        while c <= b && c < 128 {
-            t[c as usize] = k;
-            c += 1;
-        }
-        i += 1;
-    }
-    t
-}
-
 /// The class of an ASCII byte.
 #[cfg(any(test, not(target_arch = "x86_64")))]
 #[inline]
@@ -100,7 +78,14 @@ pub(crate) fn ascii_class(b: u8) -> Class {
 
 /// The class of a non-ASCII scalar value.
 fn class_of(c: u32) -> Class {
-    match RANGES.binary_search_by(|&(a, b, _)| {
+    in_ranges(RANGES, c, Class::Other)
+}
+
+/// The class of scalar value `c` in `ranges` (sorted `(first, last, class)`), `other` where no
+/// range holds it.
+#[inline]
+fn in_ranges<K: Copy>(ranges: &[(u32, u32, K)], c: u32, other: K) -> K {
+    match ranges.binary_search_by(|&(a, b, _)| {
         if b < c {
             std::cmp::Ordering::Less
         } else if a > c {
@@ -109,8 +94,8 @@ fn class_of(c: u32) -> Class {
             std::cmp::Ordering::Equal
         }
     }) {
-        Ok(i) => RANGES[i].2,
-        Err(_) => Class::Other,
+        Ok(i) => ranges[i].2,
+        Err(_) => other,
     }
 }
 
