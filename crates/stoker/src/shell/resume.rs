@@ -104,7 +104,7 @@ pub(crate) fn every_rank<S>(states: Vec<(S, usize, usize)>) -> Result<Vec<Ranked
     if let Some((index, &(_, _, w))) = states.iter().enumerate().find(|(_, s)| s.2 != world) {
         return Err(Error::config(
             format!("state[{index}]['fingerprint']['world_size']"),
-            format!("is {w}, state[0] has {world}: give the states of one run, saved at one time"),
+            format!("is {w}, state[0] has {world}: {ONE_RUN}"),
         ));
     }
     // The ranks are counted before any table of them is made: `world_size` is the user's.
