@@ -7,7 +7,7 @@ use super::mix::{rows_per_rank, TokenMix};
 use super::mix_state::{MixFingerprint, MixPosition, MixState};
 use super::state::TokenState;
 use crate::error::{Error, Result};
-use crate::shell::resume::{one_run, Ranked, Resumable};
+use crate::shell::resume::{one_run, Ranked, Resumable, ONE_RUN};
 use crate::tokens::pack::Resume;
 use serde_json::{json, Value};
 
@@ -66,8 +66,7 @@ impl Resumable for TokenMix {
                 ("next_batch", |s: &MixState| json!(s.next_batch)),
                 ("end", |s: &MixState| json!([s.end, s.offset])),
             ],
-            "the ranks of a token mixture stop at the same batch of one epoch: give the states of one run, saved at \
-             one time",
+            &format!("the ranks of a token mixture stop at the same batch of one epoch: {ONE_RUN}"),
         )?;
         let f = &saved[0].state;
         let old_world = saved.len();
