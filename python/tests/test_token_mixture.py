@@ -114,6 +114,10 @@ def test_epochs_start_new_passes_and_other_mixtures_states_are_refused(tiny):
         mixture(tiny, weights=(0.5, 0.5)).load_state_dict(state)
     with pytest.raises(stoker.ConfigError, match="mixture"):
         mixture(tiny, epoch_items=96).load_state_dict(state)
+    # Without its fingerprint a state says nothing of its mixture: refused, not taken as this one's.
+    bare = {k: v for k, v in state.items() if k != "fingerprint"}
+    with pytest.raises(stoker.ConfigError, match=r"state`: has no 'fingerprint'"):
+        mixture(tiny, weights=(0.5, 0.5)).load_state_dict(bare)
 
 
 def test_bad_token_mixtures_are_named(tiny):

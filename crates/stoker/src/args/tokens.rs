@@ -230,12 +230,17 @@ fn check_elastic(e: &crate::tokens::Elastic, depth: usize) -> std::result::Resul
     Ok(())
 }
 
-/// The version of a saved state (1, when it has one; `what` names the state in the error).
-fn version_1(s: &Saved<'_>, what: &str) -> Result<()> {
-    match s.integer("version", false, 0)?.filter(|&v| v != 1) {
-        Some(v) => Err(Error::config(s.name("version"), format!("expected 1 ({what}), got {v}"))),
-        None => Ok(()),
+/// What a token kind's saved state always has (`what` names the state, `from` the call that
+/// gives it): version 1, when it has a version, and a fingerprint, which [`read_state`]
+/// compared with the loader's.
+fn token_state_basics(s: &Saved<'_>, what: &str, from: &str) -> Result<()> {
+    if let Some(v) = s.integer("version", false, 0)?.filter(|&v| v != 1) {
+        return Err(Error::config(s.name("version"), format!("expected 1 ({what}), got {v}")));
     }
+    if !s.fields.contains_key("fingerprint") {
+        return Err(Error::config(s.prefix, format!("has no 'fingerprint': expected a dict from {from}")));
+    }
+    Ok(())
 }
 
 /// A token mixture's state dict (`TokenLoader({...}).state_dict()`): `version` 1, `seed`,
@@ -246,7 +251,7 @@ fn version_1(s: &Saved<'_>, what: &str) -> Result<()> {
 /// weights, rows per epoch): a state of another mixture is refused, naming the field.
 impl ReadState for TokenMix {
     fn read(s: &Saved<'_>, mine: &MixFingerprint, ranks_may_differ: bool) -> Result<MixState> {
-        version_1(s, "a token mixture's state")?;
+        token_state_basics(s, "a token mixture's state", "TokenLoader({...}).state_dict()")?;
         let int = |k: &str| s.integer(k, true, 0).map(|v| v.unwrap_or_default());
         let sources = &mine.sources;
         let list = match s.fields.get("sources") {
@@ -285,10 +290,7 @@ impl ReadState for TokenMix {
 /// run an elastic resume continues), `version` (1) and a `fingerprint`.
 impl ReadState for Tokens {
     fn read(s: &Saved<'_>, _: &TokenFingerprint, _: bool) -> Result<TokenState> {
-        version_1(s, "a TokenLoader state")?;
-        if !s.fields.contains_key("fingerprint") {
-            return Err(Error::config(s.prefix, "has no 'fingerprint': expected a dict from TokenLoader.state_dict()"));
-        }
+        token_state_basics(s, "a TokenLoader state", "TokenLoader.state_dict()")?;
         let int = |k: &str| s.integer(k, true, 0).map(|v| v.unwrap_or_default());
         Ok(TokenState {
             seed: int("seed")?,
