@@ -28,7 +28,8 @@ pub(crate) trait LoaderClass {
 /// the shared ones. Every loader class gets `set_epoch`, `resume_pending`, `threads`, `held`,
 /// `batch_size`, `rank`, `world_size`, `device`, `report_json`, `report_text`, the state
 /// methods `state_json`, `load_state_json`, `load_states_json` (over the engine loader's
-/// one state surface, `stoker::shell::resume`, and `stoker::args::load_state_dict`) and `iter`; the groups named in `shares [...]` add:
+/// one state surface, `stoker::shell::resume`, and `stoker::args::load_state_dict`) and
+/// `iter`; the groups named in `shares [...]` add:
 /// - `positioned` (a sampler position: images, arrays): `__len__`, `mixture_json`, `state`, `elastic_json`,
 ///   `load_state` (a fork child's), `fingerprint_json`;
 /// - `traced` (images, tokens): `trace_path`, `save_trace`;

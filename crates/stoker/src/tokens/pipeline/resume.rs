@@ -102,10 +102,9 @@ impl Tokens {
     /// their first tokens. The block's documents are read and tokenized again, and packed by
     /// the same plan as then.
     pub(super) fn best_fit_delivered(&self, e: &Elastic) -> Result<Vec<Vec<(u64, u64)>>> {
-        let sh = self;
-        let cfg = &sh.config;
+        let cfg = &self.config;
         let Some(epoch) = e.at.first().map(|a| a.epoch) else { return Ok(vec![]) };
-        let (all, _) = global_order(&sh.source, cfg, epoch);
+        let (all, _) = global_order(&self.source, cfg, epoch);
         let mut out = Vec::with_capacity(e.world_size);
         for (q, at) in e.at.iter().enumerate() {
             if at.offset == 0 {
@@ -150,8 +149,7 @@ impl Tokens {
     /// The token counts of documents `(global number, tokens already used)`, read and
     /// tokenized (BOS/EOS as configured) on the calling thread; a failed document counts 0.
     pub(super) fn token_counts(&self, docs: &[(u64, u64)]) -> Result<Vec<usize>> {
-        let sh = self;
-        let src = &sh.source;
+        let src = &self.source;
         let mut order: Vec<(usize, usize, usize)> = docs
             .iter()
             .enumerate()
@@ -165,9 +163,9 @@ impl Tokens {
         let mut readers = Readers::new(src);
         let mut scratch = Scratch::default();
         for (f, k, i) in order {
-            let bytes = readers.read(src, (f, k), sh.config.max_document_bytes, &sh.config.text_key);
+            let bytes = readers.read(src, (f, k), self.config.max_document_bytes, &self.config.text_key);
             let raw = RawDoc { epoch: 0, cursor: 0, at: (f, k), bytes, skip: docs[i].1, doc: docs[i].0, cached: false };
-            let (d, _) = tokenize(sh, sh.tokenizer.as_ref(), raw, &mut scratch);
+            let (d, _) = tokenize(self, self.tokenizer.as_ref(), raw, &mut scratch);
             lens[i] = d.tokens.len();
         }
         Ok(lens)
